@@ -1,0 +1,63 @@
+// The `troupe` command. Subcommands arrive with their issues; this one
+// lists devices and runs the kernel benchmark.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "kernels/cpu/cpu_device.hpp"
+#include "kernels/cpu/isa.hpp"
+#include "kernels/cuda/probe.hpp"
+#include "kernels/device.hpp"
+
+namespace {
+
+int cmd_devices() {
+  auto reg = troupe::kernels::device_registry::discover();
+  if (!reg) {
+    spdlog::error("device discovery failed: {}", reg.error().message);
+    return 1;
+  }
+  for (const auto& d : (*reg)->devices()) {
+    const auto& i = d->info();
+    std::printf("%-8s kind=%s cores=%d memory=%.1f GiB isa=%s\n", i.name.c_str(),
+                std::string(troupe::kernels::to_string(i.kind)).c_str(), i.cores,
+                static_cast<double>(i.memory_bytes) / (1ull << 30), i.detail.c_str());
+  }
+  std::printf("cuda: %s\n", (*reg)->cuda_status().empty() ? "available" : (*reg)->cuda_status().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
+  app.require_subcommand(1);
+  auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
+  auto* bench = app.add_subcommand("bench", "Run the kernel benchmark (bench_kernels)");
+  std::vector<std::string> bench_args;
+  bench->add_option("args", bench_args, "Arguments passed to bench_kernels");
+  bench->allow_extras();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (*devices) return cmd_devices();
+  if (*bench) {
+    // bench_kernels lives next to this binary in the build tree.
+    std::string self = argv[0];
+    const auto slash = self.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+    std::string path = dir + "/../bench/bench_kernels";
+    std::vector<char*> args{path.data()};
+    for (auto& a : bench_args) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(path.c_str(), args.data());
+    spdlog::error("cannot run {}: bench_kernels not built", path);
+    return 1;
+  }
+  return 0;
+}

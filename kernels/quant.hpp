@@ -1,0 +1,71 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "kernels/tensor.hpp"
+
+namespace troupe::kernels {
+
+/// Storage formats of a weight matrix [rows = output features, cols = input
+/// features] (the layout of a Hugging Face nn.Linear weight).
+enum class weight_format : std::uint8_t {
+  f32,
+  f16,
+  bf16,
+  int8_sym,   ///< int8 in [-127, 127], one f32 scale per row: w = s*q
+  int8_asym,  ///< uint8, one f32 scale and uint8 zero point per row: w = s*(q - z)
+  int4_sym,   ///< 4-bit, one f32 scale per group of `group` columns: w = s*(q - 8)
+  int4_asym,  ///< 4-bit, f32 scale + 4-bit zero point per group: w = s*(q - z)
+  q8_0,       ///< GGUF Q8_0 blocks (ggml layout)
+  q4_0,       ///< GGUF Q4_0 blocks (ggml layout)
+};
+
+std::string_view to_string(weight_format f);
+result<weight_format> weight_format_from_string(std::string_view name);
+/// Bits of storage per weight, scales included, for a given group size.
+double bits_per_weight(weight_format f, int group = 32);
+
+/// A quantized (or plain) weight matrix in its storage layout, row-major.
+///  - f32/f16/bf16: `data` [rows, cols] of that dtype.
+///  - int8_sym: `data` i8 [rows, cols], `scales` f32 [rows].
+///  - int8_asym: `data` u8 [rows, cols], `scales` f32 [rows], `zeros` u8 [rows].
+///  - int4_*: `data` u8 [rows, cols/2]; within each run of 32 columns, column
+///    j sits in the low nibble of byte j and column j+16 in its high nibble
+///    (Q4_0's order). `scales` f32 [rows, cols/group]; int4_asym adds `zeros`
+///    u8 [rows, cols/group] (values 0..15).
+///  - q8_0/q4_0: `data` of that dtype [rows, cols].
+struct weight_matrix {
+  weight_format format = weight_format::f32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  int group = 0;  ///< int4 group size (32, 64 or 128); 0 otherwise
+  tensor data;
+  tensor scales;
+  tensor zeros;
+
+  /// Bytes of data + scales + zero points.
+  std::size_t storage_bytes() const;
+  /// Checks that the parts agree with format, rows, cols and group.
+  result<void> validate() const;
+};
+
+/// Quantizes an f32 matrix [rows, cols] into `format` (group for int4).
+/// Q8_0 and Q4_0 reproduce ggml's reference quantizers bit for bit.
+result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format,
+                               int group = 32);
+
+/// Dequantizes back to f32 [rows, cols].
+result<tensor> dequantize(memory_pool& pool, const weight_matrix& w);
+
+/// Dequantizes row `r` into `out` (cols floats).
+result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<float> out);
+
+// ggml's reference quantizers for one run of k floats (k a multiple of 32).
+void quantize_row_q8_0(const float* x, block_q8_0* y, std::int64_t k);
+void quantize_row_q4_0(const float* x, block_q4_0* y, std::int64_t k);
+void dequantize_row_q8_0(const block_q8_0* x, float* y, std::int64_t k);
+void dequantize_row_q4_0(const block_q4_0* x, float* y, std::int64_t k);
+
+}  // namespace troupe::kernels
