@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Regenerates the kernel reference fixtures in tests/fixtures/kernels/.
+
+Not run by CI; the outputs are committed. Run from the repository root:
+
+    /usr/bin/python3 tools/make_fixtures.py torch   # ops.bin, attention.bin
+                                                    # (Debian python3-torch 1.13)
+    python3 tools/make_fixtures.py gguf             # quant.bin
+                                                    # (pip: gguf 0.x + numpy)
+
+File format (read by tests/kernels/fixture_reader.hpp), little endian:
+magic "TRPF", u32 version (1), u32 count, then per array: u32 name length,
+name bytes, u32 dtype (0 = f32, 1 = u8, 2 = i32, 3 = i64), u32 ndim,
+i64 dims[ndim], raw row-major data.
+
+The torch part computes every reference in float64 from float32 inputs and
+rounds the result to float32 once, except where a model computes in float32
+on purpose (RoPE's inv_freq and angle, see rope_inv_freq / rope_angles).
+"""
+
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
+                       "kernels")
+
+_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2,
+           np.dtype(np.int64): 3}
+
+
+def write_fixture(name, arrays):
+    """arrays: list of (name, numpy array) in file order."""
+    path = os.path.join(OUT_DIR, name)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"TRPF")
+        f.write(struct.pack("<II", 1, len(arrays)))
+        for key, arr in arrays:
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype not in _DTYPES:
+                raise TypeError(f"{key}: unsupported dtype {arr.dtype}")
+            enc = key.encode()
+            f.write(struct.pack("<I", len(enc)))
+            f.write(enc)
+            f.write(struct.pack("<II", _DTYPES[arr.dtype], arr.ndim))
+            f.write(struct.pack(f"<{arr.ndim}q", *arr.shape))
+            f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+    print(f"wrote {path} ({os.path.getsize(path)} bytes, {len(arrays)} arrays)")
+
+
+# --------------------------------------------------------------------------
+# torch part: attention.bin and ops.bin
+# --------------------------------------------------------------------------
+
+
+def _attention_case(torch, gen, name, n_q, n_kv, n_heads, n_kv_heads, d, causal, window, sinks):
+    """Arrays for one attention case.
+
+    Mask rule (query i, key j, n_q == n_kv when causal): keep j if
+    (not causal or j <= i) and (window == 0 or j < sinks or i - j < window).
+    """
+    F = torch.nn.functional
+    q = torch.randn(n_q, n_heads, d, generator=gen, dtype=torch.float32)
+    k = torch.randn(n_kv, n_kv_heads, d, generator=gen, dtype=torch.float32)
+    v = torch.randn(n_kv, n_kv_heads, d, generator=gen, dtype=torch.float32)
+    group = n_heads // n_kv_heads
+    # [heads, tokens, d]; query head h reads kv head h // group (HF repeat_kv).
+    qh = q.double().transpose(0, 1)
+    kh = k.double().transpose(0, 1).repeat_interleave(group, dim=0)
+    vh = v.double().transpose(0, 1).repeat_interleave(group, dim=0)
+    i = torch.arange(n_q).unsqueeze(1)
+    j = torch.arange(n_kv).unsqueeze(0)
+    keep = torch.ones(n_q, n_kv, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window > 0:
+        keep &= (j < sinks) | (i - j < window)
+    mask = None if bool(keep.all()) else keep
+    # torch 1.13 ships the pre-release of F.scaled_dot_product_attention as
+    # F._scaled_dot_product_attention(q, k, v, attn_mask, dropout_p,
+    # need_attn_weights, is_causal); torch >= 2.0 has the public name.
+    if hasattr(F, "scaled_dot_product_attention"):
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    else:
+        out = F._scaled_dot_product_attention(qh, kh, vh, mask, 0.0, False, False)[0]
+    # Independent check with the textbook formula.
+    scores = qh @ kh.transpose(1, 2) / math.sqrt(d)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ vh
+    assert torch.allclose(out, ref, atol=1e-12, rtol=0), name
+    if causal and window == 0:
+        if hasattr(F, "scaled_dot_product_attention"):
+            alt = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        else:
+            alt = F._scaled_dot_product_attention(qh, kh, vh, None, 0.0, False, True)[0]
+        assert torch.allclose(out, alt, atol=1e-12, rtol=0), name
+    out = out.transpose(0, 1).float().contiguous()
+    params = np.array([int(causal), window, sinks, n_heads, n_kv_heads], dtype=np.int64)
+    return [(f"{name}.q", q.numpy()), (f"{name}.k", k.numpy()), (f"{name}.v", v.numpy()),
+            (f"{name}.out", out.numpy()), (f"{name}.params", params)]
+
+
+def make_attention(torch):
+    gen = torch.Generator().manual_seed(20240601)
+    arrays = []
+    arrays += _attention_case(torch, gen, "causal_gqa", 33, 33, 4, 2, 64, True, 0, 0)
+    arrays += _attention_case(torch, gen, "bidir", 20, 29, 2, 2, 64, False, 0, 0)
+    arrays += _attention_case(torch, gen, "window", 40, 40, 2, 1, 64, True, 8, 2)
+    write_fixture("attention.bin", arrays)
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "torch":
+        import torch  # Debian python3-torch (run with /usr/bin/python3)
+        torch.set_num_threads(1)
+        make_attention(torch)
+        if len(sys.argv) < 3 or sys.argv[2] != "attention":
+            make_ops(torch)
+    elif what == "gguf":
+        make_quant()
+    else:
+        print(__doc__)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
