@@ -11,6 +11,8 @@ const char* to_string(errc code) {
     case errc::out_of_memory: return "out_of_memory";
     case errc::device_unavailable: return "device_unavailable";
     case errc::corrupt_data: return "corrupt_data";
+    case errc::io_error: return "io_error";
+    case errc::not_found: return "not_found";
     case errc::internal: return "internal";
   }
   return "unknown";

@@ -16,6 +16,8 @@ enum class errc : std::uint8_t {
   out_of_memory,
   device_unavailable,
   corrupt_data,
+  io_error,
+  not_found,
   internal,
 };
 
