@@ -113,6 +113,63 @@ def make_attention(torch):
     write_fixture("attention.bin", arrays)
 
 
+# --------------------------------------------------------------------------
+# gguf part: quant.bin
+# --------------------------------------------------------------------------
+
+
+def _quant_inputs():
+    """Rows of 128 floats (4 blocks of 32) with the cases that break sloppy
+    quantizers: zero blocks, rounding ties, sign ties in the absmax, large
+    and tiny magnitudes, constant blocks, spikes."""
+    rng = np.random.default_rng(1234)
+    cols = 128
+    rows = []
+    rows.append(rng.standard_normal(cols))
+    rows.append(rng.standard_normal(cols) * 100.0)
+    r = rng.standard_normal(cols)
+    r[32:64] = 0.0  # one all-zero block
+    rows.append(r)
+    rows.append(np.zeros(cols))  # all zero
+    # Q8_0 ties: absmax 127 gives d = 1, so x*id lands exactly on .5 values.
+    t = np.concatenate([[127.0], np.arange(31) * 1.0 - 15.5])
+    # Q4_0 ties: max -8 gives d = 1, id = 1; x + 8.5 hits integers.
+    u = np.concatenate([[-8.0], np.arange(31) * 0.5 - 7.5])
+    # sign tie in the absmax: +5 first, then -5 (first occurrence wins)
+    w = rng.standard_normal(32)
+    w[3], w[20] = 5.0, -5.0
+    v = rng.standard_normal(32)
+    v[7], v[9] = -6.0, 6.0
+    rows.append(np.concatenate([t, u, w, v]))
+    rows.append(rng.standard_normal(cols) * 1e5)  # large (d stays finite in f16)
+    rows.append(rng.standard_normal(cols) * 1e-6)  # tiny: f16 scale underflows
+    c = np.full(cols, 3.0)
+    c[64:96] = -0.1
+    rows.append(c)  # constant blocks
+    s = rng.standard_normal(cols) * 0.01
+    s[5], s[77] = 40.0, -33.0  # spikes
+    rows.append(s)
+    rows.append(rng.uniform(-1.0, 1.0, cols))
+    x = np.stack(rows).astype(np.float32)
+    return x
+
+
+def make_quant():
+    import gguf  # pip gguf (run with the pip python3)
+    from gguf import GGMLQuantizationType as T
+
+    x = _quant_inputs()
+    arrays = [("x", x)]
+    for name, qt in (("q8_0", T.Q8_0), ("q4_0", T.Q4_0)):
+        raw = gguf.quants.quantize(x, qt)
+        deq = gguf.quants.dequantize(raw, qt)
+        assert raw.dtype == np.uint8 and raw.shape == (x.shape[0], x.shape[1] // 32 * (
+            34 if name == "q8_0" else 18)), raw.shape
+        assert deq.dtype == np.float32 and deq.shape == x.shape
+        arrays += [(f"{name}.bytes", raw), (f"{name}.deq", deq)]
+    write_fixture("quant.bin", arrays)
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "torch":
