@@ -1,0 +1,54 @@
+#include "models/mapped_file.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace troupe::models {
+
+result<std::shared_ptr<mapped_file>> mapped_file::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(errc::io_error, path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return make_error(errc::io_error, path + ": not a regular file");
+  }
+  std::shared_ptr<mapped_file> f(new mapped_file());
+  f->path_ = path;
+  f->size_ = static_cast<std::size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return make_error(errc::io_error, path + ": mmap failed: " + std::strerror(e));
+    }
+    f->data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);
+  return f;
+}
+
+mapped_file::~mapped_file() {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+bool byte_reader::read(void* out, std::size_t n) {
+  if (n > remaining()) return false;
+  if (n) std::memcpy(out, data_.data() + pos_, n);
+  pos_ += n;
+  return true;
+}
+
+bool byte_reader::skip(std::size_t n) {
+  if (n > remaining()) return false;
+  pos_ += n;
+  return true;
+}
+
+}  // namespace troupe::models
