@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "models/llama_config.hpp"
+
+using namespace troupe::models;
+
+namespace {
+
+// Llama-3.2-1B's config.json (public), abridged to the fields read.
+const char* llama32 = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+  "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 16,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "vocab_size": 128256})";
+
+// TinyLlama-1.1B's shape, no head_dim (derived), eos as an integer.
+const char* tinyllama = R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_hidden_layers": 22,
+  "num_key_value_heads": 4, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "vocab_size": 32000,
+  "tie_word_embeddings": false, "rope_scaling": null})";
+
+}  // namespace
+
+TEST(LlamaConfig, ParsesLlama32WithLlama3Scaling) {
+  auto c = parse_llama_config(llama32, "llama32.json");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->scaling.type, rope_scaling::kind::llama3);
+  EXPECT_DOUBLE_EQ(c->scaling.factor, 32.0);
+  EXPECT_EQ(c->scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<std::int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(c->layout, rope_layout::halves);
+}
+
+TEST(LlamaConfig, DerivesHeadDimAndDefaults) {
+  auto c = parse_llama_config(tinyllama, "tiny.json");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->scaling.type, rope_scaling::kind::none);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<std::int64_t>{2}));
+  EXPECT_FALSE(c->tie_word_embeddings);
+}
+
+TEST(LlamaConfig, ReadsLlavaTextConfig) {
+  const std::string llava = std::string(R"({"architectures": ["LlavaForConditionalGeneration"], "text_config": )") +
+                            tinyllama + R"(, "vision_config": {}})";
+  auto c = parse_llama_config(llava, "llava.json");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->architecture, "LlavaForConditionalGeneration");
+  EXPECT_EQ(c->num_layers, 22);
+}
+
+TEST(LlamaConfig, GenerationDefaults) {
+  auto g = parse_generation_config(R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": [1, 2]})", "g.json");
+  ASSERT_TRUE(g) << g.error().message;
+  EXPECT_DOUBLE_EQ(*g->temperature, 0.6);
+  EXPECT_DOUBLE_EQ(*g->top_p, 0.9);
+  EXPECT_FALSE(g->top_k.has_value());
+  EXPECT_EQ(g->eos_token_ids.size(), 2u);
+  auto missing = load_generation_config("/nonexistent/generation_config.json");
+  ASSERT_TRUE(missing);
+  EXPECT_FALSE(missing->temperature.has_value());
+}
+
+TEST(LlamaConfig, FromGgufMetadata) {
+  gguf_writer w;
+  w.set_string("general.architecture", "llama");
+  w.set_u32("llama.embedding_length", 256);
+  w.set_u32("llama.feed_forward_length", 688);
+  w.set_u32("llama.block_count", 3);
+  w.set_u32("llama.attention.head_count", 8);
+  w.set_u32("llama.attention.head_count_kv", 2);
+  w.set_u32("llama.context_length", 512);
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_f32("llama.rope.freq_base", 500000.0f);
+  w.set_strings("tokenizer.ggml.tokens", std::vector<std::string>(300, "x"));
+  const std::string path = ::testing::TempDir() + "/cfg.gguf";
+  ASSERT_TRUE(w.write(path));
+  auto f = gguf_file::open(path);
+  ASSERT_TRUE(f);
+  auto c = llama_config_from_gguf(*f);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->vocab_size, 300);
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->layout, rope_layout::adjacent_pairs);
+  EXPECT_TRUE(c->tie_word_embeddings);  // no output.weight tensor
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+}
