@@ -104,6 +104,112 @@ def _attention_case(torch, gen, name, n_q, n_kv, n_heads, n_kv_heads, d, causal,
             (f"{name}.out", out.numpy()), (f"{name}.params", params)]
 
 
+def rope_inv_freq(torch, theta, rot, llama3=None):
+    """inv_freq exactly as transformers computes it (float32 throughout):
+    _compute_default_rope_parameters, then _compute_llama3_parameters."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
+    if llama3 is None:
+        return inv_freq
+    factor, low_freq_factor, high_freq_factor, old_context_len = llama3
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_angles(torch, inv_freq, pos):
+    """transformers: freqs = inv_freq[None, :, None].float() @ position_ids[:, None, :].float()
+    (a K=1 matmul: one float32 product per entry)."""
+    return (inv_freq[:, None].float() @ pos[None, :].float()).t()  # [tokens, rot/2]
+
+
+def _rope_case(torch, gen, name, tokens, heads, head_dim, rot, layout, theta, pos, llama3=None):
+    x = torch.randn(tokens, heads, head_dim, generator=gen, dtype=torch.float32)
+    pos = torch.tensor(pos, dtype=torch.int64)
+    inv = rope_inv_freq(torch, theta, rot, llama3)
+    ang = rope_angles(torch, inv, pos).double()  # float32 angles, exact cos/sin below
+    xd = x.double()
+    out = xd.clone()
+    if layout == "neox":  # HF: q * cos + rotate_half(q) * sin on the first rot dims
+        emb = torch.cat((ang, ang), dim=-1)[:, None, :]
+        cos, sin = emb.cos(), emb.sin()
+        xr = xd[..., :rot]
+        rotated = torch.cat((-xr[..., rot // 2:], xr[..., : rot // 2]), dim=-1)
+        out[..., :rot] = xr * cos + rotated * sin
+    else:  # Meta's original: complex multiply of adjacent pairs
+        xc = torch.view_as_complex(xd[..., :rot].reshape(tokens, heads, rot // 2, 2).contiguous())
+        freqs_cis = torch.polar(torch.ones_like(ang), ang)[:, None, :]
+        out[..., :rot] = torch.view_as_real(xc * freqs_cis).reshape(tokens, heads, rot)
+    l3 = llama3 or (0.0, 0.0, 0.0, 0.0)
+    params = np.array([0.0 if layout == "neox" else 1.0, theta, rot, 1.0 if llama3 else 0.0, *l3],
+                      dtype=np.float32)
+    return [(f"rope.{name}.x", x.numpy()), (f"rope.{name}.pos", pos.numpy()),
+            (f"rope.{name}.inv_freq", inv.numpy()), (f"rope.{name}.params", params),
+            (f"rope.{name}.out", out.float().numpy())]
+
+
+def make_ops(torch):
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(7)
+    arrays = []
+    # RoPE. params = {layout (0 neox, 1 adjacent), theta, rotary_dims, llama3?,
+    # factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}.
+    pos = [0, 1, 5, 100, 4097, 65537]
+    arrays += _rope_case(torch, gen, "neox", 6, 2, 64, 64, "neox", 10000.0, pos)
+    arrays += _rope_case(torch, gen, "adjacent", 6, 2, 64, 64, "adjacent", 10000.0, pos)
+    arrays += _rope_case(torch, gen, "partial", 6, 2, 80, 40, "neox", 10000.0, pos)
+    arrays += _rope_case(torch, gen, "adjacent_partial", 6, 2, 80, 40, "adjacent", 10000.0, pos)
+    arrays += _rope_case(torch, gen, "llama3", 6, 2, 64, 64, "neox", 500000.0,
+                         [0, 3, 2048, 8191, 40000, 131071], (8.0, 1.0, 4.0, 8192.0))
+
+    # Activations on one vector with a wide range and special points.
+    x = torch.cat([torch.linspace(-12, 12, 97), torch.randn(90, generator=gen) * 3,
+                   torch.tensor([0.0, -0.0, 1e-3, -1e-3, 1e-7, 30.0, -30.0, 80.0, -80.0, 5.5])]).float()
+    xd = x.double()
+    arrays += [("act.x", x.numpy()),
+               ("act.silu", F.silu(xd).float().numpy()),
+               ("act.gelu_tanh", F.gelu(xd, approximate="tanh").float().numpy()),
+               ("act.gelu_erf", F.gelu(xd).float().numpy()),
+               ("act.gelu_quick", (xd * torch.sigmoid(1.702 * xd)).float().numpy())]
+    g = torch.randn(3, 45, generator=gen) * 2
+    u = torch.randn(3, 45, generator=gen)
+    arrays += [("swiglu.gate", g.numpy()), ("swiglu.up", u.numpy()),
+               ("swiglu.out", (F.silu(g.double()) * u.double()).float().numpy())]
+
+    # Softmax: random rows, a row far from zero, a row with -inf (masked) entries.
+    sx = torch.randn(5, 37, generator=gen) * 5
+    sx[1] += 1000.0
+    sx[2, ::3] = float("-inf")
+    arrays += [("softmax.x", sx.numpy()),
+               ("softmax.out", torch.softmax(sx.double(), dim=-1).float().numpy()),
+               ("softmax.out_scale_0.125", torch.softmax(0.125 * sx.double(), dim=-1).float().numpy())]
+
+    # RMSNorm (HF LlamaRMSNorm, eps 1e-6) and LayerNorm (eps 1e-5).
+    nx = torch.randn(4, 67, generator=gen) * 2 + 0.5
+    nw = torch.randn(67, generator=gen)
+    nb = torch.randn(67, generator=gen)
+    nxd = nx.double()
+    rms = nw.double() * (nxd * torch.rsqrt(nxd.pow(2).mean(-1, keepdim=True) + 1e-6))
+    ln = F.layer_norm(nxd + 3.0, (67,), nw.double(), nb.double(), 1e-5)
+    arrays += [("norm.x", nx.numpy()), ("norm.weight", nw.numpy()), ("norm.bias", nb.numpy()),
+               ("norm.rms_1e-6", rms.float().numpy()),
+               ("norm.x_plus_3", (nx + 3.0).numpy()), ("norm.layer_1e-5", ln.float().numpy())]
+
+    # Patch embedding: conv2d stride = kernel = 7 on [2, 3, 14, 21] -> [2, 6, 24].
+    img = torch.randn(2, 3, 14, 21, generator=gen)
+    cw = torch.randn(24, 3, 7, 7, generator=gen) * 0.1
+    cb = torch.randn(24, generator=gen)
+    conv = F.conv2d(img.double(), cw.double(), cb.double(), stride=7)
+    conv = conv.flatten(2).transpose(1, 2).contiguous()  # CLIP: [batch, patches, hidden]
+    arrays += [("conv.input", img.numpy()), ("conv.weight", cw.numpy()), ("conv.bias", cb.numpy()),
+               ("conv.out", conv.float().numpy())]
+    write_fixture("ops.bin", arrays)
+
+
 def make_attention(torch):
     gen = torch.Generator().manual_seed(20240601)
     arrays = []

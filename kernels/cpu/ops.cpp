@@ -1,0 +1,254 @@
+// Norms, activations, softmax, add and embedding of kernels/ops.hpp: argument
+// checks, the scalar reference path and dispatch to the AVX2 row kernels.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/cpu/ops_common.hpp"
+#include "kernels/cpu/ops_impl.hpp"
+#include "kernels/ops.hpp"
+
+namespace troupe::kernels {
+
+using cpu::isa;
+
+namespace {
+
+// --- scalar row kernels ---------------------------------------------------
+
+float sigmoid_mul(float x, float k) {
+  return x / (1.0f + std::exp(-k * x));
+}
+
+float gelu_scalar(float x, gelu_kind kind) {
+  switch (kind) {
+    case gelu_kind::tanh: {  // 0.5 x (1 + tanh(u)) == x * sigmoid(2u)
+      const float inner = x + 0.044715f * x * x * x;
+      return x / (1.0f + std::exp(-2.0f * 0.7978845608028654f * inner));
+    }
+    case gelu_kind::erf:
+      return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
+    case gelu_kind::quick:
+      return sigmoid_mul(x, 1.702f);
+  }
+  return x;
+}
+
+void rms_norm_row(isa level, const float* x, const float* w, float eps, std::int64_t n, float* y) {
+  float ss;
+  if (level >= isa::avx2) {
+    ss = cpu::sum_squares_avx2(x, n);
+  } else {
+    double acc = 0;
+    for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+    ss = static_cast<float>(acc);
+  }
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  if (level >= isa::avx2) return cpu::scale_mul_avx2(x, w, r, y, n);
+  for (std::int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+void layer_norm_row(const float* x, const float* w, const float* b, float eps, std::int64_t n,
+                    float* y) {
+  double sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(n);
+  double var = 0;
+  for (std::int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<double>(n);
+  const float m = static_cast<float>(mean);
+  const float r = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+  for (std::int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * r * w[i] + b[i];
+}
+
+void softmax_row_scalar(const float* x, float* y, std::int64_t n, float scale) {
+  float mx = -INFINITY;
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i] * scale);
+  if (mx == -INFINITY) {
+    std::fill(y, y + n, 0.0f);
+    return;
+  }
+  float sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] * scale - mx);
+    sum += y[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < n; ++i) y[i] *= inv;
+}
+
+std::int64_t row_grain(std::int64_t cols) {
+  return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, cols));
+}
+
+}  // namespace
+
+result<void> rms_norm(cpu::context& ctx, const tensor& x, const tensor& weight, float eps,
+                      const tensor& out) {
+  if (auto r = ops_detail::check_rows("rms_norm input", x); !r) return r;
+  if (auto r = ops_detail::check_same("rms_norm output", out, x); !r) return r;
+  if (auto r = ops_detail::check_vector("rms_norm weight", weight, x.cols()); !r) return r;
+  if (!(eps >= 0.0f) || !std::isfinite(eps))
+    return make_error(errc::invalid_argument, "rms_norm eps must be finite and >= 0");
+  const std::int64_t n = x.cols();
+  if (n == 0) return {};
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const float* w = weight.data_as<float>();
+  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i)
+      rms_norm_row(level, x.row_as<float>(i), w, eps, n, out.row_as<float>(i));
+  });
+  return {};
+}
+
+result<void> layer_norm(cpu::context& ctx, const tensor& x, const tensor& weight,
+                        const tensor& bias, float eps, const tensor& out) {
+  if (auto r = ops_detail::check_rows("layer_norm input", x); !r) return r;
+  if (auto r = ops_detail::check_same("layer_norm output", out, x); !r) return r;
+  if (auto r = ops_detail::check_vector("layer_norm weight", weight, x.cols()); !r) return r;
+  if (auto r = ops_detail::check_vector("layer_norm bias", bias, x.cols()); !r) return r;
+  if (!(eps >= 0.0f) || !std::isfinite(eps))
+    return make_error(errc::invalid_argument, "layer_norm eps must be finite and >= 0");
+  const std::int64_t n = x.cols();
+  if (n == 0) return {};
+  const float* w = weight.data_as<float>();
+  const float* bs = bias.data_as<float>();
+  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i)
+      layer_norm_row(x.row_as<float>(i), w, bs, eps, n, out.row_as<float>(i));
+  });
+  return {};
+}
+
+result<void> silu(cpu::context& ctx, const tensor& x, const tensor& out) {
+  if (auto r = ops_detail::check_rows("silu input", x); !r) return r;
+  if (auto r = ops_detail::check_same("silu output", out, x); !r) return r;
+  const std::int64_t n = x.cols();
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const float* xr = x.row_as<float>(i);
+      float* yr = out.row_as<float>(i);
+      if (level >= isa::avx2) {
+        cpu::silu_row_avx2(xr, yr, n);
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) yr[j] = sigmoid_mul(xr[j], 1.0f);
+      }
+    }
+  });
+  return {};
+}
+
+result<void> gelu(cpu::context& ctx, const tensor& x, gelu_kind kind, const tensor& out) {
+  if (auto r = ops_detail::check_rows("gelu input", x); !r) return r;
+  if (auto r = ops_detail::check_same("gelu output", out, x); !r) return r;
+  if (kind != gelu_kind::tanh && kind != gelu_kind::erf && kind != gelu_kind::quick)
+    return make_error(errc::invalid_argument, "unknown gelu kind");
+  const std::int64_t n = x.cols();
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const float* xr = x.row_as<float>(i);
+      float* yr = out.row_as<float>(i);
+      if (level >= isa::avx2) {
+        cpu::gelu_row_avx2(xr, yr, n, static_cast<int>(kind));
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) yr[j] = gelu_scalar(xr[j], kind);
+      }
+    }
+  });
+  return {};
+}
+
+result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out) {
+  if (auto r = ops_detail::check_rows("swiglu gate", gate); !r) return r;
+  if (auto r = ops_detail::check_same("swiglu up", up, gate); !r) return r;
+  if (auto r = ops_detail::check_same("swiglu output", out, gate); !r) return r;
+  const std::int64_t n = gate.cols();
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  ctx.pool().parallel_for(gate.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const float* g = gate.row_as<float>(i);
+      const float* u = up.row_as<float>(i);
+      float* y = out.row_as<float>(i);
+      if (level >= isa::avx2) {
+        cpu::swiglu_row_avx2(g, u, y, n);
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) y[j] = sigmoid_mul(g[j], 1.0f) * u[j];
+      }
+    }
+  });
+  return {};
+}
+
+result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, float scale) {
+  if (auto r = ops_detail::check_rows("softmax input", x); !r) return r;
+  if (auto r = ops_detail::check_same("softmax output", out, x); !r) return r;
+  if (!std::isfinite(scale) || scale <= 0.0f)
+    return make_error(errc::invalid_argument, "softmax scale must be finite and > 0");
+  const std::int64_t n = x.cols();
+  if (n == 0) return {};
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i) {
+      if (level >= isa::avx2)
+        cpu::softmax_row_avx2(x.row_as<float>(i), out.row_as<float>(i), n, scale);
+      else
+        softmax_row_scalar(x.row_as<float>(i), out.row_as<float>(i), n, scale);
+    }
+  });
+  return {};
+}
+
+result<void> add(cpu::context& ctx, const tensor& a, const tensor& b, const tensor& out) {
+  if (auto r = ops_detail::check_rows("add lhs", a); !r) return r;
+  if (auto r = ops_detail::check_same("add rhs", b, a); !r) return r;
+  if (auto r = ops_detail::check_same("add output", out, a); !r) return r;
+  const std::int64_t n = a.cols();
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  ctx.pool().parallel_for(a.rows(), row_grain(n), [&](std::int64_t lo, std::int64_t hi, int) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const float* x = a.row_as<float>(i);
+      const float* y = b.row_as<float>(i);
+      float* z = out.row_as<float>(i);
+      if (level >= isa::avx2) {
+        cpu::add_row_avx2(x, y, z, n);
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) z[j] = x[j] + y[j];
+      }
+    }
+  });
+  return {};
+}
+
+result<void> embedding(cpu::context& ctx, const weight_matrix& table, const tensor& ids,
+                       const tensor& out) {
+  if (auto r = table.validate(); !r)
+    return make_error(r.error().code, "embedding table: " + r.error().message);
+  if (ids.type() != dtype::i32)
+    return make_error(errc::unsupported_dtype,
+                      "embedding ids must be i32, got " + std::string(to_string(ids.type())));
+  if (ids.ndim() < 1 || (!ids.is_contiguous()) || (ids.empty_view() && ids.numel() != 0))
+    return make_error(errc::invalid_argument, "embedding ids must be a dense tensor");
+  const std::int64_t n = ids.numel();
+  if (auto r = expect_tensor(out, dtype::f32, 2, "embedding output"); !r) return r;
+  if (out.dim(0) != n || out.dim(1) != table.cols)
+    return make_error(errc::shape_mismatch, "embedding output must be [" + std::to_string(n) +
+                                                ", " + std::to_string(table.cols) + "], got " +
+                                                out.shape().to_string());
+  const auto* id = ids.data_as<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i)
+    if (id[i] < 0 || id[i] >= table.rows)
+      return make_error(errc::invalid_argument, "embedding id " + std::to_string(id[i]) + " at " +
+                                                    std::to_string(i) + " outside [0, " +
+                                                    std::to_string(table.rows) + ")");
+  const auto cols = static_cast<std::size_t>(table.cols);
+  ctx.pool().parallel_for(n, 1, [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i)
+      // Cannot fail: the table and id were checked above.
+      (void)dequantize_row(table, id[i], {out.row_as<float>(i), cols});
+  });
+  return {};
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,232 @@
+// AVX2 row kernels of kernels/ops.hpp (intrinsics only, no library templates).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/ops_impl.hpp"
+
+namespace troupe::kernels::cpu {
+
+namespace {
+
+// Lane mask for the first `n` (0..8) lanes.
+inline __m256i tail_mask(std::int64_t n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx);
+}
+
+inline float hsum(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_max_ps(lo, hi);
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial.
+// About 1-2 ulp; 0 below -87.34 (the result would be subnormal), +inf above
+// ln(FLT_MAX), NaN stays NaN.
+inline __m256 exp_ps(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654475f), hi = _mm256_set1_ps(88.72283935f);
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  fx = _mm256_min_ps(fx, _mm256_set1_ps(127.0f));
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// x / (1 + exp(-k x)) (x * sigmoid(k x)).
+inline __m256 x_sigmoid(__m256 x, __m256 k) {
+  const __m256 e = exp_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), k), x));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// erfc(z) (Numerical Recipes' erfcc, fractional error < 1.2e-7 in exact
+// arithmetic): t = 1/(1+z/2), erfc(|z|) = t exp(-z^2 - 1.26551223 + t P(t)).
+inline __m256 erfc_ps(__m256 z) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 a = _mm256_andnot_ps(sign, z);
+  const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f),
+                                 _mm256_fmadd_ps(_mm256_set1_ps(0.5f), a, _mm256_set1_ps(1.0f)));
+  __m256 p = _mm256_set1_ps(0.17087277f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.82215223f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.48851587f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.13520398f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.27886807f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.18628806f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.09678418f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.37409196f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.26551223f));
+  const __m256 arg = _mm256_fnmadd_ps(a, a, p);
+  const __m256 r = _mm256_mul_ps(t, exp_ps(arg));
+  // erfc(-a) = 2 - erfc(a)
+  return _mm256_blendv_ps(r, _mm256_sub_ps(_mm256_set1_ps(2.0f), r),
+                          _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+
+inline __m256 gelu_ps(__m256 x, int kind) {
+  if (kind == 0) {  // x * sigmoid(2u) == 0.5 x (1 + tanh(u))
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x);
+    const __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f), inner);
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), u2));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  }
+  if (kind == 1) {  // 0.5 x erfc(-x / sqrt 2)
+    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(-0.70710678118654752f));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), erfc_ps(z));
+  }
+  return x_sigmoid(x, _mm256_set1_ps(1.702f));
+}
+
+}  // namespace
+
+float sum_squares_avx2(const float* x, std::int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  std::int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+      acc[k] = _mm256_fmadd_ps(v, v, acc[k]);
+    }
+  for (int k = 0; i < n; i += 8, ++k) {
+    const __m256 v = _mm256_maskload_ps(x + i, tail_mask(n - i));
+    acc[k] = _mm256_fmadd_ps(v, v, acc[k]);
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+void scale_mul_avx2(const float* x, const float* w, float r, float* y, std::int64_t n) {
+  const __m256 vr = _mm256_set1_ps(r);
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vr);
+    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(_mm256_maskload_ps(w + i, m), v));
+  }
+}
+
+void silu_row_avx2(const float* x, float* y, std::int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m, x_sigmoid(_mm256_maskload_ps(x + i, m), one));
+  }
+}
+
+void swiglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    const __m256 s = x_sigmoid(_mm256_maskload_ps(g + i, m), one);
+    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, m)));
+  }
+}
+
+void gelu_row_avx2(const float* x, float* y, std::int64_t n, int kind) {
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m, gelu_ps(_mm256_maskload_ps(x + i, m), kind));
+  }
+}
+
+void add_row_avx2(const float* a, const float* b, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m,
+                        _mm256_add_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m)));
+  }
+}
+
+void softmax_row_avx2(const float* x, float* y, std::int64_t n, float scale) {
+  const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-__builtin_inff());
+  __m256 vmax = ninf;
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
+    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, z, _mm256_castsi256_ps(m)));
+  }
+  const float mx = hmax(vmax);
+  if (mx == -__builtin_inff()) {
+    for (std::int64_t i = 0; i < n; i += 8)
+      _mm256_maskstore_ps(y + i, tail_mask(n - i), _mm256_setzero_ps());
+    return;
+  }
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
+    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(z, vm)), _mm256_castsi256_ps(m));
+    acc = _mm256_add_ps(acc, e);
+    _mm256_maskstore_ps(y + i, m, e);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / hsum(acc));
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(_mm256_maskload_ps(y + i, m), inv));
+  }
+}
+
+void rope_token_avx2(const float* x, float* y, int heads, int head_dim, int rot, bool adjacent,
+                     const float* cs, const float* sn) {
+  for (int h = 0; h < heads; ++h) {
+    const float* xh = x + static_cast<std::int64_t>(h) * head_dim;
+    float* yh = y + static_cast<std::int64_t>(h) * head_dim;
+    if (adjacent) {
+      // [a0 b0 a1 b1 ..] -> [a c - b s, b c + a s, ..] (mul, mul, addsub as the scalar code)
+      for (int i = 0; i < rot; i += 8) {
+        const __m256i m = tail_mask(rot - i);
+        const __m256 v = _mm256_maskload_ps(xh + i, m);
+        const __m256 sw = _mm256_permute_ps(v, 0xB1);
+        const __m256 r = _mm256_addsub_ps(_mm256_mul_ps(v, _mm256_maskload_ps(cs + i, m)),
+                                          _mm256_mul_ps(sw, _mm256_maskload_ps(sn + i, m)));
+        _mm256_maskstore_ps(yh + i, m, r);
+      }
+    } else {
+      const int half = rot / 2;
+      for (int i = 0; i < half; i += 8) {
+        const __m256i m = tail_mask(half - i);
+        const __m256 a = _mm256_maskload_ps(xh + i, m), b = _mm256_maskload_ps(xh + i + half, m);
+        const __m256 c = _mm256_maskload_ps(cs + i, m), s = _mm256_maskload_ps(sn + i, m);
+        const __m256 lo = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s));
+        const __m256 hi = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s));
+        _mm256_maskstore_ps(yh + i, m, lo);
+        _mm256_maskstore_ps(yh + i + half, m, hi);
+      }
+    }
+    if (yh != xh)
+      for (int i = rot; i < head_dim; i += 8) {
+        const __m256i m = tail_mask(head_dim - i);
+        _mm256_maskstore_ps(yh + i, m, _mm256_maskload_ps(xh + i, m));
+      }
+  }
+}
+
+}  // namespace troupe::kernels::cpu
