@@ -1,0 +1,151 @@
+#include "models/sampling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace troupe::models {
+
+result<void> sampling_params::validate() const {
+  if (!(temperature >= 0 && temperature <= 100)) return make_error(errc::invalid_argument, "temperature must be in [0, 100]");
+  if (top_k < 0) return make_error(errc::invalid_argument, "top_k must be >= 0");
+  if (!(top_p > 0 && top_p <= 1)) return make_error(errc::invalid_argument, "top_p must be in (0, 1]");
+  if (!(min_p >= 0 && min_p < 1)) return make_error(errc::invalid_argument, "min_p must be in [0, 1)");
+  if (!(repetition_penalty > 0 && repetition_penalty <= 10))
+    return make_error(errc::invalid_argument, "repetition_penalty must be in (0, 10]");
+  if (max_tokens < 1) return make_error(errc::invalid_argument, "max_tokens must be >= 1");
+  for (const auto& s : stop_strings)
+    if (s.empty()) return make_error(errc::invalid_argument, "stop strings must not be empty");
+  return {};
+}
+
+double counter_uniform(std::uint64_t seed, std::uint64_t counter) {
+  auto mix = [](std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const std::uint64_t r = mix(mix(seed) ^ counter);
+  return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+result<sampler> sampler::create(const sampling_params& params) {
+  if (auto r = params.validate(); !r) return std::unexpected(r.error());
+  return sampler(params);
+}
+
+std::int64_t sampler::sample(std::span<const float> logits, std::span<const std::int64_t> history) {
+  const auto n = static_cast<std::int64_t>(logits.size());
+  const std::uint64_t draw = step_++;
+  if (n == 0) return -1;
+  adjusted_.assign(logits.begin(), logits.end());
+  for (auto& v : adjusted_)
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  if (params_.repetition_penalty != 1.0) {
+    const auto p = static_cast<float>(params_.repetition_penalty);
+    // Each distinct id once, as HF's gather/scatter does.
+    std::vector<std::int64_t> seen(history.begin(), history.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (auto id : seen) {
+      if (id < 0 || id >= n) continue;
+      float& v = adjusted_[static_cast<std::size_t>(id)];
+      v = v > 0 ? v / p : v * p;
+    }
+  }
+  // Greedy: the largest logit, lowest id on ties.
+  if (params_.temperature == 0.0) {
+    std::int64_t best = 0;
+    for (std::int64_t i = 1; i < n; ++i)
+      if (adjusted_[static_cast<std::size_t>(i)] > adjusted_[static_cast<std::size_t>(best)]) best = i;
+    return best;
+  }
+  scratch_.clear();
+  scratch_.reserve(static_cast<std::size_t>(n));
+  const double inv_t = 1.0 / params_.temperature;
+  for (std::int64_t i = 0; i < n; ++i)
+    scratch_.emplace_back(static_cast<float>(adjusted_[static_cast<std::size_t>(i)] * inv_t), i);
+  // Sort by logit descending, id ascending: a total order, so the result is
+  // deterministic whatever the sort's stability.
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  std::size_t keep = scratch_.size();
+  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < keep) {
+    keep = static_cast<std::size_t>(params_.top_k);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(keep), scratch_.end(), by_logit);
+  } else {
+    std::sort(scratch_.begin(), scratch_.end(), by_logit);
+  }
+  scratch_.resize(keep);
+  const double max_logit = scratch_.front().first;
+  if (!std::isfinite(max_logit)) return scratch_.front().second;
+  std::vector<double> probs(keep);
+  double sum = 0;
+  for (std::size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(static_cast<double>(scratch_[i].first) - max_logit);
+  for (auto& p : probs) p /= sum;
+  if (params_.top_p < 1.0) {
+    double cum = 0;
+    std::size_t k = 0;
+    while (k < keep) {
+      cum += probs[k++];
+      if (cum >= params_.top_p) break;
+    }
+    keep = std::max<std::size_t>(1, k);
+  }
+  if (params_.min_p > 0) {
+    const double floor = params_.min_p * probs[0];
+    std::size_t k = 1;
+    while (k < keep && probs[k] >= floor) ++k;
+    keep = k;
+  }
+  double total = 0;
+  for (std::size_t i = 0; i < keep; ++i) total += probs[i];
+  const double u = counter_uniform(params_.seed, draw) * total;
+  double cum = 0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    cum += probs[i];
+    if (u < cum) return scratch_[i].second;
+  }
+  return scratch_[keep - 1].second;
+}
+
+std::string stop_checker::feed(std::int64_t token, const std::string& piece) {
+  if (reason_ != stop_reason::none) return {};
+  ++generated_;
+  for (auto id : params_->stop_token_ids)
+    if (id == token) {
+      reason_ = stop_reason::stop_token;
+      return flush();
+    }
+  pending_ += piece;
+  for (const auto& s : params_->stop_strings) {
+    const auto at = pending_.find(s);
+    if (at != std::string::npos) {
+      reason_ = stop_reason::stop_string;
+      std::string out = pending_.substr(0, at);
+      pending_.clear();
+      return out;
+    }
+  }
+  if (generated_ >= params_->max_tokens) reason_ = stop_reason::max_tokens;
+  // Hold back the longest suffix that is a prefix of some stop string.
+  std::size_t hold = 0;
+  for (const auto& s : params_->stop_strings)
+    for (std::size_t len = std::min(s.size() - 1, pending_.size()); len > hold; --len)
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+  if (reason_ != stop_reason::none) hold = 0;
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string stop_checker::flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace troupe::models

@@ -1,0 +1,78 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "models/mapped_file.hpp"
+
+namespace troupe::models {
+
+/// Sampling parameters of one request (OpenAI / llama.cpp meanings).
+struct sampling_params {
+  double temperature = 0.0;  ///< 0 = greedy
+  std::int64_t top_k = 0;    ///< 0 = off
+  double top_p = 1.0;        ///< 1 = off
+  double min_p = 0.0;        ///< 0 = off
+  double repetition_penalty = 1.0;  ///< 1 = off (HF rule: divide positive logits, multiply negative)
+  std::uint64_t seed = 0;
+  std::int64_t max_tokens = 256;
+  std::vector<std::int64_t> stop_token_ids{};
+  std::vector<std::string> stop_strings{};
+
+  result<void> validate() const;
+};
+
+/// Picks tokens for one request. The random draw for the n-th generated
+/// token depends only on (seed, n), never on other requests or on timing,
+/// so a request samples the same tokens alone or in any batch.
+class sampler {
+ public:
+  static result<sampler> create(const sampling_params& params);
+
+  /// Chooses the next token from `logits` (vocab floats); `history` holds the
+  /// prompt and generated ids (for the repetition penalty). Advances the
+  /// draw counter.
+  std::int64_t sample(std::span<const float> logits, std::span<const std::int64_t> history);
+
+  const sampling_params& params() const { return params_; }
+  std::uint64_t draws() const { return step_; }
+
+ private:
+  explicit sampler(sampling_params p) : params_(std::move(p)) {}
+  sampling_params params_;
+  std::uint64_t step_ = 0;
+  std::vector<std::pair<float, std::int64_t>> scratch_;
+  std::vector<float> adjusted_;
+};
+
+/// A uniform double in [0, 1) from (seed, counter): splitmix64 of both.
+double counter_uniform(std::uint64_t seed, std::uint64_t counter);
+
+/// Why a sequence stopped.
+enum class stop_reason : std::uint8_t { none, stop_token, stop_string, max_tokens };
+
+/// Tracks generated text against stop tokens, stop strings and max tokens.
+/// Text that could still be the start of a stop string is held back, so
+/// a stop string never reaches the client.
+class stop_checker {
+ public:
+  explicit stop_checker(const sampling_params& params) : params_(&params) {}
+  /// Feeds one token and its decoded text piece; returns text now safe to
+  /// emit.
+  std::string feed(std::int64_t token, const std::string& piece);
+  /// Text still held back (emit it when the sequence ends without a stop string).
+  std::string flush();
+  stop_reason reason() const { return reason_; }
+  std::int64_t generated() const { return generated_; }
+
+ private:
+  const sampling_params* params_;
+  std::string pending_;
+  std::int64_t generated_ = 0;
+  stop_reason reason_ = stop_reason::none;
+};
+
+}  // namespace troupe::models
