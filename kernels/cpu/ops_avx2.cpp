@@ -1,4 +1,8 @@
 // AVX2 row kernels of kernels/ops.hpp (intrinsics only, no library templates).
+// No implicit FMA contraction: a product followed by a sum stays two rounded
+// operations, exactly as written (RoPE and add then match the scalar path bit
+// for bit); FMAs appear only where an intrinsic asks for one.
+#pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // RoPE of kernels/ops.hpp: inverse frequencies as transformers computes them
 // (float32, LLaMA-3 scaling), per-token cos/sin tables, scalar rotation and
-// dispatch to the AVX2 rotation. This file is compiled without FMA, so the
-// float32 arithmetic below is exactly the sequence written.
+// dispatch to the AVX2 rotation. Contraction is off, so the float32
+// arithmetic below is exactly the sequence written (as torch runs it).
+#pragma GCC optimize("fp-contract=off")
 #include <algorithm>
 #include <array>
 #include <cmath>
