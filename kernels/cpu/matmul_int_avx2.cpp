@@ -1,0 +1,223 @@
+// AVX2 inner loops of the integer formats (int8, int4, Q8_0, Q4_0). Per
+// output and 32-block: an exact integer dot, then the same float epilogue as
+// mm_int_scalar (see matmul.hpp), so the two paths agree bit for bit.
+//
+// A tile is MR activation rows x one 16-column panel (two sub-panels of 8
+// columns). Each weight vector is loaded (and unpacked) once per tile and
+// reused for all MR rows; with MR = 1 the loop streams the panels in order,
+// prefetching mm_prefetch_bytes ahead.
+#include <immintrin.h>
+
+#include "kernels/cpu/matmul_impl.hpp"
+
+namespace troupe::kernels::cpu {
+
+namespace {
+
+inline __m256i bcast4(const std::int8_t* p) {
+  std::int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+inline __m256i ld(const std::byte* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+template <mm_kernel K, mm_scale S, mm_zero Z, int MR>
+void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::int64_t r0,
+          float* out, const std::byte*& pf, bool prefetch) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  alignas(32) float facc[MR][16];
+  const std::int8_t* xq[MR];
+  const std::int8_t* xa[MR];
+  const float* dx[MR];
+  const std::int32_t* sx[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    xq[r] = x.q + (r0 + r) * x.kp;
+    xa[r] = x.a + (r0 + r) * x.kp;
+    dx[r] = x.d + (r0 + r) * x.blocks;
+    sx[r] = x.s + (r0 + r) * x.blocks;
+    _mm256_store_ps(facc[r], _mm256_setzero_ps());
+    _mm256_store_ps(facc[r] + 8, _mm256_setzero_ps());
+  }
+  __m256i zc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  if constexpr (Z == mm_zero::col_i32) {
+    zc[0] = ld(wp + 64);
+    zc[1] = ld(wp + 96);
+  }
+  for (std::int64_t b = 0; b < l.blocks; ++b) {
+    const std::byte* hdr = wp + l.header_offset(b);
+    const std::byte* blk = wp + l.block_offset(b);
+    if (prefetch) {
+      const std::byte* target = blk + l.block_bytes + mm_prefetch_bytes;
+      while (pf < target) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+        pf += 64;
+      }
+    }
+    __m256i is[MR][2];
+    if constexpr (K == mm_kernel::u4) {
+      __m256i s16[MR][2];
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m256i raw0 = ld(blk + (2 * v) * 32), raw1 = ld(blk + (2 * v + 1) * 32);
+        const __m256i lo0 = _mm256_and_si256(raw0, m4);
+        const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(raw0, 4), m4);
+        const __m256i lo1 = _mm256_and_si256(raw1, m4);
+        const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(raw1, 4), m4);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const __m256i xl = bcast4(xq[r] + b * 32 + 4 * v);
+          const __m256i xh = bcast4(xq[r] + b * 32 + 16 + 4 * v);
+          s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, xl),
+                                                                   _mm256_maddubs_epi16(hi0, xh)));
+          s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, xl),
+                                                                   _mm256_maddubs_epi16(hi1, xh)));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        is[r][0] = _mm256_madd_epi16(s16[r][0], ones);
+        is[r][1] = _mm256_madd_epi16(s16[r][1], ones);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        const __m256i w0 = ld(blk + (2 * q) * 32), w1 = ld(blk + (2 * q + 1) * 32);
+        if constexpr (K == mm_kernel::s8) {
+#pragma GCC unroll 4
+          for (int r = 0; r < MR; ++r) {
+            const __m256i xs = bcast4(xq[r] + b * 32 + 4 * q);
+            const __m256i xab = bcast4(xa[r] + b * 32 + 4 * q);
+            const __m256i p0 = _mm256_maddubs_epi16(xab, _mm256_sign_epi8(w0, xs));
+            const __m256i p1 = _mm256_maddubs_epi16(xab, _mm256_sign_epi8(w1, xs));
+            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(p0, ones));
+            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(p1, ones));
+          }
+        } else {
+          const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+#pragma GCC unroll 4
+          for (int r = 0; r < MR; ++r) {
+            const __m256i xs = bcast4(xq[r] + b * 32 + 4 * q);
+            const __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xs, w0));
+            const __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xs, w1));
+            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(p0, ones));
+            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(p1, ones));
+          }
+        }
+      }
+    }
+    // Epilogue: per sub-panel weight scale (and zero point), then per row.
+    __m256 ws[2];
+    __m256i zg[2];
+#pragma GCC unroll 2
+    for (int s = 0; s < 2; ++s) {
+      if constexpr (S == mm_scale::block_f16)
+        ws[s] = _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(hdr + (b % l.sb_blocks) * 32 + s * 16)));
+      else if constexpr (S == mm_scale::group_f32)
+        ws[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + s * 32));
+      else
+        ws[s] = _mm256_setzero_ps();
+      if constexpr (Z == mm_zero::group_u8)
+        zg[s] = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + s * 8)));
+      else
+        zg[s] = zc[s];
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m256 dxb = _mm256_set1_ps(dx[r][b]);
+      const __m256i sxb = _mm256_set1_epi32(sx[r][b]);
+#pragma GCC unroll 2
+      for (int s = 0; s < 2; ++s) {
+        __m256i iv = is[r][s];
+        if constexpr (Z == mm_zero::eight) iv = _mm256_sub_epi32(iv, _mm256_slli_epi32(sxb, 3));
+        if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
+          iv = _mm256_sub_epi32(iv, _mm256_mullo_epi32(zg[s], sxb));
+        const __m256 sc = S == mm_scale::col_end ? dxb : _mm256_mul_ps(ws[s], dxb);
+        const __m256 f = _mm256_load_ps(facc[r] + 8 * s);
+        _mm256_store_ps(facc[r] + 8 * s, _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), sc, f));
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int s = 0; s < 2; ++s) {
+      __m256 f = _mm256_load_ps(facc[r] + 8 * s);
+      if constexpr (S == mm_scale::col_end)
+        f = _mm256_mul_ps(f, _mm256_loadu_ps(reinterpret_cast<const float*>(wp + s * 32)));
+      _mm256_storeu_ps(out + r * 16 + s * 8, f);
+    }
+  }
+}
+
+template <mm_kernel K, mm_scale S, mm_zero Z>
+void run_panels(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,
+                float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1) {
+  alignas(32) float out[4 * 16];
+  const std::byte* pf = w + p0 * l.panel_bytes + mm_prefetch_bytes;
+  for (std::int64_t p = p0; p < p1; ++p) {
+    const std::byte* wp = w + p * l.panel_bytes;
+    const std::int64_t col0 = p * 16;
+    const std::int64_t ncols = l.n - col0 < 16 ? l.n - col0 : 16;
+    for (std::int64_t r0 = 0; r0 < m; r0 += 4) {
+      const std::int64_t rows = m - r0 < 4 ? m - r0 : 4;
+      const bool first = r0 == 0;
+      switch (rows) {
+        case 4:
+          tile<K, S, Z, 4>(l, wp, x, r0, out, pf, first);
+          break;
+        case 3:
+          tile<K, S, Z, 3>(l, wp, x, r0, out, pf, first);
+          break;
+        case 2:
+          tile<K, S, Z, 2>(l, wp, x, r0, out, pf, first);
+          break;
+        default:
+          tile<K, S, Z, 1>(l, wp, x, r0, out, pf, first);
+          break;
+      }
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t c = 0; c < ncols; ++c) y[(r0 + i) * ldy + col0 + c] = out[i * 16 + c];
+    }
+  }
+}
+
+}  // namespace
+
+void mm_int_avx2(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,
+                 float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1) {
+  using K = mm_kernel;
+  using S = mm_scale;
+  using Z = mm_zero;
+  if (l.kernel == K::u4) {
+    if (l.scale == S::block_f16)
+      run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.zero == Z::eight)
+      run_panels<K::u4, S::group_f32, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::u4, S::group_f32, Z::group_u8>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::block_f16) {
+    if (l.kernel == K::s8)
+      run_panels<K::s8, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8_m, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.zero == Z::col_i32) {
+    run_panels<K::s8_m, S::col_end, Z::col_i32>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::s8) {
+    run_panels<K::s8, S::col_end, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else {
+    run_panels<K::s8_m, S::col_end, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  }
+}
+
+}  // namespace troupe::kernels::cpu

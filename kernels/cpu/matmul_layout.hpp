@@ -1,0 +1,78 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace troupe::kernels::cpu {
+
+/// Which inner loop a packed matrix runs.
+enum class mm_kernel : std::uint8_t {
+  f32,   ///< float panels of 32 columns, k-major
+  f16,   ///< same, binary16 elements
+  bf16,  ///< same, bfloat16 elements
+  s8,    ///< int8 codes in [-127, 127]: maddubs(|x|, sign(w, x))
+  s8_m,  ///< int8 codes that may hold -128: maddubs(|w|, sign(x, w))
+  u4,    ///< 4-bit codes 0..15: maddubs(nibble, x)
+};
+
+/// Where the per-output float scale of an integer kernel lives.
+enum class mm_scale : std::uint8_t {
+  none,       ///< float kernels
+  col_end,    ///< one f32 per column in the panel header, applied after the k loop
+  block_f16,  ///< one f16 per column and 32-block in the superblock header
+  group_f32,  ///< one f32 per column and group in the superblock header
+};
+
+/// The integer zero point subtracted as zp * sum(x) per 32-block.
+enum class mm_zero : std::uint8_t {
+  none,
+  eight,     ///< constant 8 (Q4_0, int4_sym)
+  col_i32,   ///< one int32 per column in the panel header (int8_asym)
+  group_u8,  ///< one u8 per column and group in the superblock header (int4_asym)
+};
+
+/// The packed layout of a weight matrix [n outputs, k inputs].
+///
+/// Columns (outputs) are grouped into panels of `panel_cols`; panel p is one
+/// contiguous region of `panel_bytes` at offset p * panel_bytes.
+///  - float kernels: kp rows of 32 elements (k-major): element (k, c) at
+///    (k * 32 + c) * elem_bytes.
+///  - integer kernels (panel_cols = 16, two sub-panels of 8 columns): a panel
+///    header (`panel_header` bytes), then superblocks of `sb_blocks` 32-blocks,
+///    each a header (`sb_header` bytes) followed by its blocks'
+///    `block_bytes` of codes. In a block, 32-byte vector (v, s) sits at
+///    (v * 2 + s) * 32 and holds, for sub-panel s, column c at bytes
+///    c*4 .. c*4+3:
+///      s8/s8_m: v = quad 0..7, the codes of k = 4v .. 4v+3;
+///      u4:      v = 0..3, low nibbles k = 4v .. 4v+3, high nibbles k+16.
+struct mm_layout {
+  mm_kernel kernel = mm_kernel::f32;
+  mm_scale scale = mm_scale::none;
+  mm_zero zero = mm_zero::none;
+  std::int64_t n = 0;           ///< logical output features
+  std::int64_t k = 0;           ///< logical input features
+  std::int64_t panel_cols = 0;  ///< 32 (float) or 16 (integer)
+  std::int64_t panels = 0;
+  std::int64_t kp = 0;      ///< k padded (a multiple of 32 for integer kernels)
+  std::int64_t blocks = 0;  ///< kp / 32 (integer kernels)
+  std::int64_t sb_blocks = 1;
+  std::int64_t sb_header = 0;
+  std::int64_t block_bytes = 0;
+  std::int64_t panel_header = 0;
+  std::int64_t panel_bytes = 0;
+  std::int64_t elem_bytes = 0;  ///< float kernels: 4 or 2
+
+  bool is_float() const {
+    return kernel == mm_kernel::f32 || kernel == mm_kernel::f16 || kernel == mm_kernel::bf16;
+  }
+  /// Offset inside a panel of the header of the superblock holding block b.
+  std::int64_t header_offset(std::int64_t b) const {
+    return panel_header + (b / sb_blocks) * (sb_header + sb_blocks * block_bytes);
+  }
+  /// Offset inside a panel of block b's codes.
+  std::int64_t block_offset(std::int64_t b) const {
+    return header_offset(b) + sb_header + (b % sb_blocks) * block_bytes;
+  }
+};
+
+}  // namespace troupe::kernels::cpu
