@@ -1,0 +1,169 @@
+#include "models/weights.hpp"
+
+#include <fnmatch.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <regex>
+
+namespace troupe::models {
+
+using kernels::dtype;
+using kernels::weight_format;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// canonical -> GGUF name
+std::string gguf_name(const std::string& c) {
+  static const std::pair<const char*, const char*> top[] = {
+      {"embed_tokens", "token_embd.weight"}, {"norm", "output_norm.weight"}, {"lm_head", "output.weight"}};
+  for (auto [a, b] : top)
+    if (c == a) return b;
+  static const std::pair<const char*, const char*> per_layer[] = {
+      {"q_proj", "attn_q.weight"},     {"k_proj", "attn_k.weight"},      {"v_proj", "attn_v.weight"},
+      {"o_proj", "attn_output.weight"}, {"gate_proj", "ffn_gate.weight"}, {"up_proj", "ffn_up.weight"},
+      {"down_proj", "ffn_down.weight"}, {"input_norm", "attn_norm.weight"}, {"post_norm", "ffn_norm.weight"}};
+  if (c.rfind("layers.", 0) == 0) {
+    const auto dot = c.find('.', 7);
+    if (dot != std::string::npos) {
+      const std::string idx = c.substr(7, dot - 7), leaf = c.substr(dot + 1);
+      for (auto [a, b] : per_layer)
+        if (leaf == a) return "blk." + idx + "." + b;
+    }
+  }
+  return c;
+}
+
+// canonical -> HF name (without the LLaVA prefix)
+std::string hf_name(const std::string& c) {
+  if (c == "embed_tokens") return "model.embed_tokens.weight";
+  if (c == "norm") return "model.norm.weight";
+  if (c == "lm_head") return "lm_head.weight";
+  if (c.rfind("layers.", 0) == 0) {
+    const auto dot = c.find('.', 7);
+    if (dot != std::string::npos) {
+      const std::string idx = c.substr(7, dot - 7), leaf = c.substr(dot + 1);
+      const std::string base = "model.layers." + idx + ".";
+      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "o_proj") return base + "self_attn." + leaf + ".weight";
+      if (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj") return base + "mlp." + leaf + ".weight";
+      if (leaf == "input_norm") return base + "input_layernorm.weight";
+      if (leaf == "post_norm") return base + "post_attention_layernorm.weight";
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+result<std::unique_ptr<weight_source>> weight_source::open(const std::string& path) {
+  auto src = std::make_unique<weight_source>();
+  src->path_ = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return make_error(errc::not_found, path + ": no such file or folder");
+  if (S_ISREG(st.st_mode) && ends_with(path, ".gguf")) {
+    auto g = gguf_file::open(path);
+    if (!g) return std::unexpected(g.error());
+    src->gguf_ = std::move(*g);
+    return src;
+  }
+  auto m = safetensors_model::open(path);
+  if (!m) return std::unexpected(m.error());
+  src->st_ = std::move(*m);
+  if (!src->st_->find("model.embed_tokens.weight") && src->st_->find("language_model.model.embed_tokens.weight"))
+    src->hf_prefix_ = "language_model.";
+  return src;
+}
+
+std::string weight_source::file_name(const std::string& canonical) const {
+  return gguf_ ? gguf_name(canonical) : hf_prefix_ + hf_name(canonical);
+}
+
+bool weight_source::has(const std::string& canonical) const {
+  const auto name = file_name(canonical);
+  return gguf_ ? gguf_->find_tensor(name) != nullptr : st_->find(name) != nullptr;
+}
+
+result<kernels::tensor> weight_source::get(const std::string& canonical) const {
+  const auto name = file_name(canonical);
+  if (gguf_) {
+    const auto* t = gguf_->find_tensor(name);
+    if (!t) return make_error(errc::not_found, path_ + ": tensor '" + name + "' is missing");
+    return gguf_->view(*t);
+  }
+  const auto* t = st_->find(name);
+  if (!t) return make_error(errc::not_found, path_ + ": tensor '" + name + "' is missing");
+  return st_->view(*t);
+}
+
+result<void> quant_plan::add_override(const std::string& spec) {
+  const auto eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    return make_error(errc::invalid_argument, "quant override '" + spec + "' must look like PATTERN=FORMAT");
+  auto f = kernels::weight_format_from_string(spec.substr(eq + 1));
+  if (!f) return std::unexpected(f.error());
+  overrides.emplace_back(spec.substr(0, eq), *f);
+  return {};
+}
+
+weight_format quant_plan::choose(const std::string& canonical, dtype stored) const {
+  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)  // the last match wins
+    if (::fnmatch(it->first.c_str(), canonical.c_str(), 0) == 0) return it->second;
+  if (default_format) return *default_format;
+  switch (stored) {
+    case dtype::f16: return weight_format::f16;
+    case dtype::bf16: return weight_format::bf16;
+    case dtype::q8_0: return weight_format::q8_0;
+    case dtype::q4_0: return weight_format::q4_0;
+    default: return weight_format::f32;
+  }
+}
+
+result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor& stored) {
+  auto out = kernels::tensor::empty(pool, dtype::f32, {stored.rows(), stored.cols()});
+  if (!out) return out;
+  for (std::int64_t r = 0; r < stored.rows(); ++r) {
+    float* y = out->row_as<float>(r);
+    const std::int64_t n = stored.cols();
+    switch (stored.type()) {
+      case dtype::f32: std::memcpy(y, stored.row(r), sizeof(float) * static_cast<std::size_t>(n)); break;
+      case dtype::f16:
+        for (std::int64_t c = 0; c < n; ++c) y[c] = kernels::to_f32(stored.row_as<kernels::f16>(r)[c]);
+        break;
+      case dtype::bf16:
+        for (std::int64_t c = 0; c < n; ++c) y[c] = kernels::to_f32(stored.row_as<kernels::bf16>(r)[c]);
+        break;
+      case dtype::q8_0: kernels::dequantize_row_q8_0(stored.row_as<kernels::block_q8_0>(r), y, n); break;
+      case dtype::q4_0: kernels::dequantize_row_q4_0(stored.row_as<kernels::block_q4_0>(r), y, n); break;
+      default:
+        return make_error(errc::unsupported_dtype, "cannot read weights stored as " + std::string(kernels::to_string(stored.type())));
+    }
+  }
+  return out->reshape(stored.shape());
+}
+
+result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool, const kernels::tensor& stored,
+                                              weight_format format, int int4_group) {
+  if (stored.ndim() != 2) return make_error(errc::shape_mismatch, "weight matrices must be 2-D, got " + stored.shape().to_string());
+  // Same block format: take the bytes as they are (a copy out of the map).
+  if ((format == weight_format::q8_0 && stored.type() == dtype::q8_0) ||
+      (format == weight_format::q4_0 && stored.type() == dtype::q4_0)) {
+    auto copy = kernels::tensor::empty(pool, stored.type(), stored.shape());
+    if (!copy) return std::unexpected(copy.error());
+    std::memcpy(copy->data(), stored.data(), stored.nbytes());
+    kernels::weight_matrix w;
+    w.format = format;
+    w.rows = stored.dim(0);
+    w.cols = stored.dim(1);
+    w.data = std::move(*copy);
+    return w;
+  }
+  auto f32 = to_f32(pool, stored);
+  if (!f32) return std::unexpected(f32.error());
+  return kernels::quantize(pool, *f32, format, int4_group);
+}
+
+}  // namespace troupe::models

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/context.hpp"
+#include "kernels/quant.hpp"
+#include "models/gguf.hpp"
+#include "models/safetensors.hpp"
+
+namespace troupe::models {
+
+/// Where a checkpoint's tensors come from: a Hugging Face folder
+/// (safetensors) or a GGUF file. Tensors are found by canonical name
+/// ("embed_tokens", "layers.3.q_proj", "layers.3.input_norm", "norm",
+/// "lm_head", ...), whatever the file calls them.
+class weight_source {
+ public:
+  /// `path`: a GGUF file, or a folder / .safetensors file / index of a HF checkpoint.
+  static result<std::unique_ptr<weight_source>> open(const std::string& path);
+
+  bool is_gguf() const { return gguf_.has_value(); }
+  const gguf_file* gguf() const { return gguf_ ? &*gguf_ : nullptr; }
+  /// A zero-copy view of a canonical tensor; not_found if absent.
+  result<kernels::tensor> get(const std::string& canonical) const;
+  bool has(const std::string& canonical) const;
+  /// The file's own name for a canonical name (for messages).
+  std::string file_name(const std::string& canonical) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string hf_prefix_;  ///< "" or "language_model." (LLaVA)
+  std::optional<gguf_file> gguf_;
+  std::optional<safetensors_model> st_;
+};
+
+/// Per-tensor precision choice: a default and `pattern=format` overrides
+/// (glob patterns on canonical names, e.g. "layers.0.*=f16").
+struct quant_plan {
+  std::optional<kernels::weight_format> default_format;  ///< none: keep the file's
+  int int4_group = 32;
+  std::vector<std::pair<std::string, kernels::weight_format>> overrides;
+
+  /// Parses "pattern=format".
+  result<void> add_override(const std::string& spec);
+  /// The format for `canonical` given the file's storage dtype.
+  kernels::weight_format choose(const std::string& canonical, kernels::dtype stored) const;
+};
+
+/// Converts a stored tensor (f32/f16/bf16/q8_0/q4_0, 2-D [rows, cols]) into
+/// `format`, reusing GGUF blocks unchanged when the format already matches.
+result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool, const kernels::tensor& stored,
+                                              kernels::weight_format format, int int4_group);
+
+/// Converts a stored 1-D tensor (norm weights) to a dense f32 copy.
+result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor& stored);
+
+}  // namespace troupe::models

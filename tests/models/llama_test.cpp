@@ -1,0 +1,241 @@
+// The LLaMA decoder on a small random model written as GGUF: batch
+// invariance (alone, in a batch, in prefill chunks, 1 or 2 threads, all
+// bit-identical), generation through the batch loop, and error paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "models/generate.hpp"
+#include "models/llama.hpp"
+
+using namespace troupe;
+using namespace troupe::models;
+namespace k = troupe::kernels;
+
+namespace {
+
+struct tiny_shape {
+  int hidden = 64, heads = 4, kv_heads = 2, ffn = 96, vocab = 50, layers = 2;
+};
+
+// Writes a random-weight llama GGUF (F32) to `path`.
+void write_tiny_gguf(const std::string& path, const tiny_shape& s, bool tied) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 0.08f);
+  std::vector<std::vector<float>> keep;
+  gguf_writer w;
+  w.set_string("general.architecture", "llama");
+  w.set_u32("llama.embedding_length", static_cast<std::uint32_t>(s.hidden));
+  w.set_u32("llama.feed_forward_length", static_cast<std::uint32_t>(s.ffn));
+  w.set_u32("llama.block_count", static_cast<std::uint32_t>(s.layers));
+  w.set_u32("llama.attention.head_count", static_cast<std::uint32_t>(s.heads));
+  w.set_u32("llama.attention.head_count_kv", static_cast<std::uint32_t>(s.kv_heads));
+  w.set_u32("llama.context_length", 512);
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_f32("llama.rope.freq_base", 10000.0f);
+  w.set_u32("llama.vocab_size", static_cast<std::uint32_t>(s.vocab));
+  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols, float mean) {
+    keep.emplace_back(static_cast<std::size_t>(rows * cols));
+    for (auto& v : keep.back()) v = mean + nd(rng);
+    const k::shape_t shape = rows == 1 ? k::shape_t{cols} : k::shape_t{rows, cols};
+    ASSERT_TRUE(w.add_tensor(name, k::dtype::f32, shape,
+                             std::as_bytes(std::span<const float>(keep.back()))));
+  };
+  const int D = s.hidden / s.heads;
+  add("token_embd.weight", s.vocab, s.hidden, 0);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_q.weight", s.heads * D, s.hidden, 0);
+    add(p + "attn_k.weight", s.kv_heads * D, s.hidden, 0);
+    add(p + "attn_v.weight", s.kv_heads * D, s.hidden, 0);
+    add(p + "attn_output.weight", s.hidden, s.heads * D, 0);
+    add(p + "ffn_gate.weight", s.ffn, s.hidden, 0);
+    add(p + "ffn_up.weight", s.ffn, s.hidden, 0);
+    add(p + "ffn_down.weight", s.hidden, s.ffn, 0);
+    add(p + "attn_norm.weight", 1, s.hidden, 1);
+    add(p + "ffn_norm.weight", 1, s.hidden, 1);
+  }
+  add("output_norm.weight", 1, s.hidden, 1);
+  if (!tied) add("output.weight", s.vocab, s.hidden, 0);
+  ASSERT_TRUE(w.write(path));
+}
+
+std::vector<std::int32_t> tokens(int n, int seed, int vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = (seed * 31 + i * 17) % vocab;
+  return t;
+}
+
+// Logits of `seq` (last token of each chunk) when fed in chunks of `chunk`,
+// optionally with a companion sequence in every step.
+std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m, const std::vector<std::int32_t>& seq,
+                                    int chunk, bool companion) {
+  auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 8, .capacity_tokens = 512});
+  EXPECT_TRUE(cache);
+  const seq_id a = cache->add_sequence(), b = cache->add_sequence();
+  const auto other = tokens(23, 5, m.config().vocab_size > 0 ? static_cast<int>(m.config().vocab_size) : 1);
+  std::vector<std::vector<float>> out;
+  std::size_t pos = 0, opos = 0;
+  while (pos < seq.size()) {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), seq.size() - pos);
+    std::vector<step_input> in{{a, std::span(seq).subspan(pos, n), true}};
+    if (companion && opos < other.size()) {
+      const std::size_t on = std::min<std::size_t>(3, other.size() - opos);
+      in.insert(in.begin(), step_input{b, std::span(other).subspan(opos, on), false});
+      opos += on;
+    }
+    auto logits = m.forward(ctx, *cache, in);
+    EXPECT_TRUE(logits) << logits.error().message;
+    const std::int64_t first_row = companion && in.size() == 2 ? 1 : 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float* r = logits->row_as<float>(first_row + static_cast<std::int64_t>(j));
+      out.emplace_back(r, r + m.config().vocab_size);
+    }
+    pos += n;
+  }
+  return out;
+}
+
+class LlamaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = new std::string(::testing::TempDir() + "/tiny_llama.gguf");
+    write_tiny_gguf(*path_, {}, false);
+  }
+  static void TearDownTestSuite() { delete path_; }
+  static std::string* path_;
+};
+std::string* LlamaTest::path_ = nullptr;
+
+}  // namespace
+
+TEST_F(LlamaTest, LoadsAndDescribes) {
+  auto ctx = k::cpu::context::create(2);
+  auto m = llama_model::load(*path_, *ctx);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ((*m)->config().num_layers, 2);
+  EXPECT_EQ((*m)->config().head_dim, 16);
+  EXPECT_NE((*m)->describe().find("f32x14"), std::string::npos) << (*m)->describe();
+  EXPECT_GT((*m)->bytes_per_token(), 0u);
+}
+
+TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
+  for (const char* quant : {"f32", "q8_0", "q4_0", "int8", "f16"}) {
+    SCOPED_TRACE(quant);
+    auto ctx2 = k::cpu::context::create(2);
+    auto ctx1 = k::cpu::context::create(1);
+    quant_plan plan;
+    plan.default_format = *k::weight_format_from_string(quant);
+    auto m = llama_model::load(*path_, *ctx2, plan);
+    ASSERT_TRUE(m) << m.error().message;
+    const auto seq = tokens(70, 3, 50);
+    const auto ref = run(*ctx2, **m, seq, 70, false);
+    ASSERT_EQ(ref.size(), seq.size());
+    for (int chunk : {1, 16, 64}) {
+      const auto got = run(*ctx2, **m, seq, chunk, true);
+      ASSERT_EQ(got.size(), ref.size());
+      for (std::size_t i = 0; i < ref.size(); ++i)
+        ASSERT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * sizeof(float)), 0)
+            << "chunk " << chunk << " position " << i;
+    }
+    const auto one = run(*ctx1, **m, seq, 16, false);
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      ASSERT_EQ(std::memcmp(one[i].data(), ref[i].data(), ref[i].size() * sizeof(float)), 0) << "1 thread, position " << i;
+    // Not all zero or NaN.
+    double mag = 0;
+    for (float v : ref.back()) {
+      ASSERT_TRUE(std::isfinite(v));
+      mag += std::fabs(v);
+    }
+    EXPECT_GT(mag, 0.1);
+  }
+}
+
+TEST_F(LlamaTest, SlidingWindowCacheFreesBlocksAndMatchesWindowedAttention) {
+  auto ctx = k::cpu::context::create(2);
+  auto m = llama_model::load(*path_, *ctx);
+  ASSERT_TRUE(m);
+  const auto seq = tokens(60, 9, 50);
+  // Reference: a full cache, window applied by attention only.
+  auto full = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256});
+  auto windowed = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256, .window = 12, .sinks = 4});
+  ASSERT_TRUE(full && windowed);
+  const seq_id a = full->add_sequence(), b = windowed->add_sequence();
+  k::attention_options win;
+  win.window = 12;
+  win.sinks = 4;
+  for (std::size_t i = 0; i < seq.size(); ++i) {
+    std::vector<std::int32_t> t{seq[i]};
+    auto x = (*m)->forward(*ctx, *full, std::vector<step_input>{{a, t, false}}, win);
+    auto y = (*m)->forward(*ctx, *windowed, std::vector<step_input>{{b, t, false}});
+    ASSERT_TRUE(x && y);
+    ASSERT_EQ(std::memcmp(x->data(), y->data(), x->nbytes()), 0) << "position " << i;
+  }
+  // The windowed cache holds the sink block plus the window's blocks only.
+  const auto table = windowed->block_table(b);
+  int live = 0;
+  for (auto id : table) live += id != 0;
+  EXPECT_LE(live, 1 + 12 / 4 + 1);
+  EXPECT_GT(windowed->free_blocks(), full->free_blocks());
+}
+
+TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
+  auto ctx = k::cpu::context::create(2);
+  auto m = llama_model::load(*path_, *ctx);
+  ASSERT_TRUE(m);
+  std::vector<generation_request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    generation_request r;
+    r.prompt = tokens(5 + 7 * i, i, 50);
+    r.params.max_tokens = 8 + i;
+    r.params.temperature = i == 0 ? 0.0 : 0.8;
+    r.params.top_k = i == 2 ? 5 : 0;
+    r.params.seed = static_cast<std::uint64_t>(100 + i);
+    reqs.push_back(r);
+  }
+  auto piece = [](std::int32_t t) {
+    std::string s = std::to_string(t);
+    s.push_back(' ');
+    return s;
+  };
+  generate_options opts;
+  opts.prefill_chunk = 4;
+  auto together = generate_batch(*ctx, **m, reqs, std::vector<piece_fn>(reqs.size(), piece), nullptr, opts);
+  ASSERT_TRUE(together) << together.error().message;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    opts.prefill_chunk = 64;
+    auto alone = generate_batch(*ctx, **m, {reqs[i]}, {piece}, nullptr, opts);
+    ASSERT_TRUE(alone);
+    EXPECT_EQ((*alone)[0].tokens, (*together)[i].tokens) << "request " << i;
+    EXPECT_EQ((*together)[i].tokens.size(), static_cast<std::size_t>(reqs[i].params.max_tokens));
+    EXPECT_EQ((*together)[i].reason, stop_reason::max_tokens);
+  }
+}
+
+TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
+  auto ctx = k::cpu::context::create(1);
+  auto m = llama_model::load(*path_, *ctx);
+  ASSERT_TRUE(m);
+  auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .capacity_tokens = 16});
+  ASSERT_TRUE(cache);
+  const seq_id s = cache->add_sequence();
+  std::vector<std::int32_t> bad{1, 50};
+  EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s, bad, false}}));
+  EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s + 100, bad, false}}));
+  EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s, {}, false}}));
+  EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{}));
+  EXPECT_EQ(cache->length(s), 0);
+  const auto long_prompt = tokens(40, 1, 50);
+  auto full = (*m)->forward(*ctx, *cache, std::vector<step_input>{{s, long_prompt, false}});
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code, k::errc::out_of_memory);
+  EXPECT_EQ(cache->length(s), 0);
+  EXPECT_FALSE(llama_model::load("/nonexistent/model.gguf", *ctx));
+  quant_plan plan;
+  EXPECT_FALSE(plan.add_override("layers.0.*"));
+  EXPECT_FALSE(plan.add_override("layers.0.*=q5_k"));
+  EXPECT_TRUE(plan.add_override("layers.0.*=f16"));
+}
