@@ -2,12 +2,13 @@
 // No implicit FMA contraction: a product followed by a sum stays two rounded
 // operations, exactly as written (RoPE and add then match the scalar path bit
 // for bit); FMAs appear only where an intrinsic asks for one.
-#pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
 
 #include <cstdint>
 
 #include "kernels/cpu/ops_impl.hpp"
+
+#pragma GCC optimize("fp-contract=off")
 
 namespace troupe::kernels::cpu {
 

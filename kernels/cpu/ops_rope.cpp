@@ -2,7 +2,6 @@
 // (float32, LLaMA-3 scaling), per-token cos/sin tables, scalar rotation and
 // dispatch to the AVX2 rotation. Contraction is off, so the float32
 // arithmetic below is exactly the sequence written (as torch runs it).
-#pragma GCC optimize("fp-contract=off")
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,6 +10,8 @@
 #include "kernels/cpu/ops_common.hpp"
 #include "kernels/cpu/ops_impl.hpp"
 #include "kernels/ops.hpp"
+
+#pragma GCC optimize("fp-contract=off")
 
 namespace troupe::kernels {
 
