@@ -20,6 +20,17 @@ inline __m256i tail_mask(std::int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx);
 }
 
+// Loads / stores min(rem, 8) floats (masked only when rem < 8).
+inline __m256 load_n(const float* p, std::int64_t rem) {
+  return rem >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask(rem));
+}
+inline void store_n(float* p, std::int64_t rem, __m256 v) {
+  if (rem >= 8)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, tail_mask(rem), v);
+}
+
 inline float hsum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   __m128 s = _mm_add_ps(lo, hi);
@@ -107,6 +118,30 @@ inline __m256 gelu_ps(__m256 x, int kind) {
   return x_sigmoid(x, _mm256_set1_ps(1.702f));
 }
 
+// y[i] = f(x[i]) over a row: full vectors with plain loads/stores (masked
+// stores are slow on AMD), the tail through masked ones; the same vector code
+// computes every element.
+template <class F>
+inline void map1(const float* x, float* y, std::int64_t n, F f) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, f(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m, f(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
+template <class F>
+inline void map2(const float* a, const float* b, float* y, std::int64_t n, F f) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, f(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(y + i, m, f(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m)));
+  }
+}
+
 }  // namespace
 
 float sum_squares_avx2(const float* x, std::int64_t n) {
@@ -127,76 +162,63 @@ float sum_squares_avx2(const float* x, std::int64_t n) {
 
 void scale_mul_avx2(const float* x, const float* w, float r, float* y, std::int64_t n) {
   const __m256 vr = _mm256_set1_ps(r);
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vr);
-    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(_mm256_maskload_ps(w + i, m), v));
-  }
+  map2(x, w, y, n, [vr](__m256 v, __m256 wv) { return _mm256_mul_ps(wv, _mm256_mul_ps(v, vr)); });
 }
 
 void silu_row_avx2(const float* x, float* y, std::int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    _mm256_maskstore_ps(y + i, m, x_sigmoid(_mm256_maskload_ps(x + i, m), one));
-  }
+  map1(x, y, n, [one](__m256 v) { return x_sigmoid(v, one); });
 }
 
 void swiglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    const __m256 s = x_sigmoid(_mm256_maskload_ps(g + i, m), one);
-    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, m)));
-  }
+  map2(g, u, y, n, [one](__m256 gv, __m256 uv) { return _mm256_mul_ps(x_sigmoid(gv, one), uv); });
 }
 
 void gelu_row_avx2(const float* x, float* y, std::int64_t n, int kind) {
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    _mm256_maskstore_ps(y + i, m, gelu_ps(_mm256_maskload_ps(x + i, m), kind));
-  }
+  if (kind == 0)
+    map1(x, y, n, [](__m256 v) { return gelu_ps(v, 0); });
+  else if (kind == 1)
+    map1(x, y, n, [](__m256 v) { return gelu_ps(v, 1); });
+  else
+    map1(x, y, n, [](__m256 v) { return gelu_ps(v, 2); });
 }
 
 void add_row_avx2(const float* a, const float* b, float* y, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  if (i < n) {
-    const __m256i m = tail_mask(n - i);
-    _mm256_maskstore_ps(y + i, m,
-                        _mm256_add_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m)));
-  }
+  map2(a, b, y, n, [](__m256 u, __m256 v) { return _mm256_add_ps(u, v); });
 }
 
 void softmax_row_avx2(const float* x, float* y, std::int64_t n, float scale) {
   const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-__builtin_inff());
+  const std::int64_t full = n / 8 * 8;
+  const __m256i mt = tail_mask(n - full);
   __m256 vmax = ninf;
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
-    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, z, _mm256_castsi256_ps(m)));
+  for (std::int64_t i = 0; i < full; i += 8)
+    vmax = _mm256_max_ps(vmax, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+  if (full < n) {
+    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + full, mt), vs);
+    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, z, _mm256_castsi256_ps(mt)));
   }
   const float mx = hmax(vmax);
   if (mx == -__builtin_inff()) {
-    for (std::int64_t i = 0; i < n; i += 8)
-      _mm256_maskstore_ps(y + i, tail_mask(n - i), _mm256_setzero_ps());
+    map1(x, y, n, [](__m256) { return _mm256_setzero_ps(); });
     return;
   }
   const __m256 vm = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
-    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(z, vm)), _mm256_castsi256_ps(m));
+  for (std::int64_t i = 0; i < full; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vm));
     acc = _mm256_add_ps(acc, e);
-    _mm256_maskstore_ps(y + i, m, e);
+    _mm256_storeu_ps(y + i, e);
+  }
+  if (full < n) {
+    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + full, mt), vs);
+    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(z, vm)), _mm256_castsi256_ps(mt));
+    acc = _mm256_add_ps(acc, e);
+    _mm256_maskstore_ps(y + full, mt, e);
   }
   const __m256 inv = _mm256_set1_ps(1.0f / hsum(acc));
-  for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256i m = tail_mask(n - i);
-    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(_mm256_maskload_ps(y + i, m), inv));
-  }
+  map1(y, y, n, [inv](__m256 v) { return _mm256_mul_ps(v, inv); });
 }
 
 void rope_token_avx2(const float* x, float* y, int heads, int head_dim, int rot, bool adjacent,
@@ -207,30 +229,25 @@ void rope_token_avx2(const float* x, float* y, int heads, int head_dim, int rot,
     if (adjacent) {
       // [a0 b0 a1 b1 ..] -> [a c - b s, b c + a s, ..] (mul, mul, addsub as the scalar code)
       for (int i = 0; i < rot; i += 8) {
-        const __m256i m = tail_mask(rot - i);
-        const __m256 v = _mm256_maskload_ps(xh + i, m);
+        const __m256 v = load_n(xh + i, rot - i);
         const __m256 sw = _mm256_permute_ps(v, 0xB1);
-        const __m256 r = _mm256_addsub_ps(_mm256_mul_ps(v, _mm256_maskload_ps(cs + i, m)),
-                                          _mm256_mul_ps(sw, _mm256_maskload_ps(sn + i, m)));
-        _mm256_maskstore_ps(yh + i, m, r);
+        store_n(yh + i, rot - i,
+                _mm256_addsub_ps(_mm256_mul_ps(v, load_n(cs + i, rot - i)),
+                                 _mm256_mul_ps(sw, load_n(sn + i, rot - i))));
       }
     } else {
       const int half = rot / 2;
       for (int i = 0; i < half; i += 8) {
-        const __m256i m = tail_mask(half - i);
-        const __m256 a = _mm256_maskload_ps(xh + i, m), b = _mm256_maskload_ps(xh + i + half, m);
-        const __m256 c = _mm256_maskload_ps(cs + i, m), s = _mm256_maskload_ps(sn + i, m);
-        const __m256 lo = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s));
-        const __m256 hi = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s));
-        _mm256_maskstore_ps(yh + i, m, lo);
-        _mm256_maskstore_ps(yh + i + half, m, hi);
+        const int rem = half - i;
+        const __m256 a = load_n(xh + i, rem), b = load_n(xh + i + half, rem);
+        const __m256 c = load_n(cs + i, rem), s = load_n(sn + i, rem);
+        store_n(yh + i, rem, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+        store_n(yh + i + half, rem, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
       }
     }
     if (yh != xh)
-      for (int i = rot; i < head_dim; i += 8) {
-        const __m256i m = tail_mask(head_dim - i);
-        _mm256_maskstore_ps(yh + i, m, _mm256_maskload_ps(xh + i, m));
-      }
+      for (int i = rot; i < head_dim; i += 8)
+        store_n(yh + i, head_dim - i, load_n(xh + i, head_dim - i));
   }
 }
 
