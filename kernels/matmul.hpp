@@ -30,6 +30,9 @@ class packed_matrix {
 
   /// Packs `w` (validated first). The bytes come from ctx.memory().
   static result<packed_matrix> pack(cpu::context& ctx, const weight_matrix& w);
+  /// A deep copy in new memory from ctx.memory() (e.g. to rotate through
+  /// many distinct matrices in a benchmark).
+  result<packed_matrix> clone(cpu::context& ctx) const;
 
   std::int64_t rows() const { return layout_.n; }
   std::int64_t cols() const { return layout_.k; }

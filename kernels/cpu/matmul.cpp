@@ -87,7 +87,10 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   auto* d = reinterpret_cast<float*>(base + off);
   auto* s = reinterpret_cast<std::int32_t*>(base + off + 4 * per_block);
   ctx.pool().parallel_for(m, 1, [&](std::int64_t r0, std::int64_t r1, int) {
-    cpu::mm_quantize_rows(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
+    if (avx2)
+      cpu::mm_quantize_rows_avx2(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
+    else
+      cpu::mm_quantize_rows(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
   });
   split_output(ctx, m, l.panels,
                [&](std::int64_t r0, std::int64_t r1, std::int64_t p0, std::int64_t p1) {

@@ -31,6 +31,13 @@ void mm_quantize_rows(const float* x, std::int64_t ldx, std::int64_t k, std::int
                       std::int64_t r1, std::int8_t* q, std::int8_t* a, float* d, std::int32_t* s,
                       std::int64_t kp);
 
+void mm_quantize_rows_avx2(const float* x, std::int64_t ldx, std::int64_t k, std::int64_t r0,
+                           std::int64_t r1, std::int8_t* q, std::int8_t* a, float* d,
+                           std::int32_t* s, std::int64_t kp);
+/// One block of 32 codes from `valid` (<= 32) floats; the rest count as 0.
+void mm_quantize_block(const float* x, std::int64_t valid, std::int8_t* q, std::int8_t* a, float* d,
+                       std::int32_t* s);
+
 /// Float kernels: panels [p0, p1) for m rows; x row r at x + r*ldx, y row r
 /// at y + r*ldy (columns p*32 .., clipped to layout.n).
 void mm_float_scalar(const mm_layout& l, const std::byte* w, const float* x, std::int64_t ldx,

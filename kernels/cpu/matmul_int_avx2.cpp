@@ -48,9 +48,16 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     zc[0] = ld(wp + 64);
     zc[1] = ld(wp + 96);
   }
-  for (std::int64_t b = 0; b < l.blocks; ++b) {
-    const std::byte* hdr = wp + l.header_offset(b);
-    const std::byte* blk = wp + l.block_offset(b);
+  // Walk superblocks with running pointers (no divisions in the loop).
+  const std::byte* hdr = wp + l.panel_header;
+  const std::byte* blk = hdr + l.sb_header;
+  std::int64_t j = 0;  // block index inside the superblock
+  for (std::int64_t b = 0; b < l.blocks; ++b, blk += l.block_bytes) {
+    if (j == l.sb_blocks) {
+      hdr = blk;
+      blk += l.sb_header;
+      j = 0;
+    }
     if (prefetch) {
       const std::byte* target = blk + l.block_bytes + mm_prefetch_bytes;
       while (pf < target) {
@@ -63,7 +70,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       __m256i s16[MR][2];
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 4
+#pragma GCC unroll 1
       for (int v = 0; v < 4; ++v) {
         const __m256i raw0 = ld(blk + (2 * v) * 32), raw1 = ld(blk + (2 * v + 1) * 32);
         const __m256i lo0 = _mm256_and_si256(raw0, m4);
@@ -88,7 +95,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     } else {
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 1
       for (int q = 0; q < 8; ++q) {
         const __m256i w0 = ld(blk + (2 * q) * 32), w1 = ld(blk + (2 * q + 1) * 32);
         if constexpr (K == mm_kernel::s8) {
@@ -120,8 +127,8 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 #pragma GCC unroll 2
     for (int s = 0; s < 2; ++s) {
       if constexpr (S == mm_scale::block_f16)
-        ws[s] = _mm256_cvtph_ps(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(hdr + (b % l.sb_blocks) * 32 + s * 16)));
+        ws[s] = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + j * 32 + s * 16)));
       else if constexpr (S == mm_scale::group_f32)
         ws[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + s * 32));
       else
@@ -147,6 +154,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
         _mm256_store_ps(facc[r] + 8 * s, _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), sc, f));
       }
     }
+    ++j;
   }
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r) {

@@ -209,35 +209,49 @@ result<packed_matrix> packed_matrix::pack(cpu::context& ctx, const weight_matrix
   return out;
 }
 
+result<packed_matrix> packed_matrix::clone(cpu::context& ctx) const {
+  packed_matrix out = *this;
+  if (empty()) return out;
+  auto buf = ctx.memory().allocate(bytes());
+  if (!buf) return std::unexpected(buf.error());
+  out.storage_ = std::move(*buf);
+  out.data_ = static_cast<std::byte*>(out.storage_->data());
+  std::memcpy(out.data_, data_, bytes());
+  return out;
+}
+
 namespace cpu {
+
+void mm_quantize_block(const float* x, std::int64_t valid, std::int8_t* q, std::int8_t* a, float* d,
+                       std::int32_t* s) {
+  float amax = 0.0f;
+  for (std::int64_t j = 0; j < valid; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float dx = amax / 127.0f;
+  const float id = dx != 0.0f ? 1.0f / dx : 0.0f;
+  std::int32_t sum = 0;
+  for (std::int64_t j = 0; j < 32; ++j) {
+    float t = j < valid ? x[j] * id : 0.0f;
+    t = t >= -127.0f ? (t <= 127.0f ? t : 127.0f) : -127.0f;  // NaN -> -127, no UB
+    // Round half to even: exact for |t| < 2^22 (vroundps / nearbyint do the same).
+    t = (t + 12582912.0f) - 12582912.0f;
+    const int v = static_cast<int>(t);
+    q[j] = static_cast<std::int8_t>(v);
+    a[j] = static_cast<std::int8_t>(v < 0 ? -v : v);
+    sum += v;
+  }
+  *d = dx;
+  *s = sum;
+}
 
 void mm_quantize_rows(const float* x, std::int64_t ldx, std::int64_t k, std::int64_t r0,
                       std::int64_t r1, std::int8_t* q, std::int8_t* a, float* d, std::int32_t* s,
                       std::int64_t kp) {
   const std::int64_t blocks = kp / 32;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * ldx;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t k0 = b * 32, valid = std::min<std::int64_t>(32, k - k0);
-      float amax = 0.0f;
-      for (std::int64_t j = 0; j < valid; ++j) amax = std::max(amax, std::fabs(xr[k0 + j]));
-      const float dx = amax / 127.0f;
-      const float id = dx != 0.0f ? 1.0f / dx : 0.0f;
-      std::int32_t sum = 0;
-      std::int8_t* qr = q + r * kp + k0;
-      std::int8_t* ar = a + r * kp + k0;
-      for (std::int64_t j = 0; j < 32; ++j) {
-        float t = j < valid ? xr[k0 + j] * id : 0.0f;
-        t = t >= -127.0f ? (t <= 127.0f ? t : 127.0f) : -127.0f;  // NaN -> -127, no UB
-        const int v = static_cast<int>(std::nearbyint(t));
-        qr[j] = static_cast<std::int8_t>(v);
-        ar[j] = static_cast<std::int8_t>(v < 0 ? -v : v);
-        sum += v;
-      }
-      d[r * blocks + b] = dx;
-      s[r * blocks + b] = sum;
-    }
-  }
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (std::int64_t b = 0; b < blocks; ++b)
+      mm_quantize_block(x + r * ldx + b * 32, std::min<std::int64_t>(32, k - b * 32),
+                        q + r * kp + b * 32, a + r * kp + b * 32, d + r * blocks + b,
+                        s + r * blocks + b);
 }
 
 }  // namespace cpu
