@@ -1,0 +1,271 @@
+// AVX2 + FMA + F16C attention kernels (head_dim a multiple of 8). Every
+// (row, key) dot product and every (row, lane) accumulation runs the same
+// instruction sequence whichever rows share the call, so results are
+// independent of how rows are grouped.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/attention_impl.hpp"
+
+namespace troupe::kernels::cpu::attn {
+namespace {
+
+template <kv_elem T>
+inline __m256 load8(const void* row, int c) {
+  if constexpr (T == kv_elem::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + c);
+  } else if constexpr (T == kv_elem::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + c)));
+  } else {
+    const __m128i b =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(row) + c));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  }
+}
+
+// ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) of each of a[0..7], in one vector.
+inline __m256 reduce8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]);
+  const __m256 t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]);
+  const __m256 t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// The same tree for one vector.
+inline float hsum(__m256 x) {
+  __m256 t = _mm256_hadd_ps(x, x);
+  t = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+inline float hmax(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// e^x (Cephes polynomial, ~1 ulp); exactly 0 below -87.3 (so e^-inf = 0).
+inline __m256 exp8(__m256 x) {
+  const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.3762626f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), valid);
+}
+
+// Scores of R rows against KP keys per step: R*KP independent accumulators.
+template <kv_elem T, int R, int KP>
+void qk_rows(const tile_keys& t, const row_state* rows) {
+  static_assert(R * KP <= 8);
+  const int d = t.head_dim;
+  for (int j0 = t.lo; j0 < t.hi; j0 += KP) {
+    const void* k[KP];
+    for (int kk = 0; kk < KP; ++kk) k[kk] = t.k[j0 + kk < t.hi ? j0 + kk : t.hi - 1];
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      __m256 kv[KP];
+      for (int kk = 0; kk < KP; ++kk) kv[kk] = load8<T>(k[kk], c);
+      for (int r = 0; r < R; ++r) {
+        const __m256 qv = _mm256_loadu_ps(rows[r].q + c);
+        for (int kk = 0; kk < KP; ++kk)
+          acc[r * KP + kk] = _mm256_fmadd_ps(qv, kv[kk], acc[r * KP + kk]);
+      }
+    }
+    alignas(32) float dots[8];
+    _mm256_store_ps(dots, reduce8(acc));
+    for (int r = 0; r < R; ++r) {
+      for (int kk = 0; kk < KP && j0 + kk < t.hi; ++kk) {
+        float s = dots[r * KP + kk];
+        if constexpr (T == kv_elem::i8) s *= t.k_scale[j0 + kk];
+        rows[r].s[j0 + kk] = s;
+      }
+    }
+  }
+}
+
+template <kv_elem T>
+void qk_typed(const tile_keys& t, int n_rows, const row_state* rows) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) qk_rows<T, 4, 2>(t, rows + r);
+  switch (n_rows - r) {
+    case 3:
+      qk_rows<T, 3, 2>(t, rows + r);
+      break;
+    case 2:
+      qk_rows<T, 2, 4>(t, rows + r);
+      break;
+    case 1:
+      qk_rows<T, 1, 8>(t, rows + r);
+      break;
+    default:
+      break;
+  }
+}
+
+void qk_avx2(const tile_keys& t, int n_rows, const row_state* rows) {
+  switch (t.type) {
+    case kv_elem::f32:
+      qk_typed<kv_elem::f32>(t, n_rows, rows);
+      break;
+    case kv_elem::f16:
+      qk_typed<kv_elem::f16>(t, n_rows, rows);
+      break;
+    case kv_elem::i8:
+      qk_typed<kv_elem::i8>(t, n_rows, rows);
+      break;
+  }
+}
+
+// Softmax part for one row: rescale by the new maximum, s <- p (times the
+// value scale for i8), lsum += p.
+template <kv_elem T>
+void softmax_row(const tile_keys& t, const row_state& row) {
+  static_assert(key_tile == 32);
+  __m256 s[4];
+  for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(row.s + 8 * i);
+  const float tile_max = hmax(_mm256_max_ps(_mm256_max_ps(s[0], s[1]), _mm256_max_ps(s[2], s[3])));
+  const float m_old = *row.m;
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  __m256 lsum = _mm256_loadu_ps(row.lsum);
+  if (m_new != m_old) {
+    const __m256 alpha = exp8(_mm256_set1_ps(m_old - m_new));
+    for (int c = 0; c < t.head_dim; c += 8)
+      _mm256_storeu_ps(row.acc + c, _mm256_mul_ps(_mm256_loadu_ps(row.acc + c), alpha));
+    lsum = _mm256_mul_ps(lsum, alpha);
+    *row.m = m_new;
+  }
+  const __m256 mv = _mm256_set1_ps(m_new);
+  for (int i = 0; i < 4; ++i) {
+    const __m256 p = exp8(_mm256_sub_ps(s[i], mv));
+    lsum = _mm256_add_ps(lsum, p);
+    if constexpr (T == kv_elem::i8) {
+      _mm256_storeu_ps(row.s + 8 * i, _mm256_mul_ps(p, _mm256_loadu_ps(t.v_scale + 8 * i)));
+    } else {
+      _mm256_storeu_ps(row.s + 8 * i, p);
+    }
+  }
+  _mm256_storeu_ps(row.lsum, lsum);
+}
+
+// acc_r += sum_j p_rj v_j for R rows, CH vectors of 8 channels at a time.
+template <kv_elem T, int R, int CH>
+void pv_rows(const tile_keys& t, const row_state* rows, int c_begin, int c_end) {
+  for (int c0 = c_begin; c0 + 8 * CH <= c_end; c0 += 8 * CH) {
+    __m256 acc[R][CH];
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < CH; ++h) acc[r][h] = _mm256_loadu_ps(rows[r].acc + c0 + 8 * h);
+    for (int j = t.lo; j < t.hi; ++j) {
+      __m256 v[CH];
+      for (int h = 0; h < CH; ++h) v[h] = load8<T>(t.v[j], c0 + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 p = _mm256_broadcast_ss(rows[r].s + j);
+        for (int h = 0; h < CH; ++h) acc[r][h] = _mm256_fmadd_ps(p, v[h], acc[r][h]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < CH; ++h) _mm256_storeu_ps(rows[r].acc + c0 + 8 * h, acc[r][h]);
+  }
+}
+
+template <kv_elem T, int R, int CH>
+void pv_all(const tile_keys& t, const row_state* rows) {
+  const int d = t.head_dim;
+  const int main_end = d - d % (8 * CH);
+  pv_rows<T, R, CH>(t, rows, 0, main_end);
+  pv_rows<T, R, 1>(t, rows, main_end, d);
+}
+
+template <kv_elem T>
+void softmax_pv_typed(const tile_keys& t, int n_rows, const row_state* rows) {
+  for (int r = 0; r < n_rows; ++r) softmax_row<T>(t, rows[r]);
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) pv_all<T, 4, 2>(t, rows + r);
+  switch (n_rows - r) {
+    case 3:
+      pv_all<T, 3, 2>(t, rows + r);
+      break;
+    case 2:
+      pv_all<T, 2, 4>(t, rows + r);
+      break;
+    case 1:
+      pv_all<T, 1, 8>(t, rows + r);
+      break;
+    default:
+      break;
+  }
+}
+
+void softmax_pv_avx2(const tile_keys& t, int n_rows, const row_state* rows) {
+  switch (t.type) {
+    case kv_elem::f32:
+      softmax_pv_typed<kv_elem::f32>(t, n_rows, rows);
+      break;
+    case kv_elem::f16:
+      softmax_pv_typed<kv_elem::f16>(t, n_rows, rows);
+      break;
+    case kv_elem::i8:
+      softmax_pv_typed<kv_elem::i8>(t, n_rows, rows);
+      break;
+  }
+}
+
+void finish_avx2(int head_dim, const row_state& row, float* out) {
+  const __m256 sum = _mm256_set1_ps(hsum(_mm256_loadu_ps(row.lsum)));
+  for (int c = 0; c < head_dim; c += 8)
+    _mm256_storeu_ps(out + c, _mm256_div_ps(_mm256_loadu_ps(row.acc + c), sum));
+}
+
+void bound_avx2(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
+                int n_blocks, const float* const* summary, float* score) {
+  for (int b = 0; b < n_blocks; ++b) {
+    const float* mn = summary[b];
+    const float* mx = summary[b] + head_dim;
+    float best = -__builtin_inff();
+    for (int r0 = 0; r0 < n_rows; r0 += 4) {
+      const int nr = n_rows - r0 < 4 ? n_rows - r0 : 4;
+      __m256 ap[4], an[4];
+      for (int i = 0; i < 4; ++i) ap[i] = an[i] = _mm256_setzero_ps();
+      for (int c = 0; c < head_dim; c += 8) {
+        const __m256 vmx = _mm256_loadu_ps(mx + c);
+        const __m256 vmn = _mm256_loadu_ps(mn + c);
+        for (int i = 0; i < nr; ++i) {
+          ap[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qpos[r0 + i] + c), vmx, ap[i]);
+          an[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qneg[r0 + i] + c), vmn, an[i]);
+        }
+      }
+      for (int i = 0; i < nr; ++i) {
+        const float s = hsum(_mm256_add_ps(ap[i], an[i]));
+        best = best > s ? best : s;
+      }
+    }
+    score[b] = best;
+  }
+}
+
+}  // namespace
+
+const tile_ops& avx2_ops() {
+  static const tile_ops ops{qk_avx2, softmax_pv_avx2, finish_avx2, bound_avx2};
+  return ops;
+}
+
+}  // namespace troupe::kernels::cpu::attn

@@ -1,0 +1,55 @@
+#pragma once
+// Internal interface between the attention driver (attention.cpp) and its
+// ISA kernels (attention_scalar.cpp, attention_avx2.cpp). Plain structs and
+// functions only, so the AVX2 file instantiates no library templates.
+
+#include <cstdint>
+
+namespace troupe::kernels::cpu::attn {
+
+constexpr int key_tile = 32;  ///< keys per tile; tiles start at multiples of it
+constexpr int max_rows = 4;   ///< rows a kernel call processes together
+constexpr int lanes = 8;      ///< partial sums kept per row for the softmax denominator
+
+enum class kv_elem : std::uint8_t { f32, f16, i8 };
+
+/// Keys [lo, hi) of one tile as seen by one KV head.
+struct tile_keys {
+  kv_elem type = kv_elem::f32;
+  int head_dim = 0;
+  int lo = 0, hi = 0;
+  const void* const* k = nullptr;  ///< [key_tile] key rows, valid in [lo, hi)
+  const void* const* v = nullptr;  ///< [key_tile] value rows
+  const float* k_scale = nullptr;  ///< [key_tile] (i8)
+  const float* v_scale = nullptr;  ///< [key_tile] (i8)
+};
+
+/// State of one query row.
+struct row_state {
+  const float* q = nullptr;  ///< query times scale [head_dim]
+  float* acc = nullptr;      ///< unnormalised output [head_dim]
+  float* lsum = nullptr;     ///< [lanes] partial softmax denominators
+  float* m = nullptr;        ///< running maximum score
+  float* s = nullptr;        ///< [key_tile] scores of the current tile
+};
+
+/// One ISA's kernels. Each row's arithmetic depends only on its own data, the
+/// tile and its own mask, never on the other rows of the call.
+struct tile_ops {
+  /// s[j] = q.k_j (times k_scale for i8) for j in [lo, hi).
+  void (*qk)(const tile_keys& t, int n_rows, const row_state* rows);
+  /// Online softmax update with the tile's scores (entries outside the row's
+  /// mask are -inf; at least one is finite): m, lsum, acc.
+  void (*softmax_pv)(const tile_keys& t, int n_rows, const row_state* rows);
+  /// out = acc / sum(lsum).
+  void (*finish)(int head_dim, const row_state& row, float* out);
+  /// score[b] = max over rows of sum_c qpos_c*max_c + qneg_c*min_c, where
+  /// summary[b] points to [2][head_dim] (min row, then max row).
+  void (*bound)(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
+                int n_blocks, const float* const* summary, float* score);
+};
+
+const tile_ops& scalar_ops();
+const tile_ops& avx2_ops();
+
+}  // namespace troupe::kernels::cpu::attn
