@@ -11,6 +11,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cuda/probe.hpp"
 #include "kernels/device.hpp"
+#include "cli/commands.hpp"
 
 namespace {
 
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
   auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
   auto* bench = app.add_subcommand("bench", "Run the kernel benchmark (bench_kernels)");
   std::vector<std::string> bench_args;
+  auto generate = troupe::cli::add_generate(app);
+  auto write_model = troupe::cli::add_write_model(app);
   bench->add_option("args", bench_args, "Arguments passed to bench_kernels");
   bench->allow_extras();
   try {
@@ -46,6 +49,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (*devices) return cmd_devices();
+  if (app.got_subcommand("generate")) return generate();
+  if (app.got_subcommand("write-model")) return write_model();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.
     std::string self = argv[0];

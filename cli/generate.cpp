@@ -1,0 +1,175 @@
+// troupe generate: one process, one prompt, tokens streamed as produced.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "kernels/cpu/context.hpp"
+#include "models/generate.hpp"
+#include "models/llama.hpp"
+#include "models/tokenizer.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct generate_args {
+  std::string model, prompt, quant, kv_type = "f32";
+  std::vector<std::string> overrides, stops;
+  std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
+  std::uint64_t seed = 0;
+  int threads = 0;
+  bool json = false, no_bos = false;
+};
+
+std::string dir_of(const std::string& path) {
+  const auto s = path.rfind('/');
+  return s == std::string::npos ? "." : path.substr(0, s);
+}
+
+int run_generate(const generate_args& a) {
+  using namespace troupe::models;
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto ctx = kernels::cpu::context::create(threads);
+  quant_plan plan;
+  if (!a.quant.empty()) {
+    auto f = kernels::weight_format_from_string(a.quant);
+    if (!f) {
+      spdlog::error("--quant: {}", f.error().message);
+      return 2;
+    }
+    plan.default_format = *f;
+  }
+  for (const auto& o : a.overrides)
+    if (auto r = plan.add_override(o); !r) {
+      spdlog::error("--quant-override: {}", r.error().message);
+      return 2;
+    }
+  auto kv_type = kernels::dtype_from_string(a.kv_type == "int8" ? "i8" : a.kv_type);
+  if (!kv_type || (*kv_type != kernels::dtype::f32 && *kv_type != kernels::dtype::f16 && *kv_type != kernels::dtype::i8)) {
+    spdlog::error("--kv-type must be f32, f16 or int8");
+    return 2;
+  }
+  auto src = weight_source::open(a.model);
+  if (!src) {
+    spdlog::error("{}", src.error().message);
+    return 1;
+  }
+  result<tokenizer> tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf())
+                                            : tokenizer::load(std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model));
+  if (!tok) {
+    spdlog::error("tokenizer: {}", tok.error().message);
+    return 1;
+  }
+  result<llama_config> cfg = (*src)->is_gguf()
+                                 ? llama_config_from_gguf(*(*src)->gguf())
+                                 : load_llama_config((std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model)) + "/config.json");
+  if (!cfg) {
+    spdlog::error("{}", cfg.error().message);
+    return 1;
+  }
+  auto model = llama_model::build(**src, *cfg, *ctx, plan);
+  if (!model) {
+    spdlog::error("{}", model.error().message);
+    return 1;
+  }
+  auto ids = tok->encode(a.prompt, !a.no_bos);
+  if (!ids) {
+    spdlog::error("prompt: {}", ids.error().message);
+    return 1;
+  }
+  if (ids->empty()) {
+    spdlog::error("the prompt encodes to no tokens");
+    return 2;
+  }
+  generation_request req;
+  req.prompt = *ids;
+  req.params.max_tokens = a.max_tokens;
+  req.params.temperature = a.temperature;
+  req.params.top_k = a.top_k;
+  req.params.top_p = a.top_p;
+  req.params.min_p = a.min_p;
+  req.params.repetition_penalty = a.repeat_penalty;
+  req.params.seed = a.seed;
+  req.params.stop_strings = a.stops;
+  for (auto id : cfg->eos_token_ids) req.params.stop_token_ids.push_back(id);
+  if (auto eos = tok->special_ids().eos) req.params.stop_token_ids.push_back(*eos);
+  if (auto r = req.params.validate(); !r) {
+    spdlog::error("{}", r.error().message);
+    return 2;
+  }
+  auto dec = std::make_shared<stream_decoder>(*tok, true);
+  piece_fn piece = [dec](std::int32_t id) { return dec->push(id); };
+  generate_options opts;
+  opts.kv.type = *kv_type;
+  opts.kv.capacity_tokens = a.ctx_tokens;
+  if (!a.json) {
+    std::fputs(a.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  auto out = generate_batch(*ctx, **model, {req}, {piece},
+                            [&](std::size_t, const std::string& text) {
+                              if (!a.json) {
+                                std::fputs(text.c_str(), stdout);
+                                std::fflush(stdout);
+                              }
+                            },
+                            opts);
+  if (!out) {
+    spdlog::error("generation failed: {}", out.error().message);
+    return 1;
+  }
+  const auto& r = (*out)[0];
+  const double pp = r.prompt_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prompt_seconds : 0;
+  const auto gen_n = static_cast<double>(r.tokens.size() > 0 ? r.tokens.size() - 1 : 0);
+  const double tg = r.decode_seconds > 0 ? gen_n / r.decode_seconds : 0;
+  const char* why = r.reason == stop_reason::stop_token ? "stop token" : r.reason == stop_reason::stop_string ? "stop string" : "max tokens";
+  if (a.json) {
+    nlohmann::json j;
+    j["text"] = r.text;
+    j["prompt_tokens"] = *ids;
+    j["tokens"] = r.tokens;
+    j["finish_reason"] = why;
+    j["timings"] = {{"prompt_ms", r.prompt_seconds * 1e3}, {"prompt_tokens_per_s", pp},
+                    {"decode_ms", r.decode_seconds * 1e3}, {"decode_tokens_per_s", tg}};
+    std::puts(j.dump().c_str());
+  } else {
+    std::printf("\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, %.2f tokens/s\n", why,
+                static_cast<long long>(r.prompt_tokens), r.prompt_seconds * 1e3, pp, gen_n, r.decode_seconds * 1e3, tg);
+  }
+  return 0;
+}
+
+}  // namespace
+
+command_runner add_generate(CLI::App& app) {
+  auto a = std::make_shared<generate_args>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt in this process");
+  cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder")->required();
+  cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
+  cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--temperature", a->temperature, "0 = greedy");
+  cmd->add_option("--top-k", a->top_k);
+  cmd->add_option("--top-p", a->top_p);
+  cmd->add_option("--min-p", a->min_p);
+  cmd->add_option("--repeat-penalty", a->repeat_penalty);
+  cmd->add_option("--seed", a->seed);
+  cmd->add_option("--stop", a->stops, "Stop string (repeatable)");
+  cmd->add_option("--threads,-t", a->threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--quant", a->quant, "Weight format: f32 f16 bf16 int8 int8_asym int4 int4_asym q8_0 q4_0");
+  cmd->add_option("--quant-override", a->overrides, "PATTERN=FORMAT on tensor names, e.g. 'layers.0.*=f16'");
+  cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");
+  cmd->add_option("--ctx", a->ctx_tokens, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 24));
+  cmd->add_flag("--no-bos", a->no_bos, "Do not add the tokenizer's special prefix");
+  cmd->add_flag("--json", a->json, "Print one JSON object (text, token ids, timings)");
+  return [a] { return run_generate(*a); };
+}
+
+}  // namespace troupe::cli
