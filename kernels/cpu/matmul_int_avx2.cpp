@@ -10,6 +10,13 @@
 
 #include "kernels/cpu/matmul_impl.hpp"
 
+#ifndef TROUPE_MR_U4
+#define TROUPE_MR_U4 4
+#endif
+#ifndef TROUPE_MR_S8
+#define TROUPE_MR_S8 4
+#endif
+
 namespace troupe::kernels::cpu {
 
 namespace {
@@ -24,9 +31,15 @@ inline __m256i ld(const std::byte* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-template <mm_kernel K, mm_scale S, mm_zero Z, int MR>
+inline void prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + mm_prefetch_bytes), _MM_HINT_T0);
+}
+
+// MR rows x one 16-column panel; PF: prefetch the weight stream ahead (the
+// first pass over the panels).
+template <mm_kernel K, mm_scale S, mm_zero Z, int MR, bool PF>
 void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::int64_t r0,
-          float* out, const std::byte*& pf, bool prefetch) {
+          float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   alignas(32) float facc[MR][16];
@@ -48,30 +61,28 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     zc[0] = ld(wp + 64);
     zc[1] = ld(wp + 96);
   }
+  if constexpr (PF) {
+    for (std::int64_t o = 0; o < l.panel_header; o += 64) prefetch(wp + o);
+  }
   // Walk superblocks with running pointers (no divisions in the loop).
   const std::byte* hdr = wp + l.panel_header;
   const std::byte* blk = hdr + l.sb_header;
+  if constexpr (PF) prefetch(hdr);
   std::int64_t j = 0;  // block index inside the superblock
   for (std::int64_t b = 0; b < l.blocks; ++b, blk += l.block_bytes) {
     if (j == l.sb_blocks) {
       hdr = blk;
       blk += l.sb_header;
       j = 0;
-    }
-    if (prefetch) {
-      const std::byte* target = blk + l.block_bytes + mm_prefetch_bytes;
-      while (pf < target) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-        pf += 64;
-      }
+      if constexpr (PF) prefetch(hdr);
     }
     __m256i is[MR][2];
     if constexpr (K == mm_kernel::u4) {
       __m256i s16[MR][2];
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-      for (int v = 0; v < 4; ++v) {
+      auto step = [&](int v) {
+        if constexpr (PF) prefetch(blk + 64 * v);
         const __m256i raw0 = ld(blk + (2 * v) * 32), raw1 = ld(blk + (2 * v + 1) * 32);
         const __m256i lo0 = _mm256_and_si256(raw0, m4);
         const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(raw0, 4), m4);
@@ -86,6 +97,12 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
           s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, xl),
                                                                    _mm256_maddubs_epi16(hi1, xh)));
         }
+      };
+      if constexpr (MR == 1) {  // short chains: unrolling does not spill
+        step(0), step(1), step(2), step(3);
+      } else {  // unrolled, GCC reassociates the sums and spills them
+#pragma GCC unroll 1
+        for (int v = 0; v < 4; ++v) step(v);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
@@ -95,8 +112,8 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     } else {
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-      for (int q = 0; q < 8; ++q) {
+      auto step = [&](int q) {
+        if constexpr (PF) prefetch(blk + 64 * q);
         const __m256i w0 = ld(blk + (2 * q) * 32), w1 = ld(blk + (2 * q + 1) * 32);
         if constexpr (K == mm_kernel::s8) {
 #pragma GCC unroll 4
@@ -119,6 +136,12 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
             is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(p1, ones));
           }
         }
+      };
+      if constexpr (MR == 1) {
+        step(0), step(1), step(2), step(3), step(4), step(5), step(6), step(7);
+      } else {
+#pragma GCC unroll 1
+        for (int q = 0; q < 8; ++q) step(q);
       }
     }
     // Epilogue: per sub-panel weight scale (and zero point), then per row.
@@ -168,34 +191,48 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
   }
 }
 
+// Rows per register tile: as many as fit the 16 ymm registers without spills.
+template <mm_kernel K>
+constexpr int tile_rows() {
+  return K == mm_kernel::u4 ? TROUPE_MR_U4 : TROUPE_MR_S8;
+}
+
+// tile<R> for rows == R, R = MR, MR-1, ..., 1.
+template <mm_kernel K, mm_scale S, mm_zero Z, int R>
+inline void tile_n(std::int64_t rows, const mm_layout& l, const std::byte* wp, const mm_int_acts& x,
+                   std::int64_t r0, float* out, bool prefetch) {
+  if (rows == R) {
+    if (prefetch)
+      tile<K, S, Z, R, true>(l, wp, x, r0, out);
+    else
+      tile<K, S, Z, R, false>(l, wp, x, r0, out);
+  } else if constexpr (R > 1) {
+    tile_n<K, S, Z, R - 1>(rows, l, wp, x, r0, out, prefetch);
+  }
+}
+
+// Activation rows per chunk: a chunk's codes stay in L2 while the thread's
+// panels stream past it.
+constexpr std::int64_t chunk_rows = 64;
+
 template <mm_kernel K, mm_scale S, mm_zero Z>
 void run_panels(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,
                 float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1) {
-  alignas(32) float out[4 * 16];
-  const std::byte* pf = w + p0 * l.panel_bytes + mm_prefetch_bytes;
-  for (std::int64_t p = p0; p < p1; ++p) {
-    const std::byte* wp = w + p * l.panel_bytes;
-    const std::int64_t col0 = p * 16;
-    const std::int64_t ncols = l.n - col0 < 16 ? l.n - col0 : 16;
-    for (std::int64_t r0 = 0; r0 < m; r0 += 4) {
-      const std::int64_t rows = m - r0 < 4 ? m - r0 : 4;
-      const bool first = r0 == 0;
-      switch (rows) {
-        case 4:
-          tile<K, S, Z, 4>(l, wp, x, r0, out, pf, first);
-          break;
-        case 3:
-          tile<K, S, Z, 3>(l, wp, x, r0, out, pf, first);
-          break;
-        case 2:
-          tile<K, S, Z, 2>(l, wp, x, r0, out, pf, first);
-          break;
-        default:
-          tile<K, S, Z, 1>(l, wp, x, r0, out, pf, first);
-          break;
+  constexpr int MR = tile_rows<K>();
+  alignas(32) float out[MR * 16];
+  for (std::int64_t c0 = 0; c0 < m; c0 += chunk_rows) {
+    const std::int64_t c1 = m - c0 < chunk_rows ? m : c0 + chunk_rows;
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::byte* wp = w + p * l.panel_bytes;
+      const std::int64_t col0 = p * 16;
+      const std::int64_t ncols = l.n - col0 < 16 ? l.n - col0 : 16;
+      for (std::int64_t r0 = c0; r0 < c1; r0 += MR) {
+        const std::int64_t rows = c1 - r0 < MR ? c1 - r0 : MR;
+        const bool first = r0 == 0;  // prefetch only on the first pass over the weights
+        tile_n<K, S, Z, MR>(rows, l, wp, x, r0, out, first);
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t c = 0; c < ncols; ++c) y[(r0 + i) * ldy + col0 + c] = out[i * 16 + c];
       }
-      for (std::int64_t i = 0; i < rows; ++i)
-        for (std::int64_t c = 0; c < ncols; ++c) y[(r0 + i) * ldy + col0 + c] = out[i * 16 + c];
     }
   }
 }
