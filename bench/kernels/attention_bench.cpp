@@ -8,6 +8,7 @@
 // (k = 1/16 of the blocks) ranked by the per-block min/max bound.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -24,22 +25,37 @@ using namespace troupe::kernels;
 
 constexpr int n_heads = 8, n_kv_heads = 2, head_dim = 128, block = 16;
 
-struct timing {
-  double best_s = 0;
-  double median_s = 0;
+// Runs the variants in turn, `reps` rounds (after one warm-up round), and
+// returns each variant's median time and the median over rounds of
+// time(variant 0) / time(variant i): paired ratios, because this machine's
+// speed drifts between runs.
+struct paired {
+  std::vector<double> median_s;
+  std::vector<double> speedup;
 };
 
 template <class F>
-timing time_it(F&& f, int reps) {
-  f();  // warm-up
-  std::vector<double> t;
+paired time_paired(const std::vector<F>& fns, int reps) {
+  for (const auto& f : fns) f();
+  std::vector<std::vector<double>> t(fns.size()), r(fns.size());
   for (int i = 0; i < reps; ++i) {
-    const double t0 = now_s();
-    f();
-    t.push_back(now_s() - t0);
+    for (std::size_t v = 0; v < fns.size(); ++v) {
+      const double t0 = now_s();
+      fns[v]();
+      t[v].push_back(now_s() - t0);
+    }
+    for (std::size_t v = 0; v < fns.size(); ++v) r[v].push_back(t[0].back() / t[v].back());
   }
-  std::sort(t.begin(), t.end());
-  return {t.front(), t[t.size() / 2]};
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  paired out;
+  for (std::size_t v = 0; v < fns.size(); ++v) {
+    out.median_s.push_back(median(t[v]));
+    out.speedup.push_back(median(r[v]));
+  }
+  return out;
 }
 
 // Keys a causal row at position p sees under `o` (sinks + window + top_k blocks).
@@ -99,13 +115,13 @@ void run_case(cpu::context& ctx, int tokens, dtype kv_type, int n_q, int reps) {
 
   bool ok = true;
   auto call = [&](const attention_options& o) {
-    return [&ctx, &cache, &seq, &ok, o] {
+    return std::function<void()>([&ctx, &cache, &seq, &ok, o] {
       ok = ok && attention_paged(ctx, *cache, {&seq, 1}, o).has_value();
-    };
+    });
   };
-  const timing td = time_it(call(dense), reps);
-  const timing ts = time_it(call(sparse), reps);
-  const timing tq = n_q >= 16 ? time_it(call(sparse_qb), reps) : ts;
+  std::vector<std::function<void()>> fns{call(dense), call(sparse)};
+  if (n_q >= 16) fns.push_back(call(sparse_qb));
+  const paired p = time_paired(fns, reps);
   if (!ok) {
     std::printf("attention: kernel call failed\n");
     return;
@@ -117,12 +133,13 @@ void run_case(cpu::context& ctx, int tokens, dtype kv_type, int n_q, int reps) {
   }
   // 2 flops per multiply-add, q.k and p.v: 4 * d per (row, head, key).
   const double gflop = 4.0 * head_dim * n_heads * keys_dense * 1e-9;
+  const std::vector<int> widths{7, 5, 10, 9, 8, 9, 9, 8, 9, 8};
   print_row({std::to_string(tokens), std::string(to_string(kv_type)),
-             n_q == 1 ? "decode" : "prefill" + std::to_string(n_q), fmt(td.median_s * 1e3, 3),
-             fmt(gflop / td.median_s, 1), fmt(ts.median_s * 1e3, 3), fmt(keys_sparse / n_q, 0),
-             fmt(td.median_s / ts.median_s, 2) + "x",
-             n_q >= 16 ? fmt(td.median_s / tq.median_s, 2) + "x" : "-"},
-            {7, 5, 11, 10, 9, 10, 10, 9, 9});
+             n_q == 1 ? "decode" : "prefill" + std::to_string(n_q), fmt(p.median_s[0] * 1e3, 3),
+             fmt(gflop / p.median_s[0], 1), fmt(p.median_s[1] * 1e3, 3), fmt(keys_sparse / n_q, 0),
+             fmt(p.speedup[1], 2) + "x", n_q >= 16 ? fmt(p.median_s[2] * 1e3, 3) : "-",
+             n_q >= 16 ? fmt(p.speedup[2], 2) + "x" : "-"},
+            widths);
 }
 
 }  // namespace
@@ -130,16 +147,16 @@ void run_case(cpu::context& ctx, int tokens, dtype kv_type, int n_q, int reps) {
 void run_attention(const options& opt) {
   auto ctx = kernels::cpu::context::create(opt.threads);
   std::printf(
-      "\nattention: 8 heads / 2 KV heads, d=128, paged blocks of 16 (shuffled), median of runs;\n"
-      "sparse = 64 global + window 512 + top-k = 1/16 of the blocks by min/max bound (query_block "
-      "1;\n"
-      "last column: query_block 16)\n");
-  print_row({"tokens", "kv", "queries", "dense ms", "GFLOP/s", "sparse ms", "keys/row", "speedup",
-             "qb16"},
-            {7, 5, 11, 10, 9, 10, 10, 9, 9});
+      "\nattention (paged KV, blocks of 16 shuffled, 8 heads / 2 KV heads, d=128): flash-style\n"
+      "dense vs sparse = 64 global + window 512 + top-k 1/16 of the blocks by min/max bound;\n"
+      "qb1: selection per query position, qb16: per 16 queries. prefill64 = the last 64 queries\n"
+      "against the causal prefix. speedup = median over rounds of paired dense/sparse times\n");
+  print_row({"tokens", "kv", "queries", "dense ms", "GFLOP/s", "qb1 ms", "keys/row", "speedup",
+             "qb16 ms", "speedup"},
+            {7, 5, 10, 9, 8, 9, 9, 8, 9, 8});
   const std::vector<int> sizes =
       opt.quick ? std::vector<int>{1024, 2048} : std::vector<int>{4096, 16384};
-  const int reps = opt.quick ? 1 : 5;
+  const int reps = opt.quick ? 1 : 7;
   for (int tokens : sizes) {
     run_case(*ctx, tokens, kernels::dtype::f16, 64, reps);
     run_case(*ctx, tokens, kernels::dtype::f16, 1, reps * 4);

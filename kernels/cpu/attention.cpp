@@ -83,7 +83,9 @@ struct scratch {
   std::vector<std::size_t> ival_begin, cursor;
   std::vector<std::uint32_t> mask;
   std::vector<std::uint8_t> tile_used;
-  std::vector<std::int64_t> selected, cand;
+  std::vector<std::int64_t> sel, cand, set_end, set_b1;
+  std::vector<std::size_t> sel_begin;
+  std::vector<int> row_set;
   std::vector<const float*> qpos_ptr, qneg_ptr, summ_ptr;
   std::vector<row_state> states;
 };
@@ -141,62 +143,95 @@ inline std::size_t block_base(const kv_source& kv, const seq_view& sq, std::int6
          static_cast<std::size_t>(head) * kv.head_stride;
 }
 
-// Blocks kept by the bound for the query block of rows [r0, r1) of `sq`
-// (sorted logical block indices). `q_rows` are the pre-scaled queries of
-// those rows for every head of the group, head_dim apart.
-void select_blocks(const kv_source& kv, const seq_view& sq, const resolved_options& o,
-                   const tile_ops& ops, int kv_head, std::int64_t r1, const float* q_rows,
-                   std::int64_t n_q_rows, scratch& sc, std::vector<std::int64_t>& out) {
-  out.clear();
-  const std::int64_t p_last = sq.q_start + r1 - 1;
-  const std::int64_t ws = p_last + 1 - o.window;
-  if (ws <= o.sinks || o.top_k == 0) return;
-  const std::int64_t b0 = o.sinks / kv.block_size;
-  const std::int64_t b1 = (ws + kv.block_size - 1) / kv.block_size;
-  const std::int64_t n_cand = b1 - b0;
-  if (o.top_k >= n_cand) {
-    for (std::int64_t b = b0; b < b1; ++b) out.push_back(b);
-    return;
-  }
+// Sparse block selection for the query blocks ("sets": positions aligned to
+// multiples of query_block) of rows [row_begin, row_end) of `sq`. `q_rows`
+// holds the pre-scaled queries of those rows, `group` heads per position.
+// The summaries are read once for all sets. On return the sorted blocks of
+// set k are sc.sel[sc.sel_begin[k] .. sc.sel_begin[k+1]) and its rows end at
+// row_begin + sc.set_end[k].
+void select_sets(const kv_source& kv, const seq_view& sq, const resolved_options& o,
+                 const tile_ops& ops, int kv_head, int group, std::int64_t row_begin,
+                 std::int64_t row_end, const float* q_rows, scratch& sc) {
   const int d = kv.head_dim;
-  sc.qpos.resize(static_cast<std::size_t>(n_q_rows * d));
-  sc.qneg.resize(sc.qpos.size());
-  sc.qpos_ptr.resize(static_cast<std::size_t>(n_q_rows));
-  sc.qneg_ptr.resize(sc.qpos_ptr.size());
-  for (std::int64_t r = 0; r < n_q_rows; ++r) {
-    float* qp = sc.qpos.data() + r * d;
-    float* qn = sc.qneg.data() + r * d;
-    for (int c = 0; c < d; ++c) {
-      const float x = q_rows[r * d + c];
-      qp[c] = x > 0.0f ? x : 0.0f;
-      qn[c] = x < 0.0f ? x : 0.0f;
+  const auto ud = static_cast<std::size_t>(d);
+  const std::int64_t n_pos = row_end - row_begin;
+  sc.set_end.clear();
+  for (std::int64_t i = 0; i < n_pos;) {
+    const std::int64_t p = sq.q_start + row_begin + i;
+    i = std::min(n_pos, i + (o.query_block - p % o.query_block));
+    sc.set_end.push_back(i);
+  }
+  const std::size_t n_sets = sc.set_end.size();
+  const std::int64_t b0 = o.sinks / kv.block_size;
+  sc.set_b1.resize(n_sets);
+  std::int64_t b_max = b0;
+  std::int64_t n_rows = 0;
+  for (std::size_t k = 0; k < n_sets; ++k) {
+    const std::int64_t ws = sq.q_start + row_begin + sc.set_end[k] - o.window;
+    sc.set_b1[k] = ws > o.sinks && o.top_k > 0 ? (ws + kv.block_size - 1) / kv.block_size : b0;
+    if (sc.set_b1[k] - b0 > o.top_k) {
+      b_max = std::max(b_max, sc.set_b1[k]);
+      n_rows += (sc.set_end[k] - (k ? sc.set_end[k - 1] : 0)) * group;
     }
-    sc.qpos_ptr[static_cast<std::size_t>(r)] = qp;
-    sc.qneg_ptr[static_cast<std::size_t>(r)] = qn;
   }
-  sc.summ_ptr.resize(static_cast<std::size_t>(n_cand));
-  for (std::int64_t i = 0; i < n_cand; ++i) {
-    const std::size_t blk = static_cast<std::size_t>(sq.table[b0 + i]);
-    sc.summ_ptr[static_cast<std::size_t>(i)] =
-        kv.summary +
-        (blk * static_cast<std::size_t>(kv.n_kv_heads) + static_cast<std::size_t>(kv_head)) * 2 *
-            static_cast<std::size_t>(d);
+  const std::int64_t n_cand = b_max - b0;
+  if (n_rows > 0) {
+    sc.qpos.resize(static_cast<std::size_t>(n_rows) * ud);
+    sc.qneg.resize(sc.qpos.size());
+    sc.qpos_ptr.clear();
+    sc.qneg_ptr.clear();
+    sc.row_set.clear();
+    for (std::size_t k = 0; k < n_sets; ++k) {
+      if (sc.set_b1[k] - b0 <= o.top_k) continue;
+      for (std::int64_t r = (k ? sc.set_end[k - 1] : 0) * group; r < sc.set_end[k] * group; ++r) {
+        float* qp = sc.qpos.data() + sc.qpos_ptr.size() * ud;
+        float* qn = sc.qneg.data() + sc.qneg_ptr.size() * ud;
+        for (int c = 0; c < d; ++c) {
+          const float x = q_rows[static_cast<std::size_t>(r) * ud + static_cast<std::size_t>(c)];
+          qp[c] = x > 0.0f ? x : 0.0f;
+          qn[c] = x < 0.0f ? x : 0.0f;
+        }
+        sc.qpos_ptr.push_back(qp);
+        sc.qneg_ptr.push_back(qn);
+        sc.row_set.push_back(static_cast<int>(k));
+      }
+    }
+    sc.summ_ptr.resize(static_cast<std::size_t>(n_cand));
+    for (std::int64_t i = 0; i < n_cand; ++i) {
+      const std::size_t blk = static_cast<std::size_t>(sq.table[b0 + i]);
+      sc.summ_ptr[static_cast<std::size_t>(i)] =
+          kv.summary +
+          (blk * static_cast<std::size_t>(kv.n_kv_heads) + static_cast<std::size_t>(kv_head)) * 2 *
+              ud;
+    }
+    sc.bound.assign(n_sets * static_cast<std::size_t>(n_cand),
+                    -std::numeric_limits<float>::infinity());
+    ops.bound(d, static_cast<int>(n_rows), sc.qpos_ptr.data(), sc.qneg_ptr.data(),
+              sc.row_set.data(), static_cast<int>(n_cand), sc.summ_ptr.data(), sc.bound.data());
   }
-  sc.bound.resize(static_cast<std::size_t>(n_cand));
-  ops.bound(d, static_cast<int>(n_q_rows), sc.qpos_ptr.data(), sc.qneg_ptr.data(),
-            static_cast<int>(n_cand), sc.summ_ptr.data(), sc.bound.data());
-  for (auto& s : sc.bound)
-    if (std::isnan(s)) s = -std::numeric_limits<float>::infinity();
-  sc.cand.resize(static_cast<std::size_t>(n_cand));
-  std::iota(sc.cand.begin(), sc.cand.end(), std::int64_t{0});
-  const float* score = sc.bound.data();
-  auto better = [score](std::int64_t a, std::int64_t b) {
-    return score[a] > score[b] || (score[a] == score[b] && a < b);
-  };
-  std::nth_element(sc.cand.begin(), sc.cand.begin() + o.top_k, sc.cand.end(), better);
-  for (std::int64_t i = 0; i < o.top_k; ++i)
-    out.push_back(b0 + sc.cand[static_cast<std::size_t>(i)]);
-  std::sort(out.begin(), out.end());
+  sc.sel.clear();
+  sc.sel_begin.assign(n_sets + 1, 0);
+  for (std::size_t k = 0; k < n_sets; ++k) {
+    sc.sel_begin[k] = sc.sel.size();
+    const std::int64_t n_k = sc.set_b1[k] - b0;
+    if (n_k <= o.top_k) {
+      for (std::int64_t b = b0; b < sc.set_b1[k]; ++b) sc.sel.push_back(b);
+      continue;
+    }
+    float* score = sc.bound.data() + k * static_cast<std::size_t>(n_cand);
+    for (std::int64_t i = 0; i < n_k; ++i)
+      if (std::isnan(score[i])) score[i] = -std::numeric_limits<float>::infinity();
+    sc.cand.resize(static_cast<std::size_t>(n_k));
+    std::iota(sc.cand.begin(), sc.cand.end(), std::int64_t{0});
+    auto better = [score](std::int64_t a, std::int64_t b) {
+      return score[a] > score[b] || (score[a] == score[b] && a < b);
+    };
+    std::nth_element(sc.cand.begin(), sc.cand.begin() + o.top_k, sc.cand.end(), better);
+    for (std::int64_t i = 0; i < o.top_k; ++i)
+      sc.sel.push_back(b0 + sc.cand[static_cast<std::size_t>(i)]);
+    std::sort(sc.sel.begin() + static_cast<std::ptrdiff_t>(sc.sel_begin[k]), sc.sel.end());
+  }
+  sc.sel_begin[n_sets] = sc.sel.size();
 }
 
 void push_interval(std::vector<interval>& iv, std::size_t first, std::int64_t lo, std::int64_t hi) {
@@ -210,7 +245,7 @@ void push_interval(std::vector<interval>& iv, std::size_t first, std::int64_t lo
 
 // Appends the sorted, disjoint key intervals row position p may see.
 void row_intervals(const kv_source& kv, const seq_view& sq, const resolved_options& o,
-                   std::int64_t p, const std::vector<std::int64_t>& selected,
+                   std::int64_t p, std::span<const std::int64_t> selected,
                    std::vector<interval>& iv) {
   const std::size_t first = iv.size();
   if (!o.causal) {
@@ -227,6 +262,26 @@ void row_intervals(const kv_source& kv, const seq_view& sq, const resolved_optio
     push_interval(iv, first, std::max(b * kv.block_size, o.sinks),
                   std::min((b + 1) * kv.block_size, ws));
   push_interval(iv, first, ws, p + 1);
+}
+
+// Asks for the K and V rows of the keys in `mask` of tile `t` ahead of use:
+// the blocks of a sequence are scattered, which defeats the hardware
+// prefetcher.
+void prefetch_keys(const kv_source& kv, const seq_view& sq, int head, std::int64_t t,
+                   std::uint32_t mask) {
+  const std::size_t row_bytes =
+      static_cast<std::size_t>(kv.head_dim) *
+      (kv.type == kv_elem::f32 ? 4u : (kv.type == kv_elem::f16 ? 2u : 1u));
+  while (mask != 0) {
+    const std::int64_t pos = t * key_tile + std::countr_zero(mask);
+    mask &= mask - 1;
+    const std::size_t off = block_base(kv, sq, pos / kv.block_size, head) +
+                            static_cast<std::size_t>(pos % kv.block_size) * kv.token_stride;
+    for (std::size_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(kv.k + off + b, 0, 2);
+      __builtin_prefetch(kv.v + off + b, 0, 2);
+    }
+  }
 }
 
 inline std::uint32_t bits(int lo, int hi) {
@@ -263,19 +318,20 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
   // Key intervals per position (shared by the heads of the group).
   sc.ivals.clear();
   sc.ival_begin.assign(static_cast<std::size_t>(n_pos) + 1, 0);
-  sc.selected.clear();
-  for (std::int64_t i = 0; i < n_pos;) {
-    std::int64_t i_end = i + 1;
-    if (o.sparse()) {
-      const std::int64_t p = sq.q_start + it.row_begin + i;
-      i_end = std::min(n_pos, i + (o.query_block - p % o.query_block));
-      select_blocks(kv, sq, o, ops, it.kv_head, it.row_begin + i_end,
-                    sc.qs.data() + static_cast<std::size_t>(i * group) * ud, (i_end - i) * group,
-                    sc, sc.selected);
-    }
-    for (; i < i_end; ++i) {
-      sc.ival_begin[static_cast<std::size_t>(i)] = sc.ivals.size();
-      row_intervals(kv, sq, o, sq.q_start + it.row_begin + i, sc.selected, sc.ivals);
+  if (o.sparse()) {
+    select_sets(kv, sq, o, ops, it.kv_head, group, it.row_begin, it.row_end, sc.qs.data(), sc);
+  } else {
+    sc.set_end.assign(1, n_pos);
+    sc.sel.clear();
+    sc.sel_begin.assign(2, 0);
+  }
+  for (std::size_t k = 0, i = 0; k < sc.set_end.size(); ++k) {
+    const std::span<const std::int64_t> selected(sc.sel.data() + sc.sel_begin[k],
+                                                 sc.sel_begin[k + 1] - sc.sel_begin[k]);
+    for (; i < static_cast<std::size_t>(sc.set_end[k]); ++i) {
+      sc.ival_begin[i] = sc.ivals.size();
+      row_intervals(kv, sq, o, sq.q_start + it.row_begin + static_cast<std::int64_t>(i), selected,
+                    sc.ivals);
     }
   }
   sc.ival_begin[static_cast<std::size_t>(n_pos)] = sc.ivals.size();
@@ -286,7 +342,7 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
     for (std::int64_t t = v.lo / key_tile; t <= (v.hi - 1) / key_tile; ++t)
       sc.tile_used[static_cast<std::size_t>(t)] = 1;
   sc.cursor.assign(sc.ival_begin.begin(), sc.ival_begin.end() - 1);
-  sc.mask.resize(static_cast<std::size_t>(n_pos));
+  sc.mask.resize(2 * static_cast<std::size_t>(n_pos));
 
   const void* kp[key_tile];
   const void* vp[key_tile];
@@ -303,8 +359,8 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
   tk.v_scale = vs;
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
-  for (std::int64_t t = 0; t < n_tiles; ++t) {
-    if (!sc.tile_used[static_cast<std::size_t>(t)]) continue;
+  // Masks of each position in tile t; returns their union.
+  auto tile_masks = [&](std::int64_t t, std::uint32_t* masks) {
     const std::int64_t base = t * key_tile;
     std::uint32_t all = 0;
     for (std::int64_t i = 0; i < n_pos; ++i) {
@@ -317,16 +373,38 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
         const int hi = static_cast<int>(std::min(sc.ivals[k].hi, base + key_tile) - base);
         mk |= bits(lo, hi);
       }
-      sc.mask[static_cast<std::size_t>(i)] = mk;
+      masks[i] = mk;
       all |= mk;
     }
-    if (all == 0) continue;
-    const int lo_all = std::countr_zero(all);
-    const int hi_all = 32 - std::countl_zero(all);
-    for (int j = 0; j < key_tile; ++j) {
-      ks[j] = 0.0f;
-      vs[j] = 0.0f;
+    return all;
+  };
+  auto next_tile = [&](std::int64_t from) {
+    while (from < n_tiles && !sc.tile_used[static_cast<std::size_t>(from)]) ++from;
+    return from;
+  };
+  std::uint32_t* cur_mask = sc.mask.data();
+  std::uint32_t* next_mask = sc.mask.data() + n_pos;
+  std::int64_t t = next_tile(0);
+  std::uint32_t all = 0;
+  if (t < n_tiles) {
+    all = tile_masks(t, cur_mask);
+    prefetch_keys(kv, sq, it.kv_head, t, all);
+  }
+  for (; t < n_tiles; std::swap(cur_mask, next_mask)) {
+    // Masks and prefetches one tile ahead.
+    const std::int64_t t_next = next_tile(t + 1);
+    std::uint32_t all_next = 0;
+    if (t_next < n_tiles) {
+      all_next = tile_masks(t_next, next_mask);
+      prefetch_keys(kv, sq, it.kv_head, t_next, all_next);
     }
+    const std::int64_t base = t * key_tile;
+    const std::uint32_t tile_all = all;
+    t = t_next;
+    all = all_next;
+    if (tile_all == 0) continue;
+    const int lo_all = std::countr_zero(tile_all);
+    const int hi_all = 32 - std::countl_zero(tile_all);
     for (int j = lo_all; j < hi_all; ++j) {
       const std::int64_t pos = base + j;
       const std::int64_t b = pos / kv.block_size;
@@ -335,10 +413,18 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
           block_base(kv, sq, b, it.kv_head) + static_cast<std::size_t>(slot) * kv.token_stride;
       kp[j] = kv.k + off;
       vp[j] = kv.v + off;
-      if (kv.type == kv_elem::i8) {
+    }
+    if (kv.type == kv_elem::i8) {
+      for (int j = 0; j < key_tile; ++j) {
+        ks[j] = 0.0f;
+        vs[j] = 0.0f;
+      }
+      for (int j = lo_all; j < hi_all; ++j) {
+        const std::int64_t pos = base + j;
+        const std::int64_t b = pos / kv.block_size;
         const std::size_t si = static_cast<std::size_t>(sq.table[b]) * kv.scale_block_stride +
                                static_cast<std::size_t>(it.kv_head) * kv.scale_head_stride +
-                               static_cast<std::size_t>(slot);
+                               static_cast<std::size_t>(pos % kv.block_size);
         ks[j] = kv.k_scale[si];
         vs[j] = kv.v_scale[si];
       }
@@ -362,7 +448,7 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
       nb = 0;
     };
     for (std::int64_t i = 0; i < n_pos; ++i) {
-      const std::uint32_t mk = sc.mask[static_cast<std::size_t>(i)];
+      const std::uint32_t mk = cur_mask[i];
       if (mk == 0) continue;
       for (int g = 0; g < group; ++g) {
         batch[nb] = sc.states[static_cast<std::size_t>(i * group + g)];
@@ -604,9 +690,9 @@ result<std::vector<std::int64_t>> sparse_selection(cpu::context& ctx, const page
       for (int c = 0; c < d; ++c)
         qs[static_cast<std::size_t>(((i - r0) * group + g) * d + c)] =
             sv->q[(i * sv->n_heads + kv_head * group + g) * d + c] * o->scale;
-  std::vector<std::int64_t> out;
   scratch sc;
-  select_blocks(kv, *sv, *o, ops_for(ctx, d), kv_head, r1, qs.data(), (r1 - r0) * group, sc, out);
+  select_sets(kv, *sv, *o, ops_for(ctx, d), kv_head, group, r0, r1, qs.data(), sc);
+  std::vector<std::int64_t> out(sc.sel.begin(), sc.sel.end());
   return out;
 }
 

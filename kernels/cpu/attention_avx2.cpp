@@ -234,31 +234,54 @@ void finish_avx2(int head_dim, const row_state& row, float* out) {
     _mm256_storeu_ps(out + c, _mm256_div_ps(_mm256_loadu_ps(row.acc + c), sum));
 }
 
-void bound_avx2(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
-                int n_blocks, const float* const* summary, float* score) {
-  for (int b = 0; b < n_blocks; ++b) {
-    const float* mn = summary[b];
-    const float* mx = summary[b] + head_dim;
-    float best = -__builtin_inff();
-    for (int r0 = 0; r0 < n_rows; r0 += 4) {
-      const int nr = n_rows - r0 < 4 ? n_rows - r0 : 4;
-      __m256 ap[4], an[4];
-      for (int i = 0; i < 4; ++i) ap[i] = an[i] = _mm256_setzero_ps();
-      for (int c = 0; c < head_dim; c += 8) {
-        const __m256 vmx = _mm256_loadu_ps(mx + c);
-        const __m256 vmn = _mm256_loadu_ps(mn + c);
-        for (int i = 0; i < nr; ++i) {
-          ap[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qpos[r0 + i] + c), vmx, ap[i]);
-          an[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qneg[r0 + i] + c), vmn, an[i]);
-        }
-      }
-      for (int i = 0; i < nr; ++i) {
-        const float s = hsum(_mm256_add_ps(ap[i], an[i]));
-        best = best > s ? best : s;
+// Bounds of NB blocks for R rows: one chain per (row, block), two FMAs per
+// 8 channels (q+ * max, then q- * min).
+template <int R, int NB>
+void bound_rows(int head_dim, const float* const* qpos, const float* const* qneg, const int* set,
+                int n_blocks, const float* const* summary, int b0, float* score) {
+  __m256 acc[R][NB];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < NB; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int c = 0; c < head_dim; c += 8) {
+    __m256 mn[NB], mx[NB];
+    for (int k = 0; k < NB; ++k) {
+      mn[k] = _mm256_loadu_ps(summary[b0 + k] + c);
+      mx[k] = _mm256_loadu_ps(summary[b0 + k] + head_dim + c);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 qp = _mm256_loadu_ps(qpos[r] + c);
+      const __m256 qn = _mm256_loadu_ps(qneg[r] + c);
+      for (int k = 0; k < NB; ++k) {
+        acc[r][k] = _mm256_fmadd_ps(qp, mx[k], acc[r][k]);
+        acc[r][k] = _mm256_fmadd_ps(qn, mn[k], acc[r][k]);
       }
     }
-    score[b] = best;
   }
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < NB; ++k) {
+      const float s = hsum(acc[r][k]);
+      float& best = score[static_cast<long>(set[r]) * n_blocks + b0 + k];
+      best = best > s ? best : s;
+    }
+  }
+}
+
+template <int NB>
+void bound_blocks(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
+                  const int* set, int n_blocks, const float* const* summary, int b0, float* score) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4)
+    bound_rows<4, NB>(head_dim, qpos + r, qneg + r, set + r, n_blocks, summary, b0, score);
+  for (; r < n_rows; ++r)
+    bound_rows<1, NB>(head_dim, qpos + r, qneg + r, set + r, n_blocks, summary, b0, score);
+}
+
+void bound_avx2(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
+                const int* set, int n_blocks, const float* const* summary, float* score) {
+  int b = 0;
+  for (; b + 2 <= n_blocks; b += 2)
+    bound_blocks<2>(head_dim, n_rows, qpos, qneg, set, n_blocks, summary, b, score);
+  if (b < n_blocks) bound_blocks<1>(head_dim, n_rows, qpos, qneg, set, n_blocks, summary, b, score);
 }
 
 }  // namespace

@@ -43,10 +43,12 @@ struct tile_ops {
   void (*softmax_pv)(const tile_keys& t, int n_rows, const row_state* rows);
   /// out = acc / sum(lsum).
   void (*finish)(int head_dim, const row_state& row, float* out);
-  /// score[b] = max over rows of sum_c qpos_c*max_c + qneg_c*min_c, where
-  /// summary[b] points to [2][head_dim] (min row, then max row).
+  /// score[set[r] * n_blocks + b] = max(itself, sum_c qpos_r,c*max_b,c + qneg_r,c*min_b,c)
+  /// for every row r, where summary[b] points to [2][head_dim] (min row, then
+  /// max row). Each (row, block) sum is computed the same way whatever the
+  /// other rows and blocks of the call.
   void (*bound)(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
-                int n_blocks, const float* const* summary, float* score);
+                const int* set, int n_blocks, const float* const* summary, float* score);
 };
 
 const tile_ops& scalar_ops();

@@ -1,6 +1,7 @@
 // Portable attention kernels: the reference path and the fallback for head
 // dimensions that are not a multiple of 8.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -66,17 +67,16 @@ void finish_scalar(int head_dim, const row_state& row, float* out) {
 }
 
 void bound_scalar(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
-                  int n_blocks, const float* const* summary, float* score) {
+                  const int* set, int n_blocks, const float* const* summary, float* score) {
   for (int b = 0; b < n_blocks; ++b) {
     const float* mn = summary[b];
     const float* mx = summary[b] + head_dim;
-    float best = -std::numeric_limits<float>::infinity();
     for (int r = 0; r < n_rows; ++r) {
       float sum = 0.0f;
       for (int c = 0; c < head_dim; ++c) sum += qpos[r][c] * mx[c] + qneg[r][c] * mn[c];
+      float& best = score[static_cast<std::size_t>(set[r]) * n_blocks + b];
       best = std::fmax(best, sum);
     }
-    score[b] = best;
   }
 }
 
