@@ -28,7 +28,11 @@ using cpu::attn::row_state;
 using cpu::attn::tile_keys;
 using cpu::attn::tile_ops;
 
-constexpr int rows_per_item = 64;  // query rows (positions x heads of a group) per work item
+// Query rows (positions x heads of a group) per work item: the rows of an
+// item share each key tile while it is in cache, so larger items read K/V
+// fewer times; their state (q, acc) must stay in L2.
+constexpr std::int64_t max_rows_per_item = 256;
+constexpr std::int64_t min_rows_per_item = 32;
 
 // Where the keys and values of a KV head live.
 struct kv_source {
@@ -473,6 +477,12 @@ void run_all(cpu::context& ctx, const kv_source& kv, const std::vector<seq_view>
              const resolved_options& o) {
   const tile_ops& ops = ops_for(ctx, kv.head_dim);
   std::vector<work_item> items;
+  // At least one item per thread when there is enough work; item sizes never
+  // change results, only speed.
+  std::int64_t total_rows = 0;
+  for (const seq_view& sq : seqs) total_rows += sq.n_q * sq.n_heads;
+  const std::int64_t rows_per_item =
+      std::clamp<std::int64_t>(total_rows / ctx.threads(), min_rows_per_item, max_rows_per_item);
   for (std::size_t s = 0; s < seqs.size(); ++s) {
     const seq_view& sq = seqs[s];
     if (sq.n_q == 0) continue;
@@ -481,8 +491,9 @@ void run_all(cpu::context& ctx, const kv_source& kv, const std::vector<seq_view>
     const std::int64_t tile = unit * std::max<std::int64_t>(1, (rows_per_item / group) / unit);
     for (std::int64_t p = sq.q_start; p < sq.q_start + sq.n_q;) {
       const std::int64_t next = std::min(sq.q_start + sq.n_q, (p / tile + 1) * tile);
-      const std::int64_t keys =
-          o.causal ? (o.window > 0 ? std::min(next, o.window + o.sinks) : next) : sq.kv_len;
+      const std::int64_t kept =
+          o.window + o.sinks + std::max(o.top_k, std::int64_t{0}) * kv.block_size;
+      const std::int64_t keys = o.causal ? (o.window > 0 ? std::min(next, kept) : next) : sq.kv_len;
       for (int h = 0; h < kv.n_kv_heads; ++h) {
         work_item it{static_cast<int>(s), h, p - sq.q_start, next - sq.q_start,
                      static_cast<double>(next - p) * group * static_cast<double>(keys)};

@@ -344,7 +344,7 @@ TEST(Attention, ScalarAndAvx2Agree) {
   }
 }
 
-// A row's output is bit-identical alone, in a batch, in prefill chunks of
+// A row's output is bit-identical alone, in a batch of 7, in prefill chunks of
 // 1, 16 and 64, and with 1 or 2 threads.
 TEST(Attention, BatchInvariantBitExact) {
   struct inv_case {
@@ -389,11 +389,22 @@ TEST(Attention, BatchInvariantBitExact) {
       auto one_thread = run(*ctx1, env, h, {{&a, &qa, 0, 100, 0, 100}}, c.opt)[0];
       EXPECT_EQ(0, std::memcmp(alone.data(), one_thread.data(), alone.size() * 4))
           << what << " threads";
-      auto batch =
-          run(*ctx2, env, h,
-              {{&b, &qb, 0, 37, 0, 37}, {&a, &qa, 0, 100, 0, 100}, {&e, &qe, 0, 64, 0, 64}}, c.opt);
-      EXPECT_EQ(0, std::memcmp(alone.data(), batch[1].data(), alone.size() * 4))
-          << what << " batch";
+      // A batch of 7: prefills, decode rows and a mid-sequence chunk around a.
+      const sequence f = env.add(rng, 5), g = env.add(rng, 17), x = env.add(rng, 50),
+                     y = env.add(rng, 80);
+      auto qf = randn(rng, 5ul * h * 64), qg = randn(rng, 17ul * h * 64),
+           qx = randn(rng, 50ul * h * 64), qy = randn(rng, 80ul * h * 64);
+      auto batch = run(*ctx2, env, h,
+                       {{&b, &qb, 0, 37, 0, 37},
+                        {&f, &qf, 4, 1, 0, 5},
+                        {&g, &qg, 0, 17, 0, 17},
+                        {&a, &qa, 0, 100, 0, 100},
+                        {&x, &qx, 49, 1, 0, 50},
+                        {&y, &qy, 30, 50, 0, 80},
+                        {&e, &qe, 0, 64, 0, 64}},
+                       c.opt);
+      EXPECT_EQ(0, std::memcmp(alone.data(), batch[3].data(), alone.size() * 4))
+          << what << " batch of 7";
       for (int chunk : c.chunks) {
         std::vector<float> chunked;
         for (int r = 0; r < 100; r += chunk) {
