@@ -279,8 +279,13 @@ void bound_blocks(int head_dim, int n_rows, const float* const* qpos, const floa
 void bound_avx2(int head_dim, int n_rows, const float* const* qpos, const float* const* qneg,
                 const int* set, int n_blocks, const float* const* summary, float* score) {
   int b = 0;
-  for (; b + 2 <= n_blocks; b += 2)
+  for (; b + 2 <= n_blocks; b += 2) {
+    // The summaries of a sequence's blocks are scattered: fetch the next pair.
+    for (int k = b + 2; k < b + 4 && k < n_blocks; ++k)
+      for (int c = 0; c < 2 * head_dim; c += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(summary[k] + c), _MM_HINT_T0);
     bound_blocks<2>(head_dim, n_rows, qpos, qneg, set, n_blocks, summary, b, score);
+  }
   if (b < n_blocks) bound_blocks<1>(head_dim, n_rows, qpos, qneg, set, n_blocks, summary, b, score);
 }
 
