@@ -22,7 +22,12 @@ namespace troupe::kernels {
 /// sum_c max(q_c*min_c, q_c*max_c), taken over every query row of the block
 /// and every query head of the KV head's group; blocks are ranked by that
 /// bound, never by position. Candidates are the blocks holding a key in
-/// [sinks, p_last + 1 - window), where p_last is the block's last row.
+/// [sinks, p_last + 1 - window), where p_last is the block's last row present
+/// in the call. Sparse needs causal attention, a cache with summaries and
+/// window >= block_size (so candidate blocks hold only keys <= p_last and
+/// their summaries are final whatever the chunking). With top_k >= the number
+/// of candidates every key of the causal prefix is kept and the output is
+/// bit-identical to dense attention (same keys, same tiles, same order).
 struct attention_options {
   bool causal = true;
   float scale = 0.0f;  ///< score scale; 0 means 1/sqrt(head_dim)
@@ -52,7 +57,8 @@ struct attention_sequence {
 /// `cache` through their block tables. n_heads must be a multiple of the
 /// cache's n_kv_heads (grouped-query attention). Every output row is
 /// bit-identical whatever the other sequences of the call, the chunking of
-/// the queries (see query_block for sparse) and the thread count. Work is
+/// the queries (see query_block for sparse) and the thread count (for finite
+/// cached values: a row may multiply a masked key's value by 0). Work is
 /// split over (sequence, KV head, query tile).
 result<void> attention_paged(cpu::context& ctx, const paged_kv_cache& cache,
                              std::span<const attention_sequence> seqs,
