@@ -34,8 +34,19 @@ result<std::shared_ptr<mapped_file>> mapped_file::open(const std::string& path) 
   return f;
 }
 
+std::shared_ptr<mapped_file> mapped_file::from_memory(std::string name, std::span<const std::byte> bytes) {
+  std::shared_ptr<mapped_file> f(new mapped_file());
+  f->path_ = std::move(name);
+  f->size_ = bytes.size();
+  // Exactly sized (and never empty), so ASan sees any read past the end.
+  f->owned_ = std::make_unique<std::byte[]>(bytes.size() + (bytes.empty() ? 1 : 0));
+  if (!bytes.empty()) std::memcpy(f->owned_.get(), bytes.data(), bytes.size());
+  f->data_ = bytes.empty() ? nullptr : f->owned_.get();
+  return f;
+}
+
 mapped_file::~mapped_file() {
-  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_ != nullptr && !owned_) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
 bool byte_reader::read(void* out, std::size_t n) {

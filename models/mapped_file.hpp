@@ -20,6 +20,9 @@ using kernels::result;
 class mapped_file {
  public:
   static result<std::shared_ptr<mapped_file>> open(const std::string& path);
+  /// An in-memory stand-in holding a copy of `bytes` (fuzzers, tests);
+  /// `name` is used in messages.
+  static std::shared_ptr<mapped_file> from_memory(std::string name, std::span<const std::byte> bytes);
   ~mapped_file();
   mapped_file(const mapped_file&) = delete;
   mapped_file& operator=(const mapped_file&) = delete;
@@ -31,6 +34,7 @@ class mapped_file {
  private:
   mapped_file() = default;
   const std::byte* data_ = nullptr;
+  std::unique_ptr<std::byte[]> owned_;  ///< from_memory's copy
   std::size_t size_ = 0;
   std::string path_;
 };

@@ -44,11 +44,9 @@ result<json> parse_json(std::string_view text, const std::string& where) {
 
 }  // namespace
 
-result<void> safetensors_model::add_file(const std::string& path, const safetensors_limits& limits,
+result<void> safetensors_model::add_file(std::shared_ptr<mapped_file> file, const safetensors_limits& limits,
                                          const std::map<std::string, std::string>* expected_owner) {
-  auto mf = mapped_file::open(path);
-  if (!mf) return std::unexpected(mf.error());
-  const auto file = *mf;
+  const std::string& path = file->path();
   byte_reader r(file->bytes());
   std::uint64_t header_len = 0;
   if (!r.read_value(header_len)) return make_error(errc::corrupt_data, path + ": shorter than the 8-byte header length");
@@ -163,14 +161,25 @@ result<safetensors_model> safetensors_model::open(const std::string& path, const
       owner[tensor_name] = full;
       shards.insert(full);
     }
-    for (const auto& s : shards)
-      if (auto r = m.add_file(s, limits, &owner); !r) return std::unexpected(r.error());
+    for (const auto& s : shards) {
+      auto f = mapped_file::open(s);
+      if (!f) return std::unexpected(f.error());
+      if (auto r = m.add_file(*f, limits, &owner); !r) return std::unexpected(r.error());
+    }
     for (const auto& [name, file] : owner)
       if (!m.index_.count(name))
         return make_error(errc::corrupt_data, p + ": tensor '" + name + "' is listed for " + file + " but not stored there");
     return m;
   }
-  if (auto r = m.add_file(p, limits, nullptr); !r) return std::unexpected(r.error());
+  auto f = mapped_file::open(p);
+  if (!f) return std::unexpected(f.error());
+  if (auto r = m.add_file(*f, limits, nullptr); !r) return std::unexpected(r.error());
+  return m;
+}
+
+result<safetensors_model> safetensors_model::parse(std::shared_ptr<mapped_file> file, const safetensors_limits& limits) {
+  safetensors_model m;
+  if (auto r = m.add_file(std::move(file), limits, nullptr); !r) return std::unexpected(r.error());
   return m;
 }
 

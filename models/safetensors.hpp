@@ -40,6 +40,9 @@ class safetensors_model {
   static result<safetensors_model> open(const std::string& path, const safetensors_limits& limits = {});
 
   const std::vector<safetensors_tensor>& tensors() const { return tensors_; }
+  /// Parses one in-memory or mapped file (no index).
+  static result<safetensors_model> parse(std::shared_ptr<mapped_file> file, const safetensors_limits& limits = {});
+
   const safetensors_tensor* find(const std::string& name) const;
   /// Zero-copy view into the map.
   result<kernels::tensor> view(const safetensors_tensor& t) const;
@@ -47,7 +50,7 @@ class safetensors_model {
   const std::vector<std::shared_ptr<mapped_file>>& files() const { return files_; }
 
  private:
-  result<void> add_file(const std::string& path, const safetensors_limits& limits,
+  result<void> add_file(std::shared_ptr<mapped_file> file, const safetensors_limits& limits,
                         const std::map<std::string, std::string>* expected_owner);
   std::vector<std::shared_ptr<mapped_file>> files_;
   std::vector<safetensors_tensor> tensors_;
