@@ -1,5 +1,7 @@
 // The paged KV cache: creation, validation, appending tokens (with f16
 // rounding or int8 quantization) and the per-block key summaries.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -128,6 +130,21 @@ void update_summary(const paged_kv_cache& cache, std::int64_t block, int head, s
   }
 }
 
+// A zero-filled tensor whose pages the kernel may back with transparent huge
+// pages: blocks are read in scattered order, and with 4 KiB pages a long
+// context overflows the TLB (one miss per block).
+result<tensor> zeros_huge(memory_pool& pool, dtype t, const shape_t& shape) {
+  auto out = tensor::empty(pool, t, shape);
+  if (!out) return out;
+  constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<std::uintptr_t>(out->data());
+  const std::uintptr_t first = (begin + huge - 1) & ~(huge - 1);
+  const std::uintptr_t last = (begin + out->nbytes()) & ~(huge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  std::memset(out->data(), 0, out->nbytes());
+  return out;
+}
+
 }  // namespace
 
 result<paged_kv_cache> paged_kv_cache::create(memory_pool& pool, const kv_cache_config& config) {
@@ -135,24 +152,23 @@ result<paged_kv_cache> paged_kv_cache::create(memory_pool& pool, const kv_cache_
   paged_kv_cache cache;
   cache.config = config;
   const shape_t data_shape{config.n_blocks, config.n_kv_heads, config.block_size, config.head_dim};
-  auto k = tensor::zeros(pool, config.type, data_shape);
+  auto k = zeros_huge(pool, config.type, data_shape);
   if (!k) return std::unexpected(k.error());
-  auto v = tensor::zeros(pool, config.type, data_shape);
+  auto v = zeros_huge(pool, config.type, data_shape);
   if (!v) return std::unexpected(v.error());
   cache.k = std::move(*k);
   cache.v = std::move(*v);
   if (config.type == dtype::i8) {
     const shape_t scale_shape{config.n_blocks, config.n_kv_heads, config.block_size};
-    auto ks = tensor::zeros(pool, dtype::f32, scale_shape);
+    auto ks = zeros_huge(pool, dtype::f32, scale_shape);
     if (!ks) return std::unexpected(ks.error());
-    auto vs = tensor::zeros(pool, dtype::f32, scale_shape);
+    auto vs = zeros_huge(pool, dtype::f32, scale_shape);
     if (!vs) return std::unexpected(vs.error());
     cache.k_scales = std::move(*ks);
     cache.v_scales = std::move(*vs);
   }
   if (config.summaries) {
-    auto s =
-        tensor::zeros(pool, dtype::f32, {config.n_blocks, config.n_kv_heads, 2, config.head_dim});
+    auto s = zeros_huge(pool, dtype::f32, {config.n_blocks, config.n_kv_heads, 2, config.head_dim});
     if (!s) return std::unexpected(s.error());
     cache.k_summary = std::move(*s);
   }
