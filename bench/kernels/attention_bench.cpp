@@ -151,6 +151,12 @@ void run_attention(const options& opt) {
       "dense vs sparse = 64 global + window 512 + top-k 1/16 of the blocks by min/max bound;\n"
       "qb1: selection per query position, qb16: per 16 queries. prefill64 = the last 64 queries\n"
       "against the causal prefix. speedup = median over rounds of paired dense/sparse times\n");
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    double load = 0;
+    if (std::fscanf(f, "%lf", &load) == 1)
+      std::printf("load average (1 min) at start: %.2f on %d threads\n", load, opt.threads);
+    std::fclose(f);
+  }
   print_row({"tokens", "kv", "queries", "dense ms", "GFLOP/s", "qb1 ms", "keys/row", "speedup",
              "qb16 ms", "speedup"},
             {7, 5, 10, 9, 8, 9, 9, 8, 9, 8});
