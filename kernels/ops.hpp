@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "kernels/cpu/context.hpp"
 #include "kernels/quant.hpp"
@@ -55,6 +56,10 @@ struct rope_params {
   float theta = 10000.0f;  ///< base
   int rotary_dims = 0;     ///< rotated leading dims of each head (even); 0 = head_dim
   std::optional<rope_llama3_scaling> llama3;
+  /// llama.cpp's per-frequency divisors (GGUF tensor rope_freqs.weight, how
+  /// GGUF files carry LLaMA-3 scaling): inv_freq[i] /= freq_factors[i].
+  /// Empty = none; else rotary_dims/2 finite positive values.
+  std::vector<float> freq_factors;
 };
 
 /// Largest head_dim rope accepts.

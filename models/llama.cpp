@@ -111,7 +111,18 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
     s.high_freq_factor = static_cast<float>(cfg.scaling.high_freq_factor);
     s.original_max_position_embeddings = cfg.scaling.original_max_position_embeddings;
     m->rope_.llama3 = s;
-  } else if (cfg.scaling.type == rope_scaling::kind::linear) {
+  } else if (src.has("rope_freqs")) {
+    // GGUF files carry LLaMA-3 scaling as per-frequency divisors.
+    auto f = src.get("rope_freqs");
+    if (!f) return std::unexpected(f.error());
+    auto ff = to_f32(pool, *f);
+    if (!ff) return std::unexpected(ff.error());
+    if (ff->numel() != D / 2)
+      return make_error(errc::corrupt_data, src.path() + ": rope_freqs.weight has " + std::to_string(ff->numel()) +
+                                                " values, expected head_dim/2 = " + std::to_string(D / 2));
+    m->rope_.freq_factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
+  }
+  if (cfg.scaling.type == rope_scaling::kind::linear) {
     return make_error(errc::unsupported_op, src.path() + ": linear rope scaling is not implemented yet");
   }
   spdlog::debug("loaded {}: {}", src.path(), m->describe());

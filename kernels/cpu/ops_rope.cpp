@@ -31,6 +31,14 @@ result<int> check_rope_params(const rope_params& p, int head_dim) {
     return make_error(errc::invalid_argument, "unknown rope layout");
   if (!std::isfinite(p.theta) || p.theta <= 0.0f)
     return make_error(errc::invalid_argument, "rope theta must be finite and > 0");
+  if (!p.freq_factors.empty()) {
+    if (static_cast<int>(p.freq_factors.size()) != rot / 2)
+      return make_error(errc::shape_mismatch, "rope freq_factors must hold rotary_dims/2 = " +
+                                                  std::to_string(rot / 2) + " values");
+    for (float f : p.freq_factors)
+      if (!std::isfinite(f) || f <= 0.0f)
+        return make_error(errc::invalid_argument, "rope freq_factors must be finite and > 0");
+  }
   if (p.llama3) {
     const auto& s = *p.llama3;
     if (!std::isfinite(s.factor) || s.factor <= 0.0f)
@@ -59,6 +67,9 @@ result<void> rope_inv_freq(const rope_params& params, int head_dim, std::span<fl
   for (int i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(*rot);
     out[static_cast<std::size_t>(i)] = 1.0f / std::pow(params.theta, e);
+  }
+  if (!params.freq_factors.empty()) {  // llama.cpp: theta = pos * base^(-2i/d) / factor[i]
+    for (int i = 0; i < half; ++i) out[static_cast<std::size_t>(i)] /= params.freq_factors[static_cast<std::size_t>(i)];
   }
   if (!params.llama3) return {};
   // transformers' _compute_llama3_parameters, op by op in float32. Python
