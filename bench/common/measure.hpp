@@ -1,0 +1,41 @@
+#pragma once
+// Measurement helpers shared by the benchmarks: read bandwidth with the
+// project's fastest read loop, medians, the machine's load.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/context.hpp"
+
+namespace troupe::bench {
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// A context of `threads` workers pinned to the first cores this process may use.
+std::unique_ptr<kernels::cpu::context> make_ctx(int threads);
+
+/// A buffer for bandwidth passes (allocated from the context's pool and
+/// written once, so its pages exist).
+struct bw_buffer {
+  kernels::buffer_ptr storage;
+  std::size_t bytes = 0;
+  const std::byte* data() const { return static_cast<const std::byte*>(storage->data()); }
+};
+bw_buffer make_bw_buffer(kernels::cpu::context& ctx, std::size_t bytes);
+
+/// One read pass over `bytes` of `buf` with the context's team (one
+/// contiguous range per thread, AVX2 loads, software prefetch 8 KiB ahead
+/// as the kernels do). Returns GB/s.
+double bandwidth_pass(kernels::cpu::context& ctx, const std::byte* buf, std::size_t bytes);
+
+double median(std::vector<double> v);
+double best(const std::vector<double>& v);
+/// The 1-minute load average, formatted: figures mean little on a busy machine.
+std::string load_average();
+
+}  // namespace troupe::bench
