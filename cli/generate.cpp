@@ -13,6 +13,7 @@
 #include "kernels/cpu/context.hpp"
 #include "models/generate.hpp"
 #include "models/llama.hpp"
+#include "models/chat_template.hpp"
 #include "models/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -20,13 +21,13 @@ namespace troupe::cli {
 namespace {
 
 struct generate_args {
-  std::string model, prompt, quant, kv_type = "f32";
+  std::string model, prompt, quant, kv_type = "f32", chat_template, system;
   std::vector<std::string> overrides, stops;
   std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
   std::uint64_t seed = 0;
   int threads = 0;
-  bool json = false, no_bos = false;
+  bool json = false, no_bos = false, chat = false;
 };
 
 std::string dir_of(const std::string& path) {
@@ -80,7 +81,31 @@ int run_generate(const generate_args& a) {
     spdlog::error("{}", model.error().message);
     return 1;
   }
-  auto ids = tok->encode(a.prompt, !a.no_bos);
+  std::string text = a.prompt;
+  bool add_special = !a.no_bos;
+  if (a.chat || !a.chat_template.empty()) {
+    auto tmpl = chat_template::select(tok->chat_template_source(), a.chat_template);
+    if (!tmpl) {
+      spdlog::error("chat template: {} (pick one with --chat-template)", tmpl.error().message);
+      return 2;
+    }
+    std::vector<chat_message> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system, 0});
+    msgs.push_back({"user", a.prompt, 0});
+    auto piece_text = [&](std::optional<std::int32_t> id) {
+      if (!id) return std::string();
+      auto t = tok->token_text(*id);
+      return t ? *t : std::string();
+    };
+    auto rendered = tmpl->render(msgs, true, piece_text(tok->special_ids().bos), piece_text(tok->special_ids().eos));
+    if (!rendered) {
+      spdlog::error("chat template: {}", rendered.error().message);
+      return 2;
+    }
+    text = *rendered;
+    add_special = false;  // the template writes its own BOS
+  }
+  auto ids = tok->encode(text, add_special, /*parse_special=*/true);
   if (!ids) {
     spdlog::error("prompt: {}", ids.error().message);
     return 1;
@@ -111,7 +136,7 @@ int run_generate(const generate_args& a) {
   opts.kv.type = *kv_type;
   opts.kv.capacity_tokens = a.ctx_tokens;
   if (!a.json) {
-    std::fputs(a.prompt.c_str(), stdout);
+    std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
   }
   auto out = generate_batch(*ctx, **model, {req}, {piece},
@@ -168,6 +193,9 @@ command_runner add_generate(CLI::App& app) {
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");
   cmd->add_option("--ctx", a->ctx_tokens, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 24));
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the tokenizer's special prefix");
+  cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user turn in the model's chat template");
+  cmd->add_option("--chat-template", a->chat_template, "Template by name: llama2, llama3, chatml, qwen2, llava (implies --chat)");
+  cmd->add_option("--system", a->system, "System prompt (with --chat)");
   cmd->add_flag("--json", a->json, "Print one JSON object (text, token ids, timings)");
   return [a] { return run_generate(*a); };
 }
