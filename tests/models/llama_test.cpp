@@ -239,3 +239,29 @@ TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
   EXPECT_FALSE(plan.add_override("layers.0.*=q5_k"));
   EXPECT_TRUE(plan.add_override("layers.0.*=f16"));
 }
+
+TEST_F(LlamaTest, F16AndInt8KvStayCloseToF32) {
+  auto ctx = k::cpu::context::create(2);
+  auto m = llama_model::load(*path_, *ctx);
+  ASSERT_TRUE(m);
+  const auto seq = tokens(40, 4, 50);
+  auto logits_with = [&](k::dtype kv) {
+    auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .type = kv, .capacity_tokens = 64});
+    EXPECT_TRUE(cache);
+    const seq_id s = cache->add_sequence();
+    auto l = (*m)->forward(*ctx, *cache, std::vector<step_input>{{s, seq, true}});
+    EXPECT_TRUE(l);
+    return std::vector<float>(l->data_as<float>(), l->data_as<float>() + l->numel());
+  };
+  const auto f32 = logits_with(k::dtype::f32);
+  for (auto [kv, tol] : {std::pair{k::dtype::f16, 2e-3}, std::pair{k::dtype::i8, 3e-2}}) {
+    const auto got = logits_with(kv);
+    double worst = 0, range = 0;
+    for (std::size_t i = 0; i < f32.size(); ++i) {
+      worst = std::max(worst, std::fabs(double(got[i]) - double(f32[i])));
+      range = std::max(range, std::fabs(double(f32[i])));
+    }
+    EXPECT_LE(worst, tol * range) << k::to_string(kv);
+    EXPECT_GT(worst, 0.0) << k::to_string(kv) << " identical to f32: the KV type was not applied";
+  }
+}
