@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,23 @@ agreement compare(const std::vector<float>& got, const std::vector<float>& want,
   return a;
 }
 
+// compare() over every reference sequence, the KL averaged per position.
+agreement compare_all(k::cpu::context& ctx, const llama_model& m, const reference& ref,
+                      const std::function<std::vector<float>(std::size_t)>& want, double margin) {
+  agreement total;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
+    const auto a = compare(run(ctx, m, ref.tokens[i]), want(i), ref.vocab, margin);
+    total.mean_kl += a.mean_kl * double(ref.tokens[i].size());
+    n += ref.tokens[i].size();
+    total.max_kl = std::max(total.max_kl, a.max_kl);
+    total.top1_agree += a.top1_agree;
+    total.top1_checked += a.top1_checked;
+  }
+  total.mean_kl /= double(n);
+  return total;
+}
+
 std::unique_ptr<llama_model> load(k::cpu::context& ctx, const std::string& path, const char* quant = nullptr) {
   quant_plan plan;
   if (quant) plan.default_format = *k::weight_format_from_string(quant);
@@ -194,18 +212,7 @@ TEST(LlamaFidelityQuant, KlAndTop1PerFormat) {
     const std::string label = f.quant ? std::string("HF --quant ") + f.quant : std::string(f.file);
     auto m = f.quant ? load(*ctx, dir("llama3"), f.quant) : load(*ctx, dir("llama3") + "/" + f.file);
     ASSERT_TRUE(m) << label;
-    agreement total;
-    int n = 0;
-    for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-      const auto got = run(*ctx, *m, ref.tokens[i]);
-      const auto a = compare(got, ref.logits[i], ref.vocab, f.margin);
-      total.mean_kl += a.mean_kl * double(ref.tokens[i].size());
-      n += static_cast<int>(ref.tokens[i].size());
-      total.max_kl = std::max(total.max_kl, a.max_kl);
-      total.top1_agree += a.top1_agree;
-      total.top1_checked += a.top1_checked;
-    }
-    total.mean_kl /= n;
+    const auto total = compare_all(*ctx, *m, ref, [&](std::size_t i) { return ref.logits[i]; }, f.margin);
     const double top1 = total.top1_checked ? double(total.top1_agree) / total.top1_checked : 1.0;
     std::printf("%-24s mean KL %.2e  max KL %.2e  top-1 %d/%d\n", label.c_str(), total.mean_kl, total.max_kl,
                 total.top1_agree, total.top1_checked);
@@ -227,19 +234,9 @@ TEST(LlamaFidelityQuant, BlockFormatsMatchTransformersOnDequantizedWeights) {
   for (const char* fmt : {"q8_0", "q4_0"}) {
     auto m = load(*ctx, dir("llama3") + "/model-" + fmt + ".gguf");
     ASSERT_TRUE(m);
-    agreement total;
-    int n = 0;
-    for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-      const auto want = deq.at(std::string("logits.") + fmt + "." + std::to_string(i)).as<float>();
-      const auto got = run(*ctx, *m, ref.tokens[i]);
-      const auto a = compare(got, want, ref.vocab, 0.1);
-      total.mean_kl += a.mean_kl * double(ref.tokens[i].size());
-      n += static_cast<int>(ref.tokens[i].size());
-      total.max_kl = std::max(total.max_kl, a.max_kl);
-      total.top1_agree += a.top1_agree;
-      total.top1_checked += a.top1_checked;
-    }
-    total.mean_kl /= n;
+    const auto total = compare_all(
+        *ctx, *m, ref, [&](std::size_t i) { return deq.at(std::string("logits.") + fmt + "." + std::to_string(i)).as<float>(); },
+        0.1);
     std::printf("%s vs dequantized reference: mean KL %.2e  max KL %.2e  top-1 %d/%d\n", fmt, total.mean_kl, total.max_kl,
                 total.top1_agree, total.top1_checked);
     EXPECT_LE(total.mean_kl, 1e-3) << fmt;

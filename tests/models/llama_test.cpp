@@ -10,6 +10,7 @@
 
 #include "models/generate.hpp"
 #include "models/llama.hpp"
+#include "models/random_model.hpp"
 
 using namespace troupe;
 using namespace troupe::models;
@@ -17,50 +18,24 @@ namespace k = troupe::kernels;
 
 namespace {
 
-struct tiny_shape {
-  int hidden = 64, heads = 4, kv_heads = 2, ffn = 96, vocab = 50, layers = 2;
-};
+constexpr int vocab = 300;
 
-// Writes a random-weight llama GGUF (F32) to `path`.
-void write_tiny_gguf(const std::string& path, const tiny_shape& s, bool tied) {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 0.08f);
-  std::vector<std::vector<float>> keep;
-  gguf_writer w;
-  w.set_string("general.architecture", "llama");
-  w.set_u32("llama.embedding_length", static_cast<std::uint32_t>(s.hidden));
-  w.set_u32("llama.feed_forward_length", static_cast<std::uint32_t>(s.ffn));
-  w.set_u32("llama.block_count", static_cast<std::uint32_t>(s.layers));
-  w.set_u32("llama.attention.head_count", static_cast<std::uint32_t>(s.heads));
-  w.set_u32("llama.attention.head_count_kv", static_cast<std::uint32_t>(s.kv_heads));
-  w.set_u32("llama.context_length", 512);
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_f32("llama.rope.freq_base", 10000.0f);
-  w.set_u32("llama.vocab_size", static_cast<std::uint32_t>(s.vocab));
-  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols, float mean) {
-    keep.emplace_back(static_cast<std::size_t>(rows * cols));
-    for (auto& v : keep.back()) v = mean + nd(rng);
-    const k::shape_t shape = rows == 1 ? k::shape_t{cols} : k::shape_t{rows, cols};
-    ASSERT_TRUE(w.add_tensor(name, k::dtype::f32, shape,
-                             std::as_bytes(std::span<const float>(keep.back()))));
-  };
-  const int D = s.hidden / s.heads;
-  add("token_embd.weight", s.vocab, s.hidden, 0);
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_q.weight", s.heads * D, s.hidden, 0);
-    add(p + "attn_k.weight", s.kv_heads * D, s.hidden, 0);
-    add(p + "attn_v.weight", s.kv_heads * D, s.hidden, 0);
-    add(p + "attn_output.weight", s.hidden, s.heads * D, 0);
-    add(p + "ffn_gate.weight", s.ffn, s.hidden, 0);
-    add(p + "ffn_up.weight", s.ffn, s.hidden, 0);
-    add(p + "ffn_down.weight", s.hidden, s.ffn, 0);
-    add(p + "attn_norm.weight", 1, s.hidden, 1);
-    add(p + "ffn_norm.weight", 1, s.hidden, 1);
-  }
-  add("output_norm.weight", 1, s.hidden, 1);
-  if (!tied) add("output.weight", s.vocab, s.hidden, 0);
-  ASSERT_TRUE(w.write(path));
+// A random-weight llama GGUF (F32) small enough for unit tests.
+void write_tiny_gguf(const std::string& path) {
+  random_model_spec spec;
+  auto& c = spec.config;
+  c.vocab_size = vocab;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  spec.format = k::weight_format::f32;
+  spec.stddev = 0.08f;
+  spec.seed = 11;
+  ASSERT_TRUE(write_random_gguf(path, spec));
 }
 
 std::vector<std::int32_t> tokens(int n, int seed, int vocab) {
@@ -76,7 +51,7 @@ std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m, 
   auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 8, .capacity_tokens = 512});
   EXPECT_TRUE(cache);
   const seq_id a = cache->add_sequence(), b = cache->add_sequence();
-  const auto other = tokens(23, 5, m.config().vocab_size > 0 ? static_cast<int>(m.config().vocab_size) : 1);
+  const auto other = tokens(23, 5, vocab);
   std::vector<std::vector<float>> out;
   std::size_t pos = 0, opos = 0;
   while (pos < seq.size()) {
@@ -103,7 +78,7 @@ class LlamaTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     path_ = new std::string(::testing::TempDir() + "/tiny_llama.gguf");
-    write_tiny_gguf(*path_, {}, false);
+    write_tiny_gguf(*path_);
   }
   static void TearDownTestSuite() { delete path_; }
   static std::string* path_;
@@ -131,7 +106,7 @@ TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
     plan.default_format = *k::weight_format_from_string(quant);
     auto m = llama_model::load(*path_, *ctx2, plan);
     ASSERT_TRUE(m) << m.error().message;
-    const auto seq = tokens(70, 3, 50);
+    const auto seq = tokens(70, 3, vocab);
     const auto ref = run(*ctx2, **m, seq, 70, false);
     ASSERT_EQ(ref.size(), seq.size());
     for (int chunk : {1, 16, 64}) {
@@ -158,7 +133,7 @@ TEST_F(LlamaTest, SlidingWindowCacheFreesBlocksAndMatchesWindowedAttention) {
   auto ctx = k::cpu::context::create(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
-  const auto seq = tokens(60, 9, 50);
+  const auto seq = tokens(60, 9, vocab);
   // Reference: a full cache, window applied by attention only.
   auto full = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256});
   auto windowed = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256, .window = 12, .sinks = 4});
@@ -189,7 +164,7 @@ TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
   std::vector<generation_request> reqs;
   for (int i = 0; i < 4; ++i) {
     generation_request r;
-    r.prompt = tokens(5 + 7 * i, i, 50);
+    r.prompt = tokens(5 + 7 * i, i, vocab);
     r.params.max_tokens = 8 + i;
     r.params.temperature = i == 0 ? 0.0 : 0.8;
     r.params.top_k = i == 2 ? 5 : 0;
@@ -222,13 +197,13 @@ TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
   auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .capacity_tokens = 16});
   ASSERT_TRUE(cache);
   const seq_id s = cache->add_sequence();
-  std::vector<std::int32_t> bad{1, 50};
+  std::vector<std::int32_t> bad{1, vocab};
   EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s, bad, false}}));
   EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s + 100, bad, false}}));
   EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{{s, {}, false}}));
   EXPECT_FALSE((*m)->forward(*ctx, *cache, std::vector<step_input>{}));
   EXPECT_EQ(cache->length(s), 0);
-  const auto long_prompt = tokens(40, 1, 50);
+  const auto long_prompt = tokens(40, 1, vocab);
   auto full = (*m)->forward(*ctx, *cache, std::vector<step_input>{{s, long_prompt, false}});
   ASSERT_FALSE(full);
   EXPECT_EQ(full.error().code, k::errc::out_of_memory);
@@ -244,7 +219,7 @@ TEST_F(LlamaTest, F16AndInt8KvStayCloseToF32) {
   auto ctx = k::cpu::context::create(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
-  const auto seq = tokens(40, 4, 50);
+  const auto seq = tokens(40, 4, vocab);
   auto logits_with = [&](k::dtype kv) {
     auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .type = kv, .capacity_tokens = 64});
     EXPECT_TRUE(cache);
