@@ -21,6 +21,11 @@ Not run by CI; the outputs are committed. Run from the repository root:
         llama-cpp-python==0.3.36 diskcache
     PYTHONPATH=/work/pydeps-llamacpp python3 tools/make_llama_fixtures.py llamacpp
 
+The llamacpp stage loads every GGUF file with llama.cpp (F32 KV cache) and
+compares with reference.bin / reference-dequant.bin and greedy.tokens; with
+llama-cpp-python 0.3.36 the F32 files agree to ~4e-7 x logit range and the
+greedy continuations are identical.
+
 (transformers 4.43 is the first release with rope_type "llama3"; 4.46.3 is the
 newest one tried that runs on torch 1.13.)
 
@@ -623,11 +628,15 @@ def check_llamacpp(name, spec):
     n_seqs = int(ref["n_seqs"][0])
     ref_logits = [ref[f"logits.{i}"].astype(np.float64) for i in range(n_seqs)]
     rng = logit_range(ref_logits)
+    deq_path = os.path.join(out_dir, "reference-dequant.bin")
+    deq = read_trpf(deq_path) if os.path.exists(deq_path) else {}
     for fmt in spec["gguf"]:
         path = os.path.join(out_dir, f"model-{fmt}.gguf")
+        # type_k / type_v 0 = GGML_TYPE_F32: llama.cpp's default F16 KV cache
+        # alone moves the logits by ~3e-4 x range.
         llm = Llama(model_path=path, n_ctx=64, n_batch=64, n_ubatch=64, logits_all=True,
-                    n_threads=2, verbose=False)
-        diff, kls = 0.0, []
+                    n_threads=2, verbose=False, type_k=0, type_v=0)
+        diff, kls, ddiff, dkls = 0.0, [], 0.0, []
         for i in range(n_seqs):
             toks = [int(t) for t in ref[f"tokens.{i}"]]
             llm.reset()
@@ -636,9 +645,29 @@ def check_llamacpp(name, spec):
             diff = max(diff, float(np.abs(got - ref_logits[i]).max()))
             p, q = softmax64(ref_logits[i]), softmax64(got)
             kls += list(np.sum(p * (np.log(p) - np.log(q)), axis=-1))
+            if f"logits.{fmt}.{i}" in deq:
+                d = deq[f"logits.{fmt}.{i}"].astype(np.float64)
+                ddiff = max(ddiff, float(np.abs(got - d).max()))
+                p = softmax64(d)
+                dkls += list(np.sum(p * (np.log(p) - np.log(q)), axis=-1))
+        if fmt == "f32":  # greedy continuation, one token at a time
+            llm.reset()
+            llm.eval([int(t) for t in ref["greedy.prompt"]])
+            toks = []
+            for _ in range(len(ref["greedy.tokens"])):
+                toks.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval([toks[-1]])
+            print(f"[{name}] llama.cpp f32 greedy {toks} "
+                  f"{'==' if toks == ref['greedy.tokens'].tolist() else '!='} greedy.tokens")
+            assert toks == ref["greedy.tokens"].tolist()
         del llm
-        print(f"[{name}] llama.cpp {fmt}: max |diff| {diff:.3e} = {diff / rng:.2e} x range, "
-              f"KL mean {np.mean(kls):.2e} max {np.max(kls):.2e}")
+        extra = ""
+        if dkls:
+            extra = (f"; vs reference-dequant.bin max |diff| {ddiff:.3e} = {ddiff / rng:.2e} x "
+                     f"range, KL mean {np.mean(dkls):.2e} max {np.max(dkls):.2e}")
+        print(f"[{name}] llama.cpp {fmt}: vs reference.bin max |diff| {diff:.3e} = "
+              f"{diff / rng:.2e} x range, KL mean {np.mean(kls):.2e} max {np.max(kls):.2e}"
+              + extra)
         if fmt == "f32":
             assert diff <= 1e-3 * rng, (path, diff)
 
