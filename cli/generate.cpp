@@ -28,6 +28,8 @@ struct generate_args {
   std::uint64_t seed = 0;
   int threads = 0;
   bool json = false, no_bos = false, chat = false;
+  // Which sampling flags the user gave (the rest come from generation_config.json).
+  bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
 };
 
 std::string dir_of(const std::string& path) {
@@ -114,14 +116,27 @@ int run_generate(const generate_args& a) {
     spdlog::error("the prompt encodes to no tokens");
     return 2;
   }
+  // generation_config.json (HF folders) supplies defaults for flags not given,
+  // as transformers and vLLM do.
+  generation_defaults defaults;
+  if (!(*src)->is_gguf()) {
+    auto g = load_generation_config((std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model)) + "/generation_config.json");
+    if (!g) {
+      spdlog::error("{}", g.error().message);
+      return 1;
+    }
+    defaults = *g;
+  }
   generation_request req;
   req.prompt = *ids;
   req.params.max_tokens = a.max_tokens;
-  req.params.temperature = a.temperature;
-  req.params.top_k = a.top_k;
-  req.params.top_p = a.top_p;
-  req.params.min_p = a.min_p;
-  req.params.repetition_penalty = a.repeat_penalty;
+  const bool sampling = defaults.do_sample.value_or(true);
+  req.params.temperature = a.set_temperature ? a.temperature : sampling ? defaults.temperature.value_or(a.temperature) : 0.0;
+  req.params.top_k = a.set_top_k ? a.top_k : defaults.top_k.value_or(a.top_k);
+  req.params.top_p = a.set_top_p ? a.top_p : defaults.top_p.value_or(a.top_p);
+  req.params.min_p = a.set_min_p ? a.min_p : defaults.min_p.value_or(a.min_p);
+  req.params.repetition_penalty = a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
+  for (auto id : defaults.eos_token_ids) req.params.stop_token_ids.push_back(id);
   req.params.seed = a.seed;
   req.params.stop_strings = a.stops;
   for (auto id : cfg->eos_token_ids) req.params.stop_token_ids.push_back(id);
@@ -197,7 +212,14 @@ command_runner add_generate(CLI::App& app) {
   cmd->add_option("--chat-template", a->chat_template, "Template by name: llama2, llama3, chatml, qwen2, llava (implies --chat)");
   cmd->add_option("--system", a->system, "System prompt (with --chat)");
   cmd->add_flag("--json", a->json, "Print one JSON object (text, token ids, timings)");
-  return [a] { return run_generate(*a); };
+  return [a, cmd] {
+    a->set_temperature = cmd->count("--temperature") > 0;
+    a->set_top_k = cmd->count("--top-k") > 0;
+    a->set_top_p = cmd->count("--top-p") > 0;
+    a->set_min_p = cmd->count("--min-p") > 0;
+    a->set_repeat = cmd->count("--repeat-penalty") > 0;
+    return run_generate(*a);
+  };
 }
 
 }  // namespace troupe::cli
