@@ -1,6 +1,7 @@
 #include "models/tokenizer.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "models/tokenizer_impl.hpp"
 
@@ -87,21 +88,21 @@ struct segment {
 };
 
 // Finds added tokens in `text`, leftmost-longest (tokenizers' Aho-Corasick
-// LeftmostLongest), honouring single_word / lstrip / rstrip. `content(t)`
-// gives the pattern of token t; tokens for which `skip(t)` holds match but
-// are left as text (encode_special_tokens).
-template <class Content, class Skip>
-std::vector<segment> split_added(std::string_view text, const std::vector<const added_token*>& toks,
-                                 Content content, Skip skip) {
+// LeftmostLongest), honouring single_word / lstrip / rstrip. Candidates at
+// a position come from `index` (by first byte); tokens for which `skip(t)`
+// holds match but are left as text (encode_special_tokens).
+template <class Skip>
+std::vector<segment> split_added(std::string_view text, const tokenizer_impl& im,
+                                 const tokenizer_impl::added_index& index, Skip skip) {
   std::vector<segment> out;
   std::size_t start_offset = 0;
   for (std::size_t p = 0; p < text.size();) {
     const added_token* best = nullptr;
     std::size_t best_len = 0;
-    for (const added_token* t : toks) {
-      const std::string_view c = content(*t);
-      if (!c.empty() && c.size() > best_len && text.compare(p, c.size(), c) == 0)
-        best = t, best_len = c.size();
+    for (std::uint32_t k : index[static_cast<unsigned char>(text[p])]) {
+      const std::string_view c = im.added_patterns[k];
+      if (c.size() > best_len && text.compare(p, c.size(), c) == 0)
+        best = &im.added[k], best_len = c.size();
     }
     if (best == nullptr) {
       ++p;
@@ -246,7 +247,16 @@ result<void> tokenizer_impl::finish() {
     const std::string name = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
     if (auto id = find_token(model_vocab, name)) bytes[static_cast<std::size_t>(b)] = *id;
   }
-  for (const added_token& t : added) special[static_cast<std::size_t>(t.id)] = t.special ? 1 : 0;
+  for (std::size_t k = 0; k < added.size(); ++k) {
+    const added_token& t = added[k];
+    special[static_cast<std::size_t>(t.id)] = t.special ? 1 : 0;
+    // Normalized tokens match the normalized text, by their normalized form.
+    const bool norm = t.normalized && !normalizers.empty();
+    added_patterns.push_back(norm ? normalize(t.content) : t.content);
+    if (added_patterns.back().empty()) continue;
+    (norm ? norm_index : raw_index)[static_cast<unsigned char>(added_patterns.back()[0])].push_back(
+        static_cast<std::uint32_t>(k));
+  }
   const std::size_t n = id_to_text.size();
   for (auto* id : {&specials.bos, &specials.eos, &specials.pad, &specials.unk})
     if (*id && (**id < 0 || static_cast<std::size_t>(**id) >= n ||
@@ -398,27 +408,30 @@ result<std::vector<token_id>> tokenizer::encode(std::string_view text, bool add_
   if (const std::size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
     return make_error(errc::invalid_argument, "tokenizer: input text is not valid UTF-8 (byte " +
                                                   std::to_string(bad) + ")");
-  std::vector<const added_token*> raw, normalized;
-  for (const added_token& t : im.added)
-    (t.normalized && !im.normalizers.empty() ? normalized : raw).push_back(&t);
-  std::vector<std::string> norm_contents(im.added.size());
-  for (std::size_t i = 0; i < im.added.size(); ++i)
-    if (im.added[i].normalized) norm_contents[i] = im.normalize(im.added[i].content);
-
+  if (im.nfc) {
+    char32_t cp = 0;
+    for (std::size_t i = 0; i < text.size();) {
+      i += unicode::decode_utf8(text, i, cp);  // valid: checked above
+      if (unicode::may_change_under_nfc(cp)) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+        return make_error(errc::unsupported_op,
+                          im.source + ": the text has " + hex +
+                              ", which NFC normalization may change; only text already in "
+                              "NFC is supported by this tokenizer's NFC normalizer");
+      }
+    }
+  }
   auto skip = [&](const added_token& t) { return !parse_special && t.special; };
   std::vector<token_id> out(im.prefix_ids.begin(),
                             add_special ? im.prefix_ids.end() : im.prefix_ids.begin());
-  for (const detail::segment& seg : detail::split_added(
-           text, raw, [](const added_token& t) -> std::string_view { return t.content; }, skip)) {
+  for (const detail::segment& seg : detail::split_added(text, im, im.raw_index, skip)) {
     if (seg.id >= 0) {
       out.push_back(seg.id);
       continue;
     }
     const std::string norm = im.normalize(text.substr(seg.start, seg.end - seg.start));
-    auto content = [&](const added_token& t) -> std::string_view {
-      return norm_contents[static_cast<std::size_t>(&t - im.added.data())];
-    };
-    for (const detail::segment& sub : detail::split_added(norm, normalized, content, skip)) {
+    for (const detail::segment& sub : detail::split_added(norm, im, im.norm_index, skip)) {
       if (sub.id >= 0) {
         out.push_back(sub.id);
       } else {

@@ -3,6 +3,7 @@
 // Internal: what a loaded tokenizer holds, filled by the tokenizer.json and
 // GGUF loaders and used by tokenizer.cpp (not a public API).
 
+#include <array>
 #include <string>
 #include <variant>
 #include <vector>
@@ -78,8 +79,16 @@ struct tokenizer_impl {
   vocab_map all_tokens;  ///< model vocabulary plus added tokens
 
   std::vector<norm_step> normalizers;
+  /// An NFC normalizer: identity on text that is already NFC; other text
+  /// is refused (no composition tables here).
+  bool nfc = false;
   std::vector<pre_step> pre_tokenizers;
   std::vector<added_token> added;
+  /// What each added token matches (its content, normalized if it is a
+  /// normalized token), and the tokens by the first byte of that pattern.
+  using added_index = std::array<std::vector<std::uint32_t>, 256>;
+  std::vector<std::string> added_patterns;
+  added_index raw_index, norm_index;
   std::vector<dec_step> decoders;
   bool has_decoder = true;  ///< without one, tokenizers joins tokens with " "
 

@@ -118,7 +118,11 @@ result<void> parse_normalizer(const json& j, tokenizer_impl& t, const std::strin
     t.normalizers.emplace_back(detail::norm_replace{*from, *to});
     return {};
   }
-  return unsupported(t.source, where, type, "Sequence, Prepend, Replace");
+  if (type == "NFC") {
+    t.nfc = true;
+    return {};
+  }
+  return unsupported(t.source, where, type, "Sequence, Prepend, Replace, NFC");
 }
 
 result<detail::pre_metaspace::scheme> prepend_scheme(const json& j, const std::string& src,

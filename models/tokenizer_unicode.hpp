@@ -22,6 +22,10 @@ bool is_letter(char32_t cp);
 bool is_number(char32_t cp);
 /// The White_Space property, as Oniguruma's `\s` in Unicode mode.
 bool is_whitespace(char32_t cp);
+/// Whether NFC may change or reorder `cp` (non-zero combining class, not
+/// its own NFC form, or the second half of a canonical composition). Text
+/// with none of these is already in NFC.
+bool may_change_under_nfc(char32_t cp);
 
 /// Decodes the code point starting at `s[i]`; returns its length in bytes
 /// (1-4), or 0 when the bytes there are not a valid UTF-8 sequence

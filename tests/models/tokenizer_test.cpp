@@ -91,10 +91,17 @@ TEST_P(HfFixture, IdsAndTextsMatchTokenizers) {
   const json doc = load_json(name + ".cases.json");
   const tokenizer t = load_hf(name);
   EXPECT_EQ(t.vocab_size(), doc["vocab_size"].get<std::size_t>());
-  int n = 0;
+  int n = 0, refused = 0;
   for (const json& c : doc["cases"]) {
     const std::string text = c["text"];
     SCOPED_TRACE(name + ": \"" + text + "\"");
+    // The NFC normalizer (qwen2_bpe) refuses text NFC could change.
+    if (auto r = t.encode(text); !r && r.error().message.find("NFC") != std::string::npos) {
+      EXPECT_EQ(name, "qwen2_bpe");
+      ++refused;
+      EXPECT_EQ(t.decode(ids_of(c["ids_special"])), c["decoded_special"].get<std::string>());
+      continue;
+    }
     EXPECT_EQ(encode(t, text, false, true), ids_of(c["ids"]));
     EXPECT_EQ(encode(t, text, true, true), ids_of(c["ids_special"]));
     EXPECT_EQ(encode(t, text, false, false), ids_of(c["ids_no_parse_special"]));
@@ -109,6 +116,8 @@ TEST_P(HfFixture, IdsAndTextsMatchTokenizers) {
     ++n;
   }
   EXPECT_GE(n, 50);
+  if (name == "qwen2_bpe") EXPECT_GE(refused, 1);
+  EXPECT_LE(refused, 3);  // "e\u0301", Devanagari (virama, vowel signs)
 }
 
 TEST_P(HfFixture, StreamingConcatenatesToDecode) {
