@@ -19,7 +19,8 @@ model family:
   spm_bpe     SentencePiece-style BPE (LLaMA-2 / TinyLlama tokenizer.json):
               Prepend+Replace normalizer, byte_fallback, <0xNN> tokens,
               Replace/ByteFallback/Fuse/Strip decoder
-  spm_meta    the same model with the older Metaspace pre-tokenizer/decoder
+  spm_meta    the same model with a Metaspace pre-tokenizer (prepend "first", no split)
+  spm_meta_split  ... Metaspace prepend "always", split on "▁" (older LLaMA files)
 and GGUF files of spm_bpe ("llama", scores) and llama3_bpe ("gpt2", merges).
 """
 import json
@@ -217,13 +218,14 @@ def spm_model():
     return vocab, merges
 
 
-def make_spm(vocab, merges, metaspace):
+def make_spm(vocab, merges, metaspace, split=False):
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     if metaspace:
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False),
+        scheme = "always" if split else "first"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=split),
                                          decoders.ByteFallback(), decoders.Fuse()])
     else:
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -585,8 +587,8 @@ def main():
         write_cases(name, tok)
 
     vocab, merges = spm_model()
-    for name, meta in (("spm_bpe", False), ("spm_meta", True)):
-        tok, cfg = make_spm(vocab, merges, meta)
+    for name, meta, split in (("spm_bpe", False, False), ("spm_meta", True, False), ("spm_meta_split", True, True)):
+        tok, cfg = make_spm(vocab, merges, meta, split)
         tok = write_tokenizer(name, tok, cfg)
         write_cases(name, tok)
     spm_gguf = gguf_spm(vocab, merges)

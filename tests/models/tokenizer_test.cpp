@@ -157,8 +157,21 @@ TEST_P(HfFixture, StreamingRandomIdsIsValidUtf8) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, HfFixture,
-                         ::testing::Values("llama3_bpe", "gpt2_bpe", "gpt2_prefix", "spm_bpe",
-                                           "spm_meta"));
+                         ::testing::Values("llama3_bpe", "qwen2_bpe", "gpt2_bpe", "gpt2_prefix",
+                                           "spm_bpe", "spm_meta", "spm_meta_split"));
+
+TEST(Tokenizer, LoadsFromPath) {
+  auto t = tokenizer::load(fixture("llama3_bpe.tokenizer.json"));
+  ASSERT_TRUE(t) << t.error().message;
+  // No tokenizer_config.json beside it: BOS from the post-processor, EOS by name.
+  EXPECT_EQ(t->special_ids().bos, t->token_to_id("<|begin_of_text|>"));
+  EXPECT_EQ(t->special_ids().eos, t->token_to_id("<|end_of_text|>"));
+  EXPECT_EQ(t->chat_template_source(), "");
+  auto with_config = load_hf("qwen2_bpe");
+  EXPECT_NE(with_config.chat_template_source().find("<|im_start|>"), std::string::npos);
+  EXPECT_FALSE(with_config.adds_bos());
+  EXPECT_EQ(with_config.special_ids().pad, with_config.token_to_id("<|endoftext|>"));
+}
 
 TEST(Tokenizer, SpecialIdsAndMetadata) {
   const tokenizer l3 = load_hf("llama3_bpe");
