@@ -6,6 +6,10 @@ Run with the pip Python (needs `tokenizers`, `gguf`, `jinja2`; optionally
     python3 tools/make_tokenizer_fixtures.py            # fixtures
     python3 tools/make_tokenizer_fixtures.py --tables   # models/tokenizer_unicode_tables.cpp
 CI does not run this; its outputs are committed under tests/fixtures/tokenizers/.
+The committed llama.cpp ids came from llama-cpp-python 0.3.36 (its bundled
+llama.cpp built from the PyPI sdist; LLAMA_CPP_LIB_PATH may point at the
+built libllama.so). Training is not bit-reproducible across runs (BpeTrainer
+tie order), so regenerate all files together.
 
 No tokenizer can be downloaded here, so each one is trained with the
 `tokenizers` library on the committed corpus.txt, in the layout of a real
