@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/measure.hpp"
 #include "kernels/cpu/context.hpp"
 
 namespace troupe::bench {
@@ -14,9 +15,6 @@ struct options {
   bool quick = false;  ///< fewer repetitions and smaller shapes (smoke run)
 };
 
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 /// Prints a table row: cells padded to fixed widths.
 void print_row(const std::vector<std::string>& cells, const std::vector<int>& widths);

@@ -6,8 +6,6 @@
 // fractions, because this host's bandwidth flips by ~1.7x every ~100 ms.
 // GEMM: 512 x 2048 x 5632 for every format next to oneDNN's f32, bf16 and
 // u8s8 primitives on the same shape, measured in the same run.
-#include <immintrin.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/common/measure.hpp"
 #include "bench/kernels/bench.hpp"
 #include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/matmul.hpp"
@@ -30,104 +29,6 @@ namespace {
 using namespace troupe::kernels;
 
 constexpr std::size_t gib = std::size_t{1} << 30;
-
-std::vector<int> first_cores(int n) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cores;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
-  for (int c = 0; c < CPU_SETSIZE && static_cast<int>(cores.size()) < n; ++c)
-    if (CPU_ISSET(c, &set)) cores.push_back(c);
-  if (static_cast<int>(cores.size()) < n) cores.clear();  // fewer cores than threads: do not pin
-  return cores;
-}
-
-std::unique_ptr<cpu::context> make_ctx(int threads) {
-  return cpu::context::create(threads, first_cores(threads));
-}
-
-// The fastest read loop we have: 4 independent 32-byte loads per 128 bytes,
-// software prefetch mm_prefetch_bytes ahead (as the kernels do).
-__attribute__((target("avx2"))) std::uint64_t read_avx2(const std::byte* p, std::size_t bytes) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (std::size_t i = 0; i + 128 <= bytes; i += 128) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 8192), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 8192 + 64), _MM_HINT_T0);
-    a0 = _mm256_or_si256(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_or_si256(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_or_si256(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_or_si256(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  const __m256i a = _mm256_or_si256(_mm256_or_si256(a0, a1), _mm256_or_si256(a2, a3));
-  return static_cast<std::uint64_t>(_mm256_extract_epi64(a, 0) | _mm256_extract_epi64(a, 1) |
-                                    _mm256_extract_epi64(a, 2) | _mm256_extract_epi64(a, 3));
-}
-
-std::uint64_t read_scalar(const std::byte* p, std::size_t bytes) {
-  std::uint64_t acc = 0;
-  for (std::size_t i = 0; i + 8 <= bytes; i += 8) {
-    std::uint64_t v;
-    std::memcpy(&v, p + i, 8);
-    acc |= v;
-  }
-  return acc;
-}
-
-volatile std::uint64_t g_sink = 0;
-
-// One pass over `bytes` of `buf`, split into one contiguous range per thread.
-// Returns GB/s.
-double bandwidth_pass(cpu::context& ctx, const std::byte* buf, std::size_t bytes) {
-  const bool avx2 = ctx.level() >= cpu::isa::avx2;
-  const std::int64_t lines = static_cast<std::int64_t>(bytes / 4096);
-  const double t0 = now_s();
-  ctx.pool().parallel_for(lines, 1, [&](std::int64_t b, std::int64_t e, int) {
-    const std::byte* p = buf + b * 4096;
-    const auto n = static_cast<std::size_t>((e - b) * 4096);
-    g_sink = g_sink + (avx2 ? read_avx2(p, n) : read_scalar(p, n));
-  });
-  return static_cast<double>(bytes) / (now_s() - t0) / 1e9;
-}
-
-// The 1-minute load average: these figures mean little on a busy machine.
-std::string load_average() {
-  double l = 0;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return fmt(l, 2);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double best(const std::vector<double>& v) {
-  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
-}
-
-struct bw_buffer {
-  buffer_ptr storage;
-  std::size_t bytes = 0;
-  const std::byte* data() const { return static_cast<const std::byte*>(storage->data()); }
-};
-
-bw_buffer make_bw_buffer(cpu::context& ctx, std::size_t bytes) {
-  bw_buffer b;
-  auto buf = ctx.memory().allocate(bytes);
-  if (!buf) {
-    std::printf("cannot allocate %zu bytes for the bandwidth buffer\n", bytes);
-    return b;
-  }
-  b.storage = *buf;
-  b.bytes = bytes;
-  std::memset(b.storage->data(), 1, bytes);  // fault the pages in
-  return b;
-}
 
 tensor random_matrix(memory_pool& pool, std::int64_t r, std::int64_t c, std::uint32_t seed) {
   auto t = tensor::empty(pool, dtype::f32, {r, c});
