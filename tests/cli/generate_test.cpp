@@ -5,7 +5,10 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -121,4 +124,58 @@ TEST(CliGenerate, BadInputFailsWithAMessage) {
     EXPECT_EQ(r.exit_code, 1) << f << ": " << r.out;
     EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
   }
+}
+
+// A Hugging Face folder (config.json + safetensors + tokenizer.json): the
+// llama3 fidelity checkpoint with a byte-level tokenizer of exactly its 257
+// ids (256 byte tokens and one special end token), written here.
+TEST(CliGenerate, RunsAHuggingFaceFolder) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(TROUPE_FIXTURES_DIR) / "llama" / "llama3";
+  const fs::path dir = fs::path(::testing::TempDir()) / "hf_llama3";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json"})
+    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  // GPT-2's byte -> unicode map: printable bytes stand for themselves.
+  auto byte_char = [](int b) {
+    static std::vector<int> map = [] {
+      std::vector<int> bs, cs;
+      for (int i = 33; i <= 126; ++i) bs.push_back(i);
+      for (int i = 161; i <= 172; ++i) bs.push_back(i);
+      for (int i = 174; i <= 255; ++i) bs.push_back(i);
+      cs = bs;
+      int n = 0;
+      for (int i = 0; i < 256; ++i)
+        if (std::find(bs.begin(), bs.end(), i) == bs.end()) bs.push_back(i), cs.push_back(256 + n++);
+      std::vector<int> m(256);
+      for (std::size_t i = 0; i < bs.size(); ++i) m[static_cast<std::size_t>(bs[i])] = cs[i];
+      return m;
+    }();
+    const int cp = map[static_cast<std::size_t>(b)];
+    std::string s;
+    if (cp < 0x80) s += static_cast<char>(cp);
+    else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+    return s;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  nlohmann::json tok = {
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", 256}, {"content", "<|end|>"}, {"special", true}, {"single_word", false},
+                         {"lstrip", false}, {"rstrip", false}, {"normalized", false}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
+                 {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  const auto r = troupe_cli("generate -m " + dir.string() + " -p 'Hi!' -n 6 --json --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto start = r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1;
+  const auto j = nlohmann::json::parse(r.out.substr(start), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["prompt_tokens"].get<std::vector<int>>(), (std::vector<int>{'H', 'i', '!'}));
+  EXPECT_FALSE(j["tokens"].empty());
 }
