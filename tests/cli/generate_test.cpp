@@ -2,6 +2,8 @@
 // same request run in a batch of mixed requests in this process (batch
 // invariance end to end), and check that bad input fails cleanly.
 #include <gtest/gtest.h>
+
+#include "../temp_path.hpp"
 #include <sys/wait.h>
 
 #include <array>
@@ -42,7 +44,7 @@ run_result troupe_cli(const std::string& args) {
 
 std::string tiny_model() {
   static const std::string path = [] {
-    const std::string p = ::testing::TempDir() + "/cli_tiny.gguf";
+    const std::string p = troupe::test::temp_path("cli_tiny.gguf");
     random_model_spec spec;
     auto& c = spec.config;
     c.vocab_size = 320;
@@ -132,7 +134,7 @@ TEST(CliGenerate, BadInputFailsWithAMessage) {
 TEST(CliGenerate, RunsAHuggingFaceFolder) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(TROUPE_FIXTURES_DIR) / "llama" / "llama3";
-  const fs::path dir = fs::path(::testing::TempDir()) / "hf_llama3";
+  const fs::path dir = fs::path(troupe::test::temp_path("hf_llama3"));
   fs::create_directories(dir);
   for (const char* f : {"config.json", "model.safetensors", "generation_config.json"})
     fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);

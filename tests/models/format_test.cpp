@@ -3,6 +3,8 @@
 // round trip.
 #include <gtest/gtest.h>
 
+#include "../temp_path.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -104,7 +106,7 @@ TEST(Gguf, WriterRoundTrip) {
   ASSERT_TRUE(w.add_tensor("b", kernels::dtype::q4_0, q4->data.shape(), bytes(q4->data)));
   EXPECT_FALSE(w.add_tensor("b", kernels::dtype::q4_0, q4->data.shape(), bytes(q4->data)));
   EXPECT_FALSE(w.add_tensor("c", kernels::dtype::f32, {4, 63}, bytes(*src)));
-  const std::string path = ::testing::TempDir() + "/roundtrip.gguf";
+  const std::string path = troupe::test::temp_path("roundtrip.gguf");
   ASSERT_TRUE(w.write(path));
   auto f = gguf_file::open(path);
   ASSERT_TRUE(f) << f.error().message;

@@ -5,6 +5,8 @@
 // the file, misaligned or overlapping data, duplicate names and keys.
 #include <gtest/gtest.h>
 
+#include "../temp_path.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -108,7 +110,7 @@ std::vector<std::uint8_t> read_all(const std::string& path) {
 }
 
 std::string write_temp(const std::string& name, const std::vector<std::uint8_t>& bytes) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = troupe::test::temp_path(name);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return path;
@@ -246,7 +248,7 @@ TEST(SafetensorsValidation, CraftedHeadersAreRejected) {
 }
 
 TEST(SafetensorsValidation, BadIndexesAreRejected) {
-  const std::string dir = ::testing::TempDir() + "/st_index";
+  const std::string dir = troupe::test::temp_path("st_index");
   fs::create_directories(dir);
   fs::copy_file(fixture("tiny.safetensors"), dir + "/one.safetensors", fs::copy_options::overwrite_existing);
   auto index = [&](const std::string& text) {

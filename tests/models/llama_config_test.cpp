@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../temp_path.hpp"
+
 #include <string>
 
 #include "models/llama_config.hpp"
@@ -82,7 +84,7 @@ TEST(LlamaConfig, FromGgufMetadata) {
   w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   w.set_f32("llama.rope.freq_base", 500000.0f);
   w.set_strings("tokenizer.ggml.tokens", std::vector<std::string>(300, "x"));
-  const std::string path = ::testing::TempDir() + "/cfg.gguf";
+  const std::string path = troupe::test::temp_path("cfg.gguf");
   ASSERT_TRUE(w.write(path));
   auto f = gguf_file::open(path);
   ASSERT_TRUE(f);

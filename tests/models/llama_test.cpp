@@ -3,6 +3,8 @@
 // bit-identical), generation through the batch loop, and error paths.
 #include <gtest/gtest.h>
 
+#include "../temp_path.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -77,7 +79,7 @@ std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m, 
 class LlamaTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = new std::string(::testing::TempDir() + "/tiny_llama.gguf");
+    path_ = new std::string(troupe::test::temp_path("tiny_llama.gguf"));
     write_tiny_gguf(*path_);
   }
   static void TearDownTestSuite() { delete path_; }
