@@ -55,12 +55,14 @@ struct llama_cpp_ref { double decode, fraction, prefill; };
 const std::map<std::string, llama_cpp_ref> llama_cpp = {
     {"f16", {17.6, 0.82, 126}}, {"q8_0", {24.5, 0.61, 98}}, {"q4_0", {52.5, 0.69, 160}}};
 
-// FLOPs per token of the weight matmuls (2 per weight).
-double matmul_flops_per_token(const models::llama_config& c) {
+// FLOPs per prompt token of the decoder's weight matmuls (2 per weight); the
+// LM head runs once per prompt (only the last token's logits are needed).
+double layer_flops_per_token(const models::llama_config& c) {
   const double H = double(c.hidden_size), D = double(c.head_dim), F = double(c.intermediate_size);
   const double per_layer = H * D * double(c.num_heads) * 2 + H * D * double(c.num_kv_heads) * 2 + 3 * H * F;
-  return 2 * (per_layer * double(c.num_layers) + H * double(c.vocab_size));
+  return 2 * per_layer * double(c.num_layers);
 }
+double lm_head_flops(const models::llama_config& c) { return 2 * double(c.hidden_size) * double(c.vocab_size); }
 
 // oneDNN u8s8 GEMM rate on 512 x 2048 x 5632 (GOP/s), best of `reps`.
 double onednn_u8s8_gops(k::cpu::context& ctx, int reps) {
@@ -203,7 +205,7 @@ int main(int argc, char** argv) {
         fractions.push_back(tps / limits.back());
       }
       const double pf = median(prefill_tps);
-      const double gops = pf * matmul_flops_per_token(cfg) / 1e9;
+      const double gops = (pf * layer_flops_per_token(cfg) + pf / opt.prompt * lm_head_flops(cfg)) / 1e9;
       const auto ref = llama_cpp.count(fname) ? llama_cpp.at(fname) : llama_cpp_ref{0, 0, 0};
       std::printf("%-6s %-3d %9.3f %9.2f %8.2f %8.3f %6s | %10.1f %9.1f %8.3f | %19.1f %5.2f %8.0f\n", fname.c_str(), threads,
                   bytes_tok / 1e9, median(decode_tps), median(limits), median(fractions), "", pf, gops, u8s8 > 0 ? gops / u8s8 : 0,
