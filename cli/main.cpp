@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> bench_args;
   auto generate = troupe::cli::add_generate(app);
   auto write_model = troupe::cli::add_write_model(app);
-  bench->add_option("args", bench_args, "Arguments passed to bench_kernels");
-  bench->allow_extras();
+  bench->allow_extras();  // everything after `bench` goes to bench_kernels
+  bench->prefix_command();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
     std::string path = dir + "/../bench/bench_kernels";
     std::vector<char*> args{path.data()};
+    bench_args = bench->remaining();
     for (auto& a : bench_args) args.push_back(a.data());
     args.push_back(nullptr);
     execv(path.c_str(), args.data());
