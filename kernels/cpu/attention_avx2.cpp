@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_impl.hpp"
+#include "kernels/cpu/avx2_math.hpp"
 
 namespace troupe::kernels::cpu::attn {
 namespace {
@@ -41,34 +42,6 @@ inline float hsum(__m256 x) {
   __m256 t = _mm256_hadd_ps(x, x);
   t = _mm256_hadd_ps(t, t);
   return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
-
-inline float hmax(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-
-// e^x (Cephes polynomial, ~1 ulp); exactly 0 below -87.3 (so e^-inf = 0).
-inline __m256 exp8(__m256 x) {
-  const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.3762626f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), valid);
 }
 
 // Scores of R rows against KP keys per step: R*KP independent accumulators.
@@ -142,12 +115,12 @@ void softmax_row(const tile_keys& t, const row_state& row) {
   static_assert(key_tile == 32);
   __m256 s[4];
   for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(row.s + 8 * i);
-  const float tile_max = hmax(_mm256_max_ps(_mm256_max_ps(s[0], s[1]), _mm256_max_ps(s[2], s[3])));
+  const float tile_max = avx2_hmax(_mm256_max_ps(_mm256_max_ps(s[0], s[1]), _mm256_max_ps(s[2], s[3])));
   const float m_old = *row.m;
   const float m_new = m_old > tile_max ? m_old : tile_max;
   __m256 lsum = _mm256_loadu_ps(row.lsum);
   if (m_new != m_old) {
-    const __m256 alpha = exp8(_mm256_set1_ps(m_old - m_new));
+    const __m256 alpha = avx2_exp_fast(_mm256_set1_ps(m_old - m_new));
     for (int c = 0; c < t.head_dim; c += 8)
       _mm256_storeu_ps(row.acc + c, _mm256_mul_ps(_mm256_loadu_ps(row.acc + c), alpha));
     lsum = _mm256_mul_ps(lsum, alpha);
@@ -155,7 +128,7 @@ void softmax_row(const tile_keys& t, const row_state& row) {
   }
   const __m256 mv = _mm256_set1_ps(m_new);
   for (int i = 0; i < 4; ++i) {
-    const __m256 p = exp8(_mm256_sub_ps(s[i], mv));
+    const __m256 p = avx2_exp_fast(_mm256_sub_ps(s[i], mv));
     lsum = _mm256_add_ps(lsum, p);
     if constexpr (T == kv_elem::i8) {
       _mm256_storeu_ps(row.s + 8 * i, _mm256_mul_ps(p, _mm256_loadu_ps(t.v_scale + 8 * i)));

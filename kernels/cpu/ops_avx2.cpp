@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/ops_impl.hpp"
+#include "kernels/cpu/avx2_math.hpp"
 
 #pragma GCC optimize("fp-contract=off")
 
@@ -39,43 +40,9 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float hmax(__m256 v) {
-  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_max_ps(lo, hi);
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial.
-// About 1-2 ulp; 0 below -87.34 (the result would be subnormal), +inf above
-// ln(FLT_MAX), NaN stays NaN.
-inline __m256 exp_ps(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33654475f), hi = _mm256_set1_ps(88.72283935f);
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  __m256 fx = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  fx = _mm256_min_ps(fx, _mm256_set1_ps(127.0f));
-  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
 // x / (1 + exp(-k x)) (x * sigmoid(k x)).
 inline __m256 x_sigmoid(__m256 x, __m256 k) {
-  const __m256 e = exp_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), k), x));
+  const __m256 e = avx2_exp(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), k), x));
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
@@ -97,7 +64,7 @@ inline __m256 erfc_ps(__m256 z) {
   p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
   p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.26551223f));
   const __m256 arg = _mm256_fnmadd_ps(a, a, p);
-  const __m256 r = _mm256_mul_ps(t, exp_ps(arg));
+  const __m256 r = _mm256_mul_ps(t, avx2_exp(arg));
   // erfc(-a) = 2 - erfc(a)
   return _mm256_blendv_ps(r, _mm256_sub_ps(_mm256_set1_ps(2.0f), r),
                           _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ));
@@ -108,7 +75,7 @@ inline __m256 gelu_ps(__m256 x, int kind) {
     const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
     const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x);
     const __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f), inner);
-    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), u2));
+    const __m256 e = avx2_exp(_mm256_sub_ps(_mm256_setzero_ps(), u2));
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
   }
   if (kind == 1) {  // 0.5 x erfc(-x / sqrt 2)
@@ -199,7 +166,7 @@ void softmax_row_avx2(const float* x, float* y, std::int64_t n, float scale) {
     const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + full, mt), vs);
     vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, z, _mm256_castsi256_ps(mt)));
   }
-  const float mx = hmax(vmax);
+  const float mx = avx2_hmax(vmax);
   if (mx == -__builtin_inff()) {
     map1(x, y, n, [](__m256) { return _mm256_setzero_ps(); });
     return;
@@ -207,13 +174,13 @@ void softmax_row_avx2(const float* x, float* y, std::int64_t n, float scale) {
   const __m256 vm = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < full; i += 8) {
-    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vm));
+    const __m256 e = avx2_exp(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vm));
     acc = _mm256_add_ps(acc, e);
     _mm256_storeu_ps(y + i, e);
   }
   if (full < n) {
     const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(x + full, mt), vs);
-    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(z, vm)), _mm256_castsi256_ps(mt));
+    const __m256 e = _mm256_and_ps(avx2_exp(_mm256_sub_ps(z, vm)), _mm256_castsi256_ps(mt));
     acc = _mm256_add_ps(acc, e);
     _mm256_maskstore_ps(y + full, mt, e);
   }
