@@ -81,6 +81,15 @@ std::int64_t row_grain(std::int64_t cols) {
   return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, cols));
 }
 
+// Calls row(i) for every row in [0, rows), split over the context's team in
+// contiguous ranges of about 16K elements.
+template <class F>
+void for_each_row(cpu::context& ctx, std::int64_t rows, std::int64_t cols, const F& row) {
+  ctx.pool().parallel_for(rows, row_grain(cols), [&](std::int64_t b, std::int64_t e, int) {
+    for (std::int64_t i = b; i < e; ++i) row(i);
+  });
+}
+
 }  // namespace
 
 result<void> rms_norm(cpu::context& ctx, const tensor& x, const tensor& weight, float eps,
@@ -94,9 +103,8 @@ result<void> rms_norm(cpu::context& ctx, const tensor& x, const tensor& weight, 
   if (n == 0) return {};
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
   const float* w = weight.data_as<float>();
-  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i)
-      rms_norm_row(level, x.row_as<float>(i), w, eps, n, out.row_as<float>(i));
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    rms_norm_row(level, x.row_as<float>(i), w, eps, n, out.row_as<float>(i));
   });
   return {};
 }
@@ -113,9 +121,8 @@ result<void> layer_norm(cpu::context& ctx, const tensor& x, const tensor& weight
   if (n == 0) return {};
   const float* w = weight.data_as<float>();
   const float* bs = bias.data_as<float>();
-  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i)
-      layer_norm_row(x.row_as<float>(i), w, bs, eps, n, out.row_as<float>(i));
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    layer_norm_row(x.row_as<float>(i), w, bs, eps, n, out.row_as<float>(i));
   });
   return {};
 }
@@ -125,15 +132,13 @@ result<void> silu(cpu::context& ctx, const tensor& x, const tensor& out) {
   if (auto r = ops_detail::check_same("silu output", out, x); !r) return r;
   const std::int64_t n = x.cols();
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
-  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const float* xr = x.row_as<float>(i);
-      float* yr = out.row_as<float>(i);
-      if (level >= isa::avx2) {
-        cpu::silu_row_avx2(xr, yr, n);
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) yr[j] = sigmoid_mul(xr[j], 1.0f);
-      }
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    const float* xr = x.row_as<float>(i);
+    float* yr = out.row_as<float>(i);
+    if (level >= isa::avx2) {
+      cpu::silu_row_avx2(xr, yr, n);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = sigmoid_mul(xr[j], 1.0f);
     }
   });
   return {};
@@ -146,15 +151,13 @@ result<void> gelu(cpu::context& ctx, const tensor& x, gelu_kind kind, const tens
     return make_error(errc::invalid_argument, "unknown gelu kind");
   const std::int64_t n = x.cols();
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
-  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const float* xr = x.row_as<float>(i);
-      float* yr = out.row_as<float>(i);
-      if (level >= isa::avx2) {
-        cpu::gelu_row_avx2(xr, yr, n, static_cast<int>(kind));
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) yr[j] = gelu_scalar(xr[j], kind);
-      }
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    const float* xr = x.row_as<float>(i);
+    float* yr = out.row_as<float>(i);
+    if (level >= isa::avx2) {
+      cpu::gelu_row_avx2(xr, yr, n, static_cast<int>(kind));
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = gelu_scalar(xr[j], kind);
     }
   });
   return {};
@@ -166,16 +169,14 @@ result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, con
   if (auto r = ops_detail::check_same("swiglu output", out, gate); !r) return r;
   const std::int64_t n = gate.cols();
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
-  ctx.pool().parallel_for(gate.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const float* g = gate.row_as<float>(i);
-      const float* u = up.row_as<float>(i);
-      float* y = out.row_as<float>(i);
-      if (level >= isa::avx2) {
-        cpu::swiglu_row_avx2(g, u, y, n);
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) y[j] = sigmoid_mul(g[j], 1.0f) * u[j];
-      }
+  for_each_row(ctx, gate.rows(), n, [&](std::int64_t i) {
+    const float* g = gate.row_as<float>(i);
+    const float* u = up.row_as<float>(i);
+    float* y = out.row_as<float>(i);
+    if (level >= isa::avx2) {
+      cpu::swiglu_row_avx2(g, u, y, n);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) y[j] = sigmoid_mul(g[j], 1.0f) * u[j];
     }
   });
   return {};
@@ -189,13 +190,11 @@ result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, floa
   const std::int64_t n = x.cols();
   if (n == 0) return {};
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
-  ctx.pool().parallel_for(x.rows(), row_grain(n), [&](std::int64_t b, std::int64_t e, int) {
-    for (std::int64_t i = b; i < e; ++i) {
-      if (level >= isa::avx2)
-        cpu::softmax_row_avx2(x.row_as<float>(i), out.row_as<float>(i), n, scale);
-      else
-        softmax_row_scalar(x.row_as<float>(i), out.row_as<float>(i), n, scale);
-    }
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    if (level >= isa::avx2)
+      cpu::softmax_row_avx2(x.row_as<float>(i), out.row_as<float>(i), n, scale);
+    else
+      softmax_row_scalar(x.row_as<float>(i), out.row_as<float>(i), n, scale);
   });
   return {};
 }
@@ -206,16 +205,14 @@ result<void> add(cpu::context& ctx, const tensor& a, const tensor& b, const tens
   if (auto r = ops_detail::check_same("add output", out, a); !r) return r;
   const std::int64_t n = a.cols();
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
-  ctx.pool().parallel_for(a.rows(), row_grain(n), [&](std::int64_t lo, std::int64_t hi, int) {
-    for (std::int64_t i = lo; i < hi; ++i) {
-      const float* x = a.row_as<float>(i);
-      const float* y = b.row_as<float>(i);
-      float* z = out.row_as<float>(i);
-      if (level >= isa::avx2) {
-        cpu::add_row_avx2(x, y, z, n);
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) z[j] = x[j] + y[j];
-      }
+  for_each_row(ctx, a.rows(), n, [&](std::int64_t i) {
+    const float* x = a.row_as<float>(i);
+    const float* y = b.row_as<float>(i);
+    float* z = out.row_as<float>(i);
+    if (level >= isa::avx2) {
+      cpu::add_row_avx2(x, y, z, n);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) z[j] = x[j] + y[j];
     }
   });
   return {};
