@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../temp_path.hpp"
+#include "../tiny_model.hpp"
 #include <sys/wait.h>
 
 #include <array>
@@ -46,16 +47,7 @@ std::string tiny_model() {
   static const std::string path = [] {
     const std::string p = troupe::test::temp_path("cli_tiny.gguf");
     random_model_spec spec;
-    auto& c = spec.config;
-    c.vocab_size = 320;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-    c.max_position_embeddings = 512;
-    c.eos_token_ids = {2};
+    spec.config = troupe::test::tiny_llama_config(320, 128);
     spec.format = k::weight_format::q8_0;
     spec.stddev = 0.1f;
     EXPECT_TRUE(write_random_gguf(p, spec));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../temp_path.hpp"
+#include "../tiny_model.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -25,15 +26,7 @@ constexpr int vocab = 300;
 // A random-weight llama GGUF (F32) small enough for unit tests.
 void write_tiny_gguf(const std::string& path) {
   random_model_spec spec;
-  auto& c = spec.config;
-  c.vocab_size = vocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 512;
+  spec.config = troupe::test::tiny_llama_config(vocab, 96);
   spec.format = k::weight_format::f32;
   spec.stddev = 0.08f;
   spec.seed = 11;
