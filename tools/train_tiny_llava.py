@@ -1,0 +1,356 @@
+"""Trains troupe's bundled tiny LLaVA on the synthetic shapes set (docs/shapes.md)
+and saves it in the Hugging Face layout.
+
+    PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
+        --work build-train --out assets/tiny-llava-shapes --steps 3000
+
+Needs torch and transformers (PyPI's transformers 4.46 over Debian's
+python3-torch 1.13 works; Debian's torch uses whatever BLAS the system's
+libblas.so.3 alternative points at: install libopenblas0-pthread first or
+it is ~25x slower), tokenizers, numpy and Pillow. CPU only. Resumable: a
+checkpoint in --work is written every --save-every steps and picked up on
+restart; the final model is written to --out after the last step (or with
+--export-only from the newest checkpoint). The model card's accuracy table
+comes from tools/eval_shapes.py, which runs the C++ `troupe generate`.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shapes  # noqa: E402
+
+IMAGE_SIZE = 64
+PATCH = 8
+MEAN = [0.48145466, 0.4578275, 0.40821073]  # CLIP's
+STD = [0.26862954, 0.26130258, 0.27577711]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] + ' ' }}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' ' }}{% endfor %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def build_tokenizer():
+    """A byte-level BPE whose merges make every word of the spec one token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<pad>", "<image>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        min_frequency=1,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = shapes.texts_for_vocabulary()
+    corpus += ["USER: <image>\n" + q + " ASSISTANT: " for q in corpus[:50]]
+    corpus = corpus * 4
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    return tok
+
+
+def preprocess(img: Image.Image) -> np.ndarray:
+    """CLIPImageProcessor with this model's preprocessor_config.json: shortest
+    edge to 64 (bicubic, PIL), center crop 64, rescale, normalize."""
+    img = img.convert("RGB")
+    w, h = img.size
+    if min(w, h) != IMAGE_SIZE:
+        if w <= h:
+            nw, nh = IMAGE_SIZE, int(IMAGE_SIZE * h / w)
+        else:
+            nw, nh = int(IMAGE_SIZE * w / h), IMAGE_SIZE
+        img = img.resize((nw, nh), Image.BICUBIC)
+    w, h = img.size
+    left, top = (w - IMAGE_SIZE) // 2, (h - IMAGE_SIZE) // 2
+    img = img.crop((left, top, left + IMAGE_SIZE, top + IMAGE_SIZE))
+    a = np.asarray(img).astype(np.float32) / 255.0
+    a = (a - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    return a.transpose(2, 0, 1)
+
+
+class ShapesStream(torch.utils.data.IterableDataset):
+    """Endless batches: `images` scenes, `per_image` questions each."""
+
+    def __init__(self, tok, seed, images, per_image, n_image_tokens, image_id):
+        self.tok, self.seed, self.images, self.per_image = tok, seed, images, per_image
+        self.n_image_tokens, self.image_id = n_image_tokens, image_id
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        rng = random.Random(self.seed * 1000 + (info.id if info else 0))
+        bos, eos = self.tok.token_to_id("<s>"), self.tok.token_to_id("</s>")
+        while True:
+            pix, seqs = [], []
+            for _ in range(self.images):
+                scene = shapes.make_scene(rng)
+                side = rng.choice([64, 64, 80, 96, 128, 160, 224])
+                pix.append(preprocess(shapes.render(scene, side, rng)))
+                asked = set()
+                for _ in range(self.per_image):
+                    for _ in range(4):  # avoid asking the same thing twice
+                        t, q, a = shapes.sample_question(scene, rng)
+                        if q not in asked:
+                            break
+                    asked.add(q)
+                    head = self.tok.encode("USER: ", add_special_tokens=False).ids
+                    mid = self.tok.encode("\n" + q + " ASSISTANT:", add_special_tokens=False).ids
+                    ans = self.tok.encode(" " + a, add_special_tokens=False).ids + [eos]
+                    prompt = [bos] + head + [self.image_id] * self.n_image_tokens + mid
+                    seqs.append((prompt, ans))
+            yield torch.from_numpy(np.stack(pix)), seqs
+
+
+def make_model(tok):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+        num_channels=3,
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
+        projection_dim=128,
+    )
+    text = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tok.token_to_id("<s>"),
+        eos_token_id=tok.token_to_id("</s>"),
+        pad_token_id=tok.token_to_id("<pad>"),
+    )
+    cfg = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.token_to_id("<image>"),
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        pad_token_id=tok.token_to_id("<pad>"),
+        bos_token_id=tok.token_to_id("<s>"),
+        eos_token_id=tok.token_to_id("</s>"),
+    )
+    torch.manual_seed(0)
+    return LlavaForConditionalGeneration(cfg)
+
+
+def step_loss(model, pix, seqs, per_image, pad_id):
+    cfg = model.config
+    feats = model.get_image_features(pix, cfg.vision_feature_layer, cfg.vision_feature_select_strategy)
+    feats = feats.repeat_interleave(per_image, dim=0)  # [B, T_img, H]
+    L = max(len(p) + len(a) for p, a in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), L), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, (p, a) in enumerate(seqs):
+        full = p + a
+        ids[i, : len(full)] = torch.tensor(full)
+        mask[i, : len(full)] = 1
+        labels[i, len(p) : len(full)] = torch.tensor(a)
+    lm = model.language_model
+    emb = lm.get_input_embeddings()(ids)
+    is_img = (ids == cfg.image_token_index).unsqueeze(-1).expand_as(emb)
+    emb = emb.masked_scatter(is_img, feats.to(emb.dtype))
+    logits = lm(inputs_embeds=emb, attention_mask=mask).logits
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+def export(model, tok, out):
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    json.dump(
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "unk_token": None,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "model_max_length": 256,
+            "chat_template": CHAT_TEMPLATE,
+            "added_tokens_decoder": {
+                str(tok.token_to_id(t)): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                                           "rstrip": False, "single_word": False}
+                for t in ["<s>", "</s>", "<pad>", "<image>"]
+            },
+        },
+        open(os.path.join(out, "tokenizer_config.json"), "w"),
+        indent=2,
+    )
+    json.dump(
+        {
+            "image_processor_type": "CLIPImageProcessor",
+            "processor_class": "LlavaProcessor",
+            "do_resize": True,
+            "size": {"shortest_edge": IMAGE_SIZE},
+            "resample": 3,
+            "do_center_crop": True,
+            "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": MEAN,
+            "image_std": STD,
+            "do_convert_rgb": True,
+        },
+        open(os.path.join(out, "preprocessor_config.json"), "w"),
+        indent=2,
+    )
+    gen = os.path.join(out, "generation_config.json")
+    json.dump(
+        {
+            "bos_token_id": tok.token_to_id("<s>"),
+            "eos_token_id": tok.token_to_id("</s>"),
+            "pad_token_id": tok.token_to_id("<pad>"),
+            "do_sample": False,
+            "max_new_tokens": 48,
+        },
+        open(gen, "w"),
+        indent=2,
+    )
+
+
+@torch.no_grad()
+def quick_eval(model, tok, seed, n=64):
+    """Greedy answers on fresh scenes: fraction exactly right per type."""
+    model.eval()
+    rng = random.Random(seed)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    cfg = model.config
+    n_img = (IMAGE_SIZE // PATCH) ** 2
+    right, total = {}, {}
+    for _ in range(n):
+        scene = shapes.make_scene(rng)
+        pix = torch.from_numpy(preprocess(shapes.render(scene, rng.choice([64, 100, 150]), rng)))[None]
+        feats = model.get_image_features(pix, cfg.vision_feature_layer, cfg.vision_feature_select_strategy)
+        for t, q, a in [("caption", shapes.CAPTION_PROMPT, shapes.caption(scene)), shapes.sample_question(scene, rng, 0)]:
+            ids = [bos] + tok.encode("USER: ", add_special_tokens=False).ids + [cfg.image_token_index] * n_img
+            ids += tok.encode("\n" + q + " ASSISTANT:", add_special_tokens=False).ids
+            out = []
+            for _ in range(40):
+                x = torch.tensor([ids + out])
+                emb = model.language_model.get_input_embeddings()(x)
+                m = (x == cfg.image_token_index).unsqueeze(-1).expand_as(emb)
+                emb = emb.masked_scatter(m, feats)
+                nxt = int(model.language_model(inputs_embeds=emb).logits[0, -1].argmax())
+                if nxt == eos:
+                    break
+                out.append(nxt)
+            got = tok.decode(out).strip()
+            key = t if t != "caption" else f"caption{len(scene)}"
+            total[key] = total.get(key, 0) + 1
+            right[key] = right.get(key, 0) + (got == a)
+    model.train()
+    return {k: right[k] / total[k] for k in sorted(total)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default="build-train")
+    ap.add_argument("--out", default="assets/tiny-llava-shapes")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--images", type=int, default=24, help="images per step")
+    ap.add_argument("--per-image", type=int, default=3, help="questions per image per step")
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1234, help="training data seed (evaluation uses others)")
+    ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--export-only", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.work, exist_ok=True)
+
+    tok_path = os.path.join(args.work, "tokenizer.json")
+    if os.path.exists(tok_path):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tok_path)
+    else:
+        tok = build_tokenizer()
+        tok.save(tok_path)
+    model = make_model(tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    ckpt = os.path.join(args.work, "checkpoint.pt")
+    step = 0
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+        print(f"resumed at step {step}", flush=True)
+    if args.export_only:
+        export(model, tok, args.out)
+        return
+    print(f"{n_params / 1e6:.2f}M parameters, vocab {tok.get_vocab_size()}", flush=True)
+
+    n_img_tokens = (IMAGE_SIZE // PATCH) ** 2
+    # A fresh data seed on every (re)start so a resumed run does not replay data.
+    stream = ShapesStream(tok, args.seed + step, args.images, args.per_image, n_img_tokens,
+                          tok.token_to_id("<image>"))
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4)
+    warmup = 150
+    t0, avg = time.time(), None
+    model.train()
+    for pix, seqs in loader:
+        if step >= args.steps:
+            break
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
+        if step % 20 == 0:
+            print(f"step {step} loss {avg:.4f} lr {lr:.2e} {(time.time() - t0) / 20:.2f}s/step", flush=True)
+            t0 = time.time()
+        if step % args.save_every == 0 or step == args.steps:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+        if step % args.eval_every == 0 or step == args.steps:
+            print(f"eval step {step}: {quick_eval(model, tok, 99)}", flush=True)
+    export(model, tok, args.out)
+    print(f"saved {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
