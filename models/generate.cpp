@@ -1,5 +1,6 @@
 #include "models/generate.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace troupe::models {
@@ -24,6 +25,15 @@ result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx
     if (auto v = r.params.validate(); !v) return std::unexpected(v.error());
     for (auto t : r.prompt)
       if (t < 0 || t >= vocab) return make_error(errc::invalid_argument, "prompt token " + std::to_string(t) + " outside the vocabulary");
+    if (r.image_token < -1 || r.image_token >= vocab || (r.image_token == -1 && !r.image_embeds.empty()))
+      return make_error(errc::invalid_argument, "image embeddings need an image token in the vocabulary");
+    if (r.image_token >= 0) {
+      const auto n = static_cast<std::size_t>(std::count(r.prompt.begin(), r.prompt.end(), r.image_token));
+      if (n * static_cast<std::size_t>(model.config().hidden_size) != r.image_embeds.size())
+        return make_error(errc::invalid_argument, "the prompt holds " + std::to_string(n) + " image token(s) but " +
+                                                      std::to_string(r.image_embeds.size()) + " image embedding floats came (hidden " +
+                                                      std::to_string(model.config().hidden_size) + " each)");
+    }
     need += static_cast<std::int64_t>(r.prompt.size()) + r.params.max_tokens;
   }
   kv_options kvo = opts.kv;
@@ -34,6 +44,7 @@ result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx
   struct state {
     seq_id seq = 0;
     std::size_t prefilled = 0;
+    std::size_t embeds_used = 0;  // image embedding rows fed so far
     std::vector<std::int64_t> history;
     std::vector<std::int32_t> next;  // tokens to feed this step
     bool done = false;
@@ -59,13 +70,22 @@ result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx
     for (std::size_t i = 0; i < requests.size(); ++i) {
       if (st[i].done) continue;
       const auto& prompt = requests[i].prompt;
+      step_input in{st[i].seq, {}, false};
       if (st[i].prefilled < prompt.size()) {
         const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(opts.prefill_chunk), prompt.size() - st[i].prefilled);
         st[i].next.assign(prompt.begin() + static_cast<std::ptrdiff_t>(st[i].prefilled),
                           prompt.begin() + static_cast<std::ptrdiff_t>(st[i].prefilled + n));
         st[i].prefilled += n;
+        if (requests[i].image_token >= 0) {  // this chunk's share of the image rows
+          const auto rows = static_cast<std::size_t>(std::count(st[i].next.begin(), st[i].next.end(), requests[i].image_token));
+          const auto H = static_cast<std::size_t>(model.config().hidden_size);
+          in.embed_token = requests[i].image_token;
+          in.embeddings = std::span<const float>(requests[i].image_embeds).subspan(st[i].embeds_used * H, rows * H);
+          st[i].embeds_used += rows;
+        }
       }
-      inputs.push_back(step_input{st[i].seq, st[i].next, false});
+      in.tokens = st[i].next;
+      inputs.push_back(in);
       who.push_back(i);
     }
     if (inputs.empty()) break;

@@ -14,6 +14,11 @@ namespace troupe::models {
 struct generation_request {
   std::vector<std::int32_t> prompt;
   sampling_params params;
+  /// Optional image features (e.g. llava_prompt): the prompt tokens equal to
+  /// `image_token` take, in order, consecutive rows of `image_embeds`
+  /// (hidden_size floats each) as their input embeddings. -1 = none.
+  std::int32_t image_token = -1;
+  std::vector<float> image_embeds{};
 };
 
 /// What came out, with llama.cpp-style timings.

@@ -175,6 +175,16 @@ result<tensor> llama_model::forward(kernels::cpu::context& ctx, kv_cache& cache,
     if (in.tokens.empty()) return make_error(errc::invalid_argument, "a step input has no tokens");
     for (auto t : in.tokens)
       if (t < 0 || t >= V) return make_error(errc::invalid_argument, "token id " + std::to_string(t) + " outside the vocabulary");
+    if (in.embed_token >= V || in.embed_token < -1 || (in.embed_token == -1 && !in.embeddings.empty()))
+      return make_error(errc::invalid_argument, "step input embeddings need an embed_token in the vocabulary");
+    if (in.embed_token >= 0) {
+      const auto n = static_cast<std::size_t>(std::count(in.tokens.begin(), in.tokens.end(), in.embed_token));
+      if (n * static_cast<std::size_t>(H) != in.embeddings.size())
+        return make_error(errc::invalid_argument, "a step input has " + std::to_string(n) + " embedding token(s) (id " +
+                                                      std::to_string(in.embed_token) + ") but " +
+                                                      std::to_string(in.embeddings.size()) + " embedding floats (hidden " +
+                                                      std::to_string(H) + " each)");
+    }
     offset[i] = T;
     start[i] = cache.length(in.seq);
     if (start[i] + static_cast<std::int64_t>(in.tokens.size()) > cfg_.max_position_embeddings * 64)
@@ -203,6 +213,15 @@ result<tensor> llama_model::forward(kernels::cpu::context& ctx, kv_cache& cache,
     if (auto r_ = (expr); !r_) return std::unexpected(r_.error()); \
   } while (0)
   TRY(kernels::embedding(ctx, embed_, *ids, *x));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {  // input embeddings replace table rows
+    if (inputs[i].embed_token < 0) continue;
+    const float* e = inputs[i].embeddings.data();
+    for (std::size_t j = 0; j < inputs[i].tokens.size(); ++j)
+      if (inputs[i].tokens[j] == inputs[i].embed_token) {
+        std::copy_n(e, H, x->row_as<float>(offset[i] + static_cast<std::int64_t>(j)));
+        e += H;
+      }
+  }
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
   auto q3 = q->reshape({T, NH, D});
   auto k3 = k->reshape({T, NKV, D});

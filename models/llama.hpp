@@ -21,6 +21,12 @@ struct step_input {
   seq_id seq = 0;
   std::span<const std::int32_t> tokens;
   bool all_logits = false;  ///< logits for every token (else the last only)
+  /// Optional input embeddings (LLaVA image features): the tokens equal to
+  /// `embed_token` take, in order, consecutive rows of `embeddings`
+  /// (hidden_size floats each) instead of their embedding-table rows. Their
+  /// count times hidden_size must equal embeddings.size(). -1 = none.
+  std::int32_t embed_token = -1;
+  std::span<const float> embeddings{};
 };
 
 /// A LLaMA decoder over the CPU kernels: weights packed once at load,

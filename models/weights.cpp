@@ -58,6 +58,39 @@ std::string hf_name(const std::string& c) {
   return c;
 }
 
+// "vision.*" / "projector.*" canonical -> HF name after the component prefix.
+std::string hf_component_name(const std::string& c) {
+  std::string base = c, suffix = ".weight";
+  if (ends_with(base, ".bias")) {
+    base.resize(base.size() - 5);
+    suffix = ".bias";
+  }
+  static const std::pair<const char*, const char*> top[] = {
+      {"vision.patch_embedding", "embeddings.patch_embedding"},
+      {"vision.position_embedding", "embeddings.position_embedding"},
+      {"vision.pre_norm", "pre_layrnorm"},
+      {"vision.post_norm", "post_layernorm"},
+      {"projector.linear_1", "linear_1"},
+      {"projector.linear_2", "linear_2"}};
+  if (base == "vision.class_embedding") return "embeddings.class_embedding";
+  for (auto [a, b] : top)
+    if (base == a) return b + suffix;
+  static const std::pair<const char*, const char*> per_layer[] = {
+      {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
+      {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.out_proj"},
+      {"norm1", "layer_norm1"},       {"norm2", "layer_norm2"},
+      {"fc1", "mlp.fc1"},             {"fc2", "mlp.fc2"}};
+  if (base.rfind("vision.layers.", 0) == 0) {
+    const auto dot = base.find('.', 14);
+    if (dot != std::string::npos) {
+      const std::string idx = base.substr(14, dot - 14), leaf = base.substr(dot + 1);
+      for (auto [a, b] : per_layer)
+        if (leaf == a) return "encoder.layers." + idx + "." + b + suffix;
+    }
+  }
+  return c;
+}
+
 }  // namespace
 
 result<std::unique_ptr<weight_source>> weight_source::open(const std::string& path) {
@@ -76,11 +109,23 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
   src->st_ = std::move(*m);
   if (!src->st_->find("model.embed_tokens.weight") && src->st_->find("language_model.model.embed_tokens.weight"))
     src->hf_prefix_ = "language_model.";
+  // transformers >= 4.52 saves LLaVA as model.{language_model,vision_tower,multi_modal_projector}.
+  if (!src->st_->find("model.embed_tokens.weight") && src->st_->find("model.language_model.embed_tokens.weight"))
+    src->llava_model_prefix_ = true;
+  if (src->st_->find("model.vision_tower.vision_model.embeddings.patch_embedding.weight"))
+    src->vision_prefix_ = "model.vision_tower.vision_model.";
+  if (src->st_->find("model.multi_modal_projector.linear_1.weight"))
+    src->projector_prefix_ = "model.multi_modal_projector.";
   return src;
 }
 
 std::string weight_source::file_name(const std::string& canonical) const {
-  return gguf_ ? gguf_name(canonical) : hf_prefix_ + hf_name(canonical);
+  if (gguf_) return gguf_name(canonical);
+  if (canonical.rfind("vision.", 0) == 0) return vision_prefix_ + hf_component_name(canonical);
+  if (canonical.rfind("projector.", 0) == 0) return projector_prefix_ + hf_component_name(canonical);
+  const std::string name = hf_name(canonical);
+  if (llava_model_prefix_ && name.rfind("model.", 0) == 0) return "model.language_model." + name.substr(6);
+  return hf_prefix_ + name;
 }
 
 bool weight_source::has(const std::string& canonical) const {
@@ -111,8 +156,13 @@ result<void> quant_plan::add_override(const std::string& spec) {
 }
 
 weight_format quant_plan::choose(const std::string& canonical, dtype stored) const {
-  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)  // the last match wins
+  // Decoder tensors (no component prefix) also answer to "text." + name.
+  const bool decoder = canonical.rfind("vision.", 0) != 0 && canonical.rfind("projector.", 0) != 0;
+  const std::string text_name = "text." + canonical;
+  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last match wins
     if (::fnmatch(it->first.c_str(), canonical.c_str(), 0) == 0) return it->second;
+    if (decoder && ::fnmatch(it->first.c_str(), text_name.c_str(), 0) == 0) return it->second;
+  }
   if (default_format) return *default_format;
   switch (stored) {
     case dtype::f16: return weight_format::f16;

@@ -16,6 +16,16 @@ namespace troupe::models {
 /// (safetensors) or a GGUF file. Tensors are found by canonical name
 /// ("embed_tokens", "layers.3.q_proj", "layers.3.input_norm", "norm",
 /// "lm_head", ...), whatever the file calls them.
+///
+/// A LLaVA checkpoint's decoder tensors keep those names (the file's
+/// `language_model.model.` or `model.language_model.` prefix is added); its
+/// vision tower and projector use the component prefixes `vision.` and
+/// `projector.`: "vision.patch_embedding", "vision.class_embedding",
+/// "vision.position_embedding", "vision.pre_norm", "vision.layers.N.{q,k,v,o}_proj",
+/// "vision.layers.N.{norm1,norm2,fc1,fc2}", "projector.linear_{1,2}"; a ".bias"
+/// suffix names the bias (else the weight). The file may say
+/// `vision_tower.vision_model.` / `multi_modal_projector.` (transformers < 4.52)
+/// or the same under `model.`.
 class weight_source {
  public:
   /// `path`: a GGUF file, or a folder / .safetensors file / index of a HF checkpoint.
@@ -33,12 +43,18 @@ class weight_source {
  private:
   std::string path_;
   std::string hf_prefix_;  ///< "" or "language_model." (LLaVA)
+  bool llava_model_prefix_ = false;  ///< decoder under model.language_model. (transformers >= 4.52)
+  std::string vision_prefix_ = "vision_tower.vision_model.";
+  std::string projector_prefix_ = "multi_modal_projector.";
   std::optional<gguf_file> gguf_;
   std::optional<safetensors_model> st_;
 };
 
 /// Per-tensor precision choice: a default and `pattern=format` overrides
-/// (glob patterns on canonical names, e.g. "layers.0.*=f16").
+/// (glob patterns on canonical names, e.g. "layers.0.*=f16"). Components
+/// of a LLaVA model are told apart by prefix: "vision.*" (vision tower),
+/// "projector.*", and "text.*", which matches the decoder's tensors (the
+/// canonical names without a component prefix), e.g. "text.*=q4_0".
 struct quant_plan {
   std::optional<kernels::weight_format> default_format;  ///< none: keep the file's
   int int4_group = 32;

@@ -1,0 +1,309 @@
+#include "models/clip.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+
+namespace troupe::models {
+
+using kernels::dtype;
+using kernels::tensor;
+
+namespace {
+
+#define TRY(expr)                                                  \
+  do {                                                             \
+    if (auto r_ = (expr); !r_) return std::unexpected(r_.error()); \
+  } while (0)
+
+template <class T>
+result<T> named(result<T> r, const std::string& what) {
+  if (!r) return make_error(r.error().code, what + ": " + r.error().message);
+  return r;
+}
+
+// y[r, :] += b for every row.
+void add_bias(tensor& y, const tensor& b) {
+  const float* bias = b.data_as<float>();
+  const std::int64_t n = y.cols();
+  for (std::int64_t r = 0; r < y.rows(); ++r) {
+    float* row = y.row_as<float>(r);
+    for (std::int64_t c = 0; c < n; ++c) row[c] += bias[c];
+  }
+}
+
+}  // namespace
+
+result<void> linear_layer::run(kernels::cpu::context& ctx, const tensor& x, tensor& y) const {
+  TRY(kernels::matmul(ctx, x, weight, y));
+  if (!bias.empty_view()) add_bias(y, bias);
+  return {};
+}
+
+result<tensor> load_f32(kernels::cpu::context& ctx, const weight_source& src,
+                        const std::string& name, const kernels::shape_t& shape) {
+  auto t = src.get(name);
+  if (!t) return std::unexpected(t.error());
+  if (!(t->shape() == shape))
+    return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
+                                              "' has shape " + t->shape().to_string() +
+                                              ", the config implies " + shape.to_string());
+  return named(to_f32(ctx.memory(), *t), src.file_name(name));
+}
+
+result<linear_layer> load_linear(kernels::cpu::context& ctx, const weight_source& src,
+                                 const quant_plan& plan, const std::string& name, std::int64_t rows,
+                                 std::int64_t cols, bool bias) {
+  auto t = src.get(name);
+  if (!t) return std::unexpected(t.error());
+  if (t->ndim() != 2 || t->dim(0) != rows || t->dim(1) != cols)
+    return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
+                                              "' has shape " + t->shape().to_string() +
+                                              ", the config implies [" + std::to_string(rows) +
+                                              ", " + std::to_string(cols) + "]");
+  auto w = named(convert_weight(ctx.memory(), *t, plan.choose(name, t->type()), plan.int4_group),
+                 src.file_name(name));
+  if (!w) return std::unexpected(w.error());
+  linear_layer l;
+  auto packed = named(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
+  if (!packed) return std::unexpected(packed.error());
+  l.weight = std::move(*packed);
+  if (bias) {
+    auto b = load_f32(ctx, src, name + ".bias", {rows});
+    if (!b) return std::unexpected(b.error());
+    l.bias = std::move(*b);
+  }
+  return l;
+}
+
+result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight_source& src,
+                                                                    const clip_vision_config& cfg,
+                                                                    std::int64_t layers,
+                                                                    kernels::cpu::context& ctx,
+                                                                    const quant_plan& plan) {
+  if (auto r = cfg.validate(src.path() + " vision_config"); !r) return std::unexpected(r.error());
+  if (layers < 0 || layers > cfg.num_layers)
+    return make_error(errc::invalid_argument, "vision tower: " + std::to_string(layers) +
+                                                  " layers requested, it has " +
+                                                  std::to_string(cfg.num_layers));
+  std::unique_ptr<clip_vision_tower> m(new clip_vision_tower());
+  m->cfg_ = cfg;
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size, P = cfg.patch_size;
+  auto patch = load_f32(ctx, src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
+  if (!patch) return std::unexpected(patch.error());
+  auto zero_bias = tensor::zeros(ctx.memory(), dtype::f32, {D});
+  if (!zero_bias) return std::unexpected(zero_bias.error());
+  auto conv = named(kernels::patch_embedding::create(*patch, *zero_bias),
+                    src.file_name("vision.patch_embedding"));
+  if (!conv) return std::unexpected(conv.error());
+  m->patch_ = std::move(*conv);
+  {  // the same weights as a matrix over patches flattened (channel, row, column)
+    kernels::weight_matrix w;
+    w.rows = D;
+    w.cols = cfg.num_channels * P * P;
+    auto flat = patch->reshape({w.rows, w.cols});
+    if (!flat) return std::unexpected(flat.error());
+    w.data = std::move(*flat);
+    auto packed =
+        named(kernels::packed_matrix::pack(ctx, w), src.file_name("vision.patch_embedding"));
+    if (!packed) return std::unexpected(packed.error());
+    m->patch_matrix_ = std::move(*packed);
+  }
+  struct vec {
+    const char* name;
+    tensor* out;
+    kernels::shape_t shape;
+  };
+  for (auto& [name, out, shape] :
+       {vec{"vision.class_embedding", &m->class_embedding_, {D}},
+        vec{"vision.position_embedding", &m->position_embedding_, {cfg.num_patches() + 1, D}},
+        vec{"vision.pre_norm", &m->pre_norm_w_, {D}},
+        vec{"vision.pre_norm.bias", &m->pre_norm_b_, {D}}}) {
+    auto t = load_f32(ctx, src, name, shape);
+    if (!t) return std::unexpected(t.error());
+    *out = std::move(*t);
+  }
+  for (std::int64_t l = 0; l < layers; ++l) {
+    const std::string p = "vision.layers." + std::to_string(l) + ".";
+    layer L;
+    struct mat {
+      const char* name;
+      linear_layer* out;
+      std::int64_t rows, cols;
+    };
+    for (auto& [name, out, rows, cols] :
+         {mat{"q_proj", &L.q, D, D}, mat{"k_proj", &L.k, D, D}, mat{"v_proj", &L.v, D, D},
+          mat{"o_proj", &L.o, D, D}, mat{"fc1", &L.fc1, F, D}, mat{"fc2", &L.fc2, D, F}}) {
+      auto w = load_linear(ctx, src, plan, p + name, rows, cols, true);
+      if (!w) return std::unexpected(w.error());
+      *out = std::move(*w);
+    }
+    for (auto& [name, out, shape] :
+         {vec{"norm1", &L.norm1_w, {D}}, vec{"norm1.bias", &L.norm1_b, {D}},
+          vec{"norm2", &L.norm2_w, {D}}, vec{"norm2.bias", &L.norm2_b, {D}}}) {
+      auto t = load_f32(ctx, src, p + name, shape);
+      if (!t) return std::unexpected(t.error());
+      *out = std::move(*t);
+    }
+    m->layers_.push_back(std::move(L));
+  }
+  return m;
+}
+
+std::string clip_vision_tower::describe() const {
+  std::map<std::string, int> counts;
+  for (const auto& L : layers_)
+    for (const auto* w : {&L.q, &L.k, &L.v, &L.o, &L.fc1, &L.fc2})
+      counts[std::string(kernels::to_string(w->weight.format()))]++;
+  std::string s = "vision layers=" + std::to_string(layers_.size()) + " matrices:";
+  for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
+  return s;
+}
+
+result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor& q, const tensor& k,
+                                       const tensor& v, tensor& out, std::int64_t images,
+                                       const clip_options& opts,
+                                       kernels::paged_kv_cache* cache) const {
+  const std::int64_t T = positions(), H = cfg_.num_heads, hd = cfg_.head_dim;
+  auto view = [&](const tensor& t, std::int64_t n) { return t.slice_rows(n * T, T); };
+  if (cache == nullptr) {
+    for (std::int64_t n = 0; n < images; ++n) {
+      auto qs = view(q, n), ks = view(k, n), vs = view(v, n), os = view(out, n);
+      if (!qs || !ks || !vs || !os)
+        return make_error(errc::internal, "vision attention slice failed");
+      auto q3 = qs->reshape({T, H, hd}), k3 = ks->reshape({T, H, hd}), v3 = vs->reshape({T, H, hd});
+      auto o3 = os->reshape({T, H, hd});
+      if (!q3 || !k3 || !v3 || !o3)
+        return make_error(errc::internal, "vision attention reshape failed");
+      TRY(kernels::attention(ctx, *q3, *k3, *v3, *o3, opts.attention));
+    }
+    return {};
+  }
+  // Sparse: each image's keys go to its own blocks of a paged cache.
+  const std::int64_t per_image = (T + cache->config.block_size - 1) / cache->config.block_size;
+  std::vector<std::vector<std::int32_t>> tables(static_cast<std::size_t>(images));
+  std::vector<kernels::attention_sequence> seqs(static_cast<std::size_t>(images));
+  for (std::int64_t n = 0; n < images; ++n) {
+    auto& table = tables[static_cast<std::size_t>(n)];
+    for (std::int64_t b = 0; b < per_image; ++b)
+      table.push_back(static_cast<std::int32_t>(n * per_image + b));
+    auto qs = view(q, n), ks = view(k, n), vs = view(v, n), os = view(out, n);
+    if (!qs || !ks || !vs || !os)
+      return make_error(errc::internal, "vision attention slice failed");
+    auto q3 = qs->reshape({T, H, hd}), k3 = ks->reshape({T, H, hd}), v3 = vs->reshape({T, H, hd});
+    auto o3 = os->reshape({T, H, hd});
+    if (!q3 || !k3 || !v3 || !o3)
+      return make_error(errc::internal, "vision attention reshape failed");
+    TRY(kernels::append_kv(*cache, table, 0, *k3, *v3));
+    auto& s = seqs[static_cast<std::size_t>(n)];
+    s.q = *q3;
+    s.out = *o3;
+    s.q_start = 0;
+    s.kv_len = T;
+    s.block_table = table;
+  }
+  return kernels::attention_paged(ctx, *cache, seqs, opts.attention);
+}
+
+result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tensor& pixels,
+                                          const clip_options& opts) const {
+  const std::int64_t S = cfg_.image_size, C = cfg_.num_channels;
+  if (pixels.type() != dtype::f32 || pixels.ndim() != 4 || !pixels.is_contiguous() ||
+      pixels.dim(0) < 1 || pixels.dim(1) != C || pixels.dim(2) != S || pixels.dim(3) != S)
+    return make_error(errc::shape_mismatch,
+                      "pixel_values must be a contiguous f32 tensor [N >= 1, " + std::to_string(C) +
+                          ", " + std::to_string(S) + ", " + std::to_string(S) + "], got " +
+                          std::string(kernels::to_string(pixels.type())) + " " +
+                          pixels.shape().to_string());
+  {
+    const float* p = pixels.data_as<float>();
+    for (std::int64_t i = 0, n = pixels.numel(); i < n; ++i)
+      if (!std::isfinite(p[i]))
+        return make_error(errc::invalid_argument,
+                          "pixel_values holds a non-finite value at element " + std::to_string(i));
+  }
+  if (opts.attention.top_k >= 0 && (opts.kv_block_size < 1 || opts.kv_block_size > 4096))
+    return make_error(errc::invalid_argument, "clip_options.kv_block_size must be in [1, 4096]");
+  auto& pool = ctx.memory();
+  const std::int64_t N = pixels.dim(0), T = positions(), D = cfg_.hidden_size;
+  const std::int64_t F = cfg_.intermediate_size, P = cfg_.num_patches();
+  if (N > (std::int64_t{1} << 31) / T)
+    return make_error(errc::invalid_argument, "too many images in one batch");
+  const std::int64_t rows = N * T;
+  auto alloc = [&](std::int64_t r, std::int64_t c) {
+    return tensor::empty(pool, dtype::f32, {r, c});
+  };
+  auto patches = tensor::empty(pool, dtype::f32, {N, P, D});
+  auto x = alloc(rows, D), h = alloc(rows, D), q = alloc(rows, D), k = alloc(rows, D);
+  auto v = alloc(rows, D), att = alloc(rows, D), proj = alloc(rows, D), f = alloc(rows, F);
+  for (auto* t : {&patches, &x, &h, &q, &k, &v, &att, &proj, &f})
+    if (!*t) return std::unexpected(t->error());
+  if (opts.onednn_patch_embedding) {
+    TRY(patch_->run(ctx, pixels, *patches));
+  } else {
+    // Gather each patch as a row (channel, row, column order), then one matmul.
+    const std::int64_t ps = cfg_.patch_size, side = cfg_.patches_per_side(), K = C * ps * ps;
+    auto rows_in = alloc(N * P, K);
+    if (!rows_in) return std::unexpected(rows_in.error());
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t py = 0; py < side; ++py)
+        for (std::int64_t px = 0; px < side; ++px) {
+          float* dst = rows_in->row_as<float>(n * P + py * side + px);
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t y = 0; y < ps; ++y) {
+              const float* src =
+                  pixels.data_as<float>() + ((n * C + c) * S + py * ps + y) * S + px * ps;
+              std::copy_n(src, ps, dst + (c * ps + y) * ps);
+            }
+        }
+    auto flat = patches->reshape({N * P, D});
+    if (!flat) return std::unexpected(flat.error());
+    TRY(kernels::matmul(ctx, *rows_in, patch_matrix_, *flat));
+  }
+  // embeddings = cat(class, patches) + position_embedding
+  const float* cls = class_embedding_.data_as<float>();
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* src = t == 0 ? cls : patches->data_as<float>() + (n * P + t - 1) * D;
+      const float* pos = position_embedding_.row_as<float>(t);
+      float* dst = x->row_as<float>(n * T + t);
+      for (std::int64_t c = 0; c < D; ++c) dst[c] = src[c] + pos[c];
+    }
+  const auto eps = static_cast<float>(cfg_.layer_norm_eps);
+  TRY(kernels::layer_norm(ctx, *x, pre_norm_w_, pre_norm_b_, eps, *x));
+
+  std::optional<kernels::paged_kv_cache> cache;
+  if (opts.attention.top_k >= 0) {
+    kernels::kv_cache_config kc;
+    kc.block_size = opts.kv_block_size;
+    kc.n_kv_heads = static_cast<int>(cfg_.num_heads);
+    kc.head_dim = static_cast<int>(cfg_.head_dim);
+    kc.type = dtype::f32;
+    kc.n_blocks = N * ((T + kc.block_size - 1) / kc.block_size);
+    kc.summaries = true;
+    auto made = kernels::paged_kv_cache::create(pool, kc);
+    if (!made) return std::unexpected(made.error());
+    cache = std::move(*made);
+  }
+  for (const auto& L : layers_) {
+    TRY(kernels::layer_norm(ctx, *x, L.norm1_w, L.norm1_b, eps, *h));
+    TRY(L.q.run(ctx, *h, *q));
+    TRY(L.k.run(ctx, *h, *k));
+    TRY(L.v.run(ctx, *h, *v));
+    TRY(attend(ctx, *q, *k, *v, *att, N, opts, cache ? &*cache : nullptr));
+    TRY(L.o.run(ctx, *att, *proj));
+    TRY(kernels::add(ctx, *x, *proj, *x));
+    TRY(kernels::layer_norm(ctx, *x, L.norm2_w, L.norm2_b, eps, *h));
+    TRY(L.fc1.run(ctx, *h, *f));
+    TRY(kernels::gelu(ctx, *f, cfg_.activation, *f));
+    TRY(L.fc2.run(ctx, *f, *proj));
+    TRY(kernels::add(ctx, *x, *proj, *x));
+  }
+  return x->reshape({N, T, D});
+}
+
+#undef TRY
+
+}  // namespace troupe::models

@@ -1,0 +1,155 @@
+#include "models/llava.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe::models {
+
+using kernels::dtype;
+using kernels::tensor;
+
+result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
+                                                      std::int32_t image_token,
+                                                      std::int64_t tokens_per_image,
+                                                      std::int64_t n_images) {
+  if (tokens_per_image < 1)
+    return make_error(errc::invalid_argument, "tokens per image must be >= 1");
+  const auto count = std::count(ids.begin(), ids.end(), image_token);
+  if (count != n_images)
+    return make_error(errc::invalid_argument,
+                      "the prompt holds " + std::to_string(count) + " image token(s) (id " +
+                          std::to_string(image_token) + ") but " + std::to_string(n_images) +
+                          " image(s) were given: one image token per image");
+  const std::int64_t total = static_cast<std::int64_t>(ids.size()) + count * (tokens_per_image - 1);
+  if (count > 0 && (tokens_per_image > (std::int64_t{1} << 30) / count || total > (1 << 30)))
+    return make_error(errc::invalid_argument, "the expanded prompt would be too long");
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(total));
+  for (auto t : ids) {
+    if (t == image_token)
+      out.insert(out.end(), static_cast<std::size_t>(tokens_per_image), image_token);
+    else
+      out.push_back(t);
+  }
+  return out;
+}
+
+result<std::unique_ptr<llava_model>> llava_model::load(const std::string& path,
+                                                       kernels::cpu::context& ctx,
+                                                       const quant_plan& plan) {
+  std::string dir = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    const auto slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  }
+  auto cfg = load_llava_config(dir + "/config.json");
+  if (!cfg) return std::unexpected(cfg.error());
+  auto src = weight_source::open(path);
+  if (!src) return std::unexpected(src.error());
+  if ((*src)->is_gguf())
+    return make_error(errc::unsupported_op,
+                      path + ": LLaVA loads from a Hugging Face folder, not GGUF");
+  return build(**src, *cfg, ctx, plan);
+}
+
+result<std::unique_ptr<llava_model>> llava_model::build(const weight_source& src,
+                                                        const llava_config& cfg,
+                                                        kernels::cpu::context& ctx,
+                                                        const quant_plan& plan) {
+  if (auto r = cfg.validate(src.path()); !r) return std::unexpected(r.error());
+  std::unique_ptr<llava_model> m(new llava_model());
+  m->cfg_ = cfg;
+  auto vision = clip_vision_tower::build(src, cfg.vision, cfg.vision_layers_used(), ctx, plan);
+  if (!vision) return std::unexpected(vision.error());
+  m->vision_ = std::move(*vision);
+  const std::int64_t Dv = cfg.vision.hidden_size, Dt = cfg.text.hidden_size;
+  auto p1 = load_linear(ctx, src, plan, "projector.linear_1", Dt, Dv, cfg.projector_bias);
+  if (!p1) return std::unexpected(p1.error());
+  auto p2 = load_linear(ctx, src, plan, "projector.linear_2", Dt, Dt, cfg.projector_bias);
+  if (!p2) return std::unexpected(p2.error());
+  m->proj1_ = std::move(*p1);
+  m->proj2_ = std::move(*p2);
+  auto text = llama_model::build(src, cfg.text, ctx, plan);
+  if (!text) return std::unexpected(text.error());
+  m->text_ = std::move(*text);
+  spdlog::debug("loaded {}: {}", src.path(), m->describe());
+  return m;
+}
+
+std::string llava_model::describe() const {
+  return vision_->describe() + "; projector " +
+         std::string(kernels::to_string(proj1_.weight.format())) + "/" +
+         std::string(kernels::to_string(proj2_.weight.format())) + "; text " + text_->describe();
+}
+
+result<tensor> llava_model::vision_features(kernels::cpu::context& ctx, const tensor& pixels,
+                                            const clip_options& opts) const {
+  auto hidden = vision_->forward(ctx, pixels, opts);
+  if (!hidden) return std::unexpected(hidden.error());
+  const std::int64_t N = hidden->dim(0), T = hidden->dim(1), D = hidden->dim(2);
+  if (cfg_.select == vision_select::full) return hidden->reshape({N * T, D});
+  auto out = tensor::empty(ctx.memory(), dtype::f32, {N * (T - 1), D});
+  if (!out) return std::unexpected(out.error());
+  for (std::int64_t n = 0; n < N; ++n)
+    std::memcpy(out->row_as<float>(n * (T - 1)), hidden->row_as<float>(n * T + 1),
+                sizeof(float) * static_cast<std::size_t>((T - 1) * D));
+  return out;
+}
+
+result<tensor> llava_model::project(kernels::cpu::context& ctx, const tensor& features) const {
+  const std::int64_t Dv = cfg_.vision.hidden_size, Dt = cfg_.text.hidden_size;
+  if (features.type() != dtype::f32 || features.ndim() != 2 || !features.is_contiguous() ||
+      features.dim(1) != Dv || features.dim(0) < 1)
+    return make_error(errc::shape_mismatch, "projector input must be f32 [rows >= 1, " +
+                                                std::to_string(Dv) + "], got " +
+                                                features.shape().to_string());
+  auto h = tensor::empty(ctx.memory(), dtype::f32, {features.dim(0), Dt});
+  auto out = tensor::empty(ctx.memory(), dtype::f32, {features.dim(0), Dt});
+  if (!h) return std::unexpected(h.error());
+  if (!out) return std::unexpected(out.error());
+  if (auto r = proj1_.run(ctx, features, *h); !r) return std::unexpected(r.error());
+  if (auto r = kernels::gelu(ctx, *h, cfg_.projector_activation, *h); !r)
+    return std::unexpected(r.error());
+  if (auto r = proj2_.run(ctx, *h, *out); !r) return std::unexpected(r.error());
+  return out;
+}
+
+result<tensor> llava_model::encode_images(kernels::cpu::context& ctx, const tensor& pixels,
+                                          const clip_options& opts) const {
+  auto f = vision_features(ctx, pixels, opts);
+  if (!f) return std::unexpected(f.error());
+  return project(ctx, *f);
+}
+
+result<std::vector<std::int32_t>> llava_model::expand_image_tokens(
+    std::span<const std::int32_t> ids, std::int64_t n_images) const {
+  return models::expand_image_tokens(ids, image_token(), tokens_per_image(), n_images);
+}
+
+result<llava_prompt> llava_model::prepare(kernels::cpu::context& ctx,
+                                          std::span<const std::int32_t> ids, const tensor& pixels,
+                                          const clip_options& opts) const {
+  const std::int64_t n_images = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
+  if (n_images < 0)
+    return make_error(errc::shape_mismatch,
+                      "pixel_values must be [N, " + std::to_string(channels()) + ", " +
+                          std::to_string(image_size()) + ", " + std::to_string(image_size()) +
+                          "], got " + pixels.shape().to_string());
+  llava_prompt p;
+  p.image_token = image_token();
+  auto tokens = expand_image_tokens(ids, n_images);
+  if (!tokens) return std::unexpected(tokens.error());
+  p.tokens = std::move(*tokens);
+  if (n_images > 0) {
+    auto emb = encode_images(ctx, pixels, opts);
+    if (!emb) return std::unexpected(emb.error());
+    p.image_embeds.assign(emb->data_as<float>(), emb->data_as<float>() + emb->numel());
+  }
+  return p;
+}
+
+}  // namespace troupe::models

@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/context.hpp"
+#include "models/clip.hpp"
+#include "models/llama.hpp"
+#include "models/llava_config.hpp"
+#include "models/weights.hpp"
+
+namespace troupe::models {
+
+/// A prompt ready for the decoder: image tokens expanded, image features
+/// computed. Feed `tokens` with `image_embeds` (as a generation_request's
+/// prompt / image_embeds / image_token, or a step_input's tokens /
+/// embeddings / embed_token).
+struct llava_prompt {
+  std::vector<std::int32_t> tokens;
+  std::vector<float> image_embeds;  ///< [images * tokens_per_image, text hidden], row-major
+  std::int32_t image_token = -1;
+};
+
+/// Replaces each `image_token` of `ids` by `tokens_per_image` copies. The
+/// count of image tokens must equal `n_images` (else invalid_argument
+/// naming both counts).
+result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
+                                                      std::int32_t image_token,
+                                                      std::int64_t tokens_per_image,
+                                                      std::int64_t n_images);
+
+/// `LlavaForConditionalGeneration`: a CLIP vision tower, the multi-modal
+/// projector (linear -> GELU -> linear) and a LLaMA decoder whose input
+/// embeddings at the image tokens are the projected image features.
+class llava_model {
+ public:
+  /// Loads a Hugging Face folder (config.json + safetensors), converting
+  /// matrices per `plan` (component patterns "vision.*", "projector.*",
+  /// "text.*"; see quant_plan).
+  static result<std::unique_ptr<llava_model>> load(const std::string& path,
+                                                   kernels::cpu::context& ctx,
+                                                   const quant_plan& plan = {});
+  /// Builds from an open source and a parsed config.
+  static result<std::unique_ptr<llava_model>> build(const weight_source& src,
+                                                    const llava_config& cfg,
+                                                    kernels::cpu::context& ctx,
+                                                    const quant_plan& plan);
+
+  const llava_config& config() const { return cfg_; }
+  /// The decoder (for forward / generate_batch / make_cache).
+  const llama_model& language_model() const { return *text_; }
+  const clip_vision_tower& vision_tower() const { return *vision_; }
+  std::int64_t tokens_per_image() const { return cfg_.tokens_per_image(); }
+  std::int32_t image_token() const { return static_cast<std::int32_t>(cfg_.image_token_index); }
+  /// Expected pixel_values extents: [N, channels(), image_size(), image_size()].
+  std::int64_t image_size() const { return cfg_.vision.image_size; }
+  std::int64_t channels() const { return cfg_.vision.num_channels; }
+
+  /// The selected vision features: hidden_states[vision_feature_layer] with
+  /// the select strategy applied, f32 [N * tokens_per_image, vision hidden].
+  result<kernels::tensor> vision_features(kernels::cpu::context& ctx,
+                                          const kernels::tensor& pixel_values,
+                                          const clip_options& opts = {}) const;
+  /// The projector: f32 [rows, vision hidden] -> f32 [rows, text hidden].
+  result<kernels::tensor> project(kernels::cpu::context& ctx,
+                                  const kernels::tensor& features) const;
+  /// vision_features then project: pixel_values f32 [N, 3, H, W] ->
+  /// f32 [N * tokens_per_image, text hidden], image n at rows
+  /// [n * tokens_per_image, (n + 1) * tokens_per_image). Each image's rows
+  /// are bit-identical whatever its batch-mates.
+  result<kernels::tensor> encode_images(kernels::cpu::context& ctx,
+                                        const kernels::tensor& pixel_values,
+                                        const clip_options& opts = {}) const;
+  /// expand_image_tokens with this model's image token and tokens per image.
+  result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
+                                                        std::int64_t n_images) const;
+  /// Expands `ids` (one image token per image, in order) and encodes
+  /// `pixel_values` (one image per image token; N = 0 is allowed when `ids`
+  /// hold no image token: pass an empty tensor).
+  result<llava_prompt> prepare(kernels::cpu::context& ctx, std::span<const std::int32_t> ids,
+                               const kernels::tensor& pixel_values,
+                               const clip_options& opts = {}) const;
+
+  /// Summary of each component's precision.
+  std::string describe() const;
+
+ private:
+  llava_model() = default;
+  llava_config cfg_;
+  std::unique_ptr<clip_vision_tower> vision_;
+  linear_layer proj1_, proj2_;
+  std::unique_ptr<llama_model> text_;
+};
+
+}  // namespace troupe::models

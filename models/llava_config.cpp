@@ -1,0 +1,256 @@
+#include "models/llava_config.hpp"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace troupe::models {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string field_error(const std::string& source, const std::string& field,
+                        const std::string& what) {
+  return source + ": " + field + " " + what;
+}
+
+// An optional integer field; null or absent keeps `out`.
+result<void> get_int(const json& j, const char* key, std::int64_t& out, const std::string& src) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_number_integer())
+    return make_error(errc::corrupt_data, field_error(src, key, "must be an integer"));
+  out = it->get<std::int64_t>();
+  return {};
+}
+
+result<void> get_float(const json& j, const char* key, double& out, const std::string& src) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_number())
+    return make_error(errc::corrupt_data, field_error(src, key, "must be a number"));
+  out = it->get<double>();
+  if (!std::isfinite(out))
+    return make_error(errc::corrupt_data, field_error(src, key, "must be finite"));
+  return {};
+}
+
+result<void> get_string(const json& j, const char* key, std::string& out, const std::string& src) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_string())
+    return make_error(errc::corrupt_data, field_error(src, key, "must be a string"));
+  out = it->get<std::string>();
+  return {};
+}
+
+result<void> range(const std::string& src, const char* name, std::int64_t v, std::int64_t lo,
+                   std::int64_t hi) {
+  if (v < lo || v > hi)
+    return make_error(errc::corrupt_data,
+                      field_error(src, name,
+                                  "= " + std::to_string(v) + " is outside [" + std::to_string(lo) +
+                                      ", " + std::to_string(hi) + "]"));
+  return {};
+}
+
+result<clip_vision_config> parse_vision(const json& j, const std::string& src) {
+  clip_vision_config c;
+  std::string model_type;
+  if (auto r = get_string(j, "model_type", model_type, src); !r) return std::unexpected(r.error());
+  if (!model_type.empty() && model_type != "clip_vision_model")
+    return make_error(errc::unsupported_op,
+                      field_error(src, "model_type",
+                                  "'" + model_type + "' is not supported (clip_vision_model)"));
+  for (auto [key, out] :
+       {std::pair{"hidden_size", &c.hidden_size},
+        std::pair{"intermediate_size", &c.intermediate_size},
+        std::pair{"num_hidden_layers", &c.num_layers},
+        std::pair{"num_attention_heads", &c.num_heads}, std::pair{"image_size", &c.image_size},
+        std::pair{"patch_size", &c.patch_size}, std::pair{"num_channels", &c.num_channels}})
+    if (auto r = get_int(j, key, *out, src); !r) return std::unexpected(r.error());
+  if (auto r = get_float(j, "layer_norm_eps", c.layer_norm_eps, src); !r)
+    return std::unexpected(r.error());
+  std::string act = "quick_gelu";
+  if (auto r = get_string(j, "hidden_act", act, src); !r) return std::unexpected(r.error());
+  auto kind = gelu_from_hf_name(act, src + ": hidden_act");
+  if (!kind) return std::unexpected(kind.error());
+  c.activation = *kind;
+  if (c.num_heads > 0 && c.hidden_size % c.num_heads != 0)
+    return make_error(errc::corrupt_data, field_error(src, "num_attention_heads",
+                                                      "= " + std::to_string(c.num_heads) +
+                                                          " does not divide hidden_size " +
+                                                          std::to_string(c.hidden_size)));
+  c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  if (auto r = c.validate(src); !r) return std::unexpected(r.error());
+  return c;
+}
+
+// LlamaConfig's defaults for fields older transformers left out of a nested
+// text_config (it saved only the differences from the class defaults).
+json with_llama_defaults(const json& t) {
+  json out = t;
+  const std::pair<const char*, json> defaults[] = {
+      {"vocab_size", 32000},     {"hidden_size", 4096},         {"intermediate_size", 11008},
+      {"num_hidden_layers", 32}, {"num_attention_heads", 32},   {"max_position_embeddings", 2048},
+      {"rms_norm_eps", 1e-6},    {"rope_theta", 10000.0},       {"bos_token_id", 1},
+      {"eos_token_id", 2},       {"tie_word_embeddings", false}};
+  for (const auto& [k, v] : defaults)
+    if (!out.contains(k)) out[k] = v;
+  out["architectures"] = json::array({"LlamaForCausalLM"});
+  return out;
+}
+
+}  // namespace
+
+result<kernels::gelu_kind> gelu_from_hf_name(std::string_view name, const std::string& field) {
+  if (name == "gelu" || name == "gelu_python") return kernels::gelu_kind::erf;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast" ||
+      name == "gelu_accurate")
+    return kernels::gelu_kind::tanh;
+  if (name == "quick_gelu") return kernels::gelu_kind::quick;
+  return make_error(errc::unsupported_op,
+                    field + " '" + std::string(name) +
+                        "' is not supported (gelu, gelu_python, gelu_new, gelu_pytorch_tanh, "
+                        "gelu_fast, gelu_accurate, quick_gelu)");
+}
+
+result<void> clip_vision_config::validate(const std::string& src) const {
+  for (auto r : {range(src, "hidden_size", hidden_size, 1, 1 << 16),
+                 range(src, "intermediate_size", intermediate_size, 1, 1 << 18),
+                 range(src, "num_hidden_layers", num_layers, 1, 1024),
+                 range(src, "num_attention_heads", num_heads, 1, 1024),
+                 range(src, "head_dim", head_dim, 1, 1 << 14),
+                 range(src, "image_size", image_size, 1, 1 << 14),
+                 range(src, "patch_size", patch_size, 1, 1 << 14),
+                 range(src, "num_channels", num_channels, 1, 64)})
+    if (!r) return r;
+  if (hidden_size != num_heads * head_dim)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "num_attention_heads", "must divide hidden_size"));
+  if (image_size % patch_size != 0)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "patch_size",
+                                  "= " + std::to_string(patch_size) +
+                                      " does not divide image_size " + std::to_string(image_size)));
+  if (num_patches() + 1 > (1 << 20))
+    return make_error(errc::corrupt_data, field_error(src, "image_size / patch_size",
+                                                      "gives " + std::to_string(num_patches()) +
+                                                          " patches, more than 2^20 - 1"));
+  if (!(layer_norm_eps > 0 && layer_norm_eps < 1))
+    return make_error(errc::corrupt_data, field_error(src, "layer_norm_eps", "must be in (0, 1)"));
+  return {};
+}
+
+std::int64_t llava_config::vision_layers_used() const {
+  return vision_feature_layer >= 0 ? vision_feature_layer
+                                   : vision.num_layers + 1 + vision_feature_layer;
+}
+
+std::int64_t llava_config::tokens_per_image() const {
+  return vision.num_patches() + (select == vision_select::full ? 1 : 0);
+}
+
+result<void> llava_config::validate(const std::string& src) const {
+  if (auto r = vision.validate(src + " vision_config"); !r) return r;
+  if (auto r = text.validate(src + " text_config"); !r) return r;
+  if (vision_feature_layer < -(vision.num_layers + 1) || vision_feature_layer > vision.num_layers)
+    return make_error(
+        errc::corrupt_data,
+        field_error(src, "vision_feature_layer",
+                    "= " + std::to_string(vision_feature_layer) + " is outside [" +
+                        std::to_string(-(vision.num_layers + 1)) + ", " +
+                        std::to_string(vision.num_layers) + "] (the vision tower has " +
+                        std::to_string(vision.num_layers) + " layers)"));
+  if (image_token_index < 0 || image_token_index >= text.vocab_size)
+    return make_error(errc::corrupt_data, field_error(src, "image_token_index",
+                                                      "= " + std::to_string(image_token_index) +
+                                                          " is outside the text vocabulary [0, " +
+                                                          std::to_string(text.vocab_size) + ")"));
+  return {};
+}
+
+bool is_llava_config(std::string_view text) {
+  json root = json::parse(text.begin(), text.end(), nullptr, false);
+  if (root.is_discarded() || !root.is_object()) return false;
+  if (auto m = root.find("model_type"); m != root.end() && m->is_string() && *m == "llava")
+    return true;
+  if (auto a = root.find("architectures"); a != root.end() && a->is_array())
+    for (const auto& e : *a)
+      if (e.is_string() && e == "LlavaForConditionalGeneration") return true;
+  return false;
+}
+
+result<llava_config> parse_llava_config(std::string_view text, const std::string& src) {
+  json root = json::parse(text.begin(), text.end(), nullptr, false);
+  if (root.is_discarded() || !root.is_object())
+    return make_error(errc::corrupt_data, src + ": not a JSON object");
+  if (!is_llava_config(text))
+    return make_error(errc::unsupported_op,
+                      src +
+                          ": not a LLaVA config (architectures LlavaForConditionalGeneration "
+                          "or model_type llava)");
+  llava_config c;
+  auto v = root.find("vision_config");
+  if (v == root.end() || !v->is_object())
+    return make_error(errc::corrupt_data, src + ": vision_config is missing or not an object");
+  auto t = root.find("text_config");
+  if (t == root.end() || !t->is_object())
+    return make_error(errc::corrupt_data, src + ": text_config is missing or not an object");
+  auto vision = parse_vision(*v, src + " vision_config");
+  if (!vision) return std::unexpected(vision.error());
+  c.vision = *vision;
+  std::string text_type;
+  if (auto r = get_string(*t, "model_type", text_type, src + " text_config"); !r)
+    return std::unexpected(r.error());
+  if (!text_type.empty() && text_type != "llama")
+    return make_error(errc::unsupported_op, src + " text_config: model_type '" + text_type +
+                                                "' is not supported (llama)");
+  auto llama = parse_llama_config(with_llama_defaults(*t).dump(), src + " text_config");
+  if (!llama) return std::unexpected(llama.error());
+  c.text = *llama;
+  c.text.architecture = "LlavaForConditionalGeneration";
+
+  if (auto r = get_int(root, "image_token_index", c.image_token_index, src); !r)
+    return std::unexpected(r.error());
+  if (auto it = root.find("vision_feature_layer"); it != root.end() && it->is_array())
+    return make_error(errc::unsupported_op,
+                      field_error(src, "vision_feature_layer",
+                                  "as a list (several layers concatenated) is not supported"));
+  if (auto r = get_int(root, "vision_feature_layer", c.vision_feature_layer, src); !r)
+    return std::unexpected(r.error());
+  std::string strategy = "default";
+  if (auto r = get_string(root, "vision_feature_select_strategy", strategy, src); !r)
+    return std::unexpected(r.error());
+  if (strategy == "default") {
+    c.select = vision_select::drop_cls;
+  } else if (strategy == "full") {
+    c.select = vision_select::full;
+  } else {
+    return make_error(errc::corrupt_data,
+                      field_error(src, "vision_feature_select_strategy",
+                                  "'" + strategy + "' is not one of default, full"));
+  }
+  std::string act = "gelu";
+  if (auto r = get_string(root, "projector_hidden_act", act, src); !r)
+    return std::unexpected(r.error());
+  auto kind = gelu_from_hf_name(act, src + ": projector_hidden_act");
+  if (!kind) return std::unexpected(kind.error());
+  c.projector_activation = *kind;
+  if (auto it = root.find("multimodal_projector_bias"); it != root.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return make_error(errc::corrupt_data,
+                        field_error(src, "multimodal_projector_bias", "must be a boolean"));
+    c.projector_bias = it->get<bool>();
+  }
+  if (auto r = c.validate(src); !r) return std::unexpected(r.error());
+  return c;
+}
+
+result<llava_config> load_llava_config(const std::string& path) {
+  auto text = read_text_file(path);
+  if (!text) return std::unexpected(text.error());
+  return parse_llava_config(*text, path);
+}
+
+}  // namespace troupe::models

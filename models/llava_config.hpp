@@ -1,0 +1,77 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/ops.hpp"
+#include "models/llama_config.hpp"
+
+namespace troupe::models {
+
+/// The vision tower hyper-parameters of a CLIP ViT (HF `CLIPVisionConfig`),
+/// validated. Absent fields take CLIPVisionConfig's defaults.
+struct clip_vision_config {
+  std::int64_t hidden_size = 768;
+  std::int64_t intermediate_size = 3072;
+  std::int64_t num_layers = 12;
+  std::int64_t num_heads = 12;
+  std::int64_t head_dim = 64;  ///< hidden_size / num_heads
+  std::int64_t image_size = 224;
+  std::int64_t patch_size = 32;
+  std::int64_t num_channels = 3;
+  kernels::gelu_kind activation = kernels::gelu_kind::quick;  ///< hidden_act
+  double layer_norm_eps = 1e-5;
+
+  /// Patches along one side of the image.
+  std::int64_t patches_per_side() const { return image_size / patch_size; }
+  /// Patches of one image (the class token not included).
+  std::int64_t num_patches() const { return patches_per_side() * patches_per_side(); }
+  /// Checks ranges and divisibility; the message names `source` and the field.
+  result<void> validate(const std::string& source) const;
+};
+
+/// Which vision-tower rows become image tokens.
+enum class vision_select : std::uint8_t {
+  drop_cls,  ///< "default": every patch row, the class token dropped
+  full,      ///< "full": the class token and every patch row
+};
+
+/// A `LlavaForConditionalGeneration` config: CLIP vision tower, projector
+/// and LLaMA text model, validated.
+struct llava_config {
+  clip_vision_config vision;
+  llama_config text;
+  std::int64_t image_token_index = 32000;
+  kernels::gelu_kind projector_activation = kernels::gelu_kind::erf;
+  /// Index into the vision tower's hidden states (hidden_states[0] is the
+  /// embeddings after pre_layrnorm, [i] the output of encoder layer i-1);
+  /// negative counts from the end (-1 = the last layer's output).
+  std::int64_t vision_feature_layer = -2;
+  vision_select select = vision_select::drop_cls;
+  bool projector_bias = true;  ///< multimodal_projector_bias
+
+  /// Encoder layers the features need (layers past them are never run).
+  std::int64_t vision_layers_used() const;
+  /// Rows (LLM tokens) one image becomes.
+  std::int64_t tokens_per_image() const;
+  result<void> validate(const std::string& source) const;
+};
+
+/// Maps a Hugging Face activation name (`hidden_act`,
+/// `projector_hidden_act`) to a GELU variant: gelu / gelu_python (erf),
+/// gelu_new / gelu_pytorch_tanh / gelu_fast / gelu_accurate (tanh),
+/// quick_gelu. Anything else is unsupported_op naming `field`.
+result<kernels::gelu_kind> gelu_from_hf_name(std::string_view name, const std::string& field);
+
+/// Parses a Hugging Face LLaVA `config.json` (architectures
+/// LlavaForConditionalGeneration or model_type llava). Absent fields take
+/// transformers' defaults (LlavaConfig, CLIPVisionConfig, LlamaConfig);
+/// vision_config and text_config must be present.
+result<llava_config> parse_llava_config(std::string_view json_text, const std::string& source);
+result<llava_config> load_llava_config(const std::string& path);
+
+/// Whether a config.json text names a LLaVA model (for callers choosing a loader).
+bool is_llava_config(std::string_view json_text);
+
+}  // namespace troupe::models
