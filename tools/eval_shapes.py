@@ -83,8 +83,8 @@ def main():
     for (path, t, q, a, entry), res in zip(work, results):
         got = res["text"].strip()
         ok = got == a
-        if "image_encode_seconds" in res.get("timings", {}):
-            encode_ms.append(1000 * res["timings"]["image_encode_seconds"])
+        if "image_encode_ms" in res.get("timings", {}):
+            encode_ms.append(res["timings"]["image_encode_ms"])
         if t == "caption":
             add(by_type, f"caption, {entry['objects']} object{'s' if entry['objects'] > 1 else ''}", ok)
             want, have = parse_caption(a), parse_caption(got) or {}

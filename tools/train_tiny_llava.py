@@ -89,6 +89,33 @@ def preprocess(img: Image.Image) -> np.ndarray:
     return a.transpose(2, 0, 1)
 
 
+def patch_labels(scene) -> np.ndarray:
+    """Per-patch targets of the auxiliary vision loss: [patches, 2] with the
+    shape (0 = background, 1 + index in SHAPES) and color (0 = background,
+    1 + index in COLORS) of the object covering at least a quarter of the
+    patch. Training only: the head that predicts them is not exported."""
+    from PIL import ImageDraw
+
+    mask = Image.new("L", (IMAGE_SIZE, IMAGE_SIZE), 0)
+    draw = ImageDraw.Draw(mask)
+    for i, o in enumerate(scene):
+        cx, cy, r = o["x"] * IMAGE_SIZE, o["y"] * IMAGE_SIZE, o["size"] / 2 * IMAGE_SIZE
+        if o["shape"] == "circle":
+            rr = r * 0.92
+            draw.ellipse([cx - rr, cy - rr, cx + rr, cy + rr], fill=i + 1)
+        else:
+            draw.polygon(shapes._polygon(o["shape"], cx, cy, r, o["angle"]), fill=i + 1)
+    m = np.asarray(mask).reshape(IMAGE_SIZE // PATCH, PATCH, IMAGE_SIZE // PATCH, PATCH).transpose(0, 2, 1, 3)
+    m = m.reshape(-1, PATCH * PATCH)
+    out = np.zeros((m.shape[0], 2), np.int64)
+    colors = list(shapes.COLORS)
+    for i, o in enumerate(scene):
+        hit = (m == i + 1).sum(1) >= PATCH * PATCH // 4
+        out[hit, 0] = 1 + shapes.SHAPES.index(o["shape"])
+        out[hit, 1] = 1 + colors.index(o["color"])
+    return out
+
+
 class ShapesStream(torch.utils.data.IterableDataset):
     """Endless batches: `images` scenes, `per_image` questions each."""
 
@@ -101,11 +128,12 @@ class ShapesStream(torch.utils.data.IterableDataset):
         rng = random.Random(self.seed * 1000 + (info.id if info else 0))
         bos, eos = self.tok.token_to_id("<s>"), self.tok.token_to_id("</s>")
         while True:
-            pix, seqs = [], []
+            pix, seqs, labels = [], [], []
             for _ in range(self.images):
                 scene = shapes.make_scene(rng)
                 side = rng.choice([64, 64, 80, 96, 128, 160, 224])
                 pix.append(preprocess(shapes.render(scene, side, rng)))
+                labels.append(patch_labels(scene))
                 asked = set()
                 for _ in range(self.per_image):
                     for _ in range(4):  # avoid asking the same thing twice
@@ -118,7 +146,7 @@ class ShapesStream(torch.utils.data.IterableDataset):
                     ans = self.tok.encode(" " + a, add_special_tokens=False).ids + [eos]
                     prompt = [bos] + head + [self.image_id] * self.n_image_tokens + mid
                     seqs.append((prompt, ans))
-            yield torch.from_numpy(np.stack(pix)), seqs
+            yield torch.from_numpy(np.stack(pix)), seqs, torch.from_numpy(np.stack(labels))
 
 
 def make_model(tok):
@@ -166,25 +194,33 @@ def make_model(tok):
     return LlavaForConditionalGeneration(cfg)
 
 
-def step_loss(model, pix, seqs, per_image, pad_id):
+def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None):
     cfg = model.config
-    feats = model.get_image_features(pix, cfg.vision_feature_layer, cfg.vision_feature_select_strategy)
+    hidden = model.vision_tower(pix, output_hidden_states=True).hidden_states[cfg.vision_feature_layer][:, 1:]
+    feats = model.multi_modal_projector(hidden)
+    aux_loss = None
+    if aux is not None:
+        pred = aux(hidden)  # [N, patches, 5 + 8]
+        n_shape = len(shapes.SHAPES) + 1
+        aux_loss = F.cross_entropy(pred[..., :n_shape].reshape(-1, n_shape), labels[..., 0].reshape(-1)) + \
+            F.cross_entropy(pred[..., n_shape:].reshape(-1, pred.shape[-1] - n_shape), labels[..., 1].reshape(-1))
     feats = feats.repeat_interleave(per_image, dim=0)  # [B, T_img, H]
     L = max(len(p) + len(a) for p, a in seqs)
     ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    labels = torch.full((len(seqs), L), -100, dtype=torch.long)
+    lbl = torch.full((len(seqs), L), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), L), dtype=torch.long)
     for i, (p, a) in enumerate(seqs):
         full = p + a
         ids[i, : len(full)] = torch.tensor(full)
         mask[i, : len(full)] = 1
-        labels[i, len(p) : len(full)] = torch.tensor(a)
+        lbl[i, len(p) : len(full)] = torch.tensor(a)
     lm = model.language_model
     emb = lm.get_input_embeddings()(ids)
     is_img = (ids == cfg.image_token_index).unsqueeze(-1).expand_as(emb)
     emb = emb.masked_scatter(is_img, feats.to(emb.dtype))
     logits = lm(inputs_embeds=emb, attention_mask=mask).logits
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    lm_loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lbl[:, 1:].reshape(-1))
+    return lm_loss if aux_loss is None else (lm_loss, aux_loss)
 
 
 def export(model, tok, out):
@@ -290,6 +326,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234, help="training data seed (evaluation uses others)")
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-images", type=int, default=64, help="images of the quick greedy evaluation")
+    ap.add_argument("--aux-weight", type=float, default=0.5, help="weight of the per-patch shape/color loss")
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -305,13 +343,22 @@ def main():
         tok.save(tok_path)
     model = make_model(tok)
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    # Auxiliary per-patch shape/color head on the vision features: a dense
+    # signal that teaches the from-scratch ViT shapes far sooner than the
+    # answer tokens alone. Not part of the exported model.
+    aux = torch.nn.Linear(model.config.vision_config.hidden_size, len(shapes.SHAPES) + 1 + len(shapes.COLORS) + 1)
+    opt = torch.optim.AdamW(list(model.parameters()) + list(aux.parameters()), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     ckpt = os.path.join(args.work, "checkpoint.pt")
-    step = 0
+    step, warm_from = 0, 0
     if os.path.exists(ckpt):
         state = torch.load(ckpt)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
+        if "aux" in state:
+            aux.load_state_dict(state["aux"])
+            opt.load_state_dict(state["opt"])
+        else:  # a checkpoint from before the auxiliary head: fresh optimizer state
+            print("checkpoint without the auxiliary head: optimizer state restarts", flush=True)
+            warm_from = state["step"]
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     if args.export_only:
@@ -325,29 +372,31 @@ def main():
                           tok.token_to_id("<image>"))
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4)
     warmup = 150
-    t0, avg = time.time(), None
+    t0, avg, aux_avg = time.time(), None, None
     model.train()
-    for pix, seqs in loader:
+    for pix, seqs, plabels in loader:
         if step >= args.steps:
             break
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = args.lr * min(1.0, (step - warm_from + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"))
+        lm_loss, aux_loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"), aux, plabels)
+        loss = lm_loss + args.aux_weight * aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
+        avg = lm_loss.item() if avg is None else 0.98 * avg + 0.02 * lm_loss.item()
+        aux_avg = aux_loss.item() if aux_avg is None else 0.98 * aux_avg + 0.02 * aux_loss.item()
         if step % 20 == 0:
-            print(f"step {step} loss {avg:.4f} lr {lr:.2e} {(time.time() - t0) / 20:.2f}s/step", flush=True)
+            print(f"step {step} loss {avg:.4f} aux {aux_avg:.4f} lr {lr:.2e} {(time.time() - t0) / 20:.2f}s/step", flush=True)
             t0 = time.time()
         if step % args.save_every == 0 or step == args.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+            torch.save({"model": model.state_dict(), "aux": aux.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
         if step % args.eval_every == 0 or step == args.steps:
-            print(f"eval step {step}: {quick_eval(model, tok, 99)}", flush=True)
+            print(f"eval step {step}: {quick_eval(model, tok, 99, args.eval_images)}", flush=True)
     export(model, tok, args.out)
     print(f"saved {args.out}", flush=True)
 
