@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace troupe::cli {
 
@@ -10,6 +11,11 @@ namespace troupe::cli {
 using command_runner = std::function<int()>;
 
 command_runner add_generate(CLI::App& app);
+
+/// The model commands use without --model: $TROUPE_MODEL, else the bundled
+/// tiny LLaVA (assets/tiny-llava-shapes of the source tree this binary was
+/// built from).
+std::string bundled_model_path();
 command_runner add_write_model(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -1,7 +1,10 @@
 // troupe generate: one process, one prompt, tokens streamed as produced.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -11,9 +14,12 @@
 
 #include "cli/commands.hpp"
 #include "kernels/cpu/context.hpp"
-#include "models/generate.hpp"
-#include "models/llama.hpp"
 #include "models/chat_template.hpp"
+#include "models/generate.hpp"
+#include "models/image.hpp"
+#include "models/image_processor.hpp"
+#include "models/llama.hpp"
+#include "models/llava.hpp"
 #include "models/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -22,7 +28,7 @@ namespace {
 
 struct generate_args {
   std::string model, prompt, quant, kv_type = "f32", chat_template, system;
-  std::vector<std::string> overrides, stops;
+  std::vector<std::string> overrides, stops, images;
   std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
   std::uint64_t seed = 0;
@@ -35,6 +41,41 @@ struct generate_args {
 std::string dir_of(const std::string& path) {
   const auto s = path.rfind('/');
   return s == std::string::npos ? "." : path.substr(0, s);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Images decoded and preprocessed for the model: pixel_values [N, 3, H, W].
+struct prepared_images {
+  std::vector<float> data;
+  std::int64_t n = 0, side = 0;
+  double preprocess_seconds = 0;
+};
+
+kernels::result<prepared_images> prepare_images(const std::vector<std::string>& files, const std::string& model_dir,
+                                       const models::llava_model& model) {
+  using namespace troupe::models;
+  auto cfg = load_image_processor_config(model_dir);
+  if (!cfg) return std::unexpected(cfg.error());
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t side = model.image_size(), n = static_cast<std::int64_t>(files.size());
+  std::vector<float> pixels(static_cast<std::size_t>(n * 3 * side * side));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& file = files[static_cast<std::size_t>(i)];
+    auto img = load_image(file);
+    if (!img) return std::unexpected(img.error());
+    auto pv = preprocess_image(*img, *cfg);
+    if (!pv) return make_error(pv.error().code, file + ": " + pv.error().message);
+    if (pv->height != side || pv->width != side || model.channels() != 3)
+      return make_error(errc::invalid_argument,
+                        file + ": the preprocessor makes " + std::to_string(pv->height) + "x" +
+                            std::to_string(pv->width) + " images but the vision tower takes " + std::to_string(side) +
+                            "x" + std::to_string(side) + " (preprocessor_config.json and config.json disagree)");
+    std::copy(pv->data.begin(), pv->data.end(), pixels.begin() + i * 3 * side * side);
+  }
+  return prepared_images{std::move(pixels), n, side, seconds_since(t0)};
 }
 
 int run_generate(const generate_args& a) {
@@ -65,27 +106,71 @@ int run_generate(const generate_args& a) {
     spdlog::error("{}", src.error().message);
     return 1;
   }
+  const std::string model_dir = std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model);
+  // A LLaVA folder: the vision tower and projector come with the decoder.
+  std::unique_ptr<llava_model> llava;
+  if (!(*src)->is_gguf()) {
+    auto text = read_text_file(model_dir + "/config.json");
+    if (text && is_llava_config(*text)) {
+      auto lcfg = parse_llava_config(*text, model_dir + "/config.json");
+      if (!lcfg) {
+        spdlog::error("{}", lcfg.error().message);
+        return 1;
+      }
+      auto m = llava_model::build(**src, *lcfg, *ctx, plan);
+      if (!m) {
+        spdlog::error("{}", m.error().message);
+        return 1;
+      }
+      llava = std::move(*m);
+    }
+  }
+  if (!a.images.empty() && !llava) {
+    spdlog::error("--image needs a vision model (a LLaVA folder); {} has no vision tower", a.model);
+    return 2;
+  }
   result<tokenizer> tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf())
                                             : tokenizer::load(std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model));
   if (!tok) {
     spdlog::error("tokenizer: {}", tok.error().message);
     return 1;
   }
-  result<llama_config> cfg = (*src)->is_gguf()
-                                 ? llama_config_from_gguf(*(*src)->gguf())
-                                 : load_llama_config((std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model)) + "/config.json");
-  if (!cfg) {
-    spdlog::error("{}", cfg.error().message);
-    return 1;
+  std::unique_ptr<llama_model> plain;
+  if (!llava) {
+    result<llama_config> cfg = (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf())
+                                                 : load_llama_config(model_dir + "/config.json");
+    if (!cfg) {
+      spdlog::error("{}", cfg.error().message);
+      return 1;
+    }
+    auto m = llama_model::build(**src, *cfg, *ctx, plan);
+    if (!m) {
+      spdlog::error("{}", m.error().message);
+      return 1;
+    }
+    plain = std::move(*m);
   }
-  auto model = llama_model::build(**src, *cfg, *ctx, plan);
-  if (!model) {
-    spdlog::error("{}", model.error().message);
-    return 1;
-  }
+  const llama_model& model = llava ? llava->language_model() : *plain;
   std::string text = a.prompt;
   bool add_special = !a.no_bos;
-  if (a.chat || !a.chat_template.empty()) {
+  // With images the prompt is a chat turn whose placeholders the template
+  // writes, unless the prompt already holds one "<image>" per image.
+  const int images = static_cast<int>(a.images.size());
+  std::string image_text;
+  if (llava) {
+    auto t = tok->token_text(llava->image_token());
+    image_text = t ? *t : "<image>";
+  }
+  std::size_t placeholders = 0;
+  for (std::size_t at = image_text.empty() ? std::string::npos : text.find(image_text); at != std::string::npos;
+       at = text.find(image_text, at + image_text.size()))
+    ++placeholders;
+  const bool chat = a.chat || !a.chat_template.empty() || (images > 0 && placeholders == 0);
+  if (images > 0 && placeholders != 0 && placeholders != a.images.size()) {
+    spdlog::error("the prompt has {} {} placeholders for {} --image files", placeholders, image_text, images);
+    return 2;
+  }
+  if (chat) {
     auto tmpl = chat_template::select(tok->chat_template_source(), a.chat_template);
     if (!tmpl) {
       spdlog::error("chat template: {} (pick one with --chat-template)", tmpl.error().message);
@@ -93,7 +178,7 @@ int run_generate(const generate_args& a) {
     }
     std::vector<chat_message> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system, 0});
-    msgs.push_back({"user", a.prompt, 0});
+    msgs.push_back({"user", a.prompt, placeholders == 0 ? images : 0});
     auto piece_text = [&](std::optional<std::int32_t> id) {
       if (!id) return std::string();
       auto t = tok->token_text(*id);
@@ -116,11 +201,41 @@ int run_generate(const generate_args& a) {
     spdlog::error("the prompt encodes to no tokens");
     return 2;
   }
+  // Images: decode, preprocess, encode (vision tower + projector).
+  llava_prompt vision_prompt;
+  double preprocess_s = 0, encode_s = 0;
+  if (llava) {
+    prepared_images imgs;
+    kernels::tensor pixels;
+    if (images > 0) {
+      auto p = prepare_images(a.images, model_dir, *llava);
+      if (!p) {
+        spdlog::error("{}", p.error().message);
+        return 1;
+      }
+      imgs = std::move(*p);
+      auto v = kernels::tensor::view(imgs.data.data(), kernels::dtype::f32, {imgs.n, 3, imgs.side, imgs.side});
+      if (!v) {
+        spdlog::error("{}", v.error().message);
+        return 1;
+      }
+      pixels = *v;
+      preprocess_s = imgs.preprocess_seconds;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto vp = llava->prepare(*ctx, *ids, pixels);
+    if (!vp) {
+      spdlog::error("{}", vp.error().message);
+      return 2;
+    }
+    encode_s = seconds_since(t0);
+    vision_prompt = std::move(*vp);
+  }
   // generation_config.json (HF folders) supplies defaults for flags not given,
   // as transformers and vLLM do.
   generation_defaults defaults;
   if (!(*src)->is_gguf()) {
-    auto g = load_generation_config((std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model)) + "/generation_config.json");
+    auto g = load_generation_config(model_dir + "/generation_config.json");
     if (!g) {
       spdlog::error("{}", g.error().message);
       return 1;
@@ -128,7 +243,13 @@ int run_generate(const generate_args& a) {
     defaults = *g;
   }
   generation_request req;
-  req.prompt = *ids;
+  if (llava) {
+    req.prompt = std::move(vision_prompt.tokens);
+    req.image_token = vision_prompt.image_token;
+    req.image_embeds = std::move(vision_prompt.image_embeds);
+  } else {
+    req.prompt = *ids;
+  }
   req.params.max_tokens = a.max_tokens;
   const bool sampling = defaults.do_sample.value_or(true);
   req.params.temperature = a.set_temperature ? a.temperature : sampling ? defaults.temperature.value_or(a.temperature) : 0.0;
@@ -139,7 +260,7 @@ int run_generate(const generate_args& a) {
   for (auto id : defaults.eos_token_ids) req.params.stop_token_ids.push_back(id);
   req.params.seed = a.seed;
   req.params.stop_strings = a.stops;
-  for (auto id : cfg->eos_token_ids) req.params.stop_token_ids.push_back(id);
+  for (auto id : model.config().eos_token_ids) req.params.stop_token_ids.push_back(id);
   if (auto eos = tok->special_ids().eos) req.params.stop_token_ids.push_back(*eos);
   if (auto r = req.params.validate(); !r) {
     spdlog::error("{}", r.error().message);
@@ -154,7 +275,7 @@ int run_generate(const generate_args& a) {
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
   }
-  auto out = generate_batch(*ctx, **model, {req}, {piece},
+  auto out = generate_batch(*ctx, model, {req}, {piece},
                             [&](std::size_t, const std::string& text) {
                               if (!a.json) {
                                 std::fputs(text.c_str(), stdout);
@@ -175,12 +296,18 @@ int run_generate(const generate_args& a) {
     nlohmann::json j;
     j["text"] = r.text;
     j["prompt_tokens"] = *ids;
+    j["prompt_length"] = r.prompt_tokens;
+    j["images"] = images;
     j["tokens"] = r.tokens;
     j["finish_reason"] = why;
     j["timings"] = {{"prompt_ms", r.prompt_seconds * 1e3}, {"prompt_tokens_per_s", pp},
-                    {"decode_ms", r.decode_seconds * 1e3}, {"decode_tokens_per_s", tg}};
+                    {"decode_ms", r.decode_seconds * 1e3}, {"decode_tokens_per_s", tg},
+                    {"image_preprocess_ms", preprocess_s * 1e3}, {"image_encode_ms", encode_s * 1e3}};
     std::puts(j.dump().c_str());
   } else {
+    if (images > 0)
+      std::printf("\n\nimages: %d, preprocess %.1f ms, encode %.1f ms (%.1f ms per image)", images, preprocess_s * 1e3,
+                  encode_s * 1e3, encode_s * 1e3 / images);
     std::printf("\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, %.2f tokens/s\n", why,
                 static_cast<long long>(r.prompt_tokens), r.prompt_seconds * 1e3, pp, gen_n, r.decode_seconds * 1e3, tg);
   }
@@ -192,7 +319,8 @@ int run_generate(const generate_args& a) {
 command_runner add_generate(CLI::App& app) {
   auto a = std::make_shared<generate_args>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt in this process");
-  cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder")->required();
+  cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
+  cmd->add_option("--image,-i", a->images, "PNG or JPEG for a vision model (repeatable; one <image> each)");
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
   cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", a->temperature, "0 = greedy");
@@ -218,6 +346,7 @@ command_runner add_generate(CLI::App& app) {
     a->set_top_p = cmd->count("--top-p") > 0;
     a->set_min_p = cmd->count("--min-p") > 0;
     a->set_repeat = cmd->count("--repeat-penalty") > 0;
+    if (a->model.empty()) a->model = bundled_model_path();
     return run_generate(*a);
   };
 }

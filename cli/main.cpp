@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cpu/cpu_device.hpp"
@@ -32,6 +33,11 @@ int cmd_devices() {
 }
 
 }  // namespace
+
+std::string troupe::cli::bundled_model_path() {
+  if (const char* env = std::getenv("TROUPE_MODEL"); env && *env) return env;
+  return TROUPE_BUNDLED_MODEL;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
