@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../temp_path.hpp"
+#include "run_cli.hpp"
 #include "../tiny_model.hpp"
 #include <sys/wait.h>
 
@@ -25,23 +26,7 @@ namespace k = troupe::kernels;
 
 namespace {
 
-struct run_result {
-  int exit_code = -1;
-  std::string out;
-};
-
-// Runs the troupe binary with `args`; stdout and stderr together.
-run_result troupe_cli(const std::string& args) {
-  const std::string cmd = std::string(TROUPE_CLI) + " " + args + " 2>&1";
-  run_result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using troupe::test::troupe_cli;
 
 std::string tiny_model() {
   static const std::string path = [] {

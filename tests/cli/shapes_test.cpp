@@ -24,13 +24,9 @@
 #include <string>
 
 #include "../temp_path.hpp"
+#include "run_cli.hpp"
 
 namespace {
-
-struct run_result {
-  int exit_code = -1;
-  std::string out;
-};
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -44,17 +40,9 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-// Runs the troupe binary; stdout only (stderr to the log) unless `merge`.
-run_result troupe_cli(const std::string& args, bool merge = false) {
-  const std::string cmd = std::string(TROUPE_CLI) + " " + args + (merge ? " 2>&1" : " 2>/dev/null");
-  run_result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+// Stdout only: --json output must parse; stderr goes unless `merge`.
+troupe::test::run_result troupe_cli(const std::string& args, bool merge = false) {
+  return troupe::test::troupe_cli(args, merge);
 }
 
 const std::string fixtures = std::string(TROUPE_FIXTURES_DIR) + "/shapes";
