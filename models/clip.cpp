@@ -167,16 +167,19 @@ result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor&
                                        const clip_options& opts,
                                        kernels::paged_kv_cache* cache) const {
   const std::int64_t T = positions(), H = cfg_.num_heads, hd = cfg_.head_dim;
-  auto view = [&](const tensor& t, std::int64_t n) { return t.slice_rows(n * T, T); };
+  // Image n's rows of t as [T, heads, head_dim].
+  auto heads = [&](const tensor& t, std::int64_t n) -> result<tensor> {
+    auto rows = t.slice_rows(n * T, T);
+    if (!rows) return make_error(errc::internal, "vision attention slice failed");
+    auto r = rows->reshape({T, H, hd});
+    if (!r) return make_error(errc::internal, "vision attention reshape failed");
+    return r;
+  };
   if (cache == nullptr) {
     for (std::int64_t n = 0; n < images; ++n) {
-      auto qs = view(q, n), ks = view(k, n), vs = view(v, n), os = view(out, n);
-      if (!qs || !ks || !vs || !os)
-        return make_error(errc::internal, "vision attention slice failed");
-      auto q3 = qs->reshape({T, H, hd}), k3 = ks->reshape({T, H, hd}), v3 = vs->reshape({T, H, hd});
-      auto o3 = os->reshape({T, H, hd});
+      auto q3 = heads(q, n), k3 = heads(k, n), v3 = heads(v, n), o3 = heads(out, n);
       if (!q3 || !k3 || !v3 || !o3)
-        return make_error(errc::internal, "vision attention reshape failed");
+        return std::unexpected(!q3 ? q3.error() : !k3 ? k3.error() : !v3 ? v3.error() : o3.error());
       TRY(kernels::attention(ctx, *q3, *k3, *v3, *o3, opts.attention));
     }
     return {};
@@ -189,13 +192,9 @@ result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor&
     auto& table = tables[static_cast<std::size_t>(n)];
     for (std::int64_t b = 0; b < per_image; ++b)
       table.push_back(static_cast<std::int32_t>(n * per_image + b));
-    auto qs = view(q, n), ks = view(k, n), vs = view(v, n), os = view(out, n);
-    if (!qs || !ks || !vs || !os)
-      return make_error(errc::internal, "vision attention slice failed");
-    auto q3 = qs->reshape({T, H, hd}), k3 = ks->reshape({T, H, hd}), v3 = vs->reshape({T, H, hd});
-    auto o3 = os->reshape({T, H, hd});
+    auto q3 = heads(q, n), k3 = heads(k, n), v3 = heads(v, n), o3 = heads(out, n);
     if (!q3 || !k3 || !v3 || !o3)
-      return make_error(errc::internal, "vision attention reshape failed");
+      return std::unexpected(!q3 ? q3.error() : !k3 ? k3.error() : !v3 ? v3.error() : o3.error());
     TRY(kernels::append_kv(*cache, table, 0, *k3, *v3));
     auto& s = seqs[static_cast<std::size_t>(n)];
     s.q = *q3;

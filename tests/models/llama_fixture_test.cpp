@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "logit_agreement.hpp"
 #include "../kernels/fixture_reader.hpp"
 #include "models/generate.hpp"
 #include "models/llama.hpp"
@@ -74,46 +75,15 @@ double worst_relative_error(const std::vector<float>& got, const std::vector<flo
   return worst;
 }
 
-struct agreement {
-  double mean_kl = 0, max_kl = 0;
-  int top1_agree = 0, top1_checked = 0;
-};
+using test::agreement;
 
-// KL(reference || troupe) of the softmaxes and top-1 agreement at positions
-// whose reference top-2 gap exceeds `margin` logits.
-agreement compare(const std::vector<float>& got, const std::vector<float>& want, std::int64_t vocab, double margin) {
-  agreement a;
-  const std::size_t V = static_cast<std::size_t>(vocab), n = want.size() / V;
-  for (std::size_t p = 0; p < n; ++p) {
-    const float* w = want.data() + p * V;
-    const float* g = got.data() + p * V;
-    const double mw = *std::max_element(w, w + V), mg = *std::max_element(g, g + V);
-    double zw = 0, zg = 0;
-    for (std::size_t v = 0; v < V; ++v) zw += std::exp(w[v] - mw), zg += std::exp(g[v] - mg);
-    double kl = 0;
-    for (std::size_t v = 0; v < V; ++v) {
-      const double lw = w[v] - mw - std::log(zw), lg = g[v] - mg - std::log(zg);
-      kl += std::exp(lw) * (lw - lg);
-    }
-    a.mean_kl += kl / double(n);
-    a.max_kl = std::max(a.max_kl, kl);
-    std::vector<float> sorted(w, w + V);
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    if (sorted[0] - sorted[1] > margin) {
-      ++a.top1_checked;
-      a.top1_agree += std::max_element(w, w + V) - w == std::max_element(g, g + V) - g;
-    }
-  }
-  return a;
-}
-
-// compare() over every reference sequence, the KL averaged per position.
+// compare_logits() over every reference sequence, the KL averaged per position.
 agreement compare_all(k::cpu::context& ctx, const llama_model& m, const reference& ref,
                       const std::function<std::vector<float>(std::size_t)>& want, double margin) {
   agreement total;
   std::size_t n = 0;
   for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-    const auto a = compare(run(ctx, m, ref.tokens[i]), want(i), ref.vocab, margin);
+    const auto a = test::compare_logits(run(ctx, m, ref.tokens[i]), want(i), ref.vocab, margin);
     total.mean_kl += a.mean_kl * double(ref.tokens[i].size());
     n += ref.tokens[i].size();
     total.max_kl = std::max(total.max_kl, a.max_kl);

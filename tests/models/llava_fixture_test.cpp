@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "logit_agreement.hpp"
 #include "../kernels/fixture_reader.hpp"
 #include "models/generate.hpp"
 #include "models/llava.hpp"
@@ -316,38 +317,7 @@ TEST_P(LlavaFidelity, GreedyGenerationMatchesTransformers) {
   }
 }
 
-// Mean KL(want || got) of the softmaxes over positions, and top-1 agreement
-// at positions whose reference top-2 gap exceeds `margin`.
-struct agreement {
-  double mean_kl = 0;
-  int top1_agree = 0, top1_checked = 0;
-};
-agreement compare(const std::vector<float>& got, const std::vector<float>& want, std::int64_t vocab,
-                  double margin) {
-  agreement a;
-  const auto V = static_cast<std::size_t>(vocab);
-  const std::size_t n = want.size() / V;
-  for (std::size_t p = 0; p < n; ++p) {
-    const float* w = want.data() + p * V;
-    const float* g = got.data() + p * V;
-    const double mw = *std::max_element(w, w + V), mg = *std::max_element(g, g + V);
-    double zw = 0, zg = 0;
-    for (std::size_t v = 0; v < V; ++v) zw += std::exp(w[v] - mw), zg += std::exp(g[v] - mg);
-    double kl = 0;
-    for (std::size_t v = 0; v < V; ++v) {
-      const double lw = w[v] - mw - std::log(zw), lg = g[v] - mg - std::log(zg);
-      kl += std::exp(lw) * (lw - lg);
-    }
-    a.mean_kl += kl / double(n);
-    std::vector<float> top(w, w + V);
-    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
-    if (top[0] - top[1] > margin) {
-      ++a.top1_checked;
-      a.top1_agree += std::max_element(w, w + V) - w == std::max_element(g, g + V) - g;
-    }
-  }
-  return a;
-}
+using test::agreement;
 
 // Vision int8, projector f16, decoder q4_0 ("full"; "odd"'s 48 columns do not
 // split into 32-blocks, so its decoder is int8): loads with the component
@@ -400,7 +370,7 @@ TEST_P(LlavaFidelity, MixedPrecisionComponentsMatchDequantizedReference) {
     const std::size_t n = pr.expanded.size();
     for (auto [out, w, margin] :
          {std::tuple{&sharp, &want, 0.05}, std::tuple{&loose, &pr.logits, 0.5}}) {
-      const auto a = compare(got, *w, ref.vocab, margin);
+      const auto a = test::compare_logits(got, *w, ref.vocab, margin);
       out->mean_kl += a.mean_kl * double(n);
       out->top1_agree += a.top1_agree;
       out->top1_checked += a.top1_checked;
