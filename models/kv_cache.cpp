@@ -1,18 +1,25 @@
 #include "models/kv_cache.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 namespace troupe::models {
 
-result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_kv_heads, int head_dim,
-                                  const kv_options& opts) {
-  if (layers < 1 || n_kv_heads < 1 || head_dim < 1) return make_error(errc::invalid_argument, "bad KV cache shape");
-  if (opts.block_size < 1 || opts.block_size > 4096) return make_error(errc::invalid_argument, "KV block size must be 1..4096");
-  if (opts.capacity_tokens < 1) return make_error(errc::invalid_argument, "KV capacity must be positive");
-  if (opts.window < 0 || opts.sinks < 0) return make_error(errc::invalid_argument, "window and sinks must be >= 0");
+result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_kv_heads,
+                                  int head_dim, const kv_options& opts) {
+  if (layers < 1 || n_kv_heads < 1 || head_dim < 1)
+    return make_error(errc::invalid_argument, "bad KV cache shape");
+  if (opts.block_size < 1 || opts.block_size > 4096)
+    return make_error(errc::invalid_argument, "KV block size must be 1..4096");
+  if (opts.capacity_tokens < 1)
+    return make_error(errc::invalid_argument, "KV capacity must be positive");
+  if (opts.window < 0 || opts.sinks < 0)
+    return make_error(errc::invalid_argument, "window and sinks must be >= 0");
   kv_cache c;
   c.opts_ = opts;
-  c.n_blocks_ = (opts.capacity_tokens + opts.block_size - 1) / opts.block_size + 1;  // + the hole block
+  c.n_blocks_ =
+      (opts.capacity_tokens + opts.block_size - 1) / opts.block_size + 1;  // + the hole block
   kernels::kv_cache_config cfg;
   cfg.block_size = opts.block_size;
   cfg.n_kv_heads = n_kv_heads;
@@ -25,7 +32,8 @@ result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_
     if (!layer) return std::unexpected(layer.error());
     c.layers_.push_back(std::move(*layer));
   }
-  for (std::int64_t b = c.n_blocks_ - 1; b >= 1; --b) c.free_.push_back(static_cast<std::int32_t>(b));
+  for (std::int64_t b = c.n_blocks_ - 1; b >= 1; --b)
+    c.free_.push_back(static_cast<std::int32_t>(b));
   return c;
 }
 
@@ -45,14 +53,16 @@ void kv_cache::release(seq_id s) {
 
 result<void> kv_cache::reserve(seq_id s, std::int64_t length) {
   auto it = seqs_.find(s);
-  if (it == seqs_.end()) return make_error(errc::invalid_argument, "unknown sequence " + std::to_string(s));
+  if (it == seqs_.end())
+    return make_error(errc::invalid_argument, "unknown sequence " + std::to_string(s));
   auto& table = it->second.table;
   const auto need = static_cast<std::size_t>((length + opts_.block_size - 1) / opts_.block_size);
   if (need <= table.size()) return {};
   const std::size_t more = need - table.size();
   if (more > free_.size())
-    return make_error(errc::out_of_memory, "KV cache full: " + std::to_string(more) + " blocks needed, " +
-                                               std::to_string(free_.size()) + " free");
+    return make_error(errc::out_of_memory, "KV cache full: " + std::to_string(more) +
+                                               " blocks needed, " + std::to_string(free_.size()) +
+                                               " free");
   for (std::size_t i = 0; i < more; ++i) {
     table.push_back(free_.back());
     free_.pop_back();
@@ -62,9 +72,11 @@ result<void> kv_cache::reserve(seq_id s, std::int64_t length) {
 
 result<void> kv_cache::commit(seq_id s, std::int64_t length) {
   auto it = seqs_.find(s);
-  if (it == seqs_.end()) return make_error(errc::invalid_argument, "unknown sequence " + std::to_string(s));
+  if (it == seqs_.end())
+    return make_error(errc::invalid_argument, "unknown sequence " + std::to_string(s));
   auto& seq = it->second;
-  if (length < seq.length || length > static_cast<std::int64_t>(seq.table.size()) * opts_.block_size)
+  if (length < seq.length ||
+      length > static_cast<std::int64_t>(seq.table.size()) * opts_.block_size)
     return make_error(errc::invalid_argument, "bad KV length");
   seq.length = length;
   if (opts_.window > 0) {
@@ -93,6 +105,230 @@ std::span<const std::int32_t> kv_cache::block_table(seq_id s) const {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return {};
   return it->second.table;
+}
+
+std::int64_t kv_cache::blocks_held(const kv_options& opts, std::int64_t committed,
+                                   std::int64_t reserved) {
+  const std::int64_t B = opts.block_size;
+  if (B < 1) return 0;
+  committed = std::max<std::int64_t>(committed, 0);
+  reserved = std::max(reserved, committed);
+  const std::int64_t entries = reserved / B + (reserved % B != 0);
+  if (opts.window <= 0) return entries;
+  // commit() frees block b when (b + 1) * B <= committed + 1 - window and
+  // b * B >= sinks: the blocks [ceil(sinks / B), floor(window_start / B)).
+  const std::int64_t window_start = committed + 1 - opts.window;
+  if (window_start <= 0) return entries;
+  const std::int64_t dead_lo = opts.sinks / B + (opts.sinks % B != 0);
+  const std::int64_t dead_hi = std::min(entries, window_start / B);
+  return entries - std::max<std::int64_t>(0, dead_hi - dead_lo);
+}
+
+kv_usage kv_cache::usage() const {
+  kv_usage u;
+  u.total_blocks = total_blocks();
+  u.free_blocks = free_blocks();
+  u.sequences = static_cast<std::int64_t>(seqs_.size());
+  for (const auto& [id, seq] : seqs_) u.tokens += seq.length;
+  return u;
+}
+
+std::size_t kv_snapshot::block_bytes() const {
+  if (n_kv_heads < 1 || head_dim < 1 || block_size < 1) return 0;
+  if (type != kernels::dtype::f32 && type != kernels::dtype::f16 && type != kernels::dtype::i8)
+    return 0;
+  // Each factor is below 2^31, so the slot count fits; cap the total at 2^40.
+  const auto slots = static_cast<unsigned __int128>(n_kv_heads) * static_cast<unsigned>(block_size);
+  const unsigned __int128 bytes =
+      2 * slots * static_cast<unsigned>(head_dim) * kernels::block_bytes(type) +
+      (type == kernels::dtype::i8 ? 2 * slots * sizeof(float) : 0);
+  if (bytes > (static_cast<unsigned __int128>(1) << 40)) return 0;
+  return static_cast<std::size_t>(bytes);
+}
+
+namespace {
+
+// Longest sequence an import accepts, and most block-table entries (window
+// holes included) it will allocate.
+constexpr std::int64_t max_import_tokens = std::int64_t{1} << 40;
+constexpr std::int64_t max_import_entries = std::int64_t{1} << 24;
+
+// The byte ranges of one block in one layer's tensors, in snapshot order.
+struct block_parts {
+  std::size_t data_bytes = 0;   // k (and v) bytes of one block
+  std::size_t scale_bytes = 0;  // k (and v) scale bytes of one block (i8)
+};
+
+block_parts parts_of(const kernels::kv_cache_config& c) {
+  block_parts p;
+  const auto slots =
+      static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.block_size);
+  p.data_bytes = slots * static_cast<std::size_t>(c.head_dim) * kernels::block_bytes(c.type);
+  p.scale_bytes = c.type == kernels::dtype::i8 ? slots * sizeof(float) : 0;
+  return p;
+}
+
+}  // namespace
+
+result<kv_snapshot> kv_cache::export_sequence(seq_id s) const {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end())
+    return make_error(errc::invalid_argument, "export: unknown sequence " + std::to_string(s));
+  const auto& seq = it->second;
+  const auto& c = layers_.front().config;
+  kv_snapshot snap;
+  snap.layers = layers();
+  snap.n_kv_heads = c.n_kv_heads;
+  snap.head_dim = c.head_dim;
+  snap.block_size = c.block_size;
+  snap.type = c.type;
+  snap.window = opts_.window;
+  snap.sinks = opts_.sinks;
+  snap.length = seq.length;
+  const std::int64_t B = c.block_size;
+  const std::int64_t entries = (seq.length + B - 1) / B;
+  for (std::int64_t b = 0; b < entries; ++b)
+    if (seq.table[static_cast<std::size_t>(b)] != 0)
+      snap.live.push_back(static_cast<std::int32_t>(b));
+  const block_parts p = parts_of(c);
+  const std::size_t per_block = 2 * p.data_bytes + 2 * p.scale_bytes;
+  snap.data.resize(static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block);
+  // Slots past the length in the last block hold stale data of earlier
+  // owners: they stay zero in the snapshot.
+  const std::int64_t used_in_last = seq.length - (entries - 1) * B;
+  const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * kernels::block_bytes(c.type);
+  std::byte* out = snap.data.data();
+  for (const auto& layer : layers_) {
+    for (auto index : snap.live) {
+      const auto id = static_cast<std::size_t>(seq.table[static_cast<std::size_t>(index)]);
+      const std::size_t used = index == entries - 1 ? static_cast<std::size_t>(used_in_last)
+                                                    : static_cast<std::size_t>(B);
+      const std::byte* parts[4] = {layer.k.data_as<const std::byte>() + id * p.data_bytes,
+                                   layer.v.data_as<const std::byte>() + id * p.data_bytes, nullptr,
+                                   nullptr};
+      if (p.scale_bytes != 0) {
+        parts[2] = layer.k_scales.data_as<const std::byte>() + id * p.scale_bytes;
+        parts[3] = layer.v_scales.data_as<const std::byte>() + id * p.scale_bytes;
+      }
+      for (int part = 0; part < 4; ++part) {
+        if (parts[part] == nullptr) continue;
+        const std::size_t slot_bytes = part < 2 ? row_bytes : sizeof(float);
+        const std::size_t bytes = part < 2 ? p.data_bytes : p.scale_bytes;
+        for (int h = 0; h < c.n_kv_heads; ++h) {  // head-major: copy the used slots of each head
+          const std::size_t at =
+              static_cast<std::size_t>(h) * static_cast<std::size_t>(B) * slot_bytes;
+          std::memcpy(out + at, parts[part] + at, used * slot_bytes);
+        }
+        out += bytes;
+      }
+    }
+  }
+  return snap;
+}
+
+result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
+  const auto& c = layers_.front().config;
+  auto bad = [](const std::string& what) {
+    return make_error(errc::invalid_argument, "KV snapshot: " + what);
+  };
+  auto differs = [&](const char* field, std::int64_t got, std::int64_t want) {
+    return bad(std::string(field) + " is " + std::to_string(got) + ", this cache has " +
+               std::to_string(want));
+  };
+  if (snap.layers != layers()) return differs("layers", snap.layers, layers());
+  if (snap.n_kv_heads != c.n_kv_heads) return differs("n_kv_heads", snap.n_kv_heads, c.n_kv_heads);
+  if (snap.head_dim != c.head_dim) return differs("head_dim", snap.head_dim, c.head_dim);
+  if (snap.block_size != c.block_size) return differs("block_size", snap.block_size, c.block_size);
+  if (snap.type != c.type)
+    return bad("dtype is " + std::string(kernels::to_string(snap.type)) + ", this cache has " +
+               std::string(kernels::to_string(c.type)));
+  if (snap.window != opts_.window) return differs("window", snap.window, opts_.window);
+  if (snap.sinks != opts_.sinks) return differs("sinks", snap.sinks, opts_.sinks);
+  if (snap.length < 0 || snap.length > max_import_tokens)
+    return bad("length " + std::to_string(snap.length) + " is outside 0.." +
+               std::to_string(max_import_tokens));
+  const std::int64_t B = c.block_size;
+  const std::int64_t entries = (snap.length + B - 1) / B;
+  if (entries > max_import_entries)
+    return bad("length " + std::to_string(snap.length) + " needs " + std::to_string(entries) +
+               " block-table entries, more than the limit of " +
+               std::to_string(max_import_entries));
+  // The live blocks must be exactly the ones commit() keeps for `length`.
+  const std::int64_t held = blocks_held(opts_, snap.length, snap.length);
+  std::int64_t dead_lo = 0, dead_hi = 0;
+  if (opts_.window > 0 && held < entries) {
+    dead_lo = (opts_.sinks + B - 1) / B;
+    dead_hi = dead_lo + (entries - held);
+  }
+  if (static_cast<std::int64_t>(snap.live.size()) != held)
+    return bad(std::to_string(snap.live.size()) + " live blocks, but " +
+               std::to_string(snap.length) + " tokens under this cache's window keep " +
+               std::to_string(held));
+  for (std::size_t i = 0; i < snap.live.size(); ++i) {
+    const std::int64_t b = snap.live[i];
+    if (b < 0 || b >= entries)
+      return bad("live block index " + std::to_string(b) + " is outside the " +
+                 std::to_string(entries) + " blocks of " + std::to_string(snap.length) + " tokens");
+    if (i > 0 && b <= snap.live[i - 1])
+      return bad("live block indices are not strictly increasing");
+    if (b >= dead_lo && b < dead_hi)
+      return bad("live block index " + std::to_string(b) + " lies behind the window (blocks " +
+                 std::to_string(dead_lo) + ".." + std::to_string(dead_hi - 1) + " are holes)");
+  }
+  const block_parts p = parts_of(c);
+  const std::size_t per_block = 2 * p.data_bytes + 2 * p.scale_bytes;
+  if (per_block != snap.block_bytes())
+    return make_error(errc::internal, "KV snapshot block size disagrees");
+  const std::size_t want = static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block;
+  if (snap.data.size() != want)
+    return bad("data has " + std::to_string(snap.data.size()) + " bytes, expected " +
+               std::to_string(want) + " (" + std::to_string(snap.layers) + " layers x " +
+               std::to_string(snap.live.size()) + " blocks x " + std::to_string(per_block) + ")");
+  if (snap.live.size() > free_.size())
+    return make_error(errc::out_of_memory, "KV cache full: importing needs " +
+                                               std::to_string(snap.live.size()) + " blocks, " +
+                                               std::to_string(free_.size()) + " free");
+
+  sequence seq;
+  seq.length = snap.length;
+  seq.table.assign(static_cast<std::size_t>(entries), 0);
+  for (auto index : snap.live) {
+    seq.table[static_cast<std::size_t>(index)] = free_.back();
+    free_.pop_back();
+  }
+  auto give_back = [&] {  // in reverse, so the free list is as it was
+    for (auto index = snap.live.rbegin(); index != snap.live.rend(); ++index)
+      free_.push_back(seq.table[static_cast<std::size_t>(*index)]);
+  };
+  const std::byte* in = snap.data.data();
+  for (auto& layer : layers_) {
+    for (auto index : snap.live) {
+      const auto id = static_cast<std::size_t>(seq.table[static_cast<std::size_t>(index)]);
+      std::memcpy(layer.k.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
+      in += p.data_bytes;
+      std::memcpy(layer.v.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
+      in += p.data_bytes;
+      if (p.scale_bytes != 0) {
+        std::memcpy(layer.k_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
+        in += p.scale_bytes;
+        std::memcpy(layer.v_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
+        in += p.scale_bytes;
+      }
+      if (layer.has_summaries()) {
+        // A one-block table: the block's summary over its used slots, as
+        // appending them one by one would have left it.
+        const std::int32_t one[1] = {static_cast<std::int32_t>(id)};
+        const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
+        if (auto r = kernels::build_kv_summaries(layer, one, used); !r) {
+          give_back();
+          return std::unexpected(r.error());
+        }
+      }
+    }
+  }
+  const seq_id id = next_++;
+  seqs_.emplace(id, std::move(seq));
+  return id;
 }
 
 }  // namespace troupe::models

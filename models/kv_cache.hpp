@@ -15,12 +15,50 @@ struct kv_options {
   int block_size = 16;
   kernels::dtype type = kernels::dtype::f32;  ///< f32, f16 or i8
   std::int64_t capacity_tokens = 4096;        ///< total tokens over all sequences
-  int window = 0;  ///< > 0: sliding window; blocks that fall out of it are freed
-  int sinks = 0;   ///< tokens kept from the start of a sequence with a window
+  int window = 0;          ///< > 0: sliding window; blocks that fall out of it are freed
+  int sinks = 0;           ///< tokens kept from the start of a sequence with a window
   bool summaries = false;  ///< per-block key summaries (sparse attention)
 };
 
 using seq_id = std::int64_t;
+
+/// Block counts of a whole cache.
+struct kv_usage {
+  std::int64_t total_blocks = 0;  ///< blocks in the pool (the hole block not counted)
+  std::int64_t free_blocks = 0;
+  std::int64_t sequences = 0;
+  std::int64_t tokens = 0;  ///< committed tokens over all sequences
+};
+
+/// A host copy of one sequence's live KV blocks, all layers.
+///
+/// `data` holds, for each layer l in 0..layers-1, for each entry of `live`
+/// in order, one block's bytes:
+///  - k: [n_kv_heads, block_size, head_dim] elements of `type`;
+///  - v: the same;
+///  - with `type` == i8 only: k scales, then v scales, f32 [n_kv_heads, block_size].
+/// That is block_bytes() per block and layers * live.size() * block_bytes()
+/// in all. Slots at or past `length` in the last block are zero.
+struct kv_snapshot {
+  int layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  kernels::dtype type = kernels::dtype::f32;
+  int window = 0;
+  int sinks = 0;
+  std::int64_t length = 0;  ///< committed tokens
+  /// Table indices (block positions in the sequence) that hold data, in
+  /// increasing order; the other entries below ceil(length / block_size)
+  /// are window holes.
+  std::vector<std::int32_t> live;
+  /// Per layer, per live block: k, v (and i8 scales) bytes, in the order above.
+  std::vector<std::byte> data;
+
+  /// Bytes of one block of one layer (k, v and, for i8, their scales); 0
+  /// when the shape is invalid or too large.
+  std::size_t block_bytes() const;
+};
 
 /// The paged KV cache of every layer of one model: one block pool per
 /// layer, block ids shared across layers, a block table per sequence.
@@ -29,8 +67,8 @@ using seq_id = std::int64_t;
 /// reserved hole block 0, which attention never reads.
 class kv_cache {
  public:
-  static result<kv_cache> create(kernels::memory_pool& pool, int layers, int n_kv_heads, int head_dim,
-                                 const kv_options& opts);
+  static result<kv_cache> create(kernels::memory_pool& pool, int layers, int n_kv_heads,
+                                 int head_dim, const kv_options& opts);
 
   seq_id add_sequence();
   /// Frees the sequence's blocks.
@@ -43,6 +81,28 @@ class kv_cache {
   result<void> commit(seq_id s, std::int64_t length);
 
   std::int64_t length(seq_id s) const;
+  /// Blocks a sequence holds when `committed` tokens are committed (window
+  /// freeing applied) and room for `reserved` >= committed tokens was
+  /// reserved (reserve allocates before commit frees): what this cache's
+  /// reserve and commit leave it with. Negative counts count as 0, a
+  /// `reserved` below `committed` as `committed`.
+  static std::int64_t blocks_held(const kv_options& opts, std::int64_t committed,
+                                  std::int64_t reserved);
+  /// Pool, sequence and token counts.
+  kv_usage usage() const;
+
+  /// A host copy of sequence `s`'s committed tokens (its live blocks, every
+  /// layer); the sequence stays as it was. Unknown sequence: invalid_argument.
+  result<kv_snapshot> export_sequence(seq_id s) const;
+  /// Recreates a sequence from a snapshot under a new id: new blocks from
+  /// this cache's pool, block summaries rebuilt when the cache keeps them.
+  /// The snapshot must match this cache's shape (layers, heads, head_dim,
+  /// block size, dtype) and policy (window, sinks), its live blocks must be
+  /// exactly the ones this cache's window keeps for `length` tokens, in
+  /// order, and `data` must have exactly the expected size
+  /// (invalid_argument otherwise). Too few free blocks: out_of_memory. On
+  /// any error the cache is unchanged.
+  result<seq_id> import_sequence(const kv_snapshot& snap);
   std::span<const std::int32_t> block_table(seq_id s) const;
   bool contains(seq_id s) const { return seqs_.count(s) != 0; }
 

@@ -29,33 +29,87 @@ struct step_input {
   std::span<const float> embeddings{};
 };
 
+/// Which part of the decoder a model object holds (a pipeline stage).
+struct layer_range {
+  int first = 0;      ///< first decoder layer
+  int last = -1;      ///< one past the last layer; -1 = num_layers
+  bool embed = true;  ///< holds the embedding table (first stage)
+  bool head = true;   ///< holds the final norm and LM head (last stage)
+};
+
 /// A LLaMA decoder over the CPU kernels: weights packed once at load,
 /// batched forward over sequences of different lengths (prefill chunks and
 /// decode tokens together). A sequence's logits are bit-identical whatever
 /// else is in the batch, the prefill chunking or the thread count.
+///
+/// A model object may hold only a range of the decoder (a pipeline stage,
+/// see layer_range): then `embed`, `run_layers` and `head` run its part of
+/// a step, and a chain of stages gives bit-identical logits to the whole
+/// model (each stage with its own KV cache of its own layers).
 class llama_model {
  public:
-  /// Loads a Hugging Face folder or GGUF file, converting weights per `plan`.
-  static result<std::unique_ptr<llama_model>> load(const std::string& path, kernels::cpu::context& ctx,
-                                                   const quant_plan& plan = {});
-  /// Builds from an open source (the source may be dropped afterwards).
-  static result<std::unique_ptr<llama_model>> build(const weight_source& src, const llama_config& cfg,
-                                                    kernels::cpu::context& ctx, const quant_plan& plan);
+  /// Loads a Hugging Face folder or GGUF file, converting weights per `plan`;
+  /// only the weights `range` needs are read.
+  static result<std::unique_ptr<llama_model>> load(const std::string& path,
+                                                   kernels::cpu::context& ctx,
+                                                   const quant_plan& plan = {},
+                                                   const layer_range& range = {});
+  /// Builds from an open source (the source may be dropped afterwards),
+  /// holding the layers [range.first, range.last) and, as `range` says, the
+  /// embedding table and the final norm + LM head. A range that does not fit
+  /// the config (first < 0, last > num_layers, first >= last, an embedding
+  /// on a stage that does not start at layer 0, a head on one that does not
+  /// end at the last layer) is invalid_argument.
+  static result<std::unique_ptr<llama_model>> build(const weight_source& src,
+                                                    const llama_config& cfg,
+                                                    kernels::cpu::context& ctx,
+                                                    const quant_plan& plan,
+                                                    const layer_range& range = {});
 
   const llama_config& config() const { return cfg_; }
-  /// A KV cache shaped for this model.
+  /// The part of the decoder held, with `last` resolved (never -1).
+  const layer_range& range() const { return range_; }
+  /// Whether this model holds every layer, the embedding and the head.
+  bool is_full() const;
+  /// A KV cache for the layers this model holds (cache layer 0 = layer
+  /// range().first).
   result<kv_cache> make_cache(kernels::memory_pool& pool, const kv_options& opts) const;
 
-  /// Runs one step. Returns f32 logits [n, vocab]: for each input in order,
-  /// one row per token when all_logits, else one row (its last token).
+  /// Runs one step: embed, run_layers and head. Returns f32 logits
+  /// [n, vocab]: for each input in order, one row per token when
+  /// all_logits, else one row (its last token). Needs a full range.
   /// On error no sequence's cache length changes.
-  result<kernels::tensor> forward(kernels::cpu::context& ctx, kv_cache& cache, std::span<const step_input> inputs,
+  result<kernels::tensor> forward(kernels::cpu::context& ctx, kv_cache& cache,
+                                  std::span<const step_input> inputs,
                                   const kernels::attention_options& attn = {}) const;
 
-  /// Bytes of weights read per decoded token (all matrices incl. the LM
-  /// head, plus one embedding row): the memory-bound limit's numerator.
+  /// The first stage's part of a step: the input embeddings, f32
+  /// [T, hidden] with T the inputs' tokens in order (embedding-table rows,
+  /// replaced by the inputs' own embeddings at their embed_token). Checks the
+  /// tokens and embeddings; needs the embedding table. Changes no cache.
+  result<kernels::tensor> embed(kernels::cpu::context& ctx,
+                                std::span<const step_input> inputs) const;
+  /// Runs the held layers over `x` (f32 [T, hidden], contiguous) in place:
+  /// reserves room in `cache` (which must have exactly the held layers),
+  /// appends the step's keys and values and commits the new lengths. The
+  /// inputs' tokens give the per-sequence counts (their ids are checked
+  /// against the vocabulary; embeddings are not used). On error no
+  /// sequence's cache length changes.
+  result<void> run_layers(kernels::cpu::context& ctx, kv_cache& cache,
+                          std::span<const step_input> inputs, kernels::tensor& x,
+                          const kernels::attention_options& attn = {}) const;
+  /// The last stage's part of a step: final norm and LM head over the rows
+  /// of `x` (f32 [T, hidden], the output of run_layers) that need logits;
+  /// returns them as forward does. Needs the head.
+  result<kernels::tensor> head(kernels::cpu::context& ctx, std::span<const step_input> inputs,
+                               const kernels::tensor& x) const;
+
+  /// Bytes of weights read per decoded token by what this model holds (its
+  /// layers' matrices, the LM head if held, one embedding row if held): the
+  /// memory-bound limit's numerator.
   std::size_t bytes_per_token() const;
-  /// Summary of the precision chosen for each kind of tensor.
+  /// Summary of the precision chosen for each kind of tensor held (and the
+  /// layer range when it is not the whole decoder).
   std::string describe() const;
 
  private:
@@ -63,9 +117,18 @@ class llama_model {
     kernels::packed_matrix q, k, v, o, gate, up, down;
     kernels::tensor input_norm, post_norm;
   };
+  // Per-step layout after checking the inputs against the cache.
+  struct step_plan {
+    std::vector<std::int64_t> offset, start;
+  };
   llama_model() = default;
+  result<std::int64_t> check_inputs(std::span<const step_input> inputs, bool embeddings) const;
+  result<step_plan> layers_step(kernels::cpu::context& ctx, kv_cache& cache,
+                                std::span<const step_input> inputs, kernels::tensor& x,
+                                const kernels::attention_options& attn) const;
 
   llama_config cfg_;
+  layer_range range_;
   kernels::weight_matrix embed_;
   kernels::packed_matrix lm_head_;
   kernels::tensor norm_;
