@@ -10,12 +10,17 @@ namespace troupe::cli {
 /// parsing (exit code).
 using command_runner = std::function<int()>;
 
-command_runner add_generate(CLI::App& app);
+/// `troupe generate` (run = false) or `troupe run` (run = true): the same
+/// options; both go through the actor pipeline (generate: one stage unless
+/// --stages/--devices say otherwise; --direct runs the plain loop).
+command_runner add_generate(CLI::App& app, bool run = false);
 
 /// The model commands use without --model: $TROUPE_MODEL, else the bundled
 /// tiny LLaVA (assets/tiny-llava-shapes of the source tree this binary was
 /// built from).
 std::string bundled_model_path();
 command_runner add_write_model(CLI::App& app);
+/// `troupe bench`: concurrent requests through the actor pipeline.
+command_runner add_bench(CLI::App& app);
 
 }  // namespace troupe::cli

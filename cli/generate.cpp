@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "kernels/cpu/context.hpp"
 #include "models/chat_template.hpp"
@@ -34,6 +36,10 @@ struct generate_args {
   std::uint64_t seed = 0;
   int threads = 0;
   bool json = false, no_bos = false, chat = false;
+  // Execution: the actor pipeline (devices, stages) or the plain loop.
+  bool direct = false;
+  std::string devices;
+  int stages = 1, micro_batches = 0;
   // Which sampling flags the user gave (the rest come from generation_config.json).
   bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
 };
@@ -78,10 +84,49 @@ kernels::result<prepared_images> prepare_images(const std::vector<std::string>& 
   return prepared_images{std::move(pixels), n, side, seconds_since(t0)};
 }
 
+void print_text(const generate_args& a, const std::string& text) {
+  if (a.json) return;
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+const char* reason_text(models::stop_reason r) {
+  return r == models::stop_reason::stop_token ? "stop token" : r == models::stop_reason::stop_string ? "stop string" : "max tokens";
+}
+
+/// Prints the result: one JSON object with --json, else llama.cpp-style timings.
+void print_result(const generate_args& a, const std::string& text, const std::vector<std::int32_t>& prompt_ids,
+                  std::int64_t prompt_length, const std::vector<std::int32_t>& tokens, const char* why, int images,
+                  double prompt_s, double decode_s, double preprocess_s, double encode_s, const std::string& pipeline) {
+  const double pp = prompt_s > 0 ? static_cast<double>(prompt_length) / prompt_s : 0;
+  const auto gen_n = static_cast<double>(tokens.size() > 0 ? tokens.size() - 1 : 0);
+  const double tg = decode_s > 0 ? gen_n / decode_s : 0;
+  if (a.json) {
+    nlohmann::json j;
+    j["text"] = text;
+    j["prompt_tokens"] = prompt_ids;
+    j["prompt_length"] = prompt_length;
+    j["images"] = images;
+    j["tokens"] = tokens;
+    j["finish_reason"] = why;
+    j["pipeline"] = pipeline;
+    j["timings"] = {{"prompt_ms", prompt_s * 1e3}, {"prompt_tokens_per_s", pp},
+                    {"decode_ms", decode_s * 1e3}, {"decode_tokens_per_s", tg},
+                    {"image_preprocess_ms", preprocess_s * 1e3}, {"image_encode_ms", encode_s * 1e3}};
+    std::puts(j.dump().c_str());
+    return;
+  }
+  if (images > 0)
+    std::printf("\n\nimages: %d, preprocess %.1f ms, encode %.1f ms (%.1f ms per image)", images, preprocess_s * 1e3,
+                encode_s * 1e3, encode_s * 1e3 / images);
+  std::printf("\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, %.2f tokens/s\n", why,
+              static_cast<long long>(prompt_length), prompt_s * 1e3, pp, gen_n, decode_s * 1e3, tg);
+  if (!pipeline.empty()) std::printf("pipeline: %s\n", pipeline.c_str());
+}
+
 int run_generate(const generate_args& a) {
   using namespace troupe::models;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto ctx = kernels::cpu::context::create(threads);
   quant_plan plan;
   if (!a.quant.empty()) {
     auto f = kernels::weight_format_from_string(a.quant);
@@ -101,6 +146,17 @@ int run_generate(const generate_args& a) {
     spdlog::error("--kv-type must be f32, f16 or int8");
     return 2;
   }
+  std::vector<actors::device_spec> devices;
+  if (!a.direct) {
+    std::string list = a.devices;
+    if (list.empty()) list = a.threads > 0 ? "cpu:0-" + std::to_string(threads - 1) : "cpu";
+    auto d = actors::parse_devices(list);
+    if (!d) {
+      spdlog::error("--devices: {}", d.error().message);
+      return 2;
+    }
+    devices = std::move(*d);
+  }
   auto src = weight_source::open(a.model);
   if (!src) {
     spdlog::error("{}", src.error().message);
@@ -108,57 +164,42 @@ int run_generate(const generate_args& a) {
   }
   const std::string model_dir = std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model);
   // A LLaVA folder: the vision tower and projector come with the decoder.
-  std::unique_ptr<llava_model> llava;
+  std::optional<llava_config> lcfg;
   if (!(*src)->is_gguf()) {
     auto text = read_text_file(model_dir + "/config.json");
     if (text && is_llava_config(*text)) {
-      auto lcfg = parse_llava_config(*text, model_dir + "/config.json");
-      if (!lcfg) {
-        spdlog::error("{}", lcfg.error().message);
+      auto c = parse_llava_config(*text, model_dir + "/config.json");
+      if (!c) {
+        spdlog::error("{}", c.error().message);
         return 1;
       }
-      auto m = llava_model::build(**src, *lcfg, *ctx, plan);
-      if (!m) {
-        spdlog::error("{}", m.error().message);
-        return 1;
-      }
-      llava = std::move(*m);
+      lcfg = *c;
     }
   }
-  if (!a.images.empty() && !llava) {
+  if (!a.images.empty() && !lcfg) {
     spdlog::error("--image needs a vision model (a LLaVA folder); {} has no vision tower", a.model);
     return 2;
   }
-  result<tokenizer> tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf())
-                                            : tokenizer::load(std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model));
+  result<tokenizer> tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf()) : tokenizer::load(model_dir);
   if (!tok) {
     spdlog::error("tokenizer: {}", tok.error().message);
     return 1;
   }
-  std::unique_ptr<llama_model> plain;
-  if (!llava) {
-    result<llama_config> cfg = (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf())
-                                                 : load_llama_config(model_dir + "/config.json");
-    if (!cfg) {
-      spdlog::error("{}", cfg.error().message);
-      return 1;
-    }
-    auto m = llama_model::build(**src, *cfg, *ctx, plan);
-    if (!m) {
-      spdlog::error("{}", m.error().message);
-      return 1;
-    }
-    plain = std::move(*m);
+  result<llama_config> text_cfg = lcfg ? result<llama_config>(lcfg->text)
+                                       : (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf())
+                                                           : load_llama_config(model_dir + "/config.json");
+  if (!text_cfg) {
+    spdlog::error("{}", text_cfg.error().message);
+    return 1;
   }
-  const llama_model& model = llava ? llava->language_model() : *plain;
   std::string text = a.prompt;
   bool add_special = !a.no_bos;
   // With images the prompt is a chat turn whose placeholders the template
   // writes, unless the prompt already holds one "<image>" per image.
   const int images = static_cast<int>(a.images.size());
   std::string image_text;
-  if (llava) {
-    auto t = tok->token_text(llava->image_token());
+  if (lcfg) {
+    auto t = tok->token_text(static_cast<std::int32_t>(lcfg->image_token_index));
     image_text = t ? *t : "<image>";
   }
   std::size_t placeholders = 0;
@@ -201,8 +242,116 @@ int run_generate(const generate_args& a) {
     spdlog::error("the prompt encodes to no tokens");
     return 2;
   }
+  // generation_config.json (HF folders) supplies defaults for flags not given,
+  // as transformers and vLLM do.
+  generation_defaults defaults;
+  if (!(*src)->is_gguf()) {
+    auto g = load_generation_config(model_dir + "/generation_config.json");
+    if (!g) {
+      spdlog::error("{}", g.error().message);
+      return 1;
+    }
+    defaults = *g;
+  }
+  sampling_params params;
+  params.max_tokens = a.max_tokens;
+  const bool sampling = defaults.do_sample.value_or(true);
+  params.temperature = a.set_temperature ? a.temperature : sampling ? defaults.temperature.value_or(a.temperature) : 0.0;
+  params.top_k = a.set_top_k ? a.top_k : defaults.top_k.value_or(a.top_k);
+  params.top_p = a.set_top_p ? a.top_p : defaults.top_p.value_or(a.top_p);
+  params.min_p = a.set_min_p ? a.min_p : defaults.min_p.value_or(a.min_p);
+  params.repetition_penalty = a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
+  for (auto id : defaults.eos_token_ids) params.stop_token_ids.push_back(id);
+  params.seed = a.seed;
+  params.stop_strings = a.stops;
+  for (auto id : text_cfg->eos_token_ids) params.stop_token_ids.push_back(id);
+  if (auto eos = tok->special_ids().eos) params.stop_token_ids.push_back(*eos);
+  if (auto r = params.validate(); !r) {
+    spdlog::error("{}", r.error().message);
+    return 2;
+  }
+  kv_options kv;
+  kv.type = *kv_type;
+  kv.capacity_tokens = a.ctx_tokens;
+
+  if (!a.direct) {
+    // The actor pipeline: encoder, shards and KV stores pinned to devices,
+    // the scheduler in front, one client request.
+    src->reset();
+    caf::actor_system_config cfg;
+    actors::register_protocol(cfg);
+    cfg.set("scheduler.max-threads", 2);
+    caf::actor_system sys{cfg};
+    actors::runtime_config rc;
+    rc.model = a.model;
+    rc.devices = devices;
+    rc.stages = a.stages;
+    rc.plan = plan;
+    rc.kv = kv;
+    // A single request may use the whole cache, as the direct loop does.
+    rc.kv.capacity_tokens = std::max<std::int64_t>(kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
+                                                   (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
+    rc.scheduler.micro_batches = a.micro_batches;
+    auto rt = actors::local_runtime::start(sys, rc);
+    if (!rt) {
+      spdlog::error("{}", rt.error().message);
+      return 1;
+    }
+    actors::generate_request req;
+    req.id = actors::client::next_id();
+    req.prompt_tokens = *ids;
+    req.params = params;
+    for (const auto& f : a.images) {
+      std::ifstream in(f, std::ios::binary);
+      if (!in) {
+        spdlog::error("{}: cannot open the image file", f);
+        return 1;
+      }
+      req.images.push_back({f, std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), {})});
+    }
+    print_text(a, text);
+    actors::client client(sys, (*rt)->scheduler());
+    auto fin = client.run(std::move(req), [&](const actors::token_event& e) { print_text(a, e.text); });
+    if (!fin) {
+      spdlog::error("{}", fin.error().message);
+      return 2;
+    }
+    if (fin->reason == "error") {
+      spdlog::error("{}", fin->error);
+      return 1;
+    }
+    const char* why = fin->reason == "length" ? "max tokens" : fin->stop_string ? "stop string" : "stop token";
+    const double prompt_s = (fin->ttft_ms - fin->encode_ms - fin->preprocess_ms) / 1e3;
+    print_result(a, fin->text, *ids, fin->prompt_tokens, fin->tokens, why, images, std::max(0.0, prompt_s),
+                 (fin->total_ms - fin->ttft_ms) / 1e3, fin->preprocess_ms / 1e3, fin->encode_ms / 1e3, (*rt)->describe());
+    return 0;
+  }
+
+  // --direct: the plain generation loop in this thread (the reference the
+  // actor path is checked against).
+  auto ctx = kernels::cpu::context::create(threads);
+  std::unique_ptr<llava_model> llava;
+  std::unique_ptr<llama_model> plain;
+  if (lcfg) {
+    auto m = llava_model::build(**src, *lcfg, *ctx, plan);
+    if (!m) {
+      spdlog::error("{}", m.error().message);
+      return 1;
+    }
+    llava = std::move(*m);
+  } else {
+    auto m = llama_model::build(**src, *text_cfg, *ctx, plan);
+    if (!m) {
+      spdlog::error("{}", m.error().message);
+      return 1;
+    }
+    plain = std::move(*m);
+  }
+  const llama_model& model = llava ? llava->language_model() : *plain;
   // Images: decode, preprocess, encode (vision tower + projector).
-  llava_prompt vision_prompt;
+  generation_request req;
+  req.prompt = *ids;
+  req.params = params;
   double preprocess_s = 0, encode_s = 0;
   if (llava) {
     prepared_images imgs;
@@ -229,96 +378,36 @@ int run_generate(const generate_args& a) {
       return 2;
     }
     encode_s = seconds_since(t0);
-    vision_prompt = std::move(*vp);
-  }
-  // generation_config.json (HF folders) supplies defaults for flags not given,
-  // as transformers and vLLM do.
-  generation_defaults defaults;
-  if (!(*src)->is_gguf()) {
-    auto g = load_generation_config(model_dir + "/generation_config.json");
-    if (!g) {
-      spdlog::error("{}", g.error().message);
-      return 1;
-    }
-    defaults = *g;
-  }
-  generation_request req;
-  if (llava) {
-    req.prompt = std::move(vision_prompt.tokens);
-    req.image_token = vision_prompt.image_token;
-    req.image_embeds = std::move(vision_prompt.image_embeds);
-  } else {
-    req.prompt = *ids;
-  }
-  req.params.max_tokens = a.max_tokens;
-  const bool sampling = defaults.do_sample.value_or(true);
-  req.params.temperature = a.set_temperature ? a.temperature : sampling ? defaults.temperature.value_or(a.temperature) : 0.0;
-  req.params.top_k = a.set_top_k ? a.top_k : defaults.top_k.value_or(a.top_k);
-  req.params.top_p = a.set_top_p ? a.top_p : defaults.top_p.value_or(a.top_p);
-  req.params.min_p = a.set_min_p ? a.min_p : defaults.min_p.value_or(a.min_p);
-  req.params.repetition_penalty = a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
-  for (auto id : defaults.eos_token_ids) req.params.stop_token_ids.push_back(id);
-  req.params.seed = a.seed;
-  req.params.stop_strings = a.stops;
-  for (auto id : model.config().eos_token_ids) req.params.stop_token_ids.push_back(id);
-  if (auto eos = tok->special_ids().eos) req.params.stop_token_ids.push_back(*eos);
-  if (auto r = req.params.validate(); !r) {
-    spdlog::error("{}", r.error().message);
-    return 2;
+    req.prompt = std::move(vp->tokens);
+    req.image_token = vp->image_token;
+    req.image_embeds = std::move(vp->image_embeds);
   }
   auto dec = std::make_shared<stream_decoder>(*tok, true);
   piece_fn piece = [dec](std::int32_t id) { return dec->push(id); };
   generate_options opts;
-  opts.kv.type = *kv_type;
-  opts.kv.capacity_tokens = a.ctx_tokens;
-  if (!a.json) {
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  }
-  auto out = generate_batch(*ctx, model, {req}, {piece},
-                            [&](std::size_t, const std::string& text) {
-                              if (!a.json) {
-                                std::fputs(text.c_str(), stdout);
-                                std::fflush(stdout);
-                              }
-                            },
-                            opts);
+  opts.kv = kv;
+  print_text(a, text);
+  auto out = generate_batch(*ctx, model, {req}, {piece}, [&](std::size_t, const std::string& t) { print_text(a, t); }, opts);
   if (!out) {
     spdlog::error("generation failed: {}", out.error().message);
     return 1;
   }
   const auto& r = (*out)[0];
-  const double pp = r.prompt_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prompt_seconds : 0;
-  const auto gen_n = static_cast<double>(r.tokens.size() > 0 ? r.tokens.size() - 1 : 0);
-  const double tg = r.decode_seconds > 0 ? gen_n / r.decode_seconds : 0;
-  const char* why = r.reason == stop_reason::stop_token ? "stop token" : r.reason == stop_reason::stop_string ? "stop string" : "max tokens";
-  if (a.json) {
-    nlohmann::json j;
-    j["text"] = r.text;
-    j["prompt_tokens"] = *ids;
-    j["prompt_length"] = r.prompt_tokens;
-    j["images"] = images;
-    j["tokens"] = r.tokens;
-    j["finish_reason"] = why;
-    j["timings"] = {{"prompt_ms", r.prompt_seconds * 1e3}, {"prompt_tokens_per_s", pp},
-                    {"decode_ms", r.decode_seconds * 1e3}, {"decode_tokens_per_s", tg},
-                    {"image_preprocess_ms", preprocess_s * 1e3}, {"image_encode_ms", encode_s * 1e3}};
-    std::puts(j.dump().c_str());
-  } else {
-    if (images > 0)
-      std::printf("\n\nimages: %d, preprocess %.1f ms, encode %.1f ms (%.1f ms per image)", images, preprocess_s * 1e3,
-                  encode_s * 1e3, encode_s * 1e3 / images);
-    std::printf("\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, %.2f tokens/s\n", why,
-                static_cast<long long>(r.prompt_tokens), r.prompt_seconds * 1e3, pp, gen_n, r.decode_seconds * 1e3, tg);
-  }
+  print_result(a, r.text, *ids, r.prompt_tokens, r.tokens, reason_text(r.reason), images, r.prompt_seconds,
+               r.decode_seconds, preprocess_s, encode_s, "");
   return 0;
 }
 
 }  // namespace
 
-command_runner add_generate(CLI::App& app) {
+command_runner add_generate(CLI::App& app, bool run) {
   auto a = std::make_shared<generate_args>();
-  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt in this process");
+  auto* cmd = run ? app.add_subcommand("run", "Generate through the actor pipeline over several devices of this process")
+                  : app.add_subcommand("generate", "Generate text from a prompt in this process");
+  cmd->add_option("--devices", a->devices, "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on device i mod count)");
+  cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: the number of stages)")->check(CLI::Range(0, 64));
+  if (!run) cmd->add_flag("--direct", a->direct, "Run the plain generation loop in this thread instead of the actor pipeline");
   cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
   cmd->add_option("--image,-i", a->images, "PNG or JPEG for a vision model (repeatable; one <image> each)");
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();

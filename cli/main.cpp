@@ -43,11 +43,13 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
   app.require_subcommand(1);
   auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
-  auto* bench = app.add_subcommand("bench", "Run the kernel benchmark (bench_kernels)");
+  auto* bench = app.add_subcommand("bench-kernels", "Run the kernel benchmark (bench_kernels)");
   std::vector<std::string> bench_args;
   auto generate = troupe::cli::add_generate(app);
+  auto run = troupe::cli::add_generate(app, true);
+  auto serve_bench = troupe::cli::add_bench(app);
   auto write_model = troupe::cli::add_write_model(app);
-  bench->allow_extras();  // everything after `bench` goes to bench_kernels
+  bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
   bench->prefix_command();
   try {
     app.parse(argc, argv);
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
   }
   if (*devices) return cmd_devices();
   if (app.got_subcommand("generate")) return generate();
+  if (app.got_subcommand("run")) return run();
+  if (app.got_subcommand("bench")) return serve_bench();
   if (app.got_subcommand("write-model")) return write_model();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.

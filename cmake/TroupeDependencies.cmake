@@ -43,3 +43,15 @@ if(NOT WITH_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "troupe: CUDA backend ${TROUPE_HAVE_CUDA}")
+
+# CAF 0.17.6 ships no CMake config or pkg-config file: wrap the Debian
+# libraries in one interface target.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+find_library(CAF_OPENSSL_LIBRARY caf_openssl REQUIRED)
+find_package(OpenSSL REQUIRED)
+add_library(troupe_caf INTERFACE)
+target_include_directories(troupe_caf SYSTEM INTERFACE ${CAF_INCLUDE_DIR})
+target_link_libraries(troupe_caf INTERFACE ${CAF_OPENSSL_LIBRARY} ${CAF_IO_LIBRARY} ${CAF_CORE_LIBRARY}
+                      OpenSSL::SSL OpenSSL::Crypto Threads::Threads)

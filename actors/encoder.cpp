@@ -1,0 +1,153 @@
+#include "actors/encoder.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <map>
+
+#include "actors/tensor_registry.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+using kernels::tensor;
+
+double ms_between(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct pending_input {
+  std::vector<float> pixels;  // [3, side, side]
+  caf::typed_response_promise<encode_reply> promise;
+  clock::time_point arrived;
+  double preprocess_ms = 0;
+};
+
+struct encoder_state {
+  // Length buckets: token count -> inputs waiting, oldest first.
+  std::map<std::int64_t, std::deque<pending_input>> buckets;
+  std::uint64_t batches = 0;
+};
+
+using self_ptr = encoder_actor::stateful_pointer<encoder_state>;
+
+void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
+  auto& q = self->state.buckets[bucket];
+  n = std::min(n, q.size());
+  if (n == 0) return;
+  std::vector<pending_input> batch;
+  for (std::size_t i = 0; i < n; ++i) {
+    batch.push_back(std::move(q.front()));
+    q.pop_front();
+  }
+  const std::int64_t side = res.model->image_size(), C = res.model->channels();
+  const auto t0 = clock::now();
+  auto pix = tensor::empty(res.ctx->memory(), kernels::dtype::f32, {static_cast<std::int64_t>(n), C, side, side});
+  kernels::result<tensor> out = pix ? kernels::result<tensor>{} : std::unexpected(pix.error());
+  if (pix) {
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy(batch[i].pixels.begin(), batch[i].pixels.end(), pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
+    out = res.model->encode_images(*res.ctx, *pix);
+  }
+  const double encode_ms = ms_between(t0, clock::now());
+  ++self->state.batches;
+  const std::int64_t T = res.model->tokens_per_image();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!out) {
+      batch[i].promise.deliver(make_error(error_code::internal, "vision encoder on " + res.device.name + ": " + out.error().message));
+      continue;
+    }
+    auto rows = out->slice_rows(static_cast<std::int64_t>(i) * T, T);
+    if (!rows) {
+      batch[i].promise.deliver(make_error(error_code::internal, rows.error().message));
+      continue;
+    }
+    encode_reply rep;
+    rep.embeddings = tensor_registry::local().put(res.device.name, std::move(*rows));
+    rep.preprocess_ms = batch[i].preprocess_ms;
+    rep.encode_ms = encode_ms;
+    rep.batch = static_cast<std::int64_t>(n);
+    batch[i].promise.deliver(std::move(rep));
+  }
+}
+
+/// Closes what is due in `bucket`; re-arms the timer for what is left.
+void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std::int64_t bucket) {
+  auto& q = self->state.buckets[bucket];
+  while (q.size() >= static_cast<std::size_t>(o.max_batch)) run_batch(self, res, bucket, static_cast<std::size_t>(o.max_batch));
+  if (q.empty()) return;
+  const double waited = ms_between(q.front().arrived, clock::now());
+  const bool due = waited >= o.max_wait_ms && (q.size() >= static_cast<std::size_t>(o.min_batch) || waited >= 4.0 * o.max_wait_ms);
+  if (due) {
+    run_batch(self, res, bucket, q.size());
+    return;
+  }
+  const double wait_for = q.size() >= static_cast<std::size_t>(o.min_batch) ? o.max_wait_ms - waited : 4.0 * o.max_wait_ms - waited;
+  self->delayed_send(self, std::chrono::microseconds(static_cast<std::int64_t>(std::max(0.0, wait_for) * 1000) + 100),
+                     flush_atom::value, bucket);
+}
+
+}  // namespace
+
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(const device_spec& device,
+                                                                        const std::string& path,
+                                                                        const models::quant_plan& plan) {
+  auto res = std::make_shared<encoder_resources>();
+  res->device = device;
+  const int threads = device.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
+                                           : static_cast<int>(device.cores.size());
+  res->ctx = std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, device.cores));
+  auto m = models::llava_model::load(path, *res->ctx, plan);
+  if (!m) return std::unexpected(m.error());
+  res->model = std::move(*m);
+  const std::string dir = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+  auto pc = models::load_image_processor_config(dir);
+  if (!pc) return std::unexpected(pc.error());
+  res->preprocessor = *pc;
+  return res;
+}
+
+encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts) {
+  opts.max_batch = std::max(1, opts.max_batch);
+  opts.min_batch = std::clamp(opts.min_batch, 1, opts.max_batch);
+  opts.max_wait_ms = std::max(0, opts.max_wait_ms);
+  auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res, encoder_options o) -> encoder_actor::behavior_type {
+    pin_current_thread(res->device.cores);
+    return {
+        [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
+          const auto t0 = clock::now();
+          const std::string name = req.image.name.empty() ? "image of request " + std::to_string(req.request) : req.image.name;
+          auto img = models::decode_image(req.image.bytes, res->limits);
+          if (!img) return make_error(error_code::invalid_request, name + ": " + img.error().message);
+          auto pv = models::preprocess_image(*img, res->preprocessor);
+          if (!pv) return make_error(error_code::invalid_request, name + ": " + pv.error().message);
+          const std::int64_t side = res->model->image_size();
+          if (pv->height != side || pv->width != side)
+            return make_error(error_code::invalid_request,
+                              name + ": the preprocessor makes " + std::to_string(pv->height) + "x" + std::to_string(pv->width) +
+                                  " images but the vision tower takes " + std::to_string(side) + "x" + std::to_string(side));
+          // Bucket by the token count the input encodes to (fixed for a CLIP
+          // tower; audio clips will differ).
+          const std::int64_t bucket = res->model->tokens_per_image();
+          auto promise = self->make_response_promise<encode_reply>();
+          auto& q = self->state.buckets[bucket];
+          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now())});
+          if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
+            flush(self, *res, o, bucket);
+          } else if (q.size() == 1) {
+            self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
+          }
+          return promise;
+        },
+        [=](flush_atom, std::int64_t bucket) { flush(self, *res, o, bucket); },
+        [](version_atom) { return protocol_version; },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(res), opts);
+}
+
+}  // namespace troupe::actors

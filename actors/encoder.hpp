@@ -1,0 +1,44 @@
+#pragma once
+
+#include <memory>
+
+#include "actors/device_spec.hpp"
+#include "actors/protocol.hpp"
+#include "kernels/cpu/context.hpp"
+#include "models/image_processor.hpp"
+#include "models/llava.hpp"
+
+namespace troupe::actors {
+
+/// Dynamic batching of an encoder. A batch closes when it holds max_batch
+/// inputs, or once its oldest input has waited max_wait_ms and at least
+/// min_batch inputs wait (with fewer, it closes after 4 x max_wait_ms
+/// anyway, so nothing waits forever). Inputs with different token counts
+/// never share a batch (length buckets: no padding).
+struct encoder_options {
+  int max_batch = 8;
+  int min_batch = 1;
+  int max_wait_ms = 5;
+};
+
+/// What a vision encoder runs on.
+struct encoder_resources {
+  device_spec device;
+  std::shared_ptr<kernels::cpu::context> ctx;
+  std::shared_ptr<const models::llava_model> model;
+  models::image_processor_config preprocessor;
+  models::image_limits limits;
+};
+
+/// Loads the vision tower and projector of the LLaVA folder `path` on `device`.
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(const device_spec& device,
+                                                                        const std::string& path,
+                                                                        const models::quant_plan& plan);
+
+/// Spawns the encoder (detached, pinned): decodes and preprocesses each
+/// image on arrival, batches them, runs the vision tower + projector and
+/// answers each request with its embeddings (kept on the encoder's device,
+/// handed over by tensor_ref).
+encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts);
+
+}  // namespace troupe::actors

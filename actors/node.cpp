@@ -1,0 +1,127 @@
+#include "actors/node.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace troupe::actors {
+
+namespace {
+
+struct node_state {
+  node_setup setup;
+  node_status status;
+  std::vector<shard_actor> shards;
+  std::vector<kv_store_actor> kv_stores;
+  encoder_actor encoder;
+};
+
+using self_ptr = node_actor::stateful_pointer<node_state>;
+
+template <class Handle>
+void kill_all(std::vector<Handle>& hs) {
+  for (auto& h : hs)
+    if (h) caf::anon_send_exit(h, caf::exit_reason::kill);
+  hs.clear();
+}
+
+void publish(self_ptr self) {
+  auto& st = self->state;
+  std::lock_guard lock(st.setup.handles->mtx);
+  st.setup.handles->shards = st.shards;
+  st.setup.handles->kv_stores = st.kv_stores;
+  st.setup.handles->encoder = st.encoder;
+}
+
+void spawn_pipeline(self_ptr self) {
+  auto& st = self->state;
+  auto& sys = self->system();
+  // Every stage starts empty: a restarted pipeline has no KV.
+  for (auto& r : st.setup.stages) {
+    std::lock_guard lock(r->kv->mtx);
+    for (auto& [s, l] : r->kv->local) r->kv->cache.release(l);
+    r->kv->local.clear();
+    ++r->kv->generation;  // shards of an older pipeline may not touch it any more
+  }
+  st.shards.assign(st.setup.stages.size(), shard_actor{});
+  shard_actor next;
+  for (std::size_t i = st.setup.stages.size(); i-- > 0;) {
+    st.shards[i] = spawn_shard(sys, st.setup.stages[i], next);
+    next = st.shards[i];
+    self->monitor(st.shards[i]);
+  }
+  st.kv_stores.clear();
+  for (auto& r : st.setup.stages) {
+    st.kv_stores.push_back(spawn_kv_store(sys, r));
+    self->monitor(st.kv_stores.back());
+  }
+}
+
+void spawn_encoder_actor(self_ptr self) {
+  auto& st = self->state;
+  if (!st.setup.encoder) return;
+  st.encoder = spawn_encoder(self->system(), st.setup.encoder, st.setup.encoder_opts);
+  self->monitor(st.encoder);
+}
+
+}  // namespace
+
+node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
+  auto impl = [](self_ptr self, node_setup setup) -> node_actor::behavior_type {
+    auto& st = self->state;
+    st.setup = std::move(setup);
+    spawn_pipeline(self);
+    spawn_encoder_actor(self);
+    publish(self);
+    self->set_down_handler([=](caf::down_msg& dm) {
+      auto& st = self->state;
+      auto is = [&](const auto& hs) {
+        return std::any_of(hs.begin(), hs.end(), [&](const auto& h) { return h && h.address() == dm.source; });
+      };
+      const bool stage = is(st.shards) || is(st.kv_stores);
+      const bool encoder = st.encoder && st.encoder.address() == dm.source;
+      if (!stage && !encoder) return;  // an actor this node already replaced
+      const std::string why = self->system().render(dm.reason);
+      st.status.last_failure = (stage ? "a pipeline actor stopped: " : "the vision encoder stopped: ") + why;
+      if (st.status.failed) return;
+      if (st.status.restarts >= st.setup.opts.max_restarts) {
+        spdlog::error("node: {}; {} restarts already, giving up", st.status.last_failure, st.status.restarts);
+        st.status.failed = true;
+        kill_all(st.shards);
+        kill_all(st.kv_stores);
+        publish(self);
+        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{}, std::vector<kv_store_actor>{});
+        return;
+      }
+      ++st.status.restarts;
+      if (stage) {
+        spdlog::warn("node: {}; restarting the pipeline ({} of {})", st.status.last_failure, st.status.restarts,
+                     st.setup.opts.max_restarts);
+        kill_all(st.shards);
+        kill_all(st.kv_stores);
+        spawn_pipeline(self);
+        publish(self);
+        self->send(st.setup.scheduler, reset_atom::value, st.shards, st.kv_stores);
+      } else {
+        spdlog::warn("node: {}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
+                     st.setup.opts.max_restarts);
+        spawn_encoder_actor(self);
+        publish(self);
+        self->send(st.setup.scheduler, reset_atom::value, st.encoder);
+      }
+    });
+    // The node stops: so does everything it spawned (the state is gone by
+    // then; the published handles are not).
+    self->attach_functor([handles = st.setup.handles](const caf::error&) {
+      std::lock_guard lock(handles->mtx);
+      kill_all(handles->shards);
+      kill_all(handles->kv_stores);
+      if (handles->encoder) caf::anon_send_exit(handles->encoder, caf::exit_reason::kill);
+    });
+    return {
+        [=](stats_atom) { return self->state.status; },
+        [=](reset_atom, scheduler_actor& s) { self->state.setup.scheduler = std::move(s); },
+    };
+  };
+  return sys.spawn(impl, std::move(setup));
+}
+
+}  // namespace troupe::actors

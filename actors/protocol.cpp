@@ -1,0 +1,70 @@
+#include "actors/protocol.hpp"
+
+namespace troupe::actors {
+
+const char* to_string(error_code c) {
+  switch (c) {
+    case error_code::overloaded: return "overloaded";
+    case error_code::duplicate_id: return "duplicate request id";
+    case error_code::invalid_request: return "invalid request";
+    case error_code::not_found: return "not found";
+    case error_code::cancelled: return "cancelled";
+    case error_code::deadline_exceeded: return "deadline exceeded";
+    case error_code::kv_exhausted: return "KV cache exhausted";
+    case error_code::stage_failed: return "stage failed";
+    case error_code::version_mismatch: return "protocol version mismatch";
+    case error_code::internal: return "internal error";
+  }
+  return "unknown error";
+}
+
+caf::error make_error(error_code code, std::string message) {
+  return caf::error(static_cast<std::uint8_t>(code), error_category, caf::make_message(std::move(message)));
+}
+
+std::uint8_t troupe_code(const caf::error& e) { return e.category() == error_category ? e.code() : 0; }
+
+namespace {
+std::string render(std::uint8_t code, const caf::message& ctx) {
+  std::string s = to_string(static_cast<error_code>(code));
+  if (ctx.match_elements<std::string>()) s += ": " + ctx.get_as<std::string>(0);
+  return s;
+}
+}  // namespace
+
+std::string describe(caf::actor_system& sys, const caf::error& e) {
+  if (e.category() == error_category) return render(e.code(), e.context());
+  return sys.render(e);
+}
+
+void register_protocol(caf::actor_system_config& cfg) {
+  cfg.add_message_type<tensor_ref>("troupe::tensor_ref");
+  cfg.add_message_type<image_data>("troupe::image_data");
+  cfg.add_message_type<models::sampling_params>("troupe::sampling_params");
+  cfg.add_message_type<generate_request>("troupe::generate_request");
+  cfg.add_message_type<submit_ack>("troupe::submit_ack");
+  cfg.add_message_type<token_event>("troupe::token_event");
+  cfg.add_message_type<finish_event>("troupe::finish_event");
+  cfg.add_message_type<seq_work>("troupe::seq_work");
+  cfg.add_message_type<step_batch>("troupe::step_batch");
+  cfg.add_message_type<step_output>("troupe::step_output");
+  cfg.add_message_type<shard_info>("troupe::shard_info");
+  cfg.add_message_type<kv_usage_info>("troupe::kv_usage_info");
+  cfg.add_message_type<kv_export>("troupe::kv_export");
+  cfg.add_message_type<encode_request>("troupe::encode_request");
+  cfg.add_message_type<encode_reply>("troupe::encode_reply");
+  cfg.add_message_type<scheduler_stats>("troupe::scheduler_stats");
+  cfg.add_message_type<std::vector<std::int64_t>>("troupe::i64_vector");
+  cfg.add_message_type<node_status>("troupe::node_status");
+  cfg.add_message_type<client_sink_actor>("troupe::client_sink_actor");
+  cfg.add_message_type<shard_actor>("troupe::shard_actor");
+  cfg.add_message_type<kv_store_actor>("troupe::kv_store_actor");
+  cfg.add_message_type<encoder_actor>("troupe::encoder_actor");
+  cfg.add_message_type<std::vector<shard_actor>>("troupe::shard_actors");
+  cfg.add_message_type<std::vector<kv_store_actor>>("troupe::kv_store_actors");
+  cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
+    return render(code, ctx);
+  });
+}
+
+}  // namespace troupe::actors

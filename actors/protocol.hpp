@@ -1,0 +1,354 @@
+#pragma once
+
+// Every message and every typed actor interface of troupe's runtime, in one
+// place. Messages are small control structs; tensors never travel inside
+// them: a message carries a `tensor_ref` that names a buffer held by the
+// data plane (in one process: actors/tensor_registry.hpp).
+//
+// Bump `protocol_version` whenever a message's fields or an interface change.
+
+#include <caf/all.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/sampling.hpp"
+
+namespace troupe::actors {
+
+inline constexpr std::uint32_t protocol_version = 1;
+
+// -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using encode_atom = caf::atom_constant<caf::atom("encode")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+using usage_atom = caf::atom_constant<caf::atom("usage")>;
+using free_atom = caf::atom_constant<caf::atom("free")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
+using import_atom = caf::atom_constant<caf::atom("import")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using version_atom = caf::atom_constant<caf::atom("version")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using info_atom = caf::atom_constant<caf::atom("info")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
+
+// -- errors -------------------------------------------------------------------
+
+/// Error codes of troupe's actors (category atom "troupe").
+enum class error_code : std::uint8_t {
+  overloaded = 1,     ///< the admission queue is full; retry later
+  duplicate_id,       ///< a request id that was already used
+  invalid_request,    ///< bad prompt, image or sampling parameters
+  not_found,          ///< no such request / sequence
+  cancelled,
+  deadline_exceeded,
+  kv_exhausted,       ///< a request that can never fit in the KV cache
+  stage_failed,       ///< a pipeline stage failed (its message says why)
+  version_mismatch,
+  internal,
+};
+const char* to_string(error_code c);
+inline const caf::atom_value error_category = caf::atom("troupe");
+/// A caf::error of troupe's category with a human-readable message.
+caf::error make_error(error_code code, std::string message);
+/// The code of a troupe error (0 for an error of another category).
+std::uint8_t troupe_code(const caf::error& e);
+/// "overloaded: the queue holds 64 requests (limit 64)" for troupe errors,
+/// CAF's rendering otherwise.
+std::string describe(caf::actor_system& sys, const caf::error& e);
+
+// -- messages -----------------------------------------------------------------
+
+/// Names a tensor held by the data plane: where it lives, what it is, and
+/// the transfer that delivers it. transfer_id 0 = no tensor.
+struct tensor_ref {
+  std::string device;
+  std::uint8_t dtype = 0;  ///< kernels::dtype
+  std::vector<std::int64_t> shape;
+  std::uint64_t transfer_id = 0;
+  bool empty() const { return transfer_id == 0; }
+  bool operator==(const tensor_ref&) const = default;
+};
+
+/// One encoded image (PNG or JPEG file bytes) of a request.
+struct image_data {
+  std::string name;  ///< for error messages (a file name)
+  std::vector<std::uint8_t> bytes;
+  bool operator==(const image_data&) const = default;
+};
+
+/// A generation request as the scheduler receives it.
+struct generate_request {
+  std::uint64_t id = 0;  ///< unique per scheduler; never runs twice
+  std::string prompt;    ///< final prompt text (chat template already applied)
+  std::vector<std::int32_t> prompt_tokens;  ///< used instead of `prompt` when not empty
+  std::vector<image_data> images;           ///< one per <image> in the prompt
+  models::sampling_params params;
+  std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
+};
+
+/// Admission answer to a submit.
+struct submit_ack {
+  std::uint64_t id = 0;
+  std::int64_t queued = 0;  ///< requests waiting ahead of this one
+  bool operator==(const submit_ack&) const = default;
+};
+
+/// Newly generated tokens and the text now safe to show.
+struct token_event {
+  std::uint64_t id = 0;
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  bool operator==(const token_event&) const = default;
+};
+
+/// The end of a request: why it ended and what it produced.
+struct finish_event {
+  std::uint64_t id = 0;
+  std::string reason;  ///< stop | length | cancelled | deadline | error
+  std::string error;   ///< message when reason == error
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t preemptions = 0;
+  double queue_ms = 0;  ///< submission to admission
+  double ttft_ms = 0;   ///< submission to first token
+  double total_ms = 0;  ///< submission to end
+  bool stop_string = false;   ///< reason == stop because of a stop string (not a stop token)
+  double preprocess_ms = 0;   ///< image decoding and preprocessing (all images)
+  double encode_ms = 0;       ///< vision encoder batches this request's images were in
+  bool operator==(const finish_event&) const = default;
+};
+
+/// One sequence's part of a pipeline step.
+struct seq_work {
+  std::int64_t seq = 0;                ///< scheduler's sequence id (same on every stage)
+  std::int64_t start = 0;              ///< tokens already in the sequence's KV cache
+  std::vector<std::int32_t> tokens;    ///< new tokens
+  bool all_logits = false;
+  std::int32_t embed_token = -1;       ///< tokens equal to it take rows of `embeddings`
+  tensor_ref embeddings;               ///< f32 [count(embed_token), hidden]
+  bool operator==(const seq_work&) const = default;
+};
+
+/// A step for one stage: the sequences and, past the first stage, the
+/// previous stage's activations.
+struct step_batch {
+  std::uint64_t step = 0;
+  std::vector<seq_work> seqs;
+  tensor_ref hidden;  ///< f32 [tokens, hidden] (none for the first stage)
+  double compute_ms = 0;  ///< accumulated over the stages so far
+  bool operator==(const step_batch&) const = default;
+};
+
+/// What the last stage returns: logits rows (per sequence its last token,
+/// or all tokens when all_logits).
+struct step_output {
+  std::uint64_t step = 0;
+  tensor_ref logits;
+  double compute_ms = 0;
+  bool operator==(const step_output&) const = default;
+};
+
+/// What a shard holds.
+struct shard_info {
+  std::string device;
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  bool embed = false;
+  bool head = false;
+  std::int64_t hidden = 0;
+  std::int64_t vocab = 0;
+  bool operator==(const shard_info&) const = default;
+};
+
+/// A KV store's occupancy.
+struct kv_usage_info {
+  std::string device;
+  std::int64_t block_size = 0;
+  std::int64_t total_blocks = 0;
+  std::int64_t free_blocks = 0;
+  std::int64_t sequences = 0;
+  std::int64_t tokens = 0;
+  bool operator==(const kv_usage_info&) const = default;
+};
+
+/// A sequence's KV blocks exported to host memory (swap or migration):
+/// metadata here, the bytes behind `data`.
+struct kv_export {
+  std::int64_t seq = 0;
+  std::int64_t length = 0;
+  std::vector<std::int32_t> live;  ///< block positions that hold data
+  tensor_ref data;                 ///< u8 [bytes]
+  bool operator==(const kv_export&) const = default;
+};
+
+/// An image to encode.
+struct encode_request {
+  std::uint64_t request = 0;  ///< for logs and errors
+  image_data image;
+  bool operator==(const encode_request&) const = default;
+};
+
+/// An encoded image: projected features, ready for the first decoder stage.
+struct encode_reply {
+  tensor_ref embeddings;  ///< f32 [tokens, hidden]
+  double preprocess_ms = 0;
+  double encode_ms = 0;
+  std::int64_t batch = 0;  ///< size of the batch it was encoded in
+  bool operator==(const encode_reply&) const = default;
+};
+
+/// Scheduler counters.
+struct scheduler_stats {
+  std::int64_t queued = 0;
+  std::int64_t running = 0;
+  std::int64_t accepted = 0;
+  std::int64_t rejected = 0;
+  std::int64_t finished = 0;
+  std::int64_t preemptions = 0;
+  std::int64_t steps = 0;
+  std::int64_t kv_total_blocks = 0;
+  std::int64_t kv_used_blocks = 0;
+  std::int64_t kv_peak_blocks = 0;
+  bool operator==(const scheduler_stats&) const = default;
+};
+
+/// A node's supervision report.
+struct node_status {
+  std::int64_t restarts = 0;  ///< pipeline restarts so far
+  bool failed = false;        ///< the restart limit was hit: the node gave up
+  std::string last_failure;
+  bool operator==(const node_status&) const = default;
+};
+
+// -- inspect (CAF 0.17 form) ----------------------------------------------------
+
+template <class I>
+typename I::result_type inspect(I& f, tensor_ref& x) {
+  return f(caf::meta::type_name("tensor_ref"), x.device, x.dtype, x.shape, x.transfer_id);
+}
+template <class I>
+typename I::result_type inspect(I& f, image_data& x) {
+  return f(caf::meta::type_name("image_data"), x.name, x.bytes);
+}
+template <class I>
+typename I::result_type inspect(I& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images, x.params,
+           x.deadline_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, submit_ack& x) {
+  return f(caf::meta::type_name("submit_ack"), x.id, x.queued);
+}
+template <class I>
+typename I::result_type inspect(I& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text);
+}
+template <class I>
+typename I::result_type inspect(I& f, finish_event& x) {
+  return f(caf::meta::type_name("finish_event"), x.id, x.reason, x.error, x.tokens, x.text, x.prompt_tokens,
+           x.preemptions, x.queue_ms, x.ttft_ms, x.total_ms, x.stop_string, x.preprocess_ms, x.encode_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, seq_work& x) {
+  return f(caf::meta::type_name("seq_work"), x.seq, x.start, x.tokens, x.all_logits, x.embed_token, x.embeddings);
+}
+template <class I>
+typename I::result_type inspect(I& f, step_batch& x) {
+  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, step_output& x) {
+  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, shard_info& x) {
+  return f(caf::meta::type_name("shard_info"), x.device, x.first_layer, x.last_layer, x.embed, x.head, x.hidden,
+           x.vocab);
+}
+template <class I>
+typename I::result_type inspect(I& f, kv_usage_info& x) {
+  return f(caf::meta::type_name("kv_usage_info"), x.device, x.block_size, x.total_blocks, x.free_blocks,
+           x.sequences, x.tokens);
+}
+template <class I>
+typename I::result_type inspect(I& f, kv_export& x) {
+  return f(caf::meta::type_name("kv_export"), x.seq, x.length, x.live, x.data);
+}
+template <class I>
+typename I::result_type inspect(I& f, encode_request& x) {
+  return f(caf::meta::type_name("encode_request"), x.request, x.image);
+}
+template <class I>
+typename I::result_type inspect(I& f, encode_reply& x) {
+  return f(caf::meta::type_name("encode_reply"), x.embeddings, x.preprocess_ms, x.encode_ms, x.batch);
+}
+template <class I>
+typename I::result_type inspect(I& f, scheduler_stats& x) {
+  return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected, x.finished,
+           x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks, x.kv_peak_blocks);
+}
+
+template <class I>
+typename I::result_type inspect(I& f, node_status& x) {
+  return f(caf::meta::type_name("node_status"), x.restarts, x.failed, x.last_failure);
+}
+
+// -- typed actor interfaces ----------------------------------------------------
+
+/// Receives a request's stream (the scheduler sends these to the submitter).
+using client_sink_actor = caf::typed_actor<caf::reacts_to<token_event>, caf::reacts_to<finish_event>>;
+
+/// A contiguous range of decoder layers on one device. A non-last stage
+/// forwards the step to the next stage; the last one answers with logits.
+using shard_actor = caf::typed_actor<caf::replies_to<step_atom, step_batch>::with<step_output>,
+                                     caf::replies_to<info_atom>::with<shard_info>,
+                                     caf::replies_to<version_atom>::with<std::uint32_t>>;
+
+/// The paged KV blocks of one shard's layers, on the shard's device.
+using kv_store_actor = caf::typed_actor<caf::replies_to<usage_atom>::with<kv_usage_info>,
+                                        caf::replies_to<free_atom, std::vector<std::int64_t>>::with<std::int64_t>,
+                                        caf::replies_to<export_atom, std::int64_t>::with<kv_export>,
+                                        caf::replies_to<import_atom, kv_export>::with<std::int64_t>,
+                                        caf::replies_to<reset_atom>::with<std::int64_t>>;
+
+/// A modality encoder (vision now) with dynamic, length-bucketed batching.
+using encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
+                                       caf::reacts_to<flush_atom, std::int64_t>,
+                                       caf::replies_to<version_atom>::with<std::uint32_t>>;
+
+/// Admission, continuous batching and streaming for one model.
+using scheduler_actor = caf::typed_actor<
+    caf::replies_to<submit_atom, generate_request, client_sink_actor>::with<submit_ack>,
+    caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
+    caf::replies_to<stats_atom>::with<scheduler_stats>,
+    caf::replies_to<version_atom>::with<std::uint32_t>,
+    caf::reacts_to<tick_atom>,
+    // From the node: the pipeline was restarted (every stage's KV is gone;
+    // running requests recompute) or, with no stages, given up on.
+    caf::reacts_to<reset_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,
+    // From the node: the vision encoder was replaced.
+    caf::reacts_to<reset_atom, encoder_actor>>;
+
+/// Supervises one node's actors: restarts the pipeline when a stage or KV
+/// store dies (up to a limit, then gives up and fails the requests).
+using node_actor = caf::typed_actor<caf::replies_to<stats_atom>::with<node_status>,
+                                    caf::reacts_to<reset_atom, scheduler_actor>>;  ///< whom to tell about restarts
+
+/// Registers every message type above (needed to serialize them: between
+/// processes, and in the round-trip test).
+void register_protocol(caf::actor_system_config& cfg);
+
+}  // namespace troupe::actors
+
+namespace troupe::models {
+template <class I>
+typename I::result_type inspect(I& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
+           x.repetition_penalty, x.seed, x.max_tokens, x.stop_token_ids, x.stop_strings);
+}
+}  // namespace troupe::models

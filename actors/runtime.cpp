@@ -1,0 +1,254 @@
+#include "actors/runtime.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+
+#include "models/llava_config.hpp"
+#include "models/weights.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using kernels::errc;
+
+std::string dir_of(const std::string& path) {
+  return std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+}
+
+}  // namespace
+
+kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_system& sys, const runtime_config& cfg) {
+  std::unique_ptr<local_runtime> rt(new local_runtime());
+  rt->sys_ = &sys;
+  auto devices = cfg.devices.empty() ? std::vector<device_spec>{{"cpu", {}}} : cfg.devices;
+  if (cfg.stages < 1) return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
+  // The decoder's shape decides the layer split.
+  auto src = models::weight_source::open(cfg.model);
+  if (!src) return std::unexpected(src.error());
+  const std::string dir = dir_of(cfg.model);
+  std::optional<models::llava_config> llava;
+  models::llama_config text;
+  if ((*src)->is_gguf()) {
+    auto c = models::llama_config_from_gguf(*(*src)->gguf());
+    if (!c) return std::unexpected(c.error());
+    text = *c;
+  } else {
+    auto json = models::read_text_file(dir + "/config.json");
+    if (!json) return std::unexpected(json.error());
+    if (models::is_llava_config(*json)) {
+      auto c = models::parse_llava_config(*json, dir + "/config.json");
+      if (!c) return std::unexpected(c.error());
+      llava = *c;
+      text = c->text;
+    } else {
+      auto c = models::load_llama_config(dir + "/config.json");
+      if (!c) return std::unexpected(c.error());
+      text = *c;
+    }
+  }
+  const int L = static_cast<int>(text.num_layers);
+  if (cfg.stages > L)
+    return kernels::make_error(errc::invalid_argument, std::to_string(cfg.stages) + " stages for a model of " +
+                                                           std::to_string(L) + " layers");
+  auto tok = (*src)->is_gguf() ? models::tokenizer::from_gguf(*(*src)->gguf()) : models::tokenizer::load(dir);
+  if (!tok) return std::unexpected(tok.error());
+  src->reset();
+  rt->frontend_.tok = std::make_shared<const models::tokenizer>(std::move(*tok));
+  rt->frontend_.vocab = text.vocab_size;
+  rt->frontend_.hidden = text.hidden_size;
+  if (llava) {
+    rt->frontend_.image_token = static_cast<std::int32_t>(llava->image_token_index);
+    rt->frontend_.tokens_per_image = llava->tokens_per_image();
+  }
+  // Stages, each on its device.
+  std::int64_t blocks = std::numeric_limits<std::int64_t>::max();
+  for (int s = 0; s < cfg.stages; ++s) {
+    models::layer_range range;
+    range.first = s * L / cfg.stages;
+    range.last = (s + 1) * L / cfg.stages;
+    range.embed = s == 0;
+    range.head = s == cfg.stages - 1;
+    const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];
+    auto res = make_stage(dev, cfg.model, range, cfg.plan, cfg.kv);
+    if (!res)
+      return kernels::make_error(res.error().code, "stage " + std::to_string(s) + " on " + dev.name + " (layers " +
+                                                       std::to_string(range.first) + "-" + std::to_string(range.last - 1) +
+                                                       "): " + res.error().message);
+    (*res)->attention = cfg.attention;
+    blocks = std::min(blocks, (*res)->kv->cache.usage().total_blocks);
+    rt->stage_res_.push_back(std::move(*res));
+  }
+  if (llava) {
+    const auto& dev = devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
+    auto enc = make_vision_encoder(dev, cfg.model, cfg.plan);
+    if (!enc) return kernels::make_error(enc.error().code, "vision encoder on " + dev.name + ": " + enc.error().message);
+    rt->encoder_res_ = std::move(*enc);
+  }
+  // The node spawns and supervises the stages and the encoder; then the
+  // scheduler starts over them.
+  node_setup ns;
+  ns.stages = rt->stage_res_;
+  ns.encoder = rt->encoder_res_;
+  ns.encoder_opts = cfg.encoder;
+  ns.handles = rt->handles_;
+  ns.opts = cfg.node;
+  rt->node_ = spawn_node(sys, std::move(ns));
+  {
+    // Once the node answers, its initial actors are published.
+    caf::scoped_actor self{sys};
+    self->request(rt->node_, caf::infinite, stats_atom::value).receive([](const node_status&) {}, [](caf::error&) {});
+  }
+  auto sopts = cfg.scheduler;
+  sopts.kv = cfg.kv;
+  sopts.kv_blocks = blocks;
+  if (sopts.micro_batches < 1) sopts.micro_batches = cfg.stages;
+  rt->scheduler_ = spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());
+  caf::anon_send(rt->node_, reset_atom::value, rt->scheduler_);
+  return rt;
+}
+
+local_runtime::~local_runtime() { stop(); }
+
+void local_runtime::stop() {
+  if (!sys_) return;
+  // The node first (it stops what it spawned and restarts nothing more).
+  if (node_) caf::anon_send_exit(node_, caf::exit_reason::user_shutdown);
+  if (scheduler_) caf::anon_send_exit(scheduler_, caf::exit_reason::user_shutdown);
+  sys_ = nullptr;
+}
+
+std::vector<shard_actor> local_runtime::shards() const {
+  std::lock_guard lock(handles_->mtx);
+  return handles_->shards;
+}
+
+std::vector<kv_store_actor> local_runtime::kv_stores() const {
+  std::lock_guard lock(handles_->mtx);
+  return handles_->kv_stores;
+}
+
+encoder_actor local_runtime::encoder() const {
+  std::lock_guard lock(handles_->mtx);
+  return handles_->encoder;
+}
+
+std::string local_runtime::describe() const {
+  std::string s;
+  for (const auto& r : stage_res_) {
+    const auto range = r->model->range();
+    if (!s.empty()) s += ", ";
+    s += r->device.name + " layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+  }
+  if (encoder_res_) s += ", vision encoder on " + encoder_res_->device.name;
+  return s;
+}
+
+// -- client ------------------------------------------------------------------
+
+struct client::shared {
+  std::mutex mtx;
+  std::unordered_map<std::uint64_t, callbacks> cbs;
+};
+
+namespace {
+client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer, std::shared_ptr<client::shared> sh) {
+  return {
+      [=](const token_event& e) {
+        std::function<void(const token_event&)> f;
+        {
+          std::lock_guard lock(sh->mtx);
+          auto it = sh->cbs.find(e.id);
+          if (it != sh->cbs.end()) f = it->second.on_token;
+        }
+        if (f) f(e);
+      },
+      [=](const finish_event& e) {
+        std::function<void(const finish_event&)> f;
+        {
+          std::lock_guard lock(sh->mtx);
+          auto it = sh->cbs.find(e.id);
+          if (it != sh->cbs.end()) {
+            f = std::move(it->second.on_finish);
+            sh->cbs.erase(it);
+          }
+        }
+        if (f) f(e);
+      },
+  };
+}
+}  // namespace
+
+client::client(caf::actor_system& sys, scheduler_actor scheduler)
+    : sys_(sys), scheduler_(std::move(scheduler)), shared_(std::make_shared<shared>()) {
+  sink_ = sys_.spawn(sink_impl, shared_);
+}
+
+client::~client() { caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown); }
+
+std::uint64_t client::next_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next++;
+}
+
+std::expected<submit_ack, client::rejection> client::submit(generate_request req, callbacks cb) {
+  const auto id = req.id;
+  {
+    std::lock_guard lock(shared_->mtx);
+    shared_->cbs[id] = std::move(cb);
+  }
+  caf::scoped_actor self{sys_};
+  std::expected<submit_ack, rejection> out = std::unexpected(rejection{error_code::internal, "no answer"});
+  self->request(scheduler_, caf::infinite, submit_atom::value, std::move(req), sink_)
+      .receive([&](submit_ack& a) { out = a; },
+               [&](caf::error& e) {
+                 const auto code = troupe_code(e);
+                 out = std::unexpected(rejection{code ? static_cast<error_code>(code) : error_code::internal, describe(sys_, e)});
+               });
+  if (!out) {
+    std::lock_guard lock(shared_->mtx);
+    shared_->cbs.erase(id);
+  }
+  return out;
+}
+
+bool client::cancel(std::uint64_t id) {
+  caf::scoped_actor self{sys_};
+  bool found = false;
+  self->request(scheduler_, caf::infinite, cancel_atom::value, id).receive([&](bool b) { found = b; }, [&](caf::error&) {});
+  return found;
+}
+
+scheduler_stats client::stats() {
+  caf::scoped_actor self{sys_};
+  scheduler_stats s;
+  self->request(scheduler_, caf::infinite, stats_atom::value).receive([&](scheduler_stats& x) { s = x; }, [&](caf::error&) {});
+  return s;
+}
+
+std::expected<finish_event, client::rejection> client::run(generate_request req,
+                                                           std::function<void(const token_event&)> on_token) {
+  struct waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<finish_event> done;
+  };
+  auto w = std::make_shared<waiter>();
+  callbacks cb;
+  cb.on_token = std::move(on_token);
+  cb.on_finish = [w](const finish_event& f) {
+    std::lock_guard lock(w->m);
+    w->done = f;
+    w->cv.notify_all();
+  };
+  auto ack = submit(std::move(req), std::move(cb));
+  if (!ack) return std::unexpected(ack.error());
+  std::unique_lock lock(w->m);
+  w->cv.wait(lock, [&] { return w->done.has_value(); });
+  return *w->done;
+}
+
+}  // namespace troupe::actors

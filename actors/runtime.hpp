@@ -1,0 +1,108 @@
+#pragma once
+
+// One node's actor runtime in one process: the stages (shard + kv_store per
+// device), the vision encoder and the scheduler, spawned from a config, and
+// the client through which the CLI (and later the HTTP gateway) talk to it.
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/device_spec.hpp"
+#include "actors/encoder.hpp"
+#include "actors/node.hpp"
+#include "actors/protocol.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/stage.hpp"
+
+namespace troupe::actors {
+
+struct runtime_config {
+  std::string model;                 ///< HF folder (LLaMA or LLaVA) or GGUF file
+  std::vector<device_spec> devices;  ///< stage i runs on devices[i % size]; empty: "cpu"
+  int stages = 1;                    ///< pipeline stages (contiguous, even layer ranges)
+  int encoder_device = 0;            ///< index into devices for the vision encoder
+  models::quant_plan plan;
+  models::kv_options kv;             ///< per stage
+  scheduler_options scheduler;       ///< kv / kv_blocks / micro_batches are filled in
+  encoder_options encoder;
+  kernels::attention_options attention;
+  node_options node;
+};
+
+/// The actors of a running pipeline.
+class local_runtime {
+ public:
+  /// Loads every stage and spawns the actors; errors name the stage/device.
+  static kernels::result<std::unique_ptr<local_runtime>> start(caf::actor_system& sys, const runtime_config& cfg);
+  ~local_runtime();
+
+  scheduler_actor scheduler() const { return scheduler_; }
+  node_actor node() const { return node_; }
+  /// The current actors (a restart replaces them).
+  std::vector<shard_actor> shards() const;
+  std::vector<kv_store_actor> kv_stores() const;
+  encoder_actor encoder() const;
+  const model_frontend& frontend() const { return frontend_; }
+  /// The layer ranges of the stages, e.g. "cpu:0 [0,2) cpu:1 [2,4)".
+  std::string describe() const;
+  /// Stops every actor.
+  void stop();
+
+ private:
+  local_runtime() = default;
+  caf::actor_system* sys_ = nullptr;
+  model_frontend frontend_;
+  std::vector<std::shared_ptr<stage_resources>> stage_res_;
+  std::shared_ptr<encoder_resources> encoder_res_;
+  std::shared_ptr<node_handles> handles_ = std::make_shared<node_handles>();
+  node_actor node_;
+  scheduler_actor scheduler_;
+};
+
+/// Submit, stream, cancel: the one interface to a scheduler. Events arrive
+/// on the client's own actor thread through the callbacks given at submit.
+class client {
+ public:
+  struct callbacks {
+    std::function<void(const token_event&)> on_token;
+    std::function<void(const finish_event&)> on_finish;
+  };
+
+  client(caf::actor_system& sys, scheduler_actor scheduler);
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  /// Submits `req` (its id must be unique; see next_id()); the error is the
+  /// scheduler's (overloaded, invalid request, ...) as a readable message
+  /// with its code.
+  struct rejection {
+    error_code code = error_code::internal;
+    std::string message;
+  };
+  std::expected<submit_ack, rejection> submit(generate_request req, callbacks cb);
+  /// Cancels a request; false when it is unknown or already finished.
+  bool cancel(std::uint64_t id);
+  scheduler_stats stats();
+  /// A fresh request id (unique within this process).
+  static std::uint64_t next_id();
+
+  /// Submits and blocks until the request finishes (tokens are streamed to
+  /// `on_token` if given).
+  std::expected<finish_event, rejection> run(generate_request req,
+                                             std::function<void(const token_event&)> on_token = {});
+
+  struct shared;  ///< callbacks by request id, shared with the sink actor
+
+ private:
+  caf::actor_system& sys_;
+  scheduler_actor scheduler_;
+  std::shared_ptr<shared> shared_;
+  client_sink_actor sink_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,588 @@
+#include "actors/scheduler.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <optional>
+#include <unordered_set>
+
+#include "actors/tensor_registry.hpp"
+#include "models/llava.hpp"
+#include "models/sampling.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+using kernels::tensor;
+
+double ms_between(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+enum class phase : std::uint8_t { encoding, waiting, running };
+
+/// One request in the scheduler.
+struct request_state {
+  generate_request req;  // params live here: stop_checker points at them
+  client_sink_actor client;
+  std::vector<std::int32_t> tokens;   // expanded prompt, then generated tokens appended
+  std::vector<std::int64_t> history;  // the same as int64 (repetition penalty)
+  std::int64_t prompt_len = 0;
+  std::vector<std::int32_t> generated;
+  std::string text;
+  std::vector<tensor> image_rows;  // per image: the encoder's f32 [tokens_per_image, hidden], not copied
+  std::int64_t images_pending = 0;
+  std::optional<models::sampler> sampler;
+  std::optional<models::stop_checker> stop;
+  std::optional<models::stream_decoder> decoder;
+  phase ph = phase::encoding;
+  std::int64_t seq = 0;       // KV sequence id of the current admission (0 = none)
+  std::int64_t computed = 0;  // tokens in the KV cache of every stage
+  std::int64_t held = 0;      // KV blocks the scheduler books for it
+  bool in_flight = false;
+  bool cancelled = false;
+  std::int64_t preemptions = 0;
+  std::uint64_t admit_order = 0;
+  clock::time_point submitted, admitted, first_token;
+  bool has_first = false;
+  std::optional<clock::time_point> deadline;
+  double preprocess_ms = 0, encode_ms = 0;
+  bool stop_string = false;
+};
+
+struct in_flight_step {
+  std::vector<std::uint64_t> ids;
+  std::vector<std::int64_t> chunk;
+};
+
+struct scheduler_state {
+  model_frontend model;
+  scheduler_options opts;
+  std::vector<shard_actor> stages;
+  std::vector<kv_store_actor> kv_stores;
+  encoder_actor encoder;
+  std::shared_ptr<kernels::memory_pool> pool = kernels::memory_pool::create();
+
+  std::map<std::uint64_t, std::unique_ptr<request_state>> requests;
+  std::unordered_set<std::uint64_t> seen_ids;
+  std::deque<std::uint64_t> waiting;  // FCFS; preempted requests go to the front
+  std::int64_t queued = 0;            // encoding + waiting
+  std::int64_t used_blocks = 0;       // booked (includes frees not yet confirmed)
+  std::int64_t next_seq = 1;
+  std::uint64_t next_step = 1;
+  std::uint64_t admit_counter = 0;
+  std::map<std::uint64_t, in_flight_step> steps;
+  scheduler_stats stats;
+  std::uint64_t epoch = 0;  // bumped when the node restarts the pipeline
+  bool stalled = false;     // a stage died: wait for the node's reset
+  std::string failed;       // the node gave up: why
+};
+
+using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
+
+void schedule(self_ptr self);
+
+/// Returns a request's blocks: the stores free them, then the books do.
+void release_kv(self_ptr self, request_state& r) {
+  if (r.seq == 0) return;
+  const std::int64_t blocks = r.held;
+  const std::int64_t seq = r.seq;
+  r.seq = 0;
+  r.held = 0;
+  r.computed = 0;
+  auto& st = self->state;
+  if (st.kv_stores.empty()) {
+    st.used_blocks -= blocks;
+    return;
+  }
+  if (st.stalled) return;  // the stores are being replaced; the reset clears the books
+  auto remaining = std::make_shared<std::size_t>(st.kv_stores.size());
+  const auto epoch = st.epoch;
+  auto done = [=] {
+    if (--*remaining == 0 && self->state.epoch == epoch) {
+      self->state.used_blocks -= blocks;
+      schedule(self);
+    }
+  };
+  for (auto& kv : st.kv_stores) {
+    self->request(kv, caf::infinite, free_atom::value, std::vector<std::int64_t>{seq})
+        .then([=](std::int64_t) { done(); },
+              [=](caf::error& e) {
+                spdlog::warn("freeing KV of sequence {}: {}", seq, self->system().render(e));
+                done();
+              });
+  }
+}
+
+/// Ends a request: the client gets its finish event, the KV is returned.
+void finish(self_ptr self, std::uint64_t id, const std::string& reason, const std::string& error = {}) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  auto& r = *it->second;
+  if (r.ph != phase::running) --st.queued;
+  if (r.ph == phase::waiting) st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
+  release_kv(self, r);
+  const auto now = clock::now();
+  finish_event f;
+  f.id = id;
+  f.reason = reason;
+  f.error = error;
+  f.tokens = r.generated;
+  f.text = r.text;
+  f.prompt_tokens = r.prompt_len;
+  f.preemptions = r.preemptions;
+  f.queue_ms = r.ph == phase::running || r.admit_order ? ms_between(r.submitted, r.admitted) : ms_between(r.submitted, now);
+  f.ttft_ms = r.has_first ? ms_between(r.submitted, r.first_token) : 0;
+  f.total_ms = ms_between(r.submitted, now);
+  f.stop_string = r.stop_string;
+  f.preprocess_ms = r.preprocess_ms;
+  f.encode_ms = r.encode_ms;
+  self->send(r.client, std::move(f));
+  ++st.stats.finished;
+  st.requests.erase(it);
+}
+
+/// Frees a running request's KV and sends it back to the queue's front; it
+/// recomputes its prompt and generated tokens when admitted again (the
+/// kernels are chunking- and batch-invariant, so its tokens do not change).
+void preempt(self_ptr self, request_state& r, std::uint64_t id) {
+  auto& st = self->state;
+  release_kv(self, r);
+  r.ph = phase::waiting;
+  ++r.preemptions;
+  ++st.stats.preemptions;
+  ++st.queued;
+  st.waiting.push_front(id);
+}
+
+std::int64_t blocks_after(const scheduler_state& st, std::int64_t committed, std::int64_t reserved) {
+  return models::kv_cache::blocks_held(st.opts.kv, committed, reserved);
+}
+
+void check_deadlines(self_ptr self) {
+  auto& st = self->state;
+  const auto now = clock::now();
+  std::vector<std::uint64_t> late;
+  for (auto& [id, r] : st.requests)
+    if (r->deadline && now >= *r->deadline && !r->cancelled) late.push_back(id);
+  for (auto id : late) {
+    auto& r = *st.requests[id];
+    if (r.in_flight) {
+      r.cancelled = true;  // ends when its step returns
+      r.req.deadline_ms = -1;
+    } else {
+      finish(self, id, "deadline");
+    }
+  }
+}
+
+void on_step_output(self_ptr self, std::uint64_t step, step_output& out);
+void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e);
+
+/// Fills the pipeline: while fewer than micro_batches steps are in flight,
+/// builds one from the running requests not in flight (decode tokens and
+/// prefill chunks) and admits waiting requests while KV blocks allow.
+void schedule(self_ptr self) {
+  auto& st = self->state;
+  const auto& o = st.opts;
+  if (st.stalled || st.stages.empty()) return;
+  while (static_cast<int>(st.steps.size()) < o.micro_batches) {
+    // Candidates: running requests not in flight (oldest admission first).
+    std::vector<request_state*> running;
+    std::int64_t active = 0;
+    for (auto& [id, r] : st.requests) {
+      if (r->ph != phase::running) continue;
+      ++active;
+      if (!r->in_flight) running.push_back(r.get());
+    }
+    std::sort(running.begin(), running.end(),
+              [](const request_state* a, const request_state* b) { return a->admit_order < b->admit_order; });
+    // Split the active sequences evenly over the micro-batches so that all
+    // stages have work.
+    const std::int64_t cap_seqs = std::max<std::int64_t>(
+        1, (active + static_cast<std::int64_t>(st.waiting.size()) + o.micro_batches - 1) / o.micro_batches);
+    step_batch batch;
+    in_flight_step fl;
+    std::int64_t budget = o.token_budget;
+    auto add = [&](request_state& r) -> bool {
+      const std::int64_t remaining = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
+      const std::int64_t chunk = std::min({remaining, o.prefill_chunk, budget});
+      if (chunk <= 0) return false;
+      const std::int64_t need = blocks_after(st, r.computed, r.computed + chunk) - r.held;
+      if (st.used_blocks + need > o.kv_blocks) return false;
+      st.used_blocks += need;
+      r.held += need;
+      st.stats.kv_peak_blocks = std::max(st.stats.kv_peak_blocks, st.used_blocks);
+      seq_work w;
+      w.seq = r.seq;
+      w.start = r.computed;
+      w.tokens.assign(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + chunk);
+      if (st.model.image_token >= 0 && !r.image_rows.empty()) {
+        const auto img = st.model.image_token;
+        const auto before = std::count(r.tokens.begin(), r.tokens.begin() + r.computed, img);
+        const auto here = std::count(w.tokens.begin(), w.tokens.end(), img);
+        if (here > 0) {
+          const std::int64_t H = st.model.hidden, per = st.model.tokens_per_image;
+          const auto first = before / per, last = (before + here - 1) / per;
+          kernels::result<tensor> t = first == last
+                                          // Within one image: a view of the encoder's buffer.
+                                          ? r.image_rows[static_cast<std::size_t>(first)].slice_rows(before % per, here)
+                                          // Across images: gather the rows.
+                                          : tensor::empty(*st.pool, kernels::dtype::f32, {here, H});
+          if (!t) return false;
+          if (first != last) {
+            for (std::int64_t k = 0; k < here; ++k) {
+              const std::int64_t row = before + k;
+              const auto& src = r.image_rows[static_cast<std::size_t>(row / per)];
+              std::copy_n(src.row_as<float>(row % per), H, t->row_as<float>(k));
+            }
+          }
+          w.embed_token = img;
+          w.embeddings = tensor_registry::local().put("host", std::move(*t));
+        }
+      }
+      budget -= chunk;
+      batch.seqs.push_back(std::move(w));
+      fl.ids.push_back(r.req.id);
+      fl.chunk.push_back(chunk);
+      r.in_flight = true;
+      return true;
+    };
+    for (auto* r : running) {
+      if (static_cast<std::int64_t>(batch.seqs.size()) >= cap_seqs || budget <= 0) break;
+      if (add(*r)) continue;
+      // Out of KV blocks: preempt the youngest running request that is not
+      // in flight (possibly this one) and try again later.
+      if (budget > 0) {
+        request_state* victim = nullptr;
+        for (auto* c : running)
+          if (!c->in_flight && (!victim || c->admit_order > victim->admit_order)) victim = c;
+        if (victim) {
+          preempt(self, *victim, victim->req.id);
+          if (victim == r) continue;
+        }
+        break;
+      }
+    }
+    // Admissions (FCFS) while KV blocks and the running cap allow.
+    std::int64_t n_running = active;
+    while (!st.waiting.empty() && budget > 0 && static_cast<std::int64_t>(batch.seqs.size()) < cap_seqs &&
+           n_running < o.max_running) {
+      auto& r = *st.requests[st.waiting.front()];
+      // Admit only if the whole request's first chunk fits.
+      r.seq = st.next_seq++;
+      if (!add(r)) {
+        r.seq = 0;
+        break;
+      }
+      st.waiting.pop_front();
+      --st.queued;
+      r.ph = phase::running;
+      if (!r.admit_order) r.admitted = clock::now();
+      r.admit_order = ++st.admit_counter;
+      ++n_running;
+    }
+    if (batch.seqs.empty()) break;
+    batch.step = st.next_step++;
+    const auto step = batch.step;
+    st.steps.emplace(step, std::move(fl));
+    ++st.stats.steps;
+    self->request(st.stages.front(), caf::infinite, step_atom::value, std::move(batch))
+        .then([=](step_output& out) { on_step_output(self, step, out); },
+              [=](caf::error& e) { on_step_error(self, step, e); });
+  }
+}
+
+void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
+  auto& st = self->state;
+  auto node = st.steps.extract(step);
+  if (node.empty()) return;
+  auto& fl = node.mapped();
+  auto logits = tensor_registry::local().take(out.logits);
+  if (!logits || logits->shape().ndim != 2 || logits->shape()[0] != static_cast<std::int64_t>(fl.ids.size()) ||
+      logits->shape()[1] != st.model.vocab) {
+    on_step_error(self, 0, make_error(error_code::internal, "the last stage's logits do not match the step"));
+    for (auto id : fl.ids) {
+      auto it = st.requests.find(id);
+      if (it != st.requests.end()) {
+        it->second->in_flight = false;
+        finish(self, id, "error", "the last stage's logits do not match the step");
+      }
+    }
+    schedule(self);
+    return;
+  }
+  const auto now = clock::now();
+  for (std::size_t i = 0; i < fl.ids.size(); ++i) {
+    auto it = st.requests.find(fl.ids[i]);
+    if (it == st.requests.end()) continue;
+    auto& r = *it->second;
+    r.in_flight = false;
+    r.computed += fl.chunk[i];
+    const std::int64_t held = models::kv_cache::blocks_held(st.opts.kv, r.computed, r.computed);
+    st.used_blocks -= r.held - held;  // the window freed what it no longer needs
+    r.held = held;
+    if (r.cancelled) {
+      finish(self, r.req.id, r.req.deadline_ms == -1 ? "deadline" : "cancelled");
+      continue;
+    }
+    if (r.computed < static_cast<std::int64_t>(r.tokens.size())) continue;  // mid-prefill
+    const std::span<const float> row(logits->row_as<float>(static_cast<std::int64_t>(i)),
+                                     static_cast<std::size_t>(st.model.vocab));
+    const auto tok = static_cast<std::int32_t>(r.sampler->sample(row, r.history));
+    if (!r.has_first) {
+      r.has_first = true;
+      r.first_token = now;
+    }
+    r.tokens.push_back(tok);
+    r.history.push_back(tok);
+    r.generated.push_back(tok);
+    std::string text = r.stop->feed(tok, r.decoder->push(tok));
+    const auto reason = r.stop->reason();
+    if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string) text += r.stop->flush();
+    r.text += text;
+    self->send(r.client, token_event{r.req.id, {tok}, std::move(text)});
+    r.stop_string = reason == models::stop_reason::stop_string;
+    if (reason != models::stop_reason::none) finish(self, r.req.id, reason == models::stop_reason::max_tokens ? "length" : "stop");
+  }
+  check_deadlines(self);
+  schedule(self);
+}
+
+void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
+  auto& st = self->state;
+  auto node = st.steps.extract(step);
+  if (node.empty()) return;
+  const std::string why = describe(self->system(), e);
+  if (troupe_code(e) == static_cast<std::uint8_t>(error_code::stage_failed)) {
+    // The stage refused or failed this step: that would happen again.
+    spdlog::error("step {} failed: {}", step, why);
+    for (auto id : node.mapped().ids) {
+      auto it = st.requests.find(id);
+      if (it == st.requests.end()) continue;
+      it->second->in_flight = false;
+      finish(self, id, "error", why);
+    }
+    schedule(self);
+    return;
+  }
+  // A stage is gone (crashed, killed): stop stepping until the node has
+  // restarted the pipeline; the requests then recompute.
+  spdlog::warn("step {}: {}; waiting for the pipeline to restart", step, why);
+  st.stalled = true;
+  for (auto id : node.mapped().ids) {
+    auto it = st.requests.find(id);
+    if (it != st.requests.end()) it->second->in_flight = false;
+  }
+}
+
+/// The node replaced every stage (empty: gave up). All KV is gone: every
+/// running request goes back to the queue's front, oldest first, and
+/// recomputes; steps still out are forgotten.
+void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores) {
+  auto& st = self->state;
+  ++st.epoch;
+  st.steps.clear();
+  st.stalled = false;
+  st.used_blocks = 0;
+  st.stages = std::move(stages);
+  st.kv_stores = std::move(kv_stores);
+  std::vector<request_state*> running;
+  for (auto& [id, r] : st.requests) {
+    r->in_flight = false;
+    r->seq = 0;
+    r->held = 0;
+    r->computed = 0;
+    if (r->ph == phase::running) running.push_back(r.get());
+  }
+  std::sort(running.begin(), running.end(),
+            [](const request_state* a, const request_state* b) { return a->admit_order > b->admit_order; });
+  for (auto* r : running) {  // youngest first to the front: the oldest ends up first
+    r->ph = phase::waiting;
+    ++r->preemptions;
+    ++st.stats.preemptions;
+    ++st.queued;
+    st.waiting.push_front(r->req.id);
+  }
+  std::vector<std::uint64_t> cancelled;
+  for (auto& [id, r] : st.requests)
+    if (r->cancelled) cancelled.push_back(id);
+  for (auto id : cancelled) finish(self, id, st.requests[id]->req.deadline_ms == -1 ? "deadline" : "cancelled");
+  if (st.stages.empty()) {
+    st.failed = "the node gave up restarting the pipeline";
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, r] : st.requests) ids.push_back(id);
+    for (auto id : ids) finish(self, id, "error", st.failed);
+    return;
+  }
+  schedule(self);
+}
+
+/// Validates and tokenizes a request; the error names what is wrong.
+caf::error prepare(scheduler_state& st, request_state& r) {
+  auto& q = r.req;
+  if (auto v = q.params.validate(); !v) return make_error(error_code::invalid_request, v.error().message);
+  std::vector<std::int32_t> ids = q.prompt_tokens;
+  if (ids.empty()) {
+    if (q.prompt.empty()) return make_error(error_code::invalid_request, "the request has neither prompt text nor tokens");
+    auto enc = st.model.tok->encode(q.prompt, true, true);
+    if (!enc) return make_error(error_code::invalid_request, "prompt: " + enc.error().message);
+    ids = std::move(*enc);
+  }
+  if (ids.empty()) return make_error(error_code::invalid_request, "the prompt encodes to no tokens");
+  for (auto t : ids)
+    if (t < 0 || t >= st.model.vocab)
+      return make_error(error_code::invalid_request, "prompt token " + std::to_string(t) + " outside the vocabulary");
+  const auto n_images = static_cast<std::int64_t>(q.images.size());
+  if (st.model.image_token < 0) {
+    if (n_images > 0) return make_error(error_code::invalid_request, "this model has no vision encoder; the request has images");
+  } else {
+    auto x = models::expand_image_tokens(ids, st.model.image_token, st.model.tokens_per_image, n_images);
+    if (!x) return make_error(error_code::invalid_request, x.error().message);
+    ids = std::move(*x);
+  }
+  const auto total = static_cast<std::int64_t>(ids.size()) + q.params.max_tokens;
+  const auto need = models::kv_cache::blocks_held(st.opts.kv, total - 1, total);
+  if (need > st.opts.kv_blocks)
+    return make_error(error_code::kv_exhausted, "prompt (" + std::to_string(ids.size()) + " tokens) plus max_tokens (" +
+                                                    std::to_string(q.params.max_tokens) + ") need " + std::to_string(need) +
+                                                    " KV blocks; a stage has " + std::to_string(st.opts.kv_blocks));
+  auto s = models::sampler::create(q.params);
+  if (!s) return make_error(error_code::invalid_request, s.error().message);
+  r.sampler.emplace(std::move(*s));
+  r.stop.emplace(r.req.params);
+  r.decoder.emplace(*st.model.tok, true);
+  r.tokens = std::move(ids);
+  r.history.assign(r.tokens.begin(), r.tokens.end());
+  r.prompt_len = static_cast<std::int64_t>(r.tokens.size());
+  return {};
+}
+
+}  // namespace
+
+scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, scheduler_options opts,
+                                std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores,
+                                encoder_actor encoder) {
+  auto impl = [](self_ptr self, model_frontend model, scheduler_options opts, std::vector<shard_actor> stages,
+                 std::vector<kv_store_actor> kv_stores, encoder_actor encoder) -> scheduler_actor::behavior_type {
+    auto& st = self->state;
+    st.model = std::move(model);
+    st.opts = std::move(opts);
+    st.opts.micro_batches = std::max(1, st.opts.micro_batches);
+    st.stages = std::move(stages);
+    st.kv_stores = std::move(kv_stores);
+    st.encoder = std::move(encoder);
+    st.stats.kv_total_blocks = st.opts.kv_blocks;
+    return {
+        [=](submit_atom, generate_request& req, client_sink_actor& client) -> caf::result<submit_ack> {
+          auto& st = self->state;
+          const auto id = req.id;
+          if (!st.failed.empty()) return make_error(error_code::stage_failed, st.failed);
+          if (id == 0) return make_error(error_code::invalid_request, "request id 0 is reserved");
+          if (!st.seen_ids.insert(id).second) {
+            ++st.stats.rejected;
+            return make_error(error_code::duplicate_id, "request " + std::to_string(id) + " was already submitted");
+          }
+          if (st.queued >= st.opts.queue_limit) {
+            ++st.stats.rejected;
+            return make_error(error_code::overloaded, "the queue holds " + std::to_string(st.queued) + " requests (limit " +
+                                                          std::to_string(st.opts.queue_limit) + "); retry later");
+          }
+          auto r = std::make_unique<request_state>();
+          r->req = std::move(req);
+          r->client = std::move(client);
+          r->submitted = clock::now();
+          if (auto e = prepare(st, *r)) {
+            ++st.stats.rejected;
+            return e;
+          }
+          if (r->req.deadline_ms > 0) {
+            r->deadline = r->submitted + std::chrono::milliseconds(r->req.deadline_ms);
+            self->delayed_send(self, std::chrono::milliseconds(r->req.deadline_ms + 1), tick_atom::value);
+          }
+          ++st.stats.accepted;
+          ++st.queued;
+          const auto ahead = st.queued - 1;
+          auto& rs = *r;
+          st.requests.emplace(id, std::move(r));
+          if (rs.req.images.empty()) {
+            rs.ph = phase::waiting;
+            st.waiting.push_back(id);
+            schedule(self);
+            return submit_ack{id, ahead};
+          }
+          if (!st.encoder) {
+            finish(self, id, "error", "no encoder for images");
+            return submit_ack{id, ahead};
+          }
+          rs.images_pending = static_cast<std::int64_t>(rs.req.images.size());
+          rs.image_rows.resize(rs.req.images.size());
+          for (std::size_t k = 0; k < rs.req.images.size(); ++k) {
+            encode_request er{id, std::move(rs.req.images[k])};
+            self->request(st.encoder, caf::infinite, encode_atom::value, std::move(er))
+                .then(
+                    [=](encode_reply& rep) {
+                      auto& st = self->state;
+                      auto emb = tensor_registry::local().take(rep.embeddings);
+                      auto it = st.requests.find(id);
+                      if (it == st.requests.end()) return;
+                      auto& r = *it->second;
+                      if (!emb || emb->shape().ndim != 2 || emb->shape()[0] != st.model.tokens_per_image ||
+                          emb->shape()[1] != st.model.hidden) {
+                        finish(self, id, "error", "the encoder's output does not match the model");
+                        return;
+                      }
+                      r.image_rows[k] = std::move(*emb);
+                      r.preprocess_ms += rep.preprocess_ms;
+                      r.encode_ms += rep.encode_ms;
+                      if (--r.images_pending == 0 && r.ph == phase::encoding && !r.cancelled) {
+                        r.ph = phase::waiting;
+                        st.waiting.push_back(id);
+                        schedule(self);
+                      }
+                    },
+                    [=](caf::error& e) { finish(self, id, "error", describe(self->system(), e)); });
+          }
+          rs.req.images.clear();
+          return submit_ack{id, ahead};
+        },
+        [=](cancel_atom, std::uint64_t id) -> bool {
+          auto& st = self->state;
+          auto it = st.requests.find(id);
+          if (it == st.requests.end()) return false;
+          if (it->second->in_flight) {
+            it->second->cancelled = true;  // ends (and frees its KV) when its step returns
+          } else {
+            finish(self, id, "cancelled");
+            schedule(self);
+          }
+          return true;
+        },
+        [=](stats_atom) {
+          auto s = self->state.stats;
+          s.queued = self->state.queued;
+          s.running = static_cast<std::int64_t>(self->state.requests.size()) - self->state.queued;
+          s.kv_used_blocks = self->state.used_blocks;
+          return s;
+        },
+        [](version_atom) { return protocol_version; },
+        [=](tick_atom) {
+          check_deadlines(self);
+          schedule(self);
+        },
+        [=](reset_atom, std::vector<shard_actor>& stages, std::vector<kv_store_actor>& kv_stores) {
+          on_reset(self, std::move(stages), std::move(kv_stores));
+        },
+        [=](reset_atom, encoder_actor& e) { self->state.encoder = std::move(e); },
+    };
+  };
+  return sys.spawn(impl, std::move(model), std::move(opts), std::move(stages), std::move(kv_stores), std::move(encoder));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,261 @@
+#include "actors/stage.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "actors/tensor_registry.hpp"
+#include "models/llava_config.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using kernels::errc;
+using kernels::tensor;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// The decoder config of a LLaMA/LLaVA folder or a GGUF file.
+kernels::result<models::llama_config> text_config(const models::weight_source& src, const std::string& path) {
+  if (src.is_gguf()) return models::llama_config_from_gguf(*src.gguf());
+  const std::string dir = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+  auto text = models::read_text_file(dir + "/config.json");
+  if (!text) return std::unexpected(text.error());
+  if (models::is_llava_config(*text)) {
+    auto cfg = models::parse_llava_config(*text, dir + "/config.json");
+    if (!cfg) return std::unexpected(cfg.error());
+    return cfg->text;
+  }
+  return models::load_llama_config(dir + "/config.json");
+}
+
+struct shard_state {
+  std::uint64_t steps = 0;
+};
+
+/// Runs this stage's part of a step; returns the activations (or logits on
+/// the last stage).
+kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation) {
+  auto& reg = tensor_registry::local();
+  const auto& model = *res.model;
+  const auto range = model.range();
+  std::vector<models::step_input> inputs(b.seqs.size());
+  std::vector<tensor> embeds(b.seqs.size());
+  tensor x;
+  if (!range.embed) {
+    if (b.hidden.empty()) return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
+    auto h = reg.take(b.hidden);
+    if (!h) return std::unexpected(h.error());
+    x = std::move(*h);
+  }
+  std::lock_guard lock(res.kv->mtx);
+  auto& kv = *res.kv;
+  if (kv.generation != generation)
+    return kernels::make_error(errc::invalid_argument, "this shard was replaced by a restarted pipeline");
+  // Resolve sequences: a sequence starts with start == 0; every later step
+  // must agree with the cache on where it continues.
+  std::vector<std::int64_t> created;
+  auto undo = [&] {
+    for (auto s : created) {
+      kv.cache.release(kv.local[s]);
+      kv.local.erase(s);
+    }
+  };
+  for (std::size_t i = 0; i < b.seqs.size(); ++i) {
+    auto& w = b.seqs[i];
+    auto it = kv.local.find(w.seq);
+    if (it == kv.local.end()) {
+      if (w.start != 0) {
+        undo();
+        return kernels::make_error(errc::invalid_argument, "sequence " + std::to_string(w.seq) +
+                                                               " is not on this stage but the step continues it at " +
+                                                               std::to_string(w.start));
+      }
+      it = kv.local.emplace(w.seq, kv.cache.add_sequence()).first;
+      created.push_back(w.seq);
+    } else if (kv.cache.length(it->second) != w.start) {
+      undo();
+      return kernels::make_error(errc::invalid_argument, "sequence " + std::to_string(w.seq) + " holds " +
+                                                             std::to_string(kv.cache.length(it->second)) +
+                                                             " tokens on this stage but the step continues it at " +
+                                                             std::to_string(w.start));
+    }
+    inputs[i].seq = it->second;
+    inputs[i].tokens = w.tokens;
+    inputs[i].all_logits = w.all_logits;
+    if (!w.embeddings.empty()) {
+      auto e = reg.take(w.embeddings);
+      if (!e) {
+        undo();
+        return std::unexpected(e.error());
+      }
+      embeds[i] = std::move(*e);
+      inputs[i].embed_token = w.embed_token;
+      inputs[i].embeddings = std::span<const float>(embeds[i].data_as<float>(), static_cast<std::size_t>(embeds[i].shape().numel()));
+    }
+  }
+  auto& ctx = *res.ctx;
+  if (range.embed) {
+    auto e = model.embed(ctx, inputs);
+    if (!e) {
+      undo();
+      return std::unexpected(e.error());
+    }
+    x = std::move(*e);
+  }
+  if (auto r = model.run_layers(ctx, kv.cache, inputs, x, res.attention); !r) {
+    undo();
+    return std::unexpected(r.error());
+  }
+  if (range.head) return model.head(ctx, inputs, x);
+  return x;
+}
+
+}  // namespace
+
+kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
+                                                             const models::layer_range& range,
+                                                             const models::quant_plan& plan,
+                                                             const models::kv_options& kv) {
+  auto res = std::make_shared<stage_resources>();
+  res->device = device;
+  const int threads = device.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
+                                           : static_cast<int>(device.cores.size());
+  res->ctx = std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, device.cores));
+  auto src = models::weight_source::open(path);
+  if (!src) return std::unexpected(src.error());
+  auto cfg = text_config(**src, path);
+  if (!cfg) return std::unexpected(cfg.error());
+  auto model = models::llama_model::build(**src, *cfg, *res->ctx, plan, range);
+  if (!model) return std::unexpected(model.error());
+  auto cache = (*model)->make_cache(res->ctx->memory(), kv);
+  if (!cache) return std::unexpected(cache.error());
+  res->model = std::move(*model);
+  res->kv = std::make_shared<stage_kv>(std::move(*cache));
+  return res;
+}
+
+shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res, shard_actor next) {
+  auto impl = [](shard_actor::stateful_pointer<shard_state> self, std::shared_ptr<stage_resources> res,
+                 shard_actor next) -> shard_actor::behavior_type {
+    pin_current_thread(res->device.cores);
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard lock(res->kv->mtx);
+      generation = res->kv->generation;
+    }
+    return {
+        [=](step_atom, step_batch& b) -> caf::result<step_output> {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto out = run_stage(*res, b, generation);
+          ++self->state.steps;
+          if (!out) {
+            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            return make_error(error_code::stage_failed, res->device.name + " layers [" +
+                                                            std::to_string(res->model->range().first) + ", " +
+                                                            std::to_string(res->model->range().last) +
+                                                            "): " + out.error().message);
+          }
+          b.compute_ms += ms_since(t0);
+          if (res->model->range().head) {
+            return step_output{b.step, tensor_registry::local().put(res->device.name, std::move(*out)), b.compute_ms};
+          }
+          b.hidden = tensor_registry::local().put(res->device.name, std::move(*out));
+          for (auto& w : b.seqs) w.embeddings = {};
+          return self->delegate(next, step_atom::value, std::move(b));
+        },
+        [=](info_atom) {
+          const auto r = res->model->range();
+          const auto& c = res->model->config();
+          return shard_info{res->device.name, r.first, r.last, r.embed, r.head, c.hidden_size, c.vocab_size};
+        },
+        [](version_atom) { return protocol_version; },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(res), std::move(next));
+}
+
+kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_resources> res) {
+  auto impl = [](kv_store_actor::pointer self, std::shared_ptr<stage_resources> res) -> kv_store_actor::behavior_type {
+    (void)self;
+    pin_current_thread(res->device.cores);
+    return {
+        [=](usage_atom) {
+          std::lock_guard lock(res->kv->mtx);
+          const auto u = res->kv->cache.usage();
+          return kv_usage_info{res->device.name, res->kv->cache.options().block_size, u.total_blocks, u.free_blocks,
+                               u.sequences, u.tokens};
+        },
+        [=](free_atom, const std::vector<std::int64_t>& seqs) -> std::int64_t {
+          std::lock_guard lock(res->kv->mtx);
+          auto& kv = *res->kv;
+          const auto before = kv.cache.free_blocks();
+          for (auto s : seqs) {
+            auto it = kv.local.find(s);
+            if (it == kv.local.end()) continue;
+            kv.cache.release(it->second);
+            kv.local.erase(it);
+          }
+          return kv.cache.free_blocks() - before;
+        },
+        [=](export_atom, std::int64_t seq) -> caf::result<kv_export> {
+          std::lock_guard lock(res->kv->mtx);
+          auto& kv = *res->kv;
+          auto it = kv.local.find(seq);
+          if (it == kv.local.end())
+            return make_error(error_code::not_found, "sequence " + std::to_string(seq) + " is not on " + res->device.name);
+          auto snap = kv.cache.export_sequence(it->second);
+          if (!snap) return make_error(error_code::internal, snap.error().message);
+          auto t = tensor::empty(res->ctx->memory(), kernels::dtype::u8, {static_cast<std::int64_t>(snap->data.size())});
+          if (!t) return make_error(error_code::internal, t.error().message);
+          std::memcpy(t->data(), snap->data.data(), snap->data.size());
+          return kv_export{seq, snap->length, snap->live, tensor_registry::local().put(res->device.name, std::move(*t))};
+        },
+        [=](import_atom, const kv_export& x) -> caf::result<std::int64_t> {
+          auto data = tensor_registry::local().take(x.data);
+          if (!data) return make_error(error_code::invalid_request, data.error().message);
+          std::lock_guard lock(res->kv->mtx);
+          auto& kv = *res->kv;
+          if (kv.local.count(x.seq))
+            return make_error(error_code::invalid_request, "sequence " + std::to_string(x.seq) + " is already on " +
+                                                               res->device.name);
+          const auto& o = kv.cache.options();
+          const auto& l0 = kv.cache.layer(0).config;
+          models::kv_snapshot snap;
+          snap.layers = kv.cache.layers();
+          snap.n_kv_heads = l0.n_kv_heads;
+          snap.head_dim = l0.head_dim;
+          snap.block_size = o.block_size;
+          snap.type = o.type;
+          snap.window = o.window;
+          snap.sinks = o.sinks;
+          snap.length = x.length;
+          snap.live = x.live;
+          const auto* p = static_cast<const std::byte*>(data->data());
+          snap.data.assign(p, p + data->shape().numel());
+          auto s = kv.cache.import_sequence(snap);
+          if (!s)
+            return make_error(s.error().code == kernels::errc::out_of_memory ? error_code::kv_exhausted
+                                                                               : error_code::invalid_request,
+                              s.error().message);
+          kv.local.emplace(x.seq, *s);
+          return x.length;
+        },
+        [=](reset_atom) -> std::int64_t {
+          std::lock_guard lock(res->kv->mtx);
+          auto& kv = *res->kv;
+          const auto n = static_cast<std::int64_t>(kv.local.size());
+          for (auto& [s, l] : kv.local) kv.cache.release(l);
+          kv.local.clear();
+          return n;
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(res));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,427 @@
+// troupe bench: drives concurrent requests through the actor pipeline and
+// reports what `vllm bench serve` reports (completed/failed, requests/s,
+// output tokens/s, TTFT, inter-token latency, end-to-end latency), plus the
+// plain generation loop on one request in the same run as the reference.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/runtime.hpp"
+#include "cli/commands.hpp"
+#include "models/generate.hpp"
+#include "models/image.hpp"
+#include "models/image_processor.hpp"
+#include "models/llava.hpp"
+#include "models/llava_config.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct bench_args {
+  std::string model, devices, concurrency = "1,4,16", images_dir, quant, kv_type = "f32";
+  int stages = 1, micro_batches = 0, requests = 0, threads = 0;
+  std::int64_t max_tokens = 64, ctx_tokens = 0;
+  double image_share = 0.5;
+  std::uint64_t seed = 1;
+  bool json = false, no_reference = false;
+};
+
+double ms(clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+struct distribution {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+
+distribution summarize(std::vector<double> v) {
+  distribution d;
+  if (v.empty()) return d;
+  std::sort(v.begin(), v.end());
+  d.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  auto at = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const auto hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  d.p50 = at(0.5);
+  d.p99 = at(0.99);
+  return d;
+}
+
+nlohmann::json to_json(const distribution& d) { return {{"mean", d.mean}, {"p50", d.p50}, {"p99", d.p99}}; }
+
+/// One workload item: a prompt and, for a vision model, maybe an image.
+struct work_item {
+  std::vector<std::int32_t> ids;
+  std::string image;  // file path ("" = text only)
+};
+
+struct level_result {
+  int concurrency = 0;
+  int completed = 0, failed = 0;
+  double seconds = 0;
+  std::int64_t output_tokens = 0, input_tokens = 0;
+  distribution ttft, itl, e2e;
+  double single_decode_tps = 0;  // decode tokens/s per request (mean)
+};
+
+std::vector<std::uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+/// Closed loop: keeps `concurrency` requests in flight until `total` finished.
+level_result run_level(actors::client& client, const std::vector<work_item>& items, int concurrency, int total,
+                       const models::sampling_params& params, std::map<std::string, std::vector<std::uint8_t>>& image_bytes) {
+  level_result out;
+  out.concurrency = concurrency;
+  struct timing {
+    clock::time_point start, last;
+    std::vector<double> gaps;
+    double ttft = -1;
+    std::int64_t tokens = 0;
+  };
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, timing> live;
+  std::vector<double> ttft, itl, e2e, decode_tps;
+  int finished = 0, submitted = 0, in_flight = 0;
+  const auto t0 = clock::now();
+  auto submit_next = [&](std::unique_lock<std::mutex>& lock) {
+    const auto& it = items[static_cast<std::size_t>(submitted) % items.size()];
+    ++submitted;
+    actors::generate_request req;
+    req.id = actors::client::next_id();
+    req.prompt_tokens = it.ids;
+    req.params = params;
+    req.params.seed = params.seed + static_cast<std::uint64_t>(submitted);
+    if (!it.image.empty()) req.images.push_back({it.image, image_bytes[it.image]});
+    out.input_tokens += static_cast<std::int64_t>(it.ids.size());
+    live[req.id].start = clock::now();
+    ++in_flight;
+    actors::client::callbacks cb;
+    const auto id = req.id;
+    cb.on_token = [&, id](const actors::token_event& e) {
+      std::lock_guard l(m);
+      auto& t = live[id];
+      const auto now = clock::now();
+      if (t.ttft < 0) {
+        t.ttft = ms(now - t.start);
+      } else {
+        t.gaps.push_back(ms(now - t.last));
+      }
+      t.last = now;
+      t.tokens += static_cast<std::int64_t>(e.tokens.size());
+    };
+    cb.on_finish = [&, id](const actors::finish_event& f) {
+      std::lock_guard l(m);
+      auto t = live[id];
+      live.erase(id);
+      ++finished;
+      --in_flight;
+      if (f.reason == "error" || f.reason == "cancelled" || f.reason == "deadline") {
+        ++out.failed;
+        spdlog::warn("request {} failed: {} {}", id, f.reason, f.error);
+      } else {
+        ++out.completed;
+        out.output_tokens += t.tokens;
+        ttft.push_back(t.ttft);
+        itl.insert(itl.end(), t.gaps.begin(), t.gaps.end());
+        const double total_ms = ms(clock::now() - t.start);
+        e2e.push_back(total_ms);
+        if (t.tokens > 1 && total_ms > t.ttft) decode_tps.push_back(static_cast<double>(t.tokens - 1) / ((total_ms - t.ttft) / 1e3));
+      }
+      cv.notify_all();
+    };
+    lock.unlock();
+    auto ack = client.submit(std::move(req), std::move(cb));
+    lock.lock();
+    if (!ack) {
+      live.erase(id);
+      --in_flight;
+      ++finished;
+      ++out.failed;
+      spdlog::warn("request rejected: {}", ack.error().message);
+    }
+  };
+  std::unique_lock lock(m);
+  while (finished < total) {
+    while (in_flight < concurrency && submitted < total) submit_next(lock);
+    cv.wait(lock, [&] { return finished >= total || (in_flight < concurrency && submitted < total); });
+  }
+  out.seconds = ms(clock::now() - t0) / 1e3;
+  out.ttft = summarize(ttft);
+  out.itl = summarize(itl);
+  out.e2e = summarize(e2e);
+  out.single_decode_tps = decode_tps.empty() ? 0 : std::accumulate(decode_tps.begin(), decode_tps.end(), 0.0) / static_cast<double>(decode_tps.size());
+  return out;
+}
+
+int run_bench(const bench_args& a) {
+  using namespace troupe::models;
+  std::vector<int> levels;
+  {
+    std::string s = a.concurrency;
+    std::size_t pos = 0;
+    while (pos <= s.size()) {
+      const auto c = s.find(',', pos);
+      const auto item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+      pos = c == std::string::npos ? s.size() + 1 : c + 1;
+      try {
+        const int v = std::stoi(item);
+        if (v < 1 || v > 4096) throw std::out_of_range("");
+        levels.push_back(v);
+      } catch (...) {
+        spdlog::error("--concurrency: '{}' is not a number from 1 to 4096", item);
+        return 2;
+      }
+    }
+  }
+  quant_plan plan;
+  if (!a.quant.empty()) {
+    auto f = kernels::weight_format_from_string(a.quant);
+    if (!f) {
+      spdlog::error("--quant: {}", f.error().message);
+      return 2;
+    }
+    plan.default_format = *f;
+  }
+  auto kv_type = kernels::dtype_from_string(a.kv_type == "int8" ? "i8" : a.kv_type);
+  if (!kv_type) {
+    spdlog::error("--kv-type must be f32, f16 or int8");
+    return 2;
+  }
+  std::string list = a.devices.empty() ? "cpu" : a.devices;
+  auto devices = actors::parse_devices(list);
+  if (!devices) {
+    spdlog::error("--devices: {}", devices.error().message);
+    return 2;
+  }
+  const std::string dir = std::filesystem::is_directory(a.model) ? a.model : std::filesystem::path(a.model).parent_path().string();
+  // The workload: fixed prompts; with a vision model a share of them carry
+  // an image from --images.
+  auto src = weight_source::open(a.model);
+  if (!src) {
+    spdlog::error("{}", src.error().message);
+    return 1;
+  }
+  auto tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf()) : tokenizer::load(dir);
+  if (!tok) {
+    spdlog::error("tokenizer: {}", tok.error().message);
+    return 1;
+  }
+  std::optional<llava_config> lcfg;
+  if (!(*src)->is_gguf()) {
+    auto text = read_text_file(dir + "/config.json");
+    if (text && is_llava_config(*text)) {
+      auto c = parse_llava_config(*text, dir + "/config.json");
+      if (c) lcfg = *c;
+    }
+  }
+  std::vector<std::string> image_files;
+  if (lcfg && a.image_share > 0) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(a.images_dir, ec))
+      if (e.path().extension() == ".png" || e.path().extension() == ".jpg") image_files.push_back(e.path().string());
+    std::sort(image_files.begin(), image_files.end());
+    if (image_files.empty()) {
+      spdlog::error("--images {}: no PNG or JPEG files (needed for the image share of the workload)", a.images_dir);
+      return 2;
+    }
+  }
+  std::map<std::string, std::vector<std::uint8_t>> image_bytes;
+  for (const auto& f : image_files) image_bytes[f] = read_file(f);
+  const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
+                                              "What shape is on the left?", "What color is the shape at the top?",
+                                              "Is there a red circle?", "Where is the blue square?"};
+  std::vector<work_item> items;
+  std::mt19937_64 rng(a.seed);
+  for (int i = 0; i < 64; ++i) {
+    work_item w;
+    const bool with_image = lcfg && !image_files.empty() && std::uniform_real_distribution<>(0, 1)(rng) < a.image_share;
+    const auto& q = questions[static_cast<std::size_t>(i) % questions.size()];
+    std::string text = lcfg ? "USER: " + std::string(with_image ? "<image>\n" : "") + q + " ASSISTANT:"
+                            : "Once upon a time, in a land far away, " + q;
+    auto ids = tok->encode(text, true, true);
+    if (!ids) {
+      spdlog::error("prompt: {}", ids.error().message);
+      return 1;
+    }
+    w.ids = *ids;
+    if (with_image) w.image = image_files[static_cast<std::size_t>(i) % image_files.size()];
+    items.push_back(std::move(w));
+  }
+  // Every request generates exactly max_tokens (no stop token), as
+  // `vllm bench serve --ignore-eos` does, so levels compare.
+  sampling_params params;
+  params.max_tokens = a.max_tokens;
+  params.temperature = 0.8;
+  params.top_k = 40;
+  params.seed = a.seed;
+  const int max_level = *std::max_element(levels.begin(), levels.end());
+  kv_options kv;
+  kv.type = *kv_type;
+  std::int64_t longest = 0;
+  for (const auto& w : items)
+    longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(w.ids.size()) + (lcfg ? lcfg->tokens_per_image() : 0));
+  kv.capacity_tokens = a.ctx_tokens > 0 ? a.ctx_tokens : (longest + a.max_tokens + 32) * max_level;
+
+  // The reference: the plain loop, one request, this process.
+  double reference_tps = 0;
+  if (!a.no_reference) {
+    const int threads = devices->front().cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
+                                                       : static_cast<int>(devices->front().cores.size());
+    auto ctx = kernels::cpu::context::create(threads, devices->front().cores);
+    std::unique_ptr<llava_model> llava;
+    std::unique_ptr<llama_model> plain;
+    if (lcfg) {
+      auto m = llava_model::build(**src, *lcfg, *ctx, plan);
+      if (!m) {
+        spdlog::error("{}", m.error().message);
+        return 1;
+      }
+      llava = std::move(*m);
+    } else {
+      auto c = (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf()) : load_llama_config(dir + "/config.json");
+      if (!c) {
+        spdlog::error("{}", c.error().message);
+        return 1;
+      }
+      auto m = llama_model::build(**src, *c, *ctx, plan);
+      if (!m) {
+        spdlog::error("{}", m.error().message);
+        return 1;
+      }
+      plain = std::move(*m);
+    }
+    const llama_model& model = llava ? llava->language_model() : *plain;
+    generation_request req;
+    req.prompt = items.back().ids;  // a text-only prompt
+    if (lcfg) {
+      auto p = llava->prepare(*ctx, req.prompt, kernels::tensor());
+      if (p) req.prompt = p->tokens;
+    }
+    req.params = params;
+    generate_options opts;
+    opts.kv = kv;
+    opts.kv.capacity_tokens = static_cast<std::int64_t>(req.prompt.size()) + a.max_tokens + 32;
+    double best = 0;
+    for (int run = 0; run < 2; ++run) {  // the first run warms up
+      auto out = generate_batch(*ctx, model, {req}, {[](std::int32_t) { return std::string(); }}, {}, opts);
+      if (!out) {
+        spdlog::error("reference: {}", out.error().message);
+        return 1;
+      }
+      const auto& r = (*out)[0];
+      if (r.decode_seconds > 0) best = std::max(best, static_cast<double>(r.tokens.size() - 1) / r.decode_seconds);
+    }
+    reference_tps = best;
+  }
+  src->reset();
+
+  caf::actor_system_config cfg;
+  actors::register_protocol(cfg);
+  caf::actor_system sys{cfg};
+  actors::runtime_config rc;
+  rc.model = a.model;
+  rc.devices = *devices;
+  rc.stages = a.stages;
+  rc.plan = plan;
+  rc.kv = kv;
+  rc.scheduler.micro_batches = a.micro_batches;
+  rc.scheduler.queue_limit = std::max<std::int64_t>(64, max_level * 2);
+  auto rt = actors::local_runtime::start(sys, rc);
+  if (!rt) {
+    spdlog::error("{}", rt.error().message);
+    return 1;
+  }
+  actors::client client(sys, (*rt)->scheduler());
+  // Warm-up: one request through every actor.
+  (void)run_level(client, items, 1, 2, params, image_bytes);
+  std::vector<level_result> results;
+  for (int c : levels) {
+    const int total = a.requests > 0 ? a.requests : std::max(2 * c, 8);
+    results.push_back(run_level(client, items, c, total, params, image_bytes));
+  }
+  const auto stats = client.stats();
+  const double base = results.empty() ? 0 : results.front().output_tokens / std::max(1e-9, results.front().seconds);
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["pipeline"] = (*rt)->describe();
+    j["max_tokens"] = a.max_tokens;
+    j["reference_decode_tokens_per_s"] = reference_tps;
+    j["preemptions"] = stats.preemptions;
+    for (const auto& r : results) {
+      const double tps = r.output_tokens / std::max(1e-9, r.seconds);
+      j["levels"].push_back({{"concurrency", r.concurrency}, {"completed", r.completed}, {"failed", r.failed},
+                             {"seconds", r.seconds}, {"requests_per_s", r.completed / std::max(1e-9, r.seconds)},
+                             {"output_tokens_per_s", tps}, {"input_tokens", r.input_tokens},
+                             {"output_tokens", r.output_tokens}, {"ttft_ms", to_json(r.ttft)}, {"itl_ms", to_json(r.itl)},
+                             {"e2e_ms", to_json(r.e2e)}, {"decode_tokens_per_s_per_request", r.single_decode_tps},
+                             {"speedup_vs_first_level", base > 0 ? tps / base : 0},
+                             {"decode_vs_reference", reference_tps > 0 ? r.single_decode_tps / reference_tps : 0}});
+    }
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("troupe bench: %s\npipeline: %s\n%lld output tokens per request (no stop token), sampling T=0.8 top-k 40\n",
+              a.model.c_str(), (*rt)->describe().c_str(), static_cast<long long>(a.max_tokens));
+  if (reference_tps > 0) std::printf("reference (plain loop, 1 request): decode %.1f tokens/s\n", reference_tps);
+  std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms | decode/req vs ref |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : results) {
+    const double tps = r.output_tokens / std::max(1e-9, r.seconds);
+    std::printf("| %d | %d | %d | %.2f | %.1f | %.2f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.0f / %.0f / %.0f | %.2f |\n",
+                r.concurrency, r.completed, r.failed, r.completed / std::max(1e-9, r.seconds), tps, base > 0 ? tps / base : 0,
+                r.ttft.mean, r.ttft.p50, r.ttft.p99, r.itl.mean, r.itl.p50, r.itl.p99, r.e2e.mean, r.e2e.p50, r.e2e.p99,
+                reference_tps > 0 ? r.single_decode_tps / reference_tps : 0);
+  }
+  std::printf("\npreemptions: %lld\n", static_cast<long long>(stats.preemptions));
+  return 0;
+}
+
+}  // namespace
+
+command_runner add_bench(CLI::App& app) {
+  auto a = std::make_shared<bench_args>();
+  auto* cmd = app.add_subcommand("bench", "Serve N concurrent requests through the actor pipeline and report latency and throughput");
+  cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
+  cmd->add_option("--devices", a->devices, "Devices of the stages (cpu, cpu:N, cpu:A-B, comma-separated)");
+  cmd->add_option("--stages", a->stages, "Pipeline stages")->check(CLI::Range(1, 1024));
+  cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: stages)")->check(CLI::Range(0, 64));
+  cmd->add_option("--concurrency,-c", a->concurrency, "Concurrency levels, comma-separated (default 1,4,16)");
+  cmd->add_option("--requests,-n", a->requests, "Requests per level (default: max(2 x concurrency, 8))")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens each request generates")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--image-share", a->image_share, "Share of requests with an image (vision models)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--images", a->images_dir, "Folder of PNG/JPEG images for the workload");
+  cmd->add_option("--quant", a->quant, "Weight format for every matrix");
+  cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");
+  cmd->add_option("--ctx", a->ctx_tokens, "KV capacity per stage in tokens (default: enough for the largest level)");
+  cmd->add_option("--seed", a->seed);
+  cmd->add_flag("--no-reference", a->no_reference, "Skip the plain-loop reference run");
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  return [a] {
+    if (a->model.empty()) a->model = bundled_model_path();
+    if (a->images_dir.empty()) a->images_dir = TROUPE_SHAPES_IMAGES;
+    return run_bench(*a);
+  };
+}
+
+}  // namespace troupe::cli

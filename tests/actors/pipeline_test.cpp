@@ -1,0 +1,490 @@
+// The actor pipeline (scheduler, encoder, shards, KV stores) against the
+// plain generation loop: token-identical outputs alone and among concurrent
+// requests, admission limits, cancellation, preemption and sliding windows.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "actors/runtime.hpp"
+#include "actors/tensor_registry.hpp"
+#include "models/generate.hpp"
+#include "models/image.hpp"
+#include "models/image_processor.hpp"
+#include "models/llava.hpp"
+#include "models/tokenizer.hpp"
+
+namespace troupe::actors {
+namespace {
+
+const std::string model_dir = TROUPE_BUNDLED_MODEL;
+const std::string shapes_dir = std::string(TROUPE_FIXTURES_DIR) + "/shapes";
+
+std::vector<std::uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+struct prompt_case {
+  std::string text;    // user turn
+  std::string image;   // file name in tests/fixtures/shapes ("" = text only)
+  models::sampling_params params;
+  bool no_eos = false;  // run to max_tokens
+};
+
+/// The reference: the bundled model through models::generate_batch alone,
+/// as `troupe generate` runs it.
+class reference {
+ public:
+  reference() {
+    ctx_ = kernels::cpu::context::create(2);
+    auto m = models::llava_model::load(model_dir, *ctx_);
+    EXPECT_TRUE(m) << (m ? "" : m.error().message);
+    model_ = std::move(*m);
+    auto t = models::tokenizer::load(model_dir);
+    EXPECT_TRUE(t);
+    tok_.emplace(std::move(*t));
+    auto pc = models::load_image_processor_config(model_dir);
+    EXPECT_TRUE(pc);
+    pre_ = *pc;
+  }
+
+  std::vector<std::int32_t> prompt_ids(const prompt_case& c) const {
+    const std::string text = "USER: " + std::string(c.image.empty() ? "" : "<image>\n") + c.text + " ASSISTANT:";
+    auto ids = tok_->encode(text, true, true);
+    EXPECT_TRUE(ids);
+    return *ids;
+  }
+
+  models::sampling_params params(const prompt_case& c) const {
+    auto p = c.params;
+    if (auto eos = tok_->special_ids().eos; eos && !c.no_eos) p.stop_token_ids.push_back(*eos);
+    return p;
+  }
+
+  std::vector<std::int32_t> solo(const prompt_case& c, const models::kv_options& kv = {}) {
+    auto ids = prompt_ids(c);
+    kernels::tensor pixels;
+    models::pixel_values pv;
+    if (!c.image.empty()) {
+      auto img = models::load_image(shapes_dir + "/" + c.image);
+      EXPECT_TRUE(img);
+      auto p = models::preprocess_image(*img, pre_);
+      EXPECT_TRUE(p);
+      pv = std::move(*p);
+      pixels = *kernels::tensor::view(pv.data.data(), kernels::dtype::f32, {1, 3, pv.height, pv.width});
+    }
+    auto prep = model_->prepare(*ctx_, ids, pixels);
+    EXPECT_TRUE(prep) << (prep ? "" : prep.error().message);
+    models::generation_request req;
+    req.prompt = prep->tokens;
+    req.image_token = prep->image_token;
+    req.image_embeds = prep->image_embeds;
+    req.params = params(c);
+    models::generate_options opts;
+    opts.kv = kv;
+    auto out = models::generate_batch(*ctx_, model_->language_model(), {req}, {[](std::int32_t) { return std::string(); }},
+                                      {}, opts);
+    EXPECT_TRUE(out) << (out ? "" : out.error().message);
+    return (*out)[0].tokens;
+  }
+
+  generate_request request(const prompt_case& c, std::uint64_t id) const {
+    generate_request r;
+    r.id = id;
+    r.prompt_tokens = prompt_ids(c);
+    if (!c.image.empty()) r.images.push_back({c.image, read_bytes(shapes_dir + "/" + c.image)});
+    r.params = params(c);
+    return r;
+  }
+
+ private:
+  std::unique_ptr<kernels::cpu::context> ctx_;
+  std::unique_ptr<models::llava_model> model_;
+  std::optional<models::tokenizer> tok_;
+  models::image_processor_config pre_;
+};
+
+reference& ref() {
+  static reference r;
+  return r;
+}
+
+std::vector<prompt_case> mixed_cases(int n) {
+  const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
+                                              "What shape is on the left?", "What color is the shape in the center?"};
+  std::vector<prompt_case> out;
+  for (int i = 0; i < n; ++i) {
+    prompt_case c;
+    char name[32];
+    std::snprintf(name, sizeof name, "shapes_%03d.png", i % 12);
+    if (i % 4 != 3) c.image = name;  // every fourth is text only
+    c.text = i % 4 == 3 ? "Describe the image. Describe the image." : questions[static_cast<std::size_t>(i) % questions.size()];
+    c.params.max_tokens = 24;
+    if (i % 3 == 1) {  // seeded sampling: the same draws in any batch
+      c.params.temperature = 0.9;
+      c.params.top_k = 20;
+      c.params.seed = 1000 + static_cast<std::uint64_t>(i);
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+struct pipeline_test : ::testing::Test {
+  static caf::actor_system_config& config() {
+    static caf::actor_system_config cfg = [] {
+      caf::actor_system_config c;
+      register_protocol(c);
+      return c;
+    }();
+    return cfg;
+  }
+  caf::actor_system sys{config()};
+
+  std::unique_ptr<local_runtime> start(int stages, runtime_config cfg = {}) {
+    cfg.model = model_dir;
+    cfg.stages = stages;
+    if (cfg.devices.empty()) {
+      auto d = parse_devices(stages > 1 ? "cpu:0-0,cpu:1-1" : "cpu");
+      EXPECT_TRUE(d);
+      cfg.devices = *d;
+    }
+    auto rt = local_runtime::start(sys, cfg);
+    EXPECT_TRUE(rt) << (rt ? "" : rt.error().message);
+    return std::move(*rt);
+  }
+
+  /// Every store's blocks are free again.
+  void expect_kv_free(local_runtime& rt) {
+    caf::scoped_actor self{sys};
+    for (auto& kv : rt.kv_stores()) {
+      self->request(kv, caf::infinite, usage_atom::value)
+          .receive(
+              [&](const kv_usage_info& u) {
+                EXPECT_EQ(u.free_blocks, u.total_blocks) << u.device;
+                EXPECT_EQ(u.sequences, 0) << u.device;
+              },
+              [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    }
+  }
+};
+
+/// Submits all cases at once and waits for every finish.
+std::vector<finish_event> run_all(client& c, const std::vector<generate_request>& reqs) {
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, finish_event> done;
+  for (const auto& r : reqs) {
+    client::callbacks cb;
+    cb.on_finish = [&](const finish_event& f) {
+      std::lock_guard lock(m);
+      done.emplace(f.id, f);
+      cv.notify_all();
+    };
+    auto ack = c.submit(r, cb);
+    EXPECT_TRUE(ack) << (ack ? "" : ack.error().message);
+  }
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return done.size() == reqs.size(); });
+  std::vector<finish_event> out;
+  for (const auto& r : reqs) out.push_back(done.at(r.id));
+  return out;
+}
+
+TEST_F(pipeline_test, one_request_matches_plain_generation_on_one_and_two_stages) {
+  for (int stages : {1, 2}) {
+    auto rt = start(stages);
+    client c(sys, rt->scheduler());
+    for (const auto& pc : mixed_cases(4)) {
+      const auto want = ref().solo(pc);
+      std::vector<std::int32_t> streamed;
+      auto f = c.run(ref().request(pc, client::next_id()),
+                     [&](const token_event& e) { streamed.insert(streamed.end(), e.tokens.begin(), e.tokens.end()); });
+      ASSERT_TRUE(f) << f.error().message;
+      EXPECT_EQ(f->tokens, want) << stages << " stage(s): " << pc.text << " " << pc.image;
+      EXPECT_EQ(streamed, f->tokens);
+      EXPECT_TRUE(f->reason == "stop" || f->reason == "length") << f->reason << " " << f->error;
+    }
+    expect_kv_free(*rt);
+  }
+}
+
+TEST_F(pipeline_test, sixteen_concurrent_requests_match_their_solo_runs) {
+  const auto cases = mixed_cases(16);
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& pc : cases) want.push_back(ref().solo(pc));
+  for (int stages : {1, 2}) {
+    auto rt = start(stages);
+    client c(sys, rt->scheduler());
+    std::vector<generate_request> reqs;
+    for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+    auto got = run_all(c, reqs);
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i]) << stages << " stage(s), request " << i << ": " << got[i].error;
+    expect_kv_free(*rt);
+    EXPECT_EQ(tensor_registry::local().pending(), 0u);
+  }
+}
+
+TEST_F(pipeline_test, kv_exhaustion_completes_every_request_through_preemption) {
+  runtime_config cfg;
+  cfg.kv.capacity_tokens = 16 * 12;  // room for about two image requests at a time
+  auto cases = mixed_cases(6);
+  for (auto& pc : cases) {  // long answers, so that running requests outgrow the cache
+    pc.no_eos = true;
+    pc.params.max_tokens = 48;
+  }
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& pc : cases) want.push_back(ref().solo(pc));
+  auto rt = start(2, cfg);
+  client c(sys, rt->scheduler());
+  std::vector<generate_request> reqs;
+  for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+  auto got = run_all(c, reqs);
+  std::int64_t preemptions = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ": " << got[i].reason << " " << got[i].error;
+    preemptions += got[i].preemptions;
+  }
+  EXPECT_GT(preemptions, 0) << "the test did not exhaust the KV cache";
+  const auto st = c.stats();
+  EXPECT_LE(st.kv_peak_blocks, st.kv_total_blocks);
+  expect_kv_free(*rt);
+}
+
+TEST_F(pipeline_test, queue_limit_rejects_with_overloaded_and_loses_nothing) {
+  runtime_config cfg;
+  cfg.scheduler.queue_limit = 64;
+  auto rt = start(1, cfg);
+  client c(sys, rt->scheduler());
+  const std::vector<prompt_case> kinds = {{"How many shapes are there?", "shapes_001.png", {}},
+                                          {"Describe the image.", "", {}}};
+  std::vector<std::vector<std::int32_t>> want;
+  for (auto pc : kinds) {
+    pc.params.max_tokens = 8;
+    want.push_back(ref().solo(pc));
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, std::vector<finish_event>> finished;
+  std::map<std::uint64_t, std::size_t> kind_of;
+  std::int64_t accepted = 0, rejected = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto pc = kinds[static_cast<std::size_t>(i) % kinds.size()];
+    pc.params.max_tokens = 8;
+    const auto id = client::next_id();
+    kind_of[id] = static_cast<std::size_t>(i) % kinds.size();
+    client::callbacks cb;
+    cb.on_finish = [&](const finish_event& f) {
+      std::lock_guard lock(m);
+      finished[f.id].push_back(f);
+      cv.notify_all();
+    };
+    auto ack = c.submit(ref().request(pc, id), cb);
+    if (ack) {
+      ++accepted;
+    } else {
+      ++rejected;
+      EXPECT_EQ(ack.error().code, error_code::overloaded) << ack.error().message;
+      EXPECT_NE(ack.error().message.find("overloaded"), std::string::npos) << ack.error().message;
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 0);
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return static_cast<std::int64_t>(finished.size()) == accepted; });
+  lock.unlock();
+  for (auto& [id, fs] : finished) {
+    ASSERT_EQ(fs.size(), 1u) << "request " << id << " finished " << fs.size() << " times";
+    EXPECT_EQ(fs[0].tokens, want[kind_of[id]]) << "request " << id << " " << fs[0].error;
+  }
+  const auto st = c.stats();
+  EXPECT_EQ(st.accepted, accepted);
+  EXPECT_EQ(st.rejected, rejected);
+  EXPECT_EQ(st.finished, accepted);
+  // An id never runs twice.
+  auto again = c.submit(ref().request(kinds[1], finished.begin()->first), {});
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, error_code::duplicate_id);
+  expect_kv_free(*rt);
+}
+
+TEST_F(pipeline_test, cancellation_frees_kv_blocks) {
+  auto rt = start(2);
+  client c(sys, rt->scheduler());
+  prompt_case pc{"Describe the image. Describe the image.", "", {}, true};
+  pc.params.max_tokens = 1000;  // far more than the test waits for
+  auto req = ref().request(pc, client::next_id());
+  std::mutex m;
+  std::condition_variable cv;
+  std::int64_t tokens = 0;
+  std::optional<finish_event> fin;
+  client::callbacks cb;
+  cb.on_token = [&](const token_event& e) {
+    std::lock_guard lock(m);
+    tokens += static_cast<std::int64_t>(e.tokens.size());
+    cv.notify_all();
+  };
+  cb.on_finish = [&](const finish_event& f) {
+    std::lock_guard lock(m);
+    fin = f;
+    cv.notify_all();
+  };
+  const auto id = req.id;
+  ASSERT_TRUE(c.submit(req, cb));
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return tokens >= 5 || fin; });
+  }
+  EXPECT_TRUE(c.cancel(id));
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return fin.has_value(); });
+  EXPECT_EQ(fin->reason, "cancelled");
+  EXPECT_LT(static_cast<std::int64_t>(fin->tokens.size()), 1000);
+  lock.unlock();
+  EXPECT_FALSE(c.cancel(id));
+  // The scheduler's books and every store agree: nothing is held.
+  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(c.stats().kv_used_blocks, 0);
+  expect_kv_free(*rt);
+}
+
+TEST_F(pipeline_test, bad_image_fails_its_request_with_a_clear_error_and_others_go_on) {
+  auto rt = start(1);
+  client c(sys, rt->scheduler());
+  prompt_case good{"How many shapes are there?", "shapes_002.png", {}};
+  good.params.max_tokens = 8;
+  auto bad = ref().request(good, client::next_id());
+  bad.images[0].bytes.resize(bad.images[0].bytes.size() / 2);  // truncated PNG
+  bad.images[0].name = "truncated.png";
+  auto f = c.run(bad);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->reason, "error");
+  EXPECT_NE(f->error.find("truncated.png"), std::string::npos) << f->error;
+  auto ok = c.run(ref().request(good, client::next_id()));
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->tokens, ref().solo(good));
+  // Wrong requests are refused at admission.
+  auto no_image = ref().request(good, client::next_id());
+  no_image.images.clear();
+  auto r = c.submit(no_image, {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, error_code::invalid_request);
+  auto bad_params = ref().request(good, client::next_id());
+  bad_params.params.top_p = 3;
+  r = c.submit(bad_params, {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, error_code::invalid_request);
+  expect_kv_free(*rt);
+}
+
+TEST_F(pipeline_test, sliding_window_bounds_kv_over_a_long_generation) {
+  runtime_config cfg;
+  cfg.kv.window = 64;
+  cfg.kv.sinks = 4;
+  cfg.kv.capacity_tokens = 16 * 16;
+  auto rt = start(2, cfg);
+  client c(sys, rt->scheduler());
+  prompt_case pc{"Describe the image.", "", {}, true};  // no EOS: run to max_tokens
+  pc.params.max_tokens = 10000;
+  pc.params.temperature = 1.0;
+  pc.params.seed = 7;
+  auto req = ref().request(pc, client::next_id());
+  auto f = c.run(req);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->reason, "length") << f->error;
+  EXPECT_EQ(f->tokens.size(), 10000u);
+  EXPECT_GT(c.stats().kv_peak_blocks, 0);
+  // Bound: the window's blocks, a sink block and the block being written.
+  const auto st = c.stats();
+  EXPECT_LE(st.kv_peak_blocks, 64 / 16 + 1 + 2) << "peak " << st.kv_peak_blocks;
+  // The same with the plain loop and the same window.
+  // Token-identical to the plain loop with the same window (a shorter run:
+  // the window has slid many times by then).
+  pc.params.max_tokens = 1500;
+  auto g = c.run(ref().request(pc, client::next_id()));
+  ASSERT_TRUE(g) << g.error().message;
+  models::kv_options kv;
+  kv.window = 64;
+  kv.sinks = 4;
+  kv.capacity_tokens = 16 * 16;
+  EXPECT_EQ(g->tokens, ref().solo(pc, kv));
+  expect_kv_free(*rt);
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identically) {
+  runtime_config cfg;
+  cfg.node.max_restarts = 2;
+  auto rt = start(2, cfg);
+  client c(sys, rt->scheduler());
+  auto cases = mixed_cases(4);
+  for (auto& pc : cases) {
+    pc.no_eos = true;
+    pc.params.max_tokens = 300;
+  }
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& pc : cases) want.push_back(ref().solo(pc));
+  std::vector<generate_request> reqs;
+  for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+  // Kill the second stage while the requests run.
+  std::thread killer([&] {
+    for (int i = 0; i < 200 && c.stats().steps < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    caf::anon_send_exit(rt->shards().back(), caf::exit_reason::kill);
+  });
+  auto got = run_all(c, reqs);
+  killer.join();
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ": " << got[i].reason << " " << got[i].error;
+  caf::scoped_actor self{sys};
+  self->request(rt->node(), caf::infinite, stats_atom::value)
+      .receive([&](const node_status& s) { EXPECT_EQ(s.restarts, 1) << s.last_failure; },
+               [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  expect_kv_free(*rt);
+  // Past the limit the node gives up and requests fail with a clear error.
+  for (int k = 0; k < 2; ++k) {
+    caf::anon_send_exit(rt->shards().front(), caf::exit_reason::kill);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto r = c.submit(ref().request(cases[0], client::next_id()), {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, error_code::stage_failed) << r.error().message;
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+TEST_F(pipeline_test, deadlines_end_requests_and_free_their_kv) {
+  auto rt = start(2);
+  client c(sys, rt->scheduler());
+  prompt_case pc{"Describe the image.", "", {}, true};
+  pc.params.max_tokens = 3500;  // seconds of work; fits the default KV
+  auto req = ref().request(pc, client::next_id());
+  req.deadline_ms = 150;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto f = c.run(req);
+  const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->reason, "deadline");
+  EXPECT_GT(f->tokens.size(), 0u);
+  EXPECT_LT(f->tokens.size(), 3500u);
+  EXPECT_GE(waited, 150.0);
+  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  expect_kv_free(*rt);
+}
+
+}  // namespace
+}  // namespace troupe::actors
