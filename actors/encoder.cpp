@@ -7,18 +7,15 @@
 #include <filesystem>
 #include <map>
 
+#include "actors/clock.hpp"
 #include "actors/tensor_registry.hpp"
 
 namespace troupe::actors {
 
 namespace {
 
-using clock = std::chrono::steady_clock;
+using clock = steady;
 using kernels::tensor;
-
-double ms_between(clock::time_point a, clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 struct pending_input {
   std::vector<float> pixels;  // [3, side, side]

@@ -9,6 +9,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "actors/clock.hpp"
 #include "actors/tensor_registry.hpp"
 #include "models/llava.hpp"
 #include "models/sampling.hpp"
@@ -17,12 +18,8 @@ namespace troupe::actors {
 
 namespace {
 
-using clock = std::chrono::steady_clock;
+using clock = steady;
 using kernels::tensor;
-
-double ms_between(clock::time_point a, clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 enum class phase : std::uint8_t { encoding, waiting, running };
 

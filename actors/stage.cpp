@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "actors/clock.hpp"
 #include "actors/tensor_registry.hpp"
 #include "models/llava_config.hpp"
 
@@ -15,9 +16,6 @@ namespace {
 using kernels::errc;
 using kernels::tensor;
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 /// The decoder config of a LLaMA/LLaVA folder or a GGUF file.
 kernels::result<models::llama_config> text_config(const models::weight_source& src, const std::string& path) {
@@ -160,7 +158,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
                                                             std::to_string(res->model->range().last) +
                                                             "): " + out.error().message);
           }
-          b.compute_ms += ms_since(t0);
+          b.compute_ms += ms_between(t0, steady::now());
           if (res->model->range().head) {
             return step_output{b.step, tensor_registry::local().put(res->device.name, std::move(*out)), b.compute_ms};
           }

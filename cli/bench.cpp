@@ -21,6 +21,7 @@
 
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/model_setup.hpp"
 #include "models/generate.hpp"
 #include "models/image.hpp"
 #include "models/image_processor.hpp"
@@ -193,18 +194,15 @@ int run_bench(const bench_args& a) {
       }
     }
   }
-  quant_plan plan;
-  if (!a.quant.empty()) {
-    auto f = kernels::weight_format_from_string(a.quant);
-    if (!f) {
-      spdlog::error("--quant: {}", f.error().message);
-      return 2;
-    }
-    plan.default_format = *f;
+  auto plan_r = parse_quant_flags(a.quant, {});
+  if (!plan_r) {
+    spdlog::error("{}", plan_r.error().message);
+    return 2;
   }
-  auto kv_type = kernels::dtype_from_string(a.kv_type == "int8" ? "i8" : a.kv_type);
+  const quant_plan plan = *plan_r;
+  auto kv_type = parse_kv_type(a.kv_type);
   if (!kv_type) {
-    spdlog::error("--kv-type must be f32, f16 or int8");
+    spdlog::error("{}", kv_type.error().message);
     return 2;
   }
   std::string list = a.devices.empty() ? "cpu" : a.devices;
@@ -288,29 +286,19 @@ int run_bench(const bench_args& a) {
     const int threads = devices->front().cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
                                                        : static_cast<int>(devices->front().cores.size());
     auto ctx = kernels::cpu::context::create(threads, devices->front().cores);
-    std::unique_ptr<llava_model> llava;
-    std::unique_ptr<llama_model> plain;
-    if (lcfg) {
-      auto m = llava_model::build(**src, *lcfg, *ctx, plan);
-      if (!m) {
-        spdlog::error("{}", m.error().message);
-        return 1;
-      }
-      llava = std::move(*m);
-    } else {
-      auto c = (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf()) : load_llama_config(dir + "/config.json");
-      if (!c) {
-        spdlog::error("{}", c.error().message);
-        return 1;
-      }
-      auto m = llama_model::build(**src, *c, *ctx, plan);
-      if (!m) {
-        spdlog::error("{}", m.error().message);
-        return 1;
-      }
-      plain = std::move(*m);
+    auto text = lcfg ? kernels::result<llama_config>(lcfg->text)
+                     : (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf()) : load_llama_config(dir + "/config.json");
+    if (!text) {
+      spdlog::error("{}", text.error().message);
+      return 1;
     }
-    const llama_model& model = llava ? llava->language_model() : *plain;
+    auto loaded = load_direct_model(**src, lcfg, *text, *ctx, plan);
+    if (!loaded) {
+      spdlog::error("{}", loaded.error().message);
+      return 1;
+    }
+    const llava_model* llava = loaded->llava.get();
+    const llama_model& model = loaded->text();
     generation_request req;
     req.prompt = items.back().ids;  // a text-only prompt
     if (lcfg) {

@@ -15,6 +15,7 @@
 
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/model_setup.hpp"
 #include "kernels/cpu/context.hpp"
 #include "models/chat_template.hpp"
 #include "models/generate.hpp"
@@ -127,23 +128,15 @@ void print_result(const generate_args& a, const std::string& text, const std::ve
 int run_generate(const generate_args& a) {
   using namespace troupe::models;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  quant_plan plan;
-  if (!a.quant.empty()) {
-    auto f = kernels::weight_format_from_string(a.quant);
-    if (!f) {
-      spdlog::error("--quant: {}", f.error().message);
-      return 2;
-    }
-    plan.default_format = *f;
+  auto plan_r = parse_quant_flags(a.quant, a.overrides);
+  if (!plan_r) {
+    spdlog::error("{}", plan_r.error().message);
+    return 2;
   }
-  for (const auto& o : a.overrides)
-    if (auto r = plan.add_override(o); !r) {
-      spdlog::error("--quant-override: {}", r.error().message);
-      return 2;
-    }
-  auto kv_type = kernels::dtype_from_string(a.kv_type == "int8" ? "i8" : a.kv_type);
-  if (!kv_type || (*kv_type != kernels::dtype::f32 && *kv_type != kernels::dtype::f16 && *kv_type != kernels::dtype::i8)) {
-    spdlog::error("--kv-type must be f32, f16 or int8");
+  const quant_plan plan = *plan_r;
+  auto kv_type = parse_kv_type(a.kv_type);
+  if (!kv_type) {
+    spdlog::error("{}", kv_type.error().message);
     return 2;
   }
   std::vector<actors::device_spec> devices;
@@ -330,24 +323,13 @@ int run_generate(const generate_args& a) {
   // --direct: the plain generation loop in this thread (the reference the
   // actor path is checked against).
   auto ctx = kernels::cpu::context::create(threads);
-  std::unique_ptr<llava_model> llava;
-  std::unique_ptr<llama_model> plain;
-  if (lcfg) {
-    auto m = llava_model::build(**src, *lcfg, *ctx, plan);
-    if (!m) {
-      spdlog::error("{}", m.error().message);
-      return 1;
-    }
-    llava = std::move(*m);
-  } else {
-    auto m = llama_model::build(**src, *text_cfg, *ctx, plan);
-    if (!m) {
-      spdlog::error("{}", m.error().message);
-      return 1;
-    }
-    plain = std::move(*m);
+  auto loaded = load_direct_model(**src, lcfg, *text_cfg, *ctx, plan);
+  if (!loaded) {
+    spdlog::error("{}", loaded.error().message);
+    return 1;
   }
-  const llama_model& model = llava ? llava->language_model() : *plain;
+  const llava_model* llava = loaded->llava.get();
+  const llama_model& model = loaded->text();
   // Images: decode, preprocess, encode (vision tower + projector).
   generation_request req;
   req.prompt = *ids;

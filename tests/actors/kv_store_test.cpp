@@ -3,6 +3,8 @@
 // logits bit-identical to a sequence that never left.
 #include <gtest/gtest.h>
 
+#include "actor_test.hpp"
+
 #include "actors/stage.hpp"
 #include "actors/tensor_registry.hpp"
 
@@ -10,15 +12,7 @@ namespace troupe::actors {
 namespace {
 
 struct kv_store_test : ::testing::Test {
-  static caf::actor_system_config& config() {
-    static caf::actor_system_config cfg = [] {
-      caf::actor_system_config c;
-      register_protocol(c);
-      return c;
-    }();
-    return cfg;
-  }
-  caf::actor_system sys{config()};
+  caf::actor_system sys{test::actor_config()};
   caf::scoped_actor self{sys};
 
   std::vector<float> step(const shard_actor& shard, std::int64_t seq, std::int64_t start, std::vector<std::int32_t> tokens) {

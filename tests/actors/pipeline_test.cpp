@@ -3,6 +3,8 @@
 // requests, admission limits, cancellation, preemption and sliding windows.
 #include <gtest/gtest.h>
 
+#include "actor_test.hpp"
+
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
@@ -136,15 +138,7 @@ std::vector<prompt_case> mixed_cases(int n) {
 }
 
 struct pipeline_test : ::testing::Test {
-  static caf::actor_system_config& config() {
-    static caf::actor_system_config cfg = [] {
-      caf::actor_system_config c;
-      register_protocol(c);
-      return c;
-    }();
-    return cfg;
-  }
-  caf::actor_system sys{config()};
+  caf::actor_system sys{test::actor_config()};
 
   std::unique_ptr<local_runtime> start(int stages, runtime_config cfg = {}) {
     cfg.model = model_dir;

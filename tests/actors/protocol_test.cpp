@@ -4,19 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include "actor_test.hpp"
+
 namespace troupe::actors {
 namespace {
 
 struct protocol_test : ::testing::Test {
-  static caf::actor_system_config& config() {
-    static caf::actor_system_config cfg = [] {
-      caf::actor_system_config c;
-      register_protocol(c);
-      return c;
-    }();
-    return cfg;
-  }
-  caf::actor_system sys{config()};
+  caf::actor_system sys{test::actor_config()};
 
   /// Serializes `x` in a caf::message (type-erased, as on the wire) and
   /// reads it back.
