@@ -67,4 +67,11 @@ void register_protocol(caf::actor_system_config& cfg) {
   });
 }
 
+void configure_runtime(caf::actor_system_config& cfg) {
+  register_protocol(cfg);
+  cfg.set("scheduler.max-threads", 1);
+  cfg.set("work-stealing.aggressive-poll-attempts", 10);
+  cfg.set("work-stealing.moderate-poll-attempts", 50);
+}
+
 }  // namespace troupe::actors

@@ -343,6 +343,12 @@ using node_actor = caf::typed_actor<caf::replies_to<stats_atom>::with<node_statu
 /// processes, and in the round-trip test).
 void register_protocol(caf::actor_system_config& cfg);
 
+/// register_protocol plus the runtime's scheduler settings: one CAF worker
+/// thread (the scheduler and client sinks are light; compute runs on the
+/// device actors' own pinned threads) that polls briefly before sleeping, so
+/// idle CAF workers do not take cycles from the devices' cores.
+void configure_runtime(caf::actor_system_config& cfg);
+
 }  // namespace troupe::actors
 
 namespace troupe::models {

@@ -324,7 +324,7 @@ int run_bench(const bench_args& a) {
   src->reset();
 
   caf::actor_system_config cfg;
-  actors::register_protocol(cfg);
+  actors::configure_runtime(cfg);
   caf::actor_system sys{cfg};
   actors::runtime_config rc;
   rc.model = a.model;

@@ -272,8 +272,7 @@ int run_generate(const generate_args& a) {
     // the scheduler in front, one client request.
     src->reset();
     caf::actor_system_config cfg;
-    actors::register_protocol(cfg);
-    cfg.set("scheduler.max-threads", 2);
+    actors::configure_runtime(cfg);
     caf::actor_system sys{cfg};
     actors::runtime_config rc;
     rc.model = a.model;

@@ -1,17 +1,33 @@
 """Trains troupe's bundled tiny LLaVA on the synthetic shapes set (docs/shapes.md)
 and saves it in the Hugging Face layout.
 
+The committed model was made by these two runs (about 110 minutes on 2 CPU
+cores in all; the second resumes the first's checkpoint in --work):
+
     PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
-        --work build-train --out assets/tiny-llava-shapes --steps 3000
+        --work build-train2 --out assets/tiny-llava-shapes \
+        --scenes 60000 --vision-steps 1500 --steps 1500 --eval-images 48
+    PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
+        --work build-train2 --out assets/tiny-llava-shapes \
+        --scenes 60000 --vision-steps 1500 --steps 2500 --lr 1e-3 --restart-schedule \
+        --type-weights exists=4,color_of=3,where=3 --eval-every 500 --eval-images 32
+
+Stage 1 trains the vision tower alone on a per-patch shape/color loss with
+large batches (a from-scratch ViT learns shapes far faster from that dense
+signal than from answer tokens); stage 2 trains the whole model on captions
+and questions, keeping the per-patch loss as an auxiliary term. The scenes
+(--scenes, rendered at random sides and resized by the model's
+preprocessor) are generated once in 2 processes and cached in --work.
 
 Needs torch and transformers (PyPI's transformers 4.46 over Debian's
 python3-torch 1.13 works; Debian's torch uses whatever BLAS the system's
 libblas.so.3 alternative points at: install libopenblas0-pthread first or
-it is ~25x slower), tokenizers, numpy and Pillow. CPU only. Resumable: a
-checkpoint in --work is written every --save-every steps and picked up on
-restart; the final model is written to --out after the last step (or with
---export-only from the newest checkpoint). The model card's accuracy table
-comes from tools/eval_shapes.py, which runs the C++ `troupe generate`.
+it is ~25x slower), tokenizers, numpy and Pillow. CPU only. Resumable:
+checkpoints in --work (vision.pt during stage 1, checkpoint.pt during
+stage 2) are written every 100 steps and picked up on restart; the final
+model is written to --out after the last step (or with --export-only from
+the newest checkpoint). The model card's accuracy table comes from
+tools/eval_shapes.py, which runs the C++ `troupe generate`.
 """
 
 import argparse
@@ -70,9 +86,10 @@ def build_tokenizer():
     return tok
 
 
-def preprocess(img: Image.Image) -> np.ndarray:
-    """CLIPImageProcessor with this model's preprocessor_config.json: shortest
-    edge to 64 (bicubic, PIL), center crop 64, rescale, normalize."""
+def resize_crop(img: Image.Image) -> np.ndarray:
+    """The geometric half of CLIPImageProcessor with this model's
+    preprocessor_config.json: shortest edge to 64 (bicubic, PIL), center crop
+    64. Returns uint8 [64, 64, 3]."""
     img = img.convert("RGB")
     w, h = img.size
     if min(w, h) != IMAGE_SIZE:
@@ -84,9 +101,54 @@ def preprocess(img: Image.Image) -> np.ndarray:
     w, h = img.size
     left, top = (w - IMAGE_SIZE) // 2, (h - IMAGE_SIZE) // 2
     img = img.crop((left, top, left + IMAGE_SIZE, top + IMAGE_SIZE))
-    a = np.asarray(img).astype(np.float32) / 255.0
+    return np.asarray(img)
+
+
+def normalize(a: np.ndarray) -> np.ndarray:
+    """Rescale and normalize uint8 [..., 64, 64, 3] to float [..., 3, 64, 64]."""
+    a = a.astype(np.float32) / 255.0
     a = (a - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
-    return a.transpose(2, 0, 1)
+    return np.moveaxis(a, -1, -3)
+
+
+def preprocess(img: Image.Image) -> np.ndarray:
+    """CLIPImageProcessor with this model's preprocessor_config.json."""
+    return normalize(resize_crop(img))
+
+
+def _make_chunk(args):
+    seed, chunk, n = args
+    rng = random.Random(seed * 1_000_003 + chunk)
+    imgs, labels, scenes = [], [], []
+    for _ in range(n):
+        scene = shapes.make_scene(rng)
+        side = rng.choice([64, 64, 80, 96, 128, 160, 224])
+        imgs.append(resize_crop(shapes.render(scene, side, rng)))
+        labels.append(patch_labels(scene))
+        scenes.append(scene)
+    return np.stack(imgs), np.stack(labels), scenes
+
+
+def load_dataset(work, n, seed, procs=2):
+    """`n` scenes drawn from `seed`, rendered at random sides and resized to
+    64x64 by the preprocessor, with their per-patch labels; generated once
+    (in `procs` processes) and cached in --work."""
+    path = os.path.join(work, f"data-{seed}-{n}.npz")
+    if not os.path.exists(path):
+        import multiprocessing
+
+        chunk = 1000
+        jobs = [(seed, i, min(chunk, n - i * chunk)) for i in range((n + chunk - 1) // chunk)]
+        t0 = time.time()
+        with multiprocessing.Pool(procs) as pool:
+            parts = pool.map(_make_chunk, jobs)
+        np.savez(path + ".tmp.npz", images=np.concatenate([p[0] for p in parts]),
+                 labels=np.concatenate([p[1] for p in parts]),
+                 scenes=json.dumps([s for p in parts for s in p[2]]))
+        os.replace(path + ".tmp.npz", path)
+        print(f"generated {n} scenes in {time.time() - t0:.0f}s", flush=True)
+    d = np.load(path)
+    return d["images"], d["labels"], json.loads(str(d["scenes"]))
 
 
 def patch_labels(scene) -> np.ndarray:
@@ -116,37 +178,116 @@ def patch_labels(scene) -> np.ndarray:
     return out
 
 
-class ShapesStream(torch.utils.data.IterableDataset):
-    """Endless batches: `images` scenes, `per_image` questions each."""
+def weighted_question(scene, rng, weights):
+    """shapes.sample_question with question types drawn by `weights` (type ->
+    relative weight, default 1) instead of uniformly: more practice on the
+    types the model gets wrong. The questions and answers are the spec's."""
+    if not weights:
+        return shapes.sample_question(scene, rng)
+    if rng.random() < 0.3:
+        return ("caption", shapes.CAPTION_PROMPT, shapes.caption(scene))
+    qs = shapes.all_questions(scene)
+    types = sorted({t for t, _, _ in qs})
+    t = rng.choices(types, weights=[weights.get(t, 1.0) for t in types])[0]
+    pool = [q for q in qs if q[0] == t]
+    if t == "exists":
+        want = rng.choice(["yes", "no"])
+        pool = [q for q in pool if q[2] == want] or pool
+    return rng.choice(pool)
 
-    def __init__(self, tok, seed, images, per_image, n_image_tokens, image_id):
-        self.tok, self.seed, self.images, self.per_image = tok, seed, images, per_image
-        self.n_image_tokens, self.image_id = n_image_tokens, image_id
 
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        rng = random.Random(self.seed * 1000 + (info.id if info else 0))
-        bos, eos = self.tok.token_to_id("<s>"), self.tok.token_to_id("</s>")
-        while True:
-            pix, seqs, labels = [], [], []
-            for _ in range(self.images):
-                scene = shapes.make_scene(rng)
-                side = rng.choice([64, 64, 80, 96, 128, 160, 224])
-                pix.append(preprocess(shapes.render(scene, side, rng)))
-                labels.append(patch_labels(scene))
-                asked = set()
-                for _ in range(self.per_image):
-                    for _ in range(4):  # avoid asking the same thing twice
-                        t, q, a = shapes.sample_question(scene, rng)
-                        if q not in asked:
-                            break
-                    asked.add(q)
-                    head = self.tok.encode("USER: ", add_special_tokens=False).ids
-                    mid = self.tok.encode("\n" + q + " ASSISTANT:", add_special_tokens=False).ids
-                    ans = self.tok.encode(" " + a, add_special_tokens=False).ids + [eos]
-                    prompt = [bos] + head + [self.image_id] * self.n_image_tokens + mid
-                    seqs.append((prompt, ans))
-            yield torch.from_numpy(np.stack(pix)), seqs, torch.from_numpy(np.stack(labels))
+def batches(tok, images, labels, scenes, seed, n_images, per_image, n_image_tokens, image_id, weights=None):
+    """Endless stage-2 batches from the generated scenes: `n_images` scenes,
+    `per_image` questions each (drawn afresh every time a scene comes up)."""
+    rng = random.Random(seed)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    head = tok.encode("USER: ", add_special_tokens=False).ids
+    while True:
+        idx = [rng.randrange(len(scenes)) for _ in range(n_images)]
+        seqs = []
+        for i in idx:
+            asked = set()
+            for _ in range(per_image):
+                for _ in range(4):  # avoid asking the same thing twice
+                    t, q, a = weighted_question(scenes[i], rng, weights)
+                    if q not in asked:
+                        break
+                asked.add(q)
+                mid = tok.encode("\n" + q + " ASSISTANT:", add_special_tokens=False).ids
+                ans = tok.encode(" " + a, add_special_tokens=False).ids + [eos]
+                seqs.append(([bos] + head + [image_id] * n_image_tokens + mid, ans))
+        yield torch.from_numpy(normalize(images[idx])), seqs, torch.from_numpy(labels[idx])
+
+
+def aux_loss_and_accuracy(aux, hidden, labels):
+    """Cross-entropy of the per-patch shape and color heads, and the shape and
+    color accuracy on patches that an object covers."""
+    pred = aux(hidden)  # [N, patches, 5 + 8]
+    n_shape = len(shapes.SHAPES) + 1
+    ps, pc = pred[..., :n_shape], pred[..., n_shape:]
+    loss = F.cross_entropy(ps.reshape(-1, n_shape), labels[..., 0].reshape(-1)) + \
+        F.cross_entropy(pc.reshape(-1, pc.shape[-1]), labels[..., 1].reshape(-1))
+    on = labels[..., 0] > 0
+    with torch.no_grad():
+        acc_s = (ps.argmax(-1) == labels[..., 0])[on].float().mean().item()
+        acc_c = (pc.argmax(-1) == labels[..., 1])[on].float().mean().item()
+    return loss, acc_s, acc_c
+
+
+def pretrain_vision(model, aux, images, labels, args):
+    """Stage 1: the vision tower alone learns per-patch shape and color
+    (large batches, no decoder), which a from-scratch ViT picks up far
+    faster than from answer tokens. Resumable from --work/vision.pt."""
+    path = os.path.join(args.work, "vision.pt")
+    params = list(model.vision_tower.parameters()) + list(aux.parameters())
+    opt = torch.optim.AdamW(params, lr=args.vision_lr, betas=(0.9, 0.98), weight_decay=0.05)
+    step = 0
+    if os.path.exists(path):
+        st = torch.load(path)
+        model.vision_tower.load_state_dict(st["vision"])
+        aux.load_state_dict(st["aux"])
+        opt.load_state_dict(st["opt"])
+        step = st["step"]
+    if step >= args.vision_steps:
+        return
+    held = 2000  # the last scenes are the stage's validation set
+    n = len(images) - held
+    rng = np.random.default_rng(args.seed + step)
+    warmup = min(100, args.vision_steps // 10)
+    t0, avg = time.time(), None
+    model.vision_tower.train()
+    while step < args.vision_steps:
+        lr = args.vision_lr * min(1.0, (step + 1) / warmup) * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / args.vision_steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = rng.integers(0, n, args.vision_batch)
+        pix = torch.from_numpy(normalize(images[idx]))
+        hidden = model.vision_tower(pix, output_hidden_states=True).hidden_states[model.config.vision_feature_layer][:, 1:]
+        loss, acc_s, acc_c = aux_loss_and_accuracy(aux, hidden, torch.from_numpy(labels[idx]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        cur = np.array([loss.item(), acc_s, acc_c])
+        avg = cur if avg is None else 0.95 * avg + 0.05 * cur
+        if step % 20 == 0:
+            print(f"vision step {step} aux {avg[0]:.4f} shape {avg[1]:.3f} color {avg[2]:.3f} lr {lr:.2e} "
+                  f"{(time.time() - t0) / 20:.2f}s/step", flush=True)
+            t0 = time.time()
+        if step % 100 == 0 or step == args.vision_steps:
+            torch.save({"vision": model.vision_tower.state_dict(), "aux": aux.state_dict(), "opt": opt.state_dict(),
+                        "step": step}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        if step % 250 == 0 or step == args.vision_steps:
+            model.vision_tower.eval()
+            with torch.no_grad():
+                s = slice(n, len(images))
+                hidden = model.vision_tower(torch.from_numpy(normalize(images[s])), output_hidden_states=True) \
+                    .hidden_states[model.config.vision_feature_layer][:, 1:]
+                vl, vs, vc = aux_loss_and_accuracy(aux, hidden, torch.from_numpy(labels[s]))
+            print(f"vision eval step {step}: aux {vl.item():.4f} shape {vs:.3f} color {vc:.3f}", flush=True)
+            model.vision_tower.train()
 
 
 def make_model(tok):
@@ -200,10 +341,7 @@ def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None):
     feats = model.multi_modal_projector(hidden)
     aux_loss = None
     if aux is not None:
-        pred = aux(hidden)  # [N, patches, 5 + 8]
-        n_shape = len(shapes.SHAPES) + 1
-        aux_loss = F.cross_entropy(pred[..., :n_shape].reshape(-1, n_shape), labels[..., 0].reshape(-1)) + \
-            F.cross_entropy(pred[..., n_shape:].reshape(-1, pred.shape[-1] - n_shape), labels[..., 1].reshape(-1))
+        aux_loss = aux_loss_and_accuracy(aux, hidden, labels)[0]
     feats = feats.repeat_interleave(per_image, dim=0)  # [B, T_img, H]
     L = max(len(p) + len(a) for p, a in seqs)
     ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
@@ -318,16 +456,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="build-train")
     ap.add_argument("--out", default="assets/tiny-llava-shapes")
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--images", type=int, default=24, help="images per step")
-    ap.add_argument("--per-image", type=int, default=3, help="questions per image per step")
-    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--scenes", type=int, default=60000, help="generated training scenes (cached in --work)")
+    ap.add_argument("--vision-steps", type=int, default=1500, help="stage 1: vision tower alone, per-patch loss")
+    ap.add_argument("--vision-batch", type=int, default=128)
+    ap.add_argument("--vision-lr", type=float, default=2e-3)
+    ap.add_argument("--steps", type=int, default=1500, help="stage 2: the whole model on answers")
+    ap.add_argument("--images", type=int, default=24, help="stage 2: images per step")
+    ap.add_argument("--per-image", type=int, default=3, help="stage 2: questions per image per step")
+    ap.add_argument("--lr", type=float, default=1.5e-3, help="stage 2 peak; the vision tower gets --vision-lr-scale of it")
+    ap.add_argument("--vision-lr-scale", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234, help="training data seed (evaluation uses others)")
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-images", type=int, default=64, help="images of the quick greedy evaluation")
-    ap.add_argument("--aux-weight", type=float, default=0.5, help="weight of the per-patch shape/color loss")
+    ap.add_argument("--aux-weight", type=float, default=0.5, help="stage 2 weight of the per-patch shape/color loss")
+    ap.add_argument("--type-weights", default="", help="question type weights, e.g. exists=3,where=2 (default: uniform)")
+    ap.add_argument("--restart-schedule", action="store_true",
+                    help="resume with a fresh warmup + cosine over the remaining steps (to extend a finished run)")
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -347,39 +493,44 @@ def main():
     # signal that teaches the from-scratch ViT shapes far sooner than the
     # answer tokens alone. Not part of the exported model.
     aux = torch.nn.Linear(model.config.vision_config.hidden_size, len(shapes.SHAPES) + 1 + len(shapes.COLORS) + 1)
-    opt = torch.optim.AdamW(list(model.parameters()) + list(aux.parameters()), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    vision_params = list(model.vision_tower.parameters())
+    vision_ids = {id(p) for p in vision_params}
+    other_params = [p for p in model.parameters() if id(p) not in vision_ids] + list(aux.parameters())
+    opt = torch.optim.AdamW([{"params": vision_params, "scale": args.vision_lr_scale},
+                             {"params": other_params, "scale": 1.0}], lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     ckpt = os.path.join(args.work, "checkpoint.pt")
-    step, warm_from = 0, 0
+    step = 0
     if os.path.exists(ckpt):
         state = torch.load(ckpt)
         model.load_state_dict(state["model"])
-        if "aux" in state:
-            aux.load_state_dict(state["aux"])
-            opt.load_state_dict(state["opt"])
-        else:  # a checkpoint from before the auxiliary head: fresh optimizer state
-            print("checkpoint without the auxiliary head: optimizer state restarts", flush=True)
-            warm_from = state["step"]
+        aux.load_state_dict(state["aux"])
+        opt.load_state_dict(state["opt"])
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     if args.export_only:
         export(model, tok, args.out)
         return
     print(f"{n_params / 1e6:.2f}M parameters, vocab {tok.get_vocab_size()}", flush=True)
+    images, labels, scenes = load_dataset(args.work, args.scenes, args.seed)
+    if step == 0:
+        pretrain_vision(model, aux, images, labels, args)
 
     n_img_tokens = (IMAGE_SIZE // PATCH) ** 2
-    # A fresh data seed on every (re)start so a resumed run does not replay data.
-    stream = ShapesStream(tok, args.seed + step, args.images, args.per_image, n_img_tokens,
-                          tok.token_to_id("<image>"))
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4)
-    warmup = 150
+    # A fresh question seed on every (re)start so a resumed run does not replay batches.
+    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.type_weights.split(",") if kv)}
+    stream = batches(tok, images, labels, scenes, args.seed + 7 + step, args.images, args.per_image, n_img_tokens,
+                     tok.token_to_id("<image>"), weights)
+    warmup = 100
+    start, span = (step, args.steps - step) if args.restart_schedule else (0, args.steps)
     t0, avg, aux_avg = time.time(), None, None
     model.train()
-    for pix, seqs, plabels in loader:
+    for pix, seqs, plabels in stream:
         if step >= args.steps:
             break
-        lr = args.lr * min(1.0, (step - warm_from + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = args.lr * min(1.0, (step - start + 1) / warmup) * \
+            (0.03 + 0.97 * 0.5 * (1 + math.cos(math.pi * (step - start) / max(1, span))))
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g["scale"]
         lm_loss, aux_loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"), aux, plabels)
         loss = lm_loss + args.aux_weight * aux_loss
         opt.zero_grad(set_to_none=True)

@@ -120,14 +120,20 @@ TEST(CliShapes, DISABLED_MeetsTheIssueTargets) {
 TEST(CliShapes, WhatItReadsToday) {
   const tally t = run_sample();
   ASSERT_GE(t.q_total, 90);
-  // Questions whose answers need colors, counts and positions only.
-  for (const char* type : {"color_at", "count"}) {
+  ASSERT_GE(t.c3_total, 10);
+  // Captions meet the issue's targets today.
+  EXPECT_GE(t.c12_right, 0.95 * t.c12_total) << t.wrong;
+  EXPECT_GE(t.c3_right, 0.90 * t.c3_total) << t.wrong;
+  // Questions that name a position or ask for the count.
+  for (const char* type : {"color_at", "shape_at", "count"}) {
     const auto it = t.by_type.find(type);
     ASSERT_NE(it, t.by_type.end()) << type;
     EXPECT_GE(it->second.first, 0.9 * it->second.second) << type << "\n" << t.wrong;
   }
-  // Far above chance overall (a broken image path answers at chance).
-  EXPECT_GE(t.q_right, 0.6 * t.q_total) << t.wrong;
+  // Far above chance overall (a broken image path answers at chance); the
+  // questions that look an object up by its shape or color (color_of,
+  // where, exists) are what keeps MeetsTheIssueTargets disabled.
+  EXPECT_GE(t.q_right, 0.7 * t.q_total) << t.wrong;
 }
 
 TEST(CliShapes, DefaultModelIsTheBundledOne) {
