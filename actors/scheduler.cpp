@@ -42,7 +42,8 @@ struct request_state {
   std::int64_t computed = 0;  // tokens in the KV cache of every stage
   std::int64_t held = 0;      // KV blocks the scheduler books for it
   bool in_flight = false;
-  bool cancelled = false;
+  bool cancelled = false;     // ends when its step returns
+  bool deadline_hit = false;  // ... because its deadline passed
   std::int64_t preemptions = 0;
   std::uint64_t admit_order = 0;
   clock::time_point submitted, admitted, first_token;
@@ -172,7 +173,7 @@ void check_deadlines(self_ptr self) {
     auto& r = *st.requests[id];
     if (r.in_flight) {
       r.cancelled = true;  // ends when its step returns
-      r.req.deadline_ms = -1;
+      r.deadline_hit = true;
     } else {
       finish(self, id, "deadline");
     }
@@ -326,7 +327,7 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
     st.used_blocks -= r.held - held;  // the window freed what it no longer needs
     r.held = held;
     if (r.cancelled) {
-      finish(self, r.req.id, r.req.deadline_ms == -1 ? "deadline" : "cancelled");
+      finish(self, r.req.id, r.deadline_hit ? "deadline" : "cancelled");
       continue;
     }
     if (r.computed < static_cast<std::int64_t>(r.tokens.size())) continue;  // mid-prefill
@@ -410,7 +411,7 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
   std::vector<std::uint64_t> cancelled;
   for (auto& [id, r] : st.requests)
     if (r->cancelled) cancelled.push_back(id);
-  for (auto id : cancelled) finish(self, id, st.requests[id]->req.deadline_ms == -1 ? "deadline" : "cancelled");
+  for (auto id : cancelled) finish(self, id, st.requests[id]->deadline_hit ? "deadline" : "cancelled");
   if (st.stages.empty()) {
     st.failed = "the node gave up restarting the pipeline";
     std::vector<std::uint64_t> ids;
