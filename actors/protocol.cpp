@@ -45,6 +45,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<submit_ack>("troupe::submit_ack");
   cfg.add_message_type<token_event>("troupe::token_event");
   cfg.add_message_type<finish_event>("troupe::finish_event");
+  cfg.add_message_type<sample_work>("troupe::sample_work");
   cfg.add_message_type<seq_work>("troupe::seq_work");
   cfg.add_message_type<step_batch>("troupe::step_batch");
   cfg.add_message_type<step_output>("troupe::step_output");
@@ -71,7 +72,10 @@ void configure_runtime(caf::actor_system_config& cfg) {
   register_protocol(cfg);
   cfg.set("scheduler.max-threads", 1);
   cfg.set("work-stealing.aggressive-poll-attempts", 10);
-  cfg.set("work-stealing.moderate-poll-attempts", 50);
+  // No moderate polling: it wakes every 50 us for a while after each
+  // message, preempting the device threads in the middle of a step; an idle
+  // worker waits on its condition variable instead.
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
 }
 
 }  // namespace troupe::actors

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 1;
+inline constexpr std::uint32_t protocol_version = 2;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -123,6 +123,23 @@ struct finish_event {
   bool operator==(const finish_event&) const = default;
 };
 
+/// How the last stage picks a sequence's next tokens: it samples on its own
+/// device, so logits never leave it.
+struct sample_work {
+  models::sampling_params params;     ///< the request's (stop_token_ids end a multi-step run early)
+  std::uint64_t draws = 0;            ///< the sampler's draw counter at the first token sampled here
+  std::int64_t max_new = 1;           ///< tokens it may sample in this step (more than 1: multi-step decode)
+  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a repetition penalty
+  bool operator==(const sample_work& o) const {
+    const auto& a = params;
+    const auto& b = o.params;
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+           a.repetition_penalty == b.repetition_penalty && a.seed == b.seed && a.max_tokens == b.max_tokens &&
+           a.stop_token_ids == b.stop_token_ids && a.stop_strings == b.stop_strings && draws == o.draws &&
+           max_new == o.max_new && history == o.history;
+  }
+};
+
 /// One sequence's part of a pipeline step.
 struct seq_work {
   std::int64_t seq = 0;                ///< scheduler's sequence id (same on every stage)
@@ -131,6 +148,8 @@ struct seq_work {
   bool all_logits = false;
   std::int32_t embed_token = -1;       ///< tokens equal to it take rows of `embeddings`
   tensor_ref embeddings;               ///< f32 [count(embed_token), hidden]
+  bool sample = false;                 ///< the last stage samples its next token(s) (see `sampling`)
+  sample_work sampling;
   bool operator==(const seq_work&) const = default;
 };
 
@@ -141,15 +160,27 @@ struct step_batch {
   std::vector<seq_work> seqs;
   tensor_ref hidden;  ///< f32 [tokens, hidden] (none for the first stage)
   double compute_ms = 0;  ///< accumulated over the stages so far
+  /// Multi-step decode: a stage that is the whole model (embedding and head)
+  /// runs up to this many steps, feeding each sampled token back in, before
+  /// it answers; every sequence must then sample, with a one-token input
+  /// and no embeddings. Other stages refuse more than 1. It saves the round
+  /// trip to the scheduler per token where steps are short (vLLM's
+  /// multi-step scheduling).
+  std::int32_t decode_steps = 1;
+  bool return_logits = true;  ///< the last stage also returns the logits rows
   bool operator==(const step_batch&) const = default;
 };
 
-/// What the last stage returns: logits rows (per sequence its last token,
-/// or all tokens when all_logits).
+/// What the last stage returns: per sequence the tokens it sampled (empty
+/// for a sequence that did not sample) and, when asked, the logits rows
+/// (per sequence its last token, or all tokens when all_logits; of the
+/// step's first pass).
 struct step_output {
   std::uint64_t step = 0;
   tensor_ref logits;
   double compute_ms = 0;
+  std::vector<std::vector<std::int32_t>> sampled;
+  std::int32_t passes = 1;  ///< decode passes run (multi-step)
   bool operator==(const step_output&) const = default;
 };
 
@@ -255,15 +286,21 @@ typename I::result_type inspect(I& f, finish_event& x) {
 }
 template <class I>
 typename I::result_type inspect(I& f, seq_work& x) {
-  return f(caf::meta::type_name("seq_work"), x.seq, x.start, x.tokens, x.all_logits, x.embed_token, x.embeddings);
+  return f(caf::meta::type_name("seq_work"), x.seq, x.start, x.tokens, x.all_logits, x.embed_token, x.embeddings,
+           x.sample, x.sampling);
+}
+template <class I>
+typename I::result_type inspect(I& f, sample_work& x) {
+  return f(caf::meta::type_name("sample_work"), x.params, x.draws, x.max_new, x.history);
 }
 template <class I>
 typename I::result_type inspect(I& f, step_batch& x) {
-  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms);
+  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.decode_steps,
+           x.return_logits);
 }
 template <class I>
 typename I::result_type inspect(I& f, step_output& x) {
-  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms);
+  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms, x.sampled, x.passes);
 }
 template <class I>
 typename I::result_type inspect(I& f, shard_info& x) {

@@ -34,7 +34,7 @@ struct request_state {
   std::string text;
   std::vector<tensor> image_rows;  // per image: the encoder's f32 [tokens_per_image, hidden], not copied
   std::int64_t images_pending = 0;
-  std::optional<models::sampler> sampler;
+  std::uint64_t draws = 0;  // the sampler's draw counter (the last stage samples)
   std::optional<models::stop_checker> stop;
   std::optional<models::stream_decoder> decoder;
   phase ph = phase::encoding;
@@ -56,6 +56,8 @@ struct request_state {
 struct in_flight_step {
   std::vector<std::uint64_t> ids;
   std::vector<std::int64_t> chunk;
+  std::vector<std::int64_t> max_new;  // per sequence: tokens it may sample (0: it does not sample)
+  bool decode_only = false;           // every sequence decodes one token (no prefill)
 };
 
 struct scheduler_state {
@@ -76,6 +78,7 @@ struct scheduler_state {
   std::uint64_t admit_counter = 0;
   std::map<std::uint64_t, in_flight_step> steps;
   scheduler_stats stats;
+  double pass_ms = 0;       // measured time of one decode pass (multi-step sizing); 0 = not yet
   std::uint64_t epoch = 0;  // bumped when the node restarts the pipeline
   bool stalled = false;     // a stage died: wait for the node's reset
   std::string failed;       // the node gave up: why
@@ -183,6 +186,36 @@ void check_deadlines(self_ptr self) {
 void on_step_output(self_ptr self, std::uint64_t step, step_output& out);
 void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e);
 
+/// Multi-step decode: when the batch only decodes (one token per sequence,
+/// every one sampling) on a one-stage pipeline, lets the shard run as many
+/// passes as fit in multi_step_ms, each sequence up to its max_tokens, with
+/// KV blocks booked for every token it may add (a sequence whose blocks do
+/// not fit stays at one).
+void plan_multi_step(scheduler_state& st, step_batch& batch, in_flight_step& fl) {
+  const auto& o = st.opts;
+  fl.decode_only = true;
+  for (std::size_t i = 0; i < batch.seqs.size(); ++i)
+    if (fl.chunk[i] != 1 || !batch.seqs[i].sample || !batch.seqs[i].embeddings.empty()) fl.decode_only = false;
+  if (!fl.decode_only || st.stages.size() != 1 || o.max_decode_steps <= 1 || st.pass_ms <= 0) return;
+  const auto k = static_cast<std::int64_t>(std::clamp(o.multi_step_ms / st.pass_ms, 1.0, static_cast<double>(o.max_decode_steps)));
+  if (k <= 1) return;
+  std::int64_t most = 1;
+  for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
+    auto& r = *st.requests[fl.ids[i]];
+    const auto left = r.req.params.max_tokens - static_cast<std::int64_t>(r.generated.size());
+    const auto want = std::clamp<std::int64_t>(left, 1, k);
+    const std::int64_t need = blocks_after(st, r.computed, r.computed + want) - r.held;
+    if (want <= 1 || st.used_blocks + need > o.kv_blocks) continue;
+    st.used_blocks += need;
+    r.held += need;
+    st.stats.kv_peak_blocks = std::max(st.stats.kv_peak_blocks, st.used_blocks);
+    batch.seqs[i].sampling.max_new = want;
+    fl.max_new[i] = want;
+    most = std::max(most, want);
+  }
+  batch.decode_steps = static_cast<std::int32_t>(most);
+}
+
 /// Fills the pipeline: while fewer than micro_batches steps are in flight,
 /// builds one from the running requests not in flight (decode tokens and
 /// prefill chunks) and admits waiting requests while KV blocks allow.
@@ -246,6 +279,14 @@ void schedule(self_ptr self) {
         }
       }
       budget -= chunk;
+      w.sample = r.computed + chunk == static_cast<std::int64_t>(r.tokens.size());
+      if (w.sample) {
+        w.sampling.params = r.req.params;
+        w.sampling.draws = r.draws;
+        w.sampling.max_new = 1;
+        if (r.req.params.repetition_penalty != 1.0) w.sampling.history = r.history;
+      }
+      fl.max_new.push_back(w.sample ? 1 : 0);
       batch.seqs.push_back(std::move(w));
       fl.ids.push_back(r.req.id);
       fl.chunk.push_back(chunk);
@@ -287,6 +328,8 @@ void schedule(self_ptr self) {
       ++n_running;
     }
     if (batch.seqs.empty()) break;
+    plan_multi_step(st, batch, fl);
+    batch.return_logits = false;
     batch.step = st.next_step++;
     const auto step = batch.step;
     st.steps.emplace(step, std::move(fl));
@@ -302,27 +345,39 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
   auto node = st.steps.extract(step);
   if (node.empty()) return;
   auto& fl = node.mapped();
-  auto logits = tensor_registry::local().take(out.logits);
-  if (!logits || logits->shape().ndim != 2 || logits->shape()[0] != static_cast<std::int64_t>(fl.ids.size()) ||
-      logits->shape()[1] != st.model.vocab) {
-    on_step_error(self, 0, make_error(error_code::internal, "the last stage's logits do not match the step"));
+  if (!out.logits.empty()) tensor_registry::local().drop(out.logits);
+  bool valid = out.sampled.size() == fl.ids.size();
+  for (std::size_t i = 0; valid && i < fl.ids.size(); ++i) {
+    const auto n = static_cast<std::int64_t>(out.sampled[i].size());
+    valid = fl.max_new[i] == 0 ? n == 0 : n >= 1 && n <= fl.max_new[i];
+    for (auto t : out.sampled[i]) valid = valid && t >= 0 && t < st.model.vocab;
+  }
+  if (!valid) {
+    const std::string why = "the last stage's sampled tokens do not match the step";
+    spdlog::error("step {}: {}", step, why);
     for (auto id : fl.ids) {
       auto it = st.requests.find(id);
       if (it != st.requests.end()) {
         it->second->in_flight = false;
-        finish(self, id, "error", "the last stage's logits do not match the step");
+        finish(self, id, "error", why);
       }
     }
     schedule(self);
     return;
+  }
+  if (fl.decode_only && out.passes >= 1 && out.compute_ms > 0) {
+    const double per_pass = out.compute_ms / out.passes;
+    st.pass_ms = st.pass_ms <= 0 ? per_pass : 0.8 * st.pass_ms + 0.2 * per_pass;
   }
   const auto now = clock::now();
   for (std::size_t i = 0; i < fl.ids.size(); ++i) {
     auto it = st.requests.find(fl.ids[i]);
     if (it == st.requests.end()) continue;
     auto& r = *it->second;
+    const auto& sampled = out.sampled[i];
     r.in_flight = false;
-    r.computed += fl.chunk[i];
+    // Each pass after the first put the previous sampled token in the KV.
+    r.computed += fl.chunk[i] + std::max<std::int64_t>(0, static_cast<std::int64_t>(sampled.size()) - 1);
     const std::int64_t held = models::kv_cache::blocks_held(st.opts.kv, r.computed, r.computed);
     st.used_blocks -= r.held - held;  // the window freed what it no longer needs
     r.held = held;
@@ -330,22 +385,26 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
       finish(self, r.req.id, r.deadline_hit ? "deadline" : "cancelled");
       continue;
     }
-    if (r.computed < static_cast<std::int64_t>(r.tokens.size())) continue;  // mid-prefill
-    const std::span<const float> row(logits->row_as<float>(static_cast<std::int64_t>(i)),
-                                     static_cast<std::size_t>(st.model.vocab));
-    const auto tok = static_cast<std::int32_t>(r.sampler->sample(row, r.history));
+    if (sampled.empty()) continue;  // mid-prefill
     if (!r.has_first) {
       r.has_first = true;
       r.first_token = now;
     }
-    r.tokens.push_back(tok);
-    r.history.push_back(tok);
-    r.generated.push_back(tok);
-    std::string text = r.stop->feed(tok, r.decoder->push(tok));
-    const auto reason = r.stop->reason();
-    if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string) text += r.stop->flush();
-    r.text += text;
-    self->send(r.client, token_event{r.req.id, {tok}, std::move(text)});
+    token_event ev{r.req.id, {}, {}};
+    auto reason = models::stop_reason::none;
+    for (auto tok : sampled) {  // tokens past a stop are dropped (the KV goes with the request)
+      ++r.draws;
+      r.tokens.push_back(tok);
+      r.history.push_back(tok);
+      r.generated.push_back(tok);
+      ev.tokens.push_back(tok);
+      ev.text += r.stop->feed(tok, r.decoder->push(tok));
+      reason = r.stop->reason();
+      if (reason != models::stop_reason::none) break;
+    }
+    if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string) ev.text += r.stop->flush();
+    r.text += ev.text;
+    self->send(r.client, std::move(ev));
     r.stop_string = reason == models::stop_reason::stop_string;
     if (reason != models::stop_reason::none) finish(self, r.req.id, reason == models::stop_reason::max_tokens ? "length" : "stop");
   }
@@ -451,9 +510,7 @@ caf::error prepare(scheduler_state& st, request_state& r) {
     return make_error(error_code::kv_exhausted, "prompt (" + std::to_string(ids.size()) + " tokens) plus max_tokens (" +
                                                     std::to_string(q.params.max_tokens) + ") need " + std::to_string(need) +
                                                     " KV blocks; a stage has " + std::to_string(st.opts.kv_blocks));
-  auto s = models::sampler::create(q.params);
-  if (!s) return make_error(error_code::invalid_request, s.error().message);
-  r.sampler.emplace(std::move(*s));
+  if (auto s = models::sampler::create(q.params); !s) return make_error(error_code::invalid_request, s.error().message);
   r.stop.emplace(r.req.params);
   r.decoder.emplace(*st.model.tok, true);
   r.tokens = std::move(ids);

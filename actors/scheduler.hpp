@@ -25,6 +25,15 @@ struct scheduler_options {
   std::int64_t token_budget = 512;   ///< tokens per micro-batch (prefill chunks + decode tokens)
   std::int64_t prefill_chunk = 512;  ///< prompt tokens per sequence per step
   int micro_batches = 1;             ///< micro-batches in flight (the pipeline's depth)
+  /// Multi-step decode (one stage only): a step of decode tokens alone runs
+  /// up to this many passes on the shard, which samples and feeds the tokens
+  /// back itself, so the round trip to the scheduler is paid once per step.
+  /// 1 turns it off.
+  int max_decode_steps = 16;
+  /// ... as many passes as fit in this many milliseconds (by the measured
+  /// time of a pass), so that a waiting request is admitted, and tokens reach
+  /// the clients, at least this often. Long steps (a big model) get 1.
+  double multi_step_ms = 2.0;
   models::kv_options kv;             ///< the stages' KV layout (block accounting)
   std::int64_t kv_blocks = 0;        ///< blocks per stage (the smallest stage's pool)
 };

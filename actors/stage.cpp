@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "actors/clock.hpp"
 #include "actors/tensor_registry.hpp"
@@ -113,6 +115,91 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   return x;
 }
 
+/// Checks a multi-step batch: only a whole-model stage runs one, and every
+/// sequence must sample from a one-token input without embeddings.
+kernels::result<void> check_multi_step(const stage_resources& res, const step_batch& b) {
+  if (b.decode_steps <= 1) return {};
+  const auto range = res.model->range();
+  if (!range.embed || !range.head)
+    return kernels::make_error(errc::invalid_argument, "multi-step decode needs a stage that holds the whole model");
+  for (const auto& w : b.seqs)
+    if (!w.sample || w.tokens.size() != 1 || !w.embeddings.empty() || w.all_logits || w.sampling.max_new < 1)
+      return kernels::make_error(errc::invalid_argument, "multi-step decode of sequence " + std::to_string(w.seq) +
+                                                             ": every sequence must sample from a one-token input");
+  return {};
+}
+
+/// On the last stage: samples the sequences that ask for it from `logits`
+/// (the first pass), then, for a multi-step batch, runs the further passes,
+/// each feeding the tokens just sampled back in, until every sequence has
+/// its max_new tokens or sampled a stop token. Fills `o.sampled`.
+kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, const tensor& logits,
+                                          std::uint64_t generation, step_output& o) {
+  const auto vocab = res.model->config().vocab_size;
+  const auto n = b.seqs.size();
+  o.sampled.assign(n, {});
+  std::vector<std::optional<models::sampler>> samplers(n);
+  // Samples sequence idx[k] from row rows[k] of `l`, the sequences in
+  // parallel on the stage's workers (each sampler and output is its own).
+  std::vector<std::size_t> idx;
+  std::vector<std::int64_t> rows;
+  auto sample_all = [&](const tensor& l) {
+    res.ctx->pool().parallel_for(static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
+      for (auto k = lo; k < hi; ++k) {
+        const auto i = idx[static_cast<std::size_t>(k)];
+        auto& w = b.seqs[i];
+        const std::span<const float> r(l.row_as<float>(rows[static_cast<std::size_t>(k)]), static_cast<std::size_t>(vocab));
+        const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
+        o.sampled[i].push_back(tok);
+        if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
+      }
+    });
+  };
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& w = b.seqs[i];
+    row += w.all_logits ? static_cast<std::int64_t>(w.tokens.size()) : 1;
+    if (!w.sample) continue;
+    auto s = models::sampler::resume(w.sampling.params, w.sampling.draws);
+    if (!s) return std::unexpected(s.error());
+    samplers[i].emplace(std::move(*s));
+    idx.push_back(i);
+    rows.push_back(row - 1);
+  }
+  if (row != logits.shape()[0])
+    return kernels::make_error(errc::internal, "the head returned " + std::to_string(logits.shape()[0]) +
+                                                   " logits rows for " + std::to_string(row));
+  sample_all(logits);
+  auto stopped = [&](std::size_t i) {
+    const auto& ids = b.seqs[i].sampling.params.stop_token_ids;
+    return std::find(ids.begin(), ids.end(), o.sampled[i].back()) != ids.end();
+  };
+  for (std::int32_t pass = 1; pass < b.decode_steps; ++pass) {
+    step_batch nb;
+    nb.step = b.step;
+    idx.clear();
+    rows.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& w = b.seqs[i];
+      const auto have = static_cast<std::int64_t>(o.sampled[i].size());
+      if (have >= w.sampling.max_new || stopped(i)) continue;
+      seq_work x;
+      x.seq = w.seq;
+      x.start = w.start + static_cast<std::int64_t>(w.tokens.size()) + have - 1;
+      x.tokens = {o.sampled[i].back()};
+      nb.seqs.push_back(std::move(x));
+      rows.push_back(static_cast<std::int64_t>(idx.size()));
+      idx.push_back(i);
+    }
+    if (idx.empty()) break;
+    auto out = run_stage(res, nb, generation);
+    if (!out) return std::unexpected(out.error());
+    sample_all(*out);
+    ++o.passes;
+  }
+  return {};
+}
+
 }  // namespace
 
 kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
@@ -149,19 +236,25 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
     return {
         [=](step_atom, step_batch& b) -> caf::result<step_output> {
           const auto t0 = std::chrono::steady_clock::now();
-          auto out = run_stage(*res, b, generation);
-          ++self->state.steps;
-          if (!out) {
+          auto fail = [&](const std::string& why) {
             for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
             return make_error(error_code::stage_failed, res->device.name + " layers [" +
                                                             std::to_string(res->model->range().first) + ", " +
-                                                            std::to_string(res->model->range().last) +
-                                                            "): " + out.error().message);
+                                                            std::to_string(res->model->range().last) + "): " + why);
+          };
+          if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
+          auto out = run_stage(*res, b, generation);
+          ++self->state.steps;
+          if (!out) return fail(out.error().message);
+          if (res->model->range().head) {
+            step_output o;
+            o.step = b.step;
+            if (auto s = sample_and_continue(*res, b, *out, generation, o); !s) return fail(s.error().message);
+            if (b.return_logits) o.logits = tensor_registry::local().put(res->device.name, std::move(*out));
+            o.compute_ms = b.compute_ms + ms_between(t0, steady::now());
+            return o;
           }
           b.compute_ms += ms_between(t0, steady::now());
-          if (res->model->range().head) {
-            return step_output{b.step, tensor_registry::local().put(res->device.name, std::move(*out)), b.compute_ms};
-          }
           b.hidden = tensor_registry::local().put(res->device.name, std::move(*out));
           for (auto& w : b.seqs) w.embeddings = {};
           return self->delegate(next, step_atom::value, std::move(b));

@@ -35,6 +35,12 @@ result<sampler> sampler::create(const sampling_params& params) {
   return sampler(params);
 }
 
+result<sampler> sampler::resume(const sampling_params& params, std::uint64_t draws) {
+  auto s = create(params);
+  if (s) s->step_ = draws;
+  return s;
+}
+
 std::int64_t sampler::sample(std::span<const float> logits, std::span<const std::int64_t> history) {
   const auto n = static_cast<std::int64_t>(logits.size());
   const std::uint64_t draw = step_++;
@@ -72,7 +78,11 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
   std::size_t keep = scratch_.size();
   if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < keep) {
     keep = static_cast<std::size_t>(params_.top_k);
-    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(keep), scratch_.end(), by_logit);
+    // Select, then order the kept ones (same result as a partial sort under
+    // this total order, in linear rather than n log k time).
+    const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(keep);
+    std::nth_element(scratch_.begin(), mid - 1, scratch_.end(), by_logit);
+    std::sort(scratch_.begin(), mid, by_logit);
   } else {
     std::sort(scratch_.begin(), scratch_.end(), by_logit);
   }

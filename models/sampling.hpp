@@ -31,6 +31,9 @@ struct sampling_params {
 class sampler {
  public:
   static result<sampler> create(const sampling_params& params);
+  /// A sampler whose draw counter starts at `draws` (one that continues
+  /// where another, which made `draws` draws, left off: the same tokens).
+  static result<sampler> resume(const sampling_params& params, std::uint64_t draws);
 
   /// Chooses the next token from `logits` (vocab floats); `history` holds the
   /// prompt and generated ids (for the repetition penalty). Advances the

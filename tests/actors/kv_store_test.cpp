@@ -18,7 +18,11 @@ struct kv_store_test : ::testing::Test {
   std::vector<float> step(const shard_actor& shard, std::int64_t seq, std::int64_t start, std::vector<std::int32_t> tokens) {
     step_batch b;
     b.step = 1;
-    b.seqs.push_back({seq, start, std::move(tokens), false, -1, {}});
+    seq_work w;
+    w.seq = seq;
+    w.start = start;
+    w.tokens = std::move(tokens);
+    b.seqs.push_back(std::move(w));
     std::vector<float> out;
     self->request(shard, caf::infinite, step_atom::value, b)
         .receive(

@@ -411,6 +411,104 @@ TEST_F(pipeline_test, sliding_window_bounds_kv_over_a_long_generation) {
   expect_kv_free(*rt);
 }
 
+TEST_F(pipeline_test, multi_step_decode_gives_the_tokens_of_single_steps) {
+  // Cases that stop in every way inside a multi-step run: max_tokens that is
+  // no multiple of the passes, a stop token, a stop string, and a
+  // repetition penalty (whose history the shard extends itself).
+  std::vector<prompt_case> cases = mixed_cases(8);
+  cases[0].params.max_tokens = 7;
+  cases[1].params.max_tokens = 41;
+  cases[1].no_eos = true;
+  cases[2].params.repetition_penalty = 1.3;
+  cases[2].params.temperature = 0.7;
+  cases[2].params.seed = 5;
+  cases[3].params.stop_strings = {" triangle"};
+  cases[3].params.max_tokens = 40;
+  cases[4].params.max_tokens = 1;
+  auto run = [&](int max_steps, std::vector<std::size_t>* max_event_tokens) {
+    runtime_config cfg;
+    cfg.scheduler.max_decode_steps = max_steps;
+    cfg.scheduler.multi_step_ms = 1e6;  // as many passes as allowed, whatever a pass costs
+    auto rt = start(1, cfg);
+    client c(sys, rt->scheduler());
+    std::mutex m;
+    std::condition_variable cv;
+    std::map<std::uint64_t, finish_event> done;
+    std::map<std::uint64_t, std::size_t> most;
+    std::map<std::uint64_t, std::vector<std::int32_t>> streamed;
+    std::map<std::uint64_t, std::string> text;
+    std::vector<std::uint64_t> ids;
+    for (const auto& pc : cases) {
+      auto r = ref().request(pc, client::next_id());
+      ids.push_back(r.id);
+      client::callbacks cb;
+      cb.on_token = [&, id = r.id](const token_event& e) {
+        std::lock_guard lock(m);
+        most[id] = std::max(most[id], e.tokens.size());
+        streamed[id].insert(streamed[id].end(), e.tokens.begin(), e.tokens.end());
+        text[id] += e.text;
+      };
+      cb.on_finish = [&](const finish_event& f) {
+        std::lock_guard lock(m);
+        done.emplace(f.id, f);
+        cv.notify_all();
+      };
+      EXPECT_TRUE(c.submit(r, cb));
+    }
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done.size() == cases.size(); });
+    std::vector<finish_event> out;
+    for (auto id : ids) {
+      EXPECT_EQ(streamed[id], done[id].tokens) << "the stream and the finish agree";
+      EXPECT_EQ(text[id], done[id].text);
+      if (max_event_tokens) max_event_tokens->push_back(most[id]);
+      out.push_back(done[id]);
+    }
+    lock.unlock();
+    expect_kv_free(*rt);
+    return out;
+  };
+  std::vector<std::size_t> burst;
+  const auto single = run(1, nullptr);
+  const auto multi = run(16, &burst);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(multi[i].tokens, single[i].tokens) << "case " << i;
+    EXPECT_EQ(multi[i].text, single[i].text) << "case " << i;
+    EXPECT_EQ(multi[i].reason, single[i].reason) << "case " << i;
+    EXPECT_EQ(multi[i].stop_string, single[i].stop_string) << "case " << i;
+  }
+  EXPECT_EQ(single[0].tokens.size(), 7u);
+  EXPECT_EQ(single[1].tokens.size(), 41u);
+  EXPECT_EQ(single[4].tokens.size(), 1u);
+  EXPECT_TRUE(single[3].stop_string) << single[3].text;
+  EXPECT_EQ(single[3].text.find(" triangle"), std::string::npos);
+  // Multi-step really ran: some events carried several tokens.
+  EXPECT_GT(*std::max_element(burst.begin(), burst.end()), 1u);
+  // And the plain loop agrees where it can (no stop strings there).
+  EXPECT_EQ(multi[1].tokens, ref().solo(cases[1]));
+  EXPECT_EQ(multi[2].tokens, ref().solo(cases[2]));
+}
+
+TEST_F(pipeline_test, a_partial_stage_refuses_multi_step) {
+  auto rt = start(2);
+  caf::scoped_actor self{sys};
+  step_batch b;
+  b.step = 1;
+  b.decode_steps = 4;
+  seq_work w;
+  w.seq = 99;
+  w.tokens = {1, 20, 21};
+  w.sample = true;
+  b.seqs.push_back(w);
+  self->request(rt->shards().front(), caf::infinite, step_atom::value, b)
+      .receive([&](step_output&) { ADD_FAILURE() << "a first stage of two ran a multi-step batch"; },
+               [&](caf::error& e) {
+                 EXPECT_EQ(troupe_code(e), static_cast<std::uint8_t>(error_code::stage_failed));
+                 EXPECT_NE(describe(sys, e).find("whole model"), std::string::npos) << describe(sys, e);
+               });
+  expect_kv_free(*rt);
+}
+
 }  // namespace
 }  // namespace troupe::actors
 
