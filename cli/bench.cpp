@@ -36,7 +36,7 @@ using clock = std::chrono::steady_clock;
 
 struct bench_args {
   std::string model, devices, concurrency = "1,4,16", images_dir, quant, kv_type = "f32";
-  int stages = 1, micro_batches = 0, requests = 0, threads = 0;
+  int stages = 1, micro_batches = 0, decode_steps = 16, requests = 0, threads = 0;
   std::int64_t max_tokens = 64, ctx_tokens = 0;
   double image_share = 0.5;
   std::uint64_t seed = 1;
@@ -333,6 +333,7 @@ int run_bench(const bench_args& a) {
   rc.plan = plan;
   rc.kv = kv;
   rc.scheduler.micro_batches = a.micro_batches;
+  rc.scheduler.max_decode_steps = a.decode_steps;
   rc.scheduler.queue_limit = std::max<std::int64_t>(64, max_level * 2);
   auto rt = actors::local_runtime::start(sys, rc);
   if (!rt) {
@@ -394,6 +395,9 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--devices", a->devices, "Devices of the stages (cpu, cpu:N, cpu:A-B, comma-separated)");
   cmd->add_option("--stages", a->stages, "Pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: stages)")->check(CLI::Range(0, 64));
+  cmd->add_option("--decode-steps", a->decode_steps,
+                  "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--concurrency,-c", a->concurrency, "Concurrency levels, comma-separated (default 1,4,16)");
   cmd->add_option("--requests,-n", a->requests, "Requests per level (default: max(2 x concurrency, 8))")->check(CLI::Range(1, 1000000));
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens each request generates")->check(CLI::Range(1, 1 << 20));

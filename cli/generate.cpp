@@ -40,7 +40,7 @@ struct generate_args {
   // Execution: the actor pipeline (devices, stages) or the plain loop.
   bool direct = false;
   std::string devices;
-  int stages = 1, micro_batches = 0;
+  int stages = 1, micro_batches = 0, decode_steps = 16;
   // Which sampling flags the user gave (the rest come from generation_config.json).
   bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
 };
@@ -284,6 +284,7 @@ int run_generate(const generate_args& a) {
     rc.kv.capacity_tokens = std::max<std::int64_t>(kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
                                                    (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
     rc.scheduler.micro_batches = a.micro_batches;
+    rc.scheduler.max_decode_steps = a.decode_steps;
     auto rt = actors::local_runtime::start(sys, rc);
     if (!rt) {
       spdlog::error("{}", rt.error().message);
@@ -388,6 +389,9 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--devices", a->devices, "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on device i mod count)");
   cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")->check(CLI::Range(1, 1024));
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: the number of stages)")->check(CLI::Range(0, 64));
+  cmd->add_option("--decode-steps", a->decode_steps,
+                  "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")
+      ->check(CLI::Range(1, 64));
   if (!run) cmd->add_flag("--direct", a->direct, "Run the plain generation loop in this thread instead of the actor pipeline");
   cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
   cmd->add_option("--image,-i", a->images, "PNG or JPEG for a vision model (repeatable; one <image> each)");
