@@ -544,10 +544,23 @@ TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identicall
                [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
   expect_kv_free(*rt);
   // Past the limit the node gives up and requests fail with a clear error.
+  // Each kill waits until the node has acted on it (restarted, or given up),
+  // however loaded the machine is.
+  auto node_status_now = [&] {
+    node_status out;
+    self->request(rt->node(), caf::infinite, stats_atom::value)
+        .receive([&](const node_status& s) { out = s; }, [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return out;
+  };
   for (int k = 0; k < 2; ++k) {
     caf::anon_send_exit(rt->shards().front(), caf::exit_reason::kill);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 2000; ++i) {
+      const auto s = node_status_now();
+      if (s.failed || s.restarts >= 2 + k) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
+  EXPECT_TRUE(node_status_now().failed);
   auto r = c.submit(ref().request(cases[0], client::next_id()), {});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, error_code::stage_failed) << r.error().message;
