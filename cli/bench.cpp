@@ -282,6 +282,7 @@ int run_bench(const bench_args& a) {
 
   // The reference: the plain loop, one request, this process.
   double reference_tps = 0;
+  double reference_single_out = 0, reference_batch_out = 0;  // output tokens/s of the plain loop, 1 and max_level requests
   if (!a.no_reference) {
     const int threads = devices->front().cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
                                                        : static_cast<int>(devices->front().cores.size());
@@ -311,6 +312,7 @@ int run_bench(const bench_args& a) {
     opts.kv.capacity_tokens = static_cast<std::int64_t>(req.prompt.size()) + a.max_tokens + 32;
     double best = 0;
     for (int run = 0; run < 2; ++run) {  // the first run warms up
+      const auto t_run = clock::now();
       auto out = generate_batch(*ctx, model, {req}, {[](std::int32_t) { return std::string(); }}, {}, opts);
       if (!out) {
         spdlog::error("reference: {}", out.error().message);
@@ -318,8 +320,43 @@ int run_bench(const bench_args& a) {
       }
       const auto& r = (*out)[0];
       if (r.decode_seconds > 0) best = std::max(best, static_cast<double>(r.tokens.size() - 1) / r.decode_seconds);
+      reference_single_out = std::max(reference_single_out, static_cast<double>(r.tokens.size()) / (ms(clock::now() - t_run) / 1e3));
     }
     reference_tps = best;
+    // The kernels' own batching gain: the plain loop with max_level text
+    // requests in one batch (prefill and decode together, as the scheduler
+    // does), against the same loop with one. What the actor pipeline can at
+    // best reach at that concurrency on this machine.
+    if (max_level > 1) {
+      std::vector<generation_request> batch;
+      std::vector<models::piece_fn> pieces;
+      std::size_t next = 0;
+      for (int k = 0; k < max_level; ++k) {
+        generation_request r = req;
+        for (std::size_t tries = 0; tries < items.size(); ++tries, ++next) {
+          const auto& it = items[next % items.size()];
+          if (it.image.empty()) {
+            r.prompt = it.ids;
+            ++next;
+            break;
+          }
+        }
+        r.params.seed = params.seed + static_cast<std::uint64_t>(k) + 1;
+        batch.push_back(std::move(r));
+        pieces.push_back([](std::int32_t) { return std::string(); });
+      }
+      generate_options bo = opts;
+      bo.kv.capacity_tokens = opts.kv.capacity_tokens * max_level;
+      const auto t_batch = clock::now();
+      auto out = generate_batch(*ctx, model, batch, pieces, {}, bo);
+      if (!out) {
+        spdlog::error("batched reference: {}", out.error().message);
+        return 1;
+      }
+      std::int64_t produced = 0;
+      for (const auto& r : *out) produced += static_cast<std::int64_t>(r.tokens.size());
+      reference_batch_out = static_cast<double>(produced) / (ms(clock::now() - t_batch) / 1e3);
+    }
   }
   src->reset();
 
@@ -356,6 +393,9 @@ int run_bench(const bench_args& a) {
     j["pipeline"] = (*rt)->describe();
     j["max_tokens"] = a.max_tokens;
     j["reference_decode_tokens_per_s"] = reference_tps;
+    j["reference_output_tokens_per_s"] = reference_single_out;
+    j["reference_batch"] = {{"requests", max_level}, {"output_tokens_per_s", reference_batch_out},
+                            {"gain", reference_single_out > 0 ? reference_batch_out / reference_single_out : 0}};
     j["preemptions"] = stats.preemptions;
     for (const auto& r : results) {
       const double tps = r.output_tokens / std::max(1e-9, r.seconds);
@@ -372,7 +412,13 @@ int run_bench(const bench_args& a) {
   }
   std::printf("troupe bench: %s\npipeline: %s\n%lld output tokens per request (no stop token), sampling T=0.8 top-k 40\n",
               a.model.c_str(), (*rt)->describe().c_str(), static_cast<long long>(a.max_tokens));
-  if (reference_tps > 0) std::printf("reference (plain loop, 1 request): decode %.1f tokens/s\n", reference_tps);
+  if (reference_tps > 0)
+    std::printf("reference (plain loop, 1 text request): decode %.1f tokens/s, output %.1f tokens/s\n", reference_tps,
+                reference_single_out);
+  if (reference_batch_out > 0)
+    std::printf("reference (plain loop, %d text requests in one batch): output %.1f tokens/s, x%.2f of one request: "
+                "the kernels' batching gain on this machine\n",
+                max_level, reference_batch_out, reference_batch_out / std::max(1e-9, reference_single_out));
   std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms | decode/req vs ref |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {

@@ -69,6 +69,9 @@ TEST(CliBench, ReportsEveryLevel) {
   }
   EXPECT_EQ(j["levels"][1]["concurrency"], 3);
   EXPECT_GT(j["reference_decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["reference_batch"]["requests"], 3);
+  EXPECT_GT(j["reference_batch"]["output_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["reference_batch"]["gain"].get<double>(), 0);
 }
 
 }  // namespace
