@@ -43,6 +43,7 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   }
   const std::int64_t side = res.model->image_size(), C = res.model->channels();
   const auto t0 = clock::now();
+  std::unique_lock device_lock(res.dev->run);  // the device's team is ours until the batch is encoded
   auto pix = tensor::empty(res.ctx->memory(), kernels::dtype::f32, {static_cast<std::int64_t>(n), C, side, side});
   kernels::result<tensor> out = pix ? kernels::result<tensor>{} : std::unexpected(pix.error());
   if (pix) {
@@ -50,6 +51,7 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       std::copy(batch[i].pixels.begin(), batch[i].pixels.end(), pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
     out = res.model->encode_images(*res.ctx, *pix);
   }
+  device_lock.unlock();
   const double encode_ms = ms_between(t0, clock::now());
   ++self->state.batches;
   const std::int64_t T = res.model->tokens_per_image();
@@ -90,14 +92,13 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
 
 }  // namespace
 
-kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(const device_spec& device,
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::shared_ptr<device_context> device,
                                                                         const std::string& path,
                                                                         const models::quant_plan& plan) {
   auto res = std::make_shared<encoder_resources>();
-  res->device = device;
-  const int threads = device.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
-                                           : static_cast<int>(device.cores.size());
-  res->ctx = std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, device.cores));
+  res->device = device->spec;
+  res->ctx = device->ctx;
+  res->dev = std::move(device);
   auto m = models::llava_model::load(path, *res->ctx, plan);
   if (!m) return std::unexpected(m.error());
   res->model = std::move(*m);

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "actors/device.hpp"
 #include "actors/device_spec.hpp"
 #include "actors/protocol.hpp"
 #include "kernels/cpu/context.hpp"
@@ -24,14 +25,15 @@ struct encoder_options {
 /// What a vision encoder runs on.
 struct encoder_resources {
   device_spec device;
-  std::shared_ptr<kernels::cpu::context> ctx;
+  std::shared_ptr<device_context> dev;         ///< the device's team and lock (shared with its other actors)
+  std::shared_ptr<kernels::cpu::context> ctx;  ///< dev->ctx
   std::shared_ptr<const models::llava_model> model;
   models::image_processor_config preprocessor;
   models::image_limits limits;
 };
 
 /// Loads the vision tower and projector of the LLaVA folder `path` on `device`.
-kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(const device_spec& device,
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::shared_ptr<device_context> device,
                                                                         const std::string& path,
                                                                         const models::quant_plan& plan);
 

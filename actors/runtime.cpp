@@ -1,5 +1,7 @@
 #include "actors/runtime.hpp"
 
+#include <map>
+
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -64,6 +66,13 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     rt->frontend_.image_token = static_cast<std::int32_t>(llava->image_token_index);
     rt->frontend_.tokens_per_image = llava->tokens_per_image();
   }
+  // One compute context per device, shared by the actors placed on it.
+  std::map<std::string, std::shared_ptr<device_context>> contexts;
+  auto context_of = [&](const device_spec& d) {
+    auto& c = contexts[d.name];
+    if (!c) c = device_context::create(d);
+    return c;
+  };
   // Stages, each on its device.
   std::int64_t blocks = std::numeric_limits<std::int64_t>::max();
   for (int s = 0; s < cfg.stages; ++s) {
@@ -73,7 +82,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     range.embed = s == 0;
     range.head = s == cfg.stages - 1;
     const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];
-    auto res = make_stage(dev, cfg.model, range, cfg.plan, cfg.kv);
+    auto res = make_stage(context_of(dev), cfg.model, range, cfg.plan, cfg.kv);
     if (!res)
       return kernels::make_error(res.error().code, "stage " + std::to_string(s) + " on " + dev.name + " (layers " +
                                                        std::to_string(range.first) + "-" + std::to_string(range.last - 1) +
@@ -84,7 +93,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   }
   if (llava) {
     const auto& dev = devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
-    auto enc = make_vision_encoder(dev, cfg.model, cfg.plan);
+    auto enc = make_vision_encoder(context_of(dev), cfg.model, cfg.plan);
     if (!enc) return kernels::make_error(enc.error().code, "vision encoder on " + dev.name + ": " + enc.error().message);
     rt->encoder_res_ = std::move(*enc);
   }

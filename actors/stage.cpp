@@ -206,11 +206,17 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& 
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv) {
+  return make_stage(device_context::create(device), path, range, plan, kv);
+}
+
+kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
+                                                             const std::string& path, const models::layer_range& range,
+                                                             const models::quant_plan& plan,
+                                                             const models::kv_options& kv) {
   auto res = std::make_shared<stage_resources>();
-  res->device = device;
-  const int threads = device.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
-                                           : static_cast<int>(device.cores.size());
-  res->ctx = std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, device.cores));
+  res->device = device->spec;
+  res->ctx = device->ctx;
+  res->dev = std::move(device);
   auto src = models::weight_source::open(path);
   if (!src) return std::unexpected(src.error());
   auto cfg = text_config(**src, path);
@@ -243,6 +249,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
                                                             std::to_string(res->model->range().last) + "): " + why);
           };
           if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
+          std::unique_lock device_lock(res->dev->run);  // the device's team is ours until the step is done
           auto out = run_stage(*res, b, generation);
           ++self->state.steps;
           if (!out) return fail(out.error().message);

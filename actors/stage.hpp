@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "actors/device.hpp"
 #include "actors/device_spec.hpp"
 #include "actors/protocol.hpp"
 #include "kernels/cpu/context.hpp"
@@ -32,7 +33,8 @@ struct stage_kv {
 /// What a stage's actors run on.
 struct stage_resources {
   device_spec device;
-  std::shared_ptr<kernels::cpu::context> ctx;
+  std::shared_ptr<device_context> dev;      ///< the device's team and lock (shared with its other actors)
+  std::shared_ptr<kernels::cpu::context> ctx;  ///< dev->ctx
   std::shared_ptr<const models::llama_model> model;  ///< this stage's layers
   std::shared_ptr<stage_kv> kv;
   kernels::attention_options attention;
@@ -41,6 +43,11 @@ struct stage_resources {
 /// Builds a stage: a context over the device's cores, the model's layers
 /// [range.first, range.last) from `path` (a LLaMA or LLaVA folder, or a
 /// GGUF file) and a KV cache of `kv` for them.
+kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
+                                                             const std::string& path, const models::layer_range& range,
+                                                             const models::quant_plan& plan,
+                                                             const models::kv_options& kv);
+/// The same on a device of its own.
 kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
