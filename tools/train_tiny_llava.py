@@ -1,8 +1,9 @@
 """Trains troupe's bundled tiny LLaVA on the synthetic shapes set (docs/shapes.md)
 and saves it in the Hugging Face layout.
 
-The committed model was made by these two runs (about 110 minutes on 2 CPU
-cores in all; the second resumes the first's checkpoint in --work):
+The committed model was made by these runs (about 150 minutes on 2 CPU
+cores in all; each resumes the previous one's checkpoint in --work, which
+the third and fourth took from build-train2 to build-train3):
 
     PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
         --work build-train2 --out assets/tiny-llava-shapes \
@@ -11,11 +12,21 @@ cores in all; the second resumes the first's checkpoint in --work):
         --work build-train2 --out assets/tiny-llava-shapes \
         --scenes 60000 --vision-steps 1500 --steps 2500 --lr 1e-3 --restart-schedule \
         --type-weights exists=4,color_of=3,where=3 --eval-every 500 --eval-images 32
+    # the attention loss: started with --steps 4500 --lr 1e-3 and stopped
+    # at the step-2800 checkpoint, then:
+    PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
+        --work build-train3 --out build-train3/out \
+        --scenes 60000 --vision-steps 1500 --steps 3800 --lr 8e-4 --restart-schedule \
+        --type-weights exists=4,color_of=3,where=3 --attn-weight 0.3 --eval-every 250 --eval-images 48
 
 Stage 1 trains the vision tower alone on a per-patch shape/color loss with
 large batches (a from-scratch ViT learns shapes far faster from that dense
 signal than from answer tokens); stage 2 trains the whole model on captions
-and questions, keeping the per-patch loss as an auxiliary term. The scenes
+and questions, keeping the per-patch loss as an auxiliary term; with
+--attn-weight, questions that name an object by its attributes also teach
+head 0 of --attn-layers to attend, at the last prompt token, to that
+object's patches (the image precedes the question in the LLaVA layout, so
+the answer must find the object by content). The scenes
 (--scenes, rendered at random sides and resized by the model's
 preprocessor) are generated once in 2 processes and cached in --work.
 
@@ -215,8 +226,23 @@ def batches(tok, images, labels, scenes, seed, n_images, per_image, n_image_toke
                 asked.add(q)
                 mid = tok.encode("\n" + q + " ASSISTANT:", add_special_tokens=False).ids
                 ans = tok.encode(" " + a, add_special_tokens=False).ids + [eos]
-                seqs.append(([bos] + head + [image_id] * n_image_tokens + mid, ans))
+                seqs.append(([bos] + head + [image_id] * n_image_tokens + mid, ans, lookup_target(t, q, a, labels[i])))
         yield torch.from_numpy(normalize(images[idx])), seqs, torch.from_numpy(labels[idx])
+
+
+def lookup_target(t, q, a, plabels):
+    """For a question that names an object by its attributes (color_of,
+    where, exists-yes): the patches that object covers, as a bool mask over
+    the image tokens; else None. The target of the attention loss."""
+    if t not in ("color_of", "where") and not (t == "exists" and a == "yes"):
+        return None
+    words = q.rstrip("?").split()
+    shape = next(w for w in words if w in shapes.SHAPES)
+    color = next((w for w in words if w in shapes.COLORS), None)
+    m = plabels[:, 0] == 1 + shapes.SHAPES.index(shape)
+    if color is not None:
+        m &= plabels[:, 1] == 1 + list(shapes.COLORS).index(color)
+    return m if m.any() else None
 
 
 def aux_loss_and_accuracy(aux, hidden, labels):
@@ -335,7 +361,12 @@ def make_model(tok):
     return LlavaForConditionalGeneration(cfg)
 
 
-def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None):
+def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None, attn=None):
+    """The answer tokens' cross-entropy; with `aux`, also the per-patch loss;
+    with `attn` = (layers, weight), also the attention loss: at the last
+    prompt token, head 0 of each of those decoder layers should put its
+    attention on the patches of the object a lookup question names (see
+    lookup_target), taught as -log(attention mass on those patches)."""
     cfg = model.config
     hidden = model.vision_tower(pix, output_hidden_states=True).hidden_states[cfg.vision_feature_layer][:, 1:]
     feats = model.multi_modal_projector(hidden)
@@ -343,11 +374,11 @@ def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None):
     if aux is not None:
         aux_loss = aux_loss_and_accuracy(aux, hidden, labels)[0]
     feats = feats.repeat_interleave(per_image, dim=0)  # [B, T_img, H]
-    L = max(len(p) + len(a) for p, a in seqs)
+    L = max(len(p) + len(a) for p, a, _ in seqs)
     ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
     lbl = torch.full((len(seqs), L), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, (p, a) in enumerate(seqs):
+    for i, (p, a, _) in enumerate(seqs):
         full = p + a
         ids[i, : len(full)] = torch.tensor(full)
         mask[i, : len(full)] = 1
@@ -356,8 +387,22 @@ def step_loss(model, pix, seqs, per_image, pad_id, aux=None, labels=None):
     emb = lm.get_input_embeddings()(ids)
     is_img = (ids == cfg.image_token_index).unsqueeze(-1).expand_as(emb)
     emb = emb.masked_scatter(is_img, feats.to(emb.dtype))
-    logits = lm(inputs_embeds=emb, attention_mask=mask).logits
+    want_attn = attn is not None and any(tg is not None for _, _, tg in seqs)
+    out = lm(inputs_embeds=emb, attention_mask=mask, output_attentions=want_attn)
+    logits = out.logits
     lm_loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lbl[:, 1:].reshape(-1))
+    if want_attn:
+        layers, weight = attn
+        img_pos = (ids[0] == cfg.image_token_index).nonzero().squeeze(-1)
+        terms = []
+        for i, (p, _, tg) in enumerate(seqs):
+            if tg is None:
+                continue
+            cols = img_pos[torch.from_numpy(np.asarray(tg))]
+            for layer in layers:
+                mass = out.attentions[layer][i, 0, len(p) - 1, cols].sum()
+                terms.append(-torch.log(mass.clamp_min(1e-6)))
+        lm_loss = lm_loss + weight * torch.stack(terms).mean()
     return lm_loss if aux_loss is None else (lm_loss, aux_loss)
 
 
@@ -471,6 +516,9 @@ def main():
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-images", type=int, default=64, help="images of the quick greedy evaluation")
     ap.add_argument("--aux-weight", type=float, default=0.5, help="stage 2 weight of the per-patch shape/color loss")
+    ap.add_argument("--attn-weight", type=float, default=0.0,
+                    help="stage 2 weight of the attention loss on lookup questions (0: off)")
+    ap.add_argument("--attn-layers", default="1,2", help="decoder layers whose head 0 the attention loss teaches")
     ap.add_argument("--type-weights", default="", help="question type weights, e.g. exists=3,where=2 (default: uniform)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="resume with a fresh warmup + cosine over the remaining steps (to extend a finished run)")
@@ -520,6 +568,10 @@ def main():
     weights = {k: float(v) for k, v in (kv.split("=") for kv in args.type_weights.split(",") if kv)}
     stream = batches(tok, images, labels, scenes, args.seed + 7 + step, args.images, args.per_image, n_img_tokens,
                      tok.token_to_id("<image>"), weights)
+    attn_cfg = None
+    if args.attn_weight > 0:
+        attn_cfg = ([int(x) for x in args.attn_layers.split(",")], args.attn_weight)
+        # (output_attentions makes the sdpa attention fall back to the eager path, which returns the weights)
     warmup = 100
     start, span = (step, args.steps - step) if args.restart_schedule else (0, args.steps)
     t0, avg, aux_avg = time.time(), None, None
@@ -531,7 +583,8 @@ def main():
             (0.03 + 0.97 * 0.5 * (1 + math.cos(math.pi * (step - start) / max(1, span))))
         for g in opt.param_groups:
             g["lr"] = lr * g["scale"]
-        lm_loss, aux_loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"), aux, plabels)
+        lm_loss, aux_loss = step_loss(model, pix, seqs, args.per_image, tok.token_to_id("<pad>"), aux, plabels,
+                                      attn_cfg)
         loss = lm_loss + args.aux_weight * aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -4,10 +4,11 @@
 //
 // The issue's targets (>= 95% of the questions, >= 95% of the 1-2-object
 // captions and >= 90% of the 3-object captions exactly right) are checked by
-// DISABLED_MeetsTheIssueTargets: the model committed now does not meet them
-// (it reads colors, counts and positions but not shapes reliably; see
-// assets/tiny-llava-shapes/README.md), so that check is disabled until a
-// retrained model lands (run it with --gtest_also_run_disabled_tests).
+// DISABLED_MeetsTheIssueTargets: the model committed now meets the caption
+// targets but not the question one (questions that look an object up by its
+// color or shape fall short; see assets/tiny-llava-shapes/README.md), so
+// that check is disabled until a retrained model lands (run it with
+// --gtest_also_run_disabled_tests).
 // What the model does today is held by WhatItReadsToday, so a regression in
 // the image path (decode, preprocessing, vision tower, projector, image
 // token expansion) fails CI. Plus clear errors for bad images.
@@ -131,9 +132,9 @@ TEST(CliShapes, WhatItReadsToday) {
     EXPECT_GE(it->second.first, 0.9 * it->second.second) << type << "\n" << t.wrong;
   }
   // Far above chance overall (a broken image path answers at chance); the
-  // questions that look an object up by its shape or color (color_of,
-  // where, exists) are what keeps MeetsTheIssueTargets disabled.
-  EXPECT_GE(t.q_right, 0.7 * t.q_total) << t.wrong;
+  // questions that look an object up by its shape or color (color_of above
+  // all) are what keeps MeetsTheIssueTargets disabled.
+  EXPECT_GE(t.q_right, 0.8 * t.q_total) << t.wrong;
 }
 
 TEST(CliShapes, DefaultModelIsTheBundledOne) {
