@@ -1,9 +1,9 @@
 """Trains troupe's bundled tiny LLaVA on the synthetic shapes set (docs/shapes.md)
 and saves it in the Hugging Face layout.
 
-The committed model was made by these runs (about 150 minutes on 2 CPU
+The committed model was made by these runs (about 3 hours on 2 CPU
 cores in all; each resumes the previous one's checkpoint in --work, which
-the third and fourth took from build-train2 to build-train3):
+the third took from build-train2 to build-train3):
 
     PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
         --work build-train2 --out assets/tiny-llava-shapes \
@@ -18,6 +18,11 @@ the third and fourth took from build-train2 to build-train3):
         --work build-train3 --out build-train3/out \
         --scenes 60000 --vision-steps 1500 --steps 3800 --lr 8e-4 --restart-schedule \
         --type-weights exists=4,color_of=3,where=3 --attn-weight 0.3 --eval-every 250 --eval-images 48
+    # round 2 of the attention loss, stronger, with color_of weighted most:
+    PYTHONPATH=/work/pydeps /usr/bin/python3 tools/train_tiny_llava.py \
+        --work build-train3 --out build-train3/out \
+        --scenes 60000 --vision-steps 1500 --steps 4800 --lr 6e-4 --restart-schedule \
+        --type-weights color_of=6,exists=3,where=3 --attn-weight 0.5 --eval-every 250 --eval-images 48
 
 Stage 1 trains the vision tower alone on a per-patch shape/color loss with
 large batches (a from-scratch ViT learns shapes far faster from that dense

@@ -3,15 +3,11 @@
 // tools/make_shapes_sample.py with a seed never used in training).
 //
 // The issue's targets (>= 95% of the questions, >= 95% of the 1-2-object
-// captions and >= 90% of the 3-object captions exactly right) are checked by
-// DISABLED_MeetsTheIssueTargets: the model committed now meets the caption
-// targets but not the question one (questions that look an object up by its
-// color or shape fall short; see assets/tiny-llava-shapes/README.md), so
-// that check is disabled until a retrained model lands (run it with
-// --gtest_also_run_disabled_tests).
-// What the model does today is held by WhatItReadsToday, so a regression in
-// the image path (decode, preprocessing, vision tower, projector, image
-// token expansion) fails CI. Plus clear errors for bad images.
+// captions and >= 90% of the 3-object captions exactly right) must hold on
+// the sample, so a regression in the image path (decode, preprocessing,
+// vision tower, projector, image token expansion) or a worse model fails CI.
+// The per-type tally is printed; assets/tiny-llava-shapes/README.md has the
+// figures on 300 fresh images. Plus clear errors for bad images.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -109,32 +105,13 @@ tally run_sample() {
 
 }  // namespace
 
-TEST(CliShapes, DISABLED_MeetsTheIssueTargets) {
+TEST(CliShapes, MeetsTheIssueTargets) {
   const tally t = run_sample();
   ASSERT_GE(t.c3_total, 10);
   ASSERT_GE(t.q_total, 90);
   EXPECT_GE(t.q_right, 0.95 * t.q_total) << t.wrong;
   EXPECT_GE(t.c12_right, 0.95 * t.c12_total) << t.wrong;
   EXPECT_GE(t.c3_right, 0.90 * t.c3_total) << t.wrong;
-}
-
-TEST(CliShapes, WhatItReadsToday) {
-  const tally t = run_sample();
-  ASSERT_GE(t.q_total, 90);
-  ASSERT_GE(t.c3_total, 10);
-  // Captions meet the issue's targets today.
-  EXPECT_GE(t.c12_right, 0.95 * t.c12_total) << t.wrong;
-  EXPECT_GE(t.c3_right, 0.90 * t.c3_total) << t.wrong;
-  // Questions that name a position or ask for the count.
-  for (const char* type : {"color_at", "shape_at", "count"}) {
-    const auto it = t.by_type.find(type);
-    ASSERT_NE(it, t.by_type.end()) << type;
-    EXPECT_GE(it->second.first, 0.9 * it->second.second) << type << "\n" << t.wrong;
-  }
-  // Far above chance overall (a broken image path answers at chance); the
-  // questions that look an object up by its shape or color (color_of above
-  // all) are what keeps MeetsTheIssueTargets disabled.
-  EXPECT_GE(t.q_right, 0.8 * t.q_total) << t.wrong;
 }
 
 TEST(CliShapes, DefaultModelIsTheBundledOne) {
