@@ -1,0 +1,78 @@
+#pragma once
+
+// The UCX (ucp) engine: one context and one worker per engine (a process
+// makes one), one endpoint per connected peer. Tagged messages for
+// activations; RMA put/get into memory a peer exposed for one transfer.
+// UCX picks shared memory (posix/sysv/cma) between local processes and TCP
+// between hosts; `tls` restricts it (e.g. "tcp" across network namespaces,
+// which share IPC and would otherwise be joined by shared memory).
+//
+// Waiting sleeps on the worker's event fd (ucp_worker_arm + poll), so an
+// idle process does not spin a core.
+//
+// Failure handling: every operation has a deadline; past it a receive is
+// cancelled and a send/put/get fails, its peer is marked failed and its
+// endpoint closed, so nothing waits forever on a dead peer. With
+// `peer_errors` (UCP_ERR_HANDLING_MODE_PEER) UCX also reports a peer's
+// death as soon as a transport notices it; in UCX 1.13 that mode excludes
+// the shared-memory transports, so it is on by default only when they are
+// excluded anyway (tls without shm).
+//
+// Peer addresses and region keys are framed with a magic and a checksum
+// and bounds-checked before UCX sees them; they come from cluster members
+// over the (TLS-authenticated) control plane.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "transport/engine.hpp"
+
+namespace troupe::transport {
+
+struct ucx_options {
+  std::string tls;          ///< UCX_TLS for this engine ("" = UCX's default / the environment)
+  std::string net_devices;  ///< UCX_NET_DEVICES ("" = default)
+  /// UCP_ERR_HANDLING_MODE_PEER; unset: on when `tls` names no shared
+  /// memory transport.
+  std::optional<bool> peer_errors;
+  std::chrono::milliseconds default_timeout{30000};
+  /// Sleep on the event fd while waiting (false: busy-poll, lowest latency).
+  bool sleep_when_idle = true;
+};
+
+class ucx_engine final : public transfer_engine {
+ public:
+  static result<std::unique_ptr<ucx_engine>> create(const ucx_options& options = {});
+  ~ucx_engine() override;
+
+  const char* name() const override { return "ucx"; }
+  std::uint32_t capabilities() const override;
+  std::vector<std::uint8_t> address() const override;
+  result<peer_id> connect(std::span<const std::uint8_t> peer_address) override;
+  void disconnect(peer_id peer) override;
+  result<region_handle> expose(void* data, std::size_t bytes, remote_region& out) override;
+  void unexpose(region_handle region) override;
+  result<op_handle> prepare(const op_spec& spec) override;
+  result<void> post(op_handle op) override;
+  result<op_status> poll(op_handle op) override;
+  result<op_status> wait(op_handle op, std::chrono::milliseconds limit) override;
+  void release(op_handle op) override;
+  std::size_t live_ops() const override;
+  std::size_t live_regions() const override;
+
+  /// Whether UCP_ERR_HANDLING_MODE_PEER is in use.
+  bool peer_errors() const;
+  /// The transports UCX chose for a connected peer (ucp_ep_print_info's
+  /// lanes, condensed), for logs and benchmarks.
+  std::string describe_peer(peer_id peer) const;
+
+  struct impl;
+
+ private:
+  explicit ucx_engine(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> p_;
+};
+
+}  // namespace troupe::transport
