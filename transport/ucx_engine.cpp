@@ -4,6 +4,9 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <list>
@@ -67,6 +70,9 @@ struct ucx_engine::impl {
   int efd = -1;
   std::vector<std::uint8_t> addr;
   mutable std::mutex mtx;
+  std::condition_variable cv;  // progress happened (progress thread -> waiters)
+  std::thread progressor;
+  std::atomic<bool> stopping{false};
 
   struct peer_rec {
     ucp_ep_h ep = nullptr;
@@ -83,7 +89,38 @@ struct ucx_engine::impl {
   std::list<std::unique_ptr<op_rec>> orphans;
   std::vector<ucp_ep_h> closing;  // endpoint close requests to finish
 
-  ~impl() { shutdown(); }
+  ~impl() {
+    stop_progress_thread();
+    shutdown();
+  }
+
+  void stop_progress_thread() {
+    if (!progressor.joinable()) return;
+    stopping = true;
+    if (worker) ucp_worker_signal(worker);
+    progressor.join();
+  }
+
+  // The progress thread: progresses whenever the worker has events and
+  // wakes the waiters.
+  void progress_loop() {
+    std::unique_lock lk(mtx);
+    while (!stopping) {
+      progress();
+      cv.notify_all();
+      if (efd < 0) {
+        lk.unlock();
+        std::this_thread::yield();
+        lk.lock();
+        continue;
+      }
+      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+      lk.unlock();
+      pollfd pfd{efd, POLLIN, 0};
+      ::poll(&pfd, 1, 100);
+      lk.lock();
+    }
+  }
 
   static void send_cb(void* /*request*/, ucs_status_t st, void* user) {
     auto* o = static_cast<op_rec*>(user);
@@ -115,6 +152,14 @@ struct ucx_engine::impl {
     while (ucp_worker_progress(worker) != 0) {
     }
     reap_orphans();
+    for (auto it = closing.begin(); it != closing.end();) {
+      if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
+        ucp_request_free(*it);
+        it = closing.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   void reap_orphans() {
@@ -143,9 +188,13 @@ struct ucx_engine::impl {
     if (!p.ep) return;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A forced close completes the endpoint's outstanding requests with an
-    // error at once; UCX allows it only with peer error handling.
-    prm.flags = peer_mode ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    // A forced close completes the endpoint's outstanding requests with
+    // UCS_ERR_CANCELED at once, which is what frees them when the peer is
+    // gone. UCX asks for peer error handling on both sides because the
+    // remote side may see transport errors: a peer we force-close has
+    // failed (missed a deadline or died) and is treated as dead from here
+    // on; a healthy peer is closed gracefully (flushed).
+    prm.flags = (peer_mode || p.failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* r = ucp_ep_close_nbx(p.ep, &prm);
     p.ep = nullptr;
     if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(static_cast<ucp_ep_h>(r));
@@ -191,6 +240,9 @@ struct ucx_engine::impl {
   // Gives an in-flight operation's requests to the orphan list (its record
   // must stay alive until UCX calls back).
   void orphan(std::unique_ptr<op_rec> o) {
+    if (o->req && !o->req_done && o->spec.kind != op_kind::recv) {
+      if (auto* p = find_peer(o->spec.peer); p && p->failed) ucp_request_cancel(worker, o->req);
+    }
     if (o->req && !o->req_done && o->spec.kind == op_kind::recv) {
       // The caller may free the buffer after release: the receive must be
       // over before that (a cancelled expected receive completes at once; a
@@ -358,6 +410,10 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   }
   p->addr = frame(address_magic, std::span(reinterpret_cast<const std::uint8_t*>(a), len));
   ucp_worker_release_address(p->worker, a);
+  if (options.progress_thread) {
+    impl* raw = p.get();
+    p->progressor = std::thread([raw] { raw->progress_loop(); });
+  }
   return std::unique_ptr<ucx_engine>(new ucx_engine(std::move(p)));
 }
 
@@ -392,11 +448,11 @@ void ucx_engine::disconnect(peer_id peer) {
   std::lock_guard lk(p_->mtx);
   auto* p = p_->find_peer(peer);
   if (!p || !p->ep) return;
+  p_->close_ep(*p);  // gracefully unless it had failed
   if (!p->failed) {
     p->failed = true;
     p->why = "disconnected";
   }
-  p_->close_ep(*p);
   p_->finish_closing(std::chrono::milliseconds(0));
 }
 
@@ -601,6 +657,12 @@ result<op_status> ucx_engine::wait(op_handle h, std::chrono::milliseconds limit)
     if (o.state != op_state::in_flight) return p_->status_of(o);
     const auto now = clock::now();
     if (now >= until) return p_->status_of(o);
+    if (p_->progressor.joinable()) {
+      // The progress thread sleeps on the event fd and wakes us.
+      const auto wake = std::min({until, o.deadline, now + std::chrono::milliseconds(20)});
+      p_->cv.wait_until(lk, wake);
+      continue;
+    }
     if (p_->efd < 0) continue;  // busy-poll
     if (ucp_worker_arm(p_->worker) == UCS_ERR_BUSY) continue;
     // Sleep until an event, the caller's limit or the operation's deadline.
@@ -626,7 +688,12 @@ void ucx_engine::release(op_handle h) {
 
 std::size_t ucx_engine::live_ops() const {
   std::lock_guard lk(p_->mtx);
-  return p_->ops.size() + p_->orphans.size();
+  return p_->ops.size();
+}
+
+std::size_t ucx_engine::stuck_requests() const {
+  std::lock_guard lk(p_->mtx);
+  return p_->orphans.size();
 }
 
 std::size_t ucx_engine::live_regions() const {

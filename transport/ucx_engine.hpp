@@ -8,7 +8,8 @@
 // which share IPC and would otherwise be joined by shared memory).
 //
 // Waiting sleeps on the worker's event fd (ucp_worker_arm + poll), so an
-// idle process does not spin a core.
+// idle process does not spin a core; a progress thread (on by default)
+// serves peers' RMA into exposed memory while the owner computes.
 //
 // Failure handling: every operation has a deadline; past it a receive is
 // cancelled and a send/put/get fails, its peer is marked failed and its
@@ -40,6 +41,12 @@ struct ucx_options {
   std::chrono::milliseconds default_timeout{30000};
   /// Sleep on the event fd while waiting (false: busy-poll, lowest latency).
   bool sleep_when_idle = true;
+  /// A thread that progresses the worker whenever it has events, so that
+  /// peers' puts and gets into exposed memory and rendezvous sends complete
+  /// while this process computes (without RDMA hardware UCX emulates RMA
+  /// with messages the target must progress). It sleeps on the event fd
+  /// (or spins when !sleep_when_idle).
+  bool progress_thread = true;
 };
 
 class ucx_engine final : public transfer_engine {
@@ -61,6 +68,14 @@ class ucx_engine final : public transfer_engine {
   void release(op_handle op) override;
   std::size_t live_ops() const override;
   std::size_t live_regions() const override;
+
+  /// Released operations whose UCX requests have not completed yet. They
+  /// complete (and are freed) when the peer answers or its endpoint is
+  /// force-closed; with shared memory and no peer error handling, UCX 1.13
+  /// completes neither a rendezvous send to a dead peer nor a forced close
+  /// of its endpoint (measured), so those few requests (at most the
+  /// transfer's window) stay until the engine is destroyed.
+  std::size_t stuck_requests() const;
 
   /// Whether UCP_ERR_HANDLING_MODE_PEER is in use.
   bool peer_errors() const;

@@ -1,0 +1,229 @@
+#pragma once
+
+// The multi-process test harness: starts helper processes with pipes on
+// stdin/stdout, each in its own process group (killed, with everything it
+// started, when the test ends or times out), keeps each one's stderr in a
+// log file and prints the logs when the test failed. Timeouts scale with
+// TROUPE_TEST_TIME_SCALE (the sanitizer build sets it).
+//
+// Also: a free TCP port, and whether network namespaces can be made here.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace troupe::test {
+
+inline double time_scale() {
+  const char* s = std::getenv("TROUPE_TEST_TIME_SCALE");
+  return s ? std::max(1.0, std::atof(s)) : 1.0;
+}
+
+inline std::chrono::milliseconds scaled(std::chrono::milliseconds ms) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(static_cast<double>(ms.count()) * time_scale()));
+}
+
+/// A TCP port nobody listens on right now (bound to port 0, then closed).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+class child_process {
+ public:
+  /// Starts argv[0] (a path) with the extra environment entries.
+  child_process(std::string label, std::vector<std::string> argv, std::vector<std::string> env = {})
+      : label_(std::move(label)) {
+    log_ = (std::filesystem::temp_directory_path() /
+            ("troupe-" + label_ + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++) + ".log"))
+               .string();
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      const int err = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (err >= 0) ::dup2(err, 2);
+      for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from here: no race with the child's own call
+    pid_ = pid;
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+  }
+  ~child_process() {
+    kill();
+    if (to_ >= 0) ::close(to_);
+    if (from_ >= 0) ::close(from_);
+    if (::testing::Test::HasFailure()) {
+      std::ifstream f(log_);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      std::fprintf(stderr, "---- %s stderr (%s) ----\n%s\n---- end %s ----\n", label_.c_str(), log_.c_str(),
+                   ss.str().c_str(), label_.c_str());
+    } else {
+      std::filesystem::remove(log_);
+    }
+  }
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  bool send_line(const std::string& s) {
+    const std::string l = s + "\n";
+    return ::write(to_, l.data(), l.size()) == static_cast<ssize_t>(l.size());
+  }
+
+  /// The next stdout line, or nothing when `limit` passes or the child
+  /// closed its stdout.
+  std::optional<std::string> read_line(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + scaled(limit);
+    for (;;) {
+      if (auto nl = buf_.find('\n'); nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{from_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char tmp[4096];
+      const ssize_t n = ::read(from_, tmp, sizeof tmp);
+      if (n <= 0) return std::nullopt;
+      buf_.append(tmp, static_cast<std::size_t>(n));
+    }
+  }
+
+  /// Reads lines until one starts with `prefix` (others are skipped).
+  std::optional<std::string> expect(const std::string& prefix, std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + scaled(limit);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      auto l = read_line(std::chrono::milliseconds(static_cast<std::int64_t>(left.count() / time_scale()) + 1));
+      if (!l) return std::nullopt;
+      if (l->starts_with(prefix)) return l;
+      if (l->starts_with("error") && !prefix.starts_with("error")) return l;
+    }
+  }
+
+  /// SIGKILL to the whole process group, then reaps the child.
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(-pid_, SIGKILL);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+
+ private:
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  std::string label_, log_;
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+/// Runs a shell command; its exit status.
+inline int shell(const std::string& cmd) {
+  const int st = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/// Two network namespaces joined by a veth pair (10.77.N.1 and 10.77.N.2),
+/// removed on destruction: separate hosts on one machine. `ok()` is false
+/// where the user may not create them (`why()` says so).
+class netns_pair {
+ public:
+  explicit netns_pair(int n = 0) {
+    const std::string tag = std::to_string(::getpid() % 100000) + "x" + std::to_string(n);
+    a_ = "troupe-a" + tag;
+    b_ = "troupe-b" + tag;
+    va_ = "tva" + tag;
+    vb_ = "tvb" + tag;
+    const std::string net = "10.77." + std::to_string(n % 250) + ".";
+    ip_a_ = net + "1";
+    ip_b_ = net + "2";
+    if (::geteuid() != 0) {
+      why_ = "network namespaces need root (this user is uid " + std::to_string(::geteuid()) + ")";
+      return;
+    }
+    if (shell("command -v ip") != 0) {
+      why_ = "the ip command (iproute2) is missing";
+      return;
+    }
+    const std::vector<std::string> steps{
+        "ip netns add " + a_,
+        "ip netns add " + b_,
+        "ip link add " + va_ + " type veth peer name " + vb_,
+        "ip link set " + va_ + " netns " + a_,
+        "ip link set " + vb_ + " netns " + b_,
+        "ip -n " + a_ + " addr add " + ip_a_ + "/24 dev " + va_,
+        "ip -n " + b_ + " addr add " + ip_b_ + "/24 dev " + vb_,
+        "ip -n " + a_ + " link set " + va_ + " up",
+        "ip -n " + b_ + " link set " + vb_ + " up",
+        "ip -n " + a_ + " link set lo up",
+        "ip -n " + b_ + " link set lo up",
+    };
+    for (const auto& s : steps) {
+      if (shell(s) != 0) {
+        why_ = "'" + s + "' failed (no privilege for network namespaces here?)";
+        cleanup();
+        return;
+      }
+    }
+    ok_ = true;
+  }
+  ~netns_pair() { cleanup(); }
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  /// argv prefix that runs a command inside namespace a or b.
+  std::vector<std::string> exec_in(bool a) const { return {"/usr/sbin/ip", "netns", "exec", a ? a_ : b_}; }
+  const std::string& device(bool a) const { return a ? va_ : vb_; }
+
+ private:
+  void cleanup() {
+    shell("ip netns del " + a_);
+    shell("ip netns del " + b_);
+  }
+  std::string a_, b_, va_, vb_, ip_a_, ip_b_, why_;
+  bool ok_ = false;
+};
+
+}  // namespace troupe::test

@@ -1,0 +1,210 @@
+// troupe_transport_peer: one side of a multi-process transport test or
+// benchmark. Makes one UCX engine, prints its address, then obeys line
+// commands on stdin and answers on stdout (one line each):
+//
+//   connect HEX                         -> peer ID
+//   recv ID DTYPE DIMS CHUNK [SLOW_MS]  -> ok FNV | error MESSAGE
+//        (prints "chunk I" as each chunk is consumed; SLOW_MS sleeps per chunk)
+//   send PEER ID DTYPE DIMS CHUNK SEED  -> ok | error MESSAGE
+//   expose BYTES                        -> region HEX
+//   sum                                 -> sum FNV  (of the exposed buffer)
+//   put PEER HEXKEY BYTES SEED          -> ok | error MESSAGE
+//   describe PEER                       -> lanes TEXT (the transports UCX chose)
+//   stats                               -> live_ops N live_regions M stuck K
+//   quit
+//
+// DIMS is comma-separated; the sent data is a pattern from SEED
+// (pattern_byte below), so the parent can compute the expected checksum.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "transport/chunked.hpp"
+#include "transport/framing.hpp"
+#include "transport/ucx_engine.hpp"
+
+namespace tr = troupe::transport;
+
+namespace {
+
+std::string hex(std::span<const std::uint8_t> b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (auto x : b) {
+    s += d[x >> 4];
+    s += d[x & 15];
+  }
+  return s;
+}
+
+std::vector<std::uint8_t> unhex(const std::string& s) {
+  std::vector<std::uint8_t> b;
+  for (std::size_t i = 0; i + 1 < s.size(); i += 2) b.push_back(static_cast<std::uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
+  return b;
+}
+
+std::vector<std::int64_t> dims(const std::string& s) {
+  std::vector<std::int64_t> v;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) v.push_back(std::stoll(part));
+  return v;
+}
+
+void fill(std::vector<std::uint8_t>& v, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<std::uint8_t>(x);
+  }
+}
+
+void say(const std::string& s) {
+  std::fputs((s + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+std::string one_line(std::string s) {
+  for (auto& c : s) if (c == '\n') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tr::ucx_options opt;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--tls") opt.tls = v;
+    else if (k == "--net-devices") opt.net_devices = v;
+    else if (k == "--timeout-ms") opt.default_timeout = std::chrono::milliseconds(std::stoll(v));
+    else if (k == "--busy-poll") opt.sleep_when_idle = v != "1";
+    else if (k == "--peer-errors") opt.peer_errors = v == "1";
+  }
+  auto engine = tr::ucx_engine::create(opt);
+  if (!engine) {
+    say("error " + one_line(engine.error().message));
+    return 1;
+  }
+  auto& e = **engine;
+  say("address " + hex(e.address()));
+  std::vector<std::uint8_t> exposed;
+  tr::region_handle region = 0;  // 0: none
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::stringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    try {
+      if (cmd == "quit") break;
+      if (cmd == "connect") {
+        std::string h;
+        in >> h;
+        auto p = e.connect(unhex(h));
+        say(p ? "peer " + std::to_string(*p) : "error " + one_line(p.error().message));
+      } else if (cmd == "recv" || cmd == "send") {
+        tr::peer_id peer = 0;
+        if (cmd == "send") in >> peer;
+        std::uint64_t id = 0, chunk = 0, extra = 0;
+        std::string dt, ds;
+        in >> id >> dt >> ds >> chunk >> extra;
+        tr::tensor_header h;
+        h.transfer_id = id;
+        auto t = troupe::kernels::dtype_from_string(dt);
+        if (!t) {
+          say("error " + t.error().message);
+          continue;
+        }
+        h.type = *t;
+        h.shape = dims(ds);
+        h.device = "cpu";
+        tr::chunk_options co;
+        co.chunk_bytes = chunk;
+        co.timeout = opt.default_timeout;
+        if (cmd == "send") {
+          auto plan = h;
+          if (auto p = tr::plan_chunks(plan, chunk); !p) {
+            say("error " + p.error().message);
+            continue;
+          }
+          std::vector<std::uint8_t> data(plan.total_bytes);
+          fill(data, extra);
+          auto r = tr::send_tensor(e, peer, h, data.data(), co);
+          say(r ? "ok" : "error " + one_line(r.error().message));
+        } else {
+          tr::tensor_receiver rx(e, h, co);
+          std::uint64_t fnv = 0xcbf29ce484222325ull;
+          auto r = rx.receive([&](const tr::chunk_view& c) -> tr::result<void> {
+            for (std::size_t i = 0; i < c.bytes; ++i) {
+              fnv ^= static_cast<const std::uint8_t*>(c.data)[i];
+              fnv *= 0x100000001b3ull;
+            }
+            say("chunk " + std::to_string(c.index));
+            if (extra) std::this_thread::sleep_for(std::chrono::milliseconds(extra));
+            return {};
+          });
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv));
+          say(r ? std::string("ok ") + buf : "error " + one_line(r.error().message));
+        }
+      } else if (cmd == "expose") {
+        std::size_t n = 0;
+        in >> n;
+        exposed.assign(n, 0);
+        tr::remote_region rr;
+        auto h = e.expose(exposed.data(), exposed.size(), rr);
+        if (!h) {
+          say("error " + one_line(h.error().message));
+          continue;
+        }
+        if (region) e.unexpose(region);
+        region = *h;
+        say("region " + hex(rr.key));
+      } else if (cmd == "sum") {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(tr::fnv1a64(exposed)));
+        say(std::string("sum ") + buf);
+      } else if (cmd == "put") {
+        tr::peer_id peer = 0;
+        std::string key;
+        std::size_t n = 0;
+        std::uint64_t seed = 0;
+        in >> peer >> key >> n >> seed;
+        tr::remote_region rr;
+        rr.key = unhex(key);
+        rr.bytes = n;
+        std::vector<std::uint8_t> data(n);
+        fill(data, seed);
+        tr::op_spec s;
+        s.kind = tr::op_kind::put;
+        s.peer = peer;
+        s.local = data.data();
+        s.bytes = n;
+        s.remote = &rr;
+        auto r = tr::run_op(e, s);
+        say(r ? "ok" : "error " + one_line(r.error().message));
+      } else if (cmd == "describe") {
+        tr::peer_id peer = 0;
+        in >> peer;
+        say("lanes " + one_line(e.describe_peer(peer)) + (e.peer_errors() ? " (peer errors)" : ""));
+      } else if (cmd == "stats") {
+        say("live_ops " + std::to_string(e.live_ops()) + " live_regions " + std::to_string(e.live_regions()) +
+            " stuck " + std::to_string(e.stuck_requests()));
+      } else if (cmd == "unexpose") {
+        if (region) e.unexpose(region);
+        region = 0;
+        say("ok");
+      } else {
+        say("error unknown command '" + cmd + "'");
+      }
+    } catch (const std::exception& ex) {
+      say(std::string("error bad command: ") + ex.what());
+    }
+  }
+  return 0;
+}
