@@ -9,7 +9,9 @@
 // Also: a free TCP port, and whether network namespaces can be made here.
 
 #include <fcntl.h>
+#ifndef TROUPE_MULTIPROC_NO_GTEST
 #include <gtest/gtest.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace troupe::test {
@@ -85,7 +88,12 @@ class child_process {
     kill();
     if (to_ >= 0) ::close(to_);
     if (from_ >= 0) ::close(from_);
-    if (::testing::Test::HasFailure()) {
+#ifndef TROUPE_MULTIPROC_NO_GTEST
+    const bool keep = ::testing::Test::HasFailure();
+#else
+    const bool keep = keep_logs;  // benchmarks: set when something failed
+#endif
+    if (keep) {
       std::ifstream f(log_);
       std::stringstream ss;
       ss << f.rdbuf();
@@ -99,6 +107,7 @@ class child_process {
   child_process& operator=(const child_process&) = delete;
 
   bool started() const { return pid_ > 0; }
+  bool keep_logs = false;
   pid_t pid() const { return pid_; }
 
   bool send_line(const std::string& s) {

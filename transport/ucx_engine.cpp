@@ -70,7 +70,8 @@ struct ucx_engine::impl {
   int efd = -1;
   std::vector<std::uint8_t> addr;
   mutable std::mutex mtx;
-  std::condition_variable cv;  // progress happened (progress thread -> waiters)
+  std::condition_variable idle_cv;  // the last waiter left (wakes the progress thread)
+  int waiters = 0;                   // threads inside wait(), under mtx
   std::thread progressor;
   std::atomic<bool> stopping{false};
 
@@ -98,16 +99,21 @@ struct ucx_engine::impl {
     if (!progressor.joinable()) return;
     stopping = true;
     if (worker) ucp_worker_signal(worker);
+    idle_cv.notify_all();
     progressor.join();
   }
 
   // The progress thread: progresses whenever the worker has events and
-  // wakes the waiters.
+  // nobody is waiting (a waiter progresses the worker itself; two threads
+  // taking turns on the lock would halve the bandwidth on 2 cores).
   void progress_loop() {
     std::unique_lock lk(mtx);
     while (!stopping) {
+      if (waiters > 0) {
+        idle_cv.wait_for(lk, std::chrono::milliseconds(50));
+        continue;
+      }
       progress();
-      cv.notify_all();
       if (efd < 0) {
         lk.unlock();
         std::this_thread::yield();
@@ -647,7 +653,15 @@ result<op_status> ucx_engine::poll(op_handle h) {
 
 result<op_status> ucx_engine::wait(op_handle h, std::chrono::milliseconds limit) {
   const auto until = clock::now() + limit;
+  const auto spin_until = clock::now() + p_->opt.spin_before_sleep;
   std::unique_lock lk(p_->mtx);
+  ++p_->waiters;
+  struct leave {
+    impl* p;
+    ~leave() {
+      if (--p->waiters == 0) p->idle_cv.notify_all();
+    }
+  } leave_guard{p_.get()};
   for (;;) {
     auto it = p_->ops.find(h);
     if (it == p_->ops.end()) return make_error(errc::invalid_argument, "ucx: unknown operation");
@@ -657,13 +671,7 @@ result<op_status> ucx_engine::wait(op_handle h, std::chrono::milliseconds limit)
     if (o.state != op_state::in_flight) return p_->status_of(o);
     const auto now = clock::now();
     if (now >= until) return p_->status_of(o);
-    if (p_->progressor.joinable()) {
-      // The progress thread sleeps on the event fd and wakes us.
-      const auto wake = std::min({until, o.deadline, now + std::chrono::milliseconds(20)});
-      p_->cv.wait_until(lk, wake);
-      continue;
-    }
-    if (p_->efd < 0) continue;  // busy-poll
+    if (now < spin_until || p_->efd < 0) continue;  // spin a while, or always (busy-poll)
     if (ucp_worker_arm(p_->worker) == UCS_ERR_BUSY) continue;
     // Sleep until an event, the caller's limit or the operation's deadline.
     const auto wake = std::min(until, o.deadline);

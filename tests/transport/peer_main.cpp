@@ -9,12 +9,14 @@
 //   expose BYTES                        -> region HEX
 //   sum                                 -> sum FNV  (of the exposed buffer)
 //   put PEER HEXKEY BYTES SEED          -> ok | error MESSAGE
+//   bw_send PEER BYTES ITERS WINDOW     -> gbps X  (bw_recv BYTES ITERS WINDOW on the other side)
 //   describe PEER                       -> lanes TEXT (the transports UCX chose)
 //   stats                               -> live_ops N live_regions M stuck K
 //   quit
 //
 // DIMS is comma-separated; the sent data is a pattern from SEED
 // (pattern_byte below), so the parent can compute the expected checksum.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -85,6 +87,8 @@ int main(int argc, char** argv) {
     else if (k == "--timeout-ms") opt.default_timeout = std::chrono::milliseconds(std::stoll(v));
     else if (k == "--busy-poll") opt.sleep_when_idle = v != "1";
     else if (k == "--peer-errors") opt.peer_errors = v == "1";
+    else if (k == "--progress-thread") opt.progress_thread = v == "1";
+    else if (k == "--spin-us") opt.spin_before_sleep = std::chrono::microseconds(std::stoll(v));
   }
   auto engine = tr::ucx_engine::create(opt);
   if (!engine) {
@@ -188,6 +192,59 @@ int main(int argc, char** argv) {
         s.remote = &rr;
         auto r = tr::run_op(e, s);
         say(r ? "ok" : "error " + one_line(r.error().message));
+      } else if (cmd == "bw_send" || cmd == "bw_recv") {
+        // Bandwidth: ITERS messages of BYTES on tag 1, WINDOW in flight;
+        // the sender reports bytes / time from first post to last completion.
+        tr::peer_id peer = 0;
+        if (cmd == "bw_send") in >> peer;
+        std::size_t n = 0, iters = 0, window = 1;
+        in >> n >> iters >> window;
+        window = std::max<std::size_t>(1, std::min(window, iters));
+        // One buffer for every message in flight, as ucx_perftest does.
+        std::vector<std::uint8_t> buf(n, 1);
+        std::vector<tr::op_handle> live;
+        std::string err;
+        std::size_t posted = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto post = [&] {
+          tr::op_spec sp;
+          sp.kind = cmd == "bw_send" ? tr::op_kind::send : tr::op_kind::recv;
+          sp.peer = peer;
+          sp.tag = 1;
+          sp.local = buf.data();
+          sp.bytes = n;
+          auto h = e.prepare(sp);
+          if (!h || !e.post(*h)) {
+            err = h ? "post failed" : h.error().message;
+            return;
+          }
+          live.push_back(*h);
+          ++posted;
+        };
+        while (posted < window && err.empty()) post();
+        std::size_t done = 0;
+        while (done < iters && err.empty()) {
+          auto st = e.wait(live.front(), std::chrono::milliseconds(1000));
+          if (!st) {
+            err = st.error().message;
+            break;
+          }
+          if (st->state == tr::op_state::in_flight) continue;
+          if (st->state == tr::op_state::failed) err = st->failure.message;
+          e.release(live.front());
+          live.erase(live.begin());
+          ++done;
+          if (posted < iters) post();
+        }
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (auto h : live) e.release(h);
+        if (!err.empty()) {
+          say("error " + one_line(err));
+        } else {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "gbps %.4f", static_cast<double>(n) * static_cast<double>(iters) / secs / 1e9);
+          say(buf);
+        }
       } else if (cmd == "describe") {
         tr::peer_id peer = 0;
         in >> peer;

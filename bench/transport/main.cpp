@@ -1,0 +1,137 @@
+// bench_transport: the UCX engine's bandwidth between two processes next
+// to ucx_perftest's tag_bw on the same path in the same run, for 4 KiB to
+// 256 MiB messages over shared memory and over TCP on loopback.
+//
+//   bench_transport [--quick] [--sizes 4096,1048576] [--window 8]
+//
+// The engine runs in two troupe_transport_peer processes (tag messages,
+// `window` in flight from one buffer, as ucx_perftest does), once as
+// configured by default (sleeping on the event fd when idle, progress
+// thread on, peer error handling on TCP) and once tuned for throughput
+// (busy-polling, no progress thread, no peer error handling: what
+// ucx_perftest runs). Ratios are against ucx_perftest.
+#define TROUPE_MULTIPROC_NO_GTEST
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "tests/multiproc.hpp"
+
+using namespace std::chrono_literals;
+using troupe::test::child_process;
+
+namespace {
+
+struct path {
+  const char* name;
+  std::vector<std::string> engine_args;
+  std::vector<std::string> env;  // for ucx_perftest
+  std::size_t total_bytes;       // per measurement
+};
+
+double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window, bool busy) {
+  std::vector<std::string> argv{TROUPE_TRANSPORT_PEER};
+  argv.insert(argv.end(), p.engine_args.begin(), p.engine_args.end());
+  if (busy) {
+    for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors", "0"}) argv.push_back(a);
+  }
+  child_process a("bench-a", argv), b("bench-b", argv);
+  auto aa = a.expect("address ", 20000ms), bb = b.expect("address ", 20000ms);
+  if (!aa || !bb || !aa->starts_with("address") || !bb->starts_with("address")) return -1;
+  a.send_line("connect " + bb->substr(8));
+  b.send_line("connect " + aa->substr(8));
+  auto pa = a.expect("peer ", 20000ms);
+  b.expect("peer ", 20000ms);
+  if (!pa || !pa->starts_with("peer")) return -1;
+  const std::string peer = pa->substr(5);
+  double best = -1;
+  for (int rep = 0; rep < 2; ++rep) {  // the first run warms up
+    b.send_line("bw_recv " + std::to_string(size) + " " + std::to_string(iters) + " " + std::to_string(window));
+    a.send_line("bw_send " + peer + " " + std::to_string(size) + " " + std::to_string(iters) + " " + std::to_string(window));
+    auto r = a.expect("gbps ", 300000ms);
+    b.expect("gbps ", 300000ms);
+    if (!r || !r->starts_with("gbps")) {
+      std::fprintf(stderr, "engine run failed: %s\n", r.value_or("(no answer)").c_str());
+      a.keep_logs = b.keep_logs = true;
+      return -1;
+    }
+    best = std::max(best, std::stod(r->substr(5)));
+  }
+  return best;
+}
+
+double perftest_gbps(const path& p, std::size_t size, std::size_t iters) {
+  const int port = troupe::test::free_port();
+  std::vector<std::string> env = p.env;
+  const std::string bin = "/usr/bin/ucx_perftest";
+  child_process server("perftest-server", {bin, "-p", std::to_string(port)}, env);
+  std::this_thread::sleep_for(300ms);
+  const std::size_t warm = std::max<std::size_t>(2, std::min<std::size_t>(iters / 10, 1000));
+  child_process client("perftest-client",
+                       {bin, "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw", "-s", std::to_string(size), "-n",
+                        std::to_string(iters), "-w", std::to_string(warm), "-f"},
+                       env);
+  for (;;) {
+    auto l = client.read_line(300000ms);
+    if (!l) return -1;
+    // With -f the result is one line of 8 numbers: iterations, overhead
+    // (50%, average, overall), bandwidth MB/s (average, overall), rates.
+    std::istringstream in(*l);
+    double f[8] = {};
+    int got = 0;
+    while (got < 8 && in >> f[got]) ++got;
+    if (got == 8 && static_cast<std::size_t>(f[0]) == iters) {
+      return f[5] * 1048576.0 / 1e9;  // overall bandwidth, MB/s (2^20) -> GB/s
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::size_t> sizes{4096, 65536, 1u << 20, 16u << 20, 256u << 20};
+  std::size_t window = 8;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+      sizes = {65536, 1u << 20};
+    } else if (a == "--window" && i + 1 < argc) {
+      window = std::stoul(argv[++i]);
+    } else if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      std::stringstream ss(argv[++i]);
+      std::string part;
+      while (std::getline(ss, part, ',')) sizes.push_back(std::stoul(part));
+    } else {
+      std::fprintf(stderr, "usage: bench_transport [--quick] [--sizes N,N,...] [--window W]\n");
+      return 2;
+    }
+  }
+  const std::vector<path> paths{
+      {"shared memory", {"--timeout-ms", "60000"}, {}, quick ? (64u << 20) : (2ull << 30)},
+      {"tcp (lo)",
+       {"--tls", "tcp", "--net-devices", "lo", "--timeout-ms", "60000"},
+       {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"},
+       quick ? (32u << 20) : (1ull << 30)},
+  };
+  std::printf("UCX engine vs ucx_perftest tag_bw, 2 processes, %zu messages in flight (GB/s = 1e9 bytes/s)\n\n", window);
+  std::printf("| path | message | engine GB/s | engine tuned GB/s | ucx_perftest GB/s | engine / perftest | tuned / perftest |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  int failures = 0;
+  for (const auto& p : paths) {
+    for (const std::size_t size : sizes) {
+      const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
+      const double e = engine_gbps(p, size, iters, window, false);
+      const double eb = engine_gbps(p, size, iters, window, true);
+      const double pf = perftest_gbps(p, size, iters);
+      if (e <= 0 || eb <= 0 || pf <= 0) ++failures;
+      const std::string sz = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", p.name, sz.c_str(), e, eb, pf, pf > 0 ? e / pf : 0,
+                  pf > 0 ? eb / pf : 0);
+      std::fflush(stdout);
+    }
+  }
+  return failures ? 1 : 0;
+}
