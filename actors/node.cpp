@@ -23,11 +23,24 @@ void kill_all(std::vector<Handle>& hs) {
   hs.clear();
 }
 
+// The pipeline as the scheduler sees it: the local stages, then the
+// remote tail if any.
+std::vector<shard_actor> all_shards(const node_state& st) {
+  auto v = st.shards;
+  if (st.setup.remote_tail && !v.empty()) v.push_back(st.setup.remote_tail->shard);
+  return v;
+}
+std::vector<kv_store_actor> all_kv_stores(const node_state& st) {
+  auto v = st.kv_stores;
+  if (st.setup.remote_tail && !v.empty()) v.push_back(st.setup.remote_tail->kv);
+  return v;
+}
+
 void publish(self_ptr self) {
   auto& st = self->state;
   std::lock_guard lock(st.setup.handles->mtx);
-  st.setup.handles->shards = st.shards;
-  st.setup.handles->kv_stores = st.kv_stores;
+  st.setup.handles->shards = all_shards(st);
+  st.setup.handles->kv_stores = all_kv_stores(st);
   st.setup.handles->encoder = st.encoder;
 }
 
@@ -42,7 +55,7 @@ void spawn_pipeline(self_ptr self) {
     ++r->kv->generation;  // shards of an older pipeline may not touch it any more
   }
   st.shards.assign(st.setup.stages.size(), shard_actor{});
-  shard_actor next;
+  shard_actor next = st.setup.remote_tail ? st.setup.remote_tail->shard : shard_actor{};
   for (std::size_t i = st.setup.stages.size(); i-- > 0;) {
     st.shards[i] = spawn_shard(sys, st.setup.stages[i], next);
     next = st.shards[i];
@@ -99,7 +112,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         kill_all(st.kv_stores);
         spawn_pipeline(self);
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, st.shards, st.kv_stores);
+        self->send(st.setup.scheduler, reset_atom::value, all_shards(st), all_kv_stores(st));
       } else {
         spdlog::warn("node: {}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
                      st.setup.opts.max_restarts);
@@ -110,8 +123,13 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
     });
     // The node stops: so does everything it spawned (the state is gone by
     // then; the published handles are not).
-    self->attach_functor([handles = st.setup.handles](const caf::error&) {
+    self->attach_functor([handles = st.setup.handles, tail = st.setup.remote_tail](const caf::error&) {
       std::lock_guard lock(handles->mtx);
+      if (tail) {
+        // Not ours to stop: another process serves it.
+        std::erase(handles->shards, tail->shard);
+        std::erase(handles->kv_stores, tail->kv);
+      }
       kill_all(handles->shards);
       kill_all(handles->kv_stores);
       if (handles->encoder) caf::anon_send_exit(handles->encoder, caf::exit_reason::kill);

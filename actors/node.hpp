@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "actors/encoder.hpp"
@@ -29,6 +30,9 @@ struct node_setup {
   std::shared_ptr<encoder_resources> encoder;  ///< null: text-only model
   encoder_options encoder_opts;
   scheduler_actor scheduler;  ///< told about restarts (or later by a reset message)
+  /// The last stages, served by another process (`troupe worker`): the
+  /// local shards feed it; the node neither supervises nor stops it.
+  std::optional<stage_handles> remote_tail;
   std::shared_ptr<node_handles> handles;
   node_options opts;
 };

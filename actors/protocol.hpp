@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 2;
+inline constexpr std::uint32_t protocol_version = 3;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -34,6 +34,7 @@ using version_atom = caf::atom_constant<caf::atom("version")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
+using stage_atom = caf::atom_constant<caf::atom("stage")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -375,6 +376,26 @@ using scheduler_actor = caf::typed_actor<
 /// store dies (up to a limit, then gives up and fails the requests).
 using node_actor = caf::typed_actor<caf::replies_to<stats_atom>::with<node_status>,
                                     caf::reacts_to<reset_atom, scheduler_actor>>;  ///< whom to tell about restarts
+
+/// A stage served by another process (`troupe worker`): its shard and KV
+/// store, the layers it holds, and that process's transfer-engine address
+/// (activations for the shard are pushed there).
+struct stage_handles {
+  shard_actor shard;
+  kv_store_actor kv;
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  std::vector<std::uint8_t> engine_address;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, stage_handles& x) {
+  return f(caf::meta::type_name("stage_handles"), x.shard, x.kv, x.first_layer, x.last_layer, x.engine_address);
+}
+
+/// Hosts a stage for other processes (published by `troupe worker`).
+using stage_host_actor = caf::typed_actor<caf::replies_to<stage_atom>::with<stage_handles>,
+                                          caf::replies_to<version_atom>::with<std::uint32_t>>;
 
 /// Registers every message type above (needed to serialize them: between
 /// processes, and in the round-trip test).

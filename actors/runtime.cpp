@@ -8,7 +8,11 @@
 #include <condition_variable>
 #include <filesystem>
 
+#include <caf/io/all.hpp>
+
+#include "actors/data_plane.hpp"
 #include "models/llava_config.hpp"
+#include "transport/ucx_engine.hpp"
 #include "models/weights.hpp"
 
 namespace troupe::actors {
@@ -19,6 +23,53 @@ using kernels::errc;
 
 std::string dir_of(const std::string& path) {
   return std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+}
+
+// Reaches the worker serving the last layers, checks what it serves and
+// connects the data plane to it.
+kernels::result<stage_handles> connect_remote_tail(caf::actor_system& sys, const runtime_config& cfg, int layers) {
+  const auto colon = cfg.remote_tail.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      std::sscanf(cfg.remote_tail.c_str() + colon + 1, "%d", &port) != 1 || port <= 0 || port > 65535) {
+    return kernels::make_error(errc::invalid_argument, "remote stage '" + cfg.remote_tail + "': expected HOST:PORT");
+  }
+  const std::string host = cfg.remote_tail.substr(0, colon);
+  if (!sys.has_middleman()) return kernels::make_error(errc::internal, "remote stages need CAF's middleman loaded");
+  auto host_actor = sys.middleman().remote_actor<stage_host_actor>(host, static_cast<std::uint16_t>(port));
+  if (!host_actor) {
+    return kernels::make_error(errc::io_error, "remote stage " + cfg.remote_tail + ": " + sys.render(host_actor.error()));
+  }
+  std::optional<stage_handles> got;
+  std::string why;
+  caf::scoped_actor self{sys};
+  self->request(*host_actor, caf::duration{cfg.remote_timeout}, version_atom::value)
+      .receive([&](std::uint32_t v) {
+                 if (v != protocol_version)
+                   why = "protocol version " + std::to_string(v) + ", this process speaks " + std::to_string(protocol_version);
+               },
+               [&](caf::error& e) { why = sys.render(e); });
+  if (why.empty()) {
+    self->request(*host_actor, caf::duration{cfg.remote_timeout}, stage_atom::value)
+        .receive([&](stage_handles& h) { got = std::move(h); }, [&](caf::error& e) { why = sys.render(e); });
+  }
+  if (!got) return kernels::make_error(errc::io_error, "remote stage " + cfg.remote_tail + ": " + why);
+  if (got->first_layer <= 0 || got->first_layer >= layers || got->last_layer != layers) {
+    return kernels::make_error(errc::invalid_argument, "remote stage " + cfg.remote_tail + " serves layers [" +
+                                                           std::to_string(got->first_layer) + "," +
+                                                           std::to_string(got->last_layer) + ") of a " +
+                                                           std::to_string(layers) + "-layer model: it must serve the last layers");
+  }
+  auto& dp = data_plane::local();
+  if (!dp.engine()) {
+    auto e = transport::ucx_engine::create();
+    if (!e) return std::unexpected(e.error());
+    dp.attach(std::shared_ptr<transport::transfer_engine>(std::move(*e)));
+  }
+  if (auto c = dp.connect(to_string(got->shard->node()), got->engine_address); !c) {
+    return kernels::make_error(c.error().code, "remote stage " + cfg.remote_tail + ": " + c.error().message);
+  }
+  return *got;
 }
 
 }  // namespace
@@ -52,7 +103,13 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
       text = *c;
     }
   }
-  const int L = static_cast<int>(text.num_layers);
+  int L = static_cast<int>(text.num_layers);
+  if (!cfg.remote_tail.empty()) {
+    auto tail = connect_remote_tail(sys, cfg, L);
+    if (!tail) return std::unexpected(tail.error());
+    rt->remote_tail_ = *tail;
+    L = tail->first_layer;  // the local stages split the layers before it
+  }
   if (cfg.stages > L)
     return kernels::make_error(errc::invalid_argument, std::to_string(cfg.stages) + " stages for a model of " +
                                                            std::to_string(L) + " layers");
@@ -80,7 +137,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     range.first = s * L / cfg.stages;
     range.last = (s + 1) * L / cfg.stages;
     range.embed = s == 0;
-    range.head = s == cfg.stages - 1;
+    range.head = s == cfg.stages - 1 && !rt->remote_tail_;
     const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];
     auto res = make_stage(context_of(dev), cfg.model, range, cfg.plan, cfg.kv);
     if (!res)
@@ -105,6 +162,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   ns.encoder_opts = cfg.encoder;
   ns.handles = rt->handles_;
   ns.opts = cfg.node;
+  ns.remote_tail = rt->remote_tail_;
   rt->node_ = spawn_node(sys, std::move(ns));
   {
     // Once the node answers, its initial actors are published.
@@ -151,6 +209,10 @@ std::string local_runtime::describe() const {
     const auto range = r->model->range();
     if (!s.empty()) s += ", ";
     s += r->device.name + " layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+  }
+  if (remote_tail_) {
+    s += ", remote worker layers [" + std::to_string(remote_tail_->first_layer) + "," +
+         std::to_string(remote_tail_->last_layer) + ")";
   }
   if (encoder_res_) s += ", vision encoder on " + encoder_res_->device.name;
   return s;

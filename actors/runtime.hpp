@@ -4,7 +4,9 @@
 // device), the vision encoder and the scheduler, spawned from a config, and
 // the client through which the CLI (and later the HTTP gateway) talk to it.
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +33,12 @@ struct runtime_config {
   encoder_options encoder;
   kernels::attention_options attention;
   node_options node;
+  /// "host:port" of a `troupe worker` serving the last layers: the local
+  /// stages split the layers before it, and activations go to it over the
+  /// transfer engine (UCX) while control goes over CAF.
+  std::string remote_tail;
+  /// How long to wait for the remote worker to answer.
+  std::chrono::milliseconds remote_timeout{30000};
 };
 
 /// The actors of a running pipeline.
@@ -58,6 +66,7 @@ class local_runtime {
   model_frontend frontend_;
   std::vector<std::shared_ptr<stage_resources>> stage_res_;
   std::shared_ptr<encoder_resources> encoder_res_;
+  std::optional<stage_handles> remote_tail_;
   std::shared_ptr<node_handles> handles_ = std::make_shared<node_handles>();
   node_actor node_;
   scheduler_actor scheduler_;

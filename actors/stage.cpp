@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "actors/clock.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/tensor_registry.hpp"
 #include "models/llava_config.hpp"
 
@@ -40,7 +41,6 @@ struct shard_state {
 /// Runs this stage's part of a step; returns the activations (or logits on
 /// the last stage).
 kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation) {
-  auto& reg = tensor_registry::local();
   const auto& model = *res.model;
   const auto range = model.range();
   std::vector<models::step_input> inputs(b.seqs.size());
@@ -48,7 +48,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   tensor x;
   if (!range.embed) {
     if (b.hidden.empty()) return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
-    auto h = reg.take(b.hidden);
+    auto h = data_plane::local().take(b.hidden, res.ctx->memory());
     if (!h) return std::unexpected(h.error());
     x = std::move(*h);
   }
@@ -88,7 +88,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
     inputs[i].tokens = w.tokens;
     inputs[i].all_logits = w.all_logits;
     if (!w.embeddings.empty()) {
-      auto e = reg.take(w.embeddings);
+      auto e = data_plane::local().take(w.embeddings, res.ctx->memory());
       if (!e) {
         undo();
         return std::unexpected(e.error());
@@ -202,6 +202,12 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
 
 }  // namespace
 
+kernels::result<models::llama_config> model_text_config(const std::string& path) {
+  auto src = models::weight_source::open(path);
+  if (!src) return std::unexpected(src.error());
+  return text_config(**src, path);
+}
+
 kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
@@ -262,7 +268,15 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             return o;
           }
           b.compute_ms += ms_between(t0, steady::now());
-          b.hidden = tensor_registry::local().put(res->device.name, std::move(*out));
+          if (next && next->node() != self->node()) {
+            // The next stage is in another process: the activations go now,
+            // over the transfer engine, while this message travels.
+            auto ref = data_plane::local().push(to_string(next->node()), res->device.name, std::move(*out));
+            if (!ref) return fail(ref.error().message);
+            b.hidden = std::move(*ref);
+          } else {
+            b.hidden = tensor_registry::local().put(res->device.name, std::move(*out));
+          }
           for (auto& w : b.seqs) w.embeddings = {};
           return self->delegate(next, step_atom::value, std::move(b));
         },

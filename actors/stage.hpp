@@ -40,6 +40,9 @@ struct stage_resources {
   kernels::attention_options attention;
 };
 
+/// The decoder config of a LLaMA/LLaVA folder or a GGUF file.
+kernels::result<models::llama_config> model_text_config(const std::string& path);
+
 /// Builds a stage: a context over the device's cores, the model's layers
 /// [range.first, range.last) from `path` (a LLaMA or LLaVA folder, or a
 /// GGUF file) and a KV cache of `kv` for them.

@@ -4,6 +4,8 @@
 // plain generation loop on one request in the same run as the reference.
 #include <spdlog/spdlog.h>
 
+#include <caf/io/all.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +38,7 @@ using clock = std::chrono::steady_clock;
 
 struct bench_args {
   std::string model, devices, concurrency = "1,4,16", images_dir, quant, kv_type = "f32";
+  std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
   int stages = 1, micro_batches = 0, decode_steps = 16, requests = 0, threads = 0;
   std::int64_t max_tokens = 64, ctx_tokens = 0;
   double image_share = 0.5;
@@ -365,9 +368,11 @@ int run_bench(const bench_args& a) {
 
   caf::actor_system_config cfg;
   actors::configure_runtime(cfg);
+  if (!a.remote_stage.empty()) cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   actors::runtime_config rc;
   rc.model = a.model;
+  rc.remote_tail = a.remote_stage;
   rc.devices = *devices;
   rc.stages = a.stages;
   rc.plan = plan;
@@ -448,6 +453,7 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
   cmd->add_option("--devices", a->devices, "Devices of the stages (cpu, cpu:N, cpu:A-B, comma-separated)");
   cmd->add_option("--stages", a->stages, "Pipeline stages")->check(CLI::Range(1, 1024));
+  cmd->add_option("--remote-stage", a->remote_stage, "HOST:PORT of a `troupe worker` serving the last layers");
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: stages)")->check(CLI::Range(0, 64));
   cmd->add_option("--decode-steps", a->decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")

@@ -22,5 +22,7 @@ std::string bundled_model_path();
 command_runner add_write_model(CLI::App& app);
 /// `troupe bench`: concurrent requests through the actor pipeline.
 command_runner add_bench(CLI::App& app);
+/// `troupe worker`: serves a model's last layers to another process.
+command_runner add_worker(CLI::App& app);
 
 }  // namespace troupe::cli

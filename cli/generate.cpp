@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <caf/io/all.hpp>
+
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
@@ -40,6 +42,7 @@ struct generate_args {
   // Execution: the actor pipeline (devices, stages) or the plain loop.
   bool direct = false;
   std::string devices;
+  std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
   int stages = 1, micro_batches = 0, decode_steps = 16;
   // Which sampling flags the user gave (the rest come from generation_config.json).
   bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
@@ -273,8 +276,10 @@ int run_generate(const generate_args& a) {
     src->reset();
     caf::actor_system_config cfg;
     actors::configure_runtime(cfg);
+    if (!a.remote_stage.empty()) cfg.load<caf::io::middleman>();
     caf::actor_system sys{cfg};
     actors::runtime_config rc;
+    rc.remote_tail = a.remote_stage;
     rc.model = a.model;
     rc.devices = devices;
     rc.stages = a.stages;
@@ -388,6 +393,8 @@ command_runner add_generate(CLI::App& app, bool run) {
                   : app.add_subcommand("generate", "Generate text from a prompt in this process");
   cmd->add_option("--devices", a->devices, "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on device i mod count)");
   cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--remote-stage", a->remote_stage,
+                  "HOST:PORT of a `troupe worker` serving the last layers (pipeline across processes)");
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: the number of stages)")->check(CLI::Range(0, 64));
   cmd->add_option("--decode-steps", a->decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")

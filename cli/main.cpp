@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   auto run = troupe::cli::add_generate(app, true);
   auto serve_bench = troupe::cli::add_bench(app);
   auto write_model = troupe::cli::add_write_model(app);
+  auto worker = troupe::cli::add_worker(app);
   bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
   bench->prefix_command();
   try {
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("bench")) return serve_bench();
   if (app.got_subcommand("write-model")) return write_model();
+  if (app.got_subcommand("worker")) return worker();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.
     std::string self = argv[0];

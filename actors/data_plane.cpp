@@ -1,0 +1,169 @@
+#include "actors/data_plane.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
+#include "actors/tensor_registry.hpp"
+
+namespace troupe::actors {
+
+using kernels::errc;
+using kernels::make_error;
+
+data_plane& data_plane::local() {
+  static data_plane d;
+  return d;
+}
+
+data_plane::data_plane() {
+  // 16 bits of process identity above a 32-bit counter (48-bit ids).
+  std::random_device rd;
+  prefix_ = ((static_cast<std::uint64_t>(rd()) ^ static_cast<std::uint64_t>(::getpid())) & 0x7fff) + 1;
+}
+
+data_plane::~data_plane() {
+  {
+    std::lock_guard lk(mtx_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  std::lock_guard lk(mtx_);
+  pushes_.clear();  // senders release their operations
+}
+
+void data_plane::attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt) {
+  std::lock_guard lk(mtx_);
+  engine_ = std::move(engine);
+  opt_ = opt;
+  if (!reaper_.joinable()) reaper_ = std::thread([this] { reap_loop(); });
+}
+
+std::shared_ptr<transport::transfer_engine> data_plane::engine() const {
+  std::lock_guard lk(mtx_);
+  return engine_;
+}
+
+std::vector<std::uint8_t> data_plane::address() const {
+  std::lock_guard lk(mtx_);
+  return engine_ ? engine_->address() : std::vector<std::uint8_t>{};
+}
+
+kernels::result<void> data_plane::connect(const std::string& key, std::span<const std::uint8_t> address) {
+  std::lock_guard lk(mtx_);
+  if (!engine_) return make_error(errc::invalid_argument, "data plane: no transfer engine attached");
+  if (peers_.count(key)) return {};
+  auto p = engine_->connect(address);
+  if (!p) return std::unexpected(p.error());
+  peers_[key] = *p;
+  return {};
+}
+
+bool data_plane::reachable(const std::string& key) const {
+  std::lock_guard lk(mtx_);
+  return peers_.count(key) != 0;
+}
+
+tensor_ref data_plane::park(const std::string& device, kernels::tensor t) {
+  return tensor_registry::local().put(device, std::move(t));
+}
+
+kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::string& device, kernels::tensor t) {
+  if (!t.is_contiguous()) return make_error(errc::invalid_argument, "data plane: only dense tensors are pushed");
+  std::unique_lock lk(mtx_);
+  auto it = peers_.find(key);
+  if (!engine_ || it == peers_.end()) {
+    return make_error(errc::not_found, "data plane: process " + key + " is not connected");
+  }
+  tensor_ref ref;
+  ref.device = device;
+  ref.dtype = static_cast<std::uint8_t>(t.type());
+  for (int i = 0; i < t.shape().ndim; ++i) ref.shape.push_back(t.shape()[i]);
+  ref.transfer_id = (prefix_ << 32) | (next_++ & 0xffffffffu);
+  transport::tensor_header h;
+  h.transfer_id = ref.transfer_id;
+  h.kind = transport::payload::activations;
+  h.type = t.type();
+  h.shape = ref.shape;
+  h.device = device;
+  push_rec rec;
+  rec.t = std::move(t);
+  rec.sender = std::make_unique<transport::tensor_sender>(*engine_, it->second, h, rec.t.data(), opt_);
+  if (auto s = rec.sender->start(); !s) return std::unexpected(s.error());
+  pushes_.push_back(std::move(rec));
+  lk.unlock();
+  cv_.notify_all();
+  return ref;
+}
+
+kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels::memory_pool& pool) {
+  auto& reg = tensor_registry::local();
+  auto local = reg.take(ref);
+  if (local || local.error().code != errc::not_found) return local;
+  auto engine = this->engine();
+  if (!engine) return local;  // no other process could have sent it
+  if (ref.shape.empty() || ref.shape.size() > static_cast<std::size_t>(kernels::max_dims)) {
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": bad shape in its ref");
+  }
+  if (ref.dtype > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": bad dtype in its ref");
+  }
+  kernels::shape_t shape;
+  shape.ndim = static_cast<int>(ref.shape.size());
+  for (std::size_t i = 0; i < ref.shape.size(); ++i) shape.dims[i] = ref.shape[i];
+  auto t = kernels::tensor::empty(pool, static_cast<kernels::dtype>(ref.dtype), shape);
+  if (!t) return std::unexpected(t.error());
+  transport::tensor_header want;
+  want.transfer_id = ref.transfer_id;
+  want.kind = transport::payload::activations;
+  want.type = t->type();
+  want.shape = ref.shape;
+  transport::chunk_options opt;
+  {
+    std::lock_guard lk(mtx_);
+    opt = opt_;
+  }
+  auto got = transport::receive_tensor(*engine, want, t->data(), t->nbytes(), opt);
+  if (!got) return std::unexpected(got.error());
+  return std::move(*t);
+}
+
+void data_plane::drop(const tensor_ref& ref) { tensor_registry::local().drop(ref); }
+
+std::size_t data_plane::pushes_in_flight() const {
+  std::lock_guard lk(mtx_);
+  return pushes_.size();
+}
+
+std::size_t data_plane::failed_pushes() const {
+  std::lock_guard lk(mtx_);
+  return failed_;
+}
+
+void data_plane::reap_loop() {
+  std::unique_lock lk(mtx_);
+  while (!stop_) {
+    if (pushes_.empty()) {
+      cv_.wait(lk);
+      continue;
+    }
+    for (auto it = pushes_.begin(); it != pushes_.end();) {
+      auto r = it->sender->progress();
+      if (!r) {
+        spdlog::error("data plane: {}", r.error().message);
+        ++failed_;
+        it = pushes_.erase(it);
+      } else if (*r) {
+        it = pushes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cv_.wait_for(lk, std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,87 @@
+#pragma once
+
+// The actors' data plane: where a `tensor_ref` is resolved. In one process
+// a tensor is parked in the tensor registry and taken out by the receiver
+// (zero copies). Across processes the sender pushes it at once over the
+// process's transfer engine (UCX) as a chunked transfer tagged with the
+// ref's transfer id, and the receiving actor, not finding the id in its
+// own registry, receives it (header validated against the ref's dtype and
+// shape). The messages do not change: the same `tensor_ref` travels in
+// the CAF message either way.
+//
+// Transfer ids carry a per-process prefix, so refs from different
+// processes never collide in a receiver.
+
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "actors/protocol.hpp"
+#include "kernels/memory_pool.hpp"
+#include "kernels/tensor.hpp"
+#include "transport/chunked.hpp"
+#include "transport/engine.hpp"
+
+namespace troupe::actors {
+
+class data_plane {
+ public:
+  /// The process's data plane.
+  static data_plane& local();
+
+  data_plane();
+  ~data_plane();
+  data_plane(const data_plane&) = delete;
+  data_plane& operator=(const data_plane&) = delete;
+
+  /// Uses `engine` for transfers to and from other processes.
+  void attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt = {});
+  std::shared_ptr<transport::transfer_engine> engine() const;
+  /// This process's engine address (empty without an engine).
+  std::vector<std::uint8_t> address() const;
+
+  /// Makes a peer process reachable under `key` (e.g. its CAF node id).
+  kernels::result<void> connect(const std::string& key, std::span<const std::uint8_t> address);
+  bool reachable(const std::string& key) const;
+
+  /// Parks `t` for a receiver in this process.
+  tensor_ref park(const std::string& device, kernels::tensor t);
+  /// Sends `t` to the process `key` now (the transfer proceeds in the
+  /// background; `t` is held until it is delivered) and returns its ref.
+  kernels::result<tensor_ref> push(const std::string& key, const std::string& device, kernels::tensor t);
+  /// The tensor of `ref`: parked here, or received from the process that
+  /// pushed it (into a new tensor from `pool`).
+  kernels::result<kernels::tensor> take(const tensor_ref& ref, kernels::memory_pool& pool);
+  /// Drops a parked tensor that will not be taken.
+  void drop(const tensor_ref& ref);
+
+  /// Pushes still in flight; failed pushes so far (their errors are logged).
+  std::size_t pushes_in_flight() const;
+  std::size_t failed_pushes() const;
+
+ private:
+  struct push_rec {
+    kernels::tensor t;
+    std::unique_ptr<transport::tensor_sender> sender;
+  };
+  void reap_loop();
+
+  mutable std::mutex mtx_;
+  std::condition_variable cv_;
+  std::shared_ptr<transport::transfer_engine> engine_;
+  transport::chunk_options opt_;
+  std::map<std::string, transport::peer_id> peers_;
+  std::list<push_rec> pushes_;
+  std::size_t failed_ = 0;
+  std::uint64_t prefix_ = 0;
+  std::uint64_t next_ = 1;
+  bool stop_ = false;
+  std::thread reaper_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,114 @@
+// Pipeline parallelism across processes through the real binary: a
+// `troupe worker` serves layers [2,4) of the bundled model, `troupe run
+// --remote-stage` runs layers [0,2) and sends it the activations over UCX
+// (control over CAF). Tokens must equal the one-process plain loop's for
+// the same seed: on one host (shared memory, then TCP only) and between
+// network namespaces joined by veth (separate hosts, TCP).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_cli.hpp"
+#include "tests/multiproc.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using troupe::test::child_process;
+using troupe::test::troupe_cli;
+
+const std::string image = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_005.png";
+const std::string args = " -i " + image + " -p 'Describe the image.' -n 24 --temperature 0.8 --top-k 20 --seed 11 --json";
+
+nlohmann::json last_json(const std::string& out) {
+  const auto at = out.rfind("\n{");
+  return nlohmann::json::parse(at == std::string::npos ? out : out.substr(at + 1));
+}
+
+// Starts a worker for layers [2,4); its port, or 0.
+int start_worker(std::unique_ptr<child_process>& w, std::vector<std::string> prefix, std::vector<std::string> env,
+                 std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = std::move(prefix);
+  for (const char* a : {TROUPE_CLI, "worker", "--first-layer", "2", "--port", "0"}) argv.push_back(a);
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  w = std::make_unique<child_process>("worker", argv, std::move(env));
+  auto line = w->expect("troupe worker:", 60000ms);
+  if (!line) return 0;
+  const auto at = line->rfind("port ");
+  return at == std::string::npos ? 0 : std::stoi(line->substr(at + 5));
+}
+
+std::string run_front(const std::string& front_args, std::vector<std::string> prefix = {},
+                      std::vector<std::string> env = {}) {
+  std::vector<std::string> argv = std::move(prefix);
+  argv.push_back("/bin/sh");
+  argv.push_back("-c");
+  argv.push_back(std::string(TROUPE_CLI) + " " + front_args + " 2>/dev/null");
+  child_process front("front", argv, std::move(env));
+  std::string out;
+  while (auto l = front.read_line(120000ms)) out += *l + "\n";
+  return out;
+}
+
+void expect_same_tokens(const std::string& out) {
+  const auto direct = troupe_cli("generate --direct" + args, false);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out;
+  ASSERT_NE(out.find("{"), std::string::npos) << out;
+  const auto a = last_json(direct.out), b = last_json(out);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["text"], b["text"]);
+  EXPECT_NE(b["pipeline"].get<std::string>().find("remote worker layers [2,4)"), std::string::npos) << b["pipeline"];
+}
+
+}  // namespace
+
+TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessOverSharedMemory) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {});
+  ASSERT_GT(port, 0);
+  expect_same_tokens(run_front("run --remote-stage 127.0.0.1:" + std::to_string(port) + args));
+}
+
+TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessOverTcp) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
+  ASSERT_GT(port, 0);
+  expect_same_tokens(
+      run_front("run --remote-stage 127.0.0.1:" + std::to_string(port) + args, {}, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
+}
+
+TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessBetweenNetworkNamespaces) {
+  troupe::test::netns_pair ns(2);
+  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)});
+  ASSERT_GT(port, 0);
+  expect_same_tokens(run_front("run --remote-stage 10.77.2.2:" + std::to_string(port) + args, ns.exec_in(true),
+                               {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(true)}));
+}
+
+TEST(CliPipelineAcrossProcesses, SixteenConcurrentRequestsAllComplete) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {});
+  ASSERT_GT(port, 0);
+  const auto out = run_front("bench --remote-stage 127.0.0.1:" + std::to_string(port) +
+                             " -c 16 -n 32 --max-tokens 16 --json");
+  ASSERT_NE(out.find('{'), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  ASSERT_EQ(j["levels"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["levels"][0]["completed"], 32) << j.dump();
+  EXPECT_EQ(j["levels"][0]["failed"], 0) << j.dump();
+}
+
+TEST(CliPipelineAcrossProcesses, BadRemoteStagesFailWithAMessage) {
+  auto r = troupe_cli("run -p hi --remote-stage nonsense");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("expected HOST:PORT"), std::string::npos) << r.out;
+  r = troupe_cli("run -p hi --remote-stage 127.0.0.1:" + std::to_string(troupe::test::free_port()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("remote stage 127.0.0.1:"), std::string::npos) << r.out;
+  r = troupe_cli("worker --first-layer 9");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--first-layer must be in [1, 4)"), std::string::npos) << r.out;
+}
