@@ -85,3 +85,14 @@ class data_plane {
 };
 
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+
+/// Sets TCP_NODELAY on every TCP socket of this process. CAF 0.17's
+/// middleman leaves Nagle's algorithm on, which holds a small step message
+/// back until the peer's delayed ACK (~40 ms on Linux); on a listening
+/// socket the option is inherited by the connections it accepts. Call after
+/// publish / remote_actor. Returns how many sockets were changed.
+int enable_tcp_nodelay_everywhere();
+
+}  // namespace troupe::actors

@@ -40,6 +40,7 @@ kernels::result<stage_handles> connect_remote_tail(caf::actor_system& sys, const
   if (!host_actor) {
     return kernels::make_error(errc::io_error, "remote stage " + cfg.remote_tail + ": " + sys.render(host_actor.error()));
   }
+  enable_tcp_nodelay_everywhere();  // step messages must not wait for Nagle
   std::optional<stage_handles> got;
   std::string why;
   caf::scoped_actor self{sys};

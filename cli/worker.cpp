@@ -102,6 +102,8 @@ int run_worker(const worker_args& a) {
     caf::anon_send_exit(host, caf::exit_reason::kill);
     return 1;
   }
+  // Connections accepted from the listening socket inherit TCP_NODELAY.
+  actors::enable_tcp_nodelay_everywhere();
   std::printf("troupe worker: layers [%d,%d) on %s, listening on port %u\n", range.first, range.last,
               devs->front().name.c_str(), static_cast<unsigned>(*port));
   std::fflush(stdout);

@@ -128,6 +128,27 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(st), st);
 }
 
+TEST_F(protocol_test, stage_handles_carry_actor_handles_and_the_engine_address) {
+  auto shard = sys.spawn([]() -> shard_actor::behavior_type {
+    return {[](step_atom, step_batch&) { return step_output{}; }, [](info_atom) { return shard_info{}; },
+            [](version_atom) { return protocol_version; }};
+  });
+  auto kv = sys.spawn([]() -> kv_store_actor::behavior_type {
+    return {[](usage_atom) { return kv_usage_info{}; }, [](free_atom, const std::vector<std::int64_t>&) { return std::int64_t{0}; },
+            [](export_atom, std::int64_t) { return kv_export{}; }, [](import_atom, const kv_export&) { return std::int64_t{0}; },
+            [](reset_atom) { return std::int64_t{0}; }};
+  });
+  stage_handles h{shard, kv, 2, 4, {9, 8, 7, 0, 255}};
+  auto back = round_trip(h);
+  EXPECT_EQ(back.shard, shard);
+  EXPECT_EQ(back.kv, kv);
+  EXPECT_EQ(back.first_layer, 2);
+  EXPECT_EQ(back.last_layer, 4);
+  EXPECT_EQ(back.engine_address, h.engine_address);
+  caf::anon_send_exit(shard, caf::exit_reason::kill);
+  caf::anon_send_exit(kv, caf::exit_reason::kill);
+}
+
 TEST_F(protocol_test, errors_carry_code_and_message) {
   auto e = make_error(error_code::overloaded, "the queue holds 64 requests (limit 64)");
   EXPECT_EQ(troupe_code(e), static_cast<std::uint8_t>(error_code::overloaded));
