@@ -162,7 +162,7 @@ void data_plane::reap_loop() {
         ++it;
       }
     }
-    cv_.wait_for(lk, std::chrono::microseconds(200));
+    cv_.wait_for(lk, std::chrono::milliseconds(2));
   }
 }
 

@@ -40,7 +40,15 @@ class data_plane {
   data_plane& operator=(const data_plane&) = delete;
 
   /// Uses `engine` for transfers to and from other processes.
-  void attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt = {});
+  void attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt = activation_chunks());
+  /// Activations move as few large chunks (a prefill chunk's activations
+  /// are a few MiB): 8 MiB chunks, 2 in flight.
+  static transport::chunk_options activation_chunks() {
+    transport::chunk_options o;
+    o.chunk_bytes = std::size_t{8} << 20;
+    o.window = 2;
+    return o;
+  }
   std::shared_ptr<transport::transfer_engine> engine() const;
   /// This process's engine address (empty without an engine).
   std::vector<std::uint8_t> address() const;
