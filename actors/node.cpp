@@ -84,8 +84,23 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
     spawn_pipeline(self);
     spawn_encoder_actor(self);
     publish(self);
+    // The remote worker's shard is not ours to restart: when it goes (the
+    // process died, the connection broke) the pipeline cannot go on and the
+    // scheduler fails its requests with the reason.
+    if (st.setup.remote_tail) self->monitor(st.setup.remote_tail->shard);
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& st = self->state;
+      if (st.setup.remote_tail && st.setup.remote_tail->shard.address() == dm.source) {
+        st.status.last_failure = "the remote stage (troupe worker) is gone: " + self->system().render(dm.reason);
+        spdlog::error("node: {}", st.status.last_failure);
+        st.status.failed = true;
+        kill_all(st.shards);
+        kill_all(st.kv_stores);
+        st.setup.remote_tail.reset();
+        publish(self);
+        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{}, std::vector<kv_store_actor>{});
+        return;
+      }
       auto is = [&](const auto& hs) {
         return std::any_of(hs.begin(), hs.end(), [&](const auto& h) { return h && h.address() == dm.source; });
       };

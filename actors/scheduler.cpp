@@ -472,7 +472,7 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
     if (r->cancelled) cancelled.push_back(id);
   for (auto id : cancelled) finish(self, id, st.requests[id]->deadline_hit ? "deadline" : "cancelled");
   if (st.stages.empty()) {
-    st.failed = "the node gave up restarting the pipeline";
+    st.failed = "the node gave up on the pipeline (a stage failed more often than allowed, or a remote stage is gone; the node logs why)";
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : st.requests) ids.push_back(id);
     for (auto id : ids) finish(self, id, "error", st.failed);

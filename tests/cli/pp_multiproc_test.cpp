@@ -112,3 +112,25 @@ TEST(CliPipelineAcrossProcesses, BadRemoteStagesFailWithAMessage) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("--first-layer must be in [1, 4)"), std::string::npos) << r.out;
 }
+
+TEST(CliPipelineAcrossProcesses, AKilledWorkerFailsTheRequestsInsteadOfHanging) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {});
+  ASSERT_GT(port, 0);
+  child_process front("front", {"/bin/sh", "-c",
+                                std::string(TROUPE_CLI) + " bench --remote-stage 127.0.0.1:" + std::to_string(port) +
+                                    " -c 16 -n 5000 --max-tokens 256 --json 2>/dev/null"});
+  // Let requests flow, then kill the worker mid-run.
+  std::this_thread::sleep_for(troupe::test::scaled(3000ms));
+  w->kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string out;
+  while (auto l = front.read_line(60000ms)) out += *l + "\n";
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, troupe::test::scaled(30000ms)) << "the front kept waiting for the dead worker";
+  ASSERT_NE(out.find('{'), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  const auto& level = j["levels"][0];
+  EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(level["completed"].get<int>() + level["failed"].get<int>(), 5000) << j.dump();
+}
