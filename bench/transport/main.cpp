@@ -133,5 +133,51 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  // Overlap: a pipeline step computes a micro-batch and sends its
+  // activations; with overlap the send of step i runs while step i+1
+  // computes. Compute is sized so that the transfers take about half of it.
+  {
+    const std::size_t bytes = quick ? (1u << 20) : (8u << 20), steps = quick ? 10 : 40;
+    std::vector<std::string> argv{TROUPE_TRANSPORT_PEER, "--timeout-ms", "60000"};
+    child_process a("overlap-a", argv), b("overlap-b", argv);
+    auto aa = a.expect("address ", 20000ms), bb = b.expect("address ", 20000ms);
+    std::string peer;
+    if (aa && bb && aa->starts_with("address") && bb->starts_with("address")) {
+      a.send_line("connect " + bb->substr(8));
+      b.send_line("connect " + aa->substr(8));
+      auto pa = a.expect("peer ", 20000ms);
+      b.expect("peer ", 20000ms);
+      if (pa && pa->starts_with("peer")) peer = pa->substr(5);
+    }
+    std::size_t base = 1;
+    auto run = [&](const std::string& mode, std::size_t compute_us) -> double {
+      if (peer.empty()) return -1;
+      if (mode != "compute") b.send_line("overlap_recv " + std::to_string(bytes) + " " + std::to_string(steps) + " " + std::to_string(base));
+      a.send_line("overlap " + peer + " " + std::to_string(bytes) + " " + std::to_string(steps) + " " +
+                  std::to_string(base) + " " + std::to_string(compute_us) + " " + mode);
+      base += steps;
+      auto r = a.expect("ms ", 300000ms);
+      if (mode != "compute") b.expect("ms ", 300000ms);
+      if (!r || !r->starts_with("ms ")) {
+        a.keep_logs = b.keep_logs = true;
+        return -1;
+      }
+      return std::stod(r->substr(3)) / static_cast<double>(steps);
+    };
+    run("transfer", 0);  // warm-up
+    const double transfer = run("transfer", 0);
+    const auto compute_us = static_cast<std::size_t>(std::max(200.0, 2000.0 * transfer));
+    const double compute = run("compute", compute_us);
+    const double seq = run("seq", compute_us);
+    const double over = run("overlap", compute_us);
+    if (transfer <= 0 || compute <= 0 || seq <= 0 || over <= 0) ++failures;
+    const double hidden = seq > compute ? (seq - over) / (seq - compute) : 0;
+    std::printf("\nOverlap, shared memory: %zu MiB of activations per step, %zu steps (ms per step)\n\n",
+                bytes >> 20, steps);
+    std::printf("| transfer alone | compute alone | compute then send | send overlapped | transfer / compute | "
+                "transfer time hidden | step with transfers / without |\n|---|---|---|---|---|---|---|\n");
+    std::printf("| %.3f | %.3f | %.3f | %.3f | %.2f | %.0f%% | %.3f |\n", transfer, compute, seq, over,
+                compute > 0 ? transfer / compute : 0, 100.0 * hidden, compute > 0 ? over / compute : 0);
+  }
   return failures ? 1 : 0;
 }

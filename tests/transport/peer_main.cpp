@@ -10,6 +10,8 @@
 //   sum                                 -> sum FNV  (of the exposed buffer)
 //   put PEER HEXKEY BYTES SEED          -> ok | error MESSAGE
 //   bw_send PEER BYTES ITERS WINDOW     -> gbps X  (bw_recv BYTES ITERS WINDOW on the other side)
+//   overlap PEER BYTES STEPS BASE COMPUTE_US seq|overlap|compute|transfer -> ms T
+//        (overlap_recv BYTES STEPS BASE on the other side)
 //   describe PEER                       -> lanes TEXT (the transports UCX chose)
 //   stats                               -> live_ops N live_regions M stuck K
 //   quit
@@ -245,6 +247,74 @@ int main(int argc, char** argv) {
           std::snprintf(buf, sizeof buf, "gbps %.4f", static_cast<double>(n) * static_cast<double>(iters) / secs / 1e9);
           say(buf);
         }
+      } else if (cmd == "overlap" || cmd == "overlap_recv") {
+        // A pipeline step: compute a micro-batch for COMPUTE_US, send its
+        // BYTES of activations. MODE seq: compute then send and wait;
+        // overlap: send step i-1 while computing step i; compute: no
+        // sends; transfer: sends only. The receiver takes STEPS tensors
+        // (transfer ids BASE..BASE+STEPS-1) straight into place.
+        tr::peer_id peer = 0;
+        if (cmd == "overlap") in >> peer;
+        std::size_t n = 0, steps = 0, base = 0, compute_us = 0;
+        std::string mode;
+        in >> n >> steps >> base;
+        if (cmd == "overlap") in >> compute_us >> mode;
+        tr::chunk_options co;
+        co.chunk_bytes = std::size_t{1} << 20;
+        co.window = 64;  // every chunk posted at once: the sender computes meanwhile
+        co.timeout = opt.default_timeout;
+        tr::tensor_header h;
+        h.type = troupe::kernels::dtype::u8;
+        h.shape = {static_cast<std::int64_t>(n)};
+        std::vector<std::uint8_t> buf(n, 3), next(n, 4);
+        std::string err;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (cmd == "overlap_recv") {
+          for (std::size_t i = 0; i < steps && err.empty(); ++i) {
+            h.transfer_id = base + i;
+            auto r = tr::receive_tensor(e, h, buf.data(), buf.size(), co);
+            if (!r) err = r.error().message;
+          }
+        } else {
+          volatile double sink = 0;
+          auto compute = [&] {  // a fixed amount of FMA work, timed
+            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(compute_us);
+            double acc = 1.0;
+            while (std::chrono::steady_clock::now() < until) {
+              for (int k = 0; k < 256; ++k) acc = acc * 1.0000001 + 1e-9;
+            }
+            sink = sink + acc;
+          };
+          std::unique_ptr<tr::tensor_sender> pending;
+          for (std::size_t i = 0; i < steps && err.empty(); ++i) {
+            h.transfer_id = base + i;
+            if (mode == "compute") {
+              compute();
+            } else if (mode == "transfer") {
+              auto r = tr::send_tensor(e, peer, h, buf.data(), co);
+              if (!r) err = r.error().message;
+            } else if (mode == "seq") {
+              compute();
+              auto r = tr::send_tensor(e, peer, h, buf.data(), co);
+              if (!r) err = r.error().message;
+            } else {  // overlap: step i's data goes out while step i+1 computes
+              compute();
+              if (pending) {
+                if (auto r = pending->finish(); !r) err = r.error().message;
+              }
+              std::swap(buf, next);  // the buffer being sent stays untouched
+              pending = std::make_unique<tr::tensor_sender>(e, peer, h, next.data(), co);
+              if (auto r = pending->start(); !r) err = r.error().message;
+            }
+          }
+          if (pending && err.empty()) {
+            if (auto r = pending->finish(); !r) err = r.error().message;
+          }
+        }
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        char out[64];
+        std::snprintf(out, sizeof out, "ms %.3f", ms);
+        say(err.empty() ? std::string(out) : "error " + one_line(err));
       } else if (cmd == "describe") {
         tr::peer_id peer = 0;
         in >> peer;
