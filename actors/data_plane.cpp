@@ -13,6 +13,11 @@ namespace troupe::actors {
 using kernels::errc;
 using kernels::make_error;
 
+namespace {
+// The largest tensor a peer's ref may ask this process to allocate.
+constexpr std::uint64_t opt_limits_bytes() { return std::uint64_t{16} << 30; }
+}  // namespace
+
 data_plane& data_plane::local() {
   static data_plane d;
   return d;
@@ -111,16 +116,23 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels
   if (ref.dtype > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
     return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": bad dtype in its ref");
   }
+  // The ref came from another process: its shape must be sane before
+  // anything is allocated for it.
+  transport::tensor_header want;
+  want.transfer_id = ref.transfer_id;
+  want.kind = transport::payload::activations;
+  want.type = static_cast<kernels::dtype>(ref.dtype);
+  want.shape = ref.shape;
+  if (auto p = transport::plan_chunks(want, std::size_t{1} << 30); !p || want.total_bytes > opt_limits_bytes()) {
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": its ref describes " +
+                                                  (p ? std::to_string(want.total_bytes) + " bytes, over the limit"
+                                                     : "an impossible tensor: " + p.error().message));
+  }
   kernels::shape_t shape;
   shape.ndim = static_cast<int>(ref.shape.size());
   for (std::size_t i = 0; i < ref.shape.size(); ++i) shape.dims[i] = ref.shape[i];
   auto t = kernels::tensor::empty(pool, static_cast<kernels::dtype>(ref.dtype), shape);
   if (!t) return std::unexpected(t.error());
-  transport::tensor_header want;
-  want.transfer_id = ref.transfer_id;
-  want.kind = transport::payload::activations;
-  want.type = t->type();
-  want.shape = ref.shape;
   transport::chunk_options opt;
   {
     std::lock_guard lk(mtx_);
