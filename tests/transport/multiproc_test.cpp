@@ -174,3 +174,53 @@ TEST(Multiproc, KilledSenderFailsTheReceiveClearly) {
   ASSERT_TRUE(st);
   EXPECT_EQ(*st, "live_ops 0 live_regions 0 stuck 0");
 }
+
+// A ring all-reduce among processes: every rank gets the exact sum.
+void ring_of_processes(int n, const std::vector<std::string>& args, const std::vector<std::vector<std::string>>& prefix,
+                       const std::vector<std::vector<std::string>>& extra) {
+  std::vector<std::unique_ptr<child_process>> ps;
+  std::vector<std::string> addrs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> argv = prefix.empty() ? std::vector<std::string>{} : prefix[static_cast<std::size_t>(i)];
+    argv.push_back(TROUPE_TRANSPORT_PEER);
+    argv.insert(argv.end(), args.begin(), args.end());
+    if (!extra.empty()) argv.insert(argv.end(), extra[static_cast<std::size_t>(i)].begin(), extra[static_cast<std::size_t>(i)].end());
+    ps.push_back(std::make_unique<child_process>("rank" + std::to_string(i), argv));
+    auto a = ps.back()->expect("address ", 20000ms);
+    ASSERT_TRUE(a && a->starts_with("address ")) << a.value_or("(nothing)");
+    addrs.push_back(a->substr(8));
+  }
+  std::vector<std::string> next(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ps[static_cast<std::size_t>(i)]->send_line("connect " + addrs[static_cast<std::size_t>((i + 1) % n)]);
+    auto p = ps[static_cast<std::size_t>(i)]->expect("peer ", 20000ms);
+    ASSERT_TRUE(p && p->starts_with("peer ")) << p.value_or("(nothing)");
+    next[static_cast<std::size_t>(i)] = p->substr(5);
+  }
+  const std::size_t count = 1000003;
+  std::vector<float> want(count, 0.f);
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < count; ++i) want[i] += static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 201) - 100);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(troupe::transport::fnv1a64(
+                    std::span(reinterpret_cast<const std::uint8_t*>(want.data()), want.size() * 4))));
+  for (int i = 0; i < n; ++i) {
+    ps[static_cast<std::size_t>(i)]->send_line("allreduce " + next[static_cast<std::size_t>(i)] + " " + std::to_string(i) +
+                                               " " + std::to_string(n) + " " + std::to_string(count) + " 1");
+  }
+  for (int i = 0; i < n; ++i) {
+    auto s = ps[static_cast<std::size_t>(i)]->expect("sum ", 60000ms);
+    ASSERT_TRUE(s) << "rank " << i << " gave no answer";
+    EXPECT_EQ(*s, std::string("sum ") + buf) << "rank " << i;
+  }
+}
+
+TEST(Multiproc, RingAllReduceOfThreeProcesses) { ring_of_processes(3, {"--timeout-ms", "20000"}, {}, {}); }
+
+TEST(Multiproc, RingAllReduceBetweenNetworkNamespaces) {
+  troupe::test::netns_pair ns(3);
+  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  ring_of_processes(2, {"--tls", "tcp", "--timeout-ms", "20000"}, {ns.exec_in(true), ns.exec_in(false)},
+                    {{"--net-devices", ns.device(true)}, {"--net-devices", ns.device(false)}});
+}

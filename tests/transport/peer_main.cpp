@@ -12,6 +12,7 @@
 //   bw_send PEER BYTES ITERS WINDOW     -> gbps X  (bw_recv BYTES ITERS WINDOW on the other side)
 //   overlap PEER BYTES STEPS BASE COMPUTE_US seq|overlap|compute|transfer -> ms T
 //        (overlap_recv BYTES STEPS BASE on the other side)
+//   allreduce NEXT RANK SIZE COUNT ID   -> sum FNV (ring all-reduce; NEXT = peer id of rank+1)
 //   describe PEER                       -> lanes TEXT (the transports UCX chose)
 //   stats                               -> live_ops N live_regions M stuck K
 //   quit
@@ -27,6 +28,7 @@
 #include <thread>
 
 #include "transport/chunked.hpp"
+#include "transport/collectives.hpp"
 #include "transport/framing.hpp"
 #include "transport/ucx_engine.hpp"
 
@@ -315,6 +317,22 @@ int main(int argc, char** argv) {
         char out[64];
         std::snprintf(out, sizeof out, "ms %.3f", ms);
         say(err.empty() ? std::string(out) : "error " + one_line(err));
+      } else if (cmd == "allreduce") {
+        // Ring all-reduce of COUNT floats, value i on this rank
+        // ((i * 7 + rank * 13) % 201) - 100; answers the FNV of the result.
+        tr::ring r;
+        std::size_t count = 0;
+        std::uint64_t id = 0;
+        in >> r.next >> r.rank >> r.size >> count >> id;
+        r.engine = &e;
+        r.timeout = opt.default_timeout;
+        std::vector<float> v(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r.rank) * 13) % 201) - 100);
+        auto res = tr::ring_allreduce_sum(r, v.data(), v.size(), id);
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%016llx",
+                      static_cast<unsigned long long>(tr::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 4))));
+        say(res ? std::string("sum ") + buf : "error " + one_line(res.error().message));
       } else if (cmd == "describe") {
         tr::peer_id peer = 0;
         in >> peer;
