@@ -1,5 +1,7 @@
 #include "models/llama.hpp"
 
+#include <cstring>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -49,7 +51,8 @@ result<layer_range> resolve_range(const llama_config& cfg, const layer_range& ra
 result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
                                                        kernels::cpu::context& ctx,
                                                        const quant_plan& plan,
-                                                       const layer_range& range) {
+                                                       const layer_range& range,
+                                                       const tensor_split& split) {
   auto src = weight_source::open(path);
   if (!src) return std::unexpected(src.error());
   result<llama_config> cfg = make_error(errc::internal, "");
@@ -63,20 +66,36 @@ result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
     cfg = load_llama_config(dir + "/config.json");
   }
   if (!cfg) return std::unexpected(cfg.error());
-  return build(**src, *cfg, ctx, plan, range);
+  return build(**src, *cfg, ctx, plan, range, split);
 }
 
 result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src,
                                                         const llama_config& cfg,
                                                         kernels::cpu::context& ctx,
                                                         const quant_plan& plan,
-                                                        const layer_range& range) {
+                                                        const layer_range& range,
+                                                        const tensor_split& split) {
   auto resolved = resolve_range(cfg, range);
   if (!resolved)
     return make_error(resolved.error().code, src.path() + ": " + resolved.error().message);
+  if (split.size < 1 || split.rank < 0 || split.rank >= split.size)
+    return make_error(errc::invalid_argument, "tensor split: rank " + std::to_string(split.rank) + " of " +
+                                                  std::to_string(split.size));
+  if (split.size > 1) {
+    if (cfg.num_heads % split.size || cfg.num_kv_heads % split.size || cfg.intermediate_size % split.size)
+      return make_error(errc::invalid_argument,
+                        "tensor split in " + std::to_string(split.size) + ": heads (" + std::to_string(cfg.num_heads) +
+                            "), KV heads (" + std::to_string(cfg.num_kv_heads) + ") and FFN width (" +
+                            std::to_string(cfg.intermediate_size) + ") must divide evenly");
+    if (!split.all_reduce) return make_error(errc::invalid_argument, "tensor split without an all-reduce");
+  }
   std::unique_ptr<llama_model> m(new llama_model());
   m->cfg_ = cfg;
   m->range_ = *resolved;
+  m->split_ = split;
+  m->nh_ = cfg.num_heads / split.size;
+  m->nkv_ = cfg.num_kv_heads / split.size;
+  m->ffn_ = cfg.intermediate_size / split.size;
   auto& pool = ctx.memory();
   const std::int64_t H = cfg.hidden_size, D = cfg.head_dim;
   auto expect_shape = [&](const std::string& name, const tensor& t, std::int64_t rows,
@@ -102,6 +121,33 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
     if (!w) return std::unexpected(w.error());
     return check(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
   };
+  // This rank's slice of a [rows, cols] matrix: rows [r0, r0 + nr) and
+  // columns [c0, c0 + nc) (columns in whole quantization blocks).
+  auto sliced = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t r0, std::int64_t nr,
+                    std::int64_t c0, std::int64_t nc) -> result<kernels::packed_matrix> {
+    if (split.size == 1) return packed(name, rows, cols);
+    auto t = src.get(name);
+    if (!t) return std::unexpected(t.error());
+    if (auto r = expect_shape(name, *t, rows, cols); !r) return std::unexpected(r.error());
+    if (!t->is_contiguous()) return make_error(errc::unsupported_op, src.file_name(name) + ": not contiguous");
+    const auto full = kernels::row_bytes(t->type(), cols);
+    const auto skip = kernels::row_bytes(t->type(), c0);
+    const auto width = kernels::row_bytes(t->type(), nc);
+    if (!full || !skip || !width)
+      return make_error(errc::invalid_argument, src.file_name(name) + ": a tensor-parallel slice of " +
+                                                    std::to_string(nc) + " columns is not whole " +
+                                                    std::string(kernels::to_string(t->type())) + " blocks");
+    auto part = tensor::empty(pool, t->type(), {nr, nc});
+    if (!part) return std::unexpected(part.error());
+    const auto* from = static_cast<const std::uint8_t*>(t->data());
+    auto* to = static_cast<std::uint8_t*>(part->data());
+    for (std::int64_t r = 0; r < nr; ++r)
+      std::memcpy(to + static_cast<std::size_t>(r) * *width,
+                  from + static_cast<std::size_t>(r0 + r) * *full + *skip, *width);
+    auto w = check(convert_weight(pool, *part, plan.choose(name, t->type()), plan.int4_group), src.file_name(name));
+    if (!w) return std::unexpected(w.error());
+    return check(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
+  };
   auto vec = [&](const std::string& name, std::int64_t n) -> result<tensor> {
     auto t = src.get(name);
     if (!t) return std::unexpected(t.error());
@@ -123,15 +169,19 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
     struct mat {
       const char* name;
       kernels::packed_matrix* out;
-      std::int64_t rows, cols;
+      std::int64_t rows, cols, r0, nr, c0, nc;  // full shape, this rank's slice
     };
-    for (auto [name, out, rows, cols] :
-         {mat{"q_proj", &L.q, cfg.num_heads * D, H}, mat{"k_proj", &L.k, cfg.num_kv_heads * D, H},
-          mat{"v_proj", &L.v, cfg.num_kv_heads * D, H}, mat{"o_proj", &L.o, H, cfg.num_heads * D},
-          mat{"gate_proj", &L.gate, cfg.intermediate_size, H},
-          mat{"up_proj", &L.up, cfg.intermediate_size, H},
-          mat{"down_proj", &L.down, H, cfg.intermediate_size}}) {
-      auto w = packed(p + name, rows, cols);
+    const std::int64_t k = split.rank, NHl = m->nh_, NKVl = m->nkv_, Fl = m->ffn_;
+    const std::int64_t NH = cfg.num_heads, NKV = cfg.num_kv_heads, F = cfg.intermediate_size;
+    for (auto [name, out, rows, cols, r0, nr, c0, nc] :
+         {mat{"q_proj", &L.q, NH * D, H, k * NHl * D, NHl * D, 0, H},
+          mat{"k_proj", &L.k, NKV * D, H, k * NKVl * D, NKVl * D, 0, H},
+          mat{"v_proj", &L.v, NKV * D, H, k * NKVl * D, NKVl * D, 0, H},
+          mat{"o_proj", &L.o, H, NH * D, 0, H, k * NHl * D, NHl * D},
+          mat{"gate_proj", &L.gate, F, H, k * Fl, Fl, 0, H},
+          mat{"up_proj", &L.up, F, H, k * Fl, Fl, 0, H},
+          mat{"down_proj", &L.down, H, F, 0, H, k * Fl, Fl}}) {
+      auto w = sliced(p + name, rows, cols, r0, nr, c0, nc);
       if (!w) return std::unexpected(w.error());
       *out = std::move(*w);
     }
@@ -185,7 +235,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
 
 result<kv_cache> llama_model::make_cache(kernels::memory_pool& pool, const kv_options& opts) const {
   return kv_cache::create(pool, static_cast<int>(layers_.size()),
-                          static_cast<int>(cfg_.num_kv_heads), static_cast<int>(cfg_.head_dim),
+                          static_cast<int>(nkv_), static_cast<int>(cfg_.head_dim),
                           opts);
 }
 
@@ -211,6 +261,7 @@ std::string llama_model::describe() const {
   if (!is_full())
     s += " [" + std::to_string(range_.first) + ", " + std::to_string(range_.last) + ") of " +
          std::to_string(cfg_.num_layers);
+  if (split_.size > 1) s += " tensor slice " + std::to_string(split_.rank) + "/" + std::to_string(split_.size);
   s += " matrices:";
   for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
   if (range_.embed) s += " embed=" + std::string(kernels::to_string(embed_.format));
@@ -329,9 +380,9 @@ result<llama_model::step_plan> llama_model::layers_step(
   auto total = check_inputs(inputs, false);
   if (!total) return std::unexpected(total.error());
   const std::int64_t T = *total;
-  const std::int64_t H = cfg_.hidden_size, D = cfg_.head_dim, NH = cfg_.num_heads,
-                     NKV = cfg_.num_kv_heads;
-  const std::int64_t F = cfg_.intermediate_size;
+  // This rank's heads and FFN width (all of them without a tensor split).
+  const std::int64_t H = cfg_.hidden_size, D = cfg_.head_dim, NH = nh_, NKV = nkv_;
+  const std::int64_t F = ffn_;
   if (auto r = check_hidden(x, T, H, "run_layers"); !r) return std::unexpected(r.error());
   // A cache that frees blocks behind a window only works with that window.
   kernels::attention_options attn = attn_in;
@@ -408,12 +459,14 @@ result<llama_model::step_plan> llama_model::layers_step(
     }
     TRY(kernels::attention_paged(ctx, kv, seqs, attn));
     TRY(kernels::matmul(ctx, *att, L.o, *proj));
+    if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the heads' partial sums
     TRY(kernels::add(ctx, x, *proj, x));
     TRY(kernels::rms_norm(ctx, x, L.post_norm, eps, *h));
     TRY(kernels::matmul(ctx, *h, L.gate, *g));
     TRY(kernels::matmul(ctx, *h, L.up, *u));
     TRY(kernels::swiglu(ctx, *g, *u, *g));
     TRY(kernels::matmul(ctx, *g, L.down, *proj));
+    if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the FFN slices' partial sums
     TRY(kernels::add(ctx, x, *proj, x));
   }
   return plan;

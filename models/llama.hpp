@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -37,6 +38,20 @@ struct layer_range {
   bool head = true;   ///< holds the final norm and LM head (last stage)
 };
 
+/// Tensor parallelism: this model holds rank `rank` of `size` slices of
+/// every layer: its share of the attention heads (q rows, k/v rows of its KV
+/// heads, o_proj columns) and of the FFN (gate/up rows, down_proj columns).
+/// The attention output and FFN down projections give partial sums, which
+/// `all_reduce` must sum over the ranks in place (f32 [T, hidden]; e.g.
+/// transport::ring_allreduce_sum between processes). Embedding, norms and
+/// LM head are replicated, so every rank computes the same logits. Sums are
+/// split differently from one process: results agree to rounding, not bits.
+struct tensor_split {
+  int rank = 0;
+  int size = 1;
+  std::function<result<void>(kernels::tensor&)> all_reduce;
+};
+
 /// A LLaMA decoder over the CPU kernels: weights packed once at load,
 /// batched forward over sequences of different lengths (prefill chunks and
 /// decode tokens together). A sequence's logits are bit-identical whatever
@@ -53,7 +68,8 @@ class llama_model {
   static result<std::unique_ptr<llama_model>> load(const std::string& path,
                                                    kernels::cpu::context& ctx,
                                                    const quant_plan& plan = {},
-                                                   const layer_range& range = {});
+                                                   const layer_range& range = {},
+                                                   const tensor_split& split = {});
   /// Builds from an open source (the source may be dropped afterwards),
   /// holding the layers [range.first, range.last) and, as `range` says, the
   /// embedding table and the final norm + LM head. A range that does not fit
@@ -64,7 +80,8 @@ class llama_model {
                                                     const llama_config& cfg,
                                                     kernels::cpu::context& ctx,
                                                     const quant_plan& plan,
-                                                    const layer_range& range = {});
+                                                    const layer_range& range = {},
+                                                    const tensor_split& split = {});
 
   const llama_config& config() const { return cfg_; }
   /// The part of the decoder held, with `last` resolved (never -1).
@@ -129,6 +146,8 @@ class llama_model {
 
   llama_config cfg_;
   layer_range range_;
+  tensor_split split_;
+  std::int64_t nh_ = 0, nkv_ = 0, ffn_ = 0;  // this rank's heads, KV heads, FFN width
   kernels::weight_matrix embed_;
   kernels::packed_matrix lm_head_;
   kernels::tensor norm_;
