@@ -161,18 +161,16 @@ result<tensor_header> tensor_receiver::take_header() {
   return h;
 }
 
-result<tensor_header> tensor_receiver::receive(const std::function<result<void>(const chunk_view&)>& consume) {
-  auto h = take_header();
-  if (!h) return h;
-  const std::size_t window = std::min<std::size_t>(opt_.window, std::max<std::uint32_t>(h->chunk_count, 1));
-  std::vector<std::vector<std::uint8_t>> staging(window, std::vector<std::uint8_t>(h->chunk_bytes));
-  const std::string where = "transfer " + std::to_string(h->transfer_id) + ": ";
+result<void> tensor_receiver::receive_chunks(const tensor_header& h, std::size_t window,
+                                             const std::function<void*(std::uint32_t)>& dest,
+                                             const std::function<result<void>(std::uint32_t, std::size_t)>& done) {
+  const std::string where = "transfer " + std::to_string(h.transfer_id) + ": ";
   auto post_chunk = [&](std::uint32_t i) -> result<void> {
     op_spec s;
     s.kind = op_kind::recv;
-    s.tag = chunk_tag(h->transfer_id, i);
-    s.local = staging[i % window].data();
-    s.bytes = chunk_size(*h, i);
+    s.tag = chunk_tag(h.transfer_id, i);
+    s.local = dest(i);
+    s.bytes = chunk_size(h, i);
     s.timeout = opt_.timeout;
     auto op = post_op(engine_, s);
     if (!op) return std::unexpected(op.error());
@@ -180,65 +178,54 @@ result<tensor_header> tensor_receiver::receive(const std::function<result<void>(
     return {};
   };
   std::uint32_t posted = 0;
-  while (posted < h->chunk_count && posted < window) {
-    if (auto p = post_chunk(posted++); !p) return std::unexpected(p.error());
+  while (posted < h.chunk_count && posted < window) {
+    if (auto p = post_chunk(posted++); !p) return p;
   }
-  for (std::uint32_t i = 0; i < h->chunk_count; ++i) {
+  for (std::uint32_t i = 0; i < h.chunk_count; ++i) {
     auto st = await(engine_, ops_.front());
     engine_.release(ops_.front());
     ops_.erase(ops_.begin());
     if (!st) return make_error(st.error().code, where + "chunk " + std::to_string(i) + ": " + st.error().message);
-    if (st->bytes != chunk_size(*h, i)) {
+    if (st->bytes != chunk_size(h, i)) {
       return make_error(errc::corrupt_data, where + "chunk " + std::to_string(i) + " has " + std::to_string(st->bytes) +
-                                                " bytes, the header says " + std::to_string(chunk_size(*h, i)));
+                                                " bytes, the header says " + std::to_string(chunk_size(h, i)));
     }
-    chunk_view v{i, std::uint64_t{i} * h->chunk_bytes, staging[i % window].data(), st->bytes};
-    if (auto c = consume(v); !c) return std::unexpected(c.error());
-    // The staging buffer is free again: the chunk `window` ahead goes there.
-    if (posted < h->chunk_count) {
-      if (auto p = post_chunk(posted++); !p) return std::unexpected(p.error());
+    if (auto c = done(i, st->bytes); !c) return c;
+    // Chunk i's buffer is free again: the chunk `window` ahead may go there.
+    if (posted < h.chunk_count) {
+      if (auto p = post_chunk(posted++); !p) return p;
     }
   }
+  return {};
+}
+
+result<tensor_header> tensor_receiver::receive(const std::function<result<void>(const chunk_view&)>& consume) {
+  auto h = take_header();
+  if (!h) return h;
+  const std::size_t window = std::min<std::size_t>(opt_.window, std::max<std::uint32_t>(h->chunk_count, 1));
+  std::vector<std::vector<std::uint8_t>> staging(window, std::vector<std::uint8_t>(h->chunk_bytes));
+  auto r = receive_chunks(
+      *h, window, [&](std::uint32_t i) -> void* { return staging[i % window].data(); },
+      [&](std::uint32_t i, std::size_t bytes) {
+        return consume(chunk_view{i, std::uint64_t{i} * h->chunk_bytes, staging[i % window].data(), bytes});
+      });
+  if (!r) return std::unexpected(r.error());
   return h;
 }
 
 result<tensor_header> tensor_receiver::receive_into(void* dst, std::size_t capacity) {
   auto h = take_header();
   if (!h) return h;
-  const std::string where = "transfer " + std::to_string(h->transfer_id) + ": ";
   if (h->total_bytes > capacity) {
-    return make_error(errc::invalid_argument, where + std::to_string(h->total_bytes) + " bytes do not fit the " +
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(h->transfer_id) + ": " +
+                                                  std::to_string(h->total_bytes) + " bytes do not fit the " +
                                                   std::to_string(capacity) + "-byte destination");
   }
   auto* out = static_cast<std::uint8_t*>(dst);
-  auto post_chunk = [&](std::uint32_t i) -> result<void> {
-    op_spec s;
-    s.kind = op_kind::recv;
-    s.tag = chunk_tag(h->transfer_id, i);
-    s.local = out + std::uint64_t{i} * h->chunk_bytes;
-    s.bytes = chunk_size(*h, i);
-    s.timeout = opt_.timeout;
-    auto op = post_op(engine_, s);
-    if (!op) return std::unexpected(op.error());
-    ops_.push_back(*op);
-    return {};
-  };
-  std::uint32_t posted = 0;
-  while (posted < h->chunk_count && posted < opt_.window) {
-    if (auto p = post_chunk(posted++); !p) return std::unexpected(p.error());
-  }
-  for (std::uint32_t i = 0; i < h->chunk_count; ++i) {
-    auto st = await(engine_, ops_.front());
-    engine_.release(ops_.front());
-    ops_.erase(ops_.begin());
-    if (!st) return make_error(st.error().code, where + "chunk " + std::to_string(i) + ": " + st.error().message);
-    if (st->bytes != chunk_size(*h, i)) {
-      return make_error(errc::corrupt_data, where + "chunk " + std::to_string(i) + " is short");
-    }
-    if (posted < h->chunk_count) {
-      if (auto p = post_chunk(posted++); !p) return std::unexpected(p.error());
-    }
-  }
+  auto r = receive_chunks(
+      *h, opt_.window, [&](std::uint32_t i) -> void* { return out + std::uint64_t{i} * h->chunk_bytes; },
+      [](std::uint32_t, std::size_t) -> result<void> { return {}; });
+  if (!r) return std::unexpected(r.error());
   return h;
 }
 

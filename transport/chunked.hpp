@@ -92,6 +92,10 @@ class tensor_receiver {
 
  private:
   result<tensor_header> take_header();
+  // Posts chunk receives into dest(i), `window` ahead, and calls done(i,
+  // bytes) for each in order once it has arrived whole.
+  result<void> receive_chunks(const tensor_header& h, std::size_t window, const std::function<void*(std::uint32_t)>& dest,
+                              const std::function<result<void>(std::uint32_t, std::size_t)>& done);
   transfer_engine& engine_;
   tensor_header expected_;
   chunk_options opt_;

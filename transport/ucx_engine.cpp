@@ -88,7 +88,7 @@ struct ucx_engine::impl {
   // Released while UCX still owned their requests (a send to a dead peer
   // without peer error handling): freed once UCX completes them.
   std::list<std::unique_ptr<op_rec>> orphans;
-  std::vector<ucp_ep_h> closing;  // endpoint close requests to finish
+  std::vector<void*> closing;  // endpoint close requests to finish
 
   ~impl() {
     stop_progress_thread();
@@ -203,21 +203,13 @@ struct ucx_engine::impl {
     prm.flags = (peer_mode || p.failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* r = ucp_ep_close_nbx(p.ep, &prm);
     p.ep = nullptr;
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(static_cast<ucp_ep_h>(r));
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
   }
 
   void finish_closing(std::chrono::milliseconds limit) {
     const auto until = clock::now() + limit;
     while (!closing.empty() && clock::now() < until) {
-      progress();
-      for (auto it = closing.begin(); it != closing.end();) {
-        if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
-          ucp_request_free(*it);
-          it = closing.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      progress();  // frees the close requests that are done
     }
   }
 
