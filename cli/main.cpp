@@ -1,5 +1,6 @@
 // The `troupe` command. Subcommands arrive with their issues; this one
 // lists devices and runs the kernel benchmark.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -40,6 +41,9 @@ std::string troupe::cli::bundled_model_path() {
 }
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the answer (and --json) for scripts.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
   CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
   app.require_subcommand(1);
   auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
