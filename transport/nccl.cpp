@@ -53,15 +53,6 @@ result<device_buffer> device_buffer::alloc(int device, std::size_t bytes) {
   b.device_ = device;
   return b;
 }
-device_buffer::device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
-  o.ptr_ = nullptr;
-}
-device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
-  std::swap(ptr_, o.ptr_);
-  std::swap(bytes_, o.bytes_);
-  std::swap(device_, o.device_);
-  return *this;
-}
 device_buffer::~device_buffer() {
   if (ptr_) {
     cudaSetDevice(device_);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/status.hpp"
@@ -21,8 +22,13 @@ class device_buffer {
  public:
   static kernels::result<device_buffer> alloc(int device, std::size_t bytes);
   device_buffer() = default;
-  device_buffer(device_buffer&& o) noexcept;
-  device_buffer& operator=(device_buffer&& o) noexcept;
+  device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) { o.ptr_ = nullptr; }
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(device_, o.device_);
+    return *this;
+  }
   ~device_buffer();
   kernels::result<void> upload(std::span<const std::uint8_t> host);
   kernels::result<void> download(std::span<std::uint8_t> host) const;

@@ -12,15 +12,6 @@ kernels::error unavailable() {
 struct nccl_group::impl {};
 
 kernels::result<device_buffer> device_buffer::alloc(int, std::size_t) { return std::unexpected(unavailable()); }
-device_buffer::device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
-  o.ptr_ = nullptr;
-}
-device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
-  std::swap(ptr_, o.ptr_);
-  std::swap(bytes_, o.bytes_);
-  std::swap(device_, o.device_);
-  return *this;
-}
 device_buffer::~device_buffer() = default;
 kernels::result<void> device_buffer::upload(std::span<const std::uint8_t>) { return std::unexpected(unavailable()); }
 kernels::result<void> device_buffer::download(std::span<std::uint8_t>) const { return std::unexpected(unavailable()); }

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "tests/multiproc.hpp"
+#include "tests/transport/pattern.hpp"
 #include "transport/framing.hpp"
 
 using namespace std::chrono_literals;
@@ -14,16 +15,10 @@ using troupe::test::child_process;
 
 namespace {
 
-// The bytes the peer sends for SEED (same generator as peer_main.cpp).
+// The checksum of the bytes the peer sends for SEED.
 std::string pattern_fnv(std::size_t n, std::uint64_t seed) {
   std::vector<std::uint8_t> v(n);
-  std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<std::uint8_t>(x);
-  }
+  troupe::test::fill_pattern(v, seed);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(troupe::transport::fnv1a64(v)));
   return buf;

@@ -18,7 +18,7 @@
 //   quit
 //
 // DIMS is comma-separated; the sent data is a pattern from SEED
-// (pattern_byte below), so the parent can compute the expected checksum.
+// (tests/transport/pattern.hpp), so the parent can compute the expected checksum.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/transport/pattern.hpp"
 #include "transport/chunked.hpp"
 #include "transport/collectives.hpp"
 #include "transport/framing.hpp"
@@ -60,15 +61,7 @@ std::vector<std::int64_t> dims(const std::string& s) {
   return v;
 }
 
-void fill(std::vector<std::uint8_t>& v, std::uint64_t seed) {
-  std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<std::uint8_t>(x);
-  }
-}
+void fill(std::vector<std::uint8_t>& v, std::uint64_t seed) { troupe::test::fill_pattern(v, seed); }
 
 void say(const std::string& s) {
   std::fputs((s + "\n").c_str(), stdout);
