@@ -90,7 +90,12 @@ int run_worker(const worker_args& a) {
   actors::stage_handles handles{shard, kv_store, range.first, range.last, dp.address()};
   auto host = sys.spawn([handles]() -> actors::stage_host_actor::behavior_type {
     return {
-        [=](actors::stage_atom) { return handles; },
+        [=](actors::stage_atom) {
+          // A front joined: said on stdout too, so scripts can wait for it.
+          std::printf("troupe worker: serving layers [%d,%d) to a front\n", handles.first_layer, handles.last_layer);
+          std::fflush(stdout);
+          return handles;
+        },
         [](actors::version_atom) { return actors::protocol_version; },
     };
   });

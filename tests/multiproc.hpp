@@ -158,6 +158,24 @@ class child_process {
     pid_ = -1;
   }
 
+  /// Waits up to `limit` for the child to exit by itself; how it ended
+  /// ("exit N", "signal N"), or "still running".
+  std::string wait_exit(std::chrono::milliseconds limit) {
+    if (pid_ <= 0) return "not running";
+    const auto until = std::chrono::steady_clock::now() + scaled(limit);
+    for (;;) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        if (WIFEXITED(st)) return "exit " + std::to_string(WEXITSTATUS(st));
+        if (WIFSIGNALED(st)) return "signal " + std::to_string(WTERMSIG(st));
+        return "ended";
+      }
+      if (std::chrono::steady_clock::now() >= until) return "still running";
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
  private:
   static int& counter() {
     static int c = 0;

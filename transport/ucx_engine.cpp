@@ -2,6 +2,9 @@
 
 #include <poll.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
+
+#include <cstdarg>
 
 #include <algorithm>
 #include <atomic>
@@ -355,10 +358,36 @@ result<op_status> run_op(transfer_engine& engine, const op_spec& spec) {
   }
 }
 
+namespace {
+
+// UCX writes its log lines (warnings about a dead peer's unmatched
+// messages, for instance) to stdout by default, where troupe prints
+// answers and JSON. Unless the user chose a log file (UCX_LOG_FILE), they
+// go to stderr, prefixed "[ucx]".
+ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*, ucs_log_level_t level,
+                                const ucs_log_component_config_t* comp, const char* format, va_list ap) {
+  if (comp && level > comp->log_level) return UCS_LOG_FUNC_RC_STOP;
+  const char* base = std::strrchr(file, '/');
+  char msg[1024];
+  std::vsnprintf(msg, sizeof msg, format, ap);
+  std::fprintf(stderr, "[ucx] %s %s:%u %s\n", ucs_log_level_names[level], base ? base + 1 : file, line, msg);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void route_ucx_log() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!std::getenv("UCX_LOG_FILE")) ucs_log_push_handler(&log_to_stderr);
+  });
+}
+
+}  // namespace
+
 ucx_engine::ucx_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 ucx_engine::~ucx_engine() = default;
 
 result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& options) {
+  route_ucx_log();
   auto p = std::make_unique<impl>();
   p->opt = options;
   if (options.default_timeout.count() <= 0) return make_error(errc::invalid_argument, "ucx: default_timeout must be positive");

@@ -119,19 +119,21 @@ TEST(CliPipelineAcrossProcesses, AKilledWorkerFailsTheRequestsInsteadOfHanging) 
   ASSERT_GT(port, 0);
   child_process front("front", {"/bin/sh", "-c",
                                 std::string(TROUPE_CLI) + " bench --remote-stage 127.0.0.1:" + std::to_string(port) +
-                                    " -c 16 -n 5000 --max-tokens 256 --json 2>/dev/null"});
-  // Let requests flow, then kill the worker mid-run.
-  std::this_thread::sleep_for(troupe::test::scaled(3000ms));
+                                    " -c 16 -n 5000 --max-tokens 256 --json"});
+  // Once the front has joined, let requests flow, then kill the worker
+  // mid-run. (Killing it before the front joined tests a failed start,
+  // which BadRemoteStagesFailWithAMessage covers.)
+  ASSERT_TRUE(w->expect("troupe worker: serving", 60000ms)) << "the front never joined";
+  std::this_thread::sleep_for(troupe::test::scaled(1500ms));
   w->kill();
   const auto t0 = std::chrono::steady_clock::now();
   std::string out;
-  // UCX prints its own warnings (a dead peer's unmatched messages) on
-  // stdout, lines starting with '[': they are not part of the JSON.
-  while (auto l = front.read_line(60000ms))
-    if (!l->starts_with("[")) out += *l + "\n";
+  while (auto l = front.read_line(60000ms)) out += *l + "\n";
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(took, troupe::test::scaled(30000ms)) << "the front kept waiting for the dead worker";
-  ASSERT_NE(out.find('{'), std::string::npos) << out;
+  const std::string ended = front.wait_exit(10000ms);
+  ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
+  EXPECT_EQ(ended, "exit 0");
   const auto j = nlohmann::json::parse(out.substr(out.find('{')));
   const auto& level = j["levels"][0];
   EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
