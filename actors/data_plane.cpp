@@ -67,6 +67,13 @@ kernels::result<void> data_plane::connect(const std::string& key, std::span<cons
   return {};
 }
 
+std::optional<transport::peer_id> data_plane::peer(const std::string& key) const {
+  std::lock_guard lk(mtx_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
 bool data_plane::reachable(const std::string& key) const {
   std::lock_guard lk(mtx_);
   return peers_.count(key) != 0;

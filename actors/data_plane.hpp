@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -56,6 +57,8 @@ class data_plane {
   /// Makes a peer process reachable under `key` (e.g. its CAF node id).
   kernels::result<void> connect(const std::string& key, std::span<const std::uint8_t> address);
   bool reachable(const std::string& key) const;
+  /// The engine's peer id of `key` (for collectives over the same engine).
+  std::optional<transport::peer_id> peer(const std::string& key) const;
 
   /// Parks `t` for a receiver in this process.
   tensor_ref park(const std::string& device, kernels::tensor t);

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace troupe::actors {
 
 namespace {
@@ -88,15 +90,27 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
     // process died, the connection broke) the pipeline cannot go on and the
     // scheduler fails its requests with the reason.
     if (st.setup.remote_tail) self->monitor(st.setup.remote_tail->shard);
+    for (const auto& p : st.setup.tp_peers) self->monitor(p.shard);
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& st = self->state;
-      if (st.setup.remote_tail && st.setup.remote_tail->shard.address() == dm.source) {
-        st.status.last_failure = "the remote stage (troupe worker) is gone: " + self->system().render(dm.reason);
+      const bool tail_gone = st.setup.remote_tail && st.setup.remote_tail->shard.address() == dm.source;
+      const auto peer = std::find_if(st.setup.tp_peers.begin(), st.setup.tp_peers.end(),
+                                     [&](const stage_handles& p) { return p.shard.address() == dm.source; });
+      if (tail_gone || peer != st.setup.tp_peers.end()) {
+        st.status.last_failure =
+            (tail_gone ? std::string("the remote stage (troupe worker) is gone: ")
+                       : "tensor-parallel rank " + std::to_string(peer->tp_rank) + " (troupe worker) is gone: ") +
+            self->system().render(dm.reason);
+        if (st.status.failed) return;
+        // A stage blocked in an all-reduce with the lost rank gives up now.
+        for (auto& r : st.setup.stages)
+          if (r->tp) r->tp->broken = true;
         spdlog::error("node: {}", st.status.last_failure);
         st.status.failed = true;
         kill_all(st.shards);
         kill_all(st.kv_stores);
         st.setup.remote_tail.reset();
+        st.setup.tp_peers.clear();
         publish(self);
         self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{}, std::vector<kv_store_actor>{});
         return;
@@ -125,9 +139,26 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
                      st.setup.opts.max_restarts);
         kill_all(st.shards);
         kill_all(st.kv_stores);
-        spawn_pipeline(self);
-        publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, all_shards(st), all_kv_stores(st));
+        auto respawn = [self] {
+          auto& st = self->state;
+          if (st.status.failed) return;
+          spawn_pipeline(self);
+          publish(self);
+          self->send(st.setup.scheduler, reset_atom::value, all_shards(st), all_kv_stores(st));
+        };
+        if (st.setup.tp_peers.empty()) {
+          respawn();
+        } else {
+          // The other ranks' KV must be empty before the new pipeline's
+          // first step reaches them.
+          auto left = std::make_shared<std::size_t>(st.setup.tp_peers.size());
+          for (const auto& p : st.setup.tp_peers)
+            self->request(p.kv, caf::infinite, reset_atom::value)
+                .then([left, respawn](std::int64_t) {
+                  if (--*left == 0) respawn();
+                },
+                      [](caf::error&) {});  // a rank that is gone: its down message fails the node
+        }
       } else {
         spdlog::warn("node: {}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
                      st.setup.opts.max_restarts);

@@ -33,6 +33,10 @@ struct node_setup {
   /// The last stages, served by another process (`troupe worker`): the
   /// local shards feed it; the node neither supervises nor stops it.
   std::optional<stage_handles> remote_tail;
+  /// The other ranks of the (single) stage's tensor-parallel group, served
+  /// by other processes: monitored like the remote tail, and their KV
+  /// cleared before a restarted pipeline runs.
+  std::vector<stage_handles> tp_peers;
   std::shared_ptr<node_handles> handles;
   node_options opts;
 };

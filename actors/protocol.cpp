@@ -66,6 +66,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<stage_handles>("troupe::stage_handles");
   cfg.add_message_type<stage_host_actor>("troupe::stage_host_actor");
   cfg.add_message_type<std::vector<std::uint8_t>>("troupe::u8_vector");
+  cfg.add_message_type<tp_ring_addresses>("troupe::tp_ring_addresses");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
     return render(code, ctx);
   });

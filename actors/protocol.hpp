@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 3;
+inline constexpr std::uint32_t protocol_version = 4;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -35,6 +35,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using stage_atom = caf::atom_constant<caf::atom("stage")>;
+using tp_atom = caf::atom_constant<caf::atom("tp")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -379,22 +380,33 @@ using node_actor = caf::typed_actor<caf::replies_to<stats_atom>::with<node_statu
 
 /// A stage served by another process (`troupe worker`): its shard and KV
 /// store, the layers it holds, and that process's transfer-engine address
-/// (activations for the shard are pushed there).
+/// (activations for the shard are pushed there). A tensor-parallel rank
+/// (tp_size > 1) holds slice tp_rank of every layer in [first, last).
 struct stage_handles {
   shard_actor shard;
   kv_store_actor kv;
   std::int32_t first_layer = 0;
   std::int32_t last_layer = 0;
   std::vector<std::uint8_t> engine_address;
+  std::int32_t tp_rank = 0;
+  std::int32_t tp_size = 1;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, stage_handles& x) {
-  return f(caf::meta::type_name("stage_handles"), x.shard, x.kv, x.first_layer, x.last_layer, x.engine_address);
+  return f(caf::meta::type_name("stage_handles"), x.shard, x.kv, x.first_layer, x.last_layer, x.engine_address,
+           x.tp_rank, x.tp_size);
 }
 
-/// Hosts a stage for other processes (published by `troupe worker`).
+/// The engine addresses of a tensor-parallel group's ranks, in rank order:
+/// each rank connects its all-reduce ring to rank (r + 1) % size.
+using tp_ring_addresses = std::vector<std::vector<std::uint8_t>>;
+
+/// Hosts a stage for other processes (published by `troupe worker`). A
+/// tensor-parallel rank also takes its group's ring (tp_atom; answers its
+/// rank once connected).
 using stage_host_actor = caf::typed_actor<caf::replies_to<stage_atom>::with<stage_handles>,
+                                          caf::replies_to<tp_atom, tp_ring_addresses>::with<std::int32_t>,
                                           caf::replies_to<version_atom>::with<std::uint32_t>>;
 
 /// Registers every message type above (needed to serialize them: between

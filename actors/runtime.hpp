@@ -37,6 +37,11 @@ struct runtime_config {
   /// stages split the layers before it, and activations go to it over the
   /// transfer engine (UCX) while control goes over CAF.
   std::string remote_tail;
+  /// "host:port" of `troupe worker --tp-rank R --tp-size K` processes, R =
+  /// 1..K-1 (in any order): the model runs tensor-parallel over this
+  /// process (rank 0) and them, joined by ring all-reduces over the
+  /// transfer engine. Needs stages == 1 and no remote_tail.
+  std::vector<std::string> tp_peers;
   /// How long to wait for the remote worker to answer.
   std::chrono::milliseconds remote_timeout{30000};
 };
@@ -67,6 +72,7 @@ class local_runtime {
   std::vector<std::shared_ptr<stage_resources>> stage_res_;
   std::shared_ptr<encoder_resources> encoder_res_;
   std::optional<stage_handles> remote_tail_;
+  std::vector<std::pair<std::string, stage_handles>> tp_peers_;  ///< address, handles (rank order)
   std::shared_ptr<node_handles> handles_ = std::make_shared<node_handles>();
   node_actor node_;
   scheduler_actor scheduler_;

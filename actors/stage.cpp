@@ -34,8 +34,16 @@ kernels::result<models::llama_config> text_config(const models::weight_source& s
   return models::load_llama_config(dir + "/config.json");
 }
 
+struct tp_join;
+
 struct shard_state {
   std::uint64_t steps = 0;
+  /// Rank 0 of a tensor-parallel group: the steps waiting for other ranks.
+  /// Their response promises hold this actor; keeping them here (and only
+  /// weak references in the response handlers) lets them go with the state
+  /// when the actor stops with replies outstanding.
+  std::unordered_map<std::uint64_t, std::shared_ptr<tp_join>> joins;
+  std::uint64_t next_join = 0;
 };
 
 /// Runs this stage's part of a step; returns the activations (or logits on
@@ -200,6 +208,138 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   return {};
 }
 
+/// Rank 0's view of one step of its tensor-parallel group: its own
+/// output and the other ranks' answers; the step is answered once all are
+/// in (or at the first error).
+struct tp_join {
+  std::uint64_t id = 0;
+  caf::typed_response_promise<step_output> rp;
+  std::size_t pending = 0;
+  std::optional<step_output> own;
+  std::vector<std::pair<int, std::vector<std::vector<std::int32_t>>>> peers;  // rank, sampled
+  bool settled = false;
+
+  void settle(caf::error e) {
+    if (settled) return;
+    settled = true;
+    rp.deliver(std::move(e));
+    rp = {};
+  }
+  void maybe_deliver() {
+    if (settled || !own || pending > 0) return;
+    for (const auto& [rank, sampled] : peers) {
+      if (sampled != own->sampled) {
+        settle(make_error(error_code::stage_failed, "tensor-parallel rank " + std::to_string(rank) +
+                                                        " sampled other tokens than rank 0 (the ranks diverged)"));
+        return;
+      }
+    }
+    settled = true;
+    rp.deliver(std::move(*own));
+    rp = {};
+  }
+};
+
+/// Forgets a join that needs nothing more.
+void forget_if_done(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j) {
+  if (j->settled && j->pending == 0) self->state.joins.erase(j->id);
+}
+
+/// Passes one step to another rank's shard and its answer back. Rank 0's
+/// shard talks to the other ranks through these (event-based, not detached)
+/// actors rather than itself: when the detached shard sent its requests to
+/// the other node itself, about 1 run in 10 of `troupe bench --tp-peer`
+/// left it with one strong reference after it stopped (found with a
+/// refcount dump), and CAF's shutdown waits for every detached actor's
+/// last reference, so the process never exited. With these in between, 25
+/// runs of 25 exited.
+using tp_forwarder = caf::typed_actor<caf::replies_to<step_atom, step_batch>::with<step_output>>;
+
+tp_forwarder::behavior_type forwarder_impl(tp_forwarder::pointer self, shard_actor peer) {
+  return {
+      [=](step_atom, step_batch& b) -> caf::result<step_output> {
+        auto rp = self->make_response_promise<step_output>();
+        self->request(peer, caf::infinite, step_atom::value, std::move(b))
+            .then([rp](step_output& o) mutable { rp.deliver(std::move(o)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
+/// Sends the step to the other ranks of rank 0's group (their copies
+/// without the logits; image embeddings pushed to each rank's process).
+kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::stateful_pointer<shard_state> self,
+                                                       stage_resources& res, step_batch& b,
+                                                       const std::vector<tp_forwarder>& forwarders) {
+  auto& g = *res.tp;
+  const auto range = res.model->range();
+  if (!range.embed || !range.head)
+    return kernels::make_error(errc::invalid_argument, "a tensor-parallel group must hold the whole model");
+  auto j = std::make_shared<tp_join>();
+  std::vector<step_batch> copies(g.peer_shards.size(), b);
+  for (auto& c : copies) c.return_logits = false;
+  auto& dp = data_plane::local();
+  for (std::size_t i = 0; i < b.seqs.size(); ++i) {
+    auto& ref = b.seqs[i].embeddings;
+    if (ref.empty()) continue;
+    auto t = dp.take(ref, res.ctx->memory());
+    if (!t) return std::unexpected(t.error());
+    for (std::size_t p = 0; p < copies.size(); ++p) {
+      auto r = dp.push(g.peer_keys[p], res.device.name, *t);  // shares the buffer; read-only
+      if (!r) return kernels::make_error(r.error().code, "image embeddings for tensor-parallel rank " +
+                                                             std::to_string(p + 1) + ": " + r.error().message);
+      copies[p].seqs[i].embeddings = std::move(*r);
+    }
+    ref = dp.park(res.device.name, std::move(*t));
+  }
+  j->rp = self->make_response_promise<step_output>();
+  j->id = self->state.next_join++;
+  self->state.joins.emplace(j->id, j);
+  std::weak_ptr<tp_join> wj = j;
+  for (std::size_t p = 0; p < copies.size(); ++p) {
+    const int rank = static_cast<int>(p) + 1;
+    ++j->pending;
+    self->request(forwarders[p], caf::infinite, step_atom::value, std::move(copies[p]))
+        .then(
+            [self, wj, rank](step_output& o) {
+              auto j = wj.lock();
+              if (!j) return;
+              --j->pending;
+              j->peers.emplace_back(rank, std::move(o.sampled));
+              j->maybe_deliver();
+              forget_if_done(self, j);
+            },
+            [self, wj, rank](caf::error& e) {
+              auto j = wj.lock();
+              if (!j) return;
+              --j->pending;
+              j->settle(make_error(error_code::stage_failed, "tensor-parallel rank " + std::to_string(rank) + ": " +
+                                                                 describe(self->system(), e)));
+              forget_if_done(self, j);
+            });
+  }
+  return j;
+}
+
+/// The step's answer: directly, or (delegated) through rank 0's join of
+/// its group.
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j,
+                                caf::error e) {
+  if (!j) return e;
+  j->settle(std::move(e));
+  forget_if_done(self, j);
+  return caf::delegated<step_output>{};
+}
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j,
+                                step_output o) {
+  if (!j) return o;
+  j->own = std::move(o);
+  j->maybe_deliver();
+  forget_if_done(self, j);
+  return caf::delegated<step_output>{};
+}
+
 }  // namespace
 
 kernels::result<models::llama_config> model_text_config(const std::string& path) {
@@ -215,11 +355,31 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& 
   return make_stage(device_context::create(device), path, range, plan, kv);
 }
 
+models::tensor_split tp_group::split_of(const std::shared_ptr<tp_group>& g) {
+  models::tensor_split s;
+  s.rank = g->rank;
+  s.size = g->size;
+  s.all_reduce = [g](tensor& t) -> kernels::result<void> {
+    if (!g->ring.engine) return kernels::make_error(errc::internal, "the tensor-parallel ring is not connected");
+    if (!t.is_contiguous() || t.type() != kernels::dtype::f32)
+      return kernels::make_error(errc::internal, "all-reduce of a non-contiguous or non-f32 tensor");
+    // The collective's id: the step (26 bits) and the all-reduce's number
+    // within it (12 bits), the same on every rank.
+    const std::uint64_t id = ((g->step & ((std::uint64_t{1} << 26) - 1)) << 12) | (g->calls++ & 0xfffu);
+    auto r = transport::ring_allreduce_sum(g->ring, t.data_as<float>(), static_cast<std::size_t>(t.shape().numel()), id);
+    if (!r) return kernels::make_error(r.error().code, "tensor-parallel all-reduce: " + r.error().message);
+    return {};
+  };
+  return s;
+}
+
 kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
                                                              const std::string& path, const models::layer_range& range,
                                                              const models::quant_plan& plan,
-                                                             const models::kv_options& kv) {
+                                                             const models::kv_options& kv,
+                                                             std::shared_ptr<tp_group> tp) {
   auto res = std::make_shared<stage_resources>();
+  res->tp = tp;
   res->device = device->spec;
   res->ctx = device->ctx;
   res->dev = std::move(device);
@@ -227,7 +387,8 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<dev
   if (!src) return std::unexpected(src.error());
   auto cfg = text_config(**src, path);
   if (!cfg) return std::unexpected(cfg.error());
-  auto model = models::llama_model::build(**src, *cfg, *res->ctx, plan, range);
+  auto model = models::llama_model::build(**src, *cfg, *res->ctx, plan, range,
+                                          tp ? tp_group::split_of(tp) : models::tensor_split{});
   if (!model) return std::unexpected(model.error());
   auto cache = (*model)->make_cache(res->ctx->memory(), kv);
   if (!cache) return std::unexpected(cache.error());
@@ -240,6 +401,13 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
   auto impl = [](shard_actor::stateful_pointer<shard_state> self, std::shared_ptr<stage_resources> res,
                  shard_actor next) -> shard_actor::behavior_type {
     pin_current_thread(res->device.cores);
+    std::vector<tp_forwarder> forwarders;
+    if (res->tp) {
+      for (const auto& p : res->tp->peer_shards) forwarders.push_back(self->system().spawn(forwarder_impl, p));
+      self->attach_functor([forwarders] {
+        for (const auto& f : forwarders) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
+      });
+    }
     std::uint64_t generation = 0;
     {
       std::lock_guard lock(res->kv->mtx);
@@ -255,17 +423,30 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
                                                             std::to_string(res->model->range().last) + "): " + why);
           };
           if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
+          // Rank 0 of a tensor-parallel group: the other ranks run the same
+          // step at the same time (their all-reduces meet ours).
+          std::shared_ptr<tp_join> join;
+          if (res->tp && !res->tp->peer_shards.empty()) {
+            auto j = forward_step(self, *res, b, forwarders);
+            if (!j) return fail(j.error().message);
+            join = std::move(*j);
+          }
           std::unique_lock device_lock(res->dev->run);  // the device's team is ours until the step is done
+          if (res->tp) {
+            res->tp->step = b.step;
+            res->tp->calls = 0;
+          }
           auto out = run_stage(*res, b, generation);
           ++self->state.steps;
-          if (!out) return fail(out.error().message);
+          if (!out) return answer(self, join, fail(out.error().message));
           if (res->model->range().head) {
             step_output o;
             o.step = b.step;
-            if (auto s = sample_and_continue(*res, b, *out, generation, o); !s) return fail(s.error().message);
+            if (auto s = sample_and_continue(*res, b, *out, generation, o); !s)
+              return answer(self, join, fail(s.error().message));
             if (b.return_logits) o.logits = tensor_registry::local().put(res->device.name, std::move(*out));
             o.compute_ms = b.compute_ms + ms_between(t0, steady::now());
-            return o;
+            return answer(self, join, std::move(o));
           }
           b.compute_ms += ms_between(t0, steady::now());
           if (next && next->node() != self->node()) {
@@ -303,6 +484,8 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
                                u.sequences, u.tokens};
         },
         [=](free_atom, const std::vector<std::int64_t>& seqs) -> std::int64_t {
+          if (res->tp)  // the group's other ranks hold the other KV heads of these sequences
+            for (auto& p : res->tp->peer_kvs) caf::anon_send(p, free_atom::value, seqs);
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;
           const auto before = kv.cache.free_blocks();
@@ -315,6 +498,8 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
           return kv.cache.free_blocks() - before;
         },
         [=](export_atom, std::int64_t seq) -> caf::result<kv_export> {
+          if (res->tp && res->tp->size > 1)
+            return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;
           auto it = kv.local.find(seq);
@@ -328,6 +513,10 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
           return kv_export{seq, snap->length, snap->live, tensor_registry::local().put(res->device.name, std::move(*t))};
         },
         [=](import_atom, const kv_export& x) -> caf::result<std::int64_t> {
+          if (res->tp && res->tp->size > 1) {
+            tensor_registry::local().drop(x.data);
+            return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
+          }
           auto data = tensor_registry::local().take(x.data);
           if (!data) return make_error(error_code::invalid_request, data.error().message);
           std::lock_guard lock(res->kv->mtx);
@@ -358,6 +547,8 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
           return x.length;
         },
         [=](reset_atom) -> std::int64_t {
+          if (res->tp)
+            for (auto& p : res->tp->peer_kvs) caf::anon_send(p, reset_atom::value);
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;
           const auto n = static_cast<std::int64_t>(kv.local.size());

@@ -39,6 +39,7 @@ using clock = std::chrono::steady_clock;
 struct bench_args {
   std::string model, devices, concurrency = "1,4,16", images_dir, quant, kv_type = "f32";
   std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
+  std::vector<std::string> tp_peers;  // HOST:PORT of tensor-parallel workers (ranks 1..K-1)
   int stages = 1, micro_batches = 0, decode_steps = 16, requests = 0, threads = 0;
   std::int64_t max_tokens = 64, ctx_tokens = 0;
   double image_share = 0.5;
@@ -368,11 +369,12 @@ int run_bench(const bench_args& a) {
 
   caf::actor_system_config cfg;
   actors::configure_runtime(cfg);
-  if (!a.remote_stage.empty()) cfg.load<caf::io::middleman>();
+  if (!a.remote_stage.empty() || !a.tp_peers.empty()) cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   actors::runtime_config rc;
   rc.model = a.model;
   rc.remote_tail = a.remote_stage;
+  rc.tp_peers = a.tp_peers;
   rc.devices = *devices;
   rc.stages = a.stages;
   rc.plan = plan;
@@ -417,6 +419,7 @@ int run_bench(const bench_args& a) {
                              {"decode_vs_reference", reference_tps > 0 ? r.single_decode_tps / reference_tps : 0}});
     }
     std::puts(j.dump(2).c_str());
+    std::fflush(stdout);
     return 0;
   }
   std::printf("troupe bench: %s\npipeline: %s\n%lld output tokens per request (no stop token), sampling T=0.8 top-k 40\n",
@@ -454,6 +457,9 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--devices", a->devices, "Devices of the stages (cpu, cpu:N, cpu:A-B, comma-separated)");
   cmd->add_option("--stages", a->stages, "Pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--remote-stage", a->remote_stage, "HOST:PORT of a `troupe worker` serving the last layers");
+  cmd->add_option("--tp-peer", a->tp_peers,
+                  "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of ranks 1..K-1): tensor "
+                  "parallelism across processes, this process being rank 0");
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: stages)")->check(CLI::Range(0, 64));
   cmd->add_option("--decode-steps", a->decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")

@@ -43,6 +43,7 @@ struct generate_args {
   bool direct = false;
   std::string devices;
   std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
+  std::vector<std::string> tp_peers;  // HOST:PORT of tensor-parallel workers (ranks 1..K-1)
   int stages = 1, micro_batches = 0, decode_steps = 16;
   // Which sampling flags the user gave (the rest come from generation_config.json).
   bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
@@ -276,10 +277,11 @@ int run_generate(const generate_args& a) {
     src->reset();
     caf::actor_system_config cfg;
     actors::configure_runtime(cfg);
-    if (!a.remote_stage.empty()) cfg.load<caf::io::middleman>();
+    if (!a.remote_stage.empty() || !a.tp_peers.empty()) cfg.load<caf::io::middleman>();
     caf::actor_system sys{cfg};
     actors::runtime_config rc;
     rc.remote_tail = a.remote_stage;
+  rc.tp_peers = a.tp_peers;
     rc.model = a.model;
     rc.devices = devices;
     rc.stages = a.stages;
@@ -395,6 +397,9 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")->check(CLI::Range(1, 1024));
   cmd->add_option("--remote-stage", a->remote_stage,
                   "HOST:PORT of a `troupe worker` serving the last layers (pipeline across processes)");
+  cmd->add_option("--tp-peer", a->tp_peers,
+                  "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of ranks 1..K-1): tensor "
+                  "parallelism across processes, this process being rank 0");
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: the number of stages)")->check(CLI::Range(0, 64));
   cmd->add_option("--decode-steps", a->decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")

@@ -22,14 +22,21 @@ std::pair<std::size_t, std::size_t> segment(std::size_t count, int size, int k) 
   return {begin, begin + base + (kk < extra ? 1 : 0)};
 }
 
-result<void> wait_done(transfer_engine& e, op_handle h) {
+result<void> wait_done(const ring& r, op_handle h) {
+  auto& e = *r.engine;
   for (;;) {
-    auto st = e.wait(h, std::chrono::milliseconds(1000));
+    auto st = e.wait(h, std::chrono::milliseconds(r.abort ? 50 : 1000));
     if (!st) {
       e.release(h);
       return std::unexpected(st.error());
     }
-    if (st->state == op_state::in_flight) continue;
+    if (st->state == op_state::in_flight) {
+      if (r.abort && r.abort->load(std::memory_order_acquire)) {
+        e.release(h);  // cancels it
+        return make_error(errc::io_error, "aborted: a rank of the group is gone");
+      }
+      continue;
+    }
     e.release(h);
     if (st->state == op_state::failed) return std::unexpected(st->failure);
     return {};
@@ -70,8 +77,8 @@ result<void> exchange(const ring& r, std::uint64_t id, int phase, int step, cons
     e.release(*sh);
     return p;
   }
-  auto a = wait_done(e, *sh);
-  auto b = wait_done(e, *rh);
+  auto a = wait_done(r, *sh);
+  auto b = wait_done(r, *rh);
   if (!a) return a;
   return b;
 }

@@ -8,6 +8,7 @@
 // its id, phase, step and the receiving rank in their tag, so concurrent
 // collectives, and ranks sharing one in-process hub, never mix.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -21,6 +22,9 @@ struct ring {
   int size = 1;
   peer_id next = 0;  ///< the engine's peer id of rank (rank + 1) % size
   std::chrono::milliseconds timeout{30000};
+  /// When set (by whoever learns that a rank is gone), a collective in
+  /// flight gives up within ~50 ms instead of waiting for its timeout.
+  const std::atomic<bool>* abort = nullptr;
 };
 
 /// Sums `data[0, count)` over the ring's ranks in place. `collective_id`

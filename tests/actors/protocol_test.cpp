@@ -138,8 +138,12 @@ TEST_F(protocol_test, stage_handles_carry_actor_handles_and_the_engine_address) 
             [](export_atom, std::int64_t) { return kv_export{}; }, [](import_atom, const kv_export&) { return std::int64_t{0}; },
             [](reset_atom) { return std::int64_t{0}; }};
   });
-  stage_handles h{shard, kv, 2, 4, {9, 8, 7, 0, 255}};
+  stage_handles h{shard, kv, 2, 4, {9, 8, 7, 0, 255}, 1, 3};
   auto back = round_trip(h);
+  EXPECT_EQ(back.tp_rank, 1);
+  EXPECT_EQ(back.tp_size, 3);
+  tp_ring_addresses ring{{1, 2}, {}, {3, 4, 5}};
+  EXPECT_EQ(round_trip(ring), ring);
   EXPECT_EQ(back.shard, shard);
   EXPECT_EQ(back.kv, kv);
   EXPECT_EQ(back.first_layer, 2);

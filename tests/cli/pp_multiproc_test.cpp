@@ -1,9 +1,15 @@
-// Pipeline parallelism across processes through the real binary: a
-// `troupe worker` serves layers [2,4) of the bundled model, `troupe run
-// --remote-stage` runs layers [0,2) and sends it the activations over UCX
-// (control over CAF). Tokens must equal the one-process plain loop's for
-// the same seed: on one host (shared memory, then TCP only) and between
-// network namespaces joined by veth (separate hosts, TCP).
+// Pipeline and tensor parallelism across processes through the real
+// binary.
+// - Pipeline: a `troupe worker` serves layers [2,4) of the bundled model,
+//   `troupe run --remote-stage` runs layers [0,2) and sends it the
+//   activations over UCX (control over CAF). Tokens must equal the
+//   one-process plain loop's for the same seed.
+// - Tensor parallel: `troupe worker --tp-rank 1 --tp-size 2` holds half of
+//   every layer's heads and FFN, `troupe run --tp-peer` the other half;
+//   they meet in ring all-reduces over UCX. Sums are split differently, so
+//   greedy answers (not sampled bits) must equal the plain loop's.
+// Both on one host (shared memory, then TCP only) and between network
+// namespaces joined by veth (separate hosts, TCP).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -26,12 +32,12 @@ nlohmann::json last_json(const std::string& out) {
   return nlohmann::json::parse(at == std::string::npos ? out : out.substr(at + 1));
 }
 
-// Starts a worker for layers [2,4); its port, or 0.
+// Starts a worker for layers [2,4) (or what `role` says); its port, or 0.
 int start_worker(std::unique_ptr<child_process>& w, std::vector<std::string> prefix, std::vector<std::string> env,
-                 std::vector<std::string> extra = {}) {
+                 std::vector<std::string> role = {"--first-layer", "2"}) {
   std::vector<std::string> argv = std::move(prefix);
-  for (const char* a : {TROUPE_CLI, "worker", "--first-layer", "2", "--port", "0"}) argv.push_back(a);
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  for (const char* a : {TROUPE_CLI, "worker", "--port", "0"}) argv.push_back(a);
+  argv.insert(argv.end(), role.begin(), role.end());
   w = std::make_unique<child_process>("worker", argv, std::move(env));
   auto line = w->expect("troupe worker:", 60000ms);
   if (!line) return 0;
@@ -131,6 +137,120 @@ TEST(CliPipelineAcrossProcesses, AKilledWorkerFailsTheRequestsInsteadOfHanging) 
   while (auto l = front.read_line(60000ms)) out += *l + "\n";
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(took, troupe::test::scaled(30000ms)) << "the front kept waiting for the dead worker";
+  const std::string ended = front.wait_exit(10000ms);
+  ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
+  EXPECT_EQ(ended, "exit 0");
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  const auto& level = j["levels"][0];
+  EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(level["completed"].get<int>() + level["failed"].get<int>(), 5000) << j.dump();
+}
+
+namespace {
+
+const std::string tp_role_1[] = {"--tp-rank", "1", "--tp-size", "2"};
+
+std::vector<std::string> tp_worker_role() { return {std::begin(tp_role_1), std::end(tp_role_1)}; }
+
+// Greedy answers of the bundled model through a TP=2 group equal the plain
+// loop's: a caption and questions on three images.
+void expect_same_greedy_answers(int port, const std::string& host, std::vector<std::string> prefix,
+                                std::vector<std::string> env) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"shapes_000.png", "Describe the image."},
+      {"shapes_003.png", "How many shapes are there?"},
+      {"shapes_007.png", "Describe the image."},
+  };
+  for (const auto& [img, prompt] : cases) {
+    const std::string a = " -i " + std::string(TROUPE_FIXTURES_DIR) + "/shapes/" + img + " -p '" + prompt +
+                          "' -n 32 --temperature 0 --json";
+    const auto direct = troupe_cli("generate --direct" + a, false);
+    ASSERT_EQ(direct.exit_code, 0) << direct.out;
+    const auto out = run_front("run --tp-peer " + host + ":" + std::to_string(port) + a, prefix, env);
+    ASSERT_NE(out.find('{'), std::string::npos) << out;
+    const auto d = last_json(direct.out), t = last_json(out);
+    EXPECT_EQ(d["tokens"], t["tokens"]) << img << ": " << d["text"] << " vs " << t["text"];
+    EXPECT_NE(t["pipeline"].get<std::string>().find("tensor-parallel rank 0 of 2, remote rank 1"), std::string::npos)
+        << t["pipeline"];
+  }
+}
+
+}  // namespace
+
+TEST(CliTensorParallelAcrossProcesses, GreedyAnswersEqualOneProcessOverSharedMemory) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {}, tp_worker_role());
+  ASSERT_GT(port, 0);
+  expect_same_greedy_answers(port, "127.0.0.1", {}, {});
+}
+
+TEST(CliTensorParallelAcrossProcesses, GreedyAnswersEqualOneProcessBetweenNetworkNamespaces) {
+  troupe::test::netns_pair ns(3);
+  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)},
+                                tp_worker_role());
+  ASSERT_GT(port, 0);
+  expect_same_greedy_answers(port, "10.77.3.2", ns.exec_in(true), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(true)});
+}
+
+TEST(CliTensorParallelAcrossProcesses, SixteenConcurrentRequestsAllComplete) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {}, tp_worker_role());
+  ASSERT_GT(port, 0);
+  const auto out = run_front("bench --tp-peer 127.0.0.1:" + std::to_string(port) + " -c 16 -n 32 --max-tokens 16 --json");
+  ASSERT_NE(out.find('{'), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j["levels"][0]["completed"], 32) << j.dump();
+  EXPECT_EQ(j["levels"][0]["failed"], 0) << j.dump();
+}
+
+TEST(CliTensorParallelAcrossProcesses, WrongGroupsFailWithAMessage) {
+  auto r = troupe_cli("worker --tp-rank 0 --tp-size 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--tp-rank in [1, K)"), std::string::npos) << r.out;
+  r = troupe_cli("worker --tp-rank 1 --tp-size 2 --first-layer 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("exclude each other"), std::string::npos) << r.out;
+  {
+    // A pipeline worker is not a tensor-parallel rank.
+    std::unique_ptr<child_process> w;
+    const int port = start_worker(w, {}, {});
+    ASSERT_GT(port, 0);
+    r = troupe_cli("run -p hi --tp-peer 127.0.0.1:" + std::to_string(port));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("is a pipeline stage, not a tensor-parallel rank"), std::string::npos) << r.out;
+  }
+  {
+    // TP does not combine with pipeline stages (yet).
+    std::unique_ptr<child_process> w;
+    const int port = start_worker(w, {}, {}, tp_worker_role());
+    ASSERT_GT(port, 0);
+    r = troupe_cli("run -p hi --stages 2 --tp-peer 127.0.0.1:" + std::to_string(port));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("does not combine with --stages > 1"), std::string::npos) << r.out;
+  }
+  // The bundled model has 2 KV heads: no 3-way split.
+  r = troupe_cli("worker --tp-rank 1 --tp-size 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("KV heads (2) and FFN width (384) must divide evenly"), std::string::npos) << r.out;
+}
+
+TEST(CliTensorParallelAcrossProcesses, AKilledRankFailsTheRequestsInsteadOfHanging) {
+  std::unique_ptr<child_process> w;
+  const int port = start_worker(w, {}, {}, tp_worker_role());
+  ASSERT_GT(port, 0);
+  child_process front("front", {"/bin/sh", "-c",
+                                std::string(TROUPE_CLI) + " bench --tp-peer 127.0.0.1:" + std::to_string(port) +
+                                    " -c 16 -n 5000 --max-tokens 256 --json"});
+  ASSERT_TRUE(w->expect("troupe worker: tensor-parallel rank 1 of 2 joined", 60000ms)) << "the front never joined";
+  std::this_thread::sleep_for(troupe::test::scaled(1500ms));
+  w->kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string out;
+  while (auto l = front.read_line(90000ms)) out += *l + "\n";
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, troupe::test::scaled(20000ms)) << "the front kept waiting for the dead rank";
   const std::string ended = front.wait_exit(10000ms);
   ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
   EXPECT_EQ(ended, "exit 0");

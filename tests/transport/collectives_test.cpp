@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <thread>
 #include <random>
 
 #include "transport/inproc_engine.hpp"
@@ -129,6 +130,25 @@ TEST_P(RingAllReduce, AMissingRankFailsWithinTheTimeout) {
   tr::ring bad = g.rings[0];
   bad.rank = 3;
   EXPECT_FALSE(tr::ring_allreduce_sum(bad, data[0].data(), 100, 6));
+}
+
+TEST_P(RingAllReduce, AnAbortEndsAWaitingRankLongBeforeItsTimeout) {
+  auto g = make_group(GetParam(), 2);
+  std::atomic<bool> abort{false};
+  g.rings[0].abort = &abort;  // timeout stays 10 s
+  std::vector<float> data(100, 1.f);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto f = std::async(std::launch::async, [&] {
+    auto r = tr::ring_allreduce_sum(g.rings[0], data.data(), data.size(), 7);
+    return r ? std::string() : r.error().message;
+  });
+  // Rank 1 never joins; whoever learns it is gone sets the flag.
+  std::this_thread::sleep_for(100ms);
+  abort = true;
+  const auto e = f.get();
+  EXPECT_NE(e.find("aborted: a rank of the group is gone"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5000ms);
+  EXPECT_EQ(g.engines[0]->live_ops(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, RingAllReduce, ::testing::Values("inproc", "ucx"));
