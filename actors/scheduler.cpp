@@ -240,7 +240,25 @@ void schedule(self_ptr self) {
         1, (active + static_cast<std::int64_t>(st.waiting.size()) + o.micro_batches - 1) / o.micro_batches);
     step_batch batch;
     in_flight_step fl;
+    // With several micro-batches in flight the pipeline runs at the pace of
+    // its largest: aim each one at an even share of the work there is (the
+    // tokens waiting to run plus those in flight), so that a prompt
+    // arriving next to a few decode tokens is split over the micro-batches
+    // instead of making one of them large and leaving the other stages
+    // idle. One micro-batch: the whole budget, as before.
     std::int64_t budget = o.token_budget;
+    if (o.micro_batches > 1 && o.balance_micro_batches) {
+      std::int64_t work = 0;
+      for (auto* r : running) work += std::max<std::int64_t>(1, static_cast<std::int64_t>(r->tokens.size()) - r->computed);
+      for (auto id : st.waiting) {
+        const auto& w = *st.requests[id];
+        work += std::max<std::int64_t>(1, static_cast<std::int64_t>(w.tokens.size()) - w.computed);
+      }
+      for (const auto& [step, f] : st.steps)
+        for (auto c : f.chunk) work += c;
+      const std::int64_t share = (work + o.micro_batches - 1) / o.micro_batches;
+      budget = std::clamp<std::int64_t>(share, std::min<std::int64_t>(32, o.token_budget), o.token_budget);
+    }
     auto add = [&](request_state& r) -> bool {
       const std::int64_t remaining = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
       const std::int64_t chunk = std::min({remaining, o.prefill_chunk, budget});

@@ -25,6 +25,9 @@ struct scheduler_options {
   std::int64_t token_budget = 512;   ///< tokens per micro-batch (prefill chunks + decode tokens)
   std::int64_t prefill_chunk = 512;  ///< prompt tokens per sequence per step
   int micro_batches = 1;             ///< micro-batches in flight (the pipeline's depth)
+  /// With several micro-batches: size each to an even share of the work
+  /// (tokens waiting plus in flight) instead of filling it to token_budget.
+  bool balance_micro_batches = true;
   /// Multi-step decode (one stage only): a step of decode tokens alone runs
   /// up to this many passes on the shard, which samples and feeds the tokens
   /// back itself, so the round trip to the scheduler is paid once per step.

@@ -40,6 +40,7 @@ struct bench_args {
   std::string model, devices, concurrency = "1,4,16", images_dir, quant, kv_type = "f32";
   std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
   std::vector<std::string> tp_peers;  // HOST:PORT of tensor-parallel workers (ranks 1..K-1)
+  bool balance = true;                // micro-batches sized to an even share of the work
   int stages = 1, micro_batches = 0, decode_steps = 16, requests = 0, threads = 0;
   std::int64_t max_tokens = 64, ctx_tokens = 0;
   double image_share = 0.5;
@@ -381,6 +382,7 @@ int run_bench(const bench_args& a) {
   rc.kv = kv;
   rc.scheduler.micro_batches = a.micro_batches;
   rc.scheduler.max_decode_steps = a.decode_steps;
+  rc.scheduler.balance_micro_batches = a.balance;
   rc.scheduler.queue_limit = std::max<std::int64_t>(64, max_level * 2);
   auto rt = actors::local_runtime::start(sys, rc);
   if (!rt) {
@@ -461,6 +463,9 @@ command_runner add_bench(CLI::App& app) {
                   "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of ranks 1..K-1): tensor "
                   "parallelism across processes, this process being rank 0");
   cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: stages)")->check(CLI::Range(0, 64));
+  cmd->add_option("--balance-micro-batches", a->balance,
+                  "Size each micro-batch to an even share of the waiting and in-flight tokens (default true; false fills "
+                  "each to the token budget)");
   cmd->add_option("--decode-steps", a->decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));

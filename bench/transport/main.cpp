@@ -9,7 +9,8 @@
 // configured by default (sleeping on the event fd when idle, progress
 // thread on, peer error handling on TCP) and once tuned for throughput
 // (busy-polling, no progress thread, no peer error handling: what
-// ucx_perftest runs). Ratios are against ucx_perftest.
+// ucx_perftest runs). Ratios are against ucx_perftest. For TCP a second
+// table keeps peer error handling on both sides (ucx_perftest -e).
 #define TROUPE_MULTIPROC_NO_GTEST
 #include <cstdio>
 #include <cstring>
@@ -29,11 +30,16 @@ struct path {
   std::size_t total_bytes;       // per measurement
 };
 
-double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window, bool busy) {
+// How the engine runs: as configured by default, tuned like ucx_perftest,
+// or tuned but with peer error handling kept (like `ucx_perftest -e`).
+enum class engine_mode { as_default, tuned, tuned_with_errors };
+
+double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window, engine_mode mode) {
   std::vector<std::string> argv{TROUPE_TRANSPORT_PEER};
   argv.insert(argv.end(), p.engine_args.begin(), p.engine_args.end());
-  if (busy) {
-    for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors", "0"}) argv.push_back(a);
+  if (mode != engine_mode::as_default) {
+    for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors"}) argv.push_back(a);
+    argv.push_back(mode == engine_mode::tuned ? "0" : "1");
   }
   child_process a("bench-a", argv), b("bench-b", argv);
   auto aa = a.expect("address ", 20000ms), bb = b.expect("address ", 20000ms);
@@ -60,17 +66,17 @@ double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size
   return best;
 }
 
-double perftest_gbps(const path& p, std::size_t size, std::size_t iters) {
+double perftest_gbps(const path& p, std::size_t size, std::size_t iters, bool error_handling = false) {
   const int port = troupe::test::free_port();
   std::vector<std::string> env = p.env;
   const std::string bin = "/usr/bin/ucx_perftest";
   child_process server("perftest-server", {bin, "-p", std::to_string(port)}, env);
   std::this_thread::sleep_for(300ms);
   const std::size_t warm = std::max<std::size_t>(2, std::min<std::size_t>(iters / 10, 1000));
-  child_process client("perftest-client",
-                       {bin, "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw", "-s", std::to_string(size), "-n",
-                        std::to_string(iters), "-w", std::to_string(warm), "-f"},
-                       env);
+  std::vector<std::string> args{bin, "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw", "-s", std::to_string(size),
+                                "-n", std::to_string(iters), "-w", std::to_string(warm), "-f"};
+  if (error_handling) args.push_back("-e");
+  child_process client("perftest-client", args, env);
   for (;;) {
     auto l = client.read_line(300000ms);
     if (!l) return -1;
@@ -123,12 +129,32 @@ int main(int argc, char** argv) {
   for (const auto& p : paths) {
     for (const std::size_t size : sizes) {
       const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
-      const double e = engine_gbps(p, size, iters, window, false);
-      const double eb = engine_gbps(p, size, iters, window, true);
+      const double e = engine_gbps(p, size, iters, window, engine_mode::as_default);
+      const double eb = engine_gbps(p, size, iters, window, engine_mode::tuned);
       const double pf = perftest_gbps(p, size, iters);
       if (e <= 0 || eb <= 0 || pf <= 0) ++failures;
       const std::string sz = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
       std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", p.name, sz.c_str(), e, eb, pf, pf > 0 ? e / pf : 0,
+                  pf > 0 ? eb / pf : 0);
+      std::fflush(stdout);
+    }
+  }
+  // Over TCP the engine keeps UCX's peer error handling on (without it a
+  // dead peer's requests never complete in UCX 1.13); ucx_perftest -e runs
+  // the same endpoint mode, so this is the like-for-like comparison.
+  {
+    const auto& p = paths[1];
+    std::printf("\nTCP with peer error handling on both sides (ucx_perftest -e)\n\n");
+    std::printf("| message | engine GB/s | engine busy-poll GB/s | ucx_perftest -e GB/s | engine / perftest -e | busy-poll / perftest -e |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    for (const std::size_t size : sizes) {
+      if (size < (1u << 20)) continue;
+      const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
+      const double e = engine_gbps(p, size, iters, window, engine_mode::as_default);
+      const double eb = engine_gbps(p, size, iters, window, engine_mode::tuned_with_errors);
+      const double pf = perftest_gbps(p, size, iters, true);
+      if (e <= 0 || eb <= 0 || pf <= 0) ++failures;
+      std::printf("| %zu MiB | %.2f | %.2f | %.2f | %.2f | %.2f |\n", size >> 20, e, eb, pf, pf > 0 ? e / pf : 0,
                   pf > 0 ? eb / pf : 0);
       std::fflush(stdout);
     }

@@ -1,0 +1,418 @@
+#include "cluster/manifest.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace troupe::cluster {
+
+namespace {
+
+// Collects errors with the file name; keys are shown as dotted paths
+// ("nodes[1].devices[0].type").
+struct checker {
+  std::string file;
+  std::vector<std::string> errors;
+
+  void error(int line, const std::string& key, const std::string& what) {
+    std::string m = file;
+    if (line > 0) m += ":" + std::to_string(line);
+    m += ": ";
+    if (!key.empty()) m += key + ": ";
+    errors.push_back(m + what);
+  }
+  static int line_of(const toml::node& n) { return static_cast<int>(n.source().begin.line); }
+
+  // Unknown keys of a table are errors.
+  void only_keys(const toml::table& t, const std::string& where, std::initializer_list<std::string_view> allowed) {
+    for (const auto& [k, v] : t) {
+      if (std::find(allowed.begin(), allowed.end(), k.str()) != allowed.end()) continue;
+      std::string list;
+      for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      error(line_of(v), where.empty() ? std::string(k.str()) : where + "." + std::string(k.str()),
+            "unknown key (expected one of: " + list + ")");
+    }
+  }
+
+  const toml::table* table(const toml::table& parent, std::string_view key, const std::string& where, bool required) {
+    const auto* n = parent.get(key);
+    const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
+    if (!n) {
+      if (required) error(line_of(parent), path, "missing (a table)");
+      return nullptr;
+    }
+    if (!n->is_table()) {
+      error(line_of(*n), path, "expected a table");
+      return nullptr;
+    }
+    return n->as_table();
+  }
+
+  // A string value; `out` keeps its default when absent.
+  void str(const toml::table& t, std::string_view key, const std::string& where, std::string& out, bool required = false) {
+    const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
+    const auto* n = t.get(key);
+    if (!n) {
+      if (required) error(line_of(t), path, "missing (a string)");
+      return;
+    }
+    if (!n->is_string()) {
+      error(line_of(*n), path, "expected a string");
+      return;
+    }
+    out = n->as_string()->get();
+  }
+
+  template <class Int>
+  void integer(const toml::table& t, std::string_view key, const std::string& where, Int& out, std::int64_t lo,
+               std::int64_t hi, bool required = false) {
+    const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
+    const auto* n = t.get(key);
+    if (!n) {
+      if (required) error(line_of(t), path, "missing (an integer)");
+      return;
+    }
+    if (!n->is_integer()) {
+      error(line_of(*n), path, "expected an integer");
+      return;
+    }
+    const auto v = n->as_integer()->get();
+    if (v < lo || v > hi) {
+      error(line_of(*n), path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+      return;
+    }
+    out = static_cast<Int>(v);
+  }
+};
+
+bool valid_name(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+}
+
+bool valid_cores(std::string_view s) {
+  auto num = [](std::string_view x) {
+    return !x.empty() && x.size() <= 4 && std::all_of(x.begin(), x.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  };
+  const auto dash = s.find('-');
+  if (dash == std::string_view::npos) return num(s);
+  const auto a = s.substr(0, dash), b = s.substr(dash + 1);
+  return num(a) && num(b) && std::stoi(std::string(a)) <= std::stoi(std::string(b));
+}
+
+const std::set<std::string>& weight_formats() {
+  static const std::set<std::string> f{"f32", "f16", "bf16", "q8_0", "int8", "q4_0", "int4"};
+  return f;
+}
+
+void parse_device(checker& c, const toml::table& t, const std::string& where, device_entry& d) {
+  c.only_keys(t, where, {"type", "cores", "index", "memory"});
+  d.line = checker::line_of(t);
+  std::string type;
+  c.str(t, "type", where, type, true);
+  if (type == "cpu") {
+    d.type = device_type::cpu;
+  } else if (type == "cuda") {
+    d.type = device_type::cuda;
+  } else if (type == "npu") {
+    d.type = device_type::npu;
+  } else if (!type.empty()) {
+    c.error(checker::line_of(*t.get("type")), where + ".type", "expected cpu, cuda or npu, got '" + type + "'");
+  }
+  if (const auto* n = t.get("cores")) {
+    if (d.type != device_type::cpu) {
+      c.error(checker::line_of(*n), where + ".cores", "only a cpu device has cores (a " + type + " device has an index)");
+    } else if (n->is_string()) {
+      d.cores = n->as_string()->get();
+      if (!valid_cores(d.cores))
+        c.error(checker::line_of(*n), where + ".cores", "expected a core (\"3\") or a range (\"0-7\"), got '" + d.cores + "'");
+    } else if (n->is_integer()) {
+      const auto v = n->as_integer()->get();
+      if (v < 0 || v > 9999)
+        c.error(checker::line_of(*n), where + ".cores", "a core number must be in [0, 9999]");
+      else
+        d.cores = std::to_string(v);
+    } else {
+      c.error(checker::line_of(*n), where + ".cores", "expected a string (\"0-7\") or an integer");
+    }
+  }
+  if (const auto* n = t.get("index")) {
+    if (d.type == device_type::cpu)
+      c.error(checker::line_of(*n), where + ".index", "a cpu device has cores, not an index");
+    else
+      c.integer(t, "index", where, d.index, 0, 255);
+  }
+  if (const auto* n = t.get("memory")) {
+    std::optional<std::uint64_t> b;
+    if (n->is_string()) b = parse_bytes(n->as_string()->get());
+    if (n->is_integer() && n->as_integer()->get() > 0) b = static_cast<std::uint64_t>(n->as_integer()->get());
+    if (!b)
+      c.error(checker::line_of(*n), where + ".memory", "expected a size such as \"16GiB\", \"512MiB\" or a byte count");
+    else
+      d.memory_bytes = *b;
+  }
+}
+
+void parse_node(checker& c, const toml::table& t, const std::string& where, node_entry& n) {
+  c.only_keys(t, where, {"name", "host", "port", "devices", "model_path"});
+  n.line = checker::line_of(t);
+  c.str(t, "name", where, n.name, true);
+  if (t.get("name") && !n.name.empty() && !valid_name(n.name))
+    c.error(checker::line_of(*t.get("name")), where + ".name",
+            "'" + n.name + "': use letters, digits, '-' and '_' (at most 64)");
+  c.str(t, "host", where, n.host, true);
+  if (t.get("host") && n.host.empty()) c.error(checker::line_of(*t.get("host")), where + ".host", "must not be empty");
+  if (n.host == "0.0.0.0" || n.host == "::")
+    c.error(checker::line_of(*t.get("host")), where + ".host",
+            "binding every interface needs an explicit address of this machine (the control plane must not listen everywhere)");
+  c.integer(t, "port", where, n.port, 1, 65535, true);
+  c.str(t, "model_path", where, n.model_path);
+  const auto* devs = t.get("devices");
+  if (!devs) {
+    c.error(n.line, where + ".devices", "missing (an array of device tables, e.g. devices = [{ type = \"cpu\" }])");
+    return;
+  }
+  if (devs->is_array() && devs->as_array()->empty()) {
+    c.error(checker::line_of(*devs), where + ".devices", "a node needs at least one device");
+    return;
+  }
+  if (!devs->is_array() || !devs->as_array()->is_array_of_tables()) {
+    c.error(checker::line_of(*devs), where + ".devices", "expected an array of tables");
+    return;
+  }
+  const auto& arr = *devs->as_array();
+  for (std::size_t i = 0; i < arr.size(); ++i) {
+    device_entry d;
+    parse_device(c, *arr[i].as_table(), where + ".devices[" + std::to_string(i) + "]", d);
+    n.devices.push_back(std::move(d));
+  }
+}
+
+}  // namespace
+
+const char* to_string(device_type t) {
+  switch (t) {
+    case device_type::cpu: return "cpu";
+    case device_type::cuda: return "cuda";
+    case device_type::npu: return "npu";
+  }
+  return "?";
+}
+
+std::string device_entry::spec() const {
+  if (type == device_type::cpu) return cores.empty() ? "cpu" : "cpu:" + cores;
+  return std::string(to_string(type)) + ":" + std::to_string(index);
+}
+
+const node_entry* manifest::node(std::string_view n) const {
+  for (const auto& x : nodes)
+    if (x.name == n) return &x;
+  return nullptr;
+}
+
+std::string manifest::model_path_of(const node_entry& n) const {
+  const std::string p = n.model_path.empty() ? model.path : n.model_path;
+  if (p == "bundled" || p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(dir) / p).lexically_normal().string();
+}
+
+bool is_loopback(std::string_view host) { return host == "localhost" || host.starts_with("127.") || host == "::1"; }
+
+std::string manifest_error::text() const {
+  std::string s;
+  for (const auto& m : messages) s += m + "\n";
+  return s;
+}
+
+std::optional<std::uint64_t> parse_bytes(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  std::uint64_t v = 0;
+  std::size_t digits = 0;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
+    if (v > (UINT64_MAX - 9) / 10) return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(s[i] - '0');
+  }
+  if (digits == 0) return std::nullopt;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  std::string unit(s.substr(i));
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  static const std::map<std::string, std::uint64_t> units{
+      {"", 1},          {"b", 1},
+      {"k", 1ull << 10}, {"kb", 1000},        {"kib", 1ull << 10},
+      {"m", 1ull << 20}, {"mb", 1000000},     {"mib", 1ull << 20},
+      {"g", 1ull << 30}, {"gb", 1000000000},  {"gib", 1ull << 30},
+      {"t", 1ull << 40}, {"tb", 1000000000000}, {"tib", 1ull << 40},
+  };
+  auto it = units.find(unit);
+  if (it == units.end() || v == 0) return std::nullopt;
+  if (v > UINT64_MAX / it->second) return std::nullopt;
+  return v * it->second;
+}
+
+std::expected<manifest, manifest_error> load_manifest(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::unexpected(manifest_error{{path + ": cannot read the manifest"}});
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  if (text.size() > (1u << 20)) return std::unexpected(manifest_error{{path + ": larger than 1 MiB; not a manifest"}});
+  return parse_manifest(text, path);
+}
+
+std::expected<manifest, manifest_error> parse_manifest(std::string_view text, const std::string& path) {
+  checker c;
+  c.file = path;
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    c.error(static_cast<int>(e.source().begin.line), "", "not valid TOML: " + std::string(e.description()));
+    return std::unexpected(manifest_error{std::move(c.errors)});
+  }
+  manifest m;
+  m.path = path;
+  m.dir = std::filesystem::path(path).parent_path().string();
+  if (m.dir.empty()) m.dir = ".";
+  c.only_keys(root, "", {"cluster", "model", "parallelism", "scheduler", "transport", "nodes"});
+
+  if (const auto* t = c.table(root, "cluster", "", true)) {
+    c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
+    c.str(*t, "name", "cluster", m.name, true);
+    if (t->get("name") && !m.name.empty() && !valid_name(m.name))
+      c.error(checker::line_of(*t->get("name")), "cluster.name", "'" + m.name + "': use letters, digits, '-' and '_' (at most 64)");
+    c.str(*t, "head", "cluster", m.head, true);
+    std::string certs;
+    c.str(*t, "certs", "cluster", certs, true);
+    if (!certs.empty())
+      m.certs_dir = std::filesystem::path(certs).is_absolute() ? certs : (std::filesystem::path(m.dir) / certs).lexically_normal().string();
+    c.str(*t, "launch", "cluster", m.launch);
+    if (t->get("launch") && m.launch.find("{host}") == std::string::npos)
+      c.error(checker::line_of(*t->get("launch")), "cluster.launch", "must contain {host} (where the node runs)");
+  }
+
+  if (const auto* t = c.table(root, "model", "", false)) {
+    c.only_keys(*t, "model", {"path", "quant", "overrides", "kv_type", "ctx"});
+    c.str(*t, "path", "model", m.model.path);
+    if (m.model.path.empty() && t->get("path")) c.error(checker::line_of(*t->get("path")), "model.path", "must not be empty");
+    c.str(*t, "quant", "model", m.model.quant);
+    if (!m.model.quant.empty() && !weight_formats().count(m.model.quant))
+      c.error(checker::line_of(*t->get("quant")), "model.quant", "unknown weight format '" + m.model.quant + "'");
+    c.str(*t, "kv_type", "model", m.model.kv_type);
+    if (m.model.kv_type != "f32" && m.model.kv_type != "f16" && m.model.kv_type != "int8")
+      c.error(checker::line_of(*t->get("kv_type")), "model.kv_type", "expected f32, f16 or int8, got '" + m.model.kv_type + "'");
+    c.integer(*t, "ctx", "model", m.model.ctx_tokens, 16, std::int64_t{1} << 24);
+    if (const auto* o = c.table(*t, "overrides", "model", false)) {
+      for (const auto& [k, v] : *o) {
+        const std::string key = "model.overrides.\"" + std::string(k.str()) + "\"";
+        if (!v.is_string()) {
+          c.error(checker::line_of(v), key, "expected a weight format string");
+          continue;
+        }
+        const std::string f = v.as_string()->get();
+        if (!weight_formats().count(f)) c.error(checker::line_of(v), key, "unknown weight format '" + f + "'");
+        m.model.overrides.emplace_back(std::string(k.str()), f);
+      }
+    }
+  }
+
+  if (const auto* t = c.table(root, "parallelism", "", false)) {
+    c.only_keys(*t, "parallelism", {"pipeline_stages", "tensor_parallel"});
+    if (const auto* n = t->get("pipeline_stages")) {
+      if (n->is_string() && n->as_string()->get() == "auto")
+        m.parallelism.pipeline_stages = 0;
+      else if (n->is_integer())
+        c.integer(*t, "pipeline_stages", "parallelism", m.parallelism.pipeline_stages, 1, 1024);
+      else
+        c.error(checker::line_of(*n), "parallelism.pipeline_stages", "expected \"auto\" or a number of stages");
+    }
+    if (const auto* n = t->get("tensor_parallel")) {
+      if (n->is_string() && n->as_string()->get() == "auto")
+        m.parallelism.tensor_parallel = 1;
+      else
+        c.integer(*t, "tensor_parallel", "parallelism", m.parallelism.tensor_parallel, 1, 256);
+    }
+  }
+
+  if (const auto* t = c.table(root, "scheduler", "", false)) {
+    c.only_keys(*t, "scheduler", {"queue_limit", "max_running", "token_budget", "micro_batches"});
+    c.integer(*t, "queue_limit", "scheduler", m.scheduler.queue_limit, 1, 1 << 20);
+    c.integer(*t, "max_running", "scheduler", m.scheduler.max_running, 1, 1 << 16);
+    c.integer(*t, "token_budget", "scheduler", m.scheduler.token_budget, 16, 1 << 20);
+    c.integer(*t, "micro_batches", "scheduler", m.scheduler.micro_batches, 0, 64);
+  }
+
+  if (const auto* t = c.table(root, "transport", "", false)) {
+    c.only_keys(*t, "transport", {"tls", "net_devices", "timeout_ms"});
+    c.str(*t, "tls", "transport", m.transport.tls);
+    c.str(*t, "net_devices", "transport", m.transport.net_devices);
+    c.integer(*t, "timeout_ms", "transport", m.transport.timeout_ms, 100, 3600000);
+  }
+
+  if (const auto* n = root.get("nodes")) {
+    if (!n->is_array() || !n->as_array()->is_array_of_tables()) {
+      c.error(checker::line_of(*n), "nodes", "expected [[nodes]] tables");
+    } else {
+      const auto& arr = *n->as_array();
+      for (std::size_t i = 0; i < arr.size(); ++i) {
+        node_entry e;
+        parse_node(c, *arr[i].as_table(), "nodes[" + std::to_string(i) + "]", e);
+        m.nodes.push_back(std::move(e));
+      }
+    }
+  }
+  if (m.nodes.empty()) c.error(0, "nodes", "the cluster has no nodes (add [[nodes]] tables)");
+
+  // Cross-checks: unique names and addresses, the head exists, every
+  // non-loopback node can be launched.
+  std::map<std::string, int> names;
+  std::map<std::pair<std::string, int>, std::string> endpoints;
+  for (std::size_t i = 0; i < m.nodes.size(); ++i) {
+    const auto& e = m.nodes[i];
+    const std::string where = "nodes[" + std::to_string(i) + "]";
+    if (!e.name.empty()) {
+      if (auto [it, fresh] = names.emplace(e.name, e.line); !fresh)
+        c.error(e.line, where + ".name", "'" + e.name + "' is already the name of the node at line " + std::to_string(it->second));
+    }
+    if (!e.host.empty() && e.port > 0) {
+      if (auto [it, fresh] = endpoints.emplace(std::make_pair(e.host, e.port), e.name); !fresh)
+        c.error(e.line, where + ".port", e.host + ":" + std::to_string(e.port) + " is already node '" + it->second + "''s address");
+    }
+    std::set<std::string> cpu_cores;
+    std::set<std::pair<int, int>> indices;
+    for (std::size_t k = 0; k < e.devices.size(); ++k) {
+      const auto& d = e.devices[k];
+      const std::string dw = where + ".devices[" + std::to_string(k) + "]";
+      if (d.type == device_type::cpu) {
+        if (!cpu_cores.insert(d.cores).second)
+          c.error(d.line, dw, "the same cpu device (" + d.spec() + ") twice on one node");
+      } else if (!indices.insert({static_cast<int>(d.type), d.index}).second) {
+        c.error(d.line, dw, "the same device (" + d.spec() + ") twice on one node");
+      }
+    }
+  }
+  if (!m.head.empty() && !m.nodes.empty() && !m.node(m.head))
+    c.error(0, "cluster.head", "'" + m.head + "' is not the name of any node");
+  const int devices_total = [&] {
+    int n = 0;
+    for (const auto& e : m.nodes) n += static_cast<int>(e.devices.size());
+    return n;
+  }();
+  if (m.parallelism.pipeline_stages > 0 && devices_total > 0 &&
+      m.parallelism.pipeline_stages * m.parallelism.tensor_parallel > devices_total)
+    c.error(0, "parallelism",
+            std::to_string(m.parallelism.pipeline_stages) + " stages x " + std::to_string(m.parallelism.tensor_parallel) +
+                " tensor-parallel ranks need " +
+                std::to_string(m.parallelism.pipeline_stages * m.parallelism.tensor_parallel) + " devices; the nodes have " +
+                std::to_string(devices_total));
+  if (!c.errors.empty()) return std::unexpected(manifest_error{std::move(c.errors)});
+  return m;
+}
+
+}  // namespace troupe::cluster

@@ -1,0 +1,119 @@
+#pragma once
+
+// The node manifest: a TOML file that describes a cluster (its name, head
+// node, certificate directory, nodes with their devices, the model,
+// parallelism, scheduler limits and transport settings). Parsed and
+// validated here, as plain data; docs/manifest.md is the reference and
+// examples/local.toml a commented example.
+//
+// Validation reports every problem at once, each with the file, line and
+// key ("local.toml:14: nodes[1].devices[0].type: expected cpu, cuda or
+// npu, got 'gpu'"); unknown keys are errors, so a typo never passes
+// silently.
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace troupe::cluster {
+
+enum class device_type { cpu, cuda, npu };
+const char* to_string(device_type t);
+
+struct device_entry {
+  device_type type = device_type::cpu;
+  /// cpu: a core or an inclusive range of cores ("3", "0-7"); empty: every
+  /// core of the node.
+  std::string cores;
+  /// cuda / npu: the device index.
+  int index = 0;
+  /// Memory this device may use for weights and KV, bytes (0: no limit).
+  std::uint64_t memory_bytes = 0;
+  int line = 0;
+  /// "cpu", "cpu:0-3", "cuda:1" (the form --device takes).
+  std::string spec() const;
+};
+
+struct node_entry {
+  std::string name;
+  std::string host;  ///< address the node binds and is reached at
+  int port = 0;      ///< its control-plane (CAF, TLS) port
+  std::vector<device_entry> devices;
+  std::string model_path;  ///< the model on this node (empty: the cluster's)
+  int line = 0;
+};
+
+struct model_entry {
+  /// A Hugging Face folder or GGUF file; "bundled" is the bundled tiny
+  /// LLaVA. Relative paths are relative to the manifest's directory.
+  std::string path = "bundled";
+  std::string quant;  ///< default weight format (empty: as stored)
+  std::vector<std::pair<std::string, std::string>> overrides;  ///< tensor-name pattern -> format
+  std::string kv_type = "f32";
+  std::int64_t ctx_tokens = 8192;  ///< KV capacity per stage, tokens
+};
+
+struct parallelism_entry {
+  /// Pipeline stages; 0 = "auto" (the placement decides).
+  int pipeline_stages = 0;
+  int tensor_parallel = 1;
+};
+
+struct scheduler_entry {
+  std::int64_t queue_limit = 64;
+  std::int64_t max_running = 64;
+  std::int64_t token_budget = 512;
+  int micro_batches = 0;  ///< 0: one per pipeline stage
+};
+
+struct transport_entry {
+  std::string tls;          ///< UCX transports (UCX_TLS); empty: UCX's choice
+  std::string net_devices;  ///< UCX network devices; empty: UCX's choice
+  std::int64_t timeout_ms = 30000;
+};
+
+struct manifest {
+  std::string path;  ///< the file it came from
+  std::string dir;   ///< its directory (relative paths resolve here)
+  std::string name;
+  std::string head;       ///< name of the head node
+  std::string certs_dir;  ///< resolved against dir
+  /// Command that starts a node on another host; {host}, {name},
+  /// {manifest} are replaced. Loopback hosts run as local processes.
+  std::string launch = "ssh {host} troupe node --manifest {manifest} --name {name}";
+  model_entry model;
+  parallelism_entry parallelism;
+  scheduler_entry scheduler;
+  transport_entry transport;
+  std::vector<node_entry> nodes;
+
+  const node_entry* node(std::string_view name) const;
+  const node_entry& head_node() const { return *node(head); }
+  /// The model path node `n` loads, resolved ("bundled" stays as is).
+  std::string model_path_of(const node_entry& n) const;
+};
+
+/// Every problem found, one message each, "FILE:LINE: KEY: what".
+struct manifest_error {
+  std::vector<std::string> messages;
+  std::string text() const;  ///< the messages, one per line
+};
+
+/// Reads and validates a manifest file.
+std::expected<manifest, manifest_error> load_manifest(const std::string& path);
+/// Validates manifest text; `path` names it in messages and anchors
+/// relative paths.
+std::expected<manifest, manifest_error> parse_manifest(std::string_view text, const std::string& path);
+
+/// Whether a node at `host` runs on this machine (started as a local
+/// process rather than through the launch command).
+bool is_loopback(std::string_view host);
+
+/// "16GiB", "512 MiB", "2G", "1000000": bytes; nothing for anything else.
+std::optional<std::uint64_t> parse_bytes(std::string_view s);
+
+}  // namespace troupe::cluster

@@ -1,0 +1,197 @@
+// The node manifest: the committed example parses to what it says, and
+// every kind of mistake is reported with its line and key, all at once.
+#include "cluster/manifest.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "../temp_path.hpp"
+
+namespace troupe::cluster {
+namespace {
+
+const char* good = R"(# a comment
+[cluster]
+name = "lab"
+head = "a"
+certs = "certs"
+
+[model]
+path = "models/tiny"
+quant = "q8_0"
+kv_type = "f16"
+ctx = 4096
+overrides = { "vision.*" = "int8", "layers.0.*" = "f16" }
+
+[parallelism]
+pipeline_stages = 2
+tensor_parallel = 1
+
+[scheduler]
+queue_limit = 32
+max_running = 8
+
+[transport]
+tls = "tcp"
+timeout_ms = 5000
+
+[[nodes]]
+name = "a"
+host = "127.0.0.1"
+port = 7400
+devices = [{ type = "cpu", cores = "0-1", memory = "2GiB" }]
+
+[[nodes]]
+name = "b"
+host = "10.0.0.2"
+port = 7400
+model_path = "/srv/models/tiny"
+devices = [{ type = "cuda", index = 1, memory = 1073741824 }, { type = "cpu", cores = 3 }]
+)";
+
+std::string joined(const manifest_error& e) { return e.text(); }
+
+TEST(Manifest, ParsesEveryField) {
+  auto m = parse_manifest(good, "/etc/troupe/lab.toml");
+  ASSERT_TRUE(m) << joined(m.error());
+  EXPECT_EQ(m->name, "lab");
+  EXPECT_EQ(m->head, "a");
+  EXPECT_EQ(m->certs_dir, "/etc/troupe/certs");
+  EXPECT_EQ(m->model.quant, "q8_0");
+  EXPECT_EQ(m->model.kv_type, "f16");
+  EXPECT_EQ(m->model.ctx_tokens, 4096);
+  ASSERT_EQ(m->model.overrides.size(), 2u);
+  EXPECT_EQ(m->parallelism.pipeline_stages, 2);
+  EXPECT_EQ(m->scheduler.queue_limit, 32);
+  EXPECT_EQ(m->scheduler.max_running, 8);
+  EXPECT_EQ(m->scheduler.token_budget, 512);  // default
+  EXPECT_EQ(m->transport.tls, "tcp");
+  EXPECT_EQ(m->transport.timeout_ms, 5000);
+  ASSERT_EQ(m->nodes.size(), 2u);
+  const auto& a = m->head_node();
+  EXPECT_EQ(a.port, 7400);
+  ASSERT_EQ(a.devices.size(), 1u);
+  EXPECT_EQ(a.devices[0].spec(), "cpu:0-1");
+  EXPECT_EQ(a.devices[0].memory_bytes, 2ull << 30);
+  EXPECT_EQ(a.line, 26);
+  const auto* b = m->node("b");
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(b->devices.size(), 2u);
+  EXPECT_EQ(b->devices[0].spec(), "cuda:1");
+  EXPECT_EQ(b->devices[0].memory_bytes, 1ull << 30);
+  EXPECT_EQ(b->devices[1].spec(), "cpu:3");
+  EXPECT_EQ(m->model_path_of(a), "/etc/troupe/models/tiny");
+  EXPECT_EQ(m->model_path_of(*b), "/srv/models/tiny");
+  EXPECT_TRUE(is_loopback(a.host));
+  EXPECT_FALSE(is_loopback(b->host));
+}
+
+TEST(Manifest, TheCommittedExampleIsValid) {
+  auto m = load_manifest(std::string(TROUPE_FIXTURES_DIR) + "/../../examples/local.toml");
+  ASSERT_TRUE(m) << joined(m.error());
+  EXPECT_EQ(m->nodes.size(), 3u);
+  for (const auto& n : m->nodes) EXPECT_TRUE(is_loopback(n.host)) << n.name;
+  EXPECT_NE(m->node(m->head), nullptr);
+  EXPECT_EQ(m->model.path, "bundled");
+}
+
+// Each mistake: the line it is on and the key named in the message.
+struct bad_case {
+  std::string text;
+  std::string expect;  // substring of one message
+};
+
+TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
+  const std::string head = "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n";  // lines 1-4
+  const std::string node = "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
+  const std::vector<bad_case> cases{
+      {head + "colour = 3\n" + node, "m.toml:5: cluster.colour: unknown key"},
+      {head + node + "[scheduler]\nqueue_limit = 0\n", "m.toml:11: scheduler.queue_limit: must be in [1, "},
+      {head + node + "[scheduler]\nqueue_limit = \"many\"\n", "m.toml:11: scheduler.queue_limit: expected an integer"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = \"cpu\" }]\n",
+       "m.toml:8: nodes[0].port: must be in [1, 65535], got 70000"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"gpu\" }]\n",
+       "m.toml:9: nodes[0].devices[0].type: expected cpu, cuda or npu, got 'gpu'"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\", cores = \"7-2\" }]\n",
+       "nodes[0].devices[0].cores: expected a core (\"3\") or a range (\"0-7\"), got '7-2'"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\", memory = \"lots\" }]\n",
+       "nodes[0].devices[0].memory: expected a size"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = []\n",
+       "m.toml:9: nodes[0].devices: a node needs at least one device"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"0.0.0.0\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n",
+       "m.toml:7: nodes[0].host: binding every interface"},
+      {head + node + node, "nodes[1].name: 'a' is already the name of the node at line 5"},
+      {"[cluster]\nname = \"x\"\nhead = \"zz\"\ncerts = \"c\"\n" + node, "cluster.head: 'zz' is not the name of any node"},
+      {"[cluster]\nname = \"x\"\nhead = \"a\"\n" + node, "m.toml:1: cluster.certs: missing"},
+      {head, "nodes: the cluster has no nodes"},
+      {head + node + "[model]\nquant = \"q5_k\"\n", "m.toml:11: model.quant: unknown weight format 'q5_k'"},
+      {head + node + "[parallelism]\npipeline_stages = 4\n", "parallelism: 4 stages x 1 tensor-parallel ranks need 4 devices; the nodes have 1"},
+      {head + node + "[parallelism]\npipeline_stages = \"many\"\n", "m.toml:11: parallelism.pipeline_stages: expected \"auto\""},
+      {head + "[cluster]\n", "not valid TOML"},
+      {head + node + "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n",
+       "nodes[1].port: 127.0.0.1:7400 is already node 'a''s address"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cuda\", cores = \"1\" }]\n",
+       "nodes[0].devices[0].cores: only a cpu device has cores"},
+      {"[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\nlaunch = \"ssh somewhere\"\n" + node,
+       "m.toml:5: cluster.launch: must contain {host}"},
+  };
+  for (const auto& c : cases) {
+    auto m = parse_manifest(c.text, "m.toml");
+    ASSERT_FALSE(m) << "accepted:\n" << c.text;
+    EXPECT_NE(joined(m.error()).find(c.expect), std::string::npos) << "wanted: " << c.expect << "\ngot:\n" << joined(m.error());
+  }
+}
+
+TEST(Manifest, SeveralMistakesAreAllReported) {
+  const std::string text =
+      "[cluster]\nname = \"x y\"\nhead = \"a\"\ncerts = \"c\"\n"
+      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 0\ndevices = [{ type = \"npu\", index = -1 }]\nextra = true\n";
+  auto m = parse_manifest(text, "m.toml");
+  ASSERT_FALSE(m);
+  const auto all = joined(m.error());
+  EXPECT_NE(all.find("m.toml:2: cluster.name"), std::string::npos) << all;
+  EXPECT_NE(all.find("m.toml:8: nodes[0].port"), std::string::npos) << all;
+  EXPECT_NE(all.find("nodes[0].devices[0].index: must be in [0, 255], got -1"), std::string::npos) << all;
+  EXPECT_NE(all.find("m.toml:10: nodes[0].extra: unknown key"), std::string::npos) << all;
+  EXPECT_GE(m.error().messages.size(), 4u);
+}
+
+TEST(Manifest, UnreadableAndOversizedFilesFailCleanly) {
+  auto m = load_manifest("/nonexistent/troupe.toml");
+  ASSERT_FALSE(m);
+  EXPECT_NE(joined(m.error()).find("cannot read the manifest"), std::string::npos);
+  const std::string big = troupe::test::temp_path("big.toml");
+  {
+    std::ofstream f(big);
+    f << std::string(2u << 20, '#');
+  }
+  m = load_manifest(big);
+  std::remove(big.c_str());
+  ASSERT_FALSE(m);
+  EXPECT_NE(joined(m.error()).find("larger than 1 MiB"), std::string::npos);
+  // Binary garbage is a TOML error, not a crash.
+  std::string junk;
+  for (int i = 0; i < 4096; ++i) junk.push_back(static_cast<char>((i * 131 + 7) % 256));
+  m = parse_manifest(junk, "junk.toml");
+  ASSERT_FALSE(m);
+  EXPECT_NE(joined(m.error()).find("junk.toml"), std::string::npos);
+}
+
+TEST(Manifest, SizesParse) {
+  EXPECT_EQ(parse_bytes("16GiB"), 16ull << 30);
+  EXPECT_EQ(parse_bytes("512 MiB"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("2G"), 2ull << 30);
+  EXPECT_EQ(parse_bytes("3gb"), 3000000000ull);
+  EXPECT_EQ(parse_bytes("1000"), 1000ull);
+  EXPECT_FALSE(parse_bytes(""));
+  EXPECT_FALSE(parse_bytes("0"));
+  EXPECT_FALSE(parse_bytes("GiB"));
+  EXPECT_FALSE(parse_bytes("12 parsecs"));
+  EXPECT_FALSE(parse_bytes("99999999999999999999"));
+  EXPECT_FALSE(parse_bytes("99999999999TiB"));
+}
+
+}  // namespace
+}  // namespace troupe::cluster
