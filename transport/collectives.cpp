@@ -24,6 +24,24 @@ std::pair<std::size_t, std::size_t> segment(std::size_t count, int size, int k) 
 
 result<void> wait_done(const ring& r, op_handle h) {
   auto& e = *r.engine;
+  // Poll first: the partner is usually a moment away.
+  const auto spin_until = std::chrono::steady_clock::now() + r.spin;
+  while (std::chrono::steady_clock::now() < spin_until) {
+    auto st = e.poll(h);
+    if (!st) {
+      e.release(h);
+      return std::unexpected(st.error());
+    }
+    if (st->state == op_state::done) {
+      e.release(h);
+      return {};
+    }
+    if (st->state == op_state::failed) {
+      e.release(h);
+      return std::unexpected(st->failure);
+    }
+    if (r.abort && r.abort->load(std::memory_order_acquire)) break;
+  }
   for (;;) {
     auto st = e.wait(h, std::chrono::milliseconds(r.abort ? 50 : 1000));
     if (!st) {

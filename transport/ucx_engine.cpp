@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <thread>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -390,6 +391,12 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   route_ucx_log();
   auto p = std::make_unique<impl>();
   p->opt = options;
+  // Operators may lengthen (or shorten) the spin before a wait sleeps.
+  if (const char* s = std::getenv("TROUPE_UCX_SPIN_US")) {
+    char* end = nullptr;
+    const long v = std::strtol(s, &end, 10);
+    if (end != s && *end == '\0' && v >= 0 && v <= 1000000) p->opt.spin_before_sleep = std::chrono::microseconds(v);
+  }
   if (options.default_timeout.count() <= 0) return make_error(errc::invalid_argument, "ucx: default_timeout must be positive");
   p->peer_mode = options.peer_errors.value_or(!tls_has_shm(options.tls));
 
