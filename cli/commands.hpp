@@ -24,5 +24,7 @@ command_runner add_write_model(CLI::App& app);
 command_runner add_bench(CLI::App& app);
 /// `troupe worker`: serves a model's last layers to another process.
 command_runner add_worker(CLI::App& app);
+/// `troupe certs`: the cluster CA and node certificates of a manifest.
+command_runner add_certs(CLI::App& app);
 
 }  // namespace troupe::cli

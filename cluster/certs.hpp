@@ -1,0 +1,47 @@
+#pragma once
+
+// The cluster's certificates: a CA of its own and one certificate per node,
+// made by troupe (OpenSSL) in the manifest's certificate directory. Every
+// control-plane connection is mutual TLS against that CA (caf_openssl), so
+// a process without a certificate signed by it cannot connect. The
+// certificate's subject CN is the node name; since CAF accepts any
+// certificate of the CA, the node's gatekeeper ties the name to it.
+//
+// Layout of the directory:
+//   ca.pem, ca.key          the cluster CA (key 0600)
+//   NODE.pem, NODE.key      each node's certificate and key (key 0600)
+// Files are written to a temporary name and renamed: caf_openssl re-reads
+// them per connection, and a half-written file would abort it.
+
+#include <expected>
+#include <string>
+#include <vector>
+
+#include "cluster/manifest.hpp"
+
+namespace troupe::cluster {
+
+struct node_tls_files {
+  std::string certificate;  ///< NODE.pem
+  std::string key;          ///< NODE.key
+  std::string ca;           ///< ca.pem
+};
+
+/// The files node `node` uses (they may not exist yet).
+node_tls_files tls_files(const manifest& m, const std::string& node);
+
+/// Creates what is missing: the CA (once; an existing CA is kept) and a
+/// certificate for every node of the manifest that has none, valid for
+/// `days`. Returns the files it wrote.
+std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m, int days = 825);
+
+/// Checks that node `node` can run mutual TLS: its certificate, key and the
+/// CA exist, the key matches the certificate, the certificate was signed by
+/// the CA, is valid now and names the node (CN). A node refuses to start
+/// otherwise (caf_openssl would silently fall back to anonymous TLS).
+std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node);
+
+/// The subject CN of a PEM certificate file.
+std::expected<std::string, std::string> certificate_common_name(const std::string& pem_path);
+
+}  // namespace troupe::cluster
