@@ -6,13 +6,16 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <memory>
 
 namespace troupe::cluster {
@@ -244,6 +247,73 @@ std::expected<std::string, std::string> certificate_common_name(const std::strin
   auto c = read_cert(pem_path);
   if (!c) return std::unexpected(c.error());
   return cn_of(c->get());
+}
+
+std::vector<std::uint8_t> make_challenge() {
+  std::vector<std::uint8_t> c(32);
+  if (RAND_bytes(c.data(), static_cast<int>(c.size())) != 1) {
+    // No entropy is not a reason to accept anyone: an all-zero challenge
+    // still needs a valid signature, but say so loudly.
+    std::fprintf(stderr, "troupe: RAND_bytes failed; the identity challenge is weak\n");
+  }
+  return c;
+}
+
+std::expected<identity_proof, std::string> prove_identity(const node_tls_files& files,
+                                                          std::span<const std::uint8_t> challenge) {
+  ERR_clear_error();
+  auto key = read_key(files.key);
+  if (!key) return std::unexpected(key.error());
+  identity_proof p;
+  {
+    std::ifstream f(files.certificate, std::ios::binary);
+    if (!f) return std::unexpected("cannot read " + files.certificate);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    p.certificate_pem = ss.str();
+  }
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  std::size_t len = 0;
+  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key->get()) != 1 ||
+      EVP_DigestSign(ctx.get(), nullptr, &len, challenge.data(), challenge.size()) != 1)
+    return std::unexpected(ssl_error("signing the challenge"));
+  p.signature.resize(len);
+  if (EVP_DigestSign(ctx.get(), p.signature.data(), &len, challenge.data(), challenge.size()) != 1)
+    return std::unexpected(ssl_error("signing the challenge"));
+  p.signature.resize(len);
+  return p;
+}
+
+std::expected<void, std::string> verify_identity(const std::string& ca_path, const std::string& node,
+                                                 std::span<const std::uint8_t> challenge, const identity_proof& proof) {
+  ERR_clear_error();
+  if (proof.certificate_pem.empty() || proof.certificate_pem.size() > 16384)
+    return std::unexpected("identity of '" + node + "': a certificate of " + std::to_string(proof.certificate_pem.size()) +
+                           " bytes (expected 1 to 16384)");
+  if (proof.signature.empty() || proof.signature.size() > 1024)
+    return std::unexpected("identity of '" + node + "': a signature of " + std::to_string(proof.signature.size()) +
+                           " bytes (expected 1 to 1024)");
+  auto ca = read_cert(ca_path);
+  if (!ca) return std::unexpected(ca.error());
+  bio_ptr bio(BIO_new_mem_buf(proof.certificate_pem.data(), static_cast<int>(proof.certificate_pem.size())));
+  x509_ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr);
+  if (!cert) return std::unexpected(ssl_error("identity of '" + node + "': not a PEM certificate"));
+  EVP_PKEY* ca_pub = X509_get0_pubkey(ca->get());
+  if (!ca_pub || X509_verify(cert.get(), ca_pub) != 1)
+    return std::unexpected("identity of '" + node + "': the certificate was not signed by the cluster CA");
+  if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) >= 0 ||
+      X509_cmp_current_time(X509_get0_notAfter(cert.get())) <= 0)
+    return std::unexpected("identity of '" + node + "': the certificate is not valid now");
+  const auto cn = cn_of(cert.get());
+  if (cn != node) return std::unexpected("identity of '" + node + "': the certificate names '" + cn + "'");
+  EVP_PKEY* pub = X509_get0_pubkey(cert.get());
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (!pub || !ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, EVP_sha256(), nullptr, pub) != 1 ||
+      EVP_DigestVerify(ctx.get(), proof.signature.data(), proof.signature.size(), challenge.data(), challenge.size()) != 1) {
+    ERR_clear_error();
+    return std::unexpected("identity of '" + node + "': the signature does not match the challenge and certificate");
+  }
+  return {};
 }
 
 }  // namespace troupe::cluster

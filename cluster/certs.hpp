@@ -13,7 +13,9 @@
 // Files are written to a temporary name and renamed: caf_openssl re-reads
 // them per connection, and a half-written file would abort it.
 
+#include <cstdint>
 #include <expected>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,28 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
 /// the CA, is valid now and names the node (CN). A node refuses to start
 /// otherwise (caf_openssl would silently fall back to anonymous TLS).
 std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node);
+
+/// A node's proof, for a gatekeeper, that it holds the key of its
+/// certificate: the certificate (PEM) and its signature over the
+/// gatekeeper's challenge. CAF's TLS accepts any certificate of the CA and
+/// tells actors nothing about it; this ties a connection to a node name.
+struct identity_proof {
+  std::string certificate_pem;
+  std::vector<std::uint8_t> signature;
+};
+
+/// A fresh random challenge (32 bytes).
+std::vector<std::uint8_t> make_challenge();
+
+/// Signs `challenge` (SHA-256, the node's key) and attaches the certificate.
+std::expected<identity_proof, std::string> prove_identity(const node_tls_files& files,
+                                                          std::span<const std::uint8_t> challenge);
+
+/// Checks a proof received from the network: sizes bounded, the
+/// certificate signed by the CA in `ca_path`, valid now, naming `node`, and
+/// the signature over `challenge` made by its key.
+std::expected<void, std::string> verify_identity(const std::string& ca_path, const std::string& node,
+                                                 std::span<const std::uint8_t> challenge, const identity_proof& proof);
 
 /// The subject CN of a PEM certificate file.
 std::expected<std::string, std::string> certificate_common_name(const std::string& pem_path);

@@ -140,5 +140,52 @@ TEST_F(Certs, StrangersAndWrongFilesAreRefused) {
   EXPECT_NE(e.error().find("incomplete"), std::string::npos) << e.error();
 }
 
+TEST_F(Certs, AnIdentityProofHoldsOnlyForTheKeyHolderAndTheChallenge) {
+  const auto one = make(root + "/one", "one"), two = make(root + "/two", "two");
+  ASSERT_TRUE(ensure_certificates(one));
+  ASSERT_TRUE(ensure_certificates(two));
+  const auto ca = tls_files(one, "a").ca;
+  const auto challenge = make_challenge();
+  ASSERT_EQ(challenge.size(), 32u);
+  EXPECT_NE(make_challenge(), challenge);
+  auto p = prove_identity(tls_files(one, "b"), challenge);
+  ASSERT_TRUE(p) << p.error();
+  EXPECT_TRUE(verify_identity(ca, "b", challenge, *p));
+  // Claiming another node's name with b's certificate.
+  auto r = verify_identity(ca, "a", challenge, *p);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("the certificate names 'b'"), std::string::npos) << r.error();
+  // Replaying the proof for another challenge.
+  r = verify_identity(ca, "b", make_challenge(), *p);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("signature does not match"), std::string::npos) << r.error();
+  // a's certificate with a signature made by b's key.
+  auto pa = prove_identity(tls_files(one, "a"), challenge);
+  ASSERT_TRUE(pa);
+  identity_proof forged{pa->certificate_pem, p->signature};
+  r = verify_identity(ca, "a", challenge, forged);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("signature does not match"), std::string::npos) << r.error();
+  // Another cluster's node.
+  auto stranger = prove_identity(tls_files(two, "b"), challenge);
+  ASSERT_TRUE(stranger);
+  r = verify_identity(ca, "b", challenge, *stranger);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("not signed by the cluster CA"), std::string::npos) << r.error();
+  // Garbage and oversized input from the network.
+  r = verify_identity(ca, "b", challenge, identity_proof{"-----BEGIN CERTIFICATE-----\nzz\n", p->signature});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("not a PEM certificate"), std::string::npos) << r.error();
+  r = verify_identity(ca, "b", challenge, identity_proof{std::string(20000, 'x'), p->signature});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("a certificate of 20000 bytes"), std::string::npos) << r.error();
+  r = verify_identity(ca, "b", challenge, identity_proof{p->certificate_pem, {}});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("a signature of 0 bytes"), std::string::npos) << r.error();
+  auto flipped = *p;
+  flipped.signature[flipped.signature.size() / 2] ^= 0x40;
+  EXPECT_FALSE(verify_identity(ca, "b", challenge, flipped));
+}
+
 }  // namespace
 }  // namespace troupe::cluster
