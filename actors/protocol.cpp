@@ -67,6 +67,9 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<stage_host_actor>("troupe::stage_host_actor");
   cfg.add_message_type<std::vector<std::uint8_t>>("troupe::u8_vector");
   cfg.add_message_type<tp_ring_addresses>("troupe::tp_ring_addresses");
+  cfg.add_message_type<gate_hello>("troupe::gate_hello");
+  cfg.add_message_type<gate_pass>("troupe::gate_pass");
+  cfg.add_message_type<gatekeeper_actor>("troupe::gatekeeper_actor");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
     return render(code, ctx);
   });

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 4;
+inline constexpr std::uint32_t protocol_version = 5;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -36,6 +36,8 @@ using info_atom = caf::atom_constant<caf::atom("info")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using stage_atom = caf::atom_constant<caf::atom("stage")>;
 using tp_atom = caf::atom_constant<caf::atom("tp")>;
+using challenge_atom = caf::atom_constant<caf::atom("challenge")>;
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -408,6 +410,43 @@ using tp_ring_addresses = std::vector<std::vector<std::uint8_t>>;
 using stage_host_actor = caf::typed_actor<caf::replies_to<stage_atom>::with<stage_handles>,
                                           caf::replies_to<tp_atom, tp_ring_addresses>::with<std::int32_t>,
                                           caf::replies_to<version_atom>::with<std::uint32_t>>;
+
+// -- the cluster's gatekeeper ---------------------------------------------------
+
+/// A node introducing itself to another node's gatekeeper: its name, its
+/// protocol version, its certificate and its signature over the challenge
+/// the gatekeeper gave this connection (cluster::verify_identity).
+struct gate_hello {
+  std::string node;
+  std::uint32_t version = 0;
+  std::string certificate_pem;
+  std::vector<std::uint8_t> signature;
+  bool operator==(const gate_hello&) const = default;
+};
+
+/// The gatekeeper's answer once the caller proved who it is.
+struct gate_pass {
+  std::string cluster;
+  std::string node;  ///< the gatekeeper's node
+  std::uint32_t version = 0;
+  bool operator==(const gate_pass&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, gate_hello& x) {
+  return f(caf::meta::type_name("gate_hello"), x.node, x.version, x.certificate_pem, x.signature);
+}
+template <class I>
+typename I::result_type inspect(I& f, gate_pass& x) {
+  return f(caf::meta::type_name("gate_pass"), x.cluster, x.node, x.version);
+}
+
+/// The one actor a node publishes (over mutual TLS): it hands out a fresh
+/// challenge per connecting node, and a pass (later: the node's actor
+/// handles) only to a node of the manifest that signed that challenge with
+/// the key of its certificate, speaking this protocol version.
+using gatekeeper_actor = caf::typed_actor<caf::replies_to<challenge_atom>::with<std::vector<std::uint8_t>>,
+                                          caf::replies_to<hello_atom, gate_hello>::with<gate_pass>>;
 
 /// Registers every message type above (needed to serialize them: between
 /// processes, and in the round-trip test).

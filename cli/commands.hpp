@@ -26,5 +26,7 @@ command_runner add_bench(CLI::App& app);
 command_runner add_worker(CLI::App& app);
 /// `troupe certs`: the cluster CA and node certificates of a manifest.
 command_runner add_certs(CLI::App& app);
+/// `troupe node`: the node daemon (mutual TLS, the gatekeeper).
+command_runner add_node(CLI::App& app);
 
 }  // namespace troupe::cli

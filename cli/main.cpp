@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   auto write_model = troupe::cli::add_write_model(app);
   auto worker = troupe::cli::add_worker(app);
   auto certs = troupe::cli::add_certs(app);
+  auto node = troupe::cli::add_node(app);
   bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
   bench->prefix_command();
   try {
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("write-model")) return write_model();
   if (app.got_subcommand("worker")) return worker();
   if (app.got_subcommand("certs")) return certs();
+  if (app.got_subcommand("node")) return node();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.
     std::string self = argv[0];

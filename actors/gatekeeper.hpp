@@ -1,0 +1,38 @@
+#pragma once
+
+// A node's gatekeeper and the client side of its handshake. Every
+// control-plane connection is mutual TLS (caf_openssl) against the
+// cluster CA, but CAF accepts any certificate of that CA and tells actors
+// nothing about it. So the gatekeeper, the one actor a node publishes,
+// asks every connecting node for a signature over a fresh challenge with
+// the key of the certificate that names it (cluster::verify_identity),
+// checks the name against the manifest and the protocol version, and only
+// then answers with a pass.
+
+#include <chrono>
+#include <expected>
+#include <string>
+
+#include "actors/protocol.hpp"
+#include "cluster/manifest.hpp"
+
+namespace troupe::actors {
+
+/// The gatekeeper of node `self_node` of manifest `m`.
+gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m, const std::string& self_node);
+
+/// Configures `cfg` for mutual TLS as node `node` of `m` (certificate, key
+/// and CA from the manifest's certificate directory, checked first: a node
+/// refuses to run without them, since caf_openssl would otherwise fall back
+/// to anonymous TLS), loads the middleman and caf_openssl's manager, and
+/// keeps automatic connections off. Heartbeats detect a hung peer.
+std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg, const cluster::manifest& m,
+                                                       const std::string& node);
+
+/// Connects (over TLS) to node `target`'s gatekeeper as node `self_node`
+/// and passes its handshake.
+std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
+                                                const std::string& self_node, const std::string& target,
+                                                std::chrono::milliseconds timeout);
+
+}  // namespace troupe::actors

@@ -1,0 +1,100 @@
+// troupe node --manifest M --name N: the node daemon. It refuses to start
+// without its certificate, key and the cluster CA (caf_openssl would
+// otherwise fall back to anonymous TLS), publishes only its gatekeeper,
+// over mutual TLS, on the manifest's address for it, and runs until
+// SIGINT/SIGTERM. With --ping T it instead acts as node N once: it joins
+// node T's gatekeeper and says whether T let it in.
+//
+// Placement of shards on nodes, `troupe up` and the head's scheduler come
+// with the rest of the cluster issue.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "actors/gatekeeper.hpp"
+#include "actors/protocol.hpp"
+#include "cli/commands.hpp"
+#include "cluster/manifest.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct node_args {
+  std::string manifest, name, ping;
+};
+
+int run_node(const node_args& a) {
+  auto m = cluster::load_manifest(a.manifest);
+  if (!m) {
+    std::fprintf(stderr, "%s", m.error().text().c_str());
+    return 2;
+  }
+  const auto* me = m->node(a.name);
+  if (!me) {
+    spdlog::error("node: '{}' is not a node of {}", a.name, a.manifest);
+    return 2;
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  caf::actor_system_config cfg;
+  actors::configure_runtime(cfg);
+  if (auto t = actors::configure_cluster_tls(cfg, *m, a.name); !t) {
+    spdlog::error("node {}: refusing to start: {}", a.name, t.error());
+    return 1;
+  }
+  caf::actor_system sys{cfg};
+  if (!a.ping.empty()) {
+    auto pass = actors::join_node(sys, *m, a.name, a.ping, std::chrono::milliseconds(m->transport.timeout_ms));
+    if (!pass) {
+      spdlog::error("node {}: {}", a.name, pass.error());
+      return 1;
+    }
+    std::printf("node %s: joined node %s of cluster %s (protocol %u)\n", a.name.c_str(), pass->node.c_str(),
+                pass->cluster.c_str(), pass->version);
+    return 0;
+  }
+  auto gk = actors::spawn_gatekeeper(sys, *m, a.name);
+  auto port = caf::openssl::publish(gk, static_cast<std::uint16_t>(me->port), me->host.c_str(), true);
+  if (!port) {
+    spdlog::error("node {}: cannot listen on {}:{}: {}", a.name, me->host, me->port, sys.render(port.error()));
+    caf::anon_send_exit(gk, caf::exit_reason::kill);
+    return 1;
+  }
+  std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)\n", a.name.c_str(), m->name.c_str(),
+              me->host.c_str(), static_cast<unsigned>(*port));
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::printf("troupe node %s: stopping (signal %d)\n", a.name.c_str(), sig);
+  std::fflush(stdout);
+  caf::anon_send_exit(gk, caf::exit_reason::user_shutdown);
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(0);
+  }).detach();
+  return 0;
+}
+
+}  // namespace
+
+command_runner add_node(CLI::App& app) {
+  auto a = std::make_shared<node_args>();
+  auto* cmd = app.add_subcommand("node", "Run a cluster node (mutual TLS; see docs/manifest.md)");
+  cmd->add_option("--manifest", a->manifest, "The cluster's manifest")->required();
+  cmd->add_option("--name", a->name, "This node's name in the manifest")->required();
+  cmd->add_option("--ping", a->ping, "Act as --name once: join node PING's gatekeeper and report");
+  return [a] { return run_node(*a); };
+}
+
+}  // namespace troupe::cli
