@@ -20,6 +20,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/protocol.hpp"
 #include "cli/commands.hpp"
+#include "cli/daemon.hpp"
 #include "cluster/manifest.hpp"
 
 namespace troupe::cli {
@@ -41,11 +42,7 @@ int run_node(const node_args& a) {
     spdlog::error("node: '{}' is not a node of {}", a.name, a.manifest);
     return 2;
   }
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const sigset_t sigs = block_stop_signals();
 
   caf::actor_system_config cfg;
   actors::configure_runtime(cfg);
@@ -74,15 +71,11 @@ int run_node(const node_args& a) {
   std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)\n", a.name.c_str(), m->name.c_str(),
               me->host.c_str(), static_cast<unsigned>(*port));
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&sigs, &sig);
+  const int sig = wait_for_stop_signal(sigs);
   std::printf("troupe node %s: stopping (signal %d)\n", a.name.c_str(), sig);
   std::fflush(stdout);
   caf::anon_send_exit(gk, caf::exit_reason::user_shutdown);
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::_Exit(0);
-  }).detach();
+  exit_after(std::chrono::seconds(5), "troupe node " + a.name);
   return 0;
 }
 

@@ -22,6 +22,7 @@
 #include "actors/protocol.hpp"
 #include "actors/stage.hpp"
 #include "cli/commands.hpp"
+#include "cli/daemon.hpp"
 #include "cli/model_setup.hpp"
 #include "transport/ucx_engine.hpp"
 
@@ -100,12 +101,8 @@ int run_worker(const worker_args& a) {
   auto& dp = actors::data_plane::local();
   dp.attach(std::shared_ptr<transport::transfer_engine>(std::move(*engine)));
 
-  // SIGINT/SIGTERM end the worker: block them in every thread, wait below.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // SIGINT/SIGTERM end the worker: blocked in every thread, waited for below.
+  const sigset_t sigs = block_stop_signals();
 
   caf::actor_system_config cc;
   actors::configure_runtime(cc);
@@ -172,22 +169,12 @@ int run_worker(const worker_args& a) {
     std::printf("troupe worker: layers [%d,%d) on %s, listening on port %u\n", range.first, range.last,
                 devs->front().name.c_str(), static_cast<unsigned>(*port));
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&sigs, &sig);
+  const int sig = wait_for_stop_signal(sigs);
   std::printf("troupe worker: stopping (signal %d)\n", sig);
   caf::anon_send_exit(host, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(kv_store, caf::exit_reason::user_shutdown);
-  // CAF's shutdown waits for every detached actor's last reference; in
-  // about one run of 25, one of an actor that served another node was
-  // never released and the worker hung here. The worker holds nothing
-  // that outlives it, so after a grace period it just ends.
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::fprintf(stderr, "troupe worker: actors still running 5 s after the signal; exiting anyway\n");
-    std::fflush(stdout);
-    std::_Exit(0);
-  }).detach();
+  exit_after(std::chrono::seconds(5), "troupe worker");
   return 0;
 }
 

@@ -67,6 +67,31 @@ void expect_same_tokens(const std::string& out) {
   EXPECT_NE(b["pipeline"].get<std::string>().find("remote worker layers [2,4)"), std::string::npos) << b["pipeline"];
 }
 
+// Runs `troupe bench <front_args>` with 5000 requests; once the worker
+// prints `joined` (the front reached it), lets requests flow, kills the
+// worker and expects every request to end (some failed) within `limit`,
+// and the front to exit 0 with its JSON.
+void expect_requests_end_after_kill(child_process& worker, const std::string& front_args, const std::string& joined,
+                                    std::chrono::milliseconds limit) {
+  child_process front("front", {"/bin/sh", "-c",
+                                std::string(TROUPE_CLI) + " bench " + front_args + " -c 16 -n 5000 --max-tokens 256 --json"});
+  ASSERT_TRUE(worker.expect(joined, 60000ms)) << "the front never joined";
+  std::this_thread::sleep_for(troupe::test::scaled(1500ms));
+  worker.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string out;
+  while (auto l = front.read_line(90000ms)) out += *l + "\n";
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, troupe::test::scaled(limit)) << "the front kept waiting for the dead worker";
+  const std::string ended = front.wait_exit(10000ms);
+  ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
+  EXPECT_EQ(ended, "exit 0");
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  const auto& level = j["levels"][0];
+  EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(level["completed"].get<int>() + level["failed"].get<int>(), 5000) << j.dump();
+}
+
 }  // namespace
 
 TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessOverSharedMemory) {
@@ -123,27 +148,10 @@ TEST(CliPipelineAcrossProcesses, AKilledWorkerFailsTheRequestsInsteadOfHanging) 
   std::unique_ptr<child_process> w;
   const int port = start_worker(w, {}, {});
   ASSERT_GT(port, 0);
-  child_process front("front", {"/bin/sh", "-c",
-                                std::string(TROUPE_CLI) + " bench --remote-stage 127.0.0.1:" + std::to_string(port) +
-                                    " -c 16 -n 5000 --max-tokens 256 --json"});
-  // Once the front has joined, let requests flow, then kill the worker
-  // mid-run. (Killing it before the front joined tests a failed start,
-  // which BadRemoteStagesFailWithAMessage covers.)
-  ASSERT_TRUE(w->expect("troupe worker: serving", 60000ms)) << "the front never joined";
-  std::this_thread::sleep_for(troupe::test::scaled(1500ms));
-  w->kill();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string out;
-  while (auto l = front.read_line(60000ms)) out += *l + "\n";
-  const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_LT(took, troupe::test::scaled(30000ms)) << "the front kept waiting for the dead worker";
-  const std::string ended = front.wait_exit(10000ms);
-  ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
-  EXPECT_EQ(ended, "exit 0");
-  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
-  const auto& level = j["levels"][0];
-  EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
-  EXPECT_EQ(level["completed"].get<int>() + level["failed"].get<int>(), 5000) << j.dump();
+  // (Killing it before the front joined tests a failed start, which
+  // BadRemoteStagesFailWithAMessage covers.)
+  expect_requests_end_after_kill(*w, "--remote-stage 127.0.0.1:" + std::to_string(port), "troupe worker: serving",
+                                 30000ms);
 }
 
 namespace {
@@ -240,22 +248,6 @@ TEST(CliTensorParallelAcrossProcesses, AKilledRankFailsTheRequestsInsteadOfHangi
   std::unique_ptr<child_process> w;
   const int port = start_worker(w, {}, {}, tp_worker_role());
   ASSERT_GT(port, 0);
-  child_process front("front", {"/bin/sh", "-c",
-                                std::string(TROUPE_CLI) + " bench --tp-peer 127.0.0.1:" + std::to_string(port) +
-                                    " -c 16 -n 5000 --max-tokens 256 --json"});
-  ASSERT_TRUE(w->expect("troupe worker: tensor-parallel rank 1 of 2 joined", 60000ms)) << "the front never joined";
-  std::this_thread::sleep_for(troupe::test::scaled(1500ms));
-  w->kill();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string out;
-  while (auto l = front.read_line(90000ms)) out += *l + "\n";
-  const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_LT(took, troupe::test::scaled(20000ms)) << "the front kept waiting for the dead rank";
-  const std::string ended = front.wait_exit(10000ms);
-  ASSERT_NE(out.find('{'), std::string::npos) << "front: " << ended << ", stdout:\n" << out;
-  EXPECT_EQ(ended, "exit 0");
-  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
-  const auto& level = j["levels"][0];
-  EXPECT_GT(level["failed"].get<int>(), 0) << j.dump();
-  EXPECT_EQ(level["completed"].get<int>() + level["failed"].get<int>(), 5000) << j.dump();
+  expect_requests_end_after_kill(*w, "--tp-peer 127.0.0.1:" + std::to_string(port),
+                                 "troupe worker: tensor-parallel rank 1 of 2 joined", 20000ms);
 }
