@@ -2,11 +2,54 @@
 
 #include <spdlog/spdlog.h>
 
+#include <dlfcn.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 #include <map>
 
 #include "cluster/certs.hpp"
+
+// caf_openssl 0.17 calls SSL_read/SSL_write/SSL_connect/SSL_accept on the
+// middleman's thread without clearing that thread's OpenSSL error queue
+// first, and leaves OpenSSL 3's "unexpected eof while reading" in it when
+// a peer (a client that exits) closes its connection without a TLS
+// close_notify. The next SSL_read on any other connection that would just
+// block then looks like a failure to SSL_get_error, and CAF closed every
+// other node's connection. These wrappers (the executable's definitions
+// win over libssl's for libcaf_openssl's calls) clear the queue before
+// each call, as OpenSSL's documentation requires.
+namespace {
+template <class F>
+F real_ssl(const char* name) {
+  return reinterpret_cast<F>(::dlsym(RTLD_NEXT, name));
+}
+}  // namespace
+
+extern "C" {
+int SSL_read(SSL* s, void* buf, int num) {
+  static auto real = real_ssl<int (*)(SSL*, void*, int)>("SSL_read");
+  ERR_clear_error();
+  return real(s, buf, num);
+}
+int SSL_write(SSL* s, const void* buf, int num) {
+  static auto real = real_ssl<int (*)(SSL*, const void*, int)>("SSL_write");
+  ERR_clear_error();
+  return real(s, buf, num);
+}
+int SSL_connect(SSL* s) {
+  static auto real = real_ssl<int (*)(SSL*)>("SSL_connect");
+  ERR_clear_error();
+  return real(s);
+}
+int SSL_accept(SSL* s) {
+  static auto real = real_ssl<int (*)(SSL*)>("SSL_accept");
+  ERR_clear_error();
+  return real(s);
+}
+}
 
 namespace troupe::actors {
 
@@ -28,9 +71,10 @@ constexpr auto challenge_lifetime = 60s;
 
 }  // namespace
 
-gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m, const std::string& self_node) {
-  auto impl = [](gatekeeper_actor::stateful_pointer<gatekeeper_state> self, cluster::manifest m,
-                 std::string me) -> gatekeeper_actor::behavior_type {
+gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m, const std::string& self_node,
+                                  node_agent_actor agent, frontdoor_actor door) {
+  auto impl = [](gatekeeper_actor::stateful_pointer<gatekeeper_state> self, cluster::manifest m, std::string me,
+                 node_agent_actor agent, frontdoor_actor door) -> gatekeeper_actor::behavior_type {
     const std::string ca = cluster::tls_files(m, me).ca;
     return {
         [=](challenge_atom) -> caf::result<std::vector<std::uint8_t>> {
@@ -60,16 +104,23 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
           if (h.version != protocol_version)
             return refuse(error_code::version_mismatch, "protocol version " + std::to_string(h.version) + ", this node speaks " +
                                                             std::to_string(protocol_version));
-          if (!m.node(h.node) || h.node == me)
+          const bool client = h.node == cluster::client_identity;
+          if (client && !door)
+            return refuse(error_code::invalid_request, "clients submit to the head node (" + m.head + "), not to " + me);
+          if (!client && (!m.node(h.node) || h.node == me))
             return refuse(error_code::invalid_request, "'" + h.node.substr(0, 64) + "' is not another node of cluster " + m.name);
           if (auto v = cluster::verify_identity(ca, h.node, challenge, cluster::identity_proof{h.certificate_pem, h.signature}); !v)
             return refuse(error_code::invalid_request, v.error());
+          if (client) {
+            spdlog::debug("gatekeeper of {}: a client came in", me);
+            return gate_pass{m.name, me, protocol_version, node_agent_actor{}, door};
+          }
           spdlog::info("gatekeeper of {}: node {} joined", me, h.node);
-          return gate_pass{m.name, me, protocol_version};
+          return gate_pass{m.name, me, protocol_version, agent, frontdoor_actor{}};
         },
     };
   };
-  return sys.spawn(impl, m, self_node);
+  return sys.spawn(impl, m, self_node, std::move(agent), std::move(door));
 }
 
 std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg, const cluster::manifest& m,
@@ -82,9 +133,12 @@ std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config&
   cfg.set("openssl.key", files->key);
   cfg.set("openssl.cafile", files->ca);
   cfg.set("middleman.enable-automatic-connections", false);
-  // A hung peer is noticed only with heartbeats (DEPENDENCIES.md).
-  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
-  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(3000)});
+  // CAF notices a hung peer only with its heartbeats and connection
+  // timeout (DEPENDENCIES.md), but with them on, CAF 0.17 closed every
+  // other node's connection at the next heartbeat after any one connection
+  // (a client's) closed. The head runs heartbeats of its own instead
+  // (actors/cluster.hpp), and a dead process's connection closes by itself.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(0)});
   return {};
 }
 

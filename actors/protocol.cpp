@@ -70,6 +70,14 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<gate_hello>("troupe::gate_hello");
   cfg.add_message_type<gate_pass>("troupe::gate_pass");
   cfg.add_message_type<gatekeeper_actor>("troupe::gatekeeper_actor");
+  cfg.add_message_type<stage_order>("troupe::stage_order");
+  cfg.add_message_type<node_report>("troupe::node_report");
+  cfg.add_message_type<node_agent_actor>("troupe::node_agent_actor");
+  cfg.add_message_type<job_request>("troupe::job_request");
+  cfg.add_message_type<member_view>("troupe::member_view");
+  cfg.add_message_type<std::vector<member_view>>("troupe::member_views");
+  cfg.add_message_type<cluster_status>("troupe::cluster_status");
+  cfg.add_message_type<frontdoor_actor>("troupe::frontdoor_actor");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
     return render(code, ctx);
   });

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 5;
+inline constexpr std::uint32_t protocol_version = 6;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -38,6 +38,12 @@ using stage_atom = caf::atom_constant<caf::atom("stage")>;
 using tp_atom = caf::atom_constant<caf::atom("tp")>;
 using challenge_atom = caf::atom_constant<caf::atom("challenge")>;
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using load_atom = caf::atom_constant<caf::atom("load")>;
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
+using down_atom = caf::atom_constant<caf::atom("down")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using joined_atom = caf::atom_constant<caf::atom("joined")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -424,11 +430,112 @@ struct gate_hello {
   bool operator==(const gate_hello&) const = default;
 };
 
-/// The gatekeeper's answer once the caller proved who it is.
+// -- the cluster -----------------------------------------------------------------
+
+/// The head's order to a node: hold decoder layers [first, last) of the
+/// cluster's model for placement `epoch`. `next` is the following stage
+/// (has_next false for the last one, which samples); `next_node` names its
+/// node, which this node joins first (control and data plane) when it is
+/// another one.
+struct stage_order {
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  bool embed = false;
+  bool head = false;
+  std::uint64_t epoch = 0;
+  bool has_next = false;
+  stage_handles next;
+  std::string next_node;
+};
+
+/// What a node reports to the head's heartbeat.
+struct node_report {
+  std::string node;
+  std::string devices;              ///< "cpu:0-0 (2 GiB)"
+  std::string stages;               ///< "layers [0,2) on cpu:0-0" or empty
+  std::uint64_t epoch = 0;          ///< placement its stages belong to
+  std::int64_t rss_bytes = 0;       ///< the node process's resident memory
+  std::int64_t weight_bytes = 0;    ///< weights its stages hold
+  std::int64_t memory_limit = 0;    ///< the manifest's limit (0: none)
+  std::int64_t kv_used_blocks = 0;
+  std::int64_t kv_total_blocks = 0;
+  std::int64_t kv_tokens = 0;       ///< tokens held in its KV caches
+  std::string failure;              ///< a stage actor that stopped abnormally
+  bool operator==(const node_report&) const = default;
+};
+
+/// A node's agent, handed to the head in the gatekeeper's pass: it loads
+/// and drops the stages the head places on the node, answers heartbeats,
+/// and stops the node.
+using node_agent_actor = caf::typed_actor<caf::replies_to<load_atom, stage_order>::with<stage_handles>,
+                                          caf::replies_to<drop_atom>::with<std::int32_t>,
+                                          caf::replies_to<ping_atom>::with<node_report>,
+                                          caf::reacts_to<down_atom>>;
+
+/// A job as a client submits it: the user's prompt (the head applies the
+/// model's chat template when there are images or `chat` is set), its
+/// images and sampling. `id` is the client's (random; unique per cluster).
+struct job_request {
+  std::uint64_t id = 0;
+  std::string prompt;
+  std::string system;
+  std::vector<image_data> images;
+  bool chat = false;
+  bool ignore_eos = false;              ///< decode max_tokens tokens whatever they are
+  bool has_temperature = false;         ///< else the model's generation_config decides
+  double temperature = 0.0;
+  std::int64_t max_tokens = 128;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop_strings;
+  std::int64_t deadline_ms = 0;
+  bool operator==(const job_request&) const = default;
+};
+
+/// One node as the head sees it.
+struct member_view {
+  std::string name;
+  std::string host;
+  std::int32_t port = 0;
+  std::string state;         ///< joining | up | suspect | lost
+  double last_seen_ms = -1;  ///< since its last heartbeat answer (-1: never)
+  std::int64_t joins = 0;    ///< times it (re)joined
+  node_report report;        ///< its last heartbeat answer
+  bool operator==(const member_view&) const = default;
+};
+
+/// The cluster as the head sees it (`troupe status`).
+struct cluster_status {
+  std::string cluster;
+  std::string head;
+  bool ready = false;        ///< the model is placed and the scheduler runs
+  bool draining = false;     ///< `troupe down` is under way
+  std::uint64_t epoch = 0;   ///< placements so far
+  std::string placement;     ///< "node0 [0,2) -> node1 [2,4)"
+  std::string encoder;       ///< where the vision encoder runs
+  std::vector<member_view> nodes;
+  scheduler_stats scheduler;
+  std::int64_t replacements = 0;   ///< re-placements after a node loss
+  std::string last_event;
+  double detect_ms = -1;           ///< last loss: last heartbeat answer to "lost"
+  double resume_ms = -1;           ///< last loss: "lost" to the new pipeline running
+  bool operator==(const cluster_status&) const = default;
+};
+
+/// The head's door for clients (handed out in the gatekeeper's pass to a
+/// holder of the cluster's client certificate).
+using frontdoor_actor = caf::typed_actor<caf::replies_to<submit_atom, job_request, client_sink_actor>::with<submit_ack>,
+                                         caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
+                                         caf::replies_to<status_atom>::with<cluster_status>,
+                                         caf::replies_to<down_atom>::with<bool>>;
+
+/// The gatekeeper's answer once the caller proved who it is: to another
+/// node, the node's agent; to a client, the head's door.
 struct gate_pass {
   std::string cluster;
   std::string node;  ///< the gatekeeper's node
   std::uint32_t version = 0;
+  node_agent_actor agent;
+  frontdoor_actor door;
   bool operator==(const gate_pass&) const = default;
 };
 
@@ -438,7 +545,31 @@ typename I::result_type inspect(I& f, gate_hello& x) {
 }
 template <class I>
 typename I::result_type inspect(I& f, gate_pass& x) {
-  return f(caf::meta::type_name("gate_pass"), x.cluster, x.node, x.version);
+  return f(caf::meta::type_name("gate_pass"), x.cluster, x.node, x.version, x.agent, x.door);
+}
+template <class I>
+typename I::result_type inspect(I& f, stage_order& x) {
+  return f(caf::meta::type_name("stage_order"), x.first_layer, x.last_layer, x.embed, x.head, x.epoch, x.has_next,
+           x.next, x.next_node);
+}
+template <class I>
+typename I::result_type inspect(I& f, node_report& x) {
+  return f(caf::meta::type_name("node_report"), x.node, x.devices, x.stages, x.epoch, x.rss_bytes, x.weight_bytes,
+           x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens, x.failure);
+}
+template <class I>
+typename I::result_type inspect(I& f, job_request& x) {
+  return f(caf::meta::type_name("job_request"), x.id, x.prompt, x.system, x.images, x.chat, x.ignore_eos,
+           x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings, x.deadline_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, member_view& x) {
+  return f(caf::meta::type_name("member_view"), x.name, x.host, x.port, x.state, x.last_seen_ms, x.joins, x.report);
+}
+template <class I>
+typename I::result_type inspect(I& f, cluster_status& x) {
+  return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch, x.placement,
+           x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms);
 }
 
 /// The one actor a node publishes (over mutual TLS): it hands out a fresh

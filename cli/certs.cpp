@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/manifest.hpp"
@@ -20,11 +21,8 @@ struct certs_args {
 };
 
 int run_certs(const certs_args& a) {
-  auto m = cluster::load_manifest(a.manifest);
-  if (!m) {
-    std::fprintf(stderr, "%s", m.error().text().c_str());
-    return 2;
-  }
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
   if (!a.check.empty()) {
     auto ok = cluster::check_node_certificate(*m, a.check);
     if (!ok) {

@@ -28,5 +28,7 @@ command_runner add_worker(CLI::App& app);
 command_runner add_certs(CLI::App& app);
 /// `troupe node`: the node daemon (mutual TLS, the gatekeeper).
 command_runner add_node(CLI::App& app);
+/// `troupe up`, `status`, `submit`, `down` (which: that name).
+command_runner add_cluster(CLI::App& app, const std::string& which);
 
 }  // namespace troupe::cli

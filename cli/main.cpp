@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
   auto worker = troupe::cli::add_worker(app);
   auto certs = troupe::cli::add_certs(app);
   auto node = troupe::cli::add_node(app);
+  auto up = troupe::cli::add_cluster(app, "up");
+  auto status = troupe::cli::add_cluster(app, "status");
+  auto submit = troupe::cli::add_cluster(app, "submit");
+  auto down = troupe::cli::add_cluster(app, "down");
   bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
   bench->prefix_command();
   try {
@@ -71,6 +75,10 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("worker")) return worker();
   if (app.got_subcommand("certs")) return certs();
   if (app.got_subcommand("node")) return node();
+  if (app.got_subcommand("up")) return up();
+  if (app.got_subcommand("status")) return status();
+  if (app.got_subcommand("submit")) return submit();
+  if (app.got_subcommand("down")) return down();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.
     std::string self = argv[0];

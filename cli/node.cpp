@@ -2,11 +2,10 @@
 // without its certificate, key and the cluster CA (caf_openssl would
 // otherwise fall back to anonymous TLS), publishes only its gatekeeper,
 // over mutual TLS, on the manifest's address for it, and runs until
-// SIGINT/SIGTERM. With --ping T it instead acts as node N once: it joins
-// node T's gatekeeper and says whether T let it in.
-//
-// Placement of shards on nodes, `troupe up` and the head's scheduler come
-// with the rest of the cluster issue.
+// SIGINT/SIGTERM (or the head's `down`). Behind the gatekeeper: its agent
+// (stages the head places here) and, on the head node, the head (see
+// actors/cluster.hpp). With --ping T it instead acts as node N once: it
+// joins node T's gatekeeper and says whether T let it in.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -17,11 +16,15 @@
 #include <cstdlib>
 #include <thread>
 
+#include "actors/cluster.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/protocol.hpp"
+#include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
 #include "cluster/manifest.hpp"
+#include "transport/ucx_engine.hpp"
 
 namespace troupe::cli {
 
@@ -32,11 +35,8 @@ struct node_args {
 };
 
 int run_node(const node_args& a) {
-  auto m = cluster::load_manifest(a.manifest);
-  if (!m) {
-    std::fprintf(stderr, "%s", m.error().text().c_str());
-    return 2;
-  }
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
   const auto* me = m->node(a.name);
   if (!me) {
     spdlog::error("node: '{}' is not a node of {}", a.name, a.manifest);
@@ -50,8 +50,8 @@ int run_node(const node_args& a) {
     spdlog::error("node {}: refusing to start: {}", a.name, t.error());
     return 1;
   }
-  caf::actor_system sys{cfg};
   if (!a.ping.empty()) {
+    caf::actor_system sys{cfg};
     auto pass = actors::join_node(sys, *m, a.name, a.ping, std::chrono::milliseconds(m->transport.timeout_ms));
     if (!pass) {
       spdlog::error("node {}: {}", a.name, pass.error());
@@ -61,20 +61,61 @@ int run_node(const node_args& a) {
                 pass->cluster.c_str(), pass->version);
     return 0;
   }
-  auto gk = actors::spawn_gatekeeper(sys, *m, a.name);
+  auto nc = node_config_of(*m, a.name);
+  if (!nc) {
+    spdlog::error("node {}: {}", a.name, nc.error().message);
+    return 2;
+  }
+  // The data plane: activations between stages go over UCX, to peers whose
+  // addresses came over the authenticated control plane.
+  transport::ucx_options uo;
+  uo.tls = m->transport.tls;
+  uo.net_devices = m->transport.net_devices;
+  auto engine = transport::ucx_engine::create(uo);
+  if (!engine) {
+    spdlog::error("node {}: {}", a.name, engine.error().message);
+    return 1;
+  }
+  actors::data_plane::local().attach(std::shared_ptr<transport::transfer_engine>(std::move(*engine)));
+
+  caf::actor_system sys{cfg};
+  auto agent = actors::spawn_node_agent(sys, *nc);
+  actors::frontdoor_actor door;
+  if (a.name == m->head) {
+    actors::head_config hc;
+    hc.node = *nc;
+    hc.scheduler.queue_limit = m->scheduler.queue_limit;
+    hc.scheduler.max_running = m->scheduler.max_running;
+    hc.scheduler.token_budget = m->scheduler.token_budget;
+    hc.scheduler.micro_batches = m->scheduler.micro_batches;
+    auto d = actors::spawn_head(sys, hc, agent);
+    if (!d) {
+      spdlog::error("node {} (head): {}", a.name, d.error().message);
+      caf::anon_send_exit(agent, caf::exit_reason::kill);
+      return 1;
+    }
+    door = *d;
+  }
+  auto gk = actors::spawn_gatekeeper(sys, *m, a.name, agent, door);
+  auto stop = [&](caf::exit_reason why) {
+    caf::anon_send_exit(gk, why);
+    if (door) caf::anon_send_exit(door, why);
+    caf::anon_send_exit(agent, why);
+  };
   auto port = caf::openssl::publish(gk, static_cast<std::uint16_t>(me->port), me->host.c_str(), true);
   if (!port) {
     spdlog::error("node {}: cannot listen on {}:{}: {}", a.name, me->host, me->port, sys.render(port.error()));
-    caf::anon_send_exit(gk, caf::exit_reason::kill);
+    stop(caf::exit_reason::kill);
     return 1;
   }
-  std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)\n", a.name.c_str(), m->name.c_str(),
-              me->host.c_str(), static_cast<unsigned>(*port));
+  actors::enable_tcp_nodelay_everywhere();  // step messages must not wait for Nagle
+  std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)%s\n", a.name.c_str(), m->name.c_str(),
+              me->host.c_str(), static_cast<unsigned>(*port), door ? ", head" : "");
   std::fflush(stdout);
   const int sig = wait_for_stop_signal(sigs);
   std::printf("troupe node %s: stopping (signal %d)\n", a.name.c_str(), sig);
   std::fflush(stdout);
-  caf::anon_send_exit(gk, caf::exit_reason::user_shutdown);
+  stop(caf::exit_reason::user_shutdown);
   exit_after(std::chrono::seconds(5), "troupe node " + a.name);
   return 0;
 }

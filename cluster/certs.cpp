@@ -195,12 +195,15 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
     ca = std::move(*c);
     ca_key = std::move(*k);
   }
-  for (const auto& n : m.nodes) {
-    const auto f = tls_files(m, n.name);
+  std::vector<std::pair<std::string, std::string>> identities;  // name, host
+  for (const auto& n : m.nodes) identities.emplace_back(n.name, n.host);
+  identities.emplace_back(client_identity, "");
+  for (const auto& [name, host] : identities) {
+    const auto f = tls_files(m, name);
     if (fs::exists(f.certificate) && fs::exists(f.key)) continue;
     auto k = new_key();
     if (!k) return std::unexpected(k.error());
-    auto c = make_certificate(k->get(), n.name, ca.get(), ca_key.get(), days, n.host);
+    auto c = make_certificate(k->get(), name, ca.get(), ca_key.get(), days, host);
     if (!c) return std::unexpected(c.error());
     if (auto w = write_pem(f.key, true, [&](BIO* b) {
           return PEM_write_bio_PrivateKey(b, k->get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
@@ -216,7 +219,7 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
 
 std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node) {
   ERR_clear_error();
-  if (!m.node(node)) return std::unexpected("'" + node + "' is not a node of " + m.path);
+  if (!m.node(node) && node != client_identity) return std::unexpected("'" + node + "' is not a node of " + m.path);
   const auto f = tls_files(m, node);
   for (const auto& p : {f.ca, f.certificate, f.key})
     if (!fs::exists(p))

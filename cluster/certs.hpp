@@ -23,6 +23,11 @@
 
 namespace troupe::cluster {
 
+/// The identity of clients (`troupe submit`, `status`, `down`, `up`): one
+/// more certificate of the cluster CA, with CN "client". The head's
+/// gatekeeper gives its holder the door for jobs, never a node's agent.
+inline constexpr const char* client_identity = "client";
+
 struct node_tls_files {
   std::string certificate;  ///< NODE.pem
   std::string key;          ///< NODE.key
@@ -34,13 +39,14 @@ node_tls_files tls_files(const manifest& m, const std::string& node);
 
 /// Creates what is missing: the CA (once; an existing CA is kept) and a
 /// certificate for every node of the manifest that has none, valid for
-/// `days`. Returns the files it wrote.
+/// `days`, and the client certificate. Returns the files it wrote.
 std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m, int days = 825);
 
 /// Checks that node `node` can run mutual TLS: its certificate, key and the
 /// CA exist, the key matches the certificate, the certificate was signed by
 /// the CA, is valid now and names the node (CN). A node refuses to start
 /// otherwise (caf_openssl would silently fall back to anonymous TLS).
+/// `node` may also be client_identity.
 std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node);
 
 /// A node's proof, for a gatekeeper, that it holds the key of its

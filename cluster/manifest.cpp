@@ -288,6 +288,9 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
     if (t->get("name") && !m.name.empty() && !valid_name(m.name))
       c.error(checker::line_of(*t->get("name")), "cluster.name", "'" + m.name + "': use letters, digits, '-' and '_' (at most 64)");
     c.str(*t, "head", "cluster", m.head, true);
+    // Else the cross-check below is skipped and head_node() derefs null.
+    if (t->get("head") && t->get("head")->is_string() && m.head.empty())
+      c.error(checker::line_of(*t->get("head")), "cluster.head", "must not be empty");
     std::string certs;
     c.str(*t, "certs", "cluster", certs, true);
     if (!certs.empty())
@@ -376,6 +379,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   for (std::size_t i = 0; i < m.nodes.size(); ++i) {
     const auto& e = m.nodes[i];
     const std::string where = "nodes[" + std::to_string(i) + "]";
+    if (e.name == "client") c.error(e.line, where + ".name", "'client' is reserved (the identity of troupe's clients)");
     if (!e.name.empty()) {
       if (auto [it, fresh] = names.emplace(e.name, e.line); !fresh)
         c.error(e.line, where + ".name", "'" + e.name + "' is already the name of the node at line " + std::to_string(it->second));

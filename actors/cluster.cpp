@@ -1,0 +1,757 @@
+#include "actors/cluster.hpp"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <caf/io/all.hpp>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+
+#include "actors/data_plane.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/prompt.hpp"
+#include "actors/stage.hpp"
+#include "cluster/certs.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
+
+// The node id each node had when this process last joined it: a stage's
+// agent joins the next stage's node only when no live connection to that
+// incarnation exists yet (the head's joins count too).
+struct joined_registry {
+  std::mutex mtx;
+  std::map<std::string, caf::node_id> ids;
+};
+joined_registry& joined_nodes() {
+  static joined_registry r;
+  return r;
+}
+
+// One compute context per device and process: the head's encoder and the
+// stages its agent loads share the device's team and lock.
+std::shared_ptr<device_context> context_for(const device_spec& d) {
+  static std::mutex mtx;
+  static std::map<std::string, std::shared_ptr<device_context>> contexts;
+  std::lock_guard lock(mtx);
+  auto& c = contexts[d.name];
+  if (!c) c = device_context::create(d);
+  return c;
+}
+
+std::int64_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  std::int64_t pages = 0, resident = 0;
+  if (!(f >> pages >> resident)) return 0;
+  return resident * static_cast<std::int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+std::string gib(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
+
+// -- the node agent ------------------------------------------------------------
+
+struct held_stage {
+  std::shared_ptr<stage_resources> res;
+  shard_actor shard;
+  kv_store_actor kv;
+};
+
+struct agent_state {
+  node_config cfg;
+  std::vector<held_stage> stages;
+  std::uint64_t epoch = 0;
+  std::string failure;
+};
+
+using agent_ptr = node_agent_actor::stateful_pointer<agent_state>;
+
+void drop_stages(agent_ptr self) {
+  auto& st = self->state;
+  for (auto& h : st.stages) {
+    self->demonitor(h.shard.address());
+    self->demonitor(h.kv.address());
+    caf::anon_send_exit(h.shard, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(h.kv, caf::exit_reason::user_shutdown);
+  }
+  st.stages.clear();
+  st.failure.clear();
+}
+
+caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
+  auto& st = self->state;
+  const auto& c = st.cfg;
+  const std::string what = "node " + c.name + ", layers [" + std::to_string(o.first_layer) + "," +
+                           std::to_string(o.last_layer) + ")";
+  if (o.epoch < st.epoch)
+    return make_error(error_code::invalid_request, what + ": placement " + std::to_string(o.epoch) +
+                                                       " is older than this node's " + std::to_string(st.epoch));
+  if (o.epoch > st.epoch) {
+    drop_stages(self);  // a new placement: what the old one left goes
+    st.epoch = o.epoch;
+  }
+  if (o.first_layer < 0 || o.last_layer <= o.first_layer)
+    return make_error(error_code::invalid_request, what + ": an empty or negative layer range");
+  auto& dp = data_plane::local();
+  if (o.has_next) {
+    if (!o.next.shard) return make_error(error_code::invalid_request, what + ": the next stage has no shard");
+    if (o.next_node != c.name) {
+      const auto nid = o.next.shard->node();
+      bool known = false;
+      {
+        auto& r = joined_nodes();
+        std::lock_guard lock(r.mtx);
+        auto it = r.ids.find(o.next_node);
+        known = it != r.ids.end() && it->second == nid;
+      }
+      if (!known) {
+        auto pass = join_node(self->system(), c.m, c.name, o.next_node, c.timeout);
+        if (!pass) return make_error(error_code::stage_failed, what + ": joining the next stage's node: " + pass.error());
+        if (!pass->agent || pass->agent->node() != nid)
+          return make_error(error_code::stage_failed, what + ": node " + o.next_node + " restarted since the head placed its stage");
+        auto& r = joined_nodes();
+        std::lock_guard lock(r.mtx);
+        r.ids[o.next_node] = nid;
+      }
+      if (auto r = dp.connect(to_string(nid), o.next.engine_address); !r)
+        return make_error(error_code::stage_failed, what + ": data plane to node " + o.next_node + ": " + r.error().message);
+    }
+  }
+  models::layer_range range;
+  range.first = o.first_layer;
+  range.last = o.last_layer;
+  range.embed = o.embed;
+  range.head = o.head;
+  const auto t0 = steady::now();
+  auto res = make_stage(context_for(c.device), c.model, range, c.plan, c.kv);
+  if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
+  if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
+    return make_error(error_code::stage_failed, what + ": the node now uses " + gib(resident_bytes()) +
+                                                    ", over its memory limit of " + gib(c.memory_limit) + " (manifest)");
+  auto shard = spawn_shard(self->system(), *res, o.has_next ? o.next.shard : shard_actor{});
+  auto kv = spawn_kv_store(self->system(), *res);
+  self->monitor(shard);
+  self->monitor(kv);
+  st.stages.push_back({*res, shard, kv});
+  spdlog::info("node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name, o.first_layer,
+               o.last_layer, c.device.name, o.epoch, ms_since(t0));
+  return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
+}
+
+node_report report_of(agent_ptr self) {
+  auto& st = self->state;
+  node_report r;
+  r.node = st.cfg.name;
+  r.devices = st.cfg.device.name;
+  r.epoch = st.epoch;
+  r.rss_bytes = resident_bytes();
+  r.memory_limit = st.cfg.memory_limit;
+  r.failure = st.failure;
+  for (const auto& h : st.stages) {
+    const auto range = h.res->model->range();
+    if (!r.stages.empty()) r.stages += ", ";
+    r.stages += "layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+    std::lock_guard lock(h.res->kv->mtx);
+    const auto u = h.res->kv->cache.usage();
+    r.kv_total_blocks += u.total_blocks;
+    r.kv_used_blocks += u.total_blocks - u.free_blocks;
+    r.kv_tokens += u.tokens;
+    r.weight_bytes += static_cast<std::int64_t>(h.res->model->bytes_per_token());
+  }
+  return r;
+}
+
+}  // namespace
+
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
+  auto impl = [](agent_ptr self, node_config cfg) -> node_agent_actor::behavior_type {
+    self->state.cfg = std::move(cfg);
+    self->set_exit_handler([self](caf::exit_msg& em) {
+      drop_stages(self);  // the stage actors go with the agent
+      self->quit(em.reason);
+    });
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      for (const auto& h : st.stages)
+        if (h.shard.address() == dm.source || h.kv.address() == dm.source)
+          st.failure = "a stage actor stopped: " + self->system().render(dm.reason);
+    });
+    return {
+        [=](load_atom, const stage_order& o) { return load_stage(self, o); },
+        [=](drop_atom) {
+          const auto n = static_cast<std::int32_t>(self->state.stages.size());
+          drop_stages(self);
+          return n;
+        },
+        [=](ping_atom) { return report_of(self); },
+        [=](down_atom) {
+          spdlog::info("node {}: told to stop", self->state.cfg.name);
+          drop_stages(self);
+          ::kill(::getpid(), SIGTERM);  // the main thread waits for it
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(cfg));
+}
+
+// -- the head ------------------------------------------------------------------
+
+namespace {
+
+using head_core_actor = frontdoor_actor::extend<caf::reacts_to<tick_atom>,
+                                                caf::reacts_to<joined_atom, std::string, gate_pass>,
+                                                caf::reacts_to<joined_atom, std::string, std::string>>;
+
+struct member_rt {
+  node_agent_actor agent;
+  node_report report;
+  bool joining = false;  ///< a join attempt is under way
+  std::string why;       ///< the last failed join's reason
+};
+
+struct head_state {
+  head_config cfg;
+  prompt_setup prompt;
+  model_frontend frontend;
+  int layers = 0;
+  std::optional<cluster::membership> members;
+  std::map<std::string, member_rt> rt;
+  scheduler_actor scheduler;
+  encoder_actor encoder;
+  std::string encoder_where;
+  std::vector<cluster::stage_slot> plan;
+  std::uint64_t epoch = 0;
+  bool placing = false, ready = false, draining = false, retry_queued = false, placement_ok = false;
+  std::int64_t replacements = 0;
+  std::string last_event;
+  double detect_ms = -1, resume_ms = -1;
+  std::optional<steady::time_point> lost_at;
+  steady::time_point started = steady::now(), last_heartbeat;
+  std::vector<caf::typed_response_promise<bool>> drain_waiters;
+  steady::time_point drain_since;
+  bool drain_checking = false;
+};
+
+using head_ptr = head_core_actor::stateful_pointer<head_state>;
+
+void event(head_ptr self, const std::string& what, bool warn = false) {
+  self->state.last_event = what;
+  if (warn)
+    spdlog::warn("head: {}", what);
+  else
+    spdlog::info("head: {}", what);
+}
+
+bool from_this_process(head_ptr self) {
+  const auto& s = self->current_sender();
+  return s && s->node() == self->node();
+}
+
+void replace(head_ptr self);
+
+void start_join(head_ptr self, const std::string& name) {
+  auto& st = self->state;
+  auto& r = st.rt[name];
+  if (r.joining) return;
+  r.joining = true;
+  const auto core = caf::actor_cast<head_core_actor>(self);
+  self->system().spawn<caf::detached>(
+      [core, m = st.cfg.node.m, me = st.cfg.node.name, name, timeout = st.cfg.node.timeout](caf::blocking_actor* b) {
+        auto pass = join_node(b->system(), m, me, name, std::min(timeout, std::chrono::milliseconds(5000)));
+        if (pass)
+          b->send(core, joined_atom::value, name, *pass);
+        else
+          b->send(core, joined_atom::value, name, pass.error());
+      });
+}
+
+void on_lost(head_ptr self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  auto& r = st.rt[name];
+  if (r.agent) self->demonitor(r.agent.address());
+  r.agent = node_agent_actor{};
+  {
+    auto& reg = joined_nodes();
+    std::lock_guard lock(reg.mtx);
+    reg.ids.erase(name);
+  }
+  const auto* m = st.members->find(name);
+  st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
+  event(self, "node " + name + " lost: " + why, true);
+  const bool held = std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
+  if ((held || st.placing) && !st.draining) {
+    st.lost_at = steady::now();
+    replace(self);
+  }
+}
+
+void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_handles> handles) {
+  auto& st = self->state;
+  if (epoch != st.epoch) return;
+  std::vector<shard_actor> shards;
+  std::vector<kv_store_actor> kvs;
+  for (const auto& h : handles) {
+    shards.push_back(h.shard);
+    kvs.push_back(h.kv);
+  }
+  auto done = [self, epoch, shards, kvs](std::int64_t blocks) {
+    auto& st = self->state;
+    if (epoch != st.epoch) return;
+    st.placing = false;
+    st.placement_ok = true;
+    if (!st.scheduler) {
+      auto sopts = st.cfg.scheduler;
+      sopts.kv = st.cfg.node.kv;
+      sopts.kv_blocks = blocks;
+      if (sopts.micro_batches < 1) sopts.micro_batches = static_cast<int>(shards.size());
+      st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+    } else {
+      self->send(st.scheduler, reset_atom::value, shards, kvs);
+    }
+    st.ready = true;
+    std::string how = "placed " + cluster::describe(st.plan) + " (placement " + std::to_string(epoch) + ")";
+    if (st.lost_at) {
+      st.resume_ms = ms_since(*st.lost_at);
+      ++st.replacements;
+      st.lost_at.reset();
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; requests resume %.0f ms after the loss", st.resume_ms);
+      how += buf;
+    }
+    event(self, how);
+  };
+  if (st.scheduler) {
+    done(0);
+    return;
+  }
+  self->request(kvs.front(), st.cfg.node.timeout, usage_atom::value)
+      .then([done](const kv_usage_info& u) { done(u.total_blocks); },
+            [self, epoch](caf::error& e) {
+              if (epoch != self->state.epoch) return;
+              self->state.placing = false;
+              event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e), true);
+            });
+}
+
+void replace(head_ptr self) {
+  auto& st = self->state;
+  if (st.draining) return;
+  const auto epoch = ++st.epoch;
+  const auto plan = cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, st.members->usable(),
+                                            st.cfg.node.m.head);
+  if (plan.empty()) {
+    st.placing = false;
+    event(self, "no node can hold the model now (the head is not up)", true);
+    return;
+  }
+  st.placing = true;
+  // Nodes left out of the new plan let go of what they hold.
+  for (auto& [name, r] : st.rt) {
+    const bool in = std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
+    if (!in && r.agent) self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
+  }
+  st.plan = plan;
+  event(self, "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
+  auto handles = std::make_shared<std::vector<stage_handles>>(plan.size());
+  auto load = std::make_shared<std::function<void(std::size_t)>>();
+  *load = [self, epoch, plan, handles, load](std::size_t i) {
+    auto& st = self->state;
+    if (epoch != st.epoch) return;
+    const auto& slot = plan[i];
+    auto agent = st.rt[slot.node].agent;
+    auto fail = [self, epoch, slot](const std::string& why) {
+      auto& st = self->state;
+      if (epoch != st.epoch) return;
+      st.placing = false;
+      st.placement_ok = false;
+      event(self, "placing layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
+                      ") on " + slot.node + " failed: " + why + "; trying again",
+            true);
+      if (!st.retry_queued) {
+        st.retry_queued = true;
+        self->delayed_send(self, 500ms, tick_atom::value);
+      }
+    };
+    if (!agent) return fail("the node is not up");
+    stage_order o;
+    o.first_layer = slot.first_layer;
+    o.last_layer = slot.last_layer;
+    o.embed = i == 0;
+    o.head = i + 1 == plan.size();
+    o.epoch = epoch;
+    if (i + 1 < plan.size()) {
+      o.has_next = true;
+      o.next = (*handles)[i + 1];
+      o.next_node = plan[i + 1].node;
+    }
+    self->request(agent, st.cfg.node.timeout, load_atom::value, o)
+        .then(
+            [self, epoch, handles, load, i](stage_handles& h) {
+              if (epoch != self->state.epoch) return;
+              (*handles)[i] = std::move(h);
+              if (i == 0) {
+                finish_placement(self, epoch, *handles);
+                *load = nullptr;  // breaks the cycle
+              } else {
+                (*load)(i - 1);
+              }
+            },
+            [self, fail](caf::error& e) { fail(describe(self->system(), e)); });
+  };
+  (*load)(plan.size() - 1);
+}
+
+void heartbeat(head_ptr self) {
+  auto& st = self->state;
+  const auto now = steady::now();
+  for (auto& t : st.members->tick(now)) {
+    if (t.to == cluster::member_state::lost)
+      on_lost(self, t.name, t.why);
+    else
+      event(self, "node " + t.name + " " + cluster::to_string(t.to) + ": " + t.why, true);
+  }
+  for (const auto& name : st.members->due_for_join(now))
+    if (name != st.cfg.node.name) start_join(self, name);
+  for (auto& [name, r] : st.rt) {
+    if (!r.agent) continue;
+    const auto* m = st.members->find(name);
+    if (!m || (m->state != cluster::member_state::up && m->state != cluster::member_state::suspect)) continue;
+    self->request(r.agent, st.members->options().lost_after, ping_atom::value)
+        .then(
+            [self, name, agent = r.agent](node_report& rep) {
+              auto& st = self->state;
+              auto& r = st.rt[name];
+              if (r.agent != agent) return;  // an answer from before a loss
+              r.report = std::move(rep);
+              if (auto t = st.members->heard(name, steady::now())) event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
+            },
+            [](caf::error&) {});  // silence is what tick() measures
+  }
+  // The first placement: once every node is up (or, after the grace
+  // period, whoever is).
+  if (!st.ready && !st.placing && !st.draining) {
+    const auto usable = st.members->usable();
+    if (usable.size() == st.cfg.node.m.nodes.size() || (steady::now() - st.started > st.cfg.startup_grace && !usable.empty()))
+      replace(self);
+  }
+}
+
+cluster_status status_of(head_ptr self) {
+  auto& st = self->state;
+  cluster_status s;
+  s.cluster = st.cfg.node.m.name;
+  s.head = st.cfg.node.m.head;
+  s.ready = st.ready && !st.placing;
+  s.draining = st.draining;
+  s.epoch = st.epoch;
+  s.placement = cluster::describe(st.plan);
+  s.encoder = st.encoder_where;
+  s.replacements = st.replacements;
+  s.last_event = st.last_event;
+  s.detect_ms = st.detect_ms;
+  s.resume_ms = st.resume_ms;
+  for (const auto& n : st.cfg.node.m.nodes) {
+    member_view v;
+    v.name = n.name;
+    v.host = n.host;
+    v.port = n.port;
+    if (const auto* m = st.members->find(n.name)) {
+      v.state = cluster::to_string(m->state);
+      v.last_seen_ms = m->last_seen ? ms_since(*m->last_seen) : -1;
+      v.joins = m->joins;
+    }
+    auto it = st.rt.find(n.name);
+    if (it != st.rt.end()) {
+      v.report = it->second.report;
+      if (v.state != "up" && v.state != "suspect" && !it->second.why.empty()) v.report.failure = it->second.why;
+    }
+    s.nodes.push_back(std::move(v));
+  }
+  return s;
+}
+
+void stop_all(head_ptr self) {
+  auto& st = self->state;
+  event(self, "stopping every node");
+  for (auto& [name, r] : st.rt)
+    if (r.agent && name != st.cfg.node.name) self->send(r.agent, down_atom::value);
+  for (auto& rp : st.drain_waiters) rp.deliver(true);
+  st.drain_waiters.clear();
+  // Our own node last, once the answers are out.
+  if (auto own = st.rt[st.cfg.node.name].agent) self->delayed_send(own, 300ms, down_atom::value);
+}
+
+// Called on every tick while draining: stops everything once no request
+// is queued or running (or after two minutes).
+void check_drain(head_ptr self) {
+  auto& st = self->state;
+  if (!st.draining || st.drain_waiters.empty() || st.drain_checking) return;
+  if (!st.scheduler || steady::now() - st.drain_since > 120s) return stop_all(self);
+  st.drain_checking = true;
+  self->request(st.scheduler, 5s, stats_atom::value)
+      .then(
+          [self](const scheduler_stats& s) {
+            self->state.drain_checking = false;
+            if (s.queued == 0 && s.running == 0) return stop_all(self);
+            self->state.last_event = "draining: " + std::to_string(s.running) + " running, " + std::to_string(s.queued) + " queued";
+          },
+          [self](caf::error&) {
+            self->state.drain_checking = false;
+            stop_all(self);
+          });
+}
+
+}  // namespace
+
+kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg, node_agent_actor own) {
+  const auto& m = cfg.node.m;
+  if (m.parallelism.tensor_parallel > 1)
+    return kernels::make_error(kernels::errc::unsupported_op, m.path + ": parallelism.tensor_parallel = " +
+                                                               std::to_string(m.parallelism.tensor_parallel) +
+                                                               ": the cluster places pipeline stages only so far "
+                                                               "(tensor parallelism runs with troupe worker --tp-rank)");
+  auto prompt = load_prompt_setup(cfg.node.model);
+  if (!prompt) return std::unexpected(prompt.error());
+  model_frontend fe;
+  fe.tok = prompt->tok;
+  fe.vocab = prompt->text.vocab_size;
+  fe.hidden = prompt->text.hidden_size;
+  std::shared_ptr<encoder_resources> enc;
+  if (prompt->llava) {
+    fe.image_token = static_cast<std::int32_t>(prompt->llava->image_token_index);
+    fe.tokens_per_image = prompt->llava->tokens_per_image();
+    auto e = make_vision_encoder(context_for(cfg.node.device), cfg.node.model, cfg.node.plan);
+    if (!e) return std::unexpected(e.error());
+    enc = std::move(*e);
+  }
+  std::vector<std::string> names;
+  for (const auto& n : m.nodes) names.push_back(n.name);
+  auto impl = [](head_ptr self, head_config cfg, prompt_setup prompt, model_frontend fe,
+                 std::shared_ptr<encoder_resources> enc, node_agent_actor own,
+                 std::vector<std::string> names) -> head_core_actor::behavior_type {
+    auto& st = self->state;
+    st.cfg = std::move(cfg);
+    st.layers = static_cast<int>(prompt.text.num_layers);
+    st.prompt = std::move(prompt);
+    st.frontend = std::move(fe);
+    st.members.emplace(std::move(names), st.cfg.membership);
+    if (enc) {
+      st.encoder = spawn_encoder(self->system(), enc, st.cfg.encoder);
+      st.encoder_where = st.cfg.node.name + " " + enc->device.name;
+    }
+    st.rt[st.cfg.node.name].agent = own;
+    st.members->joined(st.cfg.node.name, steady::now());
+    self->set_exit_handler([self](caf::exit_msg& em) {
+      // The scheduler and the encoder go with the head.
+      auto& st = self->state;
+      if (st.scheduler) self->send_exit(st.scheduler, em.reason);
+      if (st.encoder) self->send_exit(st.encoder, em.reason);
+      self->quit(em.reason);
+    });
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      for (auto& [name, r] : st.rt) {
+        if (!r.agent || r.agent.address() != dm.source) continue;
+        if (auto t = st.members->gone(name, "its connection closed (" + self->system().render(dm.reason) + ")"))
+          on_lost(self, name, t->why);
+        return;
+      }
+    });
+    self->send(self, tick_atom::value);
+    return {
+        [=](submit_atom, job_request& job, client_sink_actor& sink) -> caf::result<submit_ack> {
+          auto& st = self->state;
+          if (st.draining) return make_error(error_code::overloaded, "the cluster is shutting down");
+          if (!st.scheduler)
+            return make_error(error_code::overloaded, "the cluster is not ready yet: it is placing the model (troupe status shows progress)");
+          if (job.images.size() > 16) return make_error(error_code::invalid_request, "at most 16 images per job");
+          prompt_input in;
+          in.prompt = job.prompt;
+          in.system = job.system;
+          in.images = static_cast<int>(job.images.size());
+          in.chat = job.chat;
+          auto ids = render_prompt(st.prompt, in);
+          if (!ids) return make_error(error_code::invalid_request, ids.error().message);
+          generate_request req;
+          req.id = job.id;
+          req.prompt_tokens = std::move(*ids);
+          req.images = std::move(job.images);
+          req.params = default_sampling(st.prompt, job.max_tokens);
+          if (job.has_temperature) req.params.temperature = job.temperature;
+          req.params.seed = job.seed;
+          req.params.stop_strings = std::move(job.stop_strings);
+          if (job.ignore_eos) req.params.stop_token_ids.clear();
+          if (auto v = req.params.validate(); !v) return make_error(error_code::invalid_request, v.error().message);
+          req.deadline_ms = job.deadline_ms;
+          return self->delegate(st.scheduler, submit_atom::value, std::move(req), std::move(sink));
+        },
+        [=](cancel_atom, std::uint64_t id) -> caf::result<bool> {
+          if (!self->state.scheduler) return false;
+          return self->delegate(self->state.scheduler, cancel_atom::value, id);
+        },
+        [=](status_atom) -> caf::result<cluster_status> {
+          auto rp = self->make_response_promise<cluster_status>();
+          auto s = status_of(self);
+          if (!self->state.scheduler) {
+            rp.deliver(std::move(s));
+            return rp;
+          }
+          self->request(self->state.scheduler, 5s, stats_atom::value)
+              .then([rp, s](const scheduler_stats& x) mutable {
+                      s.scheduler = x;
+                      rp.deliver(std::move(s));
+                    },
+                    [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
+          return rp;
+        },
+        [=](down_atom) -> caf::result<bool> {
+          auto& st = self->state;
+          auto rp = self->make_response_promise<bool>();
+          st.drain_waiters.push_back(rp);
+          if (!st.draining) {
+            st.draining = true;
+            st.drain_since = steady::now();
+            event(self, "draining: refusing new jobs, finishing the accepted ones");
+          }
+          check_drain(self);
+          return rp;
+        },
+        [=](tick_atom) {
+          if (!from_this_process(self)) return;
+          auto& st = self->state;
+          st.retry_queued = false;
+          if (steady::now() - st.last_heartbeat >= st.members->options().heartbeat_every) {
+            st.last_heartbeat = steady::now();
+            heartbeat(self);
+            check_drain(self);
+            self->delayed_send(self, st.members->options().heartbeat_every, tick_atom::value);
+          }
+          if (!st.placing && !st.draining && st.ready) {
+            // A placement that failed: try again with whoever is up.
+            const bool complete = !st.plan.empty() && std::all_of(st.plan.begin(), st.plan.end(), [&](const auto& s) {
+              const auto* m = st.members->find(s.node);
+              return m && m->state != cluster::member_state::lost;
+            });
+            if (!complete || !st.placement_ok) replace(self);
+          }
+        },
+        [=](joined_atom, const std::string& name, gate_pass& pass) {
+          if (!from_this_process(self)) return;
+          auto& st = self->state;
+          auto& r = st.rt[name];
+          r.joining = false;
+          if (!pass.agent) {
+            r.why = "its gatekeeper handed out no agent";
+            return;
+          }
+          r.agent = pass.agent;
+          r.why.clear();
+          self->monitor(r.agent);
+          {
+            auto& reg = joined_nodes();
+            std::lock_guard lock(reg.mtx);
+            reg.ids[name] = r.agent->node();
+          }
+          auto t = st.members->joined(name, steady::now());
+          event(self, "node " + name + " " + t.why);
+          // What it may still hold from before it was lost is stale.
+          self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
+        },
+        [=](joined_atom, const std::string& name, const std::string& why) {
+          if (!from_this_process(self)) return;
+          auto& r = self->state.rt[name];
+          r.joining = false;
+          r.why = why;
+          spdlog::debug("head: joining {}: {}", name, why);
+        },
+    };
+  };
+  auto core = sys.spawn(impl, std::move(cfg), std::move(*prompt), std::move(fe), std::move(enc), std::move(own),
+                        std::move(names));
+  return caf::actor_cast<frontdoor_actor>(core);
+}
+
+std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys, const cluster::manifest& m,
+                                                           std::chrono::milliseconds timeout) {
+  auto pass = join_node(sys, m, cluster::client_identity, m.head, timeout);
+  if (!pass) return std::unexpected(pass.error());
+  if (!pass->door) return std::unexpected("node " + m.head + " handed out no door (is it the head of cluster " + m.name + "?)");
+  return pass->door;
+}
+
+std::uint64_t random_job_id() {
+  static std::mutex mtx;
+  static std::mt19937_64 gen{std::random_device{}()};
+  std::lock_guard lock(mtx);
+  std::uint64_t id = 0;
+  while (id == 0) id = gen();
+  return id;
+}
+
+std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+                                                 std::function<void(const token_event&)> on_token) {
+  struct waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<finish_event> done;
+    std::string gone;
+  };
+  auto w = std::make_shared<waiter>();
+  auto finish = [w](std::optional<finish_event> f, std::string why) {
+    std::lock_guard lock(w->m);
+    if (w->done || !w->gone.empty()) return;
+    if (f)
+      w->done = std::move(f);
+    else
+      w->gone = std::move(why);
+    w->cv.notify_all();
+  };
+  const auto id = job.id;
+  auto sink = sys.spawn([door, on_token, finish, id](client_sink_actor::pointer self) -> client_sink_actor::behavior_type {
+    self->monitor(door);
+    self->set_down_handler([=](caf::down_msg& dm) {
+      finish(std::nullopt, "the head went away (" + self->system().render(dm.reason) + ")");
+      self->quit();
+    });
+    return {
+        [=](const token_event& e) {
+          if (e.id == id && on_token) on_token(e);
+        },
+        [=](const finish_event& e) {
+          if (e.id != id) return;
+          finish(e, "");
+          self->quit();
+        },
+    };
+  });
+  std::string refused;
+  {
+    caf::scoped_actor self{sys};
+    self->request(door, caf::infinite, submit_atom::value, std::move(job), sink)
+        .receive([](const submit_ack&) {}, [&](caf::error& e) { refused = describe(sys, e); });
+  }
+  if (!refused.empty()) {
+    caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+    return std::unexpected(refused);
+  }
+  std::unique_lock lock(w->m);
+  w->cv.wait(lock, [&] { return w->done.has_value() || !w->gone.empty(); });
+  if (w->done) return *w->done;
+  return std::unexpected(w->gone);
+}
+
+}  // namespace troupe::actors

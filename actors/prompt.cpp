@@ -1,0 +1,105 @@
+#include "actors/prompt.hpp"
+
+#include <filesystem>
+
+#include "models/chat_template.hpp"
+#include "models/weights.hpp"
+
+namespace troupe::actors {
+
+using kernels::errc;
+
+kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
+  auto src = models::weight_source::open(model);
+  if (!src) return std::unexpected(src.error());
+  const std::string dir =
+      std::filesystem::is_directory(model) ? model : std::filesystem::path(model).parent_path().string();
+  prompt_setup s;
+  models::llama_config text;
+  if ((*src)->is_gguf()) {
+    auto c = models::llama_config_from_gguf(*(*src)->gguf());
+    if (!c) return std::unexpected(c.error());
+    text = *c;
+    auto tok = models::tokenizer::from_gguf(*(*src)->gguf());
+    if (!tok) return std::unexpected(tok.error());
+    s.tok = std::make_shared<const models::tokenizer>(std::move(*tok));
+  } else {
+    auto json = models::read_text_file(dir + "/config.json");
+    if (!json) return std::unexpected(json.error());
+    if (models::is_llava_config(*json)) {
+      auto c = models::parse_llava_config(*json, dir + "/config.json");
+      if (!c) return std::unexpected(c.error());
+      s.llava = *c;
+      text = c->text;
+    } else {
+      auto c = models::load_llama_config(dir + "/config.json");
+      if (!c) return std::unexpected(c.error());
+      text = *c;
+    }
+    auto tok = models::tokenizer::load(dir);
+    if (!tok) return std::unexpected(tok.error());
+    s.tok = std::make_shared<const models::tokenizer>(std::move(*tok));
+    auto g = models::load_generation_config(dir + "/generation_config.json");
+    if (!g) return std::unexpected(g.error());
+    s.defaults = *g;
+  }
+  s.text = text;
+  for (auto id : s.defaults.eos_token_ids) s.stop_ids.push_back(id);
+  for (auto id : text.eos_token_ids) s.stop_ids.push_back(id);
+  if (auto eos = s.tok->special_ids().eos) s.stop_ids.push_back(*eos);
+  if (s.llava) {
+    auto t = s.tok->token_text(static_cast<std::int32_t>(s.llava->image_token_index));
+    s.image_text = t ? *t : "<image>";
+  }
+  return s;
+}
+
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in) {
+  if (in.images > 0 && !s.llava)
+    return kernels::make_error(errc::invalid_argument, "images need a vision model (a LLaVA folder); this model has no vision tower");
+  std::size_t placeholders = 0;
+  if (!s.image_text.empty())
+    for (auto at = in.prompt.find(s.image_text); at != std::string::npos; at = in.prompt.find(s.image_text, at + s.image_text.size()))
+      ++placeholders;
+  if (placeholders != 0 && placeholders != static_cast<std::size_t>(in.images))
+    return kernels::make_error(errc::invalid_argument, "the prompt has " + std::to_string(placeholders) + " " + s.image_text +
+                                                           " placeholders for " + std::to_string(in.images) + " images");
+  const bool chat = in.chat || !in.chat_template.empty() || (in.images > 0 && placeholders == 0);
+  std::string text = in.prompt;
+  bool add_special = !in.no_bos;
+  if (chat) {
+    auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
+    if (!tmpl) return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
+    std::vector<models::chat_message> msgs;
+    if (!in.system.empty()) msgs.push_back({"system", in.system, 0});
+    msgs.push_back({"user", in.prompt, placeholders == 0 ? in.images : 0});
+    auto piece_text = [&](std::optional<std::int32_t> id) {
+      if (!id) return std::string();
+      auto t = s.tok->token_text(*id);
+      return t ? *t : std::string();
+    };
+    auto rendered = tmpl->render(msgs, true, piece_text(s.tok->special_ids().bos), piece_text(s.tok->special_ids().eos));
+    if (!rendered) return kernels::make_error(errc::invalid_argument, "chat template: " + rendered.error().message);
+    text = *rendered;
+    add_special = false;  // the template writes its own BOS
+  }
+  auto ids = s.tok->encode(text, add_special, /*parse_special=*/true);
+  if (!ids) return std::unexpected(ids.error());
+  if (ids->empty()) return kernels::make_error(errc::invalid_argument, "the prompt encodes to no tokens");
+  return std::move(*ids);
+}
+
+models::sampling_params default_sampling(const prompt_setup& s, std::int64_t max_tokens) {
+  models::sampling_params p;
+  p.max_tokens = max_tokens;
+  const auto& d = s.defaults;
+  if (d.do_sample.value_or(true)) p.temperature = d.temperature.value_or(p.temperature);
+  p.top_k = d.top_k.value_or(p.top_k);
+  p.top_p = d.top_p.value_or(p.top_p);
+  p.min_p = d.min_p.value_or(p.min_p);
+  p.repetition_penalty = d.repetition_penalty.value_or(p.repetition_penalty);
+  p.stop_token_ids = s.stop_ids;
+  return p;
+}
+
+}  // namespace troupe::actors

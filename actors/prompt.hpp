@@ -1,0 +1,53 @@
+#pragma once
+
+// Turning a user's prompt into the model's tokens, where the model is: the
+// chat template (with one image placeholder per image), BOS, and the
+// sampling defaults of generation_config.json with every stop token. Used
+// by the cluster's head for jobs that clients submit (a client holds no
+// model) and by `troupe generate`.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/status.hpp"
+#include "models/llama_config.hpp"
+#include "models/llava_config.hpp"
+#include "models/sampling.hpp"
+#include "models/tokenizer.hpp"
+
+namespace troupe::actors {
+
+struct prompt_setup {
+  std::shared_ptr<const models::tokenizer> tok;
+  std::optional<models::llava_config> llava;  ///< set for a vision model
+  models::generation_defaults defaults;       ///< generation_config.json (HF folders)
+  std::vector<std::int64_t> stop_ids;         ///< every end-of-sequence id (config, generation config, tokenizer)
+  std::string image_text;                     ///< the image placeholder's text ("<image>")
+  models::llama_config text;                  ///< the decoder's config
+};
+
+/// Reads the tokenizer, configs and generation defaults of a model (a HF
+/// folder or GGUF file).
+kernels::result<prompt_setup> load_prompt_setup(const std::string& model);
+
+struct prompt_input {
+  std::string prompt;
+  std::string system;
+  std::string chat_template;  ///< a template name; empty: the model's own
+  int images = 0;
+  bool chat = false;  ///< apply the chat template (always with images and no placeholder in the prompt)
+  bool no_bos = false;
+};
+
+/// The prompt's token ids. Errors (invalid_argument) are the user's: a
+/// placeholder count that does not match the images, images for a text
+/// model, an unknown template, an empty prompt.
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in);
+
+/// Greedy-or-as-configured sampling: generation_config.json's defaults
+/// (temperature only where it samples), max_tokens, and the stop ids.
+models::sampling_params default_sampling(const prompt_setup& s, std::int64_t max_tokens);
+
+}  // namespace troupe::actors

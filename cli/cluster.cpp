@@ -1,0 +1,441 @@
+// The cluster commands, each given the manifest:
+//   troupe up MANIFEST [--detach]   starts every node, waits until the model is placed
+//   troupe status MANIFEST [--json] nodes, devices, stages, memory, requests
+//   troupe submit MANIFEST --prompt TEXT [--image FILE]... [--stream] [--json]
+//   troupe down MANIFEST            drains and stops everything
+// status, submit and down (and up, to watch) talk to the head as the
+// cluster's client (its client certificate, mutual TLS).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "actors/cluster.hpp"
+#include "actors/gatekeeper.hpp"
+#include "cli/cluster_setup.hpp"
+#include "cli/commands.hpp"
+#include "cli/daemon.hpp"
+#include "cluster/certs.hpp"
+#include "cluster/launcher.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct cluster_args {
+  std::string manifest;
+  bool detach = false, json = false, stream = false, ignore_eos = false, chat = false;
+  int timeout_s = 300;
+  std::string prompt, system;
+  std::vector<std::string> images;
+  std::int64_t max_tokens = 128;
+  double temperature = 0;
+  bool set_temperature = false;
+  std::uint64_t seed = 0;
+};
+
+/// A CAF system that acts as the cluster's client.
+std::unique_ptr<caf::actor_system> client_system(const cluster::manifest& m, caf::actor_system_config& cfg) {
+  actors::configure_runtime(cfg);
+  if (auto t = actors::configure_cluster_tls(cfg, m, cluster::client_identity); !t) {
+    spdlog::error("{} (make them with `troupe certs {}`)", t.error(), m.path);
+    return nullptr;
+  }
+  return std::make_unique<caf::actor_system>(cfg);
+}
+
+std::optional<actors::cluster_status> status_of(caf::actor_system& sys, const actors::frontdoor_actor& door,
+                                                std::string* why = nullptr) {
+  caf::scoped_actor self{sys};
+  std::optional<actors::cluster_status> out;
+  self->request(door, std::chrono::seconds(10), actors::status_atom::value)
+      .receive([&](actors::cluster_status& s) { out = std::move(s); },
+               [&](caf::error& e) {
+                 if (why) *why = actors::describe(sys, e);
+               });
+  return out;
+}
+
+std::string mib(std::int64_t b) { return std::to_string(b >> 20) + " MiB"; }
+
+json status_json(const actors::cluster_status& s) {
+  json nodes = json::array();
+  for (const auto& n : s.nodes)
+    nodes.push_back({{"name", n.name},
+                     {"address", n.host + ":" + std::to_string(n.port)},
+                     {"state", n.state},
+                     {"last_seen_ms", n.last_seen_ms},
+                     {"joins", n.joins},
+                     {"devices", n.report.devices},
+                     {"stages", n.report.stages},
+                     {"placement", n.report.epoch},
+                     {"rss_bytes", n.report.rss_bytes},
+                     {"memory_limit_bytes", n.report.memory_limit},
+                     {"weight_bytes", n.report.weight_bytes},
+                     {"kv_used_blocks", n.report.kv_used_blocks},
+                     {"kv_total_blocks", n.report.kv_total_blocks},
+                     {"kv_tokens", n.report.kv_tokens},
+                     {"problem", n.report.failure}});
+  const auto& q = s.scheduler;
+  return {{"cluster", s.cluster},
+          {"head", s.head},
+          {"ready", s.ready},
+          {"draining", s.draining},
+          {"placement", s.placement},
+          {"placements", s.epoch},
+          {"encoder", s.encoder},
+          {"replacements", s.replacements},
+          {"last_event", s.last_event},
+          {"detect_ms", s.detect_ms},
+          {"resume_ms", s.resume_ms},
+          {"nodes", nodes},
+          {"requests",
+           {{"queued", q.queued},
+            {"running", q.running},
+            {"accepted", q.accepted},
+            {"rejected", q.rejected},
+            {"finished", q.finished},
+            {"preemptions", q.preemptions},
+            {"steps", q.steps}}}};
+}
+
+void print_status(const actors::cluster_status& s) {
+  std::printf("cluster %s: %s%s, head %s, placement %llu: %s\n", s.cluster.c_str(), s.ready ? "ready" : "not ready",
+              s.draining ? " (draining)" : "", s.head.c_str(), static_cast<unsigned long long>(s.epoch),
+              s.placement.empty() ? "-" : s.placement.c_str());
+  if (!s.encoder.empty()) std::printf("vision encoder: %s\n", s.encoder.c_str());
+  std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", "NODE", "ADDRESS", "STATE", "DEVICE", "STAGES", "MEMORY",
+              "KV (used/total)", "PROBLEM");
+  for (const auto& n : s.nodes) {
+    const auto addr = n.host + ":" + std::to_string(n.port);
+    const auto kv = std::to_string(n.report.kv_used_blocks) + "/" + std::to_string(n.report.kv_total_blocks) + " blocks";
+    std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", n.name.c_str(), addr.c_str(), n.state.c_str(),
+                n.report.devices.c_str(), n.report.stages.empty() ? "-" : n.report.stages.c_str(),
+                n.report.rss_bytes ? mib(n.report.rss_bytes).c_str() : "-", kv.c_str(), n.report.failure.c_str());
+  }
+  const auto& q = s.scheduler;
+  std::printf("requests: %lld running, %lld queued, %lld finished, %lld refused; %lld re-placements",
+              static_cast<long long>(q.running), static_cast<long long>(q.queued), static_cast<long long>(q.finished),
+              static_cast<long long>(q.rejected), static_cast<long long>(s.replacements));
+  if (s.replacements > 0) std::printf(" (last: detected %.0f ms after the last heartbeat, resumed in %.0f ms)", s.detect_ms, s.resume_ms);
+  std::printf("\nlast event: %s\n", s.last_event.c_str());
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("troupe") : p.string();
+}
+
+// -- up ----------------------------------------------------------------------
+
+void stop_launched(const std::vector<cluster::launched_node>& nodes, std::chrono::seconds grace) {
+  for (const auto& n : nodes)
+    if (cluster::process_alive(n.pid)) ::kill(n.pid, SIGTERM);
+  const auto until = steady::now() + grace;
+  auto any_alive = [&] {
+    return std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return cluster::process_alive(n.pid); });
+  };
+  while (any_alive() && steady::now() < until) std::this_thread::sleep_for(50ms);
+  for (const auto& n : nodes)
+    if (cluster::process_alive(n.pid)) ::kill(n.pid, SIGKILL);
+}
+
+int ask_down(caf::actor_system& sys, const cluster::manifest& m, int timeout_s) {
+  auto door = actors::connect_client(sys, m, 5s);
+  const auto nodes = cluster::read_launched(m);
+  if (door) {
+    caf::scoped_actor self{sys};
+    std::string why;
+    self->request(*door, std::chrono::seconds(timeout_s), actors::down_atom::value)
+        .receive([](bool) {}, [&](caf::error& e) { why = actors::describe(sys, e); });
+    if (!why.empty()) spdlog::warn("down: the head did not confirm ({}); stopping the local processes", why);
+  } else {
+    spdlog::warn("down: the head of cluster {} is not reachable ({}); stopping the local node processes", m.name,
+                 door.error());
+  }
+  // The nodes end by themselves once told; make sure of it.
+  const auto until = steady::now() + 15s;
+  auto alive = [&] {
+    return std::count_if(nodes.begin(), nodes.end(), [](const auto& n) { return n.local && cluster::process_alive(n.pid); });
+  };
+  while (alive() > 0 && steady::now() < until) std::this_thread::sleep_for(100ms);
+  std::vector<cluster::launched_node> left;
+  for (const auto& n : nodes)
+    if (n.local && cluster::process_alive(n.pid)) left.push_back(n);
+  if (!left.empty()) {
+    spdlog::warn("down: {} node process(es) still running; sending SIGTERM", left.size());
+    stop_launched(left, 5s);
+  }
+  std::error_code ec;
+  std::filesystem::remove(std::filesystem::path(cluster::run_dir(m)) / "nodes.pid", ec);
+  std::printf("troupe: cluster %s is down\n", m.name.c_str());
+  return 0;
+}
+
+int run_up(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  for (const auto& n : m->nodes)
+    if (auto c = node_config_of(*m, n.name); !c) {
+      spdlog::error("up: {}", c.error().message);
+      return 2;
+    }
+  auto wrote = cluster::ensure_certificates(*m);
+  if (!wrote) {
+    spdlog::error("up: certificates: {}", wrote.error());
+    return 1;
+  }
+  if (!wrote->empty()) std::printf("troupe: made %zu certificate(s) in %s\n", wrote->size(), m->certs_dir.c_str());
+  for (const auto& n : cluster::read_launched(*m))
+    if (n.local && cluster::process_alive(n.pid)) {
+      spdlog::error("up: cluster {} is already running here (node {} is pid {}); `troupe down {}` first", m->name, n.node,
+                    n.pid, a.manifest);
+      return 1;
+    }
+  const sigset_t sigs = block_stop_signals();
+  std::vector<cluster::launched_node> nodes;
+  const auto exe = self_exe();
+  for (const auto& n : m->nodes) {
+    auto l = cluster::launch_node(*m, n, exe);
+    if (!l) {
+      spdlog::error("up: node {}: {}", n.name, l.error());
+      stop_launched(nodes, 5s);
+      return 1;
+    }
+    std::printf("troupe: started node %s (%s:%d, %s, pid %d, log %s)\n", n.name.c_str(), n.host.c_str(), n.port,
+                l->local ? "local" : "launch command", static_cast<int>(l->pid), l->log.c_str());
+    nodes.push_back(*l);
+  }
+  std::fflush(stdout);
+  if (auto w = cluster::write_launched(*m, nodes); !w) spdlog::warn("up: {}", w.error());
+
+  caf::actor_system_config cfg;
+  auto sys = client_system(*m, cfg);
+  if (!sys) {
+    stop_launched(nodes, 5s);
+    return 1;
+  }
+  const auto t0 = steady::now();
+  const auto deadline = t0 + std::chrono::seconds(a.timeout_s);
+  std::optional<actors::frontdoor_actor> door;
+  std::string last_line, why;
+  bool ready = false;
+  while (steady::now() < deadline) {
+    for (const auto& n : nodes)
+      if (n.local && !cluster::process_alive(n.pid)) {
+        spdlog::error("up: node {} exited while starting; the end of {}:\n{}", n.node, n.log, cluster::log_tail(n.log));
+        stop_launched(nodes, 5s);
+        return 1;
+      }
+    if (!door) {
+      auto d = actors::connect_client(*sys, *m, 2s);
+      if (d)
+        door = *d;
+      else
+        why = d.error();
+    }
+    if (door) {
+      auto s = status_of(*sys, *door, &why);
+      if (!s) {
+        door.reset();
+      } else {
+        const auto up = std::count_if(s->nodes.begin(), s->nodes.end(), [](const auto& n) { return n.state == "up"; });
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "troupe: %.1f s: %zd/%zu nodes up; %s", std::chrono::duration<double>(steady::now() - t0).count(),
+                      static_cast<std::ptrdiff_t>(up), s->nodes.size(), s->last_event.c_str());
+        const std::string line = buf;
+        // Progress: a line whenever something changed.
+        if (line.substr(line.find(':', 8)) != (last_line.empty() ? "" : last_line.substr(last_line.find(':', 8)))) {
+          std::printf("%s\n", line.c_str());
+          std::fflush(stdout);
+          last_line = line;
+        }
+        if (s->ready) {
+          const auto& h = m->head_node();
+          std::printf("troupe: cluster %s ready in %.1f s: %zu nodes, head %s at %s:%d; model placed %s%s%s\n",
+                      m->name.c_str(), std::chrono::duration<double>(steady::now() - t0).count(), s->nodes.size(),
+                      h.name.c_str(), h.host.c_str(), h.port, s->placement.c_str(),
+                      s->encoder.empty() ? "" : ", vision encoder on ", s->encoder.c_str());
+          std::fflush(stdout);
+          ready = true;
+          break;
+        }
+      }
+    }
+    std::this_thread::sleep_for(250ms);
+  }
+  if (!ready) {
+    spdlog::error("up: cluster {} not ready after {} s ({}); logs in {}", m->name, a.timeout_s,
+                  why.empty() ? last_line : why, cluster::run_dir(*m));
+    for (const auto& n : nodes) std::fprintf(stderr, "  the end of %s:\n%s", n.log.c_str(), cluster::log_tail(n.log).c_str());
+    ask_down(*sys, *m, 10);
+    return 1;
+  }
+  if (a.detach) {
+    std::printf("troupe: running in the background; `troupe down %s` stops it\n", a.manifest.c_str());
+    return 0;
+  }
+  std::printf("troupe: Ctrl-C stops the cluster\n");
+  std::fflush(stdout);
+  wait_for_stop_signal(sigs);
+  return ask_down(*sys, *m, 60);
+}
+
+// -- status, submit, down ---------------------------------------------------------
+
+int run_status(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  caf::actor_system_config cfg;
+  auto sys = client_system(*m, cfg);
+  if (!sys) return 1;
+  auto door = actors::connect_client(*sys, *m, 5s);
+  if (!door) {
+    spdlog::error("status: {}", door.error());
+    return 1;
+  }
+  std::string why;
+  auto s = status_of(*sys, *door, &why);
+  if (!s) {
+    spdlog::error("status: {}", why);
+    return 1;
+  }
+  if (a.json)
+    std::printf("%s\n", status_json(*s).dump().c_str());
+  else
+    print_status(*s);
+  return 0;
+}
+
+int run_submit(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  actors::job_request job;
+  job.id = actors::random_job_id();
+  job.prompt = a.prompt;
+  job.system = a.system;
+  job.chat = a.chat;
+  job.ignore_eos = a.ignore_eos;
+  job.has_temperature = a.set_temperature;
+  job.temperature = a.temperature;
+  job.max_tokens = a.max_tokens;
+  job.seed = a.seed;
+  constexpr std::uintmax_t max_image = 32u << 20;
+  for (const auto& f : a.images) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(f, ec);
+    if (ec) {
+      spdlog::error("submit: --image {}: {}", f, ec.message());
+      return 2;
+    }
+    if (size > max_image) {
+      spdlog::error("submit: --image {}: {} bytes, over the {} MiB limit", f, size, max_image >> 20);
+      return 2;
+    }
+    std::ifstream in(f, std::ios::binary);
+    actors::image_data img;
+    img.name = std::filesystem::path(f).filename().string();
+    img.bytes.assign(std::istreambuf_iterator<char>(in), {});
+    job.images.push_back(std::move(img));
+  }
+  caf::actor_system_config cfg;
+  auto sys = client_system(*m, cfg);
+  if (!sys) return 1;
+  auto door = actors::connect_client(*sys, *m, 10s);
+  if (!door) {
+    spdlog::error("submit: {}", door.error());
+    return 1;
+  }
+  std::function<void(const actors::token_event&)> on_token;
+  if (a.stream && !a.json)
+    on_token = [](const actors::token_event& e) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      std::fflush(stdout);
+    };
+  auto f = actors::run_job(*sys, *door, std::move(job), on_token);
+  if (!f) {
+    spdlog::error("submit: {}", f.error());
+    return 1;
+  }
+  if (a.json) {
+    json j{{"text", f->text},          {"tokens", f->tokens},         {"finish_reason", f->reason},
+           {"error", f->error},        {"prompt_tokens", f->prompt_tokens}, {"ttft_ms", f->ttft_ms},
+           {"total_ms", f->total_ms},  {"queue_ms", f->queue_ms},     {"preemptions", f->preemptions}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    if (!a.stream) std::printf("%s", f->text.c_str());
+    std::printf("\n");
+  }
+  if (f->reason == "error") {
+    spdlog::error("submit: {}", f->error);
+    return 1;
+  }
+  return 0;
+}
+
+int run_down(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  caf::actor_system_config cfg;
+  auto sys = client_system(*m, cfg);
+  if (!sys) {
+    stop_launched(cluster::read_launched(*m), 5s);
+    return 1;
+  }
+  return ask_down(*sys, *m, a.timeout_s);
+}
+
+}  // namespace
+
+command_runner add_cluster(CLI::App& app, const std::string& which) {
+  auto a = std::make_shared<cluster_args>();
+  if (which == "up") {
+    auto* cmd = app.add_subcommand("up", "Start a cluster from its manifest and place the model (docs/manifest.md)");
+    cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+    cmd->add_flag("--detach,-d", a->detach, "Return once the cluster is ready (stop it with troupe down)");
+    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the cluster to be ready")->check(CLI::Range(1, 86400));
+    return [a] { return run_up(*a); };
+  }
+  if (which == "status") {
+    auto* cmd = app.add_subcommand("status", "Show a running cluster: nodes, stages, memory, requests");
+    cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+    cmd->add_flag("--json", a->json, "One JSON object");
+    return [a] { return run_status(*a); };
+  }
+  if (which == "submit") {
+    auto* cmd = app.add_subcommand("submit", "Submit a job to a running cluster and print the answer");
+    cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+    cmd->add_option("--prompt,-p", a->prompt, "The prompt")->required();
+    cmd->add_option("--image", a->images, "An image (PNG or JPEG) for the prompt; repeat for several");
+    cmd->add_option("--system", a->system, "A system prompt (chat)");
+    cmd->add_flag("--chat", a->chat, "Apply the model's chat template (implied with images)");
+    cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--temperature", a->temperature, "Sampling temperature (default: the model's; 0 = greedy)")
+        ->each([a](const std::string&) { a->set_temperature = true; });
+    cmd->add_option("--seed", a->seed, "Sampling seed");
+    cmd->add_flag("--ignore-eos", a->ignore_eos, "Generate --max-tokens tokens, past end-of-sequence tokens");
+    cmd->add_flag("--stream", a->stream, "Print tokens as they come");
+    cmd->add_flag("--json", a->json, "One JSON object: text, tokens, timings");
+    return [a] { return run_submit(*a); };
+  }
+  auto* cmd = app.add_subcommand("down", "Drain a running cluster (finish accepted jobs) and stop every node");
+  cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+  cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for accepted jobs to finish")->check(CLI::Range(1, 86400));
+  return [a] { return run_down(*a); };
+}
+
+}  // namespace troupe::cli

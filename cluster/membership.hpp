@@ -1,0 +1,98 @@
+#pragma once
+
+// Who is in the cluster, as the head sees it, and where the model's stages
+// go: plain code (no CAF), driven by the head actor with the times it
+// observes, so that every transition is testable on its own.
+//
+// A node is `joining` until its gatekeeper let the head in, then `up`
+// while it answers heartbeats. A missed answer makes it `suspect`; no
+// answer for `lost_after`, or its connection closing, makes it `lost`.
+// A lost node is tried again every `rejoin_every` and becomes `up` once
+// it lets the head in again. Only `up` nodes hold stages.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace troupe::cluster {
+
+enum class member_state { joining, up, suspect, lost };
+const char* to_string(member_state s);
+
+struct membership_options {
+  std::chrono::milliseconds heartbeat_every{500};
+  /// No heartbeat answer for this long: suspect.
+  std::chrono::milliseconds suspect_after{1200};
+  /// No heartbeat answer for this long: lost (the issue asks for < 5 s).
+  std::chrono::milliseconds lost_after{2500};
+  std::chrono::milliseconds rejoin_every{1000};
+};
+
+class membership {
+ public:
+  using clock = std::chrono::steady_clock;
+  using time_point = clock::time_point;
+
+  struct member {
+    std::string name;
+    member_state state = member_state::joining;
+    std::optional<time_point> last_seen;  ///< last heartbeat answer (or join)
+    std::optional<time_point> last_try;   ///< last join attempt
+    std::int64_t joins = 0;
+    std::int64_t losses = 0;
+  };
+
+  /// A change the head acts on.
+  struct transition {
+    std::string name;
+    member_state from, to;
+    std::string why;
+  };
+
+  membership(std::vector<std::string> names, membership_options opt = {});
+
+  /// The node let the head in (first time or again).
+  transition joined(const std::string& name, time_point now);
+  /// A heartbeat answer.
+  std::optional<transition> heard(const std::string& name, time_point now);
+  /// Its connection closed, or it refused the head: lost at once.
+  std::optional<transition> gone(const std::string& name, const std::string& why);
+  /// Time passes: suspect / lost transitions for silent nodes.
+  std::vector<transition> tick(time_point now);
+  /// Nodes the head should try to join now (joining or lost ones whose
+  /// last attempt is older than rejoin_every); marks the attempt.
+  std::vector<std::string> due_for_join(time_point now);
+
+  const member* find(const std::string& name) const;
+  const std::vector<member>& members() const { return members_; }
+  /// Names of the nodes that may hold stages, in manifest order.
+  std::vector<std::string> usable() const;
+  const membership_options& options() const { return opt_; }
+
+ private:
+  member* get(const std::string& name);
+  std::vector<member> members_;
+  membership_options opt_;
+};
+
+/// One stage of a placement.
+struct stage_slot {
+  std::string node;
+  int first_layer = 0;
+  int last_layer = 0;
+};
+
+/// The simple placement rule: `stages` (0: one per usable node) contiguous,
+/// even layer ranges over the first usable nodes in manifest order, the
+/// head's first (it runs the scheduler and the vision encoder, so the first
+/// stage's inputs stay local). Fewer nodes than stages: as many stages as
+/// nodes. Empty when no node is usable or the head is not.
+std::vector<stage_slot> place_pipeline(int layers, int stages, const std::vector<std::string>& usable,
+                                       const std::string& head);
+
+/// "node0 [0,2) -> node1 [2,4)".
+std::string describe(const std::vector<stage_slot>& plan);
+
+}  // namespace troupe::cluster
