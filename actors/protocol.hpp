@@ -59,6 +59,7 @@ enum class error_code : std::uint8_t {
   stage_failed,       ///< a pipeline stage failed (its message says why)
   version_mismatch,
   internal,
+  peer_lost,          ///< a stage's peer process is gone mid-step: the step may run again once the pipeline is restored
 };
 const char* to_string(error_code c);
 inline const caf::atom_value error_category = caf::atom("troupe");

@@ -19,6 +19,8 @@ namespace troupe::actors {
 namespace {
 
 using clock = steady;
+/// How long a pipeline that lost a peer may wait for its restoration.
+constexpr std::chrono::seconds stall_limit{60};
 using kernels::tensor;
 
 enum class phase : std::uint8_t { encoding, waiting, running };
@@ -81,6 +83,8 @@ struct scheduler_state {
   double pass_ms = 0;       // measured time of one decode pass (multi-step sizing); 0 = not yet
   std::uint64_t epoch = 0;  // bumped when the node restarts the pipeline
   bool stalled = false;     // a stage died: wait for the node's reset
+  std::uint64_t stalled_epoch = 0;  // the epoch it stalled in (a reset bumps it)
+  steady::time_point stalled_since;
   std::string failed;       // the node gave up: why
 };
 
@@ -450,6 +454,13 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
   // A stage is gone (crashed, killed): stop stepping until the node has
   // restarted the pipeline; the requests then recompute.
   spdlog::warn("step {}: {}; waiting for the pipeline to restart", step, why);
+  if (!st.stalled) {
+    st.stalled_epoch = st.epoch;
+    st.stalled_since = steady::now();
+    // Nobody restores it (a transfer failed, every process alive): the
+    // requests fail after a while instead of waiting forever.
+    self->delayed_send(self, stall_limit, tick_atom::value);
+  }
   st.stalled = true;
   for (auto id : node.mapped().ids) {
     auto it = st.requests.find(id);
@@ -646,6 +657,17 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
         },
         [](version_atom) { return protocol_version; },
         [=](tick_atom) {
+          auto& st = self->state;
+          if (st.stalled && st.stalled_epoch == st.epoch && steady::now() - st.stalled_since >= stall_limit) {
+            st.failed = "a stage's peer process was lost and no restored pipeline came within " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()) + " s";
+            spdlog::error("scheduler: {}", st.failed);
+            std::vector<std::uint64_t> ids;
+            for (auto& [id, r] : st.requests) ids.push_back(id);
+            for (auto id : ids) finish(self, id, "error", st.failed);
+            st.failed.clear();
+            st.stalled = false;
+          }
           check_deadlines(self);
           schedule(self);
         },

@@ -57,7 +57,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   if (!range.embed) {
     if (b.hidden.empty()) return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
     auto h = data_plane::local().take(b.hidden, res.ctx->memory());
-    if (!h) return std::unexpected(h.error());
+    if (!h) return kernels::make_error(errc::io_error, "activations from the previous stage: " + h.error().message);
     x = std::move(*h);
   }
   std::lock_guard lock(res.kv->mtx);
@@ -422,6 +422,14 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
                                                             std::to_string(res->model->range().first) + ", " +
                                                             std::to_string(res->model->range().last) + "): " + why);
           };
+          // A peer process is gone: the step may run again on a restored
+          // pipeline (the scheduler waits for it), unlike a failed step.
+          auto lost = [&](const std::string& why) {
+            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            return make_error(error_code::peer_lost, res->device.name + " layers [" +
+                                                         std::to_string(res->model->range().first) + ", " +
+                                                         std::to_string(res->model->range().last) + "): " + why);
+          };
           if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
           // Rank 0 of a tensor-parallel group: the other ranks run the same
           // step at the same time (their all-reduces meet ours).
@@ -438,6 +446,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           }
           auto out = run_stage(*res, b, generation);
           ++self->state.steps;
+          if (!out && out.error().code == errc::io_error)  // the previous stage's process is gone
+            return answer(self, join, lost(out.error().message));
           if (!out) return answer(self, join, fail(out.error().message));
           if (res->model->range().head) {
             step_output o;
@@ -453,7 +463,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             // The next stage is in another process: the activations go now,
             // over the transfer engine, while this message travels.
             auto ref = data_plane::local().push(to_string(next->node()), res->device.name, std::move(*out));
-            if (!ref) return fail(ref.error().message);
+            if (!ref) return lost("activations to the next stage: " + ref.error().message);
             b.hidden = std::move(*ref);
           } else {
             b.hidden = tensor_registry::local().put(res->device.name, std::move(*out));

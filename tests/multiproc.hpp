@@ -253,4 +253,71 @@ class netns_pair {
   bool ok_ = false;
 };
 
+/// `n` network namespaces joined through a bridge in this namespace: hosts
+/// 10.78.N.1 .. 10.78.N.n on one subnet (each namespace's end is named
+/// "eth0"), this namespace at 10.78.N.254 (so a client here reaches them),
+/// all removed on destruction. Namespace i is named prefix() + its host.
+class netns_bridge {
+ public:
+  netns_bridge(int n, int subnet) {
+    tag_ = std::to_string(::getpid() % 100000) + "b" + std::to_string(subnet);
+    net_ = "10.78." + std::to_string(subnet % 250) + ".";
+    br_ = "tbr" + tag_;
+    if (::geteuid() != 0) {
+      why_ = "network namespaces need root (this user is uid " + std::to_string(::geteuid()) + ")";
+      return;
+    }
+    if (shell("command -v ip") != 0) {
+      why_ = "the ip command (iproute2) is missing";
+      return;
+    }
+    std::vector<std::string> steps{"ip link add " + br_ + " type bridge", "ip addr add " + net_ + "254/24 dev " + br_,
+                                   "ip link set " + br_ + " up"};
+    for (int i = 0; i < n; ++i) {
+      const std::string h = host(i), ns = prefix() + h, v = "tv" + tag_ + "x" + std::to_string(i);
+      namespaces_.push_back(ns);
+      links_.push_back(v);
+      steps.push_back("ip netns add " + ns);
+      steps.push_back("ip link add " + v + " type veth peer name eth0 netns " + ns);
+      steps.push_back("ip link set " + v + " master " + br_);
+      steps.push_back("ip link set " + v + " up");
+      steps.push_back("ip -n " + ns + " addr add " + h + "/24 dev eth0");
+      steps.push_back("ip -n " + ns + " link set eth0 up");
+      steps.push_back("ip -n " + ns + " link set lo up");
+    }
+    for (const auto& s : steps) {
+      if (shell(s) != 0) {
+        why_ = "'" + s + "' failed (no privilege for network namespaces here?)";
+        cleanup();
+        return;
+      }
+    }
+    ok_ = true;
+  }
+  ~netns_bridge() { cleanup(); }
+  netns_bridge(const netns_bridge&) = delete;
+  netns_bridge& operator=(const netns_bridge&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  std::string host(int i) const { return net_ + std::to_string(i + 1); }
+  std::string prefix() const { return "tns" + tag_ + "-"; }
+  /// Sends `sig` to every process in the namespace of host i.
+  void signal_all(int i, int sig) const {
+    shell("for p in $(ip netns pids " + prefix() + host(i) + "); do kill -" + std::to_string(sig) + " $p; done");
+  }
+
+ private:
+  void cleanup() {
+    for (std::size_t i = 0; i < namespaces_.size(); ++i) {
+      shell("for p in $(ip netns pids " + namespaces_[i] + "); do kill -9 $p; done");
+      shell("ip netns del " + namespaces_[i]);
+      shell("ip link del " + links_[i]);
+    }
+    shell("ip link del " + br_);
+  }
+  std::string tag_, net_, br_, why_;
+  std::vector<std::string> namespaces_, links_;
+  bool ok_ = false;
+};
+
 }  // namespace troupe::test

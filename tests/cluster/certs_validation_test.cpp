@@ -54,8 +54,8 @@ TEST_F(Certs, OneCaAndOneCertificatePerNodeThatOpensslVerifies) {
   const auto m = make(root + "/one", "one");
   auto wrote = ensure_certificates(m);
   ASSERT_TRUE(wrote) << wrote.error();
-  EXPECT_EQ(wrote->size(), 4u);  // ca.pem + 3 nodes
-  for (const char* n : {"a", "b", "c"}) {
+  EXPECT_EQ(wrote->size(), 5u);  // ca.pem + 3 nodes + the client
+  for (const char* n : {"a", "b", "c", client_identity}) {
     auto ok = check_node_certificate(m, n);
     ASSERT_TRUE(ok) << ok.error();
     EXPECT_EQ(certificate_common_name(ok->certificate).value_or(""), n);

@@ -136,6 +136,10 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "nodes[0].devices[0].cores: only a cpu device has cores"},
       {"[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\nlaunch = \"ssh somewhere\"\n" + node,
        "m.toml:5: cluster.launch: must contain {host}"},
+      {"[cluster]\nname = \"x\"\nhead = \"\"\ncerts = \"c\"\n" + node, "m.toml:3: cluster.head: must not be empty"},
+      {"[cluster]\nname = \"x\"\nhead = \"client\"\ncerts = \"c\"\n[[nodes]]\nname = \"client\"\nhost = \"127.0.0.1\"\nport = 7400\n"
+       "devices = [{ type = \"cpu\" }]\n",
+       "m.toml:5: nodes[0].name: 'client' is reserved"},
   };
   for (const auto& c : cases) {
     auto m = parse_manifest(c.text, "m.toml");

@@ -1,0 +1,370 @@
+// A whole cluster through the real binary: `troupe up` starts three node
+// processes from a manifest (on loopback, and in three network namespaces
+// joined by a bridge, as separate hosts), the head places the bundled
+// model's decoder over them (PP over nodes), and jobs come in through the
+// client actor, as `troupe submit` sends them. Then a node that holds a
+// stage is killed (SIGKILL) or hung (SIGSTOP) while requests decode: the
+// head must notice, place its stage on the nodes left, and finish every
+// accepted request with the tokens of a run without the failure. The node
+// then comes back and rejoins; `troupe down` stops everything.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <caf/io/all.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <thread>
+
+#include "../temp_path.hpp"
+#include "actors/cluster.hpp"
+#include "actors/gatekeeper.hpp"
+#include "cluster/certs.hpp"
+#include "cluster/launcher.hpp"
+#include "run_cli.hpp"
+#include "tests/multiproc.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace troupe;
+using steady = std::chrono::steady_clock;
+
+double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
+
+struct cluster_setup {
+  std::string dir, manifest;
+  std::vector<std::string> hosts;
+  std::vector<int> ports;
+};
+
+// A 3-node manifest: n0 (the head) on core 0, n1 on core 1, n2 on every
+// core; three pipeline stages.
+cluster_setup make_manifest(const std::string& name, std::vector<std::string> hosts, const std::string& extra = "") {
+  cluster_setup c;
+  c.dir = fs::path(test::temp_path("cluster-" + name)).lexically_normal().string();
+  fs::remove_all(c.dir);
+  fs::create_directories(c.dir);
+  c.hosts = std::move(hosts);
+  std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"n0\"\ncerts = \"certs\"\n" + extra +
+                     "[parallelism]\npipeline_stages = 3\n";
+  const char* cores[] = {"cores = \"0-0\", ", "cores = \"1-1\", ", ""};
+  for (int i = 0; i < 3; ++i) {
+    const int port = c.hosts[static_cast<std::size_t>(i)] == "127.0.0.1" ? test::free_port() : 7400 + i;
+    c.ports.push_back(port);
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"" + c.hosts[static_cast<std::size_t>(i)] +
+            "\"\nport = " + std::to_string(port) + "\ndevices = [{ type = \"cpu\", " + cores[i] + "memory = \"4GiB\" }]\n";
+  }
+  c.manifest = c.dir + "/cluster.toml";
+  std::ofstream(c.manifest) << text;
+  return c;
+}
+
+actors::image_data image(int i) {
+  const std::string path = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";
+  std::ifstream f(path, std::ios::binary);
+  actors::image_data d;
+  d.name = path;
+  d.bytes.assign(std::istreambuf_iterator<char>(f), {});
+  return d;
+}
+
+actors::job_request job(int i, std::int64_t max_tokens, bool ignore_eos) {
+  actors::job_request j;
+  j.id = actors::random_job_id();
+  j.prompt = "Describe the image.";
+  j.images.push_back(image(i));
+  j.max_tokens = max_tokens;
+  j.ignore_eos = ignore_eos;
+  return j;
+}
+
+// The test's own client (what `troupe submit` is): the cluster's client
+// certificate, mutual TLS, the head's door.
+class client {
+ public:
+  explicit client(const cluster::manifest& m) {
+    actors::configure_runtime(cfg_);
+    auto t = actors::configure_cluster_tls(cfg_, m, cluster::client_identity);
+    EXPECT_TRUE(t.has_value()) << (t ? "" : t.error());
+    sys_ = std::make_unique<caf::actor_system>(cfg_);
+    auto d = actors::connect_client(*sys_, m, 10s);
+    EXPECT_TRUE(d.has_value()) << (d ? "" : d.error());
+    if (d) door_ = *d;
+  }
+  bool ok() const { return static_cast<bool>(door_); }
+  caf::actor_system& sys() { return *sys_; }
+  const actors::frontdoor_actor& door() const { return door_; }
+  std::optional<actors::cluster_status> status() {
+    caf::scoped_actor self{*sys_};
+    std::optional<actors::cluster_status> out;
+    self->request(door_, 10s, actors::status_atom::value)
+        .receive([&](actors::cluster_status& s) { out = std::move(s); }, [](caf::error&) {});
+    return out;
+  }
+  const actors::member_view* member(const actors::cluster_status& s, const std::string& n) {
+    for (const auto& m : s.nodes)
+      if (m.name == n) return &m;
+    return nullptr;
+  }
+  /// Polls the status until `pred` holds; the time it took, or nothing.
+  template <class Pred>
+  std::optional<double> wait_for(Pred pred, std::chrono::milliseconds limit) {
+    const auto t0 = steady::now();
+    while (steady::now() - t0 < limit) {
+      if (auto s = status(); s && pred(*s)) return ms_since(t0);
+      std::this_thread::sleep_for(50ms);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  actors::frontdoor_actor door_;
+};
+
+struct job_run {
+  std::vector<std::thread> threads;
+  std::vector<std::atomic<int>> streamed;
+  std::vector<std::optional<actors::finish_event>> done;
+  std::vector<std::string> errors;
+  std::mutex mtx;
+  explicit job_run(std::size_t n) : streamed(n), done(n), errors(n) {}
+};
+
+// Runs jobs 1..n concurrently; returns once they are all submitted.
+std::unique_ptr<job_run> start_jobs(client& c, int n, std::int64_t max_tokens, bool ignore_eos) {
+  auto r = std::make_unique<job_run>(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    r->threads.emplace_back([&c, run = r.get(), i, max_tokens, ignore_eos] {
+      auto f = actors::run_job(c.sys(), c.door(), job(i + 1, max_tokens, ignore_eos),
+                               [run, i](const actors::token_event& e) {
+                                 run->streamed[static_cast<std::size_t>(i)] += static_cast<int>(e.tokens.size());
+                               });
+      std::lock_guard lock(run->mtx);
+      if (f)
+        run->done[static_cast<std::size_t>(i)] = *f;
+      else
+        run->errors[static_cast<std::size_t>(i)] = f.error();
+    });
+  return r;
+}
+
+void join(job_run& r) {
+  for (auto& t : r.threads) t.join();
+}
+
+// The failure case: a node holding a stage is stopped with `sig` while at
+// least 4 requests are mid-decode; `kill_victim` sends the signal,
+// `revive` brings it back.
+void failure_case(const cluster_setup& cs, const std::string& victim, const std::function<void()>& kill_victim,
+                  const std::function<void()>& revive, double detect_limit_ms) {
+  auto m = cluster::load_manifest(cs.manifest);
+  ASSERT_TRUE(m.has_value());
+  client c(*m);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 6;
+  constexpr std::int64_t tokens = 600;
+  // The reference: the same jobs without a failure.
+  auto ref = start_jobs(c, jobs, tokens, true);
+  join(*ref);
+  for (int i = 0; i < jobs; ++i) {
+    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+    ASSERT_EQ(ref->done[static_cast<std::size_t>(i)]->tokens.size(), static_cast<std::size_t>(tokens));
+  }
+  auto before = c.status();
+  ASSERT_TRUE(before.has_value());
+  const auto* v = c.member(*before, victim);
+  ASSERT_NE(v, nullptr);
+  ASSERT_EQ(v->state, "up");
+  ASSERT_FALSE(v->report.stages.empty()) << "the victim holds no stage: " << before->placement;
+  ASSERT_NE(before->placement.find(victim), std::string::npos) << before->placement;
+
+  auto run = start_jobs(c, jobs, tokens, true);
+  // Wait until at least 4 requests are mid-decode.
+  const auto t0 = steady::now();
+  int decoding = 0;
+  while (ms_since(t0) < 60000) {
+    decoding = 0;
+    for (auto& s : run->streamed) decoding += s > 0 && s < tokens / 2;
+    if (decoding >= 4) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_GE(decoding, 4) << "the requests did not start decoding";
+  const auto killed = steady::now();
+  kill_victim();
+  auto detect = c.wait_for([&](const actors::cluster_status& s) {
+    const auto* m = c.member(s, victim);
+    return m && m->state == "lost";
+  }, 15s);
+  ASSERT_TRUE(detect.has_value()) << "the head did not notice the loss of " << victim;
+  const double detect_ms = ms_since(killed);
+  join(*run);
+  const double all_done_ms = ms_since(killed);
+  int recomputed = 0;
+  for (int i = 0; i < jobs; ++i) {
+    const auto& d = run->done[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+    EXPECT_EQ(d->reason, "length") << d->error;
+    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i << " answered differently";
+    recomputed += d->preemptions > 0;
+  }
+  EXPECT_GE(recomputed, 4);
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GE(after->replacements, 1);
+  EXPECT_EQ(after->placement.find(victim), std::string::npos) << "still placed on the victim: " << after->placement;
+  EXPECT_TRUE(after->ready);
+  EXPECT_LT(detect_ms, detect_limit_ms);
+  std::printf("[ cluster ] %s: lost %.0f ms after the signal (last heartbeat answer to 'lost': %.0f ms); requests "
+              "resumed %.0f ms after the loss was noticed; all %d done %.0f ms after the signal; placement now %s\n",
+              victim.c_str(), detect_ms, after->detect_ms, after->resume_ms, jobs, all_done_ms, after->placement.c_str());
+  ::testing::Test::RecordProperty("detect_ms", std::to_string(static_cast<int>(detect_ms)));
+  ::testing::Test::RecordProperty("resume_ms", std::to_string(static_cast<int>(after->resume_ms)));
+
+  // The node comes back and rejoins.
+  revive();
+  auto back = c.wait_for([&](const actors::cluster_status& s) {
+    const auto* m = c.member(s, victim);
+    return m && m->state == "up" && m->joins >= 2;
+  }, 20s);
+  EXPECT_TRUE(back.has_value()) << victim << " did not rejoin";
+  // And the cluster still answers.
+  auto f = actors::run_job(c.sys(), c.door(), job(2, 32, false));
+  ASSERT_TRUE(f.has_value()) << f.error();
+  EXPECT_EQ(f->reason, "stop");
+}
+
+class ClusterLoopback : public ::testing::Test {
+ protected:
+  void up(const std::string& name) {
+    cs_ = make_manifest(name, {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+    auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    ASSERT_NE(r.out.find("troupe: cluster " + name + " ready"), std::string::npos) << r.out;
+    auto m = cluster::load_manifest(cs_.manifest);
+    ASSERT_TRUE(m.has_value());
+    m_ = *m;
+    started_ = true;
+  }
+  void TearDown() override {
+    if (!started_) return;
+    const auto nodes = cluster::read_launched(m_);
+    auto r = test::troupe_cli("down " + cs_.manifest + " --timeout 60");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    for (const auto& n : nodes) EXPECT_FALSE(cluster::process_alive(n.pid)) << n.node << " still runs after troupe down";
+    if (::testing::Test::HasFailure())
+      for (const auto& n : nodes) std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(), cluster::log_tail(n.log, 40).c_str());
+  }
+  pid_t pid_of(const std::string& node) {
+    for (const auto& n : cluster::read_launched(m_))
+      if (n.node == node) return n.pid;
+    return 0;
+  }
+  cluster_setup cs_;
+  cluster::manifest m_;
+  bool started_ = false;
+};
+
+}  // namespace
+
+TEST_F(ClusterLoopback, UpSubmitStatusDown) {
+  up("pp3");
+  // The model's decoder is split over the three nodes.
+  auto r = test::troupe_cli("status " + cs_.manifest + " --json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* n : {"n0 [", "n1 [", "n2 ["}) EXPECT_NE(r.out.find(n), std::string::npos) << r.out;
+  // An image+text job through `troupe submit` gets the answer of the plain
+  // generation loop in one process.
+  const std::string img = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png";
+  auto direct = test::troupe_cli("generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out;
+  const auto at = direct.out.find("\"text\":");
+  ASSERT_NE(at, std::string::npos) << direct.out;
+  auto submitted = test::troupe_cli("submit " + cs_.manifest + " --image " + img + " --prompt 'Describe the image.' --json", false);
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const auto text_of = [](const std::string& json) {
+    const auto a = json.find("\"text\":\"") + 8;
+    return json.substr(a, json.find('"', a) - a);
+  };
+  EXPECT_EQ(text_of(submitted.out), text_of(direct.out.substr(at))) << submitted.out << "\n" << direct.out;
+  EXPECT_NE(text_of(submitted.out).find("circle"), std::string::npos) << submitted.out;
+  // A wrong request is refused with a message, and the cluster goes on.
+  auto bad = test::troupe_cli("submit " + cs_.manifest + " --prompt '<image> <image>' --image " + img);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("placeholders"), std::string::npos) << bad.out;
+  r = test::troupe_cli("status " + cs_.manifest);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("cluster pp3: ready"), std::string::npos) << r.out;
+  // A second `up` of a running cluster is refused.
+  auto again = test::troupe_cli("up " + cs_.manifest + " --detach");
+  EXPECT_EQ(again.exit_code, 1) << again.out;
+  EXPECT_NE(again.out.find("already running"), std::string::npos) << again.out;
+}
+
+TEST_F(ClusterLoopback, SigkillOfAStageNodeMidDecode) {
+  up("kill");
+  std::unique_ptr<test::child_process> revived;
+  failure_case(
+      cs_, "n1", [&] { ::kill(pid_of("n1"), SIGKILL); },
+      [&] {
+        revived = std::make_unique<test::child_process>(
+            "n1-again", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", cs_.manifest, "--name", "n1"});
+      },
+      5000);
+  // troupe down stops the revived node too: it rejoined, and the head
+  // tells every node it knows.
+  auto r = test::troupe_cli("down " + cs_.manifest + " --timeout 60");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  if (revived) {
+    EXPECT_EQ(revived->wait_exit(30s), "exit 0") << "the revived node did not stop";
+  }
+}
+
+TEST_F(ClusterLoopback, SigstopOfAStageNodeMidDecode) {
+  up("stop");
+  const pid_t victim = pid_of("n2");
+  failure_case(
+      cs_, "n2", [&] { ::kill(victim, SIGSTOP); }, [&] { ::kill(victim, SIGCONT); }, 5000);
+}
+
+namespace {
+// The cluster on three hosts (network namespaces) joined by a bridge,
+// started through the manifest's launch command; node `victim` gets `sig`.
+void netns_case(int subnet, const std::string& victim, int sig) {
+  test::netns_bridge net(3, subnet);
+  if (!net.ok()) GTEST_SKIP() << net.why();
+  const int vi = victim.back() - '0';
+  auto cs = make_manifest("ns" + std::to_string(subnet), {net.host(0), net.host(1), net.host(2)},
+                          "launch = \"ip netns exec " + net.prefix() + "{host} {troupe} node --manifest {manifest} --name {name}\"\n"
+                          "[transport]\ntls = \"tcp\"\nnet_devices = \"eth0\"\n");
+  auto r = test::troupe_cli("up " + cs.manifest + " --detach --timeout 180");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_NE(r.out.find("launch command"), std::string::npos) << r.out;
+  auto m = cluster::load_manifest(cs.manifest);
+  ASSERT_TRUE(m.has_value());
+  failure_case(
+      cs, victim, [&] { net.signal_all(vi, sig); },
+      [&] {
+        if (sig == SIGSTOP) {
+          net.signal_all(vi, SIGCONT);
+          return;
+        }
+        auto l = cluster::launch_node(*m, *m->node(victim), TROUPE_CLI);
+        EXPECT_TRUE(l.has_value());
+      },
+      5000);
+  r = test::troupe_cli("down " + cs.manifest + " --timeout 60");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  if (::testing::Test::HasFailure())
+    for (const auto& n : cluster::read_launched(*m)) std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(), cluster::log_tail(n.log, 40).c_str());
+  for (int i = 0; i < 3; ++i) net.signal_all(i, SIGKILL);
+}
+}  // namespace
+
+TEST(ClusterNetns, SigkillAcrossThreeHosts) { netns_case(static_cast<int>(::getpid() % 100), "n1", SIGKILL); }
+
+TEST(ClusterNetns, SigstopAcrossThreeHosts) { netns_case(100 + static_cast<int>(::getpid() % 100), "n2", SIGSTOP); }
