@@ -39,9 +39,12 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
     auto tok = models::tokenizer::load(dir);
     if (!tok) return std::unexpected(tok.error());
     s.tok = std::make_shared<const models::tokenizer>(std::move(*tok));
-    auto g = models::load_generation_config(dir + "/generation_config.json");
-    if (!g) return std::unexpected(g.error());
-    s.defaults = *g;
+    // Optional, as in transformers: without it the defaults are plain greedy.
+    if (std::filesystem::exists(dir + "/generation_config.json")) {
+      auto g = models::load_generation_config(dir + "/generation_config.json");
+      if (!g) return std::unexpected(g.error());
+      s.defaults = *g;
+    }
   }
   s.text = text;
   for (auto id : s.defaults.eos_token_ids) s.stop_ids.push_back(id);
@@ -54,7 +57,8 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
   return s;
 }
 
-kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in) {
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in,
+                                                         std::string* text_out) {
   if (in.images > 0 && !s.llava)
     return kernels::make_error(errc::invalid_argument, "images need a vision model (a LLaVA folder); this model has no vision tower");
   std::size_t placeholders = 0;
@@ -83,6 +87,7 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, 
     text = *rendered;
     add_special = false;  // the template writes its own BOS
   }
+  if (text_out) *text_out = text;
   auto ids = s.tok->encode(text, add_special, /*parse_special=*/true);
   if (!ids) return std::unexpected(ids.error());
   if (ids->empty()) return kernels::make_error(errc::invalid_argument, "the prompt encodes to no tokens");

@@ -44,7 +44,9 @@ struct prompt_input {
 /// The prompt's token ids. Errors (invalid_argument) are the user's: a
 /// placeholder count that does not match the images, images for a text
 /// model, an unknown template, an empty prompt.
-kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in);
+/// With `text`, the prompt's text (after the template) goes there too.
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in,
+                                                         std::string* text = nullptr);
 
 /// Greedy-or-as-configured sampling: generation_config.json's defaults
 /// (temperature only where it samples), max_tokens, and the stop ids.

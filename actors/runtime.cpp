@@ -11,6 +11,7 @@
 #include <caf/io/all.hpp>
 
 #include "actors/data_plane.hpp"
+#include "actors/prompt.hpp"
 #include "models/llava_config.hpp"
 #include "transport/ucx_engine.hpp"
 #include "models/weights.hpp"
@@ -21,9 +22,6 @@ namespace {
 
 using kernels::errc;
 
-std::string dir_of(const std::string& path) {
-  return std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
-}
 
 struct remote_worker {
   stage_host_actor host;
@@ -166,29 +164,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   auto devices = cfg.devices.empty() ? std::vector<device_spec>{{"cpu", {}}} : cfg.devices;
   if (cfg.stages < 1) return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
   // The decoder's shape decides the layer split.
-  auto src = models::weight_source::open(cfg.model);
-  if (!src) return std::unexpected(src.error());
-  const std::string dir = dir_of(cfg.model);
-  std::optional<models::llava_config> llava;
-  models::llama_config text;
-  if ((*src)->is_gguf()) {
-    auto c = models::llama_config_from_gguf(*(*src)->gguf());
-    if (!c) return std::unexpected(c.error());
-    text = *c;
-  } else {
-    auto json = models::read_text_file(dir + "/config.json");
-    if (!json) return std::unexpected(json.error());
-    if (models::is_llava_config(*json)) {
-      auto c = models::parse_llava_config(*json, dir + "/config.json");
-      if (!c) return std::unexpected(c.error());
-      llava = *c;
-      text = c->text;
-    } else {
-      auto c = models::load_llama_config(dir + "/config.json");
-      if (!c) return std::unexpected(c.error());
-      text = *c;
-    }
-  }
+  auto setup = load_prompt_setup(cfg.model);
+  if (!setup) return std::unexpected(setup.error());
+  const std::optional<models::llava_config> llava = setup->llava;
+  const models::llama_config text = setup->text;
   int L = static_cast<int>(text.num_layers);
   std::shared_ptr<tp_group> tp;
   if (!cfg.tp_peers.empty()) {
@@ -210,10 +189,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   if (cfg.stages > L)
     return kernels::make_error(errc::invalid_argument, std::to_string(cfg.stages) + " stages for a model of " +
                                                            std::to_string(L) + " layers");
-  auto tok = (*src)->is_gguf() ? models::tokenizer::from_gguf(*(*src)->gguf()) : models::tokenizer::load(dir);
-  if (!tok) return std::unexpected(tok.error());
-  src->reset();
-  rt->frontend_.tok = std::make_shared<const models::tokenizer>(std::move(*tok));
+  rt->frontend_.tok = setup->tok;
   rt->frontend_.vocab = text.vocab_size;
   rt->frontend_.hidden = text.hidden_size;
   if (llava) {

@@ -15,6 +15,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/prompt.hpp"
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
@@ -160,96 +161,39 @@ int run_generate(const generate_args& a) {
     return 1;
   }
   const std::string model_dir = std::filesystem::is_directory(a.model) ? a.model : dir_of(a.model);
-  // A LLaVA folder: the vision tower and projector come with the decoder.
-  std::optional<llava_config> lcfg;
-  if (!(*src)->is_gguf()) {
-    auto text = read_text_file(model_dir + "/config.json");
-    if (text && is_llava_config(*text)) {
-      auto c = parse_llava_config(*text, model_dir + "/config.json");
-      if (!c) {
-        spdlog::error("{}", c.error().message);
-        return 1;
-      }
-      lcfg = *c;
-    }
+  // The tokenizer, configs (a LLaVA folder: the vision tower and projector
+  // come with the decoder) and generation defaults.
+  auto setup = actors::load_prompt_setup(a.model);
+  if (!setup) {
+    spdlog::error("{}", setup.error().message);
+    return 1;
   }
+  const std::optional<llava_config> lcfg = setup->llava;
+  const std::optional<llama_config> text_cfg = setup->text;
+  const auto tok = setup->tok;
   if (!a.images.empty() && !lcfg) {
     spdlog::error("--image needs a vision model (a LLaVA folder); {} has no vision tower", a.model);
     return 2;
   }
-  result<tokenizer> tok = (*src)->is_gguf() ? tokenizer::from_gguf(*(*src)->gguf()) : tokenizer::load(model_dir);
-  if (!tok) {
-    spdlog::error("tokenizer: {}", tok.error().message);
-    return 1;
-  }
-  result<llama_config> text_cfg = lcfg ? result<llama_config>(lcfg->text)
-                                       : (*src)->is_gguf() ? llama_config_from_gguf(*(*src)->gguf())
-                                                           : load_llama_config(model_dir + "/config.json");
-  if (!text_cfg) {
-    spdlog::error("{}", text_cfg.error().message);
-    return 1;
-  }
-  std::string text = a.prompt;
-  bool add_special = !a.no_bos;
   // With images the prompt is a chat turn whose placeholders the template
   // writes, unless the prompt already holds one "<image>" per image.
   const int images = static_cast<int>(a.images.size());
-  std::string image_text;
-  if (lcfg) {
-    auto t = tok->token_text(static_cast<std::int32_t>(lcfg->image_token_index));
-    image_text = t ? *t : "<image>";
-  }
-  std::size_t placeholders = 0;
-  for (std::size_t at = image_text.empty() ? std::string::npos : text.find(image_text); at != std::string::npos;
-       at = text.find(image_text, at + image_text.size()))
-    ++placeholders;
-  const bool chat = a.chat || !a.chat_template.empty() || (images > 0 && placeholders == 0);
-  if (images > 0 && placeholders != 0 && placeholders != a.images.size()) {
-    spdlog::error("the prompt has {} {} placeholders for {} --image files", placeholders, image_text, images);
-    return 2;
-  }
-  if (chat) {
-    auto tmpl = chat_template::select(tok->chat_template_source(), a.chat_template);
-    if (!tmpl) {
-      spdlog::error("chat template: {} (pick one with --chat-template)", tmpl.error().message);
-      return 2;
-    }
-    std::vector<chat_message> msgs;
-    if (!a.system.empty()) msgs.push_back({"system", a.system, 0});
-    msgs.push_back({"user", a.prompt, placeholders == 0 ? images : 0});
-    auto piece_text = [&](std::optional<std::int32_t> id) {
-      if (!id) return std::string();
-      auto t = tok->token_text(*id);
-      return t ? *t : std::string();
-    };
-    auto rendered = tmpl->render(msgs, true, piece_text(tok->special_ids().bos), piece_text(tok->special_ids().eos));
-    if (!rendered) {
-      spdlog::error("chat template: {}", rendered.error().message);
-      return 2;
-    }
-    text = *rendered;
-    add_special = false;  // the template writes its own BOS
-  }
-  auto ids = tok->encode(text, add_special, /*parse_special=*/true);
+  actors::prompt_input in;
+  in.prompt = a.prompt;
+  in.system = a.system;
+  in.chat_template = a.chat_template;
+  in.images = images;
+  in.chat = a.chat;
+  in.no_bos = a.no_bos;
+  std::string text;
+  auto ids = actors::render_prompt(*setup, in, &text);
   if (!ids) {
-    spdlog::error("prompt: {}", ids.error().message);
-    return 1;
-  }
-  if (ids->empty()) {
-    spdlog::error("the prompt encodes to no tokens");
-    return 2;
+    spdlog::error("{}", ids.error().message);
+    return ids.error().code == errc::invalid_argument ? 2 : 1;
   }
   // generation_config.json (HF folders) supplies defaults for flags not given,
   // as transformers and vLLM do.
-  generation_defaults defaults;
-  if (!(*src)->is_gguf()) {
-    auto g = load_generation_config(model_dir + "/generation_config.json");
-    if (!g) {
-      spdlog::error("{}", g.error().message);
-      return 1;
-    }
-    defaults = *g;
-  }
+  const generation_defaults& defaults = setup->defaults;
   sampling_params params;
   params.max_tokens = a.max_tokens;
   const bool sampling = defaults.do_sample.value_or(true);
@@ -258,11 +202,9 @@ int run_generate(const generate_args& a) {
   params.top_p = a.set_top_p ? a.top_p : defaults.top_p.value_or(a.top_p);
   params.min_p = a.set_min_p ? a.min_p : defaults.min_p.value_or(a.min_p);
   params.repetition_penalty = a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
-  for (auto id : defaults.eos_token_ids) params.stop_token_ids.push_back(id);
+  params.stop_token_ids = setup->stop_ids;
   params.seed = a.seed;
   params.stop_strings = a.stops;
-  for (auto id : text_cfg->eos_token_ids) params.stop_token_ids.push_back(id);
-  if (auto eos = tok->special_ids().eos) params.stop_token_ids.push_back(*eos);
   if (auto r = params.validate(); !r) {
     spdlog::error("{}", r.error().message);
     return 2;
