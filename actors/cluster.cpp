@@ -400,8 +400,10 @@ void replace(head_ptr self) {
     }
     self->request(agent, st.cfg.node.timeout, load_atom::value, o)
         .then(
-            [self, epoch, handles, load, i](stage_handles& h) {
+            [self, epoch, handles, load, i, slot, n = plan.size()](stage_handles& h) {
               if (epoch != self->state.epoch) return;
+              event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
+                              ") on " + slot.node + " (" + std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
               (*handles)[i] = std::move(h);
               if (i == 0) {
                 finish_placement(self, epoch, *handles);
