@@ -262,6 +262,7 @@ bool from_this_process(head_ptr self) {
 }
 
 void replace(head_ptr self);
+void heartbeat(head_ptr self);
 
 void start_join(head_ptr self, const std::string& name) {
   auto& st = self->state;
@@ -333,6 +334,7 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       how += buf;
     }
     event(self, how);
+    heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
   };
   if (st.scheduler) {
     done(0);
@@ -586,6 +588,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           in.system = job.system;
           in.images = static_cast<int>(job.images.size());
           in.chat = job.chat;
+          for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images});
           auto ids = render_prompt(st.prompt, in);
           if (!ids) return make_error(error_code::invalid_request, ids.error().message);
           generate_request req;
@@ -594,6 +597,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           req.images = std::move(job.images);
           req.params = default_sampling(st.prompt, job.max_tokens);
           if (job.has_temperature) req.params.temperature = job.temperature;
+          if (job.has_top_p) req.params.top_p = job.top_p;
           req.params.seed = job.seed;
           req.params.stop_strings = std::move(job.stop_strings);
           if (job.ignore_eos) req.params.stop_token_ids.clear();
@@ -704,25 +708,14 @@ std::uint64_t random_job_id() {
   return id;
 }
 
-std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
-                                                 std::function<void(const token_event&)> on_token) {
-  struct waiter {
-    std::mutex m;
-    std::condition_variable cv;
-    std::optional<finish_event> done;
-    std::string gone;
-  };
-  auto w = std::make_shared<waiter>();
-  auto finish = [w](std::optional<finish_event> f, std::string why) {
-    std::lock_guard lock(w->m);
-    if (w->done || !w->gone.empty()) return;
-    if (f)
-      w->done = std::move(f);
-    else
-      w->gone = std::move(why);
-    w->cv.notify_all();
-  };
+std::expected<void, std::string> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+                                            std::function<void(const token_event&)> on_token,
+                                            std::function<void(std::optional<finish_event>, std::string)> on_finish) {
   const auto id = job.id;
+  auto once = std::make_shared<std::once_flag>();
+  auto finish = [once, on_finish](std::optional<finish_event> f, std::string why) {
+    std::call_once(*once, [&] { on_finish(std::move(f), std::move(why)); });
+  };
   auto sink = sys.spawn([door, on_token, finish, id](client_sink_actor::pointer self) -> client_sink_actor::behavior_type {
     self->monitor(door);
     self->set_down_handler([=](caf::down_msg& dm) {
@@ -750,8 +743,36 @@ std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const f
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     return std::unexpected(refused);
   }
+  return {};
+}
+
+bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id) {
+  caf::scoped_actor self{sys};
+  bool found = false;
+  self->request(door, std::chrono::seconds(10), cancel_atom::value, id).receive([&](bool b) { found = b; }, [](caf::error&) {});
+  return found;
+}
+
+std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+                                                 std::function<void(const token_event&)> on_token) {
+  struct waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    bool ended = false;
+    std::optional<finish_event> done;
+    std::string gone;
+  };
+  auto w = std::make_shared<waiter>();
+  auto ok = submit_job(sys, door, std::move(job), std::move(on_token), [w](std::optional<finish_event> f, std::string why) {
+    std::lock_guard lock(w->m);
+    w->done = std::move(f);
+    w->gone = std::move(why);
+    w->ended = true;
+    w->cv.notify_all();
+  });
+  if (!ok) return std::unexpected(ok.error());
   std::unique_lock lock(w->m);
-  w->cv.wait(lock, [&] { return w->done.has_value() || !w->gone.empty(); });
+  w->cv.wait(lock, [&] { return w->ended; });
   if (w->done) return *w->done;
   return std::unexpected(w->gone);
 }

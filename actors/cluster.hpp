@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "actors/device_spec.hpp"
@@ -71,6 +72,17 @@ std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sy
 /// that the head went away.
 std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
                                                  std::function<void(const token_event&)> on_token = {});
+
+/// Submits `job` and returns once the head accepted it; the events arrive
+/// on another thread. `on_finish` is called exactly once: with the finish
+/// event, or with nothing and the reason when the head went away. A
+/// refusal is the error (and no callback follows).
+std::expected<void, std::string> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+                                            std::function<void(const token_event&)> on_token,
+                                            std::function<void(std::optional<finish_event>, std::string)> on_finish);
+
+/// Cancels a job; false when the head does not know it (any more).
+bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id);
 
 /// A random job id (the head's scheduler refuses a duplicate).
 std::uint64_t random_job_id();

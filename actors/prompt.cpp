@@ -59,6 +59,35 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
 
 kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in,
                                                          std::string* text_out) {
+  if (!in.messages.empty()) {
+    int images = 0;
+    for (const auto& m : in.messages) {
+      if (m.images < 0) return kernels::make_error(errc::invalid_argument, "a message with a negative image count");
+      images += m.images;
+      if (!s.image_text.empty() && m.content.find(s.image_text) != std::string::npos)
+        return kernels::make_error(errc::invalid_argument, "a message holds the image placeholder " + s.image_text +
+                                                               " as text; send images as image parts");
+    }
+    if (images != in.images)
+      return kernels::make_error(errc::invalid_argument, std::to_string(images) + " image parts for " +
+                                                             std::to_string(in.images) + " images");
+    if (images > 0 && !s.llava)
+      return kernels::make_error(errc::invalid_argument, "images need a vision model; this model has no vision tower");
+    auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
+    if (!tmpl) return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
+    auto piece = [&](std::optional<std::int32_t> id) {
+      if (!id) return std::string();
+      auto t = s.tok->token_text(*id);
+      return t ? *t : std::string();
+    };
+    auto rendered = tmpl->render(in.messages, true, piece(s.tok->special_ids().bos), piece(s.tok->special_ids().eos));
+    if (!rendered) return kernels::make_error(errc::invalid_argument, "chat template: " + rendered.error().message);
+    if (text_out) *text_out = *rendered;
+    auto ids = s.tok->encode(*rendered, false, /*parse_special=*/true);
+    if (!ids) return std::unexpected(ids.error());
+    if (ids->empty()) return kernels::make_error(errc::invalid_argument, "the chat encodes to no tokens");
+    return std::move(*ids);
+  }
   if (in.images > 0 && !s.llava)
     return kernels::make_error(errc::invalid_argument, "images need a vision model (a LLaVA folder); this model has no vision tower");
   std::size_t placeholders = 0;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/status.hpp"
+#include "models/chat_template.hpp"
 #include "models/llama_config.hpp"
 #include "models/llava_config.hpp"
 #include "models/sampling.hpp"
@@ -39,6 +40,9 @@ struct prompt_input {
   int images = 0;
   bool chat = false;  ///< apply the chat template (always with images and no placeholder in the prompt)
   bool no_bos = false;
+  /// A whole chat instead of prompt/system (the template always applies;
+  /// `images` is then the sum of the messages' images).
+  std::vector<models::chat_message> messages;
 };
 
 /// The prompt's token ids. Errors (invalid_argument) are the user's: a

@@ -74,6 +74,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<stage_order>("troupe::stage_order");
   cfg.add_message_type<node_report>("troupe::node_report");
   cfg.add_message_type<node_agent_actor>("troupe::node_agent_actor");
+  cfg.add_message_type<chat_turn>("troupe::chat_turn");
+  cfg.add_message_type<std::vector<chat_turn>>("troupe::chat_turns");
   cfg.add_message_type<job_request>("troupe::job_request");
   cfg.add_message_type<member_view>("troupe::member_view");
   cfg.add_message_type<std::vector<member_view>>("troupe::member_views");

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 6;
+inline constexpr std::uint32_t protocol_version = 7;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -473,6 +473,15 @@ using node_agent_actor = caf::typed_actor<caf::replies_to<load_atom, stage_order
                                           caf::replies_to<ping_atom>::with<node_report>,
                                           caf::reacts_to<down_atom>>;
 
+/// One message of a chat (OpenAI's messages): its role, text and how many
+/// of the job's images belong to it (in order).
+struct chat_turn {
+  std::string role;
+  std::string content;
+  std::int32_t images = 0;
+  bool operator==(const chat_turn&) const = default;
+};
+
 /// A job as a client submits it: the user's prompt (the head applies the
 /// model's chat template when there are images or `chat` is set), its
 /// images and sampling. `id` is the client's (random; unique per cluster).
@@ -489,6 +498,10 @@ struct job_request {
   std::uint64_t seed = 0;
   std::vector<std::string> stop_strings;
   std::int64_t deadline_ms = 0;
+  /// A whole chat instead of prompt/system (always through the template).
+  std::vector<chat_turn> turns;
+  bool has_top_p = false;
+  double top_p = 1.0;
   bool operator==(const job_request&) const = default;
 };
 
@@ -561,7 +574,12 @@ typename I::result_type inspect(I& f, node_report& x) {
 template <class I>
 typename I::result_type inspect(I& f, job_request& x) {
   return f(caf::meta::type_name("job_request"), x.id, x.prompt, x.system, x.images, x.chat, x.ignore_eos,
-           x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings, x.deadline_ms);
+           x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings, x.deadline_ms, x.turns, x.has_top_p,
+           x.top_p);
+}
+template <class I>
+typename I::result_type inspect(I& f, chat_turn& x) {
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.images);
 }
 template <class I>
 typename I::result_type inspect(I& f, member_view& x) {

@@ -30,5 +30,7 @@ command_runner add_certs(CLI::App& app);
 command_runner add_node(CLI::App& app);
 /// `troupe up`, `status`, `submit`, `down` (which: that name).
 command_runner add_cluster(CLI::App& app, const std::string& which);
+/// `troupe serve`: the OpenAI-compatible HTTP gateway.
+command_runner add_serve(CLI::App& app);
 
 }  // namespace troupe::cli

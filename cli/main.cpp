@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   auto status = troupe::cli::add_cluster(app, "status");
   auto submit = troupe::cli::add_cluster(app, "submit");
   auto down = troupe::cli::add_cluster(app, "down");
+  auto serve = troupe::cli::add_serve(app);
   bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
   bench->prefix_command();
   try {
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("status")) return status();
   if (app.got_subcommand("submit")) return submit();
   if (app.got_subcommand("down")) return down();
+  if (app.got_subcommand("serve")) return serve();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.
     std::string self = argv[0];

@@ -22,6 +22,7 @@
 #include "actors/gatekeeper.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/launcher.hpp"
+#include "cluster_manifest.hpp"
 #include "run_cli.hpp"
 #include "tests/multiproc.hpp"
 
@@ -31,36 +32,10 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace troupe;
 using steady = std::chrono::steady_clock;
+using test::cluster_setup;
+using test::make_manifest;
 
 double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
-
-struct cluster_setup {
-  std::string dir, manifest;
-  std::vector<std::string> hosts;
-  std::vector<int> ports;
-};
-
-// A 3-node manifest: n0 (the head) on core 0, n1 on core 1, n2 on every
-// core; three pipeline stages.
-cluster_setup make_manifest(const std::string& name, std::vector<std::string> hosts, const std::string& extra = "") {
-  cluster_setup c;
-  c.dir = fs::path(test::temp_path("cluster-" + name)).lexically_normal().string();
-  fs::remove_all(c.dir);
-  fs::create_directories(c.dir);
-  c.hosts = std::move(hosts);
-  std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"n0\"\ncerts = \"certs\"\n" + extra +
-                     "[parallelism]\npipeline_stages = 3\n";
-  const char* cores[] = {"cores = \"0-0\", ", "cores = \"1-1\", ", ""};
-  for (int i = 0; i < 3; ++i) {
-    const int port = c.hosts[static_cast<std::size_t>(i)] == "127.0.0.1" ? test::free_port() : 7400 + i;
-    c.ports.push_back(port);
-    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"" + c.hosts[static_cast<std::size_t>(i)] +
-            "\"\nport = " + std::to_string(port) + "\ndevices = [{ type = \"cpu\", " + cores[i] + "memory = \"4GiB\" }]\n";
-  }
-  c.manifest = c.dir + "/cluster.toml";
-  std::ofstream(c.manifest) << text;
-  return c;
-}
 
 actors::image_data image(int i) {
   const std::string path = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";

@@ -1,0 +1,84 @@
+// troupe serve MANIFEST [--host H] [--port P] [--api-key KEY]: the
+// OpenAI-compatible HTTP gateway in front of a running cluster (a client
+// of its head; see serve/gateway.hpp). Runs until SIGINT/SIGTERM.
+#include <spdlog/spdlog.h>
+
+#include <caf/io/all.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "actors/cluster.hpp"
+#include "actors/gatekeeper.hpp"
+#include "cli/cluster_setup.hpp"
+#include "cli/commands.hpp"
+#include "cli/daemon.hpp"
+#include "cluster/certs.hpp"
+#include "serve/gateway.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct serve_args {
+  std::string manifest, host = "127.0.0.1", api_key, model_name = "troupe";
+  int port = 8000;
+  int max_body_mib = 64;
+};
+
+int run_serve(const serve_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  if (a.host == "0.0.0.0" || a.host == "::")
+    spdlog::warn("serve: listening on every interface ({}); anyone who reaches this machine reaches the API{}", a.host,
+                 a.api_key.empty() ? ", and no --api-key is set" : "");
+  const sigset_t sigs = block_stop_signals();
+  caf::actor_system_config cfg;
+  actors::configure_runtime(cfg);
+  if (auto t = actors::configure_cluster_tls(cfg, *m, cluster::client_identity); !t) {
+    spdlog::error("serve: {}", t.error());
+    return 1;
+  }
+  caf::actor_system sys{cfg};
+  auto door = actors::connect_client(sys, *m, std::chrono::seconds(10));
+  if (!door) {
+    spdlog::error("serve: {}", door.error());
+    return 1;
+  }
+  serve::gateway_options go;
+  go.host = a.host;
+  go.port = a.port;
+  go.api_key = a.api_key;
+  go.model_name = a.model_name;
+  go.max_body_bytes = static_cast<std::size_t>(a.max_body_mib) << 20;
+  serve::gateway gw(sys, *door, go);
+  std::string why;
+  if (!gw.bind(why)) {
+    spdlog::error("serve: {}", why);
+    return 1;
+  }
+  std::thread server([&] { gw.serve(); });
+  std::printf("troupe serve: OpenAI-compatible API of cluster %s on http://%s:%d/v1 (head %s)\n", m->name.c_str(),
+              a.host.c_str(), gw.port(), m->head.c_str());
+  std::fflush(stdout);
+  wait_for_stop_signal(sigs);
+  gw.stop();
+  server.join();
+  exit_after(std::chrono::seconds(5), "troupe serve");
+  return 0;
+}
+
+}  // namespace
+
+command_runner add_serve(CLI::App& app) {
+  auto a = std::make_shared<serve_args>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP API in front of a running cluster");
+  cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+  cmd->add_option("--host", a->host, "Address to listen on (default loopback)");
+  cmd->add_option("--port", a->port, "Port (0: any free port; printed)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
+  cmd->add_option("--served-model-name", a->model_name, "The model's name in the API");
+  cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (larger: 413)")->check(CLI::Range(1, 1024));
+  return [a] { return run_serve(*a); };
+}
+
+}  // namespace troupe::cli

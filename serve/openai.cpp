@@ -1,0 +1,269 @@
+#include "serve/openai.hpp"
+
+#include <openssl/evp.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace troupe::serve {
+
+using nlohmann::json;
+
+namespace {
+
+api_error bad(const std::string& message, const std::string& param = "") {
+  api_error e;
+  e.status = 400;
+  e.message = message;
+  e.param = param;
+  return e;
+}
+
+// Reads the sampling fields both endpoints share.
+std::optional<api_error> read_common(const json& j, api_request& r, const request_limits& limits) {
+  if (auto it = j.find("model"); it != j.end()) {
+    if (!it->is_string()) return bad("'model' must be a string", "model");
+    r.model = it->get<std::string>().substr(0, 256);
+  }
+  if (auto it = j.find("stream"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("'stream' must be a boolean", "stream");
+    r.stream = it->get<bool>();
+  }
+  if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
+    if (auto u = it->find("include_usage"); u != it->end() && u->is_boolean()) r.include_usage = u->get<bool>();
+  }
+  auto& job = r.job;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number_integer()) return bad(std::string("'") + key + "' must be an integer", key);
+    const auto n = it->get<std::int64_t>();
+    if (n < 1 || n > limits.max_tokens)
+      return bad(std::string("'") + key + "' must be in [1, " + std::to_string(limits.max_tokens) + "]", key);
+    job.max_tokens = n;
+  }
+  auto number = [&](const char* key, double lo, double hi, double& out, bool& set) -> std::optional<api_error> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) return bad(std::string("'") + key + "' must be a number", key);
+    const double v = it->get<double>();
+    if (!std::isfinite(v) || v < lo || v > hi)
+      return bad(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", key);
+    out = v;
+    set = true;
+    return std::nullopt;
+  };
+  if (auto e = number("temperature", 0.0, 2.0, job.temperature, job.has_temperature)) return e;
+  if (auto e = number("top_p", 0.0, 1.0, job.top_p, job.has_top_p)) return e;
+  if (job.has_top_p && job.top_p <= 0.0) return bad("'top_p' must be greater than 0", "top_p");
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return bad("'seed' must be an integer", "seed");
+    job.seed = static_cast<std::uint64_t>(it->get<std::int64_t>());
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    std::vector<std::string> stops;
+    if (it->is_string()) {
+      stops.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) return bad("'stop' must be a string or an array of strings", "stop");
+        stops.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("'stop' must be a string or an array of strings", "stop");
+    }
+    if (stops.size() > limits.max_stops) return bad("at most " + std::to_string(limits.max_stops) + " stop strings", "stop");
+    for (const auto& s : stops)
+      if (s.empty() || s.size() > 256) return bad("a stop string must have 1 to 256 bytes", "stop");
+    job.stop_strings = std::move(stops);
+  }
+  if (auto it = j.find("ignore_eos"); it != j.end() && it->is_boolean()) job.ignore_eos = it->get<bool>();
+  if (auto it = j.find("n"); it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<std::int64_t>() == 1))
+    return bad("only n = 1 is supported", "n");
+  return std::nullopt;
+}
+
+std::expected<json, api_error> parse_json(std::string_view body) {
+  auto j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded()) return std::unexpected(bad("the body is not valid JSON"));
+  if (!j.is_object()) return std::unexpected(bad("the body must be a JSON object"));
+  return j;
+}
+
+}  // namespace
+
+std::string error_json(const api_error& e) {
+  json j{{"error",
+          {{"message", e.message},
+           {"type", e.type},
+           {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+           {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+  return j.dump();
+}
+
+std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url, std::size_t max_bytes) {
+  constexpr std::string_view prefix = "data:";
+  if (url.substr(0, prefix.size()) != prefix)
+    return std::unexpected("only base64 data: URLs are accepted (fetching remote images is off)");
+  const auto comma = url.find(',');
+  if (comma == std::string_view::npos) return std::unexpected("a data: URL without a comma");
+  const auto meta = url.substr(prefix.size(), comma - prefix.size());
+  if (meta.size() < 7 || meta.substr(meta.size() - 7) != ";base64") return std::unexpected("the data: URL is not base64");
+  if (meta.substr(0, 6) != "image/") return std::unexpected("the data: URL is not an image");
+  auto b64 = url.substr(comma + 1);
+  if (b64.size() % 4 != 0) return std::unexpected("base64 data whose length is not a multiple of 4");
+  if (b64.size() / 4 * 3 > max_bytes)
+    return std::unexpected("an image of more than " + std::to_string(max_bytes >> 20) + " MiB");
+  for (char c : b64)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '='))
+      return std::unexpected("invalid base64 data");
+  std::vector<std::uint8_t> out(b64.size() / 4 * 3);
+  if (b64.empty()) return std::unexpected("an empty image");
+  const int n = EVP_DecodeBlock(out.data(), reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
+  if (n < 0) return std::unexpected("invalid base64 data");
+  std::size_t pad = 0;
+  if (b64.back() == '=') ++pad;
+  if (b64.size() >= 2 && b64[b64.size() - 2] == '=') ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
+std::expected<api_request, api_error> parse_chat_request(std::string_view body, const request_limits& limits) {
+  auto j = parse_json(body);
+  if (!j) return std::unexpected(j.error());
+  api_request r;
+  r.chat = true;
+  auto msgs = j->find("messages");
+  if (msgs == j->end() || !msgs->is_array() || msgs->empty())
+    return std::unexpected(bad("'messages' must be a non-empty array", "messages"));
+  if (msgs->size() > limits.max_messages)
+    return std::unexpected(bad("at most " + std::to_string(limits.max_messages) + " messages", "messages"));
+  std::size_t text_bytes = 0;
+  for (std::size_t i = 0; i < msgs->size(); ++i) {
+    const auto& m = (*msgs)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return std::unexpected(bad(where + " must be an object", where));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return std::unexpected(bad(where + ".role must be a string", where + ".role"));
+    actors::chat_turn t;
+    t.role = role->get<std::string>();
+    if (t.role != "system" && t.role != "user" && t.role != "assistant" && t.role != "developer")
+      return std::unexpected(bad(where + ".role: '" + t.role.substr(0, 32) + "' is not system, user or assistant", where + ".role"));
+    if (t.role == "developer") t.role = "system";
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) return std::unexpected(bad(where + ".content is missing", where + ".content"));
+    if (content->is_string()) {
+      t.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (std::size_t k = 0; k < content->size(); ++k) {
+        const auto& part = (*content)[k];
+        const std::string pw = where + ".content[" + std::to_string(k) + "]";
+        auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string())
+          return std::unexpected(bad(pw + " must be an object with a 'type'", pw));
+        const auto ty = type->get<std::string>();
+        if (ty == "text") {
+          auto tx = part.find("text");
+          if (tx == part.end() || !tx->is_string()) return std::unexpected(bad(pw + ".text must be a string", pw + ".text"));
+          if (!t.content.empty()) t.content += "\n";
+          t.content += tx->get<std::string>();
+        } else if (ty == "image_url") {
+          auto iu = part.find("image_url");
+          std::string url;
+          if (iu != part.end() && iu->is_string()) url = iu->get<std::string>();
+          else if (iu != part.end() && iu->is_object() && iu->contains("url") && (*iu)["url"].is_string())
+            url = (*iu)["url"].get<std::string>();
+          else
+            return std::unexpected(bad(pw + ".image_url.url must be a string", pw + ".image_url"));
+          if (r.job.images.size() >= limits.max_images)
+            return std::unexpected(bad("at most " + std::to_string(limits.max_images) + " images per request", pw));
+          auto bytes = decode_data_url(url, limits.max_image_bytes);
+          if (!bytes) {
+            auto e = bad(pw + ": " + bytes.error(), pw + ".image_url");
+            if (bytes.error().find("MiB") != std::string::npos) e.status = 413;
+            return std::unexpected(e);
+          }
+          actors::image_data img;
+          img.name = "image " + std::to_string(r.job.images.size() + 1);
+          img.bytes = std::move(*bytes);
+          r.job.images.push_back(std::move(img));
+          ++t.images;
+        } else {
+          return std::unexpected(bad(pw + ": content type '" + ty.substr(0, 32) + "' is not supported (text, image_url)", pw + ".type"));
+        }
+      }
+    } else {
+      return std::unexpected(bad(where + ".content must be a string or an array of parts", where + ".content"));
+    }
+    text_bytes += t.content.size();
+    r.job.turns.push_back(std::move(t));
+  }
+  if (text_bytes > limits.max_text_bytes)
+    return std::unexpected(bad("the messages hold more than " + std::to_string(limits.max_text_bytes) + " bytes of text", "messages"));
+  if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
+  return r;
+}
+
+std::expected<api_request, api_error> parse_completion_request(std::string_view body, const request_limits& limits) {
+  auto j = parse_json(body);
+  if (!j) return std::unexpected(j.error());
+  api_request r;
+  r.chat = false;
+  r.job.max_tokens = 16;  // OpenAI's default for completions
+  auto p = j->find("prompt");
+  if (p == j->end() || !p->is_string()) return std::unexpected(bad("'prompt' must be a string", "prompt"));
+  r.job.prompt = p->get<std::string>();
+  if (r.job.prompt.empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
+  if (r.job.prompt.size() > limits.max_text_bytes)
+    return std::unexpected(bad("'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes", "prompt"));
+  if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
+  return r;
+}
+
+std::string finish_reason(const std::string& reason) {
+  if (reason == "length") return "length";
+  if (reason == "stop") return "stop";
+  return reason;  // cancelled, deadline, error
+}
+
+namespace {
+json usage_of(const actors::finish_event& f) {
+  const auto completion = static_cast<std::int64_t>(f.tokens.size());
+  return {{"prompt_tokens", f.prompt_tokens}, {"completion_tokens", completion}, {"total_tokens", f.prompt_tokens + completion}};
+}
+}  // namespace
+
+std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
+                            const actors::finish_event& f) {
+  json choice{{"index", 0}, {"finish_reason", finish_reason(f.reason)}, {"logprobs", nullptr}};
+  if (r.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", f.text}};
+  else
+    choice["text"] = f.text;
+  json j{{"id", id},
+         {"object", r.chat ? "chat.completion" : "text_completion"},
+         {"created", created},
+         {"model", r.model},
+         {"choices", json::array({choice})},
+         {"usage", usage_of(f)}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created, const std::string& text,
+                       const std::string& finish, const actors::finish_event* usage) {
+  json j{{"id", id}, {"object", r.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", r.model}};
+  if (usage) {
+    j["choices"] = json::array();
+    j["usage"] = usage_of(*usage);
+  } else {
+    json choice{{"index", 0}, {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}, {"logprobs", nullptr}};
+    if (r.chat)
+      choice["delta"] = text.empty() && !finish.empty() ? json::object() : json{{"content", text}};
+    else
+      choice["text"] = text;
+    j["choices"] = json::array({choice});
+  }
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,66 @@
+#pragma once
+
+// The OpenAI-compatible API as plain code: parsing and validating request
+// bodies (chat completions with text and base64 `data:` image parts,
+// completions), and writing responses, stream chunks and errors in
+// OpenAI's JSON. No HTTP here: serve/gateway.cpp serves these; the parsers
+// see bytes from the network and never throw or assert on them.
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/protocol.hpp"
+
+namespace troupe::serve {
+
+/// An error as OpenAI returns it, with its HTTP status.
+struct api_error {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  ///< the offending field, if any
+  std::string code;
+};
+/// {"error": {"message", "type", "param", "code"}}
+std::string error_json(const api_error& e);
+
+struct request_limits {
+  std::size_t max_messages = 256;
+  std::size_t max_images = 16;
+  std::size_t max_image_bytes = 32u << 20;  ///< decoded
+  std::size_t max_text_bytes = 1u << 20;
+  std::int64_t max_tokens = 1 << 16;
+  std::size_t max_stops = 16;
+};
+
+/// A parsed request, ready to become a job.
+struct api_request {
+  bool chat = true;  ///< /v1/chat/completions (else /v1/completions)
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  actors::job_request job;     ///< id left 0
+};
+
+std::expected<api_request, api_error> parse_chat_request(std::string_view body, const request_limits& limits = {});
+std::expected<api_request, api_error> parse_completion_request(std::string_view body, const request_limits& limits = {});
+
+/// The bytes of a base64 `data:image/...;base64,` URL.
+std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url, std::size_t max_bytes);
+
+/// OpenAI's finish_reason for a troupe finish reason.
+std::string finish_reason(const std::string& troupe_reason);
+
+/// A whole (non-streamed) response.
+std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
+                            const actors::finish_event& f);
+/// One stream chunk: `text` as the delta (chat) or text (completion); with
+/// `finish` the final chunk's finish_reason; with `usage` a usage-only chunk.
+std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created, const std::string& text,
+                       const std::string& finish, const actors::finish_event* usage = nullptr);
+
+}  // namespace troupe::serve

@@ -1,0 +1,251 @@
+// The OpenAI-compatible gateway against a real local cluster, with curl as
+// the client (what users run): an image+text chat completion with a data
+// URL, the same answer streamed, the errors (401, 413, 400), Prometheus
+// metrics that grow with requests, and a client that disconnects
+// mid-stream: its request is cancelled and the KV cache returns to its
+// baseline.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "cluster_manifest.hpp"
+#include "run_cli.hpp"
+#include "tests/multiproc.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace troupe;
+using nlohmann::json;
+
+struct http_result {
+  int status = 0;
+  std::string body;
+};
+
+// curl with a JSON body from a file; -w appends the status on its own line.
+http_result curl(const std::string& args) {
+  const std::string cmd = "curl -s -S -w '\\n%{http_code}' " + args + " 2>&1";
+  http_result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  std::string out;
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  ::pclose(p);
+  const auto nl = out.rfind('\n');
+  if (nl == std::string::npos) return r;
+  r.body = out.substr(0, nl);
+  r.status = std::atoi(out.c_str() + nl + 1);
+  return r;
+}
+
+std::string base64_of(const std::string& path) {
+  const std::string cmd = "base64 -w0 " + path;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  if (p) ::pclose(p);
+  return out;
+}
+
+double metric(const std::string& text, const std::string& name) {
+  std::regex re("^" + std::regex_replace(name, std::regex(R"([{}\[\]\"\\.+*?()|^$])"), R"(\$&)") + R"( ([0-9.eE+-]+)$)",
+                std::regex::multiline);
+  std::smatch m;
+  if (!std::regex_search(text, m, re)) return -1;
+  return std::stod(m[1]);
+}
+
+class Gateway : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cs_ = test::make_manifest("gw", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+    auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    started_ = true;
+    port_ = test::free_port();
+    serve_ = std::make_unique<test::child_process>(
+        "serve", std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port", std::to_string(port_), "--api-key",
+                                          "sk-test", "--max-body-mib", "1"});
+    auto line = serve_->expect("troupe serve:", 60000ms);
+    ASSERT_TRUE(line) << "troupe serve did not start";
+    url_ = "http://127.0.0.1:" + std::to_string(port_);
+    const std::string img = base64_of(std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png");
+    ASSERT_GT(img.size(), 100u);
+    image_body_ = json{{"messages", json::array({{{"role", "user"},
+                                                  {"content", json::array({{{"type", "text"}, {"text", "Describe the image."}},
+                                                                           {{"type", "image_url"},
+                                                                            {"image_url", {{"url", "data:image/png;base64," + img}}}}})}}})},
+                       {"temperature", 0}};
+  }
+  void TearDown() override {
+    serve_.reset();
+    if (started_) {
+      auto r = test::troupe_cli("down " + cs_.manifest + " --timeout 60");
+      EXPECT_EQ(r.exit_code, 0) << r.out;
+    }
+  }
+  std::string body_file(const json& j) {
+    const std::string path = cs_.dir + "/body" + std::to_string(files_++) + ".json";
+    std::ofstream(path) << j.dump();
+    return path;
+  }
+  http_result post(const std::string& path, const json& j, const std::string& key = "sk-test", const std::string& extra = "") {
+    return curl(extra + " -H 'Content-Type: application/json' " + (key.empty() ? "" : "-H 'Authorization: Bearer " + key + "' ") +
+                "--data-binary @" + body_file(j) + " " + url_ + path);
+  }
+  std::string metrics() { return curl(url_ + "/metrics").body; }
+
+  test::cluster_setup cs_;
+  bool started_ = false;
+  int port_ = 0, files_ = 0;
+  std::string url_;
+  json image_body_;
+  std::unique_ptr<test::child_process> serve_;
+};
+
+}  // namespace
+
+TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
+  auto ready = curl(url_ + "/ready");
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  EXPECT_EQ(curl(url_ + "/live").status, 200);
+  const auto before = metrics();
+  ASSERT_EQ(metric(before, "troupe:generation_tokens_total"), 0) << before;
+
+  // The answer of the plain generation loop for the same image and prompt.
+  const std::string img = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png";
+  auto direct = test::troupe_cli("generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out;
+  const auto want = json::parse(direct.out.substr(direct.out.find('{')))["text"].get<std::string>();
+  ASSERT_FALSE(want.empty());
+
+  auto r = post("/v1/chat/completions", image_body_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>(), want) << r.body;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
+            j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+
+  // Streamed: the same text in chunks, then [DONE].
+  auto sb = image_body_;
+  sb["stream"] = true;
+  auto s = post("/v1/chat/completions", sb, "sk-test", "-N");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string streamed;
+  int chunks = 0;
+  bool done = false, finished = false;
+  std::istringstream lines(s.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const auto data = line.substr(6);
+    ASSERT_FALSE(done) << "data after [DONE]";
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    auto c = json::parse(data);
+    ASSERT_EQ(c["object"], "chat.completion.chunk") << data;
+    const auto& ch = c["choices"][0];
+    if (ch["delta"].contains("content")) {
+      streamed += ch["delta"]["content"].get<std::string>();
+      ++chunks;
+    }
+    if (!ch["finish_reason"].is_null()) finished = true;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(finished);
+  EXPECT_GT(chunks, 1);
+  EXPECT_EQ(streamed, want);
+
+  // Errors in OpenAI's shape with their status codes.
+  auto bad_key = post("/v1/chat/completions", image_body_, "sk-wrong");
+  EXPECT_EQ(bad_key.status, 401) << bad_key.body;
+  EXPECT_EQ(json::parse(bad_key.body)["error"]["type"], "authentication_error");
+  EXPECT_EQ(post("/v1/chat/completions", image_body_, "").status, 401);
+  json big = image_body_;
+  big["messages"][0]["content"][0]["text"] = std::string(2u << 20, 'a');
+  auto too_big = post("/v1/chat/completions", big);
+  EXPECT_EQ(too_big.status, 413) << too_big.body.substr(0, 300);
+  const std::string broken = cs_.dir + "/broken.json";
+  std::ofstream(broken) << "{\"messages\": [";
+  auto malformed = curl("-H 'Content-Type: application/json' -H 'Authorization: Bearer sk-test' --data-binary @" + broken +
+                        " " + url_ + "/v1/chat/completions");
+  EXPECT_EQ(malformed.status, 400) << malformed.body;
+  EXPECT_NE(json::parse(malformed.body)["error"]["message"].get<std::string>().find("JSON"), std::string::npos);
+  auto no_messages = post("/v1/chat/completions", json{{"model", "x"}});
+  EXPECT_EQ(no_messages.status, 400);
+  EXPECT_EQ(json::parse(no_messages.body)["error"]["param"], "messages");
+  json bad_image = image_body_;
+  bad_image["messages"][0]["content"][1]["image_url"]["url"] = "data:image/png;base64,aGVsbG8gd29ybGQh";
+  auto undecodable = post("/v1/chat/completions", bad_image);
+  EXPECT_EQ(undecodable.status, 400) << undecodable.body;
+
+  // /v1/completions and /v1/models.
+  auto c = post("/v1/completions", json{{"prompt", "A red"}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(json::parse(c.body)["object"], "text_completion");
+  EXPECT_LE(json::parse(c.body)["usage"]["completion_tokens"].get<int>(), 4);
+  auto models = curl("-H 'Authorization: Bearer sk-test' " + url_ + "/v1/models");
+  EXPECT_EQ(models.status, 200);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["object"], "model");
+
+  // The counters grew by what was served.
+  const auto after = metrics();
+  EXPECT_GT(metric(after, "troupe:generation_tokens_total"), 0) << after;
+  EXPECT_GT(metric(after, "troupe:prompt_tokens_total"), 0);
+  EXPECT_GE(metric(after, "troupe:e2e_request_latency_seconds_count"), 3);
+  EXPECT_GE(metric(after, "troupe:time_to_first_token_seconds_count"), 3);
+  EXPECT_GE(metric(after, "troupe:request_success_total{finished_reason=\"stop\"}"), 2);
+  EXPECT_GE(metric(after, "troupe:http_errors_total{status=\"401\"}"), 2);
+  EXPECT_EQ(metric(after, "troupe:node_up{node=\"n1\"}"), 1);
+  // promtool (Debian's prometheus; scripts/install-deps installs it). Its
+  // linter flags every name with a colon, as it flags vLLM's `vllm:` names;
+  // that convention warning is the only finding allowed, and with the
+  // prefix written `troupe_` the text passes every check.
+  if (test::shell("command -v promtool") != 0) GTEST_SKIP() << "promtool is not installed";
+  const std::string file = cs_.dir + "/metrics.txt";
+  std::ofstream(file) << after;
+  EXPECT_EQ(test::shell("sed 's/troupe:/troupe_/g' " + file + " | promtool check metrics"), 0) << after;
+  EXPECT_EQ(test::shell("promtool check metrics < " + file + " 2>&1 | grep -v \"metric names should not contain ':'\" | grep ."), 1)
+      << "promtool found more than the colon convention";
+}
+
+TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
+  // Baseline: nothing held.
+  auto base = metrics();
+  ASSERT_EQ(metric(base, "troupe:kv_cache_usage_perc"), 0) << base;
+  auto sb = image_body_;
+  sb["stream"] = true;
+  sb["max_tokens"] = 4000;
+  sb["ignore_eos"] = true;
+  // curl gives up after 1.5 s, mid-stream.
+  auto s = post("/v1/chat/completions", sb, "sk-test", "-N --max-time 1.5");
+  EXPECT_NE(s.body.find("data: "), std::string::npos) << "no token arrived before the disconnect";
+  EXPECT_EQ(s.body.find("[DONE]"), std::string::npos) << "the request ended before the disconnect";
+  // The gateway notices at its next write, cancels, and the head frees the
+  // blocks; node reports refresh every 500 ms.
+  double kv = -1, running = -1, cancelled = -1;
+  for (int i = 0; i < 100; ++i) {
+    const auto m = metrics();
+    kv = metric(m, "troupe:kv_cache_usage_perc");
+    running = metric(m, "troupe:num_requests_running");
+    cancelled = metric(m, "troupe:request_success_total{finished_reason=\"cancelled\"}");
+    if (kv == 0 && running == 0 && cancelled >= 1) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(kv, 0) << "the KV blocks were not freed";
+}

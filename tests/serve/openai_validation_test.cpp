@@ -1,0 +1,149 @@
+// The gateway's request parsing: bytes from the network, so every malformed
+// body is a 400 (or 413) with OpenAI's error shape and the offending field,
+// never a crash.
+#include "serve/openai.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace troupe::serve;
+using nlohmann::json;
+
+// A 1x1-pixel PNG is not needed: the parser only checks the data URL; the
+// head decodes the image.
+const std::string png_b64 = "iVBORw0KGgo=";  // the 8-byte PNG signature
+
+TEST(OpenAiParse, AChatWithTextAndAnImage) {
+  json body{{"model", "m"},
+            {"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                      {{"role", "user"},
+                                       {"content", json::array({{{"type", "text"}, {"text", "What is it?"}},
+                                                                {{"type", "image_url"},
+                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})},
+            {"max_tokens", 7},
+            {"temperature", 0.5},
+            {"top_p", 0.9},
+            {"seed", 3},
+            {"stop", "END"},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}}};
+  auto r = parse_chat_request(body.dump());
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->model, "m");
+  ASSERT_EQ(r->job.turns.size(), 2u);
+  EXPECT_EQ(r->job.turns[0].role, "system");
+  EXPECT_EQ(r->job.turns[1].content, "What is it?");
+  EXPECT_EQ(r->job.turns[1].images, 1);
+  ASSERT_EQ(r->job.images.size(), 1u);
+  EXPECT_EQ(r->job.images[0].bytes, (std::vector<std::uint8_t>{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'}));
+  EXPECT_EQ(r->job.max_tokens, 7);
+  EXPECT_TRUE(r->job.has_temperature);
+  EXPECT_DOUBLE_EQ(r->job.temperature, 0.5);
+  EXPECT_TRUE(r->job.has_top_p);
+  EXPECT_EQ(r->job.seed, 3u);
+  EXPECT_EQ(r->job.stop_strings, std::vector<std::string>{"END"});
+}
+
+TEST(OpenAiParse, EveryMistakeNamesItsField) {
+  struct bad_case {
+    std::string body;
+    int status;
+    std::string param;
+  };
+  const std::string user = R"({"role":"user","content":"hi"})";
+  const std::vector<bad_case> cases{
+      {"{", 400, ""},
+      {"[]", 400, ""},
+      {"{}", 400, "messages"},
+      {R"({"messages":[]})", 400, "messages"},
+      {R"({"messages":[3]})", 400, "messages[0]"},
+      {R"({"messages":[{"role":"robot","content":"x"}]})", 400, "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", 400, "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":[{"type":"audio"}]}]})", 400, "messages[0].content[0].type"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://example.com/a.png"}}]}]})", 400,
+       "messages[0].content[0].image_url"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@@@"}}]}]})", 400,
+       "messages[0].content[0].image_url"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:text/plain;base64,aGk="}}]}]})",
+       400, "messages[0].content[0].image_url"},
+      {R"({"messages":[)" + user + R"(],"max_tokens":0})", 400, "max_tokens"},
+      {R"({"messages":[)" + user + R"(],"max_tokens":"many"})", 400, "max_tokens"},
+      {R"({"messages":[)" + user + R"(],"temperature":9})", 400, "temperature"},
+      {R"({"messages":[)" + user + R"(],"top_p":0})", 400, "top_p"},
+      {R"({"messages":[)" + user + R"(],"stop":[1]})", 400, "stop"},
+      {R"({"messages":[)" + user + R"(],"stream":"yes"})", 400, "stream"},
+      {R"({"messages":[)" + user + R"(],"n":2})", 400, "n"},
+  };
+  for (const auto& c : cases) {
+    auto r = parse_chat_request(c.body);
+    ASSERT_FALSE(r) << "accepted: " << c.body;
+    EXPECT_EQ(r.error().status, c.status) << c.body;
+    EXPECT_EQ(r.error().param, c.param) << c.body << ": " << r.error().message;
+    auto j = json::parse(error_json(r.error()));
+    EXPECT_EQ(j["error"]["message"], r.error().message);
+  }
+}
+
+TEST(OpenAiParse, LimitsAreEnforced) {
+  request_limits l;
+  l.max_image_bytes = 4;
+  json body{{"messages", json::array({{{"role", "user"},
+                                       {"content", json::array({{{"type", "image_url"},
+                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
+  auto r = parse_chat_request(body.dump(), l);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 413);
+  l = {};
+  l.max_messages = 1;
+  body["messages"].push_back(body["messages"][0]);
+  r = parse_chat_request(body.dump(), l);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().param, "messages");
+  auto c = parse_completion_request(R"({"prompt":""})");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().param, "prompt");
+  c = parse_completion_request(R"({"prompt":"Once","max_tokens":3})");
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->chat);
+  EXPECT_EQ(c->job.max_tokens, 3);
+}
+
+TEST(OpenAiParse, DataUrls) {
+  EXPECT_EQ(decode_data_url("data:image/png;base64,aGk=", 16).value(), (std::vector<std::uint8_t>{'h', 'i'}));
+  EXPECT_EQ(decode_data_url("data:image/jpeg;base64,aGVsbG8=", 16).value().size(), 5u);
+  EXPECT_FALSE(decode_data_url("data:image/png;base64,aGk", 16));     // not a multiple of 4
+  EXPECT_FALSE(decode_data_url("data:image/png,aGk=", 16));           // not base64
+  EXPECT_FALSE(decode_data_url("data:image/png;base64,", 16));        // empty
+  EXPECT_FALSE(decode_data_url("data:image/png;base64,aGVsbG8=", 4));  // too large
+  EXPECT_FALSE(decode_data_url("file:///etc/passwd", 16));
+}
+
+TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
+  api_request r;
+  r.chat = true;
+  r.model = "m";
+  troupe::actors::finish_event f;
+  f.reason = "length";
+  f.text = "ab";
+  f.tokens = {1, 2};
+  f.prompt_tokens = 5;
+  auto j = json::parse(completion_json(r, "id1", 7, f));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "ab");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["total_tokens"], 7);
+  auto c = json::parse(chunk_json(r, "id1", 7, "a", ""));
+  EXPECT_EQ(c["choices"][0]["delta"]["content"], "a");
+  EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  auto u = json::parse(chunk_json(r, "id1", 7, "", "", &f));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 2);
+  // Invalid UTF-8 in a token's text does not break the JSON.
+  EXPECT_NO_THROW(json::parse(chunk_json(r, "id1", 7, std::string("\xff\xfe"), "")));
+}
+
+}  // namespace
