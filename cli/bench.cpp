@@ -7,6 +7,7 @@
 #include <caf/io/all.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -14,6 +15,9 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <httplib.h>
+#include <openssl/evp.h>
+
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -46,6 +50,7 @@ struct bench_args {
   double image_share = 0.5;
   std::uint64_t seed = 1;
   bool json = false, no_reference = false;
+  std::string http, api_key;  // --http: an OpenAI-compatible server instead of in-process actors
 };
 
 double ms(clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -182,6 +187,159 @@ level_result run_level(actors::client& client, const std::vector<work_item>& ite
   return out;
 }
 
+/// One level against an OpenAI-compatible server (`troupe serve`, or any
+/// other): `concurrency` clients, each sending streamed chat completions
+/// back to back until `total` are done, as `vllm bench serve` does.
+level_result run_http_level(const std::string& url, const std::string& key, int concurrency, int total,
+                            std::int64_t max_tokens, double image_share, const std::vector<std::string>& images,
+                            std::uint64_t seed) {
+  level_result out;
+  out.concurrency = concurrency;
+  const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
+                                              "What shape is on the left?", "What color is the shape at the top?"};
+  std::vector<std::string> data_urls;
+  for (const auto& f : images) {
+    const auto bytes = read_file(f);
+    std::string b64(4 * ((bytes.size() + 2) / 3), '\0');
+    EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()), bytes.data(), static_cast<int>(bytes.size()));
+    data_urls.push_back(std::string("data:image/") + (f.ends_with(".png") ? "png" : "jpeg") + ";base64," + b64);
+  }
+  std::mutex m;
+  std::vector<double> ttft, itl, e2e;
+  std::atomic<int> next{0};
+  const auto t0 = clock::now();
+  auto worker = [&] {
+    httplib::Client cli(url);
+    cli.set_read_timeout(600, 0);
+    cli.set_write_timeout(60, 0);
+    for (int i = next++; i < total; i = next++) {
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(i));
+      nlohmann::json content = nlohmann::json::array({{{"type", "text"}, {"text", questions[static_cast<std::size_t>(i) % questions.size()]}}});
+      if (!data_urls.empty() && std::uniform_real_distribution<>(0, 1)(rng) < image_share)
+        content.push_back({{"type", "image_url"}, {"image_url", {{"url", data_urls[static_cast<std::size_t>(i) % data_urls.size()]}}}});
+      nlohmann::json body{{"messages", nlohmann::json::array({{{"role", "user"}, {"content", content}}})},
+                          {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0.8}, {"seed", i},
+                          {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/chat/completions";
+      req.set_header("Content-Type", "application/json");
+      if (!key.empty()) req.set_header("Authorization", "Bearer " + key);
+      req.body = body.dump();
+      const auto start = clock::now();
+      auto last = start;
+      double first = -1;
+      std::vector<double> gaps;
+      std::int64_t prompt = 0, completion = 0;
+      std::string buffer;
+      bool done = false;
+      req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+        buffer.append(data, n);
+        for (auto nl = buffer.find("\n\n"); nl != std::string::npos; nl = buffer.find("\n\n")) {
+          const auto event = buffer.substr(0, nl);
+          buffer.erase(0, nl + 2);
+          if (event.rfind("data: ", 0) != 0) continue;
+          const auto payload = event.substr(6);
+          if (payload == "[DONE]") {
+            done = true;
+            continue;
+          }
+          auto j = nlohmann::json::parse(payload, nullptr, false);
+          if (j.is_discarded()) continue;
+          if (j.contains("usage") && j["usage"].is_object()) {
+            prompt = j["usage"].value("prompt_tokens", 0);
+            completion = j["usage"].value("completion_tokens", 0);
+          }
+          if (!j.contains("choices") || j["choices"].empty() || !j["choices"][0].contains("delta") ||
+              !j["choices"][0]["delta"].contains("content"))
+            continue;
+          const auto now = clock::now();
+          if (first < 0)
+            first = ms(now - start);
+          else
+            gaps.push_back(ms(now - last));
+          last = now;
+        }
+        return true;
+      };
+      httplib::Response res;
+      httplib::Error err = httplib::Error::Success;
+      const bool ok = cli.send(req, res, err) && res.status == 200 && done && completion > 0;
+      std::lock_guard lock(m);
+      if (!ok) {
+        ++out.failed;
+        spdlog::warn("request {} failed: {} (status {})", i, httplib::to_string(err), res.status);
+        continue;
+      }
+      ++out.completed;
+      out.output_tokens += completion;
+      out.input_tokens += prompt;
+      out.chunks += static_cast<std::int64_t>(gaps.size()) + 1;
+      ttft.push_back(first);
+      itl.insert(itl.end(), gaps.begin(), gaps.end());
+      e2e.push_back(ms(clock::now() - start));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  out.seconds = ms(clock::now() - t0) / 1e3;
+  out.ttft = summarize(ttft);
+  out.itl = summarize(itl);
+  out.e2e = summarize(e2e);
+  return out;
+}
+
+int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
+  std::vector<std::string> images;
+  if (a.image_share > 0) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(a.images_dir, ec))
+      if (e.path().extension() == ".png" || e.path().extension() == ".jpg") images.push_back(e.path().string());
+    std::sort(images.begin(), images.end());
+  }
+  {
+    httplib::Client probe(a.http);
+    auto r = probe.Get("/v1/models", a.api_key.empty() ? httplib::Headers{} : httplib::Headers{{"Authorization", "Bearer " + a.api_key}});
+    if (!r || r->status != 200) {
+      spdlog::error("--http {}: {}", a.http, r ? "status " + std::to_string(r->status) + ": " + r->body : httplib::to_string(r.error()));
+      return 1;
+    }
+  }
+  std::vector<level_result> results;
+  for (int c : levels)
+    results.push_back(run_http_level(a.http, a.api_key, c, a.requests > 0 ? a.requests : std::max(2 * c, 8), a.max_tokens,
+                                     a.image_share, images, a.seed));
+  const double base = results.front().output_tokens / std::max(1e-9, results.front().seconds);
+  if (a.json) {
+    nlohmann::json j;
+    j["server"] = a.http;
+    j["max_tokens"] = a.max_tokens;
+    for (const auto& r : results) {
+      const double tps = r.output_tokens / std::max(1e-9, r.seconds);
+      j["levels"].push_back({{"concurrency", r.concurrency}, {"completed", r.completed}, {"failed", r.failed},
+                             {"seconds", r.seconds}, {"requests_per_s", r.completed / std::max(1e-9, r.seconds)},
+                             {"output_tokens_per_s", tps}, {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
+                             {"ttft_ms", to_json(r.ttft)}, {"itl_ms", to_json(r.itl)}, {"e2e_ms", to_json(r.e2e)},
+                             {"speedup_vs_first_level", base > 0 ? tps / base : 0}});
+    }
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("troupe bench --http %s: streamed chat completions, %lld output tokens each (ignore_eos), T=0.8, %.0f%% with an image\n",
+              a.http.c_str(), static_cast<long long>(a.max_tokens), images.empty() ? 0.0 : a.image_share * 100);
+  std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : results) {
+    const double tps = r.output_tokens / std::max(1e-9, r.seconds);
+    std::printf("| %d | %d | %d | %.2f | %.1f | %.2f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.0f / %.0f / %.0f |\n",
+                r.concurrency, r.completed, r.failed, r.completed / std::max(1e-9, r.seconds), tps, base > 0 ? tps / base : 0,
+                r.ttft.mean, r.ttft.p50, r.ttft.p99, r.itl.mean, r.itl.p50, r.itl.p99, r.e2e.mean, r.e2e.p50, r.e2e.p99);
+  }
+  std::printf("\nITL is the gap between SSE chunks as the client received them.\n");
+  return 0;
+}
+
 int run_bench(const bench_args& a) {
   using namespace troupe::models;
   std::vector<int> levels;
@@ -202,6 +360,7 @@ int run_bench(const bench_args& a) {
       }
     }
   }
+  if (!a.http.empty()) return run_http_bench(a, levels);
   auto plan_r = parse_quant_flags(a.quant, {});
   if (!plan_r) {
     spdlog::error("{}", plan_r.error().message);
@@ -480,6 +639,8 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--seed", a->seed);
   cmd->add_flag("--no-reference", a->no_reference, "Skip the plain-loop reference run");
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->add_option("--http", a->http, "Benchmark an OpenAI-compatible server at this URL (e.g. http://127.0.0.1:8000; troupe serve)");
+  cmd->add_option("--api-key", a->api_key, "With --http: the server's API key");
   return [a] {
     if (a->model.empty()) a->model = bundled_model_path();
     if (a->images_dir.empty()) a->images_dir = TROUPE_SHAPES_IMAGES;
