@@ -242,6 +242,8 @@ struct head_state {
   std::optional<steady::time_point> lost_at;
   steady::time_point started = steady::now(), last_heartbeat;
   std::vector<caf::typed_response_promise<bool>> drain_waiters;
+  steady::time_point last_stats_line = steady::now();
+  scheduler_stats last_stats;
   steady::time_point drain_since;
   bool drain_checking = false;
 };
@@ -419,9 +421,36 @@ void replace(head_ptr self) {
   (*load)(plan.size() - 1);
 }
 
+// Every 10 s while requests come: one line with the load and the token rates.
+void stats_line(head_ptr self) {
+  auto& st = self->state;
+  if (!st.scheduler || steady::now() - st.last_stats_line < std::chrono::seconds(10)) return;
+  const auto since = st.last_stats_line;
+  st.last_stats_line = steady::now();
+  self->request(st.scheduler, 5s, stats_atom::value).then([self, since](const scheduler_stats& s) {
+    auto& st = self->state;
+    const auto& p = st.last_stats;
+    const double secs = std::chrono::duration<double>(steady::now() - since).count();
+    if (s.accepted != p.accepted || s.running > 0 || s.queued > 0) {
+      std::int64_t used = 0, total = 0;
+      for (const auto& [name, r] : st.rt) {
+        used += r.report.kv_used_blocks;
+        total += r.report.kv_total_blocks;
+      }
+      spdlog::info("head: {} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, generation {:.1f} tokens/s; "
+                   "{} finished",
+                   s.running, s.queued, total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0, used,
+                   total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
+                   static_cast<double>(s.generated_tokens - p.generated_tokens) / secs, s.finished);
+    }
+    st.last_stats = s;
+  }, [](caf::error&) {});
+}
+
 void heartbeat(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
+  stats_line(self);
   for (auto& t : st.members->tick(now)) {
     if (t.to == cluster::member_state::lost)
       on_lost(self, t.name, t.why);

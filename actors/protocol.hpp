@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 7;
+inline constexpr std::uint32_t protocol_version = 8;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -256,6 +256,8 @@ struct scheduler_stats {
   std::int64_t kv_total_blocks = 0;
   std::int64_t kv_used_blocks = 0;
   std::int64_t kv_peak_blocks = 0;
+  std::int64_t prompt_tokens = 0;     ///< of finished requests
+  std::int64_t generated_tokens = 0;  ///< of finished requests
   bool operator==(const scheduler_stats&) const = default;
 };
 
@@ -338,7 +340,8 @@ typename I::result_type inspect(I& f, encode_reply& x) {
 template <class I>
 typename I::result_type inspect(I& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected, x.finished,
-           x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks, x.kv_peak_blocks);
+           x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks, x.kv_peak_blocks, x.prompt_tokens,
+           x.generated_tokens);
 }
 
 template <class I>

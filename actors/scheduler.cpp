@@ -150,6 +150,8 @@ void finish(self_ptr self, std::uint64_t id, const std::string& reason, const st
   f.encode_ms = r.encode_ms;
   self->send(r.client, std::move(f));
   ++st.stats.finished;
+  st.stats.prompt_tokens += r.prompt_len;
+  st.stats.generated_tokens += static_cast<std::int64_t>(r.generated.size());
   st.requests.erase(it);
 }
 

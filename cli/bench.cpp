@@ -93,6 +93,27 @@ struct level_result {
   std::int64_t chunks = 0;       // streamed token events (a multi-step event carries several tokens)
 };
 
+double tokens_per_s(const level_result& r) { return static_cast<double>(r.output_tokens) / std::max(1e-9, r.seconds); }
+
+/// The figures every level reports, in JSON (`base`: the first level's
+/// output tokens/s).
+nlohmann::json level_json(const level_result& r, double base) {
+  const double tps = tokens_per_s(r);
+  return {{"concurrency", r.concurrency}, {"completed", r.completed}, {"failed", r.failed},
+          {"seconds", r.seconds}, {"requests_per_s", r.completed / std::max(1e-9, r.seconds)},
+          {"output_tokens_per_s", tps}, {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
+          {"ttft_ms", to_json(r.ttft)}, {"itl_ms", to_json(r.itl)}, {"e2e_ms", to_json(r.e2e)},
+          {"speedup_vs_first_level", base > 0 ? tps / base : 0}};
+}
+
+/// The same as a table row, without its closing "|\n".
+void print_level_row(const level_result& r, double base) {
+  const double tps = tokens_per_s(r);
+  std::printf("| %d | %d | %d | %.2f | %.1f | %.2f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.0f / %.0f / %.0f ",
+              r.concurrency, r.completed, r.failed, r.completed / std::max(1e-9, r.seconds), tps, base > 0 ? tps / base : 0,
+              r.ttft.mean, r.ttft.p50, r.ttft.p99, r.itl.mean, r.itl.p50, r.itl.p99, r.e2e.mean, r.e2e.p50, r.e2e.p99);
+}
+
 std::vector<std::uint8_t> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), {}};
@@ -315,14 +336,7 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
     nlohmann::json j;
     j["server"] = a.http;
     j["max_tokens"] = a.max_tokens;
-    for (const auto& r : results) {
-      const double tps = r.output_tokens / std::max(1e-9, r.seconds);
-      j["levels"].push_back({{"concurrency", r.concurrency}, {"completed", r.completed}, {"failed", r.failed},
-                             {"seconds", r.seconds}, {"requests_per_s", r.completed / std::max(1e-9, r.seconds)},
-                             {"output_tokens_per_s", tps}, {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
-                             {"ttft_ms", to_json(r.ttft)}, {"itl_ms", to_json(r.itl)}, {"e2e_ms", to_json(r.e2e)},
-                             {"speedup_vs_first_level", base > 0 ? tps / base : 0}});
-    }
+    for (const auto& r : results) j["levels"].push_back(level_json(r, base));
     std::puts(j.dump(2).c_str());
     return 0;
   }
@@ -331,10 +345,8 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
   std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
-    const double tps = r.output_tokens / std::max(1e-9, r.seconds);
-    std::printf("| %d | %d | %d | %.2f | %.1f | %.2f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.0f / %.0f / %.0f |\n",
-                r.concurrency, r.completed, r.failed, r.completed / std::max(1e-9, r.seconds), tps, base > 0 ? tps / base : 0,
-                r.ttft.mean, r.ttft.p50, r.ttft.p99, r.itl.mean, r.itl.p50, r.itl.p99, r.e2e.mean, r.e2e.p50, r.e2e.p99);
+    print_level_row(r, base);
+    std::printf("|\n");
   }
   std::printf("\nITL is the gap between SSE chunks as the client received them.\n");
   return 0;
@@ -569,15 +581,11 @@ int run_bench(const bench_args& a) {
                             {"gain", reference_single_out > 0 ? reference_batch_out / reference_single_out : 0}};
     j["preemptions"] = stats.preemptions;
     for (const auto& r : results) {
-      const double tps = r.output_tokens / std::max(1e-9, r.seconds);
-      j["levels"].push_back({{"concurrency", r.concurrency}, {"completed", r.completed}, {"failed", r.failed},
-                             {"seconds", r.seconds}, {"requests_per_s", r.completed / std::max(1e-9, r.seconds)},
-                             {"output_tokens_per_s", tps}, {"input_tokens", r.input_tokens},
-                             {"output_tokens", r.output_tokens}, {"ttft_ms", to_json(r.ttft)}, {"itl_ms", to_json(r.itl)},
-                             {"e2e_ms", to_json(r.e2e)}, {"decode_tokens_per_s_per_request", r.single_decode_tps},
-                             {"tokens_per_chunk", r.chunks > 0 ? static_cast<double>(r.output_tokens) / static_cast<double>(r.chunks) : 0},
-                             {"speedup_vs_first_level", base > 0 ? tps / base : 0},
-                             {"decode_vs_reference", reference_tps > 0 ? r.single_decode_tps / reference_tps : 0}});
+      auto l = level_json(r, base);
+      l["decode_tokens_per_s_per_request"] = r.single_decode_tps;
+      l["tokens_per_chunk"] = r.chunks > 0 ? static_cast<double>(r.output_tokens) / static_cast<double>(r.chunks) : 0;
+      l["decode_vs_reference"] = reference_tps > 0 ? r.single_decode_tps / reference_tps : 0;
+      j["levels"].push_back(std::move(l));
     }
     std::puts(j.dump(2).c_str());
     std::fflush(stdout);
@@ -595,11 +603,8 @@ int run_bench(const bench_args& a) {
   std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms | decode/req vs ref |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
-    const double tps = r.output_tokens / std::max(1e-9, r.seconds);
-    std::printf("| %d | %d | %d | %.2f | %.1f | %.2f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.0f / %.0f / %.0f | %.2f |\n",
-                r.concurrency, r.completed, r.failed, r.completed / std::max(1e-9, r.seconds), tps, base > 0 ? tps / base : 0,
-                r.ttft.mean, r.ttft.p50, r.ttft.p99, r.itl.mean, r.itl.p50, r.itl.p99, r.e2e.mean, r.e2e.p50, r.e2e.p99,
-                reference_tps > 0 ? r.single_decode_tps / reference_tps : 0);
+    print_level_row(r, base);
+    std::printf("| %.2f |\n", reference_tps > 0 ? r.single_decode_tps / reference_tps : 0);
   }
   std::printf("\nITL is the gap between streamed chunks; tokens per chunk (multi-step decode):");
   for (const auto& r : results)

@@ -38,6 +38,8 @@ using nlohmann::json;
 struct cluster_args {
   std::string manifest;
   bool detach = false, json = false, stream = false, ignore_eos = false, chat = false;
+  int http_port = -1;     // up --http: also start `troupe serve` on this port
+  std::string api_key;    // up --http: its key
   int timeout_s = 300;
   std::string prompt, system;
   std::vector<std::string> images;
@@ -157,6 +159,8 @@ void stop_launched(const std::vector<cluster::launched_node>& nodes, std::chrono
 int ask_down(caf::actor_system& sys, const cluster::manifest& m, int timeout_s) {
   auto door = actors::connect_client(sys, m, 5s);
   const auto nodes = cluster::read_launched(m);
+  for (const auto& n : nodes)  // the gateway (up --http) first: it does not end with the head
+    if (n.node == "+serve" && n.local && cluster::process_alive(n.pid)) stop_launched({n}, 5s);
   if (door) {
     caf::scoped_actor self{sys};
     std::string why;
@@ -285,6 +289,35 @@ int run_up(const cluster_args& a) {
     ask_down(*sys, *m, 10);
     return 1;
   }
+  if (a.http_port >= 0) {
+    std::vector<std::string> argv{exe, "serve", std::filesystem::absolute(m->path).string(), "--port", std::to_string(a.http_port)};
+    if (!a.api_key.empty()) {
+      argv.push_back("--api-key");
+      argv.push_back(a.api_key);
+    }
+    auto g = cluster::launch_local(*m, "+serve", argv);
+    if (!g) {
+      spdlog::error("up: the HTTP gateway: {}", g.error());
+      ask_down(*sys, *m, 10);
+      return 1;
+    }
+    nodes.push_back(*g);
+    if (auto w = cluster::write_launched(*m, nodes); !w) spdlog::warn("up: {}", w.error());
+    // Wait for its line (it prints the URL once it listens).
+    std::string line;
+    for (auto until = steady::now() + 30s; steady::now() < until && line.empty(); std::this_thread::sleep_for(100ms)) {
+      if (!cluster::process_alive(g->pid)) break;
+      std::ifstream f(g->log);
+      for (std::string l; std::getline(f, l);)
+        if (l.rfind("troupe serve:", 0) == 0) line = l;
+    }
+    if (line.empty()) {
+      spdlog::error("up: the HTTP gateway did not start; the end of {}:\n{}", g->log, cluster::log_tail(g->log));
+      ask_down(*sys, *m, 10);
+      return 1;
+    }
+    std::printf("%s\n", line.c_str());
+  }
   if (a.detach) {
     std::printf("troupe: running in the background; `troupe down %s` stops it\n", a.manifest.c_str());
     return 0;
@@ -408,6 +441,9 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
     cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
     cmd->add_flag("--detach,-d", a->detach, "Return once the cluster is ready (stop it with troupe down)");
     cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the cluster to be ready")->check(CLI::Range(1, 86400));
+    cmd->add_option("--http", a->http_port, "Also start the OpenAI-compatible gateway (troupe serve) on this port")
+        ->check(CLI::Range(0, 65535));
+    cmd->add_option("--api-key", a->api_key, "With --http: the gateway's API key");
     return [a] { return run_up(*a); };
   }
   if (which == "status") {

@@ -39,20 +39,16 @@ std::string launch_command(const manifest& m, const node_entry& n, const std::st
   return cmd;
 }
 
-std::expected<launched_node, std::string> launch_node(const manifest& m, const node_entry& n,
-                                                      const std::string& troupe_exe) {
+namespace {
+std::expected<launched_node, std::string> start(const manifest& m, const std::string& name, std::vector<std::string> argv,
+                                                bool local) {
   std::error_code ec;
   fs::create_directories(run_dir(m), ec);
   if (ec) return std::unexpected("cannot create " + run_dir(m) + ": " + ec.message());
   launched_node out;
-  out.node = n.name;
-  out.local = is_loopback(n.host);
-  out.log = (fs::path(run_dir(m)) / (n.name + ".log")).string();
-  std::vector<std::string> argv;
-  if (out.local)
-    argv = {troupe_exe, "node", "--manifest", fs::absolute(m.path).string(), "--name", n.name};
-  else
-    argv = {"/bin/sh", "-c", launch_command(m, n, troupe_exe)};
+  out.node = name;
+  out.local = local;
+  out.log = (fs::path(run_dir(m)) / (name + ".log")).string();
   const int log = ::open(out.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0) return std::unexpected("cannot write " + out.log + ": " + std::strerror(errno));
   const pid_t pid = ::fork();
@@ -76,6 +72,19 @@ std::expected<launched_node, std::string> launch_node(const manifest& m, const n
   ::close(log);
   out.pid = pid;
   return out;
+}
+}  // namespace
+
+std::expected<launched_node, std::string> launch_local(const manifest& m, const std::string& name,
+                                                       std::vector<std::string> argv) {
+  return start(m, name, std::move(argv), true);
+}
+
+std::expected<launched_node, std::string> launch_node(const manifest& m, const node_entry& n,
+                                                      const std::string& troupe_exe) {
+  if (is_loopback(n.host))
+    return start(m, n.name, {troupe_exe, "node", "--manifest", fs::absolute(m.path).string(), "--name", n.name}, true);
+  return start(m, n.name, {"/bin/sh", "-c", launch_command(m, n, troupe_exe)}, false);
 }
 
 std::expected<void, std::string> write_launched(const manifest& m, const std::vector<launched_node>& nodes) {

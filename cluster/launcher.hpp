@@ -36,6 +36,12 @@ std::string launch_command(const manifest& m, const node_entry& n, const std::st
 std::expected<launched_node, std::string> launch_node(const manifest& m, const node_entry& n,
                                                       const std::string& troupe_exe);
 
+/// Starts `argv` here in a session of its own, output to RUN/`name`.log
+/// (what launch_node does for a local node; `troupe up --http` starts its
+/// gateway with it).
+std::expected<launched_node, std::string> launch_local(const manifest& m, const std::string& name,
+                                                       std::vector<std::string> argv);
+
 /// The pid file, one "NODE PID LOG" line per node.
 std::expected<void, std::string> write_launched(const manifest& m, const std::vector<launched_node>& nodes);
 std::vector<launched_node> read_launched(const manifest& m);

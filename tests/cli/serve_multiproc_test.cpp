@@ -249,3 +249,20 @@ TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   EXPECT_EQ(running, 0);
   EXPECT_EQ(kv, 0) << "the KV blocks were not freed";
 }
+
+TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
+  auto cs = test::make_manifest("gwup", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+  const int port = test::free_port();
+  auto r = test::troupe_cli("up " + cs.manifest + " --detach --timeout 180 --http " + std::to_string(port) + " --api-key k1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("troupe serve: OpenAI-compatible API of cluster gwup on http://127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << r.out;
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  EXPECT_EQ(curl(url + "/live").status, 200);
+  EXPECT_EQ(curl(url + "/v1/models").status, 401);
+  EXPECT_EQ(curl("-H 'Authorization: Bearer k1' " + url + "/v1/models").status, 200);
+  auto d = test::troupe_cli("down " + cs.manifest + " --timeout 60");
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  EXPECT_EQ(curl("--max-time 2 " + url + "/live").status, 0) << "the gateway still answers after troupe down";
+}
