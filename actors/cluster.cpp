@@ -608,9 +608,9 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     return {
         [=](submit_atom, job_request& job, client_sink_actor& sink) -> caf::result<submit_ack> {
           auto& st = self->state;
-          if (st.draining) return make_error(error_code::overloaded, "the cluster is shutting down");
+          if (st.draining) return make_error(error_code::unavailable, "the cluster is shutting down");
           if (!st.scheduler)
-            return make_error(error_code::overloaded, "the cluster is not ready yet: it is placing the model (troupe status shows progress)");
+            return make_error(error_code::unavailable, "the cluster is not ready yet: it is placing the model (troupe status shows progress)");
           if (job.images.size() > 16) return make_error(error_code::invalid_request, "at most 16 images per job");
           prompt_input in;
           in.prompt = job.prompt;
@@ -737,7 +737,7 @@ std::uint64_t random_job_id() {
   return id;
 }
 
-std::expected<void, std::string> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
                                             std::function<void(const token_event&)> on_token,
                                             std::function<void(std::optional<finish_event>, std::string)> on_finish) {
   const auto id = job.id;
@@ -762,17 +762,30 @@ std::expected<void, std::string> submit_job(caf::actor_system& sys, const frontd
         },
     };
   });
-  std::string refused;
+  std::optional<job_refusal> refused;
   {
     caf::scoped_actor self{sys};
     self->request(door, caf::infinite, submit_atom::value, std::move(job), sink)
-        .receive([](const submit_ack&) {}, [&](caf::error& e) { refused = describe(sys, e); });
+        .receive([](const submit_ack&) {},
+                 [&](caf::error& e) {
+                   const auto code = troupe_code(e);
+                   refused = job_refusal{code ? static_cast<error_code>(code) : error_code::internal, describe(sys, e)};
+                 });
   }
-  if (!refused.empty()) {
+  if (refused) {
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
-    return std::unexpected(refused);
+    return std::unexpected(*refused);
   }
   return {};
+}
+
+std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, const frontdoor_actor& door,
+                                                        std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  std::expected<cluster_status, std::string> out = std::unexpected(std::string("no answer"));
+  self->request(door, timeout, status_atom::value)
+      .receive([&](cluster_status& s) { out = std::move(s); }, [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
+  return out;
 }
 
 bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id) {
@@ -799,7 +812,7 @@ std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const f
     w->ended = true;
     w->cv.notify_all();
   });
-  if (!ok) return std::unexpected(ok.error());
+  if (!ok) return std::unexpected(ok.error().message);
   std::unique_lock lock(w->m);
   w->cv.wait(lock, [&] { return w->ended; });
   if (w->done) return *w->done;

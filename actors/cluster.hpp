@@ -77,9 +77,20 @@ std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const f
 /// on another thread. `on_finish` is called exactly once: with the finish
 /// event, or with nothing and the reason when the head went away. A
 /// refusal is the error (and no callback follows).
-std::expected<void, std::string> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+/// Why the head refused a job: its code (overloaded, unavailable, invalid
+/// request, ...; internal when the head did not answer) and message.
+struct job_refusal {
+  error_code code = error_code::internal;
+  std::string message;
+};
+
+std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
                                             std::function<void(const token_event&)> on_token,
                                             std::function<void(std::optional<finish_event>, std::string)> on_finish);
+
+/// The head's view of the cluster (`troupe status`), or why there is none.
+std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, const frontdoor_actor& door,
+                                                        std::chrono::milliseconds timeout);
 
 /// Cancels a job; false when the head does not know it (any more).
 bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id);

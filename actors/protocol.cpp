@@ -15,6 +15,7 @@ const char* to_string(error_code c) {
     case error_code::version_mismatch: return "protocol version mismatch";
     case error_code::internal: return "internal error";
     case error_code::peer_lost: return "peer lost";
+    case error_code::unavailable: return "unavailable";
   }
   return "unknown error";
 }

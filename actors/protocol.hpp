@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 8;
+inline constexpr std::uint32_t protocol_version = 9;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -60,6 +60,7 @@ enum class error_code : std::uint8_t {
   version_mismatch,
   internal,
   peer_lost,          ///< a stage's peer process is gone mid-step: the step may run again once the pipeline is restored
+  unavailable,        ///< the cluster is not serving now (placing the model, or shutting down)
 };
 const char* to_string(error_code c);
 inline const caf::atom_value error_category = caf::atom("troupe");

@@ -59,18 +59,6 @@ std::unique_ptr<caf::actor_system> client_system(const cluster::manifest& m, caf
   return std::make_unique<caf::actor_system>(cfg);
 }
 
-std::optional<actors::cluster_status> status_of(caf::actor_system& sys, const actors::frontdoor_actor& door,
-                                                std::string* why = nullptr) {
-  caf::scoped_actor self{sys};
-  std::optional<actors::cluster_status> out;
-  self->request(door, std::chrono::seconds(10), actors::status_atom::value)
-      .receive([&](actors::cluster_status& s) { out = std::move(s); },
-               [&](caf::error& e) {
-                 if (why) *why = actors::describe(sys, e);
-               });
-  return out;
-}
-
 std::string mib(std::int64_t b) { return std::to_string(b >> 20) + " MiB"; }
 
 json status_json(const actors::cluster_status& s) {
@@ -253,8 +241,9 @@ int run_up(const cluster_args& a) {
         why = d.error();
     }
     if (door) {
-      auto s = status_of(*sys, *door, &why);
+      auto s = actors::query_status(*sys, *door, 10s);
       if (!s) {
+        why = s.error();
         door.reset();
       } else {
         const auto up = std::count_if(s->nodes.begin(), s->nodes.end(), [](const auto& n) { return n.state == "up"; });
@@ -341,10 +330,9 @@ int run_status(const cluster_args& a) {
     spdlog::error("status: {}", door.error());
     return 1;
   }
-  std::string why;
-  auto s = status_of(*sys, *door, &why);
+  auto s = actors::query_status(*sys, *door, 10s);
   if (!s) {
-    spdlog::error("status: {}", why);
+    spdlog::error("status: {}", s.error());
     return 1;
   }
   if (a.json)

@@ -84,10 +84,8 @@ struct gateway::impl {
   }
 
   std::optional<actors::cluster_status> status() {
-    caf::scoped_actor self{sys};
-    std::optional<actors::cluster_status> out;
-    self->request(door, 5s, actors::status_atom::value).receive([&](actors::cluster_status& s) { out = std::move(s); }, [](caf::error&) {});
-    return out;
+    auto s = actors::query_status(sys, door, 5s);
+    return s ? std::optional<actors::cluster_status>(std::move(*s)) : std::nullopt;
   }
 
   // Submits; the stream fills as events come.
@@ -125,15 +123,20 @@ struct gateway::impl {
         });
     if (!ok) {
       api_error e;
-      e.message = ok.error();
-      if (ok.error().rfind("overloaded", 0) == 0) {
-        e.status = ok.error().find("not ready") != std::string::npos || ok.error().find("shutting down") != std::string::npos ? 503 : 429;
-        e.type = e.status == 429 ? "rate_limit_error" : "server_error";
-      } else if (ok.error().rfind("invalid request", 0) == 0) {
-        e.status = 400;
-      } else {
-        e.status = 503;
-        e.type = "server_error";
+      e.message = ok.error().message;
+      switch (ok.error().code) {
+        case actors::error_code::invalid_request:
+        case actors::error_code::duplicate_id:
+        case actors::error_code::kv_exhausted:
+          e.status = 400;
+          break;
+        case actors::error_code::overloaded:
+          e.status = 429;
+          e.type = "rate_limit_error";
+          break;
+        default:  // unavailable (not ready, shutting down), or the head did not answer
+          e.status = 503;
+          e.type = "server_error";
       }
       return std::unexpected(e);
     }

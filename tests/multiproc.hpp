@@ -193,6 +193,13 @@ inline int shell(const std::string& cmd) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/// Runs network setup commands in order; empty, or why one failed.
+inline std::string run_setup(const std::vector<std::string>& steps) {
+  for (const auto& s : steps)
+    if (shell(s) != 0) return "'" + s + "' failed (no privilege for network namespaces here?)";
+  return "";
+}
+
 /// Two network namespaces joined by a veth pair (10.77.N.1 and 10.77.N.2),
 /// removed on destruction: separate hosts on one machine. `ok()` is false
 /// where the user may not create them (`why()` says so).
@@ -228,12 +235,10 @@ class netns_pair {
         "ip -n " + a_ + " link set lo up",
         "ip -n " + b_ + " link set lo up",
     };
-    for (const auto& s : steps) {
-      if (shell(s) != 0) {
-        why_ = "'" + s + "' failed (no privilege for network namespaces here?)";
-        cleanup();
-        return;
-      }
+    why_ = run_setup(steps);
+    if (!why_.empty()) {
+      cleanup();
+      return;
     }
     ok_ = true;
   }
@@ -285,12 +290,10 @@ class netns_bridge {
       steps.push_back("ip -n " + ns + " link set eth0 up");
       steps.push_back("ip -n " + ns + " link set lo up");
     }
-    for (const auto& s : steps) {
-      if (shell(s) != 0) {
-        why_ = "'" + s + "' failed (no privilege for network namespaces here?)";
-        cleanup();
-        return;
-      }
+    why_ = run_setup(steps);
+    if (!why_.empty()) {
+      cleanup();
+      return;
     }
     ok_ = true;
   }

@@ -73,11 +73,8 @@ class client {
   caf::actor_system& sys() { return *sys_; }
   const actors::frontdoor_actor& door() const { return door_; }
   std::optional<actors::cluster_status> status() {
-    caf::scoped_actor self{*sys_};
-    std::optional<actors::cluster_status> out;
-    self->request(door_, 10s, actors::status_atom::value)
-        .receive([&](actors::cluster_status& s) { out = std::move(s); }, [](caf::error&) {});
-    return out;
+    auto s = actors::query_status(*sys_, door_, 10s);
+    return s ? std::optional<actors::cluster_status>(std::move(*s)) : std::nullopt;
   }
   const actors::member_view* member(const actors::cluster_status& s, const std::string& n) {
     for (const auto& m : s.nodes)
