@@ -1,4 +1,5 @@
 #include "actors/cluster.hpp"
+#include "actors/log.hpp"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -147,7 +148,7 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   self->monitor(shard);
   self->monitor(kv);
   st.stages.push_back({*res, shard, kv});
-  spdlog::info("node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name, o.first_layer,
+  logging::of("agent").info("node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name, o.first_layer,
                o.last_layer, c.device.name, o.epoch, ms_since(t0));
   return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
 }
@@ -171,6 +172,10 @@ node_report report_of(agent_ptr self) {
     r.kv_used_blocks += u.total_blocks - u.free_blocks;
     r.kv_tokens += u.tokens;
     r.weight_bytes += static_cast<std::int64_t>(h.res->model->bytes_per_token());
+  }
+  for (const auto& [peer, bytes] : data_plane::local().bytes_sent()) {
+    r.link_peers.push_back(peer);
+    r.link_bytes.push_back(static_cast<std::int64_t>(bytes));
   }
   return r;
 }
@@ -199,7 +204,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         },
         [=](ping_atom) { return report_of(self); },
         [=](down_atom) {
-          spdlog::info("node {}: told to stop", self->state.cfg.name);
+          logging::of("agent").info("node {}: told to stop", self->state.cfg.name);
           drop_stages(self);
           ::kill(::getpid(), SIGTERM);  // the main thread waits for it
         },
@@ -237,6 +242,10 @@ struct head_state {
   std::uint64_t epoch = 0;
   bool placing = false, ready = false, draining = false, retry_queued = false, placement_ok = false;
   std::int64_t replacements = 0;
+  std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
+  std::int64_t migrations = 0;
+  /// Node names by CAF node id (data-plane link labels), kept after a loss.
+  std::map<std::string, std::string> node_names;
   std::string last_event;
   double detect_ms = -1, resume_ms = -1;
   std::optional<steady::time_point> lost_at;
@@ -253,9 +262,9 @@ using head_ptr = head_core_actor::stateful_pointer<head_state>;
 void event(head_ptr self, const std::string& what, bool warn = false) {
   self->state.last_event = what;
   if (warn)
-    spdlog::warn("head: {}", what);
+    logging::of("head").warn("{}", what);
   else
-    spdlog::info("head: {}", what);
+    logging::of("head").info("{}", what);
 }
 
 bool from_this_process(head_ptr self) {
@@ -330,6 +339,7 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     if (st.lost_at) {
       st.resume_ms = ms_since(*st.lost_at);
       ++st.replacements;
+      st.actor_restarts += static_cast<std::int64_t>(st.plan.size());
       st.lost_at.reset();
       char buf[64];
       std::snprintf(buf, sizeof buf, "; requests resume %.0f ms after the loss", st.resume_ms);
@@ -437,7 +447,7 @@ void stats_line(head_ptr self) {
         used += r.report.kv_used_blocks;
         total += r.report.kv_total_blocks;
       }
-      spdlog::info("head: {} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, generation {:.1f} tokens/s; "
+      logging::of("head").info("{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, generation {:.1f} tokens/s; "
                    "{} finished",
                    s.running, s.queued, total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0, used,
                    total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
@@ -497,6 +507,22 @@ cluster_status status_of(head_ptr self) {
   s.last_event = st.last_event;
   s.detect_ms = st.detect_ms;
   s.resume_ms = st.resume_ms;
+  s.actor_restarts = st.actor_restarts;
+  s.migrations = st.migrations;
+  for (const auto& [name, r] : st.rt)
+    if (r.agent) st.node_names[to_string(r.agent->node())] = name;
+  std::map<std::string, std::int64_t> links;
+  for (const auto& [name, r] : st.rt) {
+    const auto& rep = r.report;
+    for (std::size_t i = 0; i < rep.link_peers.size() && i < rep.link_bytes.size(); ++i) {
+      auto it = st.node_names.find(rep.link_peers[i]);
+      links[name + "->" + (it == st.node_names.end() ? "unknown" : it->second)] += rep.link_bytes[i];
+    }
+  }
+  for (const auto& [l, b] : links) {
+    s.links.push_back(l);
+    s.link_bytes.push_back(b);
+  }
   for (const auto& n : st.cfg.node.m.nodes) {
     member_view v;
     v.name = n.name;
@@ -711,7 +737,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           auto& r = self->state.rt[name];
           r.joining = false;
           r.why = why;
-          spdlog::debug("head: joining {}: {}", name, why);
+          logging::of("head").debug("joining {}: {}", name, why);
         },
     };
   };

@@ -1,4 +1,5 @@
 #include "actors/data_plane.hpp"
+#include "actors/log.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -105,10 +106,16 @@ kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::
   rec.t = std::move(t);
   rec.sender = std::make_unique<transport::tensor_sender>(*engine_, it->second, h, rec.t.data(), opt_);
   if (auto s = rec.sender->start(); !s) return std::unexpected(s.error());
+  sent_[key] += rec.t.nbytes();
   pushes_.push_back(std::move(rec));
   lk.unlock();
   cv_.notify_all();
   return ref;
+}
+
+std::map<std::string, std::uint64_t> data_plane::bytes_sent() const {
+  std::lock_guard lk(mtx_);
+  return sent_;
 }
 
 kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels::memory_pool& pool) {
@@ -172,7 +179,7 @@ void data_plane::reap_loop() {
     for (auto it = pushes_.begin(); it != pushes_.end();) {
       auto r = it->sender->progress();
       if (!r) {
-        spdlog::error("data plane: {}", r.error().message);
+        logging::of("data_plane").error("{}", r.error().message);
         ++failed_;
         it = pushes_.erase(it);
       } else if (*r) {

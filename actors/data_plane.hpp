@@ -74,6 +74,8 @@ class data_plane {
   /// Pushes still in flight; failed pushes so far (their errors are logged).
   std::size_t pushes_in_flight() const;
   std::size_t failed_pushes() const;
+  /// Bytes pushed so far to each peer process, by key (`troupe:transfer_bytes_total`).
+  std::map<std::string, std::uint64_t> bytes_sent() const;
 
  private:
   struct push_rec {
@@ -89,6 +91,7 @@ class data_plane {
   std::map<std::string, transport::peer_id> peers_;
   std::list<push_rec> pushes_;
   std::size_t failed_ = 0;
+  std::map<std::string, std::uint64_t> sent_;
   std::uint64_t prefix_ = 0;
   std::uint64_t next_ = 1;
   bool stop_ = false;

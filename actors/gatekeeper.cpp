@@ -1,4 +1,5 @@
 #include "actors/gatekeeper.hpp"
+#include "actors/log.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -98,7 +99,7 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
           const auto challenge = std::move(it->second.challenge);
           cs.erase(it);  // one attempt per challenge
           auto refuse = [&](error_code code, const std::string& why) {
-            spdlog::warn("gatekeeper of {}: refused '{}': {}", me, h.node.substr(0, 64), why);
+            logging::of("gatekeeper").warn("{}: refused '{}': {}", me, h.node.substr(0, 64), why);
             return make_error(code, why);
           };
           if (h.version != protocol_version)
@@ -112,10 +113,10 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
           if (auto v = cluster::verify_identity(ca, h.node, challenge, cluster::identity_proof{h.certificate_pem, h.signature}); !v)
             return refuse(error_code::invalid_request, v.error());
           if (client) {
-            spdlog::debug("gatekeeper of {}: a client came in", me);
+            logging::of("gatekeeper").debug("{}: a client came in", me);
             return gate_pass{m.name, me, protocol_version, node_agent_actor{}, door};
           }
-          spdlog::info("gatekeeper of {}: node {} joined", me, h.node);
+          logging::of("gatekeeper").info("{}: node {} joined", me, h.node);
           return gate_pass{m.name, me, protocol_version, agent, frontdoor_actor{}};
         },
     };

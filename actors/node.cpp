@@ -1,4 +1,5 @@
 #include "actors/node.hpp"
+#include "actors/log.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -105,7 +106,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         // A stage blocked in an all-reduce with the lost rank gives up now.
         for (auto& r : st.setup.stages)
           if (r->tp) r->tp->broken = true;
-        spdlog::error("node: {}", st.status.last_failure);
+        logging::of("supervisor").error("{}", st.status.last_failure);
         st.status.failed = true;
         kill_all(st.shards);
         kill_all(st.kv_stores);
@@ -125,7 +126,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
       st.status.last_failure = (stage ? "a pipeline actor stopped: " : "the vision encoder stopped: ") + why;
       if (st.status.failed) return;
       if (st.status.restarts >= st.setup.opts.max_restarts) {
-        spdlog::error("node: {}; {} restarts already, giving up", st.status.last_failure, st.status.restarts);
+        logging::of("supervisor").error("{}; {} restarts already, giving up", st.status.last_failure, st.status.restarts);
         st.status.failed = true;
         kill_all(st.shards);
         kill_all(st.kv_stores);
@@ -135,7 +136,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
       }
       ++st.status.restarts;
       if (stage) {
-        spdlog::warn("node: {}; restarting the pipeline ({} of {})", st.status.last_failure, st.status.restarts,
+        logging::of("supervisor").warn("{}; restarting the pipeline ({} of {})", st.status.last_failure, st.status.restarts,
                      st.setup.opts.max_restarts);
         kill_all(st.shards);
         kill_all(st.kv_stores);
@@ -160,7 +161,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
                       [](caf::error&) {});  // a rank that is gone: its down message fails the node
         }
       } else {
-        spdlog::warn("node: {}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
+        logging::of("supervisor").warn("{}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
                      st.setup.opts.max_restarts);
         spawn_encoder_actor(self);
         publish(self);

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 9;
+inline constexpr std::uint32_t protocol_version = 10;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -466,6 +466,10 @@ struct node_report {
   std::int64_t kv_total_blocks = 0;
   std::int64_t kv_tokens = 0;       ///< tokens held in its KV caches
   std::string failure;              ///< a stage actor that stopped abnormally
+  /// Data-plane bytes this process pushed, per peer process (keyed by the
+  /// peer's CAF node id; the head names them).
+  std::vector<std::string> link_peers;
+  std::vector<std::int64_t> link_bytes;
   bool operator==(const node_report&) const = default;
 };
 
@@ -536,6 +540,11 @@ struct cluster_status {
   std::string last_event;
   double detect_ms = -1;           ///< last loss: last heartbeat answer to "lost"
   double resume_ms = -1;           ///< last loss: "lost" to the new pipeline running
+  std::int64_t actor_restarts = 0; ///< stage actors spawned again after a loss
+  std::int64_t migrations = 0;     ///< live shard migrations done
+  /// Data-plane bytes sent per link, "from->to" by node name.
+  std::vector<std::string> links;
+  std::vector<std::int64_t> link_bytes;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -573,7 +582,7 @@ typename I::result_type inspect(I& f, stage_order& x) {
 template <class I>
 typename I::result_type inspect(I& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.devices, x.stages, x.epoch, x.rss_bytes, x.weight_bytes,
-           x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens, x.failure);
+           x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens, x.failure, x.link_peers, x.link_bytes);
 }
 template <class I>
 typename I::result_type inspect(I& f, job_request& x) {
@@ -592,7 +601,8 @@ typename I::result_type inspect(I& f, member_view& x) {
 template <class I>
 typename I::result_type inspect(I& f, cluster_status& x) {
   return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch, x.placement,
-           x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms);
+           x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms,
+           x.actor_restarts, x.migrations, x.links, x.link_bytes);
 }
 
 /// The one actor a node publishes (over mutual TLS): it hands out a fresh

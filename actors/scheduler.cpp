@@ -1,4 +1,5 @@
 #include "actors/scheduler.hpp"
+#include "actors/log.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -118,7 +119,7 @@ void release_kv(self_ptr self, request_state& r) {
     self->request(kv, caf::infinite, free_atom::value, std::vector<std::int64_t>{seq})
         .then([=](std::int64_t) { done(); },
               [=](caf::error& e) {
-                spdlog::warn("freeing KV of sequence {}: {}", seq, self->system().render(e));
+                logging::of("scheduler").warn("freeing KV of sequence {}: {}", seq, self->system().render(e));
                 done();
               });
   }
@@ -378,7 +379,7 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
   }
   if (!valid) {
     const std::string why = "the last stage's sampled tokens do not match the step";
-    spdlog::error("step {}: {}", step, why);
+    logging::of("scheduler").error("step {}: {}", step, why);
     for (auto id : fl.ids) {
       auto it = st.requests.find(id);
       if (it != st.requests.end()) {
@@ -443,7 +444,7 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
   const std::string why = describe(self->system(), e);
   if (troupe_code(e) == static_cast<std::uint8_t>(error_code::stage_failed)) {
     // The stage refused or failed this step: that would happen again.
-    spdlog::error("step {} failed: {}", step, why);
+    logging::of("scheduler").error("step {} failed: {}", step, why);
     for (auto id : node.mapped().ids) {
       auto it = st.requests.find(id);
       if (it == st.requests.end()) continue;
@@ -455,7 +456,7 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
   }
   // A stage is gone (crashed, killed): stop stepping until the node has
   // restarted the pipeline; the requests then recompute.
-  spdlog::warn("step {}: {}; waiting for the pipeline to restart", step, why);
+  logging::of("scheduler").warn("step {}: {}; waiting for the pipeline to restart", step, why);
   if (!st.stalled) {
     st.stalled_epoch = st.epoch;
     st.stalled_since = steady::now();
@@ -663,7 +664,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           if (st.stalled && st.stalled_epoch == st.epoch && steady::now() - st.stalled_since >= stall_limit) {
             st.failed = "a stage's peer process was lost and no restored pipeline came within " +
                         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()) + " s";
-            spdlog::error("scheduler: {}", st.failed);
+            logging::of("scheduler").error("{}", st.failed);
             std::vector<std::uint64_t> ids;
             for (auto& [id, r] : st.requests) ids.push_back(id);
             for (auto id : ids) finish(self, id, "error", st.failed);

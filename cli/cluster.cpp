@@ -80,6 +80,8 @@ json status_json(const actors::cluster_status& s) {
                      {"kv_tokens", n.report.kv_tokens},
                      {"problem", n.report.failure}});
   const auto& q = s.scheduler;
+  json links = json::object();
+  for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i) links[s.links[i]] = s.link_bytes[i];
   return {{"cluster", s.cluster},
           {"head", s.head},
           {"ready", s.ready},
@@ -91,6 +93,9 @@ json status_json(const actors::cluster_status& s) {
           {"last_event", s.last_event},
           {"detect_ms", s.detect_ms},
           {"resume_ms", s.resume_ms},
+          {"actor_restarts", s.actor_restarts},
+          {"migrations", s.migrations},
+          {"transfer_bytes", links},
           {"nodes", nodes},
           {"requests",
            {{"queued", q.queued},
@@ -121,7 +126,14 @@ void print_status(const actors::cluster_status& s) {
               static_cast<long long>(q.running), static_cast<long long>(q.queued), static_cast<long long>(q.finished),
               static_cast<long long>(q.rejected), static_cast<long long>(s.replacements));
   if (s.replacements > 0) std::printf(" (last: detected %.0f ms after the last heartbeat, resumed in %.0f ms)", s.detect_ms, s.resume_ms);
-  std::printf("\nlast event: %s\n", s.last_event.c_str());
+  std::printf("; %lld migrations\n", static_cast<long long>(s.migrations));
+  if (!s.links.empty()) {
+    std::printf("data plane:");
+    for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
+      std::printf("%s %s %.2f MiB", i ? "," : "", s.links[i].c_str(), static_cast<double>(s.link_bytes[i]) / (1 << 20));
+    std::printf("\n");
+  }
+  std::printf("last event: %s\n", s.last_event.c_str());
 }
 
 std::string self_exe() {

@@ -13,6 +13,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cuda/probe.hpp"
 #include "kernels/device.hpp"
+#include "actors/log.hpp"
 #include "cli/commands.hpp"
 
 namespace {
@@ -43,9 +44,15 @@ std::string troupe::cli::bundled_model_path() {
 int main(int argc, char** argv) {
   // Logs go to stderr: stdout carries the answer (and --json) for scripts.
   spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  namespace logging = troupe::actors::logging;
+  logging::configure(logging::format::text, "");
   CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
   app.require_subcommand(1);
+  std::string log_format;
+  if (const char* env = std::getenv("TROUPE_LOG_FORMAT"); env && *env) log_format = env;
+  app.add_option("--log-format", log_format,
+                 "Logs on stderr as 'text' or 'json' (one object per line; env TROUPE_LOG_FORMAT; nodes started by "
+                 "`troupe up` inherit it)");
   auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
   auto* bench = app.add_subcommand("bench-kernels", "Run the kernel benchmark (bench_kernels)");
   std::vector<std::string> bench_args;
@@ -67,6 +74,15 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (!log_format.empty()) {
+    auto f = logging::parse_format(log_format);
+    if (!f) {
+      std::fprintf(stderr, "troupe: %s\n", f.error().c_str());
+      return 2;
+    }
+    logging::configure(*f, "");
+    ::setenv("TROUPE_LOG_FORMAT", log_format.c_str(), 1);  // for the processes this one starts
   }
   if (*devices) return cmd_devices();
   if (app.got_subcommand("generate")) return generate();

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "actors/log.hpp"
 #include "actors/cluster.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
@@ -42,6 +43,7 @@ int run_node(const node_args& a) {
     spdlog::error("node: '{}' is not a node of {}", a.name, a.manifest);
     return 2;
   }
+  actors::logging::set_node(a.name);  // every line of this process carries its name
   const sigset_t sigs = block_stop_signals();
 
   caf::actor_system_config cfg;

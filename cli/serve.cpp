@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "actors/log.hpp"
 #include "actors/cluster.hpp"
 #include "actors/gatekeeper.hpp"
 #include "cli/cluster_setup.hpp"
@@ -29,19 +30,19 @@ int run_serve(const serve_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
   if (a.host == "0.0.0.0" || a.host == "::")
-    spdlog::warn("serve: listening on every interface ({}); anyone who reaches this machine reaches the API{}", a.host,
+    actors::logging::of("gateway").warn("listening on every interface ({}); anyone who reaches this machine reaches the API{}", a.host,
                  a.api_key.empty() ? ", and no --api-key is set" : "");
   const sigset_t sigs = block_stop_signals();
   caf::actor_system_config cfg;
   actors::configure_runtime(cfg);
   if (auto t = actors::configure_cluster_tls(cfg, *m, cluster::client_identity); !t) {
-    spdlog::error("serve: {}", t.error());
+    actors::logging::of("gateway").error("{}", t.error());
     return 1;
   }
   caf::actor_system sys{cfg};
   auto door = actors::connect_client(sys, *m, std::chrono::seconds(10));
   if (!door) {
-    spdlog::error("serve: {}", door.error());
+    actors::logging::of("gateway").error("{}", door.error());
     return 1;
   }
   serve::gateway_options go;
@@ -53,7 +54,7 @@ int run_serve(const serve_args& a) {
   serve::gateway gw(sys, *door, go);
   std::string why;
   if (!gw.bind(why)) {
-    spdlog::error("serve: {}", why);
+    actors::logging::of("gateway").error("{}", why);
     return 1;
   }
   std::thread server([&] { gw.serve(); });

@@ -88,6 +88,13 @@ std::string metrics::render(const actors::cluster_status* s) const {
     out += "troupe:num_preemptions_total " + std::to_string(s->scheduler.preemptions) + "\n";
     head(out, "troupe:stage_replacements_total", "counter", "Times the head placed the model again after losing a node.");
     out += "troupe:stage_replacements_total " + std::to_string(s->replacements) + "\n";
+    head(out, "troupe:actor_restarts_total", "counter", "Stage actors (shard and KV store pairs) spawned again after a node loss.");
+    out += "troupe:actor_restarts_total " + std::to_string(s->actor_restarts) + "\n";
+    head(out, "troupe:shard_migrations_total", "counter", "Live migrations of a shard or encoder to another node.");
+    out += "troupe:shard_migrations_total " + std::to_string(s->migrations) + "\n";
+    head(out, "troupe:transfer_bytes_total", "counter", "Data-plane bytes sent between node processes, by link (from->to).");
+    for (std::size_t i = 0; i < s->links.size() && i < s->link_bytes.size(); ++i)
+      out += "troupe:transfer_bytes_total{link=\"" + escape(s->links[i]) + "\"} " + std::to_string(s->link_bytes[i]) + "\n";
     head(out, "troupe:node_up", "gauge", "1 while the node is up (answers heartbeats), else 0.");
     for (const auto& n : s->nodes) out += "troupe:node_up{node=\"" + escape(n.name) + "\"} " + (n.state == "up" ? "1" : "0") + "\n";
     head(out, "troupe:node_resident_memory_bytes", "gauge", "Resident memory of each node process.");

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <regex>
 #include <thread>
 
@@ -210,6 +212,20 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_GE(metric(after, "troupe:request_success_total{finished_reason=\"stop\"}"), 2);
   EXPECT_GE(metric(after, "troupe:http_errors_total{status=\"401\"}"), 2);
   EXPECT_EQ(metric(after, "troupe:node_up{node=\"n1\"}"), 1);
+  EXPECT_EQ(metric(after, "troupe:actor_restarts_total"), 0) << after;  // no node was lost
+  EXPECT_EQ(metric(after, "troupe:shard_migrations_total"), 0) << after;
+  // Activations went n0 -> n1 -> n2 over the data plane; the nodes report
+  // their byte counts with each heartbeat (every 500 ms).
+  for (const std::string link : {"n0->n1", "n1->n2"}) {
+    const std::string name = "troupe:transfer_bytes_total{link=\"" + link + "\"}";
+    const double was = std::max(0.0, metric(before, name));
+    double now = metric(after, name);
+    for (int i = 0; i < 30 && now <= was; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      now = metric(metrics(), name);
+    }
+    EXPECT_GT(now, was) << link << "\n" << metrics();
+  }
   // promtool (Debian's prometheus; scripts/install-deps installs it). Its
   // linter flags every name with a colon, as it flags vLLM's `vllm:` names;
   // that convention warning is the only finding allowed, and with the
@@ -253,7 +269,9 @@ TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
 TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   auto cs = test::make_manifest("gwup", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
   const int port = test::free_port();
-  auto r = test::troupe_cli("up " + cs.manifest + " --detach --timeout 180 --http " + std::to_string(port) + " --api-key k1");
+  // With JSON logs, which the node processes inherit.
+  auto r = test::troupe_cli("--log-format json up " + cs.manifest + " --detach --timeout 180 --http " + std::to_string(port) +
+                            " --api-key k1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("troupe serve: OpenAI-compatible API of cluster gwup on http://127.0.0.1:" + std::to_string(port)),
             std::string::npos)
@@ -265,4 +283,23 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   auto d = test::troupe_cli("down " + cs.manifest + " --timeout 60");
   EXPECT_EQ(d.exit_code, 0) << d.out;
   EXPECT_EQ(curl("--max-time 2 " + url + "/live").status, 0) << "the gateway still answers after troupe down";
+  // Every log line of every node is one JSON object tagged with its node
+  // and actor (stdout's plain banner lines aside).
+  std::map<std::string, std::set<std::string>> actors_by_node;
+  for (const std::string node : {"n0", "n1", "n2"}) {
+    std::ifstream in(cs.dir + "/certs/run/" + node + ".log");
+    ASSERT_TRUE(in) << node;
+    std::string line;
+    while (std::getline(in, line)) {
+      EXPECT_NE(line.rfind("[20", 0), 0u) << "a text log line in " << node << ".log: " << line;
+      if (line.empty() || line[0] != '{') continue;
+      auto j = json::parse(line, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << line;
+      for (const char* k : {"time", "level", "node", "actor", "msg"}) EXPECT_TRUE(j.contains(k)) << k << " in " << line;
+      EXPECT_EQ(j["node"], node) << line;
+      actors_by_node[node].insert(j["actor"].get<std::string>());
+    }
+  }
+  EXPECT_TRUE(actors_by_node["n0"].count("head")) << "the head's lines on n0";
+  EXPECT_TRUE(actors_by_node["n1"].count("agent")) << "the agent's lines on n1";
 }
