@@ -24,6 +24,7 @@ struct serve_args {
   std::string manifest, host = "127.0.0.1", api_key, model_name = "troupe";
   int port = 8000;
   int max_body_mib = 64;
+  bool remote_images = false, private_image_hosts = false;
 };
 
 int run_serve(const serve_args& a) {
@@ -51,6 +52,10 @@ int run_serve(const serve_args& a) {
   go.api_key = a.api_key;
   go.model_name = a.model_name;
   go.max_body_bytes = static_cast<std::size_t>(a.max_body_mib) << 20;
+  go.limits.remote_images = a.remote_images || a.private_image_hosts;
+  go.fetch.allow_private = a.private_image_hosts;
+  if (a.private_image_hosts)
+    actors::logging::of("gateway").warn("image URLs may point at private and loopback addresses (--allow-private-image-hosts)");
   serve::gateway gw(sys, *door, go);
   std::string why;
   if (!gw.bind(why)) {
@@ -79,6 +84,10 @@ command_runner add_serve(CLI::App& app) {
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", a->model_name, "The model's name in the API");
   cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (larger: 413)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--allow-remote-images", a->remote_images,
+                "Fetch http(s) image URLs (only from public addresses; off: base64 data: URLs only)");
+  cmd->add_flag("--allow-private-image-hosts", a->private_image_hosts,
+                "With remote images: also from loopback and private addresses (a trusted intranet only)");
   return [a] { return run_serve(*a); };
 }
 

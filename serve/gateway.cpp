@@ -147,6 +147,19 @@ struct gateway::impl {
     if (!authorized(req, res)) return;
     auto r = chat ? parse_chat_request(req.body, opt.limits) : parse_completion_request(req.body, opt.limits);
     if (!r) return reply_error(res, r.error());
+    for (const auto& ri : r->remote_images) {
+      auto f = opt.fetch;
+      f.max_bytes = opt.limits.max_image_bytes;
+      auto bytes = fetch_image(ri.url, f);
+      if (!bytes) {
+        api_error e;
+        e.message = ri.param + ": " + bytes.error();
+        e.param = ri.param;
+        if (bytes.error().find("larger than") != std::string::npos) e.status = 413;
+        return reply_error(res, e);
+      }
+      r->job.images[ri.index].bytes = std::move(*bytes);
+    }
     if (r->model.empty()) r->model = opt.model_name;
     r->job.id = actors::random_job_id();
     const auto id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(r->job.id);
@@ -239,6 +252,22 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
   h.set_payload_max_length(d->opt.max_body_bytes);
   h.set_read_timeout(30, 0);
   h.set_write_timeout(30, 0);
+  // cpp-httplib 0.11 caps each header line at 8 KiB but not their number:
+  // requests with too many or too large headers are refused before any
+  // handler runs (they have been read by then, line by line).
+  h.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
+    std::size_t bytes = 0;
+    for (const auto& [k, v] : req.headers) bytes += k.size() + v.size();
+    if (req.headers.size() <= d->opt.max_headers && bytes <= d->opt.max_header_bytes)
+      return httplib::Server::HandlerResponse::Unhandled;
+    api_error e;
+    e.status = 431;
+    e.message = "request headers over the limit (" + std::to_string(d->opt.max_headers) + " headers, " +
+                std::to_string(d->opt.max_header_bytes >> 10) + " KiB in all); this request has " +
+                std::to_string(req.headers.size()) + " headers, " + std::to_string(bytes) + " bytes";
+    d->reply_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   h.Post("/v1/chat/completions", [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, true); });
   h.Post("/v1/completions", [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, false); });
   h.Get("/v1/models", [d](const httplib::Request& req, httplib::Response& res) {

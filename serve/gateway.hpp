@@ -9,6 +9,7 @@
 #include <string>
 
 #include "actors/protocol.hpp"
+#include "serve/fetch.hpp"
 #include "serve/openai.hpp"
 
 namespace troupe::serve {
@@ -19,7 +20,10 @@ struct gateway_options {
   std::string api_key;            ///< empty: no key needed
   std::string model_name = "troupe";
   std::size_t max_body_bytes = 64u << 20;
-  request_limits limits;
+  request_limits limits;           ///< limits.remote_images: fetch http(s) image URLs
+  fetch_options fetch;             ///< how they are fetched
+  std::size_t max_headers = 64;    ///< more request headers: 431
+  std::size_t max_header_bytes = 32u << 10;  ///< all header names and values together: 431
   int threads = 16;               ///< HTTP worker threads (each stream holds one)
 };
 

@@ -104,7 +104,7 @@ std::string error_json(const api_error& e) {
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url, std::size_t max_bytes) {
   constexpr std::string_view prefix = "data:";
   if (url.substr(0, prefix.size()) != prefix)
-    return std::unexpected("only base64 data: URLs are accepted (fetching remote images is off)");
+    return std::unexpected("only base64 data: URLs are accepted (fetching remote images is off; troupe serve --allow-remote-images)");
   const auto comma = url.find(',');
   if (comma == std::string_view::npos) return std::unexpected("a data: URL without a comma");
   const auto meta = url.substr(prefix.size(), comma - prefix.size());
@@ -177,6 +177,15 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body, 
             return std::unexpected(bad(pw + ".image_url.url must be a string", pw + ".image_url"));
           if (r.job.images.size() >= limits.max_images)
             return std::unexpected(bad("at most " + std::to_string(limits.max_images) + " images per request", pw));
+          const bool remote = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
+          if (remote && limits.remote_images) {
+            r.remote_images.push_back({r.job.images.size(), url, pw + ".image_url"});
+            actors::image_data img;
+            img.name = "image " + std::to_string(r.job.images.size() + 1);
+            r.job.images.push_back(std::move(img));
+            ++t.images;
+            continue;
+          }
           auto bytes = decode_data_url(url, limits.max_image_bytes);
           if (!bytes) {
             auto e = bad(pw + ": " + bytes.error(), pw + ".image_url");

@@ -35,6 +35,9 @@ struct request_limits {
   std::size_t max_text_bytes = 1u << 20;
   std::int64_t max_tokens = 1 << 16;
   std::size_t max_stops = 16;
+  /// http(s) image URLs are accepted (and left for the gateway to fetch);
+  /// off: only data: URLs.
+  bool remote_images = false;
 };
 
 /// A parsed request, ready to become a job.
@@ -44,6 +47,13 @@ struct api_request {
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
   actors::job_request job;     ///< id left 0
+  /// Images still to fetch: index in job.images (an empty placeholder
+  /// there), the URL and the request field it came from.
+  struct remote_image {
+    std::size_t index = 0;
+    std::string url, param;
+  };
+  std::vector<remote_image> remote_images;
 };
 
 std::expected<api_request, api_error> parse_chat_request(std::string_view body, const request_limits& limits = {});

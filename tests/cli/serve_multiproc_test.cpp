@@ -76,7 +76,7 @@ class Gateway : public ::testing::Test {
     port_ = test::free_port();
     serve_ = std::make_unique<test::child_process>(
         "serve", std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port", std::to_string(port_), "--api-key",
-                                          "sk-test", "--max-body-mib", "1"});
+                                          "sk-test", "--max-body-mib", "1", "--allow-remote-images"});
     auto line = serve_->expect("troupe serve:", 60000ms);
     ASSERT_TRUE(line) << "troupe serve did not start";
     url_ = "http://127.0.0.1:" + std::to_string(port_);
@@ -186,6 +186,18 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
                         " " + url_ + "/v1/chat/completions");
   EXPECT_EQ(malformed.status, 400) << malformed.body;
   EXPECT_NE(json::parse(malformed.body)["error"]["message"].get<std::string>().find("JSON"), std::string::npos);
+  // Too many headers: 431 before any handler.
+  std::string headers;
+  for (int i = 0; i < 100; ++i) headers += " -H 'X-Filler-" + std::to_string(i) + ": x'";
+  auto many = post("/v1/chat/completions", image_body_, "sk-test", headers);
+  EXPECT_EQ(many.status, 431) << many.body;
+  // A remote image URL that points at this machine is refused, naming the field.
+  json local_url = image_body_;
+  local_url["messages"][0]["content"][1]["image_url"]["url"] = url_ + "/live";
+  auto ssrf = post("/v1/chat/completions", local_url);
+  EXPECT_EQ(ssrf.status, 400) << ssrf.body;
+  EXPECT_NE(ssrf.body.find("loopback"), std::string::npos) << ssrf.body;
+  EXPECT_EQ(json::parse(ssrf.body)["error"]["param"], "messages[0].content[1].image_url");
   auto no_messages = post("/v1/chat/completions", json{{"model", "x"}});
   EXPECT_EQ(no_messages.status, 400);
   EXPECT_EQ(json::parse(no_messages.body)["error"]["param"], "messages");

@@ -123,6 +123,35 @@ TEST(OpenAiParse, DataUrls) {
   EXPECT_FALSE(decode_data_url("file:///etc/passwd", 16));
 }
 
+TEST(OpenAiParse, RemoteImageUrlsOnlyWhenAllowed) {
+  json body{{"messages", json::array({{{"role", "user"},
+                                       {"content", json::array({{{"type", "text"}, {"text", "What?"}},
+                                                                {{"type", "image_url"},
+                                                                 {"image_url", {{"url", "https://example.com/a.png"}}}},
+                                                                {{"type", "image_url"},
+                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
+  auto off = parse_chat_request(body.dump());
+  ASSERT_FALSE(off);
+  EXPECT_EQ(off.error().status, 400);
+  EXPECT_EQ(off.error().param, "messages[0].content[1].image_url");
+  EXPECT_NE(off.error().message.find("--allow-remote-images"), std::string::npos) << off.error().message;
+  request_limits l;
+  l.remote_images = true;
+  auto on = parse_chat_request(body.dump(), l);
+  ASSERT_TRUE(on) << on.error().message;
+  ASSERT_EQ(on->job.images.size(), 2u);
+  ASSERT_EQ(on->remote_images.size(), 1u);
+  EXPECT_EQ(on->remote_images[0].index, 0u);
+  EXPECT_EQ(on->remote_images[0].url, "https://example.com/a.png");
+  EXPECT_EQ(on->remote_images[0].param, "messages[0].content[1].image_url");
+  EXPECT_TRUE(on->job.images[0].bytes.empty());  // the gateway fetches it
+  EXPECT_EQ(on->job.images[1].bytes.size(), 8u);
+  EXPECT_EQ(on->job.turns[0].images, 2);
+  // Other schemes stay refused even when remote images are on.
+  body["messages"][0]["content"][1]["image_url"]["url"] = "file:///etc/passwd";
+  EXPECT_FALSE(parse_chat_request(body.dump(), l));
+}
+
 TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
   api_request r;
   r.chat = true;
