@@ -244,6 +244,7 @@ struct head_state {
   std::int64_t replacements = 0;
   std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
   std::int64_t migrations = 0;
+  std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;
@@ -378,7 +379,9 @@ void replace(head_ptr self) {
     const bool in = std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
     if (!in && r.agent) self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
   }
-  st.plan = plan;
+ st.plan = plan;
+  st.stages_total = static_cast<std::int32_t>(plan.size());
+  st.stages_loaded = 0;
   event(self, "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
   auto handles = std::make_shared<std::vector<stage_handles>>(plan.size());
   auto load = std::make_shared<std::function<void(std::size_t)>>();
@@ -415,7 +418,8 @@ void replace(head_ptr self) {
     self->request(agent, st.cfg.node.timeout, load_atom::value, o)
         .then(
             [self, epoch, handles, load, i, slot, n = plan.size()](stage_handles& h) {
-              if (epoch != self->state.epoch) return;
+ if (epoch != self->state.epoch) return;
+              ++self->state.stages_loaded;
               event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
                               ") on " + slot.node + " (" + std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
               (*handles)[i] = std::move(h);
@@ -509,6 +513,8 @@ cluster_status status_of(head_ptr self) {
   s.resume_ms = st.resume_ms;
   s.actor_restarts = st.actor_restarts;
   s.migrations = st.migrations;
+  s.stages_total = st.stages_total;
+  s.stages_loaded = st.stages_loaded;
   for (const auto& [name, r] : st.rt)
     if (r.agent) st.node_names[to_string(r.agent->node())] = name;
   std::map<std::string, std::int64_t> links;

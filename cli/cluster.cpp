@@ -22,6 +22,7 @@
 #include "actors/cluster.hpp"
 #include "actors/gatekeeper.hpp"
 #include "cli/cluster_setup.hpp"
+#include "cli/progress.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
 #include "cluster/certs.hpp"
@@ -238,6 +239,7 @@ int run_up(const cluster_args& a) {
   std::optional<actors::frontdoor_actor> door;
   std::string last_line, why;
   bool ready = false;
+  progress prog(stdout);
   while (steady::now() < deadline) {
     for (const auto& n : nodes)
       if (n.local && !cluster::process_alive(n.pid)) {
@@ -263,19 +265,31 @@ int run_up(const cluster_args& a) {
         std::snprintf(buf, sizeof buf, "troupe: %.1f s: %zd/%zu nodes up; %s", std::chrono::duration<double>(steady::now() - t0).count(),
                       static_cast<std::ptrdiff_t>(up), s->nodes.size(), s->last_event.c_str());
         const std::string line = buf;
-        // Progress: a line whenever something changed.
-        if (line.substr(line.find(':', 8)) != (last_line.empty() ? "" : last_line.substr(last_line.find(':', 8)))) {
+        if (prog.tty()) {
+          // In a terminal: one line redrawn, with a bar for the nodes
+          // joining, then for the stages loading.
+          if (s->stages_total > 0)
+            prog.update("troupe: loading weights", static_cast<double>(s->stages_loaded) / s->stages_total,
+                        std::to_string(s->stages_loaded) + "/" + std::to_string(s->stages_total) + " stages; " +
+                            s->last_event.substr(0, 80));
+          else
+            prog.update("troupe: nodes joining", static_cast<double>(up) / static_cast<double>(s->nodes.size()),
+                        std::to_string(up) + "/" + std::to_string(s->nodes.size()) + " up");
+          last_line = line;
+        } else if (line.substr(line.find(':', 8)) != (last_line.empty() ? "" : last_line.substr(last_line.find(':', 8)))) {
+          // Otherwise a line whenever something changed.
           std::printf("%s\n", line.c_str());
           std::fflush(stdout);
           last_line = line;
         }
         if (s->ready) {
           const auto& h = m->head_node();
-          std::printf("troupe: cluster %s ready in %.1f s: %zu nodes, head %s at %s:%d; model placed %s%s%s\n",
-                      m->name.c_str(), std::chrono::duration<double>(steady::now() - t0).count(), s->nodes.size(),
-                      h.name.c_str(), h.host.c_str(), h.port, s->placement.c_str(),
-                      s->encoder.empty() ? "" : ", vision encoder on ", s->encoder.c_str());
-          std::fflush(stdout);
+          char done[1024];
+          std::snprintf(done, sizeof done, "troupe: cluster %s ready in %.1f s: %zu nodes, head %s at %s:%d; model placed %s%s%s",
+                        m->name.c_str(), std::chrono::duration<double>(steady::now() - t0).count(), s->nodes.size(),
+                        h.name.c_str(), h.host.c_str(), h.port, s->placement.c_str(),
+                        s->encoder.empty() ? "" : ", vision encoder on ", s->encoder.c_str());
+          prog.line(done);
           ready = true;
           break;
         }
@@ -284,6 +298,7 @@ int run_up(const cluster_args& a) {
     std::this_thread::sleep_for(250ms);
   }
   if (!ready) {
+    prog.finish();
     spdlog::error("up: cluster {} not ready after {} s ({}); logs in {}", m->name, a.timeout_s,
                   why.empty() ? last_line : why, cluster::run_dir(*m));
     for (const auto& n : nodes) std::fprintf(stderr, "  the end of %s:\n%s", n.log.c_str(), cluster::log_tail(n.log).c_str());
