@@ -93,6 +93,34 @@ void drop_stages(agent_ptr self) {
   st.failure.clear();
 }
 
+/// Makes the stage that follows reachable from this node: joins its node
+/// (once) and connects the data plane to it. An error names `what`.
+caf::error connect_next(agent_ptr self, const std::string& what, const stage_handles& next, const std::string& next_node) {
+  const auto& c = self->state.cfg;
+  if (!next.shard) return make_error(error_code::invalid_request, what + ": the next stage has no shard");
+  if (next_node == c.name) return {};
+  const auto nid = next.shard->node();
+  bool known = false;
+  {
+    auto& r = joined_nodes();
+    std::lock_guard lock(r.mtx);
+    auto it = r.ids.find(next_node);
+    known = it != r.ids.end() && it->second == nid;
+  }
+  if (!known) {
+    auto pass = join_node(self->system(), c.m, c.name, next_node, c.timeout);
+    if (!pass) return make_error(error_code::stage_failed, what + ": joining the next stage's node: " + pass.error());
+    if (!pass->agent || pass->agent->node() != nid)
+      return make_error(error_code::stage_failed, what + ": node " + next_node + " restarted since the head placed its stage");
+    auto& r = joined_nodes();
+    std::lock_guard lock(r.mtx);
+    r.ids[next_node] = nid;
+  }
+  if (auto r = data_plane::local().connect(to_string(nid), next.engine_address); !r)
+    return make_error(error_code::stage_failed, what + ": data plane to node " + next_node + ": " + r.error().message);
+  return {};
+}
+
 caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto& st = self->state;
   const auto& c = st.cfg;
@@ -109,28 +137,7 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
     return make_error(error_code::invalid_request, what + ": an empty or negative layer range");
   auto& dp = data_plane::local();
   if (o.has_next) {
-    if (!o.next.shard) return make_error(error_code::invalid_request, what + ": the next stage has no shard");
-    if (o.next_node != c.name) {
-      const auto nid = o.next.shard->node();
-      bool known = false;
-      {
-        auto& r = joined_nodes();
-        std::lock_guard lock(r.mtx);
-        auto it = r.ids.find(o.next_node);
-        known = it != r.ids.end() && it->second == nid;
-      }
-      if (!known) {
-        auto pass = join_node(self->system(), c.m, c.name, o.next_node, c.timeout);
-        if (!pass) return make_error(error_code::stage_failed, what + ": joining the next stage's node: " + pass.error());
-        if (!pass->agent || pass->agent->node() != nid)
-          return make_error(error_code::stage_failed, what + ": node " + o.next_node + " restarted since the head placed its stage");
-        auto& r = joined_nodes();
-        std::lock_guard lock(r.mtx);
-        r.ids[o.next_node] = nid;
-      }
-      if (auto r = dp.connect(to_string(nid), o.next.engine_address); !r)
-        return make_error(error_code::stage_failed, what + ": data plane to node " + o.next_node + ": " + r.error().message);
-    }
+    if (auto e = connect_next(self, what, o.next, o.next_node)) return e;
   }
   models::layer_range range;
   range.first = o.first_layer;
@@ -203,6 +210,40 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           return n;
         },
         [=](ping_atom) { return report_of(self); },
+        [=](route_atom, std::int32_t first, const stage_handles& next, const std::string& next_node) -> caf::result<bool> {
+          auto& st = self->state;
+          const std::string what = "node " + st.cfg.name + ", re-routing layers from " + std::to_string(first);
+          auto it = std::find_if(st.stages.begin(), st.stages.end(),
+                                 [&](const held_stage& h) { return h.res->model->range().first == first; });
+          if (it == st.stages.end()) return make_error(error_code::not_found, what + ": no such stage here");
+          if (auto e = connect_next(self, what, next, next_node)) return e;
+          auto rp = self->make_response_promise<bool>();
+          self->request(it->shard, st.cfg.timeout, route_atom::value, caf::actor_cast<caf::strong_actor_ptr>(next.shard))
+              .then([rp](bool ok) mutable { rp.deliver(ok); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        },
+        [=](route_atom, const stage_handles& to, const std::string& name) -> caf::result<bool> {
+          if (auto e = connect_next(self, "node " + self->state.cfg.name + ", connecting to " + name, to, name)) return e;
+          return true;
+        },
+        [=](drop_atom, std::int32_t first) -> std::int32_t {
+          auto& st = self->state;
+          std::int32_t n = 0;
+          for (auto it = st.stages.begin(); it != st.stages.end();) {
+            if (it->res->model->range().first != first) {
+              ++it;
+              continue;
+            }
+            self->demonitor(it->shard.address());
+            self->demonitor(it->kv.address());
+            caf::anon_send_exit(it->shard, caf::exit_reason::user_shutdown);
+            caf::anon_send_exit(it->kv, caf::exit_reason::user_shutdown);
+            it = st.stages.erase(it);
+            ++n;
+          }
+          logging::of("agent").info("node {}: let go of the stage at layer {} (migrated)", st.cfg.name, first);
+          return n;
+        },
         [=](down_atom) {
           logging::of("agent").info("node {}: told to stop", self->state.cfg.name);
           drop_stages(self);
@@ -245,6 +286,8 @@ struct head_state {
   std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
   std::int64_t migrations = 0;
   std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
+  std::vector<stage_handles> handles;  ///< the placed stages' actors, in order
+  bool migrating = false;              ///< one live migration at a time
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;
@@ -321,9 +364,10 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     shards.push_back(h.shard);
     kvs.push_back(h.kv);
   }
-  auto done = [self, epoch, shards, kvs](std::int64_t blocks) {
+  auto done = [self, epoch, shards, kvs, handles](std::int64_t blocks) {
     auto& st = self->state;
     if (epoch != st.epoch) return;
+    st.handles = handles;
     st.placing = false;
     st.placement_ok = true;
     if (!st.scheduler) {
@@ -495,6 +539,335 @@ void heartbeat(head_ptr self) {
     if (usable.size() == st.cfg.node.m.nodes.size() || (steady::now() - st.started > st.cfg.startup_grace && !usable.empty()))
       replace(self);
   }
+}
+
+
+// -- live migration --------------------------------------------------------------
+//
+// Make-before-break (ARCHITECTURE.md): the target node loads the stage from
+// its own model files while the old one serves; the KV of every sequence
+// is copied in rounds while decoding goes on (whole sequences first, then
+// the blocks that changed since); at a step boundary the scheduler holds
+// its steps, the last delta is copied, the stage before (or the scheduler)
+// is re-routed to the new shard, and steps resume; the old actors go.
+
+struct migration {
+  migrate_report rep;
+  caf::typed_response_promise<migrate_report> rp;
+  std::size_t index = 0;
+  std::uint64_t epoch = 0;
+  stage_handles old_h, new_h;
+  cluster::stage_slot slot;
+  std::string target, dest_key;
+  std::map<std::int64_t, std::int64_t> copied;  ///< sequence -> tokens copied to the new store
+  std::int64_t block_size = 16;
+  steady::time_point t0, pause_sent;
+  bool paused = false, done = false;
+  std::int64_t round_bytes = 0;
+};
+using migration_ptr = std::shared_ptr<migration>;
+
+void migration_fail(head_ptr self, const migration_ptr& m, const std::string& why) {
+  if (m->done) return;
+  m->done = true;
+  auto& st = self->state;
+  st.migrating = false;
+  if (m->paused && st.scheduler) self->send(st.scheduler, route_atom::value);  // resume as it was
+  // The new actors (if any) go; the old ones kept serving.
+  if (m->new_h.shard && st.epoch == m->epoch) {
+    auto it = st.rt.find(m->target);
+    if (it != st.rt.end() && it->second.agent && !(m->target == m->slot.node))
+      self->request(it->second.agent, st.cfg.node.timeout, drop_atom::value, m->slot.first_layer)
+          .then([](std::int32_t) {}, [](caf::error&) {});
+  }
+  event(self, "migrating " + m->rep.what + " to " + m->target + " failed: " + why, true);
+  m->rp.deliver(make_error(error_code::stage_failed, "migration of " + m->rep.what + ": " + why));
+}
+
+bool migration_stale(head_ptr self, const migration_ptr& m) {
+  if (m->done) return true;
+  if (self->state.epoch != m->epoch) {
+    migration_fail(self, m, "the cluster was placed again meanwhile (a node was lost)");
+    return true;
+  }
+  return false;
+}
+
+/// One round: every sequence of the old store whose length differs from
+/// what was copied goes (whole the first time, its changed blocks after).
+/// In the final round, sequences that ended are dropped from the new store.
+void migration_round(head_ptr self, migration_ptr m, bool final, std::function<void()> next) {
+  auto& st = self->state;
+  self->request(m->old_h.kv, st.cfg.node.timeout, list_atom::value)
+      .then(
+          [self, m, final, next](const std::vector<std::int64_t>& pairs) {
+            if (migration_stale(self, m)) return;
+            auto& st = self->state;
+            std::map<std::int64_t, std::int64_t> now;
+            for (std::size_t i = 0; i + 1 < pairs.size(); i += 2) now[pairs[i]] = pairs[i + 1];
+            if (final) {
+              std::vector<std::int64_t> gone;
+              for (auto it = m->copied.begin(); it != m->copied.end();) {
+                if (now.count(it->first)) {
+                  ++it;
+                  continue;
+                }
+                gone.push_back(it->first);
+                it = m->copied.erase(it);
+              }
+              if (!gone.empty())
+                self->request(m->new_h.kv, st.cfg.node.timeout, free_atom::value, gone).then([](std::int64_t) {}, [](caf::error&) {});
+            }
+            struct todo {
+              std::int64_t seq;
+              std::int32_t from;
+            };
+            std::vector<todo> work;
+            for (const auto& [seq, len] : now) {
+              auto it = m->copied.find(seq);
+              if (it != m->copied.end() && it->second == len) continue;
+              std::int32_t from = 0;
+              if (it != m->copied.end() && it->second < len) from = static_cast<std::int32_t>(it->second / m->block_size);
+              work.push_back({seq, from});
+            }
+            m->round_bytes = 0;
+            if (work.empty()) {
+              next();
+              return;
+            }
+            auto pending = std::make_shared<std::size_t>(work.size());
+            auto failed = std::make_shared<std::string>();
+            auto one_done = [self, m, pending, failed, next] {
+              if (--*pending > 0) return;
+              if (migration_stale(self, m)) return;
+              if (!failed->empty()) return migration_fail(self, m, *failed);
+              next();
+            };
+            const auto timeout = st.cfg.node.timeout;
+            for (const auto& w : work) {
+              auto copy = std::make_shared<std::function<void(std::int32_t)>>();
+              *copy = [self, m, w, timeout, one_done, failed, copy](std::int32_t from) {
+                self->request(m->old_h.kv, timeout, export_atom::value, w.seq, from, m->dest_key)
+                    .then(
+                        [self, m, w, timeout, one_done, failed, copy, from](kv_export& x) {
+                          const auto len = x.length;
+                          self->request(m->new_h.kv, timeout, import_atom::value, std::move(x), from)
+                              .then(
+                                  [m, w, len, one_done, copy](std::int64_t bytes) {
+                                    m->copied[w.seq] = len;
+                                    m->round_bytes += bytes;
+                                    m->rep.kv_bytes += bytes;
+                                    *copy = nullptr;
+                                    one_done();
+                                  },
+                                  [self, m, one_done, failed, copy, from](caf::error& e) {
+                                    // A delta the store cannot take (a cache with a window):
+                                    // the whole sequence instead.
+                                    if (from > 0) return (*copy)(0);
+                                    *failed = "KV import: " + describe(self->system(), e);
+                                    *copy = nullptr;
+                                    one_done();
+                                  });
+                        },
+                        [self, m, w, one_done, failed, copy](caf::error& e) {
+                          // A sequence that ended meanwhile has nothing to copy.
+                          if (troupe_code(e) != static_cast<std::uint8_t>(error_code::not_found))
+                            *failed = "KV export: " + describe(self->system(), e);
+                          m->copied.erase(w.seq);
+                          *copy = nullptr;
+                          one_done();
+                        });
+              };
+              (*copy)(w.from);
+            }
+          },
+          [self, m](caf::error& e) {
+            if (!migration_stale(self, m)) migration_fail(self, m, "listing the old store's sequences: " + describe(self->system(), e));
+          });
+}
+
+void migration_switch(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  auto resume = [self, m] {
+    if (migration_stale(self, m)) return;
+    auto& st = self->state;
+    self->send(st.scheduler, route_atom::value, static_cast<std::int32_t>(m->index), m->new_h.shard, m->new_h.kv);
+    m->rep.pause_ms = ms_since(m->pause_sent);
+    m->paused = false;
+    // The old actors go; the head's books follow the new ones.
+    st.handles[m->index] = m->new_h;
+    st.plan[m->index].node = m->target;
+    ++st.migrations;
+    auto it = st.rt.find(m->slot.node);
+    auto finish = [self, m](bool dropped) {
+      auto& st = self->state;
+      m->done = true;
+      st.migrating = false;
+      m->rep.total_ms = ms_since(m->t0);
+      m->rep.sequences = static_cast<std::int64_t>(m->copied.size());
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "migrated %s from %s to %s: pause %.1f ms, %lld sequences, %.2f MiB of KV in %d rounds + %.3f MiB in "
+                    "the pause, load %.0f ms, %.0f ms in all%s",
+                    m->rep.what.c_str(), m->rep.from.c_str(), m->rep.to.c_str(), m->rep.pause_ms,
+                    static_cast<long long>(m->rep.sequences), static_cast<double>(m->rep.kv_bytes) / (1 << 20), m->rep.rounds,
+                    static_cast<double>(m->rep.final_kv_bytes) / (1 << 20), m->rep.load_ms, m->rep.total_ms,
+                    dropped ? "" : " (the old node did not confirm dropping its stage)");
+      event(self, buf);
+      m->rp.deliver(m->rep);
+      heartbeat(self);
+    };
+    if (it == st.rt.end() || !it->second.agent) return finish(false);
+    self->request(it->second.agent, st.cfg.node.timeout, drop_atom::value, m->slot.first_layer)
+        .then([finish](std::int32_t) { finish(true); }, [finish](caf::error&) { finish(false); });
+  };
+  if (m->index == 0) return resume();
+  // The stage before forwards to the new shard from now on.
+  const auto& prev = st.plan[m->index - 1];
+  auto it = st.rt.find(prev.node);
+  if (it == st.rt.end() || !it->second.agent) return migration_fail(self, m, "the node of the stage before is not up");
+  self->request(it->second.agent, st.cfg.node.timeout, route_atom::value, static_cast<std::int32_t>(prev.first_layer),
+                m->new_h, m->target)
+      .then([resume](bool) { resume(); },
+            [self, m](caf::error& e) { migration_fail(self, m, "re-routing the stage before: " + describe(self->system(), e)); });
+}
+
+void migration_pause(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  m->pause_sent = steady::now();
+  m->paused = true;
+  self->request(st.scheduler, st.cfg.node.timeout, pause_atom::value)
+      .then(
+          [self, m](std::int64_t) {
+            if (migration_stale(self, m)) return;
+            const auto before = m->rep.kv_bytes;
+            migration_round(self, m, true, [self, m, before] {
+              m->rep.final_kv_bytes = m->rep.kv_bytes - before;
+              migration_switch(self, m);
+            });
+          },
+          [self, m](caf::error& e) {
+            if (!migration_stale(self, m)) migration_fail(self, m, "pausing the scheduler: " + describe(self->system(), e));
+          });
+}
+
+/// Live rounds until a round moves little (an eighth of the first round's
+/// bytes, or one block per sequence), at most 4; then the pause.
+void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_round_bytes) {
+  migration_round(self, m, false, [self, m, first_round_bytes] {
+    ++m->rep.rounds;
+    const auto first = m->rep.rounds == 1 ? m->round_bytes : first_round_bytes;
+    const bool small = m->rep.rounds > 1 && m->round_bytes <= std::max<std::int64_t>(first / 8, 0);
+    if (m->rep.rounds >= 4 || small || m->copied.empty()) return migration_pause(self, m);
+    migration_live_rounds(self, m, first);
+  });
+}
+
+/// Which stage `shard` names: "2", "stage2" or "[a,b)" as status prints it.
+std::optional<std::size_t> stage_named(const std::vector<cluster::stage_slot>& plan, const std::string& shard) {
+  std::string s = shard;
+  if (s.rfind("stage", 0) == 0) s = s.substr(5);
+  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) && s.size() < 6) {
+    const auto i = static_cast<std::size_t>(std::stoi(s));
+    if (i < plan.size()) return i;
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    if (shard == "[" + std::to_string(plan[i].first_layer) + "," + std::to_string(plan[i].last_layer) + ")" ||
+        shard == "layers [" + std::to_string(plan[i].first_layer) + "," + std::to_string(plan[i].last_layer) + ")")
+      return i;
+  return std::nullopt;
+}
+
+caf::result<migrate_report> start_migration(head_ptr self, const migrate_request& req) {
+  auto& st = self->state;
+  auto refuse = [](error_code c, const std::string& why) { return caf::result<migrate_report>(make_error(c, why)); };
+  if (!st.ready || st.placing || !st.scheduler) return refuse(error_code::unavailable, "the model is not placed yet");
+  if (st.draining) return refuse(error_code::unavailable, "the cluster is shutting down");
+  if (st.migrating) return refuse(error_code::unavailable, "another migration is under way");
+  if (req.shard == "vision" || req.shard == "encoder")
+    return refuse(error_code::invalid_request, "moving the vision encoder is not supported yet");
+  const auto idx = stage_named(st.plan, req.shard);
+  if (!idx)
+    return refuse(error_code::invalid_request, "no stage '" + req.shard.substr(0, 64) + "' in the placement " +
+                                                   cluster::describe(st.plan) + " (give an index from 0 or a range as printed)");
+  if (st.handles.size() != st.plan.size()) return refuse(error_code::unavailable, "the placement's actors are not known yet");
+  const auto* mem = st.members->find(req.to);
+  if (!mem) return refuse(error_code::invalid_request, "no node '" + req.to.substr(0, 64) + "' in the manifest");
+  if (mem->state != cluster::member_state::up) return refuse(error_code::unavailable, "node " + req.to + " is not up");
+  const auto& slot = st.plan[*idx];
+  if (slot.node == req.to) return refuse(error_code::invalid_request, "stage " + std::to_string(*idx) + " already runs on " + req.to);
+  auto target = st.rt[req.to].agent;
+  auto source = st.rt[slot.node].agent;
+  if (!target || !source) return refuse(error_code::unavailable, "node " + (!target ? req.to : slot.node) + " is not joined");
+
+  auto m = std::make_shared<migration>();
+  m->rp = self->make_response_promise<migrate_report>();
+  m->index = *idx;
+  m->epoch = st.epoch;
+  m->old_h = st.handles[*idx];
+  m->slot = slot;
+  m->target = req.to;
+  m->block_size = std::max(1, st.cfg.node.kv.block_size);
+  m->t0 = steady::now();
+  m->rep.what = "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")";
+  m->rep.from = slot.node;
+  m->rep.to = req.to;
+  st.migrating = true;
+  event(self, "migrating " + m->rep.what + " from " + slot.node + " to " + req.to);
+
+  stage_order o;
+  o.first_layer = slot.first_layer;
+  o.last_layer = slot.last_layer;
+  o.embed = *idx == 0;
+  o.head = *idx + 1 == st.plan.size();
+  o.epoch = st.epoch;
+  if (*idx + 1 < st.plan.size()) {
+    o.has_next = true;
+    o.next = st.handles[*idx + 1];
+    o.next_node = st.plan[*idx + 1].node;
+  }
+  const auto t_load = steady::now();
+  self->request(target, st.cfg.node.timeout, load_atom::value, o)
+      .then(
+          [self, m, t_load, source](stage_handles& h) {
+            m->new_h = std::move(h);
+            if (migration_stale(self, m)) return;
+            m->rep.load_ms = ms_since(t_load);
+            m->dest_key = to_string(m->new_h.shard->node());
+            auto& st = self->state;
+            // The old stage's node pushes the KV to the target, and for
+            // the first stage the head's scheduler pushes image embeddings.
+            auto connected = [self, m] {
+              if (migration_stale(self, m)) return;
+              auto& st = self->state;
+              self->request(m->new_h.kv, st.cfg.node.timeout, usage_atom::value)
+                  .then([self, m](const kv_usage_info& u) {
+                          m->block_size = std::max<std::int64_t>(1, u.block_size);
+                          migration_live_rounds(self, m, 0);
+                        },
+                        [self, m](caf::error& e) { migration_fail(self, m, "the new KV store: " + describe(self->system(), e)); });
+            };
+            self->request(source, st.cfg.node.timeout, route_atom::value, m->new_h, m->target)
+                .then(
+                    [self, m, connected](bool) {
+                      auto& st = self->state;
+                      auto own = st.rt[st.cfg.node.name].agent;
+                      if (m->index != 0 || !own || m->target == st.cfg.node.name) return connected();
+                      self->request(own, st.cfg.node.timeout, route_atom::value, m->new_h, m->target)
+                          .then([connected](bool) { connected(); },
+                                [self, m](caf::error& e) {
+                                  migration_fail(self, m, "connecting the head to " + m->target + ": " + describe(self->system(), e));
+                                });
+                    },
+                    [self, m](caf::error& e) {
+                      migration_fail(self, m, "connecting " + m->slot.node + " to " + m->target + ": " + describe(self->system(), e));
+                    });
+          },
+          [self, m](caf::error& e) {
+            if (!migration_stale(self, m)) migration_fail(self, m, "loading on " + m->target + ": " + describe(self->system(), e));
+          });
+  return m->rp;
 }
 
 cluster_status status_of(head_ptr self) {
@@ -685,6 +1058,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                     [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
           return rp;
         },
+        [=](migrate_atom, const migrate_request& req) -> caf::result<migrate_report> { return start_migration(self, req); },
         [=](down_atom) -> caf::result<bool> {
           auto& st = self->state;
           auto rp = self->make_response_promise<bool>();
@@ -817,6 +1191,15 @@ std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, 
   std::expected<cluster_status, std::string> out = std::unexpected(std::string("no answer"));
   self->request(door, timeout, status_atom::value)
       .receive([&](cluster_status& s) { out = std::move(s); }, [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
+  return out;
+}
+
+std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys, const frontdoor_actor& door,
+                                                         migrate_request req, std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  std::expected<migrate_report, std::string> out = std::unexpected(std::string("no answer"));
+  self->request(door, timeout, migrate_atom::value, std::move(req))
+      .receive([&](migrate_report& r) { out = std::move(r); }, [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
   return out;
 }
 

@@ -92,6 +92,10 @@ std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontd
 std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, const frontdoor_actor& door,
                                                         std::chrono::milliseconds timeout);
 
+/// Asks the head to migrate a shard live (`troupe migrate`); the report, or why not.
+std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys, const frontdoor_actor& door,
+                                                         migrate_request req, std::chrono::milliseconds timeout);
+
 /// Cancels a job; false when the head does not know it (any more).
 bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id);
 

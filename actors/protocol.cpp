@@ -82,6 +82,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<member_view>>("troupe::member_views");
   cfg.add_message_type<cluster_status>("troupe::cluster_status");
   cfg.add_message_type<frontdoor_actor>("troupe::frontdoor_actor");
+  cfg.add_message_type<migrate_request>("troupe::migrate_request");
+  cfg.add_message_type<migrate_report>("troupe::migrate_report");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
     return render(code, ctx);
   });

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 10;
+inline constexpr std::uint32_t protocol_version = 11;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -44,6 +44,10 @@ using ping_atom = caf::atom_constant<caf::atom("ping")>;
 using down_atom = caf::atom_constant<caf::atom("down")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using joined_atom = caf::atom_constant<caf::atom("joined")>;
+using list_atom = caf::atom_constant<caf::atom("list")>;
+using route_atom = caf::atom_constant<caf::atom("route")>;
+using pause_atom = caf::atom_constant<caf::atom("pause")>;
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -359,14 +363,24 @@ using client_sink_actor = caf::typed_actor<caf::reacts_to<token_event>, caf::rea
 /// forwards the step to the next stage; the last one answers with logits.
 using shard_actor = caf::typed_actor<caf::replies_to<step_atom, step_batch>::with<step_output>,
                                      caf::replies_to<info_atom>::with<shard_info>,
-                                     caf::replies_to<version_atom>::with<std::uint32_t>>;
+                                     caf::replies_to<version_atom>::with<std::uint32_t>,
+                                     // Live migration: forward steps to this shard (a shard_actor) from now on.
+                                     caf::replies_to<route_atom, caf::strong_actor_ptr>::with<bool>>;
 
 /// The paged KV blocks of one shard's layers, on the shard's device.
 using kv_store_actor = caf::typed_actor<caf::replies_to<usage_atom>::with<kv_usage_info>,
                                         caf::replies_to<free_atom, std::vector<std::int64_t>>::with<std::int64_t>,
                                         caf::replies_to<export_atom, std::int64_t>::with<kv_export>,
                                         caf::replies_to<import_atom, kv_export>::with<std::int64_t>,
-                                        caf::replies_to<reset_atom>::with<std::int64_t>>;
+                                        caf::replies_to<reset_atom>::with<std::int64_t>,
+                                        // Live migration: the sequences held, as (id, length) pairs flattened.
+                                        caf::replies_to<list_atom>::with<std::vector<std::int64_t>>,
+                                        // A sequence's blocks from a first block on, pushed to the process
+                                        // whose data-plane key is given ("" or this one's: parked here).
+                                        caf::replies_to<export_atom, std::int64_t, std::int32_t, std::string>::with<kv_export>,
+                                        // Such an export: a new sequence (first block 0) or a delta
+                                        // (import_tail) of one already here.
+                                        caf::replies_to<import_atom, kv_export, std::int32_t>::with<std::int64_t>>;
 
 /// A modality encoder (vision now) with dynamic, length-bucketed batching.
 using encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
@@ -384,7 +398,14 @@ using scheduler_actor = caf::typed_actor<
     // running requests recompute) or, with no stages, given up on.
     caf::reacts_to<reset_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,
     // From the node: the vision encoder was replaced.
-    caf::reacts_to<reset_atom, encoder_actor>>;
+    caf::reacts_to<reset_atom, encoder_actor>,
+    // Live migration: stop issuing steps; the answer (the running count)
+    // comes once no step is in flight.
+    caf::replies_to<pause_atom>::with<std::int64_t>,
+    // Stage i is now this shard and KV store; steps resume.
+    caf::reacts_to<route_atom, std::int32_t, shard_actor, kv_store_actor>,
+    // Resume without a change (a migration that gave up).
+    caf::reacts_to<route_atom>>;
 
 /// Supervises one node's actors: restarts the pipeline when a stage or KV
 /// store dies (up to a limit, then gives up and fails the requests).
@@ -479,7 +500,15 @@ struct node_report {
 using node_agent_actor = caf::typed_actor<caf::replies_to<load_atom, stage_order>::with<stage_handles>,
                                           caf::replies_to<drop_atom>::with<std::int32_t>,
                                           caf::replies_to<ping_atom>::with<node_report>,
-                                          caf::reacts_to<down_atom>>;
+                                          caf::reacts_to<down_atom>,
+                                          // Live migration: the stage starting at this layer forwards to
+                                          // `next` (on node `name`) from now on.
+                                          caf::replies_to<route_atom, std::int32_t, stage_handles, std::string>::with<bool>,
+                                          // Live migration: makes the node of `handles` (named) reachable over
+                                          // the data plane from this one.
+                                          caf::replies_to<route_atom, stage_handles, std::string>::with<bool>,
+                                          // Drops the stage starting at this layer (the others stay).
+                                          caf::replies_to<drop_atom, std::int32_t>::with<std::int32_t>>;
 
 /// One message of a chat (OpenAI's messages): its role, text and how many
 /// of the job's images belong to it (in order).
@@ -550,12 +579,47 @@ struct cluster_status {
   bool operator==(const cluster_status&) const = default;
 };
 
+/// `troupe migrate`: what to move where. `shard` is a stage index
+/// ("1", "stage1"), a layer range as `troupe status` prints it ("[1,2)")
+/// or "vision" (the encoder); `to` is a node name.
+struct migrate_request {
+  std::string shard;
+  std::string to;
+  bool operator==(const migrate_request&) const = default;
+};
+
+/// What a migration did and what it cost.
+struct migrate_report {
+  std::string what;              ///< "layers [1,2)" or "vision encoder"
+  std::string from, to;          ///< node names
+  double total_ms = 0;           ///< the request to the old actor's stop
+  double load_ms = 0;            ///< the new actor's weights loaded (target's own files)
+  double pause_ms = 0;           ///< steps held: pause to resume
+  std::int32_t rounds = 0;       ///< KV copy rounds while decoding went on (the final delta not counted)
+  std::int64_t sequences = 0;    ///< sequences whose KV moved
+  std::int64_t kv_bytes = 0;     ///< KV bytes copied, all rounds
+  std::int64_t final_kv_bytes = 0;  ///< of those, copied during the pause
+  std::int64_t weight_bytes = 0; ///< weights the new actor holds
+  bool operator==(const migrate_report&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, migrate_request& x) {
+  return f(caf::meta::type_name("migrate_request"), x.shard, x.to);
+}
+template <class I>
+typename I::result_type inspect(I& f, migrate_report& x) {
+  return f(caf::meta::type_name("migrate_report"), x.what, x.from, x.to, x.total_ms, x.load_ms, x.pause_ms, x.rounds,
+           x.sequences, x.kv_bytes, x.final_kv_bytes, x.weight_bytes);
+}
+
 /// The head's door for clients (handed out in the gatekeeper's pass to a
 /// holder of the cluster's client certificate).
 using frontdoor_actor = caf::typed_actor<caf::replies_to<submit_atom, job_request, client_sink_actor>::with<submit_ack>,
                                          caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
                                          caf::replies_to<status_atom>::with<cluster_status>,
-                                         caf::replies_to<down_atom>::with<bool>>;
+                                         caf::replies_to<down_atom>::with<bool>,
+                                         caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>>;
 
 /// The gatekeeper's answer once the caller proved who it is: to another
 /// node, the node's agent; to a client, the head's door.

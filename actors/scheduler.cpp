@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "actors/clock.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/tensor_registry.hpp"
 #include "models/llava.hpp"
 #include "models/sampling.hpp"
@@ -87,6 +88,8 @@ struct scheduler_state {
   std::uint64_t stalled_epoch = 0;  // the epoch it stalled in (a reset bumps it)
   steady::time_point stalled_since;
   std::string failed;       // the node gave up: why
+  bool paused = false;      // live migration: no new steps
+  std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once no step is in flight
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -229,6 +232,15 @@ void plan_multi_step(scheduler_state& st, step_batch& batch, in_flight_step& fl)
 void schedule(self_ptr self) {
   auto& st = self->state;
   const auto& o = st.opts;
+  if (st.paused) {
+    if (st.steps.empty()) {
+      std::int64_t running = 0;
+      for (const auto& [id, r] : st.requests) running += r->ph == phase::running;
+      for (auto& w : st.pause_waiters) w.deliver(running);
+      st.pause_waiters.clear();
+    }
+    return;
+  }
   if (st.stalled || st.stages.empty()) return;
   while (static_cast<int>(st.steps.size()) < o.micro_batches) {
     // Candidates: running requests not in flight (oldest admission first).
@@ -300,7 +312,16 @@ void schedule(self_ptr self) {
             }
           }
           w.embed_token = img;
-          w.embeddings = tensor_registry::local().put("host", std::move(*t));
+          const auto& first_stage = st.stages.front();
+          if (first_stage && first_stage->node() != self->node()) {
+            // The first stage runs in another process (moved there by a
+            // live migration): the embeddings go over the data plane.
+            auto ref = data_plane::local().push(to_string(first_stage->node()), "host", std::move(*t));
+            if (!ref) return false;
+            w.embeddings = std::move(*ref);
+          } else {
+            w.embeddings = tensor_registry::local().put("host", std::move(*t));
+          }
         }
       }
       budget -= chunk;
@@ -678,6 +699,29 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           on_reset(self, std::move(stages), std::move(kv_stores));
         },
         [=](reset_atom, encoder_actor& e) { self->state.encoder = std::move(e); },
+        [=](pause_atom) -> caf::result<std::int64_t> {
+          auto& st = self->state;
+          st.paused = true;
+          auto rp = self->make_response_promise<std::int64_t>();
+          st.pause_waiters.push_back(rp);
+          schedule(self);  // answers at once when nothing is in flight
+          return rp;
+        },
+        [=](route_atom, std::int32_t index, shard_actor& shard, kv_store_actor& kv) {
+          auto& st = self->state;
+          if (index >= 0 && static_cast<std::size_t>(index) < st.stages.size() && shard && kv) {
+            st.stages[static_cast<std::size_t>(index)] = std::move(shard);
+            st.kv_stores[static_cast<std::size_t>(index)] = std::move(kv);
+          } else {
+            logging::of("scheduler").error("route to stage {} of {}: ignored", index, st.stages.size());
+          }
+          st.paused = false;
+          schedule(self);
+        },
+        [=](route_atom) {
+          self->state.paused = false;
+          schedule(self);
+        },
     };
   };
   return sys.spawn(impl, std::move(model), std::move(opts), std::move(stages), std::move(kv_stores), std::move(encoder));

@@ -44,6 +44,7 @@ struct shard_state {
   /// when the actor stops with replies outstanding.
   std::unordered_map<std::uint64_t, std::shared_ptr<tp_join>> joins;
   std::uint64_t next_join = 0;
+  shard_actor next;  ///< the following stage (invalid on the last); live migration re-points it
 };
 
 /// Runs this stage's part of a step; returns the activations (or logits on
@@ -401,6 +402,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
   auto impl = [](shard_actor::stateful_pointer<shard_state> self, std::shared_ptr<stage_resources> res,
                  shard_actor next) -> shard_actor::behavior_type {
     pin_current_thread(res->device.cores);
+    self->state.next = next;
     std::vector<tp_forwarder> forwarders;
     if (res->tp) {
       for (const auto& p : res->tp->peer_shards) forwarders.push_back(self->system().spawn(forwarder_impl, p));
@@ -459,6 +461,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             return answer(self, join, std::move(o));
           }
           b.compute_ms += ms_between(t0, steady::now());
+          const auto& next = self->state.next;
           if (next && next->node() != self->node()) {
             // The next stage is in another process: the activations go now,
             // over the transfer engine, while this message travels.
@@ -477,6 +480,13 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           return shard_info{res->device.name, r.first, r.last, r.embed, r.head, c.hidden_size, c.vocab_size};
         },
         [](version_atom) { return protocol_version; },
+        [=](route_atom, caf::strong_actor_ptr p) -> caf::result<bool> {
+          if (res->model->range().head) return make_error(error_code::invalid_request, "the last stage forwards to no one");
+          auto n = caf::actor_cast<shard_actor>(p);
+          if (!n) return make_error(error_code::invalid_request, "route to an invalid shard");
+          self->state.next = std::move(n);
+          return true;
+        },
     };
   };
   return sys.spawn<caf::detached>(impl, std::move(res), std::move(next));
@@ -555,6 +565,95 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
                               s.error().message);
           kv.local.emplace(x.seq, *s);
           return x.length;
+        },
+        [=](list_atom) {
+          std::lock_guard lock(res->kv->mtx);
+          std::vector<std::int64_t> out;
+          for (const auto& [seq, local] : res->kv->local) {
+            out.push_back(seq);
+            out.push_back(res->kv->cache.length(local));
+          }
+          return out;
+        },
+        [=](export_atom, std::int64_t seq, std::int32_t from_block, const std::string& dest) -> caf::result<kv_export> {
+          if (res->tp && res->tp->size > 1)
+            return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
+          kernels::tensor t;
+          kv_export x;
+          {
+            std::lock_guard lock(res->kv->mtx);
+            auto& kv = *res->kv;
+            auto it = kv.local.find(seq);
+            if (it == kv.local.end())
+              return make_error(error_code::not_found, "sequence " + std::to_string(seq) + " is not on " + res->device.name);
+            auto snap = kv.cache.export_sequence(it->second, from_block);
+            if (!snap) return make_error(error_code::invalid_request, snap.error().message);
+            auto e = tensor::empty(res->ctx->memory(), kernels::dtype::u8,
+                                   {std::max<std::int64_t>(1, static_cast<std::int64_t>(snap->data.size()))});
+            if (!e) return make_error(error_code::internal, e.error().message);
+            if (!snap->data.empty()) std::memcpy(e->data(), snap->data.data(), snap->data.size());
+            t = std::move(*e);
+            x.seq = seq;
+            x.length = snap->length;
+            x.live = snap->live;
+          }
+          if (dest.empty() || dest == to_string(self->node())) {
+            x.data = tensor_registry::local().put(res->device.name, std::move(t));
+          } else {
+            auto ref = data_plane::local().push(dest, res->device.name, std::move(t));
+            if (!ref) return make_error(error_code::peer_lost, "KV of sequence " + std::to_string(seq) + ": " + ref.error().message);
+            x.data = std::move(*ref);
+          }
+          return x;
+        },
+        [=](import_atom, const kv_export& x, std::int32_t from_block) -> caf::result<std::int64_t> {
+          if (res->tp && res->tp->size > 1) {
+            tensor_registry::local().drop(x.data);
+            return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
+          }
+          auto data = data_plane::local().take(x.data, res->ctx->memory());
+          if (!data) return make_error(error_code::invalid_request, "KV of sequence " + std::to_string(x.seq) + ": " + data.error().message);
+          std::lock_guard lock(res->kv->mtx);
+          auto& kv = *res->kv;
+          const auto& o = kv.cache.options();
+          const auto& l0 = kv.cache.layer(0).config;
+          models::kv_snapshot snap;
+          snap.layers = kv.cache.layers();
+          snap.n_kv_heads = l0.n_kv_heads;
+          snap.head_dim = l0.head_dim;
+          snap.block_size = o.block_size;
+          snap.type = o.type;
+          snap.window = o.window;
+          snap.sinks = o.sinks;
+          snap.length = x.length;
+          snap.live = x.live;
+          const auto* p = static_cast<const std::byte*>(data->data());
+          const auto want = static_cast<std::size_t>(snap.layers) * snap.live.size() * snap.block_bytes();
+          if (static_cast<std::size_t>(data->shape().numel()) < want)
+            return make_error(error_code::invalid_request, "KV of sequence " + std::to_string(x.seq) + ": too few bytes");
+          snap.data.assign(p, p + want);
+          auto it = kv.local.find(x.seq);
+          if (from_block == 0 && it != kv.local.end()) {  // a whole copy replaces an older one
+            kv.cache.release(it->second);
+            kv.local.erase(it);
+            it = kv.local.end();
+          }
+          if (it == kv.local.end()) {
+            if (from_block != 0)
+              return make_error(error_code::invalid_request, "a KV delta of sequence " + std::to_string(x.seq) +
+                                                                 ", which is not on " + res->device.name);
+            auto s = kv.cache.import_sequence(snap);
+            if (!s)
+              return make_error(s.error().code == kernels::errc::out_of_memory ? error_code::kv_exhausted
+                                                                                 : error_code::invalid_request,
+                                s.error().message);
+            kv.local.emplace(x.seq, *s);
+          } else if (auto r = kv.cache.import_tail(it->second, snap, from_block); !r) {
+            return make_error(r.error().code == kernels::errc::out_of_memory ? error_code::kv_exhausted
+                                                                               : error_code::invalid_request,
+                              r.error().message);
+          }
+          return static_cast<std::int64_t>(want);
         },
         [=](reset_atom) -> std::int64_t {
           if (res->tp)

@@ -48,6 +48,7 @@ struct cluster_args {
   double temperature = 0;
   bool set_temperature = false;
   std::uint64_t seed = 0;
+  std::string shard, to;  // migrate
 };
 
 /// A CAF system that acts as the cluster's client.
@@ -447,6 +448,48 @@ int run_down(const cluster_args& a) {
   return ask_down(*sys, *m, a.timeout_s);
 }
 
+int run_migrate(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  caf::actor_system_config cfg;
+  auto sys = client_system(*m, cfg);
+  if (!sys) return 1;
+  auto door = actors::connect_client(*sys, *m, 5s);
+  if (!door) {
+    spdlog::error("migrate: {}", door.error());
+    return 1;
+  }
+  progress prog(stdout);
+  if (prog.tty()) prog.update("troupe: migrating " + a.shard + " to " + a.to, -1, "loading, copying KV in rounds...");
+  auto r = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, a.to}, std::chrono::seconds(a.timeout_s));
+  prog.finish();
+  if (!r) {
+    spdlog::error("migrate: {}", r.error());
+    return 1;
+  }
+  if (a.json) {
+    std::printf("%s\n", json{{"what", r->what},
+                              {"from", r->from},
+                              {"to", r->to},
+                              {"total_ms", r->total_ms},
+                              {"load_ms", r->load_ms},
+                              {"pause_ms", r->pause_ms},
+                              {"rounds", r->rounds},
+                              {"sequences", r->sequences},
+                              {"kv_bytes", r->kv_bytes},
+                              {"final_kv_bytes", r->final_kv_bytes}}
+                             .dump()
+                             .c_str());
+  } else {
+    std::printf("troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms, %lld sequences' KV (%.2f MiB) copied in "
+                "%d rounds while decoding, then steps held %.1f ms for the last %.3f MiB\n",
+                r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms,
+                static_cast<long long>(r->sequences), static_cast<double>(r->kv_bytes) / (1 << 20), r->rounds, r->pause_ms,
+                static_cast<double>(r->final_kv_bytes) / (1 << 20));
+  }
+  return 0;
+}
+
 }  // namespace
 
 command_runner add_cluster(CLI::App& app, const std::string& which) {
@@ -482,6 +525,20 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
     cmd->add_flag("--stream", a->stream, "Print tokens as they come");
     cmd->add_flag("--json", a->json, "One JSON object: text, tokens, timings");
     return [a] { return run_submit(*a); };
+  }
+  if (which == "migrate") {
+    auto* cmd = app.add_subcommand("migrate", "Move a decoder stage (with its KV) to another node while requests keep flowing");
+    cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+    cmd->add_option("--shard", a->shard, "The stage: its index from 0 (\"1\", \"stage1\") or its layers as status prints them (\"[1,2)\")")
+        ->required();
+    cmd->add_option("--to", a->to, "The node to move it to (NODE or NODE:DEVICE; the node's manifest device is used)")->required();
+    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")->check(CLI::Range(1, 86400));
+    cmd->add_flag("--json", a->json, "One JSON object");
+    return [a] {
+      auto b = *a;
+      if (auto c = b.to.find(':'); c != std::string::npos) b.to = b.to.substr(0, c);
+      return run_migrate(b);
+    };
   }
   auto* cmd = app.add_subcommand("down", "Drain a running cluster (finish accepted jobs) and stop every node");
   cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();

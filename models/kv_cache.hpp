@@ -93,7 +93,10 @@ class kv_cache {
 
   /// A host copy of sequence `s`'s committed tokens (its live blocks, every
   /// layer); the sequence stays as it was. Unknown sequence: invalid_argument.
-  result<kv_snapshot> export_sequence(seq_id s) const;
+  result<kv_snapshot> export_sequence(seq_id s) const { return export_sequence(s, 0); }
+  /// The same with only the live blocks at table index >= `from_block`
+  /// (a delta for import_tail); `length` is still the whole sequence's.
+  result<kv_snapshot> export_sequence(seq_id s, std::int32_t from_block) const;
   /// Recreates a sequence from a snapshot under a new id: new blocks from
   /// this cache's pool, block summaries rebuilt when the cache keeps them.
   /// The snapshot must match this cache's shape (layers, heads, head_dim,
@@ -103,6 +106,16 @@ class kv_cache {
   /// (invalid_argument otherwise). Too few free blocks: out_of_memory. On
   /// any error the cache is unchanged.
   result<seq_id> import_sequence(const kv_snapshot& snap);
+  /// Extends sequence `s` with a delta exported from a longer copy of it:
+  /// the blocks from `from_block` on are overwritten or added and the
+  /// length becomes snap.length. Used by live migration, whose rounds copy
+  /// a sequence while it keeps growing. Needs a cache without a window (a
+  /// window cache is copied whole); `from_block` must not lie past the
+  /// sequence's current blocks, the length must not shrink, and the
+  /// snapshot's live blocks must be exactly [from_block, blocks of
+  /// snap.length) with data to match (invalid_argument otherwise). Too few
+  /// free blocks: out_of_memory. On any error the cache is unchanged.
+  result<void> import_tail(seq_id s, const kv_snapshot& snap, std::int32_t from_block);
   std::span<const std::int32_t> block_table(seq_id s) const;
   bool contains(seq_id s) const { return seqs_.count(s) != 0; }
 
