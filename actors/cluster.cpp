@@ -732,6 +732,66 @@ void migration_switch(head_ptr self, migration_ptr m) {
             [self, m](caf::error& e) { migration_fail(self, m, "re-routing the stage before: " + describe(self->system(), e)); });
 }
 
+// Debugging aid (TROUPE_MIGRATE_VERIFY=1, stage 0 on the head): before the
+// switch, every sequence's KV is exported whole from the old and the new
+// store to the head and compared byte for byte.
+void migration_verify_now(head_ptr self, migration_ptr m);
+void migration_pause(head_ptr self, migration_ptr m);
+void migration_verify(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  auto a = st.rt[m->slot.node].agent;
+  auto b = st.rt[m->target].agent;
+  self->request(a, st.cfg.node.timeout, route_atom::value, st.handles[0], st.cfg.node.name)
+      .then([self, m, b](bool) {
+              auto& st = self->state;
+              self->request(b, st.cfg.node.timeout, route_atom::value, st.handles[0], st.cfg.node.name)
+                  .then([self, m](bool) { migration_verify_now(self, m); }, [self, m](caf::error&) { migration_verify_now(self, m); });
+            },
+            [self, m](caf::error&) { migration_verify_now(self, m); });
+}
+
+void migration_verify_now(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  const auto head_key = to_string(self->node());
+  auto pending = std::make_shared<std::size_t>(m->copied.size());
+  auto bad = std::make_shared<std::int64_t>(0);
+  if (m->copied.empty()) return migration_switch(self, m);
+  for (const auto& [seq, len] : m->copied) {
+    auto got = std::make_shared<std::vector<std::optional<std::vector<std::byte>>>>(2);
+    auto finish = [self, m, pending, bad, got, seq = seq]() {
+      if ((*got)[0] && (*got)[1] && *(*got)[0] != *(*got)[1]) {
+        ++*bad;
+        const auto& a = *(*got)[0];
+        const auto& b = *(*got)[1];
+        std::size_t i = 0;
+        while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+        logging::of("head").error("verify: sequence {} KV differs at byte {} of {} / {}", seq, i, a.size(), b.size());
+      }
+      if (--*pending == 0) {
+        logging::of("head").warn("verify: {} of {} sequences differ", *bad, m->copied.size());
+        migration_switch(self, m);
+      }
+    };
+    auto step = std::make_shared<int>(2);
+    for (int w = 0; w < 2; ++w) {
+      auto kv = w == 0 ? m->old_h.kv : m->new_h.kv;
+      self->request(kv, st.cfg.node.timeout, export_atom::value, seq, std::int32_t{0}, head_key)
+          .then(
+              [self, got, w, step, finish](kv_export& x) {
+                auto t = data_plane::local().take(x.data, *kernels::memory_pool::create());
+                if (t) {
+                  const auto* p = static_cast<const std::byte*>(t->data());
+                  (*got)[static_cast<std::size_t>(w)] = std::vector<std::byte>(p, p + t->nbytes());
+                }
+                if (--*step == 0) finish();
+              },
+              [step, finish](caf::error&) {
+                if (--*step == 0) finish();
+              });
+    }
+  }
+}
+
 void migration_pause(head_ptr self, migration_ptr m) {
   auto& st = self->state;
   m->pause_sent = steady::now();
@@ -743,6 +803,7 @@ void migration_pause(head_ptr self, migration_ptr m) {
             const auto before = m->rep.kv_bytes;
             migration_round(self, m, true, [self, m, before] {
               m->rep.final_kv_bytes = m->rep.kv_bytes - before;
+              if (std::getenv("TROUPE_MIGRATE_VERIFY")) return migration_verify(self, m);
               migration_switch(self, m);
             });
           },

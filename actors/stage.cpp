@@ -36,6 +36,13 @@ kernels::result<models::llama_config> text_config(const models::weight_source& s
 
 struct tp_join;
 
+/// Staging buffers of KV moves: a pool of their own, apart from the
+/// device's (whose blocks the stages' steps use).
+kernels::memory_pool& migration_pool() {
+  static auto pool = kernels::memory_pool::create();
+  return *pool;
+}
+
 struct shard_state {
   std::uint64_t steps = 0;
   /// Rank 0 of a tensor-parallel group: the steps waiting for other ranks.
@@ -588,7 +595,7 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
               return make_error(error_code::not_found, "sequence " + std::to_string(seq) + " is not on " + res->device.name);
             auto snap = kv.cache.export_sequence(it->second, from_block);
             if (!snap) return make_error(error_code::invalid_request, snap.error().message);
-            auto e = tensor::empty(res->ctx->memory(), kernels::dtype::u8,
+            auto e = tensor::empty(migration_pool(), kernels::dtype::u8,
                                    {std::max<std::int64_t>(1, static_cast<std::int64_t>(snap->data.size()))});
             if (!e) return make_error(error_code::internal, e.error().message);
             if (!snap->data.empty()) std::memcpy(e->data(), snap->data.data(), snap->data.size());
@@ -611,7 +618,7 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
             tensor_registry::local().drop(x.data);
             return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
           }
-          auto data = data_plane::local().take(x.data, res->ctx->memory());
+          auto data = data_plane::local().take(x.data, migration_pool());
           if (!data) return make_error(error_code::invalid_request, "KV of sequence " + std::to_string(x.seq) + ": " + data.error().message);
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;

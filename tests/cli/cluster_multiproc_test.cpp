@@ -9,6 +9,7 @@
 // then comes back and rejoins; `troupe down` stops everything.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/io/all.hpp>
 #include <filesystem>
@@ -101,10 +102,13 @@ class client {
 struct job_run {
   std::vector<std::thread> threads;
   std::vector<std::atomic<int>> streamed;
+  /// Per job, when each token event arrived and how many tokens it had
+  /// (written by that job's callbacks only; read after join).
+  std::vector<std::vector<std::pair<steady::time_point, int>>> arrivals;
   std::vector<std::optional<actors::finish_event>> done;
   std::vector<std::string> errors;
   std::mutex mtx;
-  explicit job_run(std::size_t n) : streamed(n), done(n), errors(n) {}
+  explicit job_run(std::size_t n) : streamed(n), arrivals(n), done(n), errors(n) {}
 };
 
 // Runs jobs 1..n concurrently; returns once they are all submitted.
@@ -114,6 +118,8 @@ std::unique_ptr<job_run> start_jobs(client& c, int n, std::int64_t max_tokens, b
     r->threads.emplace_back([&c, run = r.get(), i, max_tokens, ignore_eos] {
       auto f = actors::run_job(c.sys(), c.door(), job(i + 1, max_tokens, ignore_eos),
                                [run, i](const actors::token_event& e) {
+                                 run->arrivals[static_cast<std::size_t>(i)].emplace_back(steady::now(),
+                                                                                        static_cast<int>(e.tokens.size()));
                                  run->streamed[static_cast<std::size_t>(i)] += static_cast<int>(e.tokens.size());
                                });
       std::lock_guard lock(run->mtx);
@@ -340,3 +346,122 @@ void netns_case(int subnet, const std::string& victim, int sig) {
 TEST(ClusterNetns, SigkillAcrossThreeHosts) { netns_case(static_cast<int>(::getpid() % 100), "n1", SIGKILL); }
 
 TEST(ClusterNetns, SigstopAcrossThreeHosts) { netns_case(100 + static_cast<int>(::getpid() % 100), "n2", SIGSTOP); }
+
+// Live migration (make-before-break) of every decoder stage in turn while
+// 8 requests are mid-decode: none is dropped or recomputed (their KV moves
+// with the stage), every answer equals the one without migration, token
+// for token, and no KV is left behind.
+TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
+  up("mig");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 8;
+  constexpr std::int64_t tokens = 500;
+  auto ref = start_jobs(c, jobs, tokens, true);
+  join(*ref);
+  for (int i = 0; i < jobs; ++i) ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+  auto before = c.status();
+  ASSERT_TRUE(before.has_value());
+  ASSERT_EQ(before->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
+  ASSERT_EQ(before->migrations, 0);
+
+  auto run = start_jobs(c, jobs, tokens, true);
+  const auto t0 = steady::now();
+  auto all_decoding = [&](int lo, int hi) {
+    for (auto& s : run->streamed)
+      if (s < lo || s > hi) return false;
+    return true;
+  };
+  while (ms_since(t0) < 60000 && !all_decoding(20, tokens / 4)) std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(all_decoding(1, tokens - 1)) << "the requests are not all mid-decode";
+
+  // The middle stage to the head's node (beside the first), then the
+  // first stage away from the head, then the last stage from the 2-core
+  // node to a 1-core one; each while decoding. (Moving layer 1 onto n2's
+  // 2 cores beside the last stage diverged in about half the runs after
+  // ~100 tokens although the copied KV verified identical: see
+  // docs/cluster.md, live migration, known problem.)
+  struct move {
+    std::string shard, to;
+  };
+  const std::vector<move> moves{{"1", "n0"}, {"0", "n1"}, {"[2,4)", "n1"}};
+  std::vector<std::pair<steady::time_point, steady::time_point>> windows;
+  std::vector<std::string> marks(jobs);
+  for (const auto& mv : moves) {
+    for (int i = 0; i < jobs; ++i) marks[static_cast<std::size_t>(i)] += std::to_string(run->streamed[static_cast<std::size_t>(i)]) + "-";
+    const auto start = steady::now();
+    auto rep = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{mv.shard, mv.to}, 60s);
+    windows.emplace_back(start, steady::now());
+    for (int i = 0; i < jobs; ++i) marks[static_cast<std::size_t>(i)] += std::to_string(run->streamed[static_cast<std::size_t>(i)]) + " ";
+    ASSERT_TRUE(rep.has_value()) << mv.shard << " -> " << mv.to << ": " << rep.error();
+    EXPECT_EQ(rep->to, mv.to);
+    EXPECT_GE(rep->sequences, 1) << "no sequence's KV moved";
+    EXPECT_GT(rep->kv_bytes, 0);
+    EXPECT_GE(rep->rounds, 1);
+    std::printf("[ migrate ] %s %s -> %s: %.0f ms in all, load %.0f ms, %lld sequences, %.3f MiB of KV in %d live rounds, "
+                "steps held %.2f ms for the last %.4f MiB\n",
+                rep->what.c_str(), rep->from.c_str(), rep->to.c_str(), rep->total_ms, rep->load_ms,
+                static_cast<long long>(rep->sequences), static_cast<double>(rep->kv_bytes) / (1 << 20), rep->rounds,
+                rep->pause_ms, static_cast<double>(rep->final_kv_bytes) / (1 << 20));
+    // Let decoding go on between moves.
+    const int seen = run->streamed[0];
+    const auto w0 = steady::now();
+    while (run->streamed[0] < std::min<int>(seen + 20, tokens) && ms_since(w0) < 30000) std::this_thread::sleep_for(2ms);
+  }
+  join(*run);
+  for (int i = 0; i < jobs; ++i) {
+    const auto& d = run->done[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+    EXPECT_EQ(d->reason, "length") << d->error;
+    EXPECT_EQ(d->preemptions, 0) << "job " << i << " was recomputed: its KV did not move with the stage";
+    const auto& want = ref->done[static_cast<std::size_t>(i)]->tokens;
+    std::size_t same = 0;
+    while (same < d->tokens.size() && same < want.size() && d->tokens[same] == want[same]) ++same;
+    EXPECT_EQ(same, want.size()) << "job " << i << " answered differently from token " << same << " on (tokens streamed at "
+                                 << "the migrations: " << marks[static_cast<std::size_t>(i)] << ")";
+  }
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->placement, "n1 [0,1) -> n0 [1,2) -> n1 [2,4)");
+  EXPECT_EQ(after->migrations, 3);
+  EXPECT_EQ(after->replacements, 0);
+  // Every node let go of what it no longer holds, and every block came back.
+  auto clean = c.wait_for([&](const actors::cluster_status& s) {
+    int stages = 0;
+    for (const auto& n : s.nodes) {
+      if (n.report.kv_used_blocks != 0) return false;
+      for (auto at = n.report.stages.find("layers"); at != std::string::npos; at = n.report.stages.find("layers", at + 1)) ++stages;
+    }
+    return stages == 3;
+  }, 5s);
+  if (!clean) {
+    ADD_FAILURE() << "KV blocks or stages left behind";
+    if (auto s = c.status())
+      for (const auto& n : s->nodes)
+        std::fprintf(stderr, "%s: stages '%s', KV %lld/%lld blocks, %lld tokens\n", n.name.c_str(), n.report.stages.c_str(),
+                     static_cast<long long>(n.report.kv_used_blocks), static_cast<long long>(n.report.kv_total_blocks),
+                     static_cast<long long>(n.report.kv_tokens));
+  }
+  // A new image request runs on the moved pipeline (its embeddings now
+  // travel from the head to the first stage on n1) with the same answer.
+  auto again = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
+  ASSERT_TRUE(again.has_value()) << again.error();
+  EXPECT_EQ(again->tokens, ref->done[0]->tokens);
+
+  // Inter-token gaps: the median over the whole run and the longest gap
+  // that overlaps a migration (printed; timing is not asserted in tests).
+  std::vector<double> gaps;
+  double worst = 0;
+  for (const auto& a : run->arrivals)
+    for (std::size_t k = 1; k < a.size(); ++k) {
+      const double g = std::chrono::duration<double, std::milli>(a[k].first - a[k - 1].first).count() / std::max(1, a[k].second);
+      gaps.push_back(g);
+      for (const auto& [ws, we] : windows)
+        if (a[k].first >= ws && a[k - 1].first <= we) worst = std::max(worst, g);
+    }
+  ASSERT_FALSE(gaps.empty());
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  const double median = gaps[gaps.size() / 2];
+  std::printf("[ migrate ] inter-token gap: median %.2f ms, longest during a migration %.2f ms (%.1fx the median)\n",
+              median, worst, median > 0 ? worst / median : 0.0);
+}
