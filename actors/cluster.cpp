@@ -75,6 +75,7 @@ struct held_stage {
 struct agent_state {
   node_config cfg;
   std::vector<held_stage> stages;
+  encoder_actor encoder;  ///< a vision encoder moved here (live migration)
   std::uint64_t epoch = 0;
   std::string failure;
 };
@@ -194,6 +195,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
     self->state.cfg = std::move(cfg);
     self->set_exit_handler([self](caf::exit_msg& em) {
       drop_stages(self);  // the stage actors go with the agent
+      if (self->state.encoder) caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
       self->quit(em.reason);
     });
     self->set_down_handler([self](caf::down_msg& dm) {
@@ -225,6 +227,31 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         [=](route_atom, const stage_handles& to, const std::string& name) -> caf::result<bool> {
           if (auto e = connect_next(self, "node " + self->state.cfg.name + ", connecting to " + name, to, name)) return e;
           return true;
+        },
+        [=](load_atom, const std::string& what, const std::vector<std::uint8_t>& head_address) -> caf::result<encoder_actor> {
+          auto& st = self->state;
+          if (what != "vision") return make_error(error_code::invalid_request, "no encoder '" + what.substr(0, 32) + "'");
+          const auto& sender = self->current_sender();
+          if (!sender) return make_error(error_code::invalid_request, "an anonymous encoder order");
+          if (sender->node() != self->node()) {
+            if (auto r = data_plane::local().connect(to_string(sender->node()), head_address); !r)
+              return make_error(error_code::stage_failed, "node " + st.cfg.name + ", data plane to the head: " + r.error().message);
+          }
+          if (st.encoder) return st.encoder;
+          const auto t0 = steady::now();
+          auto enc = make_vision_encoder(context_for(st.cfg.device), st.cfg.model, st.cfg.plan);
+          if (!enc) return make_error(error_code::stage_failed, "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
+          st.encoder = spawn_encoder(self->system(), *enc, encoder_options{});
+          logging::of("agent").info("node {}: runs the vision encoder on {} (loaded in {:.0f} ms)", st.cfg.name,
+                                    st.cfg.device.name, ms_since(t0));
+          return st.encoder;
+        },
+        [=](drop_atom, const std::string& what) -> std::int32_t {
+          auto& st = self->state;
+          if (what != "vision" || !st.encoder) return 0;
+          caf::anon_send_exit(st.encoder, caf::exit_reason::user_shutdown);
+          st.encoder = encoder_actor{};
+          return 1;
         },
         [=](drop_atom, std::int32_t first) -> std::int32_t {
           auto& st = self->state;
@@ -288,6 +315,7 @@ struct head_state {
   std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
   std::vector<stage_handles> handles;  ///< the placed stages' actors, in order
   bool migrating = false;              ///< one live migration at a time
+  std::string encoder_owner;           ///< the node whose agent spawned the encoder ("": the head did)
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;
@@ -824,6 +852,83 @@ void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_ro
   });
 }
 
+
+/// Moves the vision encoder: the target spawns one (from its own model
+/// files) and connects its data plane to the head; the scheduler sends new
+/// images there; the old encoder encodes what it holds (flush, then a reply
+/// that comes after it) and stops.
+caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate_request& req) {
+  auto& st = self->state;
+  auto refuse = [](error_code c, const std::string& why) { return caf::result<migrate_report>(make_error(c, why)); };
+  if (!st.encoder) return refuse(error_code::invalid_request, "this model has no vision encoder");
+  const auto* mem = st.members->find(req.to);
+  if (!mem) return refuse(error_code::invalid_request, "no node '" + req.to.substr(0, 64) + "' in the manifest");
+  if (mem->state != cluster::member_state::up) return refuse(error_code::unavailable, "node " + req.to + " is not up");
+  const std::string from = st.encoder_where.substr(0, st.encoder_where.find(' '));
+  if (from == req.to) return refuse(error_code::invalid_request, "the vision encoder already runs on " + req.to);
+  auto target = st.rt[req.to].agent;
+  if (!target) return refuse(error_code::unavailable, "node " + req.to + " is not joined");
+  auto rp = self->make_response_promise<migrate_report>();
+  auto rep = std::make_shared<migrate_report>();
+  rep->what = "vision encoder";
+  rep->from = from;
+  rep->to = req.to;
+  st.migrating = true;
+  event(self, "migrating the vision encoder from " + from + " to " + req.to);
+  const auto t0 = steady::now();
+  auto fail = [self, rp, rep](const std::string& why) mutable {
+    self->state.migrating = false;
+    event(self, "migrating the vision encoder to " + rep->to + " failed: " + why, true);
+    rp.deliver(make_error(error_code::stage_failed, "migration of the vision encoder: " + why));
+  };
+  self->request(target, st.cfg.node.timeout, load_atom::value, std::string("vision"), data_plane::local().address())
+      .then(
+          [self, rp, rep, t0, fail](encoder_actor& fresh) mutable {
+            auto& st = self->state;
+            rep->load_ms = ms_since(t0);
+            auto old = st.encoder;
+            // New images go to the new encoder from now on (no pause: the
+            // scheduler only switches where it sends).
+            // An encoder in another process is reached through a relay here,
+            // which receives the embeddings off the scheduler's thread.
+            st.encoder = fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
+            st.encoder_where = rep->to + " " + (st.rt[rep->to].report.devices.empty() ? std::string("cpu") : st.rt[rep->to].report.devices);
+            if (st.scheduler) self->send(st.scheduler, reset_atom::value, st.encoder);
+            const auto owner = st.encoder_owner;
+            st.encoder_owner = rep->to;
+            auto finish = [self, rp, rep, t0]() mutable {
+              auto& st = self->state;
+              st.migrating = false;
+              ++st.migrations;
+              rep->total_ms = ms_since(t0);
+              char buf[200];
+              std::snprintf(buf, sizeof buf, "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms in all, no pause",
+                            rep->from.c_str(), rep->to.c_str(), rep->load_ms, rep->total_ms);
+              event(self, buf);
+              rp.deliver(*rep);
+            };
+            // The old one encodes what it holds, then stops.
+            self->send(old, flush_atom::value, std::int64_t{-1});
+            self->request(old, st.cfg.node.timeout, version_atom::value)
+                .then(
+                    [self, old, owner, finish](std::uint32_t) mutable {
+                      auto& st = self->state;
+                      if (owner.empty()) {
+                        caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
+                      } else {
+                        if (auto a = st.rt[owner].agent)
+                          self->request(a, st.cfg.node.timeout, drop_atom::value, std::string("vision"))
+                              .then([](std::int32_t) {}, [](caf::error&) {});
+                        if (owner != st.cfg.node.name) caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
+                      }
+                      finish();
+                    },
+                    [finish](caf::error&) mutable { finish(); });
+          },
+          [self, fail](caf::error& e) mutable { fail("loading on the target: " + describe(self->system(), e)); });
+  return rp;
+}
+
 /// Which stage `shard` names: "2", "stage2" or "[a,b)" as status prints it.
 std::optional<std::size_t> stage_named(const std::vector<cluster::stage_slot>& plan, const std::string& shard) {
   std::string s = shard;
@@ -846,8 +951,7 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   if (!st.ready || st.placing || !st.scheduler) return refuse(error_code::unavailable, "the model is not placed yet");
   if (st.draining) return refuse(error_code::unavailable, "the cluster is shutting down");
   if (st.migrating) return refuse(error_code::unavailable, "another migration is under way");
-  if (req.shard == "vision" || req.shard == "encoder")
-    return refuse(error_code::invalid_request, "moving the vision encoder is not supported yet");
+  if (req.shard == "vision" || req.shard == "encoder") return start_encoder_migration(self, req);
   const auto idx = stage_named(st.plan, req.shard);
   if (!idx)
     return refuse(error_code::invalid_request, "no stage '" + req.shard.substr(0, 64) + "' in the placement " +

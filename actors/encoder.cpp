@@ -8,6 +8,7 @@
 #include <map>
 
 #include "actors/clock.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/tensor_registry.hpp"
 
 namespace troupe::actors {
@@ -22,6 +23,7 @@ struct pending_input {
   caf::typed_response_promise<encode_reply> promise;
   clock::time_point arrived;
   double preprocess_ms = 0;
+  std::string dest;  ///< the requester's data-plane key when it is another process ("" here)
 };
 
 struct encoder_state {
@@ -66,7 +68,18 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       continue;
     }
     encode_reply rep;
-    rep.embeddings = tensor_registry::local().put(res.device.name, std::move(*rows));
+    if (batch[i].dest.empty()) {
+      rep.embeddings = tensor_registry::local().put(res.device.name, std::move(*rows));
+    } else {
+      // The encoder was moved to another node than the scheduler's: the
+      // embeddings go back over the data plane.
+      auto ref = data_plane::local().push(batch[i].dest, res.device.name, std::move(*rows));
+      if (!ref) {
+        batch[i].promise.deliver(make_error(error_code::peer_lost, "image embeddings to the scheduler: " + ref.error().message));
+        continue;
+      }
+      rep.embeddings = std::move(*ref);
+    }
     rep.preprocess_ms = batch[i].preprocess_ms;
     rep.encode_ms = encode_ms;
     rep.batch = static_cast<std::int64_t>(n);
@@ -99,7 +112,10 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::sha
   res->device = device->spec;
   res->ctx = device->ctx;
   res->dev = std::move(device);
-  auto m = models::llava_model::load(path, *res->ctx, plan);
+  auto m = [&] {  // loading packs on the device's team: hold it, as make_stage does
+    std::lock_guard device_lock(res->dev->run);
+    return models::llava_model::load(path, *res->ctx, plan);
+  }();
   if (!m) return std::unexpected(m.error());
   res->model = std::move(*m);
   const std::string dir = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
@@ -107,6 +123,40 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::sha
   if (!pc) return std::unexpected(pc.error());
   res->preprocessor = *pc;
   return res;
+}
+
+encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) {
+  auto impl = [](encoder_actor::pointer self, encoder_actor remote) -> encoder_actor::behavior_type {
+    auto pool = kernels::memory_pool::create();
+    return {
+        [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
+          auto rp = self->make_response_promise<encode_reply>();
+          self->request(remote, caf::infinite, encode_atom::value, std::move(req))
+              .then(
+                  [rp, pool](encode_reply& r) mutable {
+                    // Received on this actor's own thread (it waits for the
+                    // transfer), then parked here for the scheduler.
+                    auto t = data_plane::local().take(r.embeddings, *pool);
+                    if (!t) {
+                      rp.deliver(make_error(error_code::peer_lost, "image embeddings from the encoder: " + t.error().message));
+                      return;
+                    }
+                    r.embeddings = tensor_registry::local().put("host", std::move(*t));
+                    rp.deliver(std::move(r));
+                  },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        },
+        [=](flush_atom, std::int64_t bucket) { self->send(remote, flush_atom::value, bucket); },
+        [=](version_atom) -> caf::result<std::uint32_t> {
+          auto rp = self->make_response_promise<std::uint32_t>();
+          self->request(remote, caf::infinite, version_atom::value)
+              .then([rp](std::uint32_t v) mutable { rp.deliver(v); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(remote));
 }
 
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts) {
@@ -118,6 +168,10 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
     return {
         [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
           const auto t0 = clock::now();
+          // The requester's process (before make_response_promise takes the
+          // sender out of the current message).
+          const auto& sender = self->current_sender();
+          std::string dest = sender && sender->node() != self->node() ? to_string(sender->node()) : std::string{};
           const std::string name = req.image.name.empty() ? "image of request " + std::to_string(req.request) : req.image.name;
           auto img = models::decode_image(req.image.bytes, res->limits);
           if (!img) return make_error(error_code::invalid_request, name + ": " + img.error().message);
@@ -133,7 +187,7 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           const std::int64_t bucket = res->model->tokens_per_image();
           auto promise = self->make_response_promise<encode_reply>();
           auto& q = self->state.buckets[bucket];
-          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now())});
+          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()), std::move(dest)});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {
@@ -141,7 +195,12 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           }
           return promise;
         },
-        [=](flush_atom, std::int64_t bucket) { flush(self, *res, o, bucket); },
+        [=](flush_atom, std::int64_t bucket) {
+          if (bucket >= 0) return flush(self, *res, o, bucket);
+          // -1: encode everything waiting now (the encoder is being replaced).
+          for (auto& [b, q] : self->state.buckets)
+            while (!q.empty()) run_batch(self, *res, b, static_cast<std::size_t>(o.max_batch));
+        },
         [](version_atom) { return protocol_version; },
     };
   };

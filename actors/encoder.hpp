@@ -43,4 +43,11 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::sha
 /// handed over by tensor_ref).
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts);
 
+/// Stands in this process for an encoder in another one (a live migration
+/// moved it): passes requests on and receives each reply's embeddings over
+/// the data plane on its own thread, so the scheduler never waits on a
+/// transfer; they reach the scheduler parked here, as a local encoder's
+/// would. Stopping the relay stops the remote encoder's link to it only.
+encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote);
+
 }  // namespace troupe::actors

@@ -508,7 +508,13 @@ using node_agent_actor = caf::typed_actor<caf::replies_to<load_atom, stage_order
                                           // the data plane from this one.
                                           caf::replies_to<route_atom, stage_handles, std::string>::with<bool>,
                                           // Drops the stage starting at this layer (the others stay).
-                                          caf::replies_to<drop_atom, std::int32_t>::with<std::int32_t>>;
+                                          caf::replies_to<drop_atom, std::int32_t>::with<std::int32_t>,
+                                          // Live migration of an encoder: spawns it here ("vision") and
+                                          // connects the data plane to the sender (the head) at this engine
+                                          // address, where its embeddings go.
+                                          caf::replies_to<load_atom, std::string, std::vector<std::uint8_t>>::with<encoder_actor>,
+                                          // Stops the encoder spawned here.
+                                          caf::replies_to<drop_atom, std::string>::with<std::int32_t>>;
 
 /// One message of a chat (OpenAI's messages): its role, text and how many
 /// of the job's images belong to it (in order).

@@ -395,8 +395,17 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<dev
   if (!src) return std::unexpected(src.error());
   auto cfg = text_config(**src, path);
   if (!cfg) return std::unexpected(cfg.error());
-  auto model = models::llama_model::build(**src, *cfg, *res->ctx, plan, range,
-                                          tp ? tp_group::split_of(tp) : models::tensor_split{});
+  // Building packs the weights on the device's team, so it holds the
+  // device like a step does: a stage loaded next to one that is serving (a
+  // live migration to a node that already holds a stage) would otherwise
+  // call parallel_for on the team while that stage's step does, and the
+  // team (one loop at a time) would mix the two loops' ranges: wrong
+  // activations or packed weights, or a crash.
+  auto model = [&] {
+    std::lock_guard device_lock(res->dev->run);
+    return models::llama_model::build(**src, *cfg, *res->ctx, plan, range,
+                                      tp ? tp_group::split_of(tp) : models::tensor_split{});
+  }();
   if (!model) return std::unexpected(model.error());
   auto cache = (*model)->make_cache(res->ctx->memory(), kv);
   if (!cache) return std::unexpected(cache.error());

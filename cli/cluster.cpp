@@ -480,6 +480,9 @@ int run_migrate(const cluster_args& a) {
                               {"final_kv_bytes", r->final_kv_bytes}}
                              .dump()
                              .c_str());
+  } else if (r->sequences == 0 && r->kv_bytes == 0 && r->rounds == 0 && r->pause_ms == 0) {
+    std::printf("troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms; nothing paused (no KV to move)\n",
+                r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms);
   } else {
     std::printf("troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms, %lld sequences' KV (%.2f MiB) copied in "
                 "%d rounds while decoding, then steps held %.1f ms for the last %.3f MiB\n",
