@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <httplib.h>
@@ -26,6 +28,10 @@
 #include <vector>
 
 #include "actors/runtime.hpp"
+#include "cluster/certs.hpp"
+#include "cli/cluster_setup.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/cluster.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
 #include "models/generate.hpp"
@@ -51,6 +57,14 @@ struct bench_args {
   std::uint64_t seed = 1;
   bool json = false, no_reference = false;
   std::string http, api_key;  // --http: an OpenAI-compatible server instead of in-process actors
+  std::string manifest;                // --http with --migrate: the cluster behind the server
+  std::vector<std::string> migrate;    // SHARD:NODE, done in turn mid-way through the last level
+};
+
+/// A chunk's arrival and the gap before it (ms), for gaps during migrations.
+struct timed_gap {
+  clock::time_point at;
+  double gap_ms = 0;
 };
 
 double ms(clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -89,6 +103,7 @@ struct level_result {
   double seconds = 0;
   std::int64_t output_tokens = 0, input_tokens = 0;
   distribution ttft, itl, e2e;
+  std::vector<timed_gap> gaps;   // --http: every inter-chunk gap with its arrival time
   double single_decode_tps = 0;  // decode tokens/s per request (mean)
   std::int64_t chunks = 0;       // streamed token events (a multi-step event carries several tokens)
 };
@@ -211,9 +226,11 @@ level_result run_level(actors::client& client, const std::vector<work_item>& ite
 /// One level against an OpenAI-compatible server (`troupe serve`, or any
 /// other): `concurrency` clients, each sending streamed chat completions
 /// back to back until `total` are done, as `vllm bench serve` does.
+/// One level of `--http`; `during` (if set) runs once every stream is
+/// decoding (the migrations of --migrate).
 level_result run_http_level(const std::string& url, const std::string& key, int concurrency, int total,
                             std::int64_t max_tokens, double image_share, const std::vector<std::string>& images,
-                            std::uint64_t seed) {
+                            std::uint64_t seed, const std::function<void()>& during = {}) {
   level_result out;
   out.concurrency = concurrency;
   const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
@@ -228,6 +245,7 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
   std::mutex m;
   std::vector<double> ttft, itl, e2e;
   std::atomic<int> next{0};
+  std::atomic<std::int64_t> chunks_seen{0};
   const auto t0 = clock::now();
   auto worker = [&] {
     httplib::Client cli(url);
@@ -251,6 +269,7 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
       auto last = start;
       double first = -1;
       std::vector<double> gaps;
+      std::vector<clock::time_point> gap_at;
       std::int64_t prompt = 0, completion = 0;
       std::string buffer;
       bool done = false;
@@ -277,9 +296,12 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
           const auto now = clock::now();
           if (first < 0)
             first = ms(now - start);
-          else
+          else {
             gaps.push_back(ms(now - last));
+            gap_at.push_back(now);
+          }
           last = now;
+          ++chunks_seen;
         }
         return true;
       };
@@ -298,11 +320,19 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
       out.chunks += static_cast<std::int64_t>(gaps.size()) + 1;
       ttft.push_back(first);
       itl.insert(itl.end(), gaps.begin(), gaps.end());
+      for (std::size_t g = 0; g < gaps.size(); ++g) out.gaps.push_back({gap_at[g], gaps[g]});
       e2e.push_back(ms(clock::now() - start));
     }
   };
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) threads.emplace_back(worker);
+  if (during) {
+    // Mid-decode: once every stream has sent a few chunks.
+    const auto until = clock::now() + std::chrono::seconds(120);
+    while (chunks_seen < static_cast<std::int64_t>(concurrency) * 8 && clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    during();
+  }
   for (auto& t : threads) t.join();
   out.seconds = ms(clock::now() - t0) / 1e3;
   out.ttft = summarize(ttft);
@@ -327,10 +357,58 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
       return 1;
     }
   }
+  // --migrate: the moves, through the cluster's client certificate, during
+  // the last level; each move's window is kept to find the gaps it caused.
+  struct move_done {
+    std::string what;
+    clock::time_point start, end;
+    std::optional<actors::migrate_report> report;
+    std::string error;
+  };
+  std::vector<move_done> moves;
+  std::function<void()> during;
+  caf::actor_system_config cfg;  // before the system, which refers to it until it is gone
+  std::unique_ptr<caf::actor_system> sys;
+  std::optional<actors::frontdoor_actor> door;
+  if (!a.migrate.empty()) {
+    auto m = load_manifest_or_report(a.manifest);
+    if (!m) return 2;
+    actors::configure_runtime(cfg);
+    if (auto t = actors::configure_cluster_tls(cfg, *m, cluster::client_identity); !t) {
+      spdlog::error("--migrate: {}", t.error());
+      return 1;
+    }
+    sys = std::make_unique<caf::actor_system>(cfg);
+    auto d = actors::connect_client(*sys, *m, std::chrono::seconds(10));
+    if (!d) {
+      spdlog::error("--migrate: {}", d.error());
+      return 1;
+    }
+    door = *d;
+    during = [&] {
+      for (const auto& mv : a.migrate) {
+        const auto colon = mv.rfind(':');
+        move_done r;
+        r.what = mv;
+        r.start = clock::now();
+        auto rep = actors::migrate_shard(*sys, *door, actors::migrate_request{mv.substr(0, colon), mv.substr(colon + 1)},
+                                         std::chrono::seconds(120));
+        r.end = clock::now();
+        if (rep)
+          r.report = *rep;
+        else
+          r.error = rep.error();
+        moves.push_back(std::move(r));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    };
+  }
   std::vector<level_result> results;
-  for (int c : levels)
+  for (std::size_t l = 0; l < levels.size(); ++l) {
+    const int c = levels[l];
     results.push_back(run_http_level(a.http, a.api_key, c, a.requests > 0 ? a.requests : std::max(2 * c, 8), a.max_tokens,
-                                     a.image_share, images, a.seed));
+                                     a.image_share, images, a.seed, l + 1 == levels.size() ? during : std::function<void()>{}));
+  }
   const double base = results.front().output_tokens / std::max(1e-9, results.front().seconds);
   if (a.json) {
     nlohmann::json j;
@@ -349,6 +427,32 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
     std::printf("|\n");
   }
   std::printf("\nITL is the gap between SSE chunks as the client received them.\n");
+  if (!moves.empty()) {
+    const auto& last = results.back();
+    std::vector<double> all;
+    for (const auto& g : last.gaps) all.push_back(g.gap_ms);
+    const double median = summarize(all).p50;
+    std::printf("\nLive migrations during the concurrency-%d level (median ITL %.2f ms there):\n\n", last.concurrency, median);
+    std::printf("| move | result | pause ms | KV MiB (in the pause) | load ms | total ms | longest gap during it, ms | x median ITL |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (const auto& mv : moves) {
+      double worst = 0;
+      for (const auto& g : last.gaps) {
+        const auto began = g.at - std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(g.gap_ms));
+        if (g.at >= mv.start && began <= mv.end) worst = std::max(worst, g.gap_ms);
+      }
+      if (!mv.report) {
+        std::printf("| %s | failed: %s | | | | | %.1f | |\n", mv.what.c_str(), mv.error.c_str(), worst);
+        continue;
+      }
+      const auto& r = *mv.report;
+      std::printf("| %s %s -> %s | ok | %.2f | %.3f (%.3f) | %.0f | %.0f | %.1f | %.1f |\n", r.what.c_str(), r.from.c_str(),
+                  r.to.c_str(), r.pause_ms, static_cast<double>(r.kv_bytes) / (1 << 20),
+                  static_cast<double>(r.final_kv_bytes) / (1 << 20), r.load_ms, r.total_ms, worst,
+                  median > 0 ? worst / median : 0.0);
+    }
+    std::printf("\nThe aim (issue 8) is a longest gap of at most 3x the median inter-token latency.\n");
+  }
   return 0;
 }
 
@@ -646,6 +750,10 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--http", a->http, "Benchmark an OpenAI-compatible server at this URL (e.g. http://127.0.0.1:8000; troupe serve)");
   cmd->add_option("--api-key", a->api_key, "With --http: the server's API key");
+  cmd->add_option("--manifest", a->manifest, "With --migrate: the cluster's manifest (its client certificate)");
+  cmd->add_option("--migrate", a->migrate,
+                  "With --http: SHARD:NODE moves (troupe migrate) done in turn mid-way through the last level; reports "
+                  "the pause and the longest inter-token gap each caused");
   return [a] {
     if (a->model.empty()) a->model = bundled_model_path();
     if (a->images_dir.empty()) a->images_dir = TROUPE_SHAPES_IMAGES;
