@@ -315,6 +315,8 @@ struct head_state {
   std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
   std::vector<stage_handles> handles;  ///< the placed stages' actors, in order
   bool migrating = false;              ///< one live migration at a time
+  std::string migration_phase;         ///< what it is doing (troupe migrate's progress bar)
+  double migration_done = 0;
   std::string encoder_owner;           ///< the node whose agent spawned the encoder ("": the head did)
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
@@ -824,6 +826,8 @@ void migration_pause(head_ptr self, migration_ptr m) {
   auto& st = self->state;
   m->pause_sent = steady::now();
   m->paused = true;
+  st.migration_phase = "steps held: the last KV delta, then the switch";
+  st.migration_done = 0.9;
   self->request(st.scheduler, st.cfg.node.timeout, pause_atom::value)
       .then(
           [self, m](std::int64_t) {
@@ -843,6 +847,8 @@ void migration_pause(head_ptr self, migration_ptr m) {
 /// Live rounds until a round moves little (an eighth of the first round's
 /// bytes, or one block per sequence), at most 4; then the pause.
 void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_round_bytes) {
+  self->state.migration_phase = "copying KV, round " + std::to_string(m->rep.rounds + 1) + " (decoding goes on)";
+  self->state.migration_done = std::min(0.8, 0.3 + 0.15 * m->rep.rounds);
   migration_round(self, m, false, [self, m, first_round_bytes] {
     ++m->rep.rounds;
     const auto first = m->rep.rounds == 1 ? m->round_bytes : first_round_bytes;
@@ -874,6 +880,8 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
   rep->from = from;
   rep->to = req.to;
   st.migrating = true;
+  st.migration_phase = "loading the vision encoder on " + req.to;
+  st.migration_done = 0.1;
   event(self, "migrating the vision encoder from " + from + " to " + req.to);
   const auto t0 = steady::now();
   auto fail = [self, rp, rep](const std::string& why) mutable {
@@ -979,6 +987,8 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   m->rep.from = slot.node;
   m->rep.to = req.to;
   st.migrating = true;
+  st.migration_phase = "loading " + m->rep.what + " on " + req.to;
+  st.migration_done = 0.05;
   event(self, "migrating " + m->rep.what + " from " + slot.node + " to " + req.to);
 
   stage_order o;
@@ -1051,6 +1061,8 @@ cluster_status status_of(head_ptr self) {
   s.resume_ms = st.resume_ms;
   s.actor_restarts = st.actor_restarts;
   s.migrations = st.migrations;
+  s.migration = st.migrating ? st.migration_phase : std::string{};
+  s.migration_done = st.migrating ? st.migration_done : 0.0;
   s.stages_total = st.stages_total;
   s.stages_loaded = st.stages_loaded;
   for (const auto& [name, r] : st.rt)

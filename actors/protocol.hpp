@@ -577,6 +577,8 @@ struct cluster_status {
   double resume_ms = -1;           ///< last loss: "lost" to the new pipeline running
   std::int64_t actor_restarts = 0; ///< stage actors spawned again after a loss
   std::int64_t migrations = 0;     ///< live shard migrations done
+  std::string migration;           ///< the live migration under way ("" when none): its phase
+  double migration_done = 0;       ///< its progress, 0 to 1
   std::int32_t stages_total = 0;   ///< stages of the placement under way (or done)
   std::int32_t stages_loaded = 0;  ///< of those, loaded so far
   /// Data-plane bytes sent per link, "from->to" by node name.
@@ -674,7 +676,8 @@ template <class I>
 typename I::result_type inspect(I& f, cluster_status& x) {
   return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch, x.placement,
            x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms,
-           x.actor_restarts, x.migrations, x.stages_total, x.stages_loaded, x.links, x.link_bytes);
+           x.actor_restarts, x.migrations, x.migration, x.migration_done, x.stages_total, x.stages_loaded, x.links,
+           x.link_bytes);
 }
 
 /// The one actor a node publishes (over mutual TLS): it hands out a fresh

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "actors/cluster.hpp"
@@ -459,10 +461,28 @@ int run_migrate(const cluster_args& a) {
     spdlog::error("migrate: {}", door.error());
     return 1;
   }
+  // The migration runs in its own thread; this one draws its progress from
+  // the head's status (a bar in a terminal, a line per phase otherwise).
   progress prog(stdout);
-  if (prog.tty()) prog.update("troupe: migrating " + a.shard + " to " + a.to, -1, "loading, copying KV in rounds...");
-  auto r = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, a.to}, std::chrono::seconds(a.timeout_s));
+  std::optional<std::expected<actors::migrate_report, std::string>> got;
+  std::mutex mtx;
+  std::thread worker([&] {
+    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, a.to}, std::chrono::seconds(a.timeout_s));
+    std::lock_guard lock(mtx);
+    got = std::move(x);
+  });
+  for (;;) {
+    {
+      std::lock_guard lock(mtx);
+      if (got) break;
+    }
+    if (auto s = actors::query_status(*sys, *door, 2s); s && !s->migration.empty())
+      prog.update("troupe: migrating " + a.shard + " to " + a.to, s->migration_done, s->migration);
+    std::this_thread::sleep_for(std::chrono::milliseconds(prog.tty() ? 50 : 100));
+  }
+  worker.join();
   prog.finish();
+  auto r = std::move(*got);
   if (!r) {
     spdlog::error("migrate: {}", r.error());
     return 1;
