@@ -463,11 +463,28 @@ int run_migrate(const cluster_args& a) {
   }
   // The migration runs in its own thread; this one draws its progress from
   // the head's status (a bar in a terminal, a line per phase otherwise).
+  std::string to = a.to;
+  if (const auto c = to.find(':'); c != std::string::npos) {
+    // NODE:DEVICE: the device must be the one the node runs its stages on.
+    const auto device = to.substr(c + 1);
+    to = to.substr(0, c);
+    auto s = actors::query_status(*sys, *door, 10s);
+    if (!s) {
+      spdlog::error("migrate: {}", s.error());
+      return 1;
+    }
+    const auto n = std::find_if(s->nodes.begin(), s->nodes.end(), [&](const auto& v) { return v.name == to; });
+    if (n != s->nodes.end() && n->report.devices != device) {
+      spdlog::error("migrate: node {} runs its stages on {}, not {} (moving to another device of a node is not supported)", to,
+                    n->report.devices.empty() ? "its manifest device" : n->report.devices, device);
+      return 1;
+    }
+  }
   progress prog(stdout);
   std::optional<std::expected<actors::migrate_report, std::string>> got;
   std::mutex mtx;
   std::thread worker([&] {
-    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, a.to}, std::chrono::seconds(a.timeout_s));
+    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to}, std::chrono::seconds(a.timeout_s));
     std::lock_guard lock(mtx);
     got = std::move(x);
   });
@@ -477,7 +494,7 @@ int run_migrate(const cluster_args& a) {
       if (got) break;
     }
     if (auto s = actors::query_status(*sys, *door, 2s); s && !s->migration.empty())
-      prog.update("troupe: migrating " + a.shard + " to " + a.to, s->migration_done, s->migration);
+      prog.update("troupe: migrating " + a.shard + " to " + to, s->migration_done, s->migration);
     std::this_thread::sleep_for(std::chrono::milliseconds(prog.tty() ? 50 : 100));
   }
   worker.join();
@@ -557,11 +574,7 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
     cmd->add_option("--to", a->to, "The node to move it to (NODE or NODE:DEVICE; the node's manifest device is used)")->required();
     cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")->check(CLI::Range(1, 86400));
     cmd->add_flag("--json", a->json, "One JSON object");
-    return [a] {
-      auto b = *a;
-      if (auto c = b.to.find(':'); c != std::string::npos) b.to = b.to.substr(0, c);
-      return run_migrate(b);
-    };
+    return [a] { return run_migrate(*a); };
   }
   auto* cmd = app.add_subcommand("down", "Drain a running cluster (finish accepted jobs) and stop every node");
   cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
