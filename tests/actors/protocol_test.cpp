@@ -126,17 +126,23 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(e), e);
   scheduler_stats st{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   EXPECT_EQ(round_trip(st), st);
+  migrate_request mq{"[1,2)", "node2"};
+  EXPECT_EQ(round_trip(mq), mq);
+  migrate_report mr{"layers [1,2)", "node1", "node2", 75.5, 27.25, 4.5, 2, 8, 1 << 20, 4096, 123456};
+  EXPECT_EQ(round_trip(mr), mr);
 }
 
 TEST_F(protocol_test, stage_handles_carry_actor_handles_and_the_engine_address) {
   auto shard = sys.spawn([]() -> shard_actor::behavior_type {
     return {[](step_atom, step_batch&) { return step_output{}; }, [](info_atom) { return shard_info{}; },
-            [](version_atom) { return protocol_version; }};
+            [](version_atom) { return protocol_version; }, [](route_atom, caf::strong_actor_ptr) { return true; }};
   });
   auto kv = sys.spawn([]() -> kv_store_actor::behavior_type {
     return {[](usage_atom) { return kv_usage_info{}; }, [](free_atom, const std::vector<std::int64_t>&) { return std::int64_t{0}; },
             [](export_atom, std::int64_t) { return kv_export{}; }, [](import_atom, const kv_export&) { return std::int64_t{0}; },
-            [](reset_atom) { return std::int64_t{0}; }};
+            [](reset_atom) { return std::int64_t{0}; }, [](list_atom) { return std::vector<std::int64_t>{}; },
+            [](export_atom, std::int64_t, std::int32_t, const std::string&) { return kv_export{}; },
+            [](import_atom, const kv_export&, std::int32_t) { return std::int64_t{0}; }};
   });
   stage_handles h{shard, kv, 2, 4, {9, 8, 7, 0, 255}, 1, 3};
   auto back = round_trip(h);
