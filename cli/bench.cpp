@@ -367,31 +367,19 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
   };
   std::vector<move_done> moves;
   std::function<void()> during;
-  caf::actor_system_config cfg;  // before the system, which refers to it until it is gone
-  std::unique_ptr<caf::actor_system> sys;
-  std::optional<actors::frontdoor_actor> door;
+  std::unique_ptr<client_session> client;
   if (!a.migrate.empty()) {
     auto m = load_manifest_or_report(a.manifest);
     if (!m) return 2;
-    actors::configure_runtime(cfg);
-    if (auto t = actors::configure_cluster_tls(cfg, *m, cluster::client_identity); !t) {
-      spdlog::error("--migrate: {}", t.error());
-      return 1;
-    }
-    sys = std::make_unique<caf::actor_system>(cfg);
-    auto d = actors::connect_client(*sys, *m, std::chrono::seconds(10));
-    if (!d) {
-      spdlog::error("--migrate: {}", d.error());
-      return 1;
-    }
-    door = *d;
+    client = open_client(*m, "--migrate");
+    if (!client) return 1;
     during = [&] {
       for (const auto& mv : a.migrate) {
         const auto colon = mv.rfind(':');
         move_done r;
         r.what = mv;
         r.start = clock::now();
-        auto rep = actors::migrate_shard(*sys, *door, actors::migrate_request{mv.substr(0, colon), mv.substr(colon + 1)},
+        auto rep = actors::migrate_shard(*client->sys, client->door, actors::migrate_request{mv.substr(0, colon), mv.substr(colon + 1)},
                                          std::chrono::seconds(120));
         r.end = clock::now();
         if (rep)

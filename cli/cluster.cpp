@@ -352,15 +352,9 @@ int run_up(const cluster_args& a) {
 int run_status(const cluster_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
-  caf::actor_system_config cfg;
-  auto sys = client_system(*m, cfg);
-  if (!sys) return 1;
-  auto door = actors::connect_client(*sys, *m, 5s);
-  if (!door) {
-    spdlog::error("status: {}", door.error());
-    return 1;
-  }
-  auto s = actors::query_status(*sys, *door, 10s);
+  auto c = open_client(*m, "status");
+  if (!c) return 1;
+  auto s = actors::query_status(*c->sys, c->door, 10s);
   if (!s) {
     spdlog::error("status: {}", s.error());
     return 1;
@@ -453,14 +447,10 @@ int run_down(const cluster_args& a) {
 int run_migrate(const cluster_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
-  caf::actor_system_config cfg;
-  auto sys = client_system(*m, cfg);
-  if (!sys) return 1;
-  auto door = actors::connect_client(*sys, *m, 5s);
-  if (!door) {
-    spdlog::error("migrate: {}", door.error());
-    return 1;
-  }
+  auto c = open_client(*m, "migrate");
+  if (!c) return 1;
+  auto& sys = c->sys;
+  auto* door = &c->door;
   // The migration runs in its own thread; this one draws its progress from
   // the head's status (a bar in a terminal, a line per phase otherwise).
   std::string to = a.to;

@@ -1,9 +1,14 @@
 #include "cli/cluster_setup.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 
+#include "actors/gatekeeper.hpp"
+#include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
+#include "cluster/certs.hpp"
 
 namespace troupe::cli {
 
@@ -47,6 +52,23 @@ kernels::result<actors::node_config> node_config_of(const cluster::manifest& m, 
   c.kv.type = *kv;
   c.kv.capacity_tokens = m.model.ctx_tokens;
   c.timeout = std::chrono::milliseconds(m.transport.timeout_ms);
+  return c;
+}
+
+std::unique_ptr<client_session> open_client(const cluster::manifest& m, const std::string& what) {
+  auto c = std::make_unique<client_session>();
+  actors::configure_runtime(c->cfg);
+  if (auto t = actors::configure_cluster_tls(c->cfg, m, cluster::client_identity); !t) {
+    spdlog::error("{}: {} (make them with `troupe certs {}`)", what, t.error(), m.path);
+    return nullptr;
+  }
+  c->sys = std::make_unique<caf::actor_system>(c->cfg);
+  auto door = actors::connect_client(*c->sys, m, std::chrono::seconds(5));
+  if (!door) {
+    spdlog::error("{}: {}", what, door.error());
+    return nullptr;
+  }
+  c->door = *door;
   return c;
 }
 

@@ -227,6 +227,36 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
   return snap;
 }
 
+/// Copies a snapshot's blocks into the blocks `table` maps its live
+/// indices to, every layer, and rebuilds their key summaries (over each
+/// block's used slots, as appending them one by one would have left them).
+static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers, const std::vector<std::int32_t>& table,
+                            const kv_snapshot& snap, const block_parts& p) {
+  const std::int64_t B = snap.block_size;
+  const std::byte* in = snap.data.data();
+  for (auto& layer : layers) {
+    for (auto index : snap.live) {
+      const auto id = static_cast<std::size_t>(table[static_cast<std::size_t>(index)]);
+      std::memcpy(layer.k.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
+      in += p.data_bytes;
+      std::memcpy(layer.v.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
+      in += p.data_bytes;
+      if (p.scale_bytes != 0) {
+        std::memcpy(layer.k_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
+        in += p.scale_bytes;
+        std::memcpy(layer.v_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
+        in += p.scale_bytes;
+      }
+      if (layer.has_summaries()) {
+        const std::int32_t one[1] = {static_cast<std::int32_t>(id)};
+        const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
+        if (auto r = kernels::build_kv_summaries(layer, one, used); !r) return std::unexpected(r.error());
+      }
+    }
+  }
+  return {};
+}
+
 result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
   const auto& c = layers_.front().config;
   auto bad = [](const std::string& what) {
@@ -301,31 +331,9 @@ result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
     for (auto index = snap.live.rbegin(); index != snap.live.rend(); ++index)
       free_.push_back(seq.table[static_cast<std::size_t>(*index)]);
   };
-  const std::byte* in = snap.data.data();
-  for (auto& layer : layers_) {
-    for (auto index : snap.live) {
-      const auto id = static_cast<std::size_t>(seq.table[static_cast<std::size_t>(index)]);
-      std::memcpy(layer.k.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
-      in += p.data_bytes;
-      std::memcpy(layer.v.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
-      in += p.data_bytes;
-      if (p.scale_bytes != 0) {
-        std::memcpy(layer.k_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
-        in += p.scale_bytes;
-        std::memcpy(layer.v_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
-        in += p.scale_bytes;
-      }
-      if (layer.has_summaries()) {
-        // A one-block table: the block's summary over its used slots, as
-        // appending them one by one would have left it.
-        const std::int32_t one[1] = {static_cast<std::int32_t>(id)};
-        const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
-        if (auto r = kernels::build_kv_summaries(layer, one, used); !r) {
-          give_back();
-          return std::unexpected(r.error());
-        }
-      }
-    }
+  if (auto r = copy_blocks_in(layers_, seq.table, snap, p); !r) {
+    give_back();
+    return std::unexpected(r.error());
   }
   const seq_id id = next_++;
   seqs_.emplace(id, std::move(seq));
@@ -371,27 +379,7 @@ result<void> kv_cache::import_tail(seq_id s, const kv_snapshot& snap, std::int32
     seq.table.push_back(free_.back());
     free_.pop_back();
   }
-  const std::byte* in = snap.data.data();
-  for (auto& layer : layers_) {
-    for (auto index : snap.live) {
-      const auto id = static_cast<std::size_t>(seq.table[static_cast<std::size_t>(index)]);
-      std::memcpy(layer.k.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
-      in += p.data_bytes;
-      std::memcpy(layer.v.data_as<std::byte>() + id * p.data_bytes, in, p.data_bytes);
-      in += p.data_bytes;
-      if (p.scale_bytes != 0) {
-        std::memcpy(layer.k_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
-        in += p.scale_bytes;
-        std::memcpy(layer.v_scales.data_as<std::byte>() + id * p.scale_bytes, in, p.scale_bytes);
-        in += p.scale_bytes;
-      }
-      if (layer.has_summaries()) {
-        const std::int32_t one[1] = {static_cast<std::int32_t>(id)};
-        const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
-        if (auto r = kernels::build_kv_summaries(layer, one, used); !r) return std::unexpected(r.error());
-      }
-    }
-  }
+  if (auto r = copy_blocks_in(layers_, seq.table, snap, p); !r) return std::unexpected(r.error());
   seq.length = snap.length;
   return {};
 }
