@@ -901,7 +901,6 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
             // which receives the embeddings off the scheduler's thread.
             st.encoder = fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
             st.encoder_where = rep->to + " " + (st.rt[rep->to].report.devices.empty() ? std::string("cpu") : st.rt[rep->to].report.devices);
-            if (st.scheduler) self->send(st.scheduler, reset_atom::value, st.encoder);
             const auto owner = st.encoder_owner;
             st.encoder_owner = rep->to;
             auto finish = [self, rp, rep, t0]() mutable {
@@ -915,23 +914,28 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
               event(self, buf);
               rp.deliver(*rep);
             };
-            // The old one encodes what it holds, then stops.
-            self->send(old, flush_atom::value, std::int64_t{-1});
-            self->request(old, st.cfg.node.timeout, version_atom::value)
-                .then(
-                    [self, old, owner, finish](std::uint32_t) mutable {
-                      auto& st = self->state;
-                      if (owner.empty()) {
-                        caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
-                      } else {
-                        if (auto a = st.rt[owner].agent)
-                          self->request(a, st.cfg.node.timeout, drop_atom::value, std::string("vision"))
-                              .then([](std::int32_t) {}, [](caf::error&) {});
-                        if (owner != st.cfg.node.name) caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
-                      }
-                      finish();
-                    },
-                    [finish](caf::error&) mutable { finish(); });
+            // Once nothing more can reach the old one, it stops.
+            auto retire = [self, old, owner, finish]() mutable {
+              auto& st = self->state;
+              if (owner.empty()) {
+                caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
+              } else {
+                if (auto a = st.rt[owner].agent)
+                  self->request(a, st.cfg.node.timeout, drop_atom::value, std::string("vision"))
+                      .then([](std::int32_t) {}, [](caf::error&) {});
+                if (owner != st.cfg.node.name) caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
+              }
+              finish();
+            };
+            // The scheduler switches and drains the old encoder itself (its
+            // own encode requests are ordered before its flush), answering
+            // once the old one has answered all of them.
+            if (st.scheduler) {
+              self->request(st.scheduler, st.cfg.node.timeout, reset_atom::value, st.encoder, true)
+                  .then([retire](bool) mutable { retire(); }, [retire](caf::error&) mutable { retire(); });
+            } else {
+              retire();
+            }
           },
           [self, fail](caf::error& e) mutable { fail("loading on the target: " + describe(self->system(), e)); });
   return rp;

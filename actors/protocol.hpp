@@ -399,6 +399,10 @@ using scheduler_actor = caf::typed_actor<
     caf::reacts_to<reset_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,
     // From the node: the vision encoder was replaced.
     caf::reacts_to<reset_atom, encoder_actor>,
+    // Live migration: use this encoder from now on; with `true`, the old
+    // one is flushed and the answer comes once it has answered every
+    // request sent to it.
+    caf::replies_to<reset_atom, encoder_actor, bool>::with<bool>,
     // Live migration: stop issuing steps; the answer (the running count)
     // comes once no step is in flight.
     caf::replies_to<pause_atom>::with<std::int64_t>,

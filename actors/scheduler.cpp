@@ -699,6 +699,15 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           on_reset(self, std::move(stages), std::move(kv_stores));
         },
         [=](reset_atom, encoder_actor& e) { self->state.encoder = std::move(e); },
+        [=](reset_atom, encoder_actor& e, bool drain) -> caf::result<bool> {
+          auto old = std::exchange(self->state.encoder, std::move(e));
+          if (!drain || !old) return true;
+          auto rp = self->make_response_promise<bool>();
+          self->send(old, flush_atom::value, std::int64_t{-1});
+          self->request(old, std::chrono::seconds(60), version_atom::value)
+              .then([rp](std::uint32_t) mutable { rp.deliver(true); }, [rp](caf::error&) mutable { rp.deliver(false); });
+          return rp;
+        },
         [=](pause_atom) -> caf::result<std::int64_t> {
           auto& st = self->state;
           st.paused = true;
