@@ -14,9 +14,12 @@
 #include <random>
 
 #include "actors/data_plane.hpp"
+#include "actors/device_probe.hpp"
+#include "actors/placement_control.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/prompt.hpp"
 #include "actors/stage.hpp"
+#include "models/weights.hpp"
 #include "cluster/certs.hpp"
 
 namespace troupe::actors {
@@ -70,6 +73,7 @@ struct held_stage {
   std::shared_ptr<stage_resources> res;
   shard_actor shard;
   kv_store_actor kv;
+  models::kv_usage usage;  ///< last read (heartbeat reports)
 };
 
 struct agent_state {
@@ -78,6 +82,8 @@ struct agent_state {
   encoder_actor encoder;  ///< a vision encoder moved here (live migration)
   std::uint64_t epoch = 0;
   std::string failure;
+  device_probe probe;                 ///< measured at start
+  std::unique_ptr<foreign_load> load;  ///< sampled at each heartbeat
 };
 
 using agent_ptr = node_agent_actor::stateful_pointer<agent_state>;
@@ -155,7 +161,7 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto kv = spawn_kv_store(self->system(), *res);
   self->monitor(shard);
   self->monitor(kv);
-  st.stages.push_back({*res, shard, kv});
+  st.stages.push_back({*res, shard, kv, {}});
   logging::of("agent").info("node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name, o.first_layer,
                o.last_layer, c.device.name, o.epoch, ms_since(t0));
   return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
@@ -170,12 +176,19 @@ node_report report_of(agent_ptr self) {
   r.rss_bytes = resident_bytes();
   r.memory_limit = st.cfg.memory_limit;
   r.failure = st.failure;
-  for (const auto& h : st.stages) {
+  r.probe = st.probe;
+  r.load = st.load ? st.load->sample() : 0.0;
+  r.engine_address = data_plane::local().address();
+  for (auto& h : st.stages) {
     const auto range = h.res->model->range();
     if (!r.stages.empty()) r.stages += ", ";
     r.stages += "layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
-    std::lock_guard lock(h.res->kv->mtx);
-    const auto u = h.res->kv->cache.usage();
+    // A step holds the KV store's lock for its whole length (hundreds of
+    // ms for a big model, back to back): the heartbeat answer does not
+    // wait behind it, and reports the usage it last saw.
+    std::unique_lock lock(h.res->kv->mtx, std::try_to_lock);
+    if (lock.owns_lock()) h.usage = h.res->kv->cache.usage();
+    const auto& u = h.usage;
     r.kv_total_blocks += u.total_blocks;
     r.kv_used_blocks += u.total_blocks - u.free_blocks;
     r.kv_tokens += u.tokens;
@@ -193,6 +206,18 @@ node_report report_of(agent_ptr self) {
 node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
   auto impl = [](agent_ptr self, node_config cfg) -> node_agent_actor::behavior_type {
     self->state.cfg = std::move(cfg);
+    {
+      auto& st = self->state;
+      st.probe = measure_device(*context_for(st.cfg.device), st.cfg.memory_limit);
+      st.load = std::make_unique<foreign_load>(st.cfg.device.cores);
+      logging::of("agent").info(
+          "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 {:.1f} GB/s; GEMM (16 rows) "
+          "f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 {:.1f} GFLOP/s; {:.2f} GiB for troupe",
+          st.cfg.name, st.probe.device, st.probe.probe_ms, st.probe.gemv_f32 / 1e9, st.probe.gemv_f16 / 1e9,
+          st.probe.gemv_q8_0 / 1e9, st.probe.gemv_q4_0 / 1e9, st.probe.gemm_f32 / 1e9, st.probe.gemm_f16 / 1e9,
+          st.probe.gemm_q8_0 / 1e9, st.probe.gemm_q4_0 / 1e9,
+          static_cast<double>(st.probe.memory_bytes) / (1 << 30));
+    }
     self->set_exit_handler([self](caf::exit_msg& em) {
       drop_stages(self);  // the stage actors go with the agent
       if (self->state.encoder) caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
@@ -271,6 +296,12 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           logging::of("agent").info("node {}: let go of the stage at layer {} (migrated)", st.cfg.name, first);
           return n;
         },
+        [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
+          auto& st = self->state;
+          auto t = data_plane::local().take(ref, context_for(st.cfg.device)->ctx->memory());
+          if (!t) return make_error(error_code::stage_failed, "node " + st.cfg.name + ", link probe: " + t.error().message);
+          return static_cast<std::int64_t>(t->nbytes());
+        },
         [=](down_atom) {
           logging::of("agent").info("node {}: told to stop", self->state.cfg.name);
           drop_stages(self);
@@ -294,6 +325,7 @@ struct member_rt {
   node_report report;
   bool joining = false;  ///< a join attempt is under way
   std::string why;       ///< the last failed join's reason
+  int loading = 0;       ///< loads asked of it and not answered: its agent is busy, not gone
 };
 
 struct head_state {
@@ -329,6 +361,33 @@ struct head_state {
   scheduler_stats last_stats;
   steady::time_point drain_since;
   bool drain_checking = false;
+
+  // -- placement (actors/placement_control.hpp) --
+  bool auto_place = false;  ///< pipeline_stages = "auto": the planner places and re-plans
+  std::optional<placement::model_profile> model_prof;
+  placement::precision precision = placement::precision::f32;
+  placement::workload work;
+  placement::policy_options policy_opt;
+  placement::policy_state policy;
+  struct link_state {
+    bool measuring = false, done = false;
+    caf::node_id of;  ///< the node incarnation it was measured to
+    placement::link_profile link;
+  };
+  std::map<std::string, link_state> links;  ///< head <-> node, by node
+  std::vector<placement_decision> decisions;
+  struct pending_measure {
+    std::size_t index;
+    steady::time_point applied;
+  };
+  std::vector<pending_measure> to_measure;
+  token_rate tokens;
+  std::vector<std::string> joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
+  steady::time_point next_policy = steady::now();
+  bool rebalancing = false;             ///< a decision's moves are under way
+  std::optional<std::size_t> placing_decision;  ///< the decision the placement under way carries out
+  std::string want_encoder_on;          ///< the planner's node for the encoder, moved there after placing
+  bool resume_after_placement = false;  ///< a re-split paused the scheduler
 };
 
 using head_ptr = head_core_actor::stateful_pointer<head_state>;
@@ -341,13 +400,377 @@ void event(head_ptr self, const std::string& what, bool warn = false) {
     logging::of("head").info("{}", what);
 }
 
+std::shared_ptr<void> loading_on(head_ptr self, const std::string& node) {
+  ++self->state.rt[node].loading;
+  // The guard lives in the request's handlers, which run in the actor.
+  return std::shared_ptr<void>(nullptr, [self, node](void*) {
+    auto it = self->state.rt.find(node);
+    if (it != self->state.rt.end() && it->second.loading > 0) --it->second.loading;
+  });
+}
+
 bool from_this_process(head_ptr self) {
   const auto& s = self->current_sender();
   return s && s->node() == self->node();
 }
 
-void replace(head_ptr self);
+/// Counts a load under way on `node` until the returned guard goes: a node
+/// agent busy loading weights (seconds, for a big model) does not answer
+/// heartbeats, and is not lost for that while its connection holds.
+std::shared_ptr<void> loading_on(head_ptr self, const std::string& node);
+
+void replace(head_ptr self, const std::string& trigger = "retry",
+             std::optional<std::vector<cluster::stage_slot>> forced = std::nullopt);
 void heartbeat(head_ptr self);
+
+// -- placement: measurements, the planner, the policy ----------------------------
+//
+// Every node measures its device when it starts (device_probe) and reports
+// the load on its cores at each heartbeat; the head measures the link to
+// each node (a ping and an 8 MiB push over the data plane). With
+// pipeline_stages = "auto" the planner (placement/) chooses the stages
+// from these, and every 5 s (at once when a node joins) the policy decides
+// whether shards move: whole stages move by live migration, a new layer
+// split is placed afresh with the scheduler paused (running requests then
+// recompute). Each decision is logged with its predicted step times and
+// the throughput measured before and after it.
+
+double since_start_s(head_ptr self) {
+  return std::chrono::duration<double>(steady::now() - self->state.started).count();
+}
+
+std::string encoder_node(head_ptr self) {
+  const auto& st = self->state;
+  return st.encoder_owner.empty() ? st.cfg.node.name : st.encoder_owner;
+}
+
+placement::cluster_profile profile_now(head_ptr self) {
+  auto& st = self->state;
+  std::vector<node_measure> nodes;
+  for (const auto& name : st.members->usable()) {
+    auto it = st.rt.find(name);
+    if (it != st.rt.end() && it->second.agent) nodes.push_back({name, it->second.report.probe, it->second.report.load});
+  }
+  std::vector<placement::link_profile> links;
+  for (const auto& [name, l] : st.links)
+    if (l.done && l.link.bandwidth_bytes_per_s > 0) links.push_back(l.link);
+  return cluster_profile_of(nodes, links, st.precision);
+}
+
+/// Every usable node has reported its probe, and every link from the head
+/// to one was measured (or failed to be).
+bool measured_all(head_ptr self) {
+  auto& st = self->state;
+  for (const auto& name : st.members->usable()) {
+    auto it = st.rt.find(name);
+    if (it == st.rt.end() || !it->second.agent || it->second.report.probe.cores <= 0) return false;
+    if (name == st.cfg.node.name) continue;
+    auto l = st.links.find(name);
+    if (l == st.links.end() || !l->second.done || l->second.of != it->second.agent->node()) return false;
+  }
+  return true;
+}
+
+struct link_run {
+  std::string name;
+  node_agent_actor agent;
+  std::string key;
+  int left = 3;
+  double rtt_s = 1e9;
+  double best = 0;
+};
+
+void link_round(head_ptr self, std::shared_ptr<link_run> run) {
+  auto& st = self->state;
+  auto finish = [self, run](const std::string& why) {
+    auto& l = self->state.links[run->name];
+    l.measuring = false;
+    l.done = true;  // failed or not: the planner then assumes the default link
+    l.of = run->agent->node();
+    if (why.empty() && run->best > 0) {
+      l.link = {self->state.cfg.node.name, run->name, run->best, run->rtt_s / 2};
+      logging::of("head").info("link {} <-> {}: {:.2f} GB/s, {:.0f} us one way (measured)", self->state.cfg.node.name,
+                               run->name, run->best / 1e9, run->rtt_s / 2 * 1e6);
+    } else {
+      l.link = {};
+      event(self, "measuring the link to " + run->name + ": " + (why.empty() ? "no transfer completed" : why), true);
+    }
+  };
+  if (st.rt[run->name].agent != run->agent) return finish("the node left");
+  if (run->left-- == 0) return finish("");
+  const auto t0 = steady::now();
+  self->request(run->agent, st.cfg.node.timeout, ping_atom::value)
+      .then(
+          [self, run, t0, finish](node_report&) {
+            run->rtt_s = std::min(run->rtt_s, std::chrono::duration<double>(steady::now() - t0).count());
+            auto& st = self->state;
+            auto t = kernels::tensor::zeros(context_for(st.cfg.node.device)->ctx->memory(), kernels::dtype::f32,
+                                            {std::int64_t{2} << 20});
+            if (!t) return finish(t.error().message);
+            const auto t1 = steady::now();
+            auto ref = data_plane::local().push(run->key, st.cfg.node.device.name, std::move(*t));
+            if (!ref) return finish(ref.error().message);
+            self->request(run->agent, st.cfg.node.timeout, probe_atom::value, *ref)
+                .then(
+                    [self, run, t1](std::int64_t bytes) {
+                      // The push and the agent's answer: one round trip besides the bytes.
+                      const double s = std::chrono::duration<double>(steady::now() - t1).count() - run->rtt_s;
+                      run->best = std::max(run->best, static_cast<double>(bytes) / std::max(s, 1e-6));
+                      link_round(self, run);
+                    },
+                    [self, finish](caf::error& e) { finish(describe(self->system(), e)); });
+          },
+          [self, finish](caf::error& e) { finish(describe(self->system(), e)); });
+}
+
+/// Measures the link from the head to `name` once per incarnation of it.
+void measure_link(head_ptr self, const std::string& name) {
+  auto& st = self->state;
+  auto& r = st.rt[name];
+  if (name == st.cfg.node.name || !r.agent || r.report.engine_address.empty()) return;
+  auto& l = st.links[name];
+  if (l.measuring || (l.done && l.of == r.agent->node())) return;
+  l.measuring = true;
+  l.done = false;
+  auto run = std::make_shared<link_run>();
+  run->name = name;
+  run->agent = r.agent;
+  run->key = to_string(r.agent->node());
+  auto& dp = data_plane::local();
+  if (!dp.reachable(run->key)) {
+    if (auto c = dp.connect(run->key, r.report.engine_address); !c) {
+      l.measuring = false;
+      l.done = true;
+      l.of = r.agent->node();
+      l.link = {};
+      event(self, "measuring the link to " + name + ": " + c.error().message, true);
+      return;
+    }
+  }
+  link_round(self, run);
+}
+
+placement::planner_options planner_opts(head_ptr self) {
+  placement::planner_options o;
+  o.preferred = self->state.precision;
+  o.min_precision = self->state.precision;  // stages load the manifest's formats; the planner does not lower them
+  o.allow_tensor_parallel = false;          // the cluster places one device per stage
+  return o;
+}
+
+std::size_t record_decision(head_ptr self, placement_decision d) {
+  auto& st = self->state;
+  d.at_s = since_start_s(self);
+  const auto window = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
+  const auto rate = st.tokens.rate(steady::now() - window, steady::now());
+  d.measured_tps_before = rate ? *rate : -1;
+  st.decisions.push_back(std::move(d));
+  if (st.decisions.size() > 256) {
+    st.decisions.erase(st.decisions.begin());
+    std::erase_if(st.to_measure, [](const auto& p) { return p.index == 0; });
+    for (auto& p : st.to_measure) --p.index;
+  }
+  const auto& x = st.decisions.back();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " (predicted step %.3f -> %.3f ms, throughput %+.0f%%)", x.predicted_step_ms_before,
+                x.predicted_step_ms_after, 100 * x.predicted_gain);
+  event(self, "placement decision, " + x.trigger + ": " + x.action + (x.predicted_step_ms_after > 0 ? buf : ""));
+  return st.decisions.size() - 1;
+}
+
+void decision_applied(head_ptr self, std::optional<std::size_t> index) {
+  auto& st = self->state;
+  if (!index || *index >= st.decisions.size()) return;
+  st.decisions[*index].state = "measuring";
+  st.to_measure.push_back({*index, steady::now()});
+}
+
+/// The throughput after each applied decision: tokens per second over
+/// measure_s, from 5 s after it (requests that recompute settle first).
+void measure_decisions(head_ptr self) {
+  auto& st = self->state;
+  const auto now = steady::now();
+  const auto window = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
+  std::erase_if(st.to_measure, [&](const auto& p) {
+    if (now < p.applied + 5s + window) return false;
+    if (p.index >= st.decisions.size()) return true;
+    auto& d = st.decisions[p.index];
+    const auto r = st.tokens.rate(p.applied + 5s, now);
+    d.measured_tps_after = r ? *r : -1;
+    d.state = "measured";
+    if (d.measured_tps_before > 0 && d.measured_tps_after >= 0)
+      logging::of("head").info("placement decision at {:.0f} s ({}): {:.1f} -> {:.1f} tokens/s measured ({:+.0f}%), {:+.0f}% predicted",
+                               d.at_s, d.trigger, d.measured_tps_before, d.measured_tps_after,
+                               100 * (d.measured_tps_after / d.measured_tps_before - 1), 100 * d.predicted_gain);
+    return true;
+  });
+}
+
+/// The stages for a placement: the planner's with pipeline_stages =
+/// "auto" (recorded as a decision, unless it retries one), else one even
+/// split per the manifest.
+std::vector<cluster::stage_slot> choose_slots(head_ptr self, const std::string& trigger) {
+  auto& st = self->state;
+  const auto usable = st.members->usable();
+  auto fixed = [&] {
+    return cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable, st.cfg.node.m.head);
+  };
+  if (!st.auto_place || !st.model_prof || std::find(usable.begin(), usable.end(), st.cfg.node.m.head) == usable.end())
+    return fixed();
+  const auto prof = profile_now(self);
+  placement_decision d;
+  d.trigger = trigger;
+  if (!st.plan.empty()) {
+    if (auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self)))
+      if (auto e = placement::evaluate(*cur, prof, *st.model_prof, st.work)) d.predicted_step_ms_before = e->step_s * 1e3;
+  }
+  std::vector<cluster::stage_slot> slots;
+  std::string why;
+  st.want_encoder_on.clear();
+  if (auto p = placement::make_plan(prof, *st.model_prof, st.work, planner_opts(self)); !p) {
+    why = p.error();
+  } else if (auto sl = slots_of(*p, prof); !sl) {
+    why = sl.error();
+  } else {
+    slots = std::move(*sl);
+    d.predicted_step_ms_after = p->step_s * 1e3;
+    if (p->encoder_device)
+      if (const auto* dev = prof.find(*p->encoder_device)) st.want_encoder_on = dev->node;
+  }
+  if (slots.empty()) {
+    slots = fixed();
+    d.action = "the planner found no plan (" + why + "); one stage per node instead";
+  } else {
+    d.action = "placed " + cluster::describe(slots);
+    if (!st.want_encoder_on.empty() && st.encoder) d.action += ", vision encoder on " + st.want_encoder_on;
+  }
+  if (d.predicted_step_ms_before > 0 && d.predicted_step_ms_after > 0)
+    d.predicted_gain = d.predicted_step_ms_before / d.predicted_step_ms_after - 1;
+  d.plan = cluster::describe(slots);
+  d.state = "placing";
+  if (trigger == "retry" && st.placing_decision && *st.placing_decision < st.decisions.size()) {
+    st.decisions[*st.placing_decision].plan = d.plan;  // the same decision, tried again
+  } else {
+    st.placing_decision = record_decision(self, std::move(d));
+  }
+  return slots;
+}
+
+void replace(head_ptr self, const std::string& trigger, std::optional<std::vector<cluster::stage_slot>> forced);
+
+void run_moves(head_ptr self, std::shared_ptr<std::vector<migrate_request>> moves, std::size_t i, std::size_t index) {
+  auto& st = self->state;
+  if (i == moves->size()) {
+    st.rebalancing = false;
+    decision_applied(self, index);
+    return;
+  }
+  const auto door = caf::actor_cast<frontdoor_actor>(self);
+  self->request(door, std::chrono::minutes(10), migrate_atom::value, (*moves)[i])
+      .then([self, moves, i, index](const migrate_report&) { run_moves(self, moves, i + 1, index); },
+            [self, index](caf::error& e) {
+              auto& st = self->state;
+              st.rebalancing = false;
+              if (index < st.decisions.size()) st.decisions[index].state = "failed: " + describe(self->system(), e);
+              event(self, "placement decision: a move failed: " + describe(self->system(), e), true);
+            });
+}
+
+/// Carries out the policy's decision `d` (recorded as decision `index`).
+void apply_decision(head_ptr self, const placement::decision& d, std::size_t index, const placement::cluster_profile& prof) {
+  auto& st = self->state;
+  auto target = slots_of(d.target, prof);
+  if (!target) {
+    st.decisions[index].state = "failed: " + target.error();
+    return;
+  }
+  for (const auto& m : d.moves) placement::commit(st.policy, m, steady::now());
+  std::string enc_to;
+  if (d.target.encoder_device && st.encoder)
+    if (const auto* dev = prof.find(*d.target.encoder_device); dev && dev->node != encoder_node(self)) enc_to = dev->node;
+  const bool same_split = target->size() == st.plan.size() &&
+                          std::equal(target->begin(), target->end(), st.plan.begin(), [](const auto& a, const auto& b) {
+                            return a.first_layer == b.first_layer && a.last_layer == b.last_layer;
+                          });
+  st.rebalancing = true;
+  if (same_split) {
+    auto moves = std::make_shared<std::vector<migrate_request>>();
+    for (std::size_t i = 0; i < target->size(); ++i)
+      if ((*target)[i].node != st.plan[i].node) moves->push_back({std::to_string(i), (*target)[i].node});
+    if (!enc_to.empty()) moves->push_back({"vision", enc_to});
+    run_moves(self, moves, 0, index);
+    return;
+  }
+  // A new layer split: hold the steps, place it, resume (the running
+  // requests recompute their KV on the new stages).
+  self->request(st.scheduler, st.cfg.node.timeout, pause_atom::value)
+      .then(
+          [self, index, slots = *target, enc_to](std::int64_t) {
+            auto& st = self->state;
+            st.resume_after_placement = true;
+            st.placing_decision = index;
+            st.want_encoder_on = enc_to;
+            replace(self, "re-split", slots);
+          },
+          [self, index](caf::error& e) {
+            auto& st = self->state;
+            st.rebalancing = false;
+            st.decisions[index].state = "failed: pausing the scheduler: " + describe(self->system(), e);
+          });
+}
+
+/// Every 5 s, and at once after a node joined: should shards move?
+void policy_tick(head_ptr self) {
+  auto& st = self->state;
+  if (!st.auto_place || !st.cfg.node.m.placement.rebalance || !st.model_prof || !st.ready || st.placing || st.migrating ||
+      st.rebalancing || st.draining || st.plan.empty() || !st.scheduler)
+    return;
+  const auto now = steady::now();
+  const bool joined = !st.joined_since.empty();
+  if (!joined && now < st.next_policy) return;
+  if (!measured_all(self)) return;  // a new node's probe and link first
+  st.next_policy = now + std::chrono::duration_cast<steady::duration>(
+                            std::chrono::duration<double>(st.cfg.node.m.placement.interval_s));
+  const auto prof = profile_now(self);
+  std::string trigger = "load or memory";
+  if (joined) {
+    trigger.clear();
+    for (const auto& n : st.joined_since) trigger += (trigger.empty() ? "node " : ", ") + n;
+    trigger += " joined";
+    st.joined_since.clear();
+  }
+  auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self));
+  if (!cur) {
+    if (joined) record_decision(self, {0, trigger, "stay: " + cur.error(), cluster::describe(st.plan), -1, -1, 0, -1, -1, "failed"});
+    return;
+  }
+  auto d = placement::decide(st.policy, *cur, prof, *st.model_prof, st.work, now, st.policy_opt);
+  if (!d) {
+    record_decision(self, {0, trigger, "stay: " + d.error(), cluster::describe(st.plan), -1, -1, 0, -1, -1, "failed"});
+    return;
+  }
+  placement_decision x;
+  x.trigger = trigger;
+  x.predicted_step_ms_before = d->current_step_s * 1e3;
+  x.predicted_step_ms_after = d->proposed_step_s * 1e3;
+  x.predicted_gain = d->proposed_step_s > 0 ? d->current_step_s / d->proposed_step_s - 1 : 0;
+  if (d->moves.empty()) {
+    if (!joined) return;  // a steady cluster does not log every 5 s
+    x.action = "stay: " + d->reason;
+    x.plan = cluster::describe(st.plan);
+    x.state = "stayed";
+    record_decision(self, std::move(x));
+    return;
+  }
+  std::string what;
+  for (const auto& m : d->moves) what += (what.empty() ? "" : "; ") + m.describe();
+  x.action = "move " + what + " (" + d->reason + ")";
+  auto slots = slots_of(d->target, prof);
+  x.plan = slots ? cluster::describe(*slots) : std::string{};
+  x.state = "moving";
+  const auto index = record_decision(self, std::move(x));
+  apply_decision(self, *d, index, prof);
+}
 
 void start_join(head_ptr self, const std::string& name) {
   auto& st = self->state;
@@ -381,7 +804,7 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   const bool held = std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
   if ((held || st.placing) && !st.draining) {
     st.lost_at = steady::now();
-    replace(self);
+    replace(self, "node " + name + " lost");
   }
 }
 
@@ -404,7 +827,6 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       auto sopts = st.cfg.scheduler;
       sopts.kv = st.cfg.node.kv;
       sopts.kv_blocks = blocks;
-      if (sopts.micro_batches < 1) sopts.micro_batches = static_cast<int>(shards.size());
       st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
     } else {
       self->send(st.scheduler, reset_atom::value, shards, kvs);
@@ -421,6 +843,21 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       how += buf;
     }
     event(self, how);
+    decision_applied(self, st.placing_decision);
+    st.placing_decision.reset();
+    st.rebalancing = false;
+    if (st.resume_after_placement) {
+      st.resume_after_placement = false;
+      self->send(st.scheduler, route_atom::value);  // after the reset: the requests recompute on the new stages
+    }
+    if (!st.want_encoder_on.empty() && st.encoder && st.want_encoder_on != encoder_node(self)) {
+      const auto to = st.want_encoder_on;
+      self->request(caf::actor_cast<frontdoor_actor>(self), std::chrono::minutes(10), migrate_atom::value,
+                    migrate_request{"vision", to})
+          .then([](const migrate_report&) {},
+                [self, to](caf::error& e) { event(self, "moving the vision encoder to " + to + ": " + describe(self->system(), e), true); });
+    }
+    st.want_encoder_on.clear();
     heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
   };
   if (st.scheduler) {
@@ -436,12 +873,11 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
             });
 }
 
-void replace(head_ptr self) {
+void replace(head_ptr self, const std::string& trigger, std::optional<std::vector<cluster::stage_slot>> forced) {
   auto& st = self->state;
   if (st.draining) return;
   const auto epoch = ++st.epoch;
-  const auto plan = cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, st.members->usable(),
-                                            st.cfg.node.m.head);
+  const auto plan = forced ? std::move(*forced) : choose_slots(self, trigger);
   if (plan.empty()) {
     st.placing = false;
     event(self, "no node can hold the model now (the head is not up)", true);
@@ -489,22 +925,43 @@ void replace(head_ptr self) {
       o.next = (*handles)[i + 1];
       o.next_node = plan[i + 1].node;
     }
+    auto busy = loading_on(self, slot.node);
     self->request(agent, st.cfg.node.timeout, load_atom::value, o)
         .then(
-            [self, epoch, handles, load, i, slot, n = plan.size()](stage_handles& h) {
+            [self, epoch, handles, load, i, slot, n = plan.size(), busy](stage_handles& h) {
  if (epoch != self->state.epoch) return;
               ++self->state.stages_loaded;
               event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
                               ") on " + slot.node + " (" + std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
               (*handles)[i] = std::move(h);
               if (i == 0) {
-                finish_placement(self, epoch, *handles);
+                auto& st = self->state;
+                auto own = st.rt[st.cfg.node.name].agent;
+                if (slot.node != st.cfg.node.name && own) {
+                  // The first stage is off the head: the scheduler's image
+                  // embeddings reach it over the data plane.
+                  self->request(own, st.cfg.node.timeout, route_atom::value, (*handles)[0], slot.node)
+                      .then([self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
+                            [self, epoch, slot](caf::error& e) {
+                              auto& st = self->state;
+                              if (epoch != st.epoch) return;
+                              st.placing = false;
+                              st.placement_ok = false;
+                              event(self, "connecting the head to " + slot.node + ": " + describe(self->system(), e) + "; trying again", true);
+                              if (!st.retry_queued) {
+                                st.retry_queued = true;
+                                self->delayed_send(self, 500ms, tick_atom::value);
+                              }
+                            });
+                } else {
+                  finish_placement(self, epoch, *handles);
+                }
                 *load = nullptr;  // breaks the cycle
               } else {
                 (*load)(i - 1);
               }
             },
-            [self, fail](caf::error& e) { fail(describe(self->system(), e)); });
+            [self, fail, busy](caf::error& e) { fail(describe(self->system(), e)); });
   };
   (*load)(plan.size() - 1);
 }
@@ -539,6 +996,13 @@ void heartbeat(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
   stats_line(self);
+  // The head's own node is this process; a node loading weights for the
+  // head is busy, its connection up (a drop is noticed as such).
+  for (const auto& [name, r] : st.rt)
+    if (r.agent && (name == st.cfg.node.name || r.loading > 0)) {
+      const auto* m = st.members->find(name);
+      if (m && (m->state == cluster::member_state::up || m->state == cluster::member_state::suspect)) st.members->heard(name, now);
+    }
   for (auto& t : st.members->tick(now)) {
     if (t.to == cluster::member_state::lost)
       on_lost(self, t.name, t.why);
@@ -559,15 +1023,24 @@ void heartbeat(head_ptr self) {
               if (r.agent != agent) return;  // an answer from before a loss
               r.report = std::move(rep);
               if (auto t = st.members->heard(name, steady::now())) event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
+              measure_link(self, name);
             },
             [](caf::error&) {});  // silence is what tick() measures
   }
-  // The first placement: once every node is up (or, after the grace
-  // period, whoever is).
+  if (st.scheduler)
+    self->request(st.scheduler, 5s, stats_atom::value).then([self](const scheduler_stats& s) {
+      self->state.tokens.add(steady::now(), s.tokens_out);
+    }, [](caf::error&) {});
+  measure_decisions(self);
+  policy_tick(self);
+  // The first placement: once every node is up and measured (or, after the
+  // grace period, whoever is).
   if (!st.ready && !st.placing && !st.draining) {
     const auto usable = st.members->usable();
-    if (usable.size() == st.cfg.node.m.nodes.size() || (steady::now() - st.started > st.cfg.startup_grace && !usable.empty()))
-      replace(self);
+    const bool grace_over = steady::now() - st.started > st.cfg.startup_grace;
+    if ((usable.size() == st.cfg.node.m.nodes.size() && (measured_all(self) || !st.auto_place)) ||
+        (grace_over && !usable.empty()))
+      replace(self, "start");
   }
 }
 
@@ -889,9 +1362,10 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
     event(self, "migrating the vision encoder to " + rep->to + " failed: " + why, true);
     rp.deliver(make_error(error_code::stage_failed, "migration of the vision encoder: " + why));
   };
+  auto busy = loading_on(self, req.to);
   self->request(target, st.cfg.node.timeout, load_atom::value, std::string("vision"), data_plane::local().address())
       .then(
-          [self, rp, rep, t0, fail](encoder_actor& fresh) mutable {
+          [self, rp, rep, t0, fail, busy](encoder_actor& fresh) mutable {
             auto& st = self->state;
             rep->load_ms = ms_since(t0);
             auto old = st.encoder;
@@ -937,7 +1411,7 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
               retire();
             }
           },
-          [self, fail](caf::error& e) mutable { fail("loading on the target: " + describe(self->system(), e)); });
+          [self, fail, busy](caf::error& e) mutable { fail("loading on the target: " + describe(self->system(), e)); });
   return rp;
 }
 
@@ -1007,9 +1481,10 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
     o.next_node = st.plan[*idx + 1].node;
   }
   const auto t_load = steady::now();
+  auto busy = loading_on(self, req.to);
   self->request(target, st.cfg.node.timeout, load_atom::value, o)
       .then(
-          [self, m, t_load, source](stage_handles& h) {
+          [self, m, t_load, source, busy](stage_handles& h) {
             m->new_h = std::move(h);
             if (migration_stale(self, m)) return;
             m->rep.load_ms = ms_since(t_load);
@@ -1043,7 +1518,7 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
                       migration_fail(self, m, "connecting " + m->slot.node + " to " + m->target + ": " + describe(self->system(), e));
                     });
           },
-          [self, m](caf::error& e) {
+          [self, m, busy](caf::error& e) {
             if (!migration_stale(self, m)) migration_fail(self, m, "loading on " + m->target + ": " + describe(self->system(), e));
           });
   return m->rp;
@@ -1100,6 +1575,18 @@ cluster_status status_of(head_ptr self) {
     }
     s.nodes.push_back(std::move(v));
   }
+  if (st.model_prof && !st.plan.empty()) {
+    const auto prof = profile_now(self);
+    if (auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self))) {
+      if (auto e = placement::evaluate(*cur, prof, *st.model_prof, st.work))
+        s.plan_detail = e->describe();
+      else
+        s.plan_detail = "(not costed: " + e.error() + ")";
+    } else {
+      s.plan_detail = "(not costed: " + cur.error() + ")";
+    }
+  }
+  s.decisions = st.decisions;
   return s;
 }
 
@@ -1168,6 +1655,29 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     st.prompt = std::move(prompt);
     st.frontend = std::move(fe);
     st.members.emplace(std::move(names), st.cfg.membership);
+    st.auto_place = st.cfg.node.m.parallelism.pipeline_stages == 0;
+    {
+      // The planner's view of the model: its shapes, and the format the
+      // stages will hold the decoder's weights in.
+      auto mp = model_profile_of(st.prompt.text, st.prompt.llava, st.cfg.node.m.model.kv_type);
+      if (mp) st.model_prof = std::move(*mp);
+      else logging::of("head").warn("placement: the model's profile: {}; stages are split evenly", mp.error());
+      if (auto src = models::weight_source::open(st.cfg.node.model)) {
+        if (auto w = (*src)->get("layers.0.down_proj"))
+          st.precision = precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type()));
+      }
+      const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);
+      st.work.batch = static_cast<int>(batch);
+      st.work.context_tokens = static_cast<int>(std::max<std::int64_t>(16, st.cfg.node.m.model.ctx_tokens / batch));
+      st.work.overhead_bytes = 64.0 * 1024 * 1024;
+      const auto& pe = st.cfg.node.m.placement;
+      st.policy_opt.gain_threshold = pe.gain_threshold;
+      st.policy_opt.cooldown = std::chrono::duration_cast<placement::duration>(std::chrono::duration<double>(pe.cooldown_s));
+      st.policy_opt.memory_pressure = pe.memory_pressure;
+      st.policy_opt.planner.preferred = st.precision;
+      st.policy_opt.planner.min_precision = st.precision;
+      st.policy_opt.planner.allow_tensor_parallel = false;
+    }
     if (enc) {
       st.encoder = spawn_encoder(self->system(), enc, st.cfg.encoder);
       st.encoder_where = st.cfg.node.name + " " + enc->device.name;
@@ -1290,6 +1800,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           }
           auto t = st.members->joined(name, steady::now());
           event(self, "node " + name + " " + t.why);
+          if (st.auto_place && st.ready && std::find(st.joined_since.begin(), st.joined_since.end(), name) == st.joined_since.end())
+            st.joined_since.push_back(name);  // the policy looks again once it is measured
           // What it may still hold from before it was lost is stale.
           self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
         },

@@ -73,6 +73,9 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<gate_pass>("troupe::gate_pass");
   cfg.add_message_type<gatekeeper_actor>("troupe::gatekeeper_actor");
   cfg.add_message_type<stage_order>("troupe::stage_order");
+  cfg.add_message_type<device_probe>("troupe::device_probe");
+  cfg.add_message_type<placement_decision>("troupe::placement_decision");
+  cfg.add_message_type<std::vector<placement_decision>>("troupe::placement_decisions");
   cfg.add_message_type<node_report>("troupe::node_report");
   cfg.add_message_type<node_agent_actor>("troupe::node_agent_actor");
   cfg.add_message_type<chat_turn>("troupe::chat_turn");

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 11;
+inline constexpr std::uint32_t protocol_version = 12;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -48,6 +48,7 @@ using list_atom = caf::atom_constant<caf::atom("list")>;
 using route_atom = caf::atom_constant<caf::atom("route")>;
 using pause_atom = caf::atom_constant<caf::atom("pause")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -263,6 +264,7 @@ struct scheduler_stats {
   std::int64_t kv_peak_blocks = 0;
   std::int64_t prompt_tokens = 0;     ///< of finished requests
   std::int64_t generated_tokens = 0;  ///< of finished requests
+  std::int64_t tokens_out = 0;        ///< every token streamed so far, finished or not
   bool operator==(const scheduler_stats&) const = default;
 };
 
@@ -346,7 +348,7 @@ template <class I>
 typename I::result_type inspect(I& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected, x.finished,
            x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks, x.kv_peak_blocks, x.prompt_tokens,
-           x.generated_tokens);
+           x.generated_tokens, x.tokens_out);
 }
 
 template <class I>
@@ -478,6 +480,20 @@ struct stage_order {
   std::string next_node;
 };
 
+/// A node's device as the node measured it when it started (placement's
+/// device profile): GEMV weight bandwidth per format with the kernels the
+/// stages run, GEMM throughput, and the memory troupe may use.
+struct device_probe {
+  std::string device;             ///< "cpu:0-0"
+  std::int32_t cores = 0;         ///< worker threads (0: not measured)
+  double gemv_f32 = 0, gemv_f16 = 0, gemv_q8_0 = 0, gemv_q4_0 = 0;  ///< weight bytes/s, one token
+  /// Matrix-multiply FLOP/s per weight format, 16 rows (a decode batch).
+  double gemm_f32 = 0, gemm_f16 = 0, gemm_q8_0 = 0, gemm_q4_0 = 0;
+  std::int64_t memory_bytes = 0;  ///< the manifest's limit (else available memory) less the node's own use at start
+  double probe_ms = 0;            ///< how long measuring took
+  bool operator==(const device_probe&) const = default;
+};
+
 /// What a node reports to the head's heartbeat.
 struct node_report {
   std::string node;
@@ -495,6 +511,11 @@ struct node_report {
   /// peer's CAF node id; the head names them).
   std::vector<std::string> link_peers;
   std::vector<std::int64_t> link_bytes;
+  device_probe probe;                  ///< measured at the node's start
+  /// Share of its device's cores busy with work other than this node's,
+  /// since the last report, in [0, 1].
+  double load = 0;
+  std::vector<std::uint8_t> engine_address;  ///< its data plane's address
   bool operator==(const node_report&) const = default;
 };
 
@@ -518,7 +539,10 @@ using node_agent_actor = caf::typed_actor<caf::replies_to<load_atom, stage_order
                                           // address, where its embeddings go.
                                           caf::replies_to<load_atom, std::string, std::vector<std::uint8_t>>::with<encoder_actor>,
                                           // Stops the encoder spawned here.
-                                          caf::replies_to<drop_atom, std::string>::with<std::int32_t>>;
+                                          caf::replies_to<drop_atom, std::string>::with<std::int32_t>,
+                                          // Link measurement: receives a tensor the head pushed over the
+                                          // data plane and answers its size in bytes.
+                                          caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>>;
 
 /// One message of a chat (OpenAI's messages): its role, text and how many
 /// of the job's images belong to it (in order).
@@ -564,6 +588,22 @@ struct member_view {
   bool operator==(const member_view&) const = default;
 };
 
+/// One placement decision of the head, with what it predicted and what it
+/// measured (`troupe status`). Throughputs are generated tokens per second
+/// over the window before the decision and a window after it settled; -1
+/// until measured.
+struct placement_decision {
+  double at_s = 0;              ///< seconds since the head started
+  std::string trigger;          ///< "start", "node n2 joined", "load", "memory", "node n1 lost"
+  std::string action;           ///< what was done ("stay" when nothing moved)
+  std::string plan;             ///< the plan in force afterwards
+  double predicted_step_ms_before = -1, predicted_step_ms_after = -1;
+  double predicted_gain = 0;    ///< throughput: before step / after step - 1
+  double measured_tps_before = -1, measured_tps_after = -1;
+  std::string state;            ///< "measuring", "measured", "applied", "failed: ..."
+  bool operator==(const placement_decision&) const = default;
+};
+
 /// The cluster as the head sees it (`troupe status`).
 struct cluster_status {
   std::string cluster;
@@ -588,6 +628,10 @@ struct cluster_status {
   /// Data-plane bytes sent per link, "from->to" by node name.
   std::vector<std::string> links;
   std::vector<std::int64_t> link_bytes;
+  /// The planner's view (pipeline_stages = "auto"): the plan in force with
+  /// its predicted stage times, and every decision so far.
+  std::string plan_detail;
+  std::vector<placement_decision> decisions;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -658,9 +702,20 @@ typename I::result_type inspect(I& f, stage_order& x) {
            x.next, x.next_node);
 }
 template <class I>
+typename I::result_type inspect(I& f, device_probe& x) {
+  return f(caf::meta::type_name("device_probe"), x.device, x.cores, x.gemv_f32, x.gemv_f16, x.gemv_q8_0, x.gemv_q4_0,
+           x.gemm_f32, x.gemm_f16, x.gemm_q8_0, x.gemm_q4_0, x.memory_bytes, x.probe_ms);
+}
+template <class I>
+typename I::result_type inspect(I& f, placement_decision& x) {
+  return f(caf::meta::type_name("placement_decision"), x.at_s, x.trigger, x.action, x.plan, x.predicted_step_ms_before,
+           x.predicted_step_ms_after, x.predicted_gain, x.measured_tps_before, x.measured_tps_after, x.state);
+}
+template <class I>
 typename I::result_type inspect(I& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.devices, x.stages, x.epoch, x.rss_bytes, x.weight_bytes,
-           x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens, x.failure, x.link_peers, x.link_bytes);
+           x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens, x.failure, x.link_peers, x.link_bytes, x.probe, x.load,
+           x.engine_address);
 }
 template <class I>
 typename I::result_type inspect(I& f, job_request& x) {
@@ -681,7 +736,7 @@ typename I::result_type inspect(I& f, cluster_status& x) {
   return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch, x.placement,
            x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms,
            x.actor_restarts, x.migrations, x.migration, x.migration_done, x.stages_total, x.stages_loaded, x.links,
-           x.link_bytes);
+           x.link_bytes, x.plan_detail, x.decisions);
 }
 
 /// The one actor a node publishes (over mutual TLS): it hands out a fresh

@@ -89,6 +89,7 @@ struct scheduler_state {
   steady::time_point stalled_since;
   std::string failed;       // the node gave up: why
   bool paused = false;      // live migration: no new steps
+  bool auto_micro_batches = false;  // one micro-batch per stage, as the stages change
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once no step is in flight
 };
 
@@ -444,6 +445,7 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
       r.history.push_back(tok);
       r.generated.push_back(tok);
       ev.tokens.push_back(tok);
+      ++st.stats.tokens_out;
       ev.text += r.stop->feed(tok, r.decoder->push(tok));
       reason = r.stop->reason();
       if (reason != models::stop_reason::none) break;
@@ -503,6 +505,7 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
   st.used_blocks = 0;
   st.stages = std::move(stages);
   st.kv_stores = std::move(kv_stores);
+  if (st.auto_micro_batches) st.opts.micro_batches = std::max<int>(1, static_cast<int>(st.stages.size()));
   std::vector<request_state*> running;
   for (auto& [id, r] : st.requests) {
     r->in_flight = false;
@@ -582,7 +585,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
     auto& st = self->state;
     st.model = std::move(model);
     st.opts = std::move(opts);
-    st.opts.micro_batches = std::max(1, st.opts.micro_batches);
+    st.auto_micro_batches = st.opts.micro_batches < 1;
+    st.opts.micro_batches = st.auto_micro_batches ? std::max<int>(1, static_cast<int>(stages.size())) : st.opts.micro_batches;
     st.stages = std::move(stages);
     st.kv_stores = std::move(kv_stores);
     st.encoder = std::move(encoder);

@@ -24,7 +24,7 @@ struct scheduler_options {
   std::int64_t max_running = 64;     ///< sequences with KV at once
   std::int64_t token_budget = 512;   ///< tokens per micro-batch (prefill chunks + decode tokens)
   std::int64_t prefill_chunk = 512;  ///< prompt tokens per sequence per step
-  int micro_batches = 1;             ///< micro-batches in flight (the pipeline's depth)
+  int micro_batches = 1;             ///< micro-batches in flight (the pipeline's depth); 0: one per stage, following re-placements
   /// With several micro-batches: size each to an even share of the work
   /// (tokens waiting plus in flight) instead of filling it to token_budget.
   bool balance_micro_batches = true;

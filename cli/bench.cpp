@@ -56,6 +56,7 @@ struct bench_args {
   double image_share = 0.5;
   std::uint64_t seed = 1;
   bool json = false, no_reference = false;
+  bool completions = false;  ///< --http: /v1/completions with text prompts
   std::string http, api_key;  // --http: an OpenAI-compatible server instead of in-process actors
   std::string manifest;                // --http with --migrate: the cluster behind the server
   std::vector<std::string> migrate;    // SHARD:NODE, done in turn mid-way through the last level
@@ -230,7 +231,7 @@ level_result run_level(actors::client& client, const std::vector<work_item>& ite
 /// decoding (the migrations of --migrate).
 level_result run_http_level(const std::string& url, const std::string& key, int concurrency, int total,
                             std::int64_t max_tokens, double image_share, const std::vector<std::string>& images,
-                            std::uint64_t seed, const std::function<void()>& during = {}) {
+                            std::uint64_t seed, bool completions, const std::function<void()>& during = {}) {
   level_result out;
   out.concurrency = concurrency;
   const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
@@ -256,12 +257,15 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
       nlohmann::json content = nlohmann::json::array({{{"type", "text"}, {"text", questions[static_cast<std::size_t>(i) % questions.size()]}}});
       if (!data_urls.empty() && std::uniform_real_distribution<>(0, 1)(rng) < image_share)
         content.push_back({{"type", "image_url"}, {"image_url", {{"url", data_urls[static_cast<std::size_t>(i) % data_urls.size()]}}}});
-      nlohmann::json body{{"messages", nlohmann::json::array({{{"role", "user"}, {"content", content}}})},
-                          {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0.8}, {"seed", i},
+      nlohmann::json body{{"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0.8}, {"seed", i},
                           {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      if (completions)
+        body["prompt"] = questions[static_cast<std::size_t>(i) % questions.size()];
+      else
+        body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", content}}});
       httplib::Request req;
       req.method = "POST";
-      req.path = "/v1/chat/completions";
+      req.path = completions ? "/v1/completions" : "/v1/chat/completions";
       req.set_header("Content-Type", "application/json");
       if (!key.empty()) req.set_header("Authorization", "Bearer " + key);
       req.body = body.dump();
@@ -290,9 +294,9 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
             prompt = j["usage"].value("prompt_tokens", 0);
             completion = j["usage"].value("completion_tokens", 0);
           }
-          if (!j.contains("choices") || j["choices"].empty() || !j["choices"][0].contains("delta") ||
-              !j["choices"][0]["delta"].contains("content"))
-            continue;
+          if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) continue;
+          const auto& c0 = j["choices"][0];
+          if (completions ? !c0.contains("text") : (!c0.contains("delta") || !c0["delta"].contains("content"))) continue;
           const auto now = clock::now();
           if (first < 0)
             first = ms(now - start);
@@ -311,7 +315,9 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
       std::lock_guard lock(m);
       if (!ok) {
         ++out.failed;
-        spdlog::warn("request {} failed: {} (status {})", i, httplib::to_string(err), res.status);
+        // An error answer is JSON, not events: what the server said.
+        spdlog::warn("request {} failed: {} (status {}){}", i, httplib::to_string(err), res.status,
+                     buffer.empty() ? std::string{} : ": " + buffer.substr(0, 300));
         continue;
       }
       ++out.completed;
@@ -395,7 +401,8 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
   for (std::size_t l = 0; l < levels.size(); ++l) {
     const int c = levels[l];
     results.push_back(run_http_level(a.http, a.api_key, c, a.requests > 0 ? a.requests : std::max(2 * c, 8), a.max_tokens,
-                                     a.image_share, images, a.seed, l + 1 == levels.size() ? during : std::function<void()>{}));
+                                     a.image_share, images, a.seed, a.completions,
+                                     l + 1 == levels.size() ? during : std::function<void()>{}));
   }
   const double base = results.front().output_tokens / std::max(1e-9, results.front().seconds);
   if (a.json) {
@@ -406,8 +413,9 @@ int run_http_bench(const bench_args& a, const std::vector<int>& levels) {
     std::puts(j.dump(2).c_str());
     return 0;
   }
-  std::printf("troupe bench --http %s: streamed chat completions, %lld output tokens each (ignore_eos), T=0.8, %.0f%% with an image\n",
-              a.http.c_str(), static_cast<long long>(a.max_tokens), images.empty() ? 0.0 : a.image_share * 100);
+  std::printf("troupe bench --http %s: streamed %s, %lld output tokens each (ignore_eos), T=0.8, %.0f%% with an image\n",
+              a.http.c_str(), a.completions ? "completions" : "chat completions", static_cast<long long>(a.max_tokens),
+              images.empty() || a.completions ? 0.0 : a.image_share * 100);
   std::printf("\n| conc | done | failed | req/s | out tok/s | x first | TTFT mean/p50/p99 ms | ITL mean/p50/p99 ms | E2E mean/p50/p99 ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
@@ -738,6 +746,8 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--http", a->http, "Benchmark an OpenAI-compatible server at this URL (e.g. http://127.0.0.1:8000; troupe serve)");
   cmd->add_option("--api-key", a->api_key, "With --http: the server's API key");
+  cmd->add_flag("--completions", a->completions,
+                "With --http: POST /v1/completions with text prompts instead of chat completions (models without a chat template)");
   cmd->add_option("--manifest", a->manifest, "With --migrate: the cluster's manifest (its client certificate)");
   cmd->add_option("--migrate", a->migrate,
                   "With --http: SHARD:NODE moves (troupe migrate) done in turn mid-way through the last level; reports "

@@ -83,6 +83,26 @@ json status_json(const actors::cluster_status& s) {
                      {"kv_total_blocks", n.report.kv_total_blocks},
                      {"kv_tokens", n.report.kv_tokens},
                      {"problem", n.report.failure}});
+  for (std::size_t i = 0; i < s.nodes.size(); ++i) {
+    const auto& p = s.nodes[i].report.probe;
+    if (p.cores > 0)
+      nodes[i]["measured"] = {{"gemv_bytes_per_s", {{"f32", p.gemv_f32}, {"f16", p.gemv_f16}, {"q8_0", p.gemv_q8_0}, {"q4_0", p.gemv_q4_0}}},
+                              {"gemm_flop_per_s", {{"f32", p.gemm_f32}, {"f16", p.gemm_f16}, {"q8_0", p.gemm_q8_0}, {"q4_0", p.gemm_q4_0}}},
+                              {"memory_bytes", p.memory_bytes},
+                              {"load", s.nodes[i].report.load}};
+  }
+  json decisions = json::array();
+  for (const auto& d : s.decisions)
+    decisions.push_back({{"at_s", d.at_s},
+                         {"trigger", d.trigger},
+                         {"action", d.action},
+                         {"plan", d.plan},
+                         {"predicted_step_ms_before", d.predicted_step_ms_before},
+                         {"predicted_step_ms_after", d.predicted_step_ms_after},
+                         {"predicted_gain", d.predicted_gain},
+                         {"measured_tokens_per_s_before", d.measured_tps_before},
+                         {"measured_tokens_per_s_after", d.measured_tps_after},
+                         {"state", d.state}});
   const auto& q = s.scheduler;
   json links = json::object();
   for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i) links[s.links[i]] = s.link_bytes[i];
@@ -100,6 +120,8 @@ json status_json(const actors::cluster_status& s) {
           {"actor_restarts", s.actor_restarts},
           {"migrations", s.migrations},
           {"transfer_bytes", links},
+          {"plan", s.plan_detail},
+          {"decisions", decisions},
           {"nodes", nodes},
           {"requests",
            {{"queued", q.queued},
@@ -135,6 +157,20 @@ void print_status(const actors::cluster_status& s) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
       std::printf("%s %s %.2f MiB", i ? "," : "", s.links[i].c_str(), static_cast<double>(s.link_bytes[i]) / (1 << 20));
+    std::printf("\n");
+  }
+  if (!s.plan_detail.empty()) std::printf("predicted (measured devices and links, cost model):\n%s", s.plan_detail.c_str());
+  for (std::size_t i = s.decisions.size() > 5 ? s.decisions.size() - 5 : 0; i < s.decisions.size(); ++i) {
+    const auto& d = s.decisions[i];
+    std::printf("decision at %.0f s, %s: %s [%s]", d.at_s, d.trigger.c_str(), d.action.c_str(), d.state.c_str());
+    if (d.predicted_step_ms_after > 0)
+      std::printf("; predicted step %.3f -> %.3f ms (throughput %+.0f%%)", d.predicted_step_ms_before, d.predicted_step_ms_after,
+                  100 * d.predicted_gain);
+    if (d.measured_tps_before >= 0 || d.measured_tps_after >= 0) {
+      std::printf("; measured %.1f -> %.1f tokens/s", d.measured_tps_before, d.measured_tps_after);
+      if (d.measured_tps_before > 0 && d.measured_tps_after >= 0)
+        std::printf(" (%+.0f%%)", 100 * (d.measured_tps_after / d.measured_tps_before - 1));
+    }
     std::printf("\n");
   }
   std::printf("last event: %s\n", s.last_event.c_str());

@@ -90,6 +90,7 @@ int run_node(const node_args& a) {
     hc.scheduler.max_running = m->scheduler.max_running;
     hc.scheduler.token_budget = m->scheduler.token_budget;
     hc.scheduler.micro_batches = m->scheduler.micro_batches;
+    hc.startup_grace = std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
     auto d = actors::spawn_head(sys, hc, agent);
     if (!d) {
       spdlog::error("node {} (head): {}", a.name, d.error().message);

@@ -16,6 +16,13 @@ namespace {
 
 // Collects errors with the file name; keys are shown as dotted paths
 // ("nodes[1].devices[0].type").
+// Floats print with up to 6 significant digits in messages.
+std::string num_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 struct checker {
   std::string file;
   std::vector<std::string> errors;
@@ -88,6 +95,32 @@ struct checker {
       return;
     }
     out = static_cast<Int>(v);
+  }
+
+  void number(const toml::table& t, std::string_view key, const std::string& where, double& out, double lo, double hi) {
+    const std::string path = where + "." + std::string(key);
+    const auto* n = t.get(key);
+    if (!n) return;
+    if (!n->is_number()) {
+      error(line_of(*n), path, "expected a number");
+      return;
+    }
+    const double v = n->value<double>().value_or(0.0);
+    if (!(v >= lo && v <= hi)) {
+      error(line_of(*n), path, "must be in [" + num_text(lo) + ", " + num_text(hi) + "], got " + num_text(v));
+      return;
+    }
+    out = v;
+  }
+
+  void boolean(const toml::table& t, std::string_view key, const std::string& where, bool& out) {
+    const auto* n = t.get(key);
+    if (!n) return;
+    if (!n->is_boolean()) {
+      error(line_of(*n), where + "." + std::string(key), "expected true or false");
+      return;
+    }
+    out = n->as_boolean()->get();
   }
 };
 
@@ -280,7 +313,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   m.path = path;
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
-  c.only_keys(root, "", {"cluster", "model", "parallelism", "scheduler", "transport", "nodes"});
+  c.only_keys(root, "", {"cluster", "model", "parallelism", "placement", "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
     c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
@@ -341,6 +374,17 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
       else
         c.integer(*t, "tensor_parallel", "parallelism", m.parallelism.tensor_parallel, 1, 256);
     }
+  }
+
+  if (const auto* t = c.table(root, "placement", "", false)) {
+    c.only_keys(*t, "placement", {"wait_for_nodes_s", "rebalance", "interval_s", "gain_threshold", "cooldown_s", "memory_pressure", "measure_s"});
+    c.number(*t, "wait_for_nodes_s", "placement", m.placement.wait_for_nodes_s, 0, 86400);
+    c.boolean(*t, "rebalance", "placement", m.placement.rebalance);
+    c.number(*t, "interval_s", "placement", m.placement.interval_s, 0.5, 86400);
+    c.number(*t, "gain_threshold", "placement", m.placement.gain_threshold, 0, 10);
+    c.number(*t, "cooldown_s", "placement", m.placement.cooldown_s, 0, 86400);
+    c.number(*t, "memory_pressure", "placement", m.placement.memory_pressure, 0.05, 1);
+    c.number(*t, "measure_s", "placement", m.placement.measure_s, 2, 3600);
   }
 
   if (const auto* t = c.table(root, "scheduler", "", false)) {

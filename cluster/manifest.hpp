@@ -63,6 +63,18 @@ struct parallelism_entry {
   int tensor_parallel = 1;
 };
 
+/// How the head places the model and re-plans (docs/manifest.md). The
+/// policy runs with parallelism.pipeline_stages = "auto".
+struct placement_entry {
+  double wait_for_nodes_s = 60;   ///< first placement: wait this long for every node, then place on those up
+  bool rebalance = true;          ///< let the policy move shards (load, memory, a node joining)
+  double interval_s = 5;          ///< how often the policy looks
+  double gain_threshold = 0.15;   ///< move only for this much faster predicted steps
+  double cooldown_s = 60;         ///< a shard that moved stays this long
+  double memory_pressure = 0.9;   ///< a device needing more than this share of its memory sheds shards
+  double measure_s = 20;          ///< a decision's effect: tokens/s over this long before it and after it settled
+};
+
 struct scheduler_entry {
   std::int64_t queue_limit = 64;
   std::int64_t max_running = 64;
@@ -87,6 +99,7 @@ struct manifest {
   std::string launch = "ssh {host} troupe node --manifest {manifest} --name {name}";
   model_entry model;
   parallelism_entry parallelism;
+  placement_entry placement;
   scheduler_entry scheduler;
   transport_entry transport;
   std::vector<node_entry> nodes;

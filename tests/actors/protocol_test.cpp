@@ -130,6 +130,20 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(mq), mq);
   migrate_report mr{"layers [1,2)", "node1", "node2", 75.5, 27.25, 4.5, 2, 8, 1 << 20, 4096, 123456};
   EXPECT_EQ(round_trip(mr), mr);
+  device_probe dp{"cpu:0-3", 4, 1e9, 2e9, 3e9, 4e9, 5e9, 6e9, 7e9, 8e9, 1 << 30, 123.5};
+  EXPECT_EQ(round_trip(dp), dp);
+  node_report nr;
+  nr.node = "n1";
+  nr.probe = dp;
+  nr.load = 0.375;
+  nr.engine_address = {1, 2, 3};
+  EXPECT_EQ(round_trip(nr), nr);
+  placement_decision pd{12.5, "node n2 joined", "move layers 2-3", "n0 [0,2) -> n2 [2,4)", 9.5, 5.25, 0.8, 100, 170, "measured"};
+  EXPECT_EQ(round_trip(pd), pd);
+  cluster_status cs;
+  cs.plan_detail = "plan: 2 stages";
+  cs.decisions = {pd, pd};
+  EXPECT_EQ(round_trip(cs), cs);
 }
 
 TEST_F(protocol_test, stage_handles_carry_actor_handles_and_the_engine_address) {

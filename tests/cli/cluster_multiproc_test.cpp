@@ -501,3 +501,121 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
               to_n2->from.c_str(), to_n2->to.c_str(), to_n2->load_ms, to_n2->total_ms, to_n1->from.c_str(),
               to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
 }
+
+// Placement: with pipeline_stages = "auto" the head places by the planner
+// from the devices and links its nodes measured, and a node that joins
+// later makes the policy re-plan. The move here changes the layer split
+// (one stage becomes two), so the scheduler holds its steps while the new
+// stages load and the running requests recompute: none is dropped and
+// every answer is the one the single-node cluster gave.
+TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
+  const std::string dir = fs::path(test::temp_path("cluster-join")).lexically_normal().string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const int p0 = test::free_port(), p1 = test::free_port();
+  std::string text = "[cluster]\nname = \"join\"\nhead = \"n0\"\ncerts = \"certs\"\n"
+                     "[placement]\nwait_for_nodes_s = 1\ngain_threshold = 0.05\nmeasure_s = 2\n";
+  const char* cores[] = {"0-0", "1-1"};
+  for (int i = 0; i < 2; ++i)
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(i ? p1 : p0) +
+            "\ndevices = [{ type = \"cpu\", cores = \"" + cores[i] + "\", memory = \"2GiB\" }]\n";
+  const std::string manifest = dir + "/cluster.toml";
+  std::ofstream(manifest) << text;
+  ASSERT_EQ(test::troupe_cli("certs " + manifest).exit_code, 0);
+  auto m = cluster::load_manifest(manifest);
+  ASSERT_TRUE(m.has_value()) << m.error().text();
+
+  test::child_process n0("n0", {TROUPE_CLI, "node", "--manifest", manifest, "--name", "n0"});
+  std::unique_ptr<test::child_process> n1;
+  auto stop = [&] {
+    auto r = test::troupe_cli("down " + manifest + " --timeout 60");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(n0.wait_exit(30s), "exit 0");
+    if (n1) {
+      EXPECT_EQ(n1->wait_exit(30s), "exit 0");
+    }
+  };
+  std::this_thread::sleep_for(500ms);
+  {
+    client c(*m);
+    if (!c.ok()) return stop();
+    auto placed = c.wait_for([](const actors::cluster_status& s) { return s.ready && !s.placement.empty(); }, 60s);
+    if (!placed) {
+      ADD_FAILURE() << "n0 alone was not placed";
+      return stop();
+    }
+    auto s0 = c.status();
+    ASSERT_TRUE(s0.has_value());
+    EXPECT_EQ(s0->placement, "n0 [0,4)");
+    // The first decision: the planner's, with a predicted step time from
+    // what n0 measured.
+    ASSERT_FALSE(s0->decisions.empty());
+    EXPECT_EQ(s0->decisions.front().trigger, "start");
+    EXPECT_GT(s0->decisions.front().predicted_step_ms_after, 0);
+    EXPECT_NE(s0->plan_detail.find("1 stage"), std::string::npos) << s0->plan_detail;
+    const auto* me = c.member(*s0, "n0");
+    ASSERT_NE(me, nullptr);
+    EXPECT_GT(me->report.probe.gemv_f32, 0);
+    EXPECT_GT(me->report.probe.gemm_f32, 0);
+    EXPECT_GT(me->report.probe.memory_bytes, 0);
+    EXPECT_LE(me->report.probe.memory_bytes, std::int64_t{2} << 30);
+
+    constexpr int jobs = 8;
+    constexpr std::int64_t tokens = 1200;
+    auto ref = start_jobs(c, jobs, tokens, true);
+    join(*ref);
+    for (int i = 0; i < jobs; ++i)
+      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+
+    auto run = start_jobs(c, jobs, tokens, true);
+    const auto t0 = steady::now();
+    int decoding = 0;
+    while (ms_since(t0) < 60000) {
+      decoding = 0;
+      for (auto& s : run->streamed) decoding += s > 0 && s < tokens / 2;
+      if (decoding >= 4) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_GE(decoding, 4) << "the requests did not start decoding";
+    n1 = std::make_unique<test::child_process>("n1", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n1"});
+    auto replanned = c.wait_for([](const actors::cluster_status& s) {
+      return s.ready && s.placement.find("n1") != std::string::npos && s.placement.find("n0") != std::string::npos;
+    }, 60s);
+    EXPECT_TRUE(replanned.has_value()) << "no re-plan after n1 joined";
+    int unfinished = 0;
+    {
+      std::lock_guard lock(run->mtx);
+      for (const auto& d : run->done) unfinished += !d.has_value();
+    }
+    join(*run);
+    int recomputed = 0;
+    for (const auto& d : run->done) recomputed += d && d->preemptions > 0;
+    // The move came while they decoded: they recomputed on the new stages.
+    EXPECT_GT(unfinished, 0) << "every request had finished before the re-plan";
+    EXPECT_GT(recomputed, 0);
+    for (int i = 0; i < jobs; ++i) {
+      const auto& d = run->done[static_cast<std::size_t>(i)];
+      ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+      EXPECT_EQ(d->reason, "length") << d->error;
+      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i << " answered differently";
+    }
+    auto s1 = c.status();
+    ASSERT_TRUE(s1.has_value());
+    const actors::placement_decision* joined = nullptr;
+    for (const auto& d : s1->decisions)
+      if (d.trigger == "node n1 joined") joined = &d;
+    ASSERT_NE(joined, nullptr) << "no decision for n1 joining";
+    EXPECT_GT(joined->predicted_gain, 0.05);
+    EXPECT_LT(joined->predicted_step_ms_after, joined->predicted_step_ms_before);
+    EXPECT_NE(joined->state.find("measur"), std::string::npos) << joined->state;
+    EXPECT_NE(s1->plan_detail.find("2 stages"), std::string::npos) << s1->plan_detail;
+    std::printf("[ placement ] %s: %s; predicted step %.3f -> %.3f ms (%+.0f%% throughput); %s\n", joined->trigger.c_str(),
+                joined->action.c_str(), joined->predicted_step_ms_before, joined->predicted_step_ms_after,
+                100 * joined->predicted_gain, s1->placement.c_str());
+    // The new pipeline answers a new request as the old one did.
+    auto f = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
+    ASSERT_TRUE(f.has_value()) << f.error();
+    EXPECT_EQ(f->tokens, ref->done[0]->tokens);
+  }
+  stop();
+}

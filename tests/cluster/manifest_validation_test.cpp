@@ -53,6 +53,22 @@ devices = [{ type = "cuda", index = 1, memory = 1073741824 }, { type = "cpu", co
 
 std::string joined(const manifest_error& e) { return e.text(); }
 
+TEST(Manifest, PlacementKeys) {
+  const std::string text = "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n"
+                           "[placement]\nwait_for_nodes_s = 2.5\nrebalance = false\ninterval_s = 1\ngain_threshold = 0.3\n"
+                           "cooldown_s = 120\nmemory_pressure = 0.8\nmeasure_s = 40\n"
+                           "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
+  auto m = parse_manifest(text, "/tmp/m.toml");
+  ASSERT_TRUE(m) << joined(m.error());
+  EXPECT_EQ(m->placement.wait_for_nodes_s, 2.5);
+  EXPECT_FALSE(m->placement.rebalance);
+  EXPECT_EQ(m->placement.interval_s, 1);
+  EXPECT_EQ(m->placement.gain_threshold, 0.3);
+  EXPECT_EQ(m->placement.cooldown_s, 120);
+  EXPECT_EQ(m->placement.memory_pressure, 0.8);
+  EXPECT_EQ(m->placement.measure_s, 40);
+}
+
 TEST(Manifest, ParsesEveryField) {
   auto m = parse_manifest(good, "/etc/troupe/lab.toml");
   ASSERT_TRUE(m) << joined(m.error());
@@ -64,6 +80,11 @@ TEST(Manifest, ParsesEveryField) {
   EXPECT_EQ(m->model.ctx_tokens, 4096);
   ASSERT_EQ(m->model.overrides.size(), 2u);
   EXPECT_EQ(m->parallelism.pipeline_stages, 2);
+  // [placement] absent: the documented defaults.
+  EXPECT_EQ(m->placement.wait_for_nodes_s, 60);
+  EXPECT_TRUE(m->placement.rebalance);
+  EXPECT_EQ(m->placement.gain_threshold, 0.15);
+  EXPECT_EQ(m->placement.cooldown_s, 60);
   EXPECT_EQ(m->scheduler.queue_limit, 32);
   EXPECT_EQ(m->scheduler.max_running, 8);
   EXPECT_EQ(m->scheduler.token_budget, 512);  // default
@@ -129,6 +150,12 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
       {head + node + "[model]\nquant = \"q5_k\"\n", "m.toml:11: model.quant: unknown weight format 'q5_k'"},
       {head + node + "[parallelism]\npipeline_stages = 4\n", "parallelism: 4 stages x 1 tensor-parallel ranks need 4 devices; the nodes have 1"},
       {head + node + "[parallelism]\npipeline_stages = \"many\"\n", "m.toml:11: parallelism.pipeline_stages: expected \"auto\""},
+      {head + node + "[placement]\ngain_threshold = -1\n", "m.toml:11: placement.gain_threshold: must be in [0, 10], got -1"},
+      {head + node + "[placement]\ncooldown_s = \"long\"\n", "m.toml:11: placement.cooldown_s: expected a number"},
+      {head + node + "[placement]\nrebalance = 1\n", "m.toml:11: placement.rebalance: expected true or false"},
+      {head + node + "[placement]\nmemory_pressure = 1.5\n", "m.toml:11: placement.memory_pressure: must be in [0.05, 1], got 1.5"},
+      {head + node + "[placement]\nmeasure_s = 0.5\n", "m.toml:11: placement.measure_s: must be in [2, 3600], got 0.5"},
+      {head + node + "[placement]\nplanner = \"greedy\"\n", "m.toml:11: placement.planner: unknown key"},
       {head + "[cluster]\n", "not valid TOML"},
       {head + node + "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n",
        "nodes[1].port: 127.0.0.1:7400 is already node 'a''s address"},

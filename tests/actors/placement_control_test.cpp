@@ -1,0 +1,204 @@
+// The head's side of placement: node reports into the planner's profiles,
+// plans back into stages, the device probe, the load meter and the
+// throughput windows of the decision log.
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "actors/device_probe.hpp"
+#include "actors/placement_control.hpp"
+#include "actors/prompt.hpp"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::actors;
+using namespace std::chrono_literals;
+
+device_probe probe(double scale, std::int64_t memory = std::int64_t{8} << 30) {
+  device_probe p;
+  p.device = "cpu";
+  p.cores = 1;
+  p.gemv_f32 = 20e9 * scale;
+  p.gemv_f16 = 19e9 * scale;
+  p.gemv_q8_0 = 18e9 * scale;
+  p.gemv_q4_0 = 17e9 * scale;
+  p.gemm_f32 = 50e9 * scale;
+  p.gemm_f16 = 51e9 * scale;
+  p.gemm_q8_0 = 80e9 * scale;
+  p.gemm_q4_0 = 110e9 * scale;
+  p.memory_bytes = memory;
+  return p;
+}
+
+placement::model_profile bundled_profile(const std::string& kv = "f32") {
+  auto s = load_prompt_setup(TROUPE_BUNDLED_MODEL);
+  EXPECT_TRUE(s.has_value()) << (s ? "" : s.error().message);
+  auto m = model_profile_of(s->text, s->llava, kv);
+  EXPECT_TRUE(m.has_value()) << (m ? "" : m.error());
+  return *m;
+}
+
+TEST(PlacementControl, ModelProfileFollowsTheConfigAndTheCacheType) {
+  auto s = load_prompt_setup(TROUPE_BUNDLED_MODEL);
+  ASSERT_TRUE(s.has_value());
+  const auto f32 = bundled_profile("f32"), f16 = bundled_profile("f16"), i8 = bundled_profile("int8");
+  EXPECT_EQ(f32.layer_count(), s->text.num_layers);
+  EXPECT_EQ(f32.hidden, s->text.hidden_size);
+  ASSERT_TRUE(f32.vision.has_value());
+  EXPECT_EQ(f32.vision->hidden, s->llava->vision.hidden_size);
+  for (int i = 0; i < f32.layer_count(); ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    // K and V, kv_heads x head_dim each, per token: 2 x 4 bytes in f32.
+    EXPECT_DOUBLE_EQ(f32.layers[k].kv_bytes_per_token,
+                     2.0 * 4.0 * static_cast<double>(s->text.num_kv_heads * s->text.head_dim));
+    EXPECT_DOUBLE_EQ(f16.layers[k].kv_bytes_per_token * 2, f32.layers[k].kv_bytes_per_token);
+    EXPECT_DOUBLE_EQ(i8.layers[k].kv_bytes_per_token * 4, f32.layers[k].kv_bytes_per_token);
+  }
+  EXPECT_FALSE(model_profile_of(s->text, std::nullopt, "f32")->vision.has_value());
+}
+
+TEST(PlacementControl, PrecisionOfEachWeightFormat) {
+  using kernels::weight_format;
+  EXPECT_EQ(precision_of(weight_format::f32), placement::precision::f32);
+  EXPECT_EQ(precision_of(weight_format::bf16), placement::precision::f16);
+  EXPECT_EQ(precision_of(weight_format::int8_asym), placement::precision::q8_0);
+  EXPECT_EQ(precision_of(weight_format::int4_sym), placement::precision::q4_0);
+  EXPECT_EQ(precision_of(weight_format::q4_0), placement::precision::q4_0);
+}
+
+TEST(PlacementControl, ClusterProfileFromReportsAndLinks) {
+  std::vector<node_measure> nodes = {{"n0", probe(1.0), 0.2}, {"n1", probe(2.0), 1.0}, {"n2", probe(1.0), 0.0}};
+  nodes[2].probe.cores = 0;  // not measured yet: left out
+  const std::vector<placement::link_profile> links = {{"n0", "n1", 2e9, 50e-6}, {"n1", "n0", 9e9, 1e-6},
+                                                      {"n0", "n2", 1e9, 1e-3}};
+  const auto c = cluster_profile_of(nodes, links, placement::precision::q4_0);
+  ASSERT_EQ(c.devices.size(), 2u);
+  EXPECT_EQ(c.devices[0].id, "n0:cpu");
+  EXPECT_EQ(c.devices[1].node, "n1");
+  EXPECT_DOUBLE_EQ(c.devices[0].gemm_flop_per_s, nodes[0].probe.gemm_q4_0);  // the weights' format
+  EXPECT_DOUBLE_EQ(c.devices[1].gemv(placement::precision::q8_0), nodes[1].probe.gemv_q8_0);
+  EXPECT_DOUBLE_EQ(c.devices[0].load, 0.2);
+  EXPECT_DOUBLE_EQ(c.devices[1].load, 0.95);  // all taken is still usable, barely
+  // One link per pair (the first), none to a node left out.
+  ASSERT_EQ(c.links.size(), 1u);
+  EXPECT_DOUBLE_EQ(c.links[0].bandwidth_bytes_per_s, 2e9);
+  ASSERT_TRUE(c.default_remote_link.has_value());
+  EXPECT_DOUBLE_EQ(c.default_remote_link->bandwidth_bytes_per_s, 2e9);
+  EXPECT_TRUE(placement::validate(c).has_value());
+  // Without measured links: 1 GB/s, 100 us.
+  const auto d = cluster_profile_of(nodes, {}, placement::precision::f32);
+  ASSERT_TRUE(d.default_remote_link.has_value());
+  EXPECT_DOUBLE_EQ(d.default_remote_link->bandwidth_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(d.default_remote_link->latency_s, 100e-6);
+  EXPECT_DOUBLE_EQ(d.devices[0].gemm_flop_per_s, nodes[0].probe.gemm_f32);
+}
+
+TEST(PlacementControl, PlansBecomeStagesAndStagesBecomePlans) {
+  const auto model = bundled_profile();
+  const auto c = cluster_profile_of({{"n0", probe(1.0), 0}, {"n1", probe(1.0), 0}}, {{"n0", "n1", 5e9, 50e-6}},
+                                    placement::precision::f32);
+  placement::workload w;
+  w.batch = 16;
+  w.context_tokens = 512;
+  w.overhead_bytes = 64.0 * (1 << 20);
+  placement::planner_options o;
+  o.preferred = o.min_precision = placement::precision::f32;
+  o.allow_tensor_parallel = false;
+  auto p = placement::make_plan(c, model, w, o);
+  ASSERT_TRUE(p.has_value()) << p.error();
+  auto slots = slots_of(*p, c);
+  ASSERT_TRUE(slots.has_value()) << slots.error();
+  ASSERT_EQ(slots->size(), p->stages.size());
+  int next = 0;
+  for (std::size_t i = 0; i < slots->size(); ++i) {
+    EXPECT_EQ((*slots)[i].first_layer, next);
+    next = (*slots)[i].last_layer;
+    EXPECT_EQ(c.find(p->stages[i].devices[0])->node, (*slots)[i].node);
+  }
+  EXPECT_EQ(next, model.layer_count());
+  // The stages back as a plan, re-costed: the planner's own prediction.
+  const std::string enc = p->encoder_device ? c.find(*p->encoder_device)->node : "";
+  auto back = plan_of(*slots, c, placement::precision::f32, enc);
+  ASSERT_TRUE(back.has_value()) << back.error();
+  auto cost = placement::evaluate(*back, c, model, w);
+  ASSERT_TRUE(cost.has_value()) << cost.error();
+  EXPECT_NEAR(cost->step_s, p->step_s, 1e-12 + 1e-9 * p->step_s);
+
+  // Refusals: a tensor-parallel stage, an unknown device or node.
+  auto tp = *p;
+  tp.stages[0].devices = {"n0:cpu", "n1:cpu"};
+  EXPECT_NE(slots_of(tp, c).error().find("tensor-parallel"), std::string::npos);
+  auto unknown = *p;
+  unknown.stages[0].devices = {"n9:cpu"};
+  EXPECT_NE(slots_of(unknown, c).error().find("n9:cpu"), std::string::npos);
+  EXPECT_NE(plan_of({{"n7", 0, 4}}, c, placement::precision::f32, "").error().find("n7"), std::string::npos);
+  EXPECT_NE(plan_of(*slots, c, placement::precision::f32, "n8").error().find("n8"), std::string::npos);
+}
+
+TEST(PlacementControl, TokenRateOverWindows) {
+  token_rate r;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i <= 20; ++i) r.add(t0 + i * 500ms, i < 10 ? i * 50 : 450 + (i - 9) * 200);
+  // 0..4.5 s: 50 tokens per 0.5 s; from 5 s: 200 per 0.5 s.
+  ASSERT_TRUE(r.rate(t0, t0 + 4500ms).has_value());
+  EXPECT_DOUBLE_EQ(*r.rate(t0, t0 + 4500ms), 100.0);
+  EXPECT_DOUBLE_EQ(*r.rate(t0 + 5s, t0 + 10s), 400.0);
+  EXPECT_FALSE(r.rate(t0, t0 + 1s).has_value());           // under the 2 s span
+  EXPECT_FALSE(r.rate(t0 + 20s, t0 + 30s).has_value());    // no samples there
+  r.add(t0, 0);                                             // out of order: ignored
+  EXPECT_DOUBLE_EQ(*r.rate(t0 + 5s, t0 + 10s), 400.0);
+  // Old samples go after `keep`.
+  r.add(t0 + 700s, 10000);
+  EXPECT_FALSE(r.rate(t0, t0 + 10s).has_value());
+}
+
+TEST(DeviceProbe, MeasuresRatesAndMemoryOnItsTeam) {
+  device_spec spec;
+  spec.name = "cpu:0-0";
+  spec.cores = {0};
+  auto d = device_context::create(spec);
+  const auto p = measure_device(*d, std::int64_t{1} << 30);
+  EXPECT_EQ(p.device, "cpu:0-0");
+  EXPECT_EQ(p.cores, 1);
+  for (double v : {p.gemv_f32, p.gemv_f16, p.gemv_q8_0, p.gemv_q4_0, p.gemm_f32, p.gemm_f16, p.gemm_q8_0, p.gemm_q4_0})
+    EXPECT_GT(v, 0);
+  // The limit less what this process holds.
+  EXPECT_GT(p.memory_bytes, 0);
+  EXPECT_LT(p.memory_bytes, std::int64_t{1} << 30);
+  EXPECT_GT(p.probe_ms, 0);
+  // Without a limit: the machine's available memory (plus our own).
+  const auto q = measure_device(*d, 0);
+  EXPECT_GT(q.memory_bytes, 0);
+}
+
+TEST(DeviceProbe, ForeignLoadSeesAnotherProcessSpinning) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    ::sched_setaffinity(0, sizeof set, &set);
+    std::atomic<unsigned long> spin{0};
+    for (;;) spin.fetch_add(1, std::memory_order_relaxed);
+  }
+  foreign_load meter({0});
+  std::this_thread::sleep_for(600ms);
+  const double load = meter.sample();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  // The child alone keeps core 0 busy unless others share it, and they
+  // count as foreign work too.
+  EXPECT_GT(load, 0.5);
+  EXPECT_LE(load, 1.0);
+}
+
+}  // namespace
