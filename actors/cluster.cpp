@@ -687,18 +687,11 @@ void apply_decision(head_ptr self, const placement::decision& d, std::size_t ind
   for (const auto& m : d.moves) placement::commit(st.policy, m, steady::now());
   std::string enc_to;
   if (d.target.encoder_device && st.encoder)
-    if (const auto* dev = prof.find(*d.target.encoder_device); dev && dev->node != encoder_node(self)) enc_to = dev->node;
-  const bool same_split = target->size() == st.plan.size() &&
-                          std::equal(target->begin(), target->end(), st.plan.begin(), [](const auto& a, const auto& b) {
-                            return a.first_layer == b.first_layer && a.last_layer == b.last_layer;
-                          });
+    if (const auto* dev = prof.find(*d.target.encoder_device)) enc_to = dev->node;
+  auto change = change_between(st.plan, *target, encoder_node(self), enc_to);
   st.rebalancing = true;
-  if (same_split) {
-    auto moves = std::make_shared<std::vector<migrate_request>>();
-    for (std::size_t i = 0; i < target->size(); ++i)
-      if ((*target)[i].node != st.plan[i].node) moves->push_back({std::to_string(i), (*target)[i].node});
-    if (!enc_to.empty()) moves->push_back({"vision", enc_to});
-    run_moves(self, moves, 0, index);
+  if (!change.resplit) {
+    run_moves(self, std::make_shared<std::vector<migrate_request>>(std::move(change.moves)), 0, index);
     return;
   }
   // A new layer split: hold the steps, place it, resume (the running
@@ -709,7 +702,7 @@ void apply_decision(head_ptr self, const placement::decision& d, std::size_t ind
             auto& st = self->state;
             st.resume_after_placement = true;
             st.placing_decision = index;
-            st.want_encoder_on = enc_to;
+            st.want_encoder_on = enc_to;  // moved after the placement, if it is another node
             replace(self, "re-split", slots);
           },
           [self, index](caf::error& e) {

@@ -133,6 +133,20 @@ placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot
   return out;
 }
 
+plan_change change_between(const std::vector<cluster::stage_slot>& current, const std::vector<cluster::stage_slot>& target,
+                           const std::string& encoder_from, const std::string& encoder_to) {
+  plan_change c;
+  c.resplit = target.size() != current.size() ||
+              !std::equal(target.begin(), target.end(), current.begin(), [](const auto& a, const auto& b) {
+                return a.first_layer == b.first_layer && a.last_layer == b.last_layer;
+              });
+  if (!c.resplit)
+    for (std::size_t i = 0; i < target.size(); ++i)
+      if (target[i].node != current[i].node) c.moves.push_back({std::to_string(i), target[i].node});
+  if (!encoder_to.empty() && encoder_to != encoder_from) c.moves.push_back({"vision", encoder_to});
+  return c;
+}
+
 void token_rate::add(time_point t, std::int64_t tokens, std::chrono::seconds keep) {
   if (!samples_.empty() && t < samples_.back().first) return;
   samples_.emplace_back(t, tokens);

@@ -61,6 +61,18 @@ placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot
                                            const placement::cluster_profile& c, placement::precision p,
                                            const std::string& encoder_node);
 
+/// How the cluster turns the stages `current` into `target`. The same
+/// layer split: live migrations of the stages whose node changes (by
+/// index), then of the encoder when `encoder_to` is another node than
+/// `encoder_from` (empty `encoder_to`: it stays). Another split: a
+/// re-placement (`resplit`), the encoder moved afterwards.
+struct plan_change {
+  bool resplit = false;
+  std::vector<migrate_request> moves;
+};
+plan_change change_between(const std::vector<cluster::stage_slot>& current, const std::vector<cluster::stage_slot>& target,
+                           const std::string& encoder_from, const std::string& encoder_to);
+
 /// Generated tokens over time (the scheduler's running count), sampled at
 /// heartbeats; the rate over a window for the decision log.
 class token_rate {

@@ -143,6 +143,33 @@ TEST(PlacementControl, PlansBecomeStagesAndStagesBecomePlans) {
   EXPECT_NE(plan_of(*slots, c, placement::precision::f32, "n8").error().find("n8"), std::string::npos);
 }
 
+TEST(PlacementControl, ChangesBetweenPlacements) {
+  const std::vector<cluster::stage_slot> cur = {{"n0", 0, 2}, {"n1", 2, 4}};
+  // Same split, stage 1 to n2, encoder stays: one live migration.
+  auto c = change_between(cur, {{"n0", 0, 2}, {"n2", 2, 4}}, "n0", "n0");
+  EXPECT_FALSE(c.resplit);
+  ASSERT_EQ(c.moves.size(), 1u);
+  EXPECT_EQ(c.moves[0], (migrate_request{"1", "n2"}));
+  // Both stages and the encoder, in that order.
+  c = change_between(cur, {{"n1", 0, 2}, {"n0", 2, 4}}, "n0", "n2");
+  EXPECT_FALSE(c.resplit);
+  ASSERT_EQ(c.moves.size(), 3u);
+  EXPECT_EQ(c.moves[0], (migrate_request{"0", "n1"}));
+  EXPECT_EQ(c.moves[1], (migrate_request{"1", "n0"}));
+  EXPECT_EQ(c.moves[2], (migrate_request{"vision", "n2"}));
+  // Nothing changes.
+  c = change_between(cur, cur, "n0", "");
+  EXPECT_FALSE(c.resplit);
+  EXPECT_TRUE(c.moves.empty());
+  // Another split (one stage becomes two, or the boundary moves): a
+  // re-placement; no stage migrations, the encoder still moves after.
+  c = change_between({{"n0", 0, 4}}, cur, "n0", "n1");
+  EXPECT_TRUE(c.resplit);
+  ASSERT_EQ(c.moves.size(), 1u);
+  EXPECT_EQ(c.moves[0].shard, "vision");
+  EXPECT_TRUE(change_between(cur, {{"n0", 0, 3}, {"n1", 3, 4}}, "n0", "").resplit);
+}
+
 TEST(PlacementControl, TokenRateOverWindows) {
   token_rate r;
   const auto t0 = std::chrono::steady_clock::now();
