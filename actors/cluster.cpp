@@ -1667,6 +1667,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
       st.policy_opt.gain_threshold = pe.gain_threshold;
       st.policy_opt.cooldown = std::chrono::duration_cast<placement::duration>(std::chrono::duration<double>(pe.cooldown_s));
       st.policy_opt.memory_pressure = pe.memory_pressure;
+      st.policy_opt.load_half_life =
+          std::chrono::duration_cast<placement::duration>(std::chrono::duration<double>(pe.load_half_life_s));
       st.policy_opt.planner.preferred = st.precision;
       st.policy_opt.planner.min_precision = st.precision;
       st.policy_opt.planner.allow_tensor_parallel = false;

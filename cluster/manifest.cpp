@@ -377,7 +377,8 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   }
 
   if (const auto* t = c.table(root, "placement", "", false)) {
-    c.only_keys(*t, "placement", {"wait_for_nodes_s", "rebalance", "interval_s", "gain_threshold", "cooldown_s", "memory_pressure", "measure_s"});
+    c.only_keys(*t, "placement", {"wait_for_nodes_s", "rebalance", "interval_s", "gain_threshold", "cooldown_s", "memory_pressure", "measure_s",
+                                  "load_half_life_s"});
     c.number(*t, "wait_for_nodes_s", "placement", m.placement.wait_for_nodes_s, 0, 86400);
     c.boolean(*t, "rebalance", "placement", m.placement.rebalance);
     c.number(*t, "interval_s", "placement", m.placement.interval_s, 0.5, 86400);
@@ -385,6 +386,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
     c.number(*t, "cooldown_s", "placement", m.placement.cooldown_s, 0, 86400);
     c.number(*t, "memory_pressure", "placement", m.placement.memory_pressure, 0.05, 1);
     c.number(*t, "measure_s", "placement", m.placement.measure_s, 2, 3600);
+    c.number(*t, "load_half_life_s", "placement", m.placement.load_half_life_s, 0, 86400);
   }
 
   if (const auto* t = c.table(root, "scheduler", "", false)) {

@@ -73,6 +73,7 @@ struct placement_entry {
   double cooldown_s = 60;         ///< a shard that moved stays this long
   double memory_pressure = 0.9;   ///< a device needing more than this share of its memory sheds shards
   double measure_s = 20;          ///< a decision's effect: tokens/s over this long before it and after it settled
+  double load_half_life_s = 30;   ///< measured loads are smoothed with this half-life (0: taken as they come)
 };
 
 struct scheduler_entry {

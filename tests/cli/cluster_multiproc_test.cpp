@@ -16,6 +16,9 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <thread>
 
 #include "../temp_path.hpp"
@@ -508,20 +511,26 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
 // (one stage becomes two), so the scheduler holds its steps while the new
 // stages load and the running requests recompute: none is dropped and
 // every answer is the one the single-node cluster gave.
-TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
-  const std::string dir = fs::path(test::temp_path("cluster-join")).lexically_normal().string();
+namespace {
+// A loopback manifest for the placement tests: pipeline_stages "auto", one
+// node per entry of `cores`, the [placement] keys given; certificates made.
+std::string placement_manifest(const std::string& name, const std::string& placement, const std::vector<std::string>& cores) {
+  const std::string dir = fs::path(test::temp_path("cluster-" + name)).lexically_normal().string();
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const int p0 = test::free_port(), p1 = test::free_port();
-  std::string text = "[cluster]\nname = \"join\"\nhead = \"n0\"\ncerts = \"certs\"\n"
-                     "[placement]\nwait_for_nodes_s = 1\ngain_threshold = 0.05\nmeasure_s = 2\n";
-  const char* cores[] = {"0-0", "1-1"};
-  for (int i = 0; i < 2; ++i)
-    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(i ? p1 : p0) +
+  std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"n0\"\ncerts = \"certs\"\n[placement]\n" + placement;
+  for (std::size_t i = 0; i < cores.size(); ++i)
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(test::free_port()) +
             "\ndevices = [{ type = \"cpu\", cores = \"" + cores[i] + "\", memory = \"2GiB\" }]\n";
   const std::string manifest = dir + "/cluster.toml";
   std::ofstream(manifest) << text;
-  ASSERT_EQ(test::troupe_cli("certs " + manifest).exit_code, 0);
+  EXPECT_EQ(test::troupe_cli("certs " + manifest).exit_code, 0);
+  return manifest;
+}
+}  // namespace
+
+TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
+  const auto manifest = placement_manifest("join", "wait_for_nodes_s = 1\ngain_threshold = 0.05\nmeasure_s = 2\n", {"0-0", "1-1"});
   auto m = cluster::load_manifest(manifest);
   ASSERT_TRUE(m.has_value()) << m.error().text();
 
@@ -616,6 +625,110 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
     auto f = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
     ASSERT_TRUE(f.has_value()) << f.error();
     EXPECT_EQ(f->tokens, ref->done[0]->tokens);
+  }
+  stop();
+}
+
+// The offload policy: a device that other work takes over (a process
+// spinning on n1's core) makes the head move n1's stage to a node with
+// room, by live migration, and the answers stay the same.
+TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
+  // n2 shares core 0 with n0; the planner cannot know, so a high gain
+  // threshold keeps it from spreading to n2 when it joins. A device at
+  // 95 % load passes any threshold.
+  const auto manifest = placement_manifest(
+      "offload", "wait_for_nodes_s = 3\ngain_threshold = 0.6\nload_half_life_s = 0\ninterval_s = 1\nmeasure_s = 2\ncooldown_s = 0\n",
+      {"0-0", "1-1", "0-0"});
+  auto m = cluster::load_manifest(manifest);
+  ASSERT_TRUE(m.has_value()) << m.error().text();
+  test::child_process n0("n0", {TROUPE_CLI, "node", "--manifest", manifest, "--name", "n0"});
+  test::child_process n1("n1", {TROUPE_CLI, "node", "--manifest", manifest, "--name", "n1"});
+  std::unique_ptr<test::child_process> n2;
+  pid_t spinner = 0;
+  auto stop = [&] {
+    if (spinner > 0) {
+      ::kill(spinner, SIGKILL);
+      ::waitpid(spinner, nullptr, 0);
+    }
+    auto r = test::troupe_cli("down " + manifest + " --timeout 60");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(n0.wait_exit(30s), "exit 0");
+    EXPECT_EQ(n1.wait_exit(30s), "exit 0");
+    if (n2) {
+      EXPECT_EQ(n2->wait_exit(30s), "exit 0");
+    }
+  };
+  std::this_thread::sleep_for(500ms);
+  {
+    client c(*m);
+    if (!c.ok()) return stop();
+    // n0 and n1 are placed after the grace of 3 s (n2 is not started
+    // yet); n2 joins afterwards, and the policy leaves it idle.
+    auto placed = c.wait_for([](const actors::cluster_status& s) {
+      if (!s.ready) return false;
+      for (const auto& d : s.decisions)
+        if (d.trigger == "start") return true;
+      return false;
+    }, 90s);
+    if (!placed) {
+      ADD_FAILURE() << "not placed";
+      return stop();
+    }
+    n2 = std::make_unique<test::child_process>("n2", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n2"});
+    auto joined = c.wait_for([](const actors::cluster_status& s) {
+      for (const auto& d : s.decisions)
+        if (d.trigger == "node n2 joined") return true;
+      return false;
+    }, 30s);
+    EXPECT_TRUE(joined.has_value()) << "no decision when n2 joined";
+    auto s0 = c.status();
+    ASSERT_TRUE(s0.has_value());
+    if (s0->placement.find("n1") == std::string::npos) {
+      ADD_FAILURE() << "the planner left n1 out: " << s0->placement << " (the test needs a stage there)";
+      return stop();
+    }
+    constexpr int jobs = 4;
+    constexpr std::int64_t tokens = 200;
+    auto ref = start_jobs(c, jobs, tokens, true);
+    join(*ref);
+    for (int i = 0; i < jobs; ++i)
+      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+
+    spinner = ::fork();
+    ASSERT_GE(spinner, 0);
+    if (spinner == 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(1, &set);
+      ::sched_setaffinity(0, sizeof set, &set);
+      std::atomic<unsigned long> spin{0};
+      for (;;) spin.fetch_add(1, std::memory_order_relaxed);
+    }
+    auto moved = c.wait_for([](const actors::cluster_status& s) {
+      return s.ready && s.placement.find("n1") == std::string::npos && !s.decisions.empty() &&
+             s.decisions.back().trigger == "load or memory" && s.decisions.back().state != "moving";
+    }, 60s);
+    ::kill(spinner, SIGKILL);
+    ::waitpid(spinner, nullptr, 0);
+    spinner = 0;
+    auto s1 = c.status();
+    ASSERT_TRUE(s1.has_value());
+    ASSERT_TRUE(moved.has_value()) << "n1's stage did not move: " << s1->placement << "; last decision: "
+                                   << (s1->decisions.empty() ? "-" : s1->decisions.back().action);
+    const auto& d = s1->decisions.back();
+    EXPECT_EQ(d.action.rfind("move ", 0), 0u) << d.action;
+    EXPECT_GT(d.predicted_gain, 0.6);
+    EXPECT_EQ(d.state.find("failed"), std::string::npos) << d.state;
+    std::printf("[ placement ] offload: %s -> %s; %s (%s)\n", s0->placement.c_str(), s1->placement.c_str(), d.action.c_str(),
+                s1->migrations > 0 ? "live migration" : "re-split");
+    // The same answers from the new placement.
+    auto again = start_jobs(c, jobs, tokens, true);
+    join(*again);
+    for (int i = 0; i < jobs; ++i) {
+      const auto& f = again->done[static_cast<std::size_t>(i)];
+      ASSERT_TRUE(f.has_value()) << again->errors[static_cast<std::size_t>(i)];
+      EXPECT_EQ(f->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i;
+    }
   }
   stop();
 }

@@ -56,7 +56,7 @@ std::string joined(const manifest_error& e) { return e.text(); }
 TEST(Manifest, PlacementKeys) {
   const std::string text = "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n"
                            "[placement]\nwait_for_nodes_s = 2.5\nrebalance = false\ninterval_s = 1\ngain_threshold = 0.3\n"
-                           "cooldown_s = 120\nmemory_pressure = 0.8\nmeasure_s = 40\n"
+                           "cooldown_s = 120\nmemory_pressure = 0.8\nmeasure_s = 40\nload_half_life_s = 0\n"
                            "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
   auto m = parse_manifest(text, "/tmp/m.toml");
   ASSERT_TRUE(m) << joined(m.error());
@@ -67,6 +67,7 @@ TEST(Manifest, PlacementKeys) {
   EXPECT_EQ(m->placement.cooldown_s, 120);
   EXPECT_EQ(m->placement.memory_pressure, 0.8);
   EXPECT_EQ(m->placement.measure_s, 40);
+  EXPECT_EQ(m->placement.load_half_life_s, 0);
 }
 
 TEST(Manifest, ParsesEveryField) {
