@@ -569,6 +569,12 @@ std::size_t record_decision(head_ptr self, placement_decision d) {
     st.decisions.erase(st.decisions.begin());
     std::erase_if(st.to_measure, [](const auto& p) { return p.index == 0; });
     for (auto& p : st.to_measure) --p.index;
+    if (st.placing_decision) {
+      if (*st.placing_decision == 0)
+        st.placing_decision.reset();
+      else
+        --*st.placing_decision;
+    }
   }
   const auto& x = st.decisions.back();
   char buf[160];

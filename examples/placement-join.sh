@@ -5,7 +5,9 @@
 # decision log then holds the predicted and the measured effect.
 #
 #   examples/placement-join.sh [TROUPE_BINARY]
+#   MEASURE_S=60 examples/placement-join.sh ...   (longer windows: steadier)
 set -euo pipefail
+measure=${MEASURE_S:-30}
 troupe=${1:-$(dirname "$0")/../build/cli/troupe}
 troupe=$(realpath "$troupe")
 dir=$(mktemp -d /tmp/troupe-join.XXXXXX)
@@ -22,7 +24,7 @@ path = "tl8.gguf"
 
 [placement]
 wait_for_nodes_s = 3
-measure_s = 30
+measure_s = $measure
 
 [[nodes]]
 name = "n0"
@@ -48,10 +50,10 @@ trap cleanup EXIT
 sleep 8
 "$troupe" serve join.toml --port "$http" > serve.log 2>&1 & pids+=($!)
 sleep 2
-"$troupe" bench --http "http://127.0.0.1:$http" -c 16 -n 200 --max-tokens 64 --completions > bench.log 2>&1 & pids+=($!)
-sleep 45
+"$troupe" bench --http "http://127.0.0.1:$http" -c 16 -n 1000 --max-tokens 64 --completions > bench.log 2>&1 & pids+=($!)
+sleep $((measure + 15))
 "$troupe" node --manifest join.toml --name n1 > n1.log 2>&1 & pids+=($!)
-# The decision, then measure_s (30 s) from 5 s after it took effect.
-sleep 50
+# The decision, then measure_s from 5 s after it took effect.
+sleep $((measure + 20))
 "$troupe" status join.toml | grep -E "^cluster|^decision|^  stage"
 echo "logs in $dir"
