@@ -14,6 +14,7 @@
 #include <random>
 
 #include "actors/data_plane.hpp"
+#include "actors/pipeline_stats.hpp"
 #include "actors/device_probe.hpp"
 #include "actors/placement_control.hpp"
 #include "actors/gatekeeper.hpp"
@@ -382,6 +383,9 @@ struct head_state {
   };
   std::vector<pending_measure> to_measure;
   token_rate tokens;
+  /// The scheduler's counters at each heartbeat, the last minute of them
+  /// (status: where the pipeline's time went).
+  std::deque<std::pair<steady::time_point, scheduler_stats>> stat_samples;
   std::vector<std::string> joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
   steady::time_point next_policy = steady::now();
   bool rebalancing = false;             ///< a decision's moves are under way
@@ -1028,7 +1032,11 @@ void heartbeat(head_ptr self) {
   }
   if (st.scheduler)
     self->request(st.scheduler, 5s, stats_atom::value).then([self](const scheduler_stats& s) {
-      self->state.tokens.add(steady::now(), s.tokens_out);
+      const auto now = steady::now();
+      self->state.tokens.add(now, s.tokens_out);
+      auto& q = self->state.stat_samples;
+      q.emplace_back(now, s);
+      while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
     }, [](caf::error&) {});
   measure_decisions(self);
   policy_tick(self);
@@ -1586,6 +1594,17 @@ cluster_status status_of(head_ptr self) {
     }
   }
   s.decisions = st.decisions;
+  // Where the pipeline's time went: the latest sample against the newest
+  // one at least 10 s older.
+  if (st.stat_samples.size() >= 2) {
+    const auto& [t1, b] = st.stat_samples.back();
+    for (auto it = st.stat_samples.rbegin(); it != st.stat_samples.rend(); ++it) {
+      if (t1 - it->first < 10s && std::next(it) != st.stat_samples.rend()) continue;
+      if (auto p = breakdown_between(it->second, b, std::chrono::duration<double>(t1 - it->first).count()))
+        s.pipeline_detail = p->describe();
+      break;
+    }
+  }
   return s;
 }
 

@@ -16,7 +16,7 @@
 
 namespace troupe::actors {
 
-inline constexpr std::uint32_t protocol_version = 12;
+inline constexpr std::uint32_t protocol_version = 13;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -177,6 +177,7 @@ struct step_batch {
   std::vector<seq_work> seqs;
   tensor_ref hidden;  ///< f32 [tokens, hidden] (none for the first stage)
   double compute_ms = 0;  ///< accumulated over the stages so far
+  std::vector<double> stage_ms;  ///< each stage's own part of compute_ms, in pipeline order
   /// Multi-step decode: a stage that is the whole model (embedding and head)
   /// runs up to this many steps, feeding each sampled token back in, before
   /// it answers; every sequence must then sample, with a one-token input
@@ -196,6 +197,7 @@ struct step_output {
   std::uint64_t step = 0;
   tensor_ref logits;
   double compute_ms = 0;
+  std::vector<double> stage_ms;  ///< each stage's part of compute_ms, in pipeline order
   std::vector<std::vector<std::int32_t>> sampled;
   std::int32_t passes = 1;  ///< decode passes run (multi-step)
   bool operator==(const step_output&) const = default;
@@ -265,6 +267,15 @@ struct scheduler_stats {
   std::int64_t prompt_tokens = 0;     ///< of finished requests
   std::int64_t generated_tokens = 0;  ///< of finished requests
   std::int64_t tokens_out = 0;        ///< every token streamed so far, finished or not
+  // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
+  // turns two samples into a breakdown).
+  std::int64_t stages = 0;        ///< stages in the pipeline now
+  std::int64_t step_rows = 0;     ///< tokens put through the stages: prompt chunks and decode passes
+  double round_trip_ms = 0;       ///< over steps: sent to the first stage until its output is back
+  double compute_ms = 0;          ///< over steps: the stages' compute, summed over the stages
+  std::vector<double> stage_compute_ms;  ///< the same per stage (index = position in the pipeline)
+  double in_flight_ms = 0;        ///< wall time with at least one step in flight
+  double scheduler_ms = 0;        ///< the scheduler's own work: building steps, handling outputs
   bool operator==(const scheduler_stats&) const = default;
 };
 
@@ -315,12 +326,13 @@ typename I::result_type inspect(I& f, sample_work& x) {
 }
 template <class I>
 typename I::result_type inspect(I& f, step_batch& x) {
-  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.decode_steps,
-           x.return_logits);
+  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.stage_ms,
+           x.decode_steps, x.return_logits);
 }
 template <class I>
 typename I::result_type inspect(I& f, step_output& x) {
-  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms, x.sampled, x.passes);
+  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms, x.stage_ms, x.sampled,
+           x.passes);
 }
 template <class I>
 typename I::result_type inspect(I& f, shard_info& x) {
@@ -348,7 +360,8 @@ template <class I>
 typename I::result_type inspect(I& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected, x.finished,
            x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks, x.kv_peak_blocks, x.prompt_tokens,
-           x.generated_tokens, x.tokens_out);
+           x.generated_tokens, x.tokens_out, x.stages, x.step_rows, x.round_trip_ms, x.compute_ms, x.stage_compute_ms,
+           x.in_flight_ms, x.scheduler_ms);
 }
 
 template <class I>
@@ -632,6 +645,9 @@ struct cluster_status {
   /// its predicted stage times, and every decision so far.
   std::string plan_detail;
   std::vector<placement_decision> decisions;
+  /// Where the pipeline's time went over the last ~10 s (measured;
+  /// pipeline_stats.hpp), "" before there are two samples.
+  std::string pipeline_detail;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -736,7 +752,7 @@ typename I::result_type inspect(I& f, cluster_status& x) {
   return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch, x.placement,
            x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms, x.resume_ms,
            x.actor_restarts, x.migrations, x.migration, x.migration_done, x.stages_total, x.stages_loaded, x.links,
-           x.link_bytes, x.plan_detail, x.decisions);
+           x.link_bytes, x.plan_detail, x.decisions, x.pipeline_detail);
 }
 
 /// The one actor a node publishes (over mutual TLS): it hands out a fresh

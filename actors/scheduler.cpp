@@ -62,6 +62,7 @@ struct in_flight_step {
   std::vector<std::int64_t> chunk;
   std::vector<std::int64_t> max_new;  // per sequence: tokens it may sample (0: it does not sample)
   bool decode_only = false;           // every sequence decodes one token (no prefill)
+  clock::time_point sent;             // when it went to the first stage
 };
 
 struct scheduler_state {
@@ -91,7 +92,20 @@ struct scheduler_state {
   bool paused = false;      // live migration: no new steps
   bool auto_micro_batches = false;  // one micro-batch per stage, as the stages change
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once no step is in flight
+  clock::time_point busy_since;  // since when a step has been in flight (steps not empty)
 };
+
+/// Adds the time the scheduler's own work took to its counters when it goes.
+struct own_work {
+  scheduler_stats& stats;
+  clock::time_point t0 = clock::now();
+  ~own_work() { stats.scheduler_ms += ms_between(t0, clock::now()); }
+};
+
+/// A step left the books: when none is left, the pipeline's busy span ends.
+void step_left(scheduler_state& st, clock::time_point now) {
+  if (st.steps.empty()) st.stats.in_flight_ms += ms_between(st.busy_since, now);
+}
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
@@ -232,6 +246,7 @@ void plan_multi_step(scheduler_state& st, step_batch& batch, in_flight_step& fl)
 /// prefill chunks) and admits waiting requests while KV blocks allow.
 void schedule(self_ptr self) {
   auto& st = self->state;
+  const own_work timing{st.stats};
   const auto& o = st.opts;
   if (st.paused) {
     if (st.steps.empty()) {
@@ -379,6 +394,8 @@ void schedule(self_ptr self) {
     batch.return_logits = false;
     batch.step = st.next_step++;
     const auto step = batch.step;
+    fl.sent = clock::now();
+    if (st.steps.empty()) st.busy_since = fl.sent;
     st.steps.emplace(step, std::move(fl));
     ++st.stats.steps;
     self->request(st.stages.front(), caf::infinite, step_atom::value, std::move(batch))
@@ -392,6 +409,18 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
   auto node = st.steps.extract(step);
   if (node.empty()) return;
   auto& fl = node.mapped();
+  {
+    const auto back = clock::now();
+    step_left(st, back);
+    st.stats.round_trip_ms += ms_between(fl.sent, back);
+    st.stats.compute_ms += std::max(0.0, out.compute_ms);
+    auto& per = st.stats.stage_compute_ms;
+    if (per.size() < out.stage_ms.size() && out.stage_ms.size() <= 1024) per.resize(out.stage_ms.size());
+    for (std::size_t i = 0; i < out.stage_ms.size() && i < per.size(); ++i) per[i] += std::max(0.0, out.stage_ms[i]);
+    for (auto c : fl.chunk) st.stats.step_rows += c;
+    for (const auto& s : out.sampled) st.stats.step_rows += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.size()) - 1);
+  }
+  std::optional<own_work> timing{std::in_place, st.stats};
   if (!out.logits.empty()) tensor_registry::local().drop(out.logits);
   bool valid = out.sampled.size() == fl.ids.size();
   for (std::size_t i = 0; valid && i < fl.ids.size(); ++i) {
@@ -409,6 +438,7 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
         finish(self, id, "error", why);
       }
     }
+    timing.reset();
     schedule(self);
     return;
   }
@@ -457,6 +487,7 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
     if (reason != models::stop_reason::none) finish(self, r.req.id, reason == models::stop_reason::max_tokens ? "length" : "stop");
   }
   check_deadlines(self);
+  timing.reset();
   schedule(self);
 }
 
@@ -464,6 +495,7 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
   auto& st = self->state;
   auto node = st.steps.extract(step);
   if (node.empty()) return;
+  step_left(st, clock::now());
   const std::string why = describe(self->system(), e);
   if (troupe_code(e) == static_cast<std::uint8_t>(error_code::stage_failed)) {
     // The stage refused or failed this step: that would happen again.
@@ -500,7 +532,10 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
 void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores) {
   auto& st = self->state;
   ++st.epoch;
-  st.steps.clear();
+  if (!st.steps.empty()) {
+    st.steps.clear();
+    step_left(st, clock::now());
+  }
   st.stalled = false;
   st.used_blocks = 0;
   st.stages = std::move(stages);
@@ -681,6 +716,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           s.queued = self->state.queued;
           s.running = static_cast<std::int64_t>(self->state.requests.size()) - self->state.queued;
           s.kv_used_blocks = self->state.used_blocks;
+          s.stages = static_cast<std::int64_t>(self->state.stages.size());
+          if (!self->state.steps.empty()) s.in_flight_ms += ms_between(self->state.busy_since, clock::now());
           return s;
         },
         [](version_atom) { return protocol_version; },

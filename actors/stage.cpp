@@ -71,7 +71,9 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   std::lock_guard lock(res.kv->mtx);
   auto& kv = *res.kv;
   if (kv.generation != generation)
-    return kernels::make_error(errc::invalid_argument, "this shard was replaced by a restarted pipeline");
+    // The node restarted the pipeline while this step waited: the scheduler
+    // resets onto the new one and runs it again there (not a failed step).
+    return kernels::make_error(errc::device_unavailable, "this shard was replaced by a restarted pipeline");
   // Resolve sequences: a sequence starts with start == 0; every later step
   // must agree with the cache on where it continues.
   std::vector<std::int64_t> created;
@@ -556,7 +558,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           }
           auto out = run_stage(*res, b, generation);
           ++self->state.steps;
-          if (!out && out.error().code == errc::io_error)  // the previous stage's process is gone
+          // The previous stage's process is gone, or this shard was replaced.
+          if (!out && (out.error().code == errc::io_error || out.error().code == errc::device_unavailable))
             return answer(self, join, lost(out.error().message));
           if (!out) return answer(self, join, fail(out.error().message));
           if (res->model->range().head) {
@@ -565,10 +568,15 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             if (auto s = sample_and_continue(*res, b, *out, generation, o); !s)
               return answer(self, join, fail(s.error().message));
             if (b.return_logits) o.logits = tensor_registry::local().put(res->device.name, std::move(*out));
-            o.compute_ms = b.compute_ms + ms_between(t0, steady::now());
+            const double own = ms_between(t0, steady::now());
+            o.compute_ms = b.compute_ms + own;
+            o.stage_ms = std::move(b.stage_ms);
+            o.stage_ms.push_back(own);
             return answer(self, join, std::move(o));
           }
-          b.compute_ms += ms_between(t0, steady::now());
+          const double own = ms_between(t0, steady::now());
+          b.compute_ms += own;
+          b.stage_ms.push_back(own);
           const auto& next = self->state.next;
           if (next && next->node() != self->node()) {
             // The next stage is in another process: the activations go now,

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/pipeline_stats.hpp"
 #include "actors/runtime.hpp"
 #include "cluster/certs.hpp"
 #include "cli/cluster_setup.hpp"
@@ -664,9 +665,13 @@ int run_bench(const bench_args& a) {
   // Warm-up: one request through every actor.
   (void)run_level(client, items, 1, 2, params, image_bytes);
   std::vector<level_result> results;
+  std::vector<std::optional<actors::pipeline_breakdown>> bubbles;  // per level: where the pipeline's time went
   for (int c : levels) {
     const int total = a.requests > 0 ? a.requests : std::max(2 * c, 8);
+    const auto s0 = client.stats();
+    const auto t0 = clock::now();
     results.push_back(run_level(client, items, c, total, params, image_bytes));
+    bubbles.push_back(actors::breakdown_between(s0, client.stats(), ms(clock::now() - t0) / 1e3));
   }
   const auto stats = client.stats();
   const double base = results.empty() ? 0 : results.front().output_tokens / std::max(1e-9, results.front().seconds);
@@ -685,6 +690,12 @@ int run_bench(const bench_args& a) {
       l["decode_tokens_per_s_per_request"] = r.single_decode_tps;
       l["tokens_per_chunk"] = r.chunks > 0 ? static_cast<double>(r.output_tokens) / static_cast<double>(r.chunks) : 0;
       l["decode_vs_reference"] = reference_tps > 0 ? r.single_decode_tps / reference_tps : 0;
+      if (const auto& b = bubbles[static_cast<std::size_t>(&r - results.data())])
+        l["pipeline"] = {{"steps_per_s", b->steps_per_s},         {"rows_per_s", b->rows_per_s},
+                         {"round_trip_ms", b->round_trip_ms},     {"compute_ms", b->compute_ms},
+                         {"waiting_and_handoffs_ms", b->other_ms}, {"stage_busy", b->stage_busy},
+                         {"idle", b->idle},                       {"scheduler", b->scheduler},
+                         {"busy_per_stage", b->busy_per_stage}};
       j["levels"].push_back(std::move(l));
     }
     std::puts(j.dump(2).c_str());
@@ -711,6 +722,21 @@ int run_bench(const bench_args& a) {
     std::printf(" %.1f at %d", r.chunks > 0 ? static_cast<double>(r.output_tokens) / static_cast<double>(r.chunks) : 0.0,
                 r.concurrency);
   std::printf("\npreemptions: %lld\n", static_cast<long long>(stats.preemptions));
+  // The pipeline bubble: a micro-batch's round trip is the stages' compute
+  // on it plus waiting behind another micro-batch and the hand-offs.
+  std::printf("\nwhere the pipeline's time went (per micro-batch step; busy = a stage's compute / the level's wall time):\n\n"
+              "| conc | steps/s | tokens through/s | round trip ms | compute ms (all stages) | waiting + hand-offs ms | busy per stage | no step in flight | scheduler |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (!bubbles[i]) continue;
+    const auto& b = *bubbles[i];
+    std::string busy;
+    for (std::size_t k = 0; k < b.busy_per_stage.size(); ++k)
+      busy += (k ? " / " : "") + std::to_string(static_cast<int>(100 * b.busy_per_stage[k] + 0.5)) + "%";
+    if (busy.empty()) busy = std::to_string(static_cast<int>(100 * b.stage_busy + 0.5)) + "% (mean)";
+    std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %s | %.0f%% | %.0f%% |\n", results[i].concurrency, b.steps_per_s,
+                b.rows_per_s, b.round_trip_ms, b.compute_ms, b.other_ms, busy.c_str(), 100 * b.idle, 100 * b.scheduler);
+  }
   return 0;
 }
 

@@ -121,6 +121,7 @@ json status_json(const actors::cluster_status& s) {
           {"migrations", s.migrations},
           {"transfer_bytes", links},
           {"plan", s.plan_detail},
+          {"pipeline", s.pipeline_detail},
           {"decisions", decisions},
           {"nodes", nodes},
           {"requests",
@@ -160,6 +161,7 @@ void print_status(const actors::cluster_status& s) {
     std::printf("\n");
   }
   if (!s.plan_detail.empty()) std::printf("predicted (measured devices and links, cost model):\n%s", s.plan_detail.c_str());
+  if (!s.pipeline_detail.empty()) std::printf("measured (the scheduler's counters):\n%s", s.pipeline_detail.c_str());
   for (std::size_t i = s.decisions.size() > 5 ? s.decisions.size() - 5 : 0; i < s.decisions.size(); ++i) {
     const auto& d = s.decisions[i];
     std::printf("decision at %.0f s, %s: %s [%s]", d.at_s, d.trigger.c_str(), d.action.c_str(), d.state.c_str());

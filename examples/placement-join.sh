@@ -55,5 +55,5 @@ sleep $((measure + 15))
 "$troupe" node --manifest join.toml --name n1 > n1.log 2>&1 & pids+=($!)
 # The decision, then measure_s from 5 s after it took effect.
 sleep $((measure + 20))
-"$troupe" status join.toml | grep -E "^cluster|^decision|^  stage"
+"$troupe" status join.toml | grep -E "^cluster|^decision|^  stage|^measured|^  (over|a step|each|busy)"
 echo "logs in $dir"

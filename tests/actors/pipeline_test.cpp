@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 
+#include "actors/pipeline_stats.hpp"
 #include "actors/runtime.hpp"
 #include "actors/tensor_registry.hpp"
 #include "models/generate.hpp"
@@ -589,6 +590,46 @@ TEST_F(pipeline_test, deadlines_end_requests_and_free_their_kv) {
   EXPECT_GE(waited, 150.0);
   for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   expect_kv_free(*rt);
+}
+
+TEST_F(pipeline_test, scheduler_counts_where_the_pipelines_time_goes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto rt = start(3);  // two devices: stages 0 and 2 share one
+  client c(sys, rt->scheduler());
+  const auto before = c.stats();
+  auto cases = mixed_cases(6);
+  for (auto& pc : cases) {
+    pc.no_eos = true;
+    pc.params.max_tokens = 12;
+  }
+  std::vector<generate_request> reqs;
+  for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+  const auto got = run_all(c, reqs);
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto st = c.stats();
+  std::int64_t preemptions = 0;
+  for (const auto& f : got) preemptions += f.preemptions;
+  ASSERT_EQ(preemptions, 0);
+  EXPECT_EQ(st.stages, 3);
+  // Every prompt token once, and every generated token but the last fed back.
+  EXPECT_EQ(st.step_rows - before.step_rows, st.prompt_tokens + st.generated_tokens - st.finished);
+  ASSERT_EQ(st.stage_compute_ms.size(), 3u);
+  double sum = 0;
+  for (double x : st.stage_compute_ms) {
+    EXPECT_GT(x, 0);
+    sum += x;
+  }
+  EXPECT_NEAR(sum, st.compute_ms, 1e-6 * st.compute_ms);
+  // A step's round trip holds its stages' compute; a step in flight, the wall time.
+  EXPECT_GE(st.round_trip_ms, st.compute_ms);
+  EXPECT_GT(st.in_flight_ms, 0);
+  EXPECT_LE(st.in_flight_ms, wall_ms);
+  EXPECT_GT(st.scheduler_ms, 0);
+  const auto p = breakdown_between(before, st, wall_ms / 1e3);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->busy_per_stage.size(), 3u);
+  EXPECT_GT(p->round_trip_ms, 0);
+  EXPECT_LE(p->compute_ms, p->round_trip_ms);
 }
 
 }  // namespace

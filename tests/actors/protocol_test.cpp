@@ -99,6 +99,7 @@ TEST_F(protocol_test, step_messages) {
   b.seqs[1].tokens = {9};
   b.hidden = a_ref(9);
   b.compute_ms = 1.5;
+  b.stage_ms = {0.5, 1.0};
   b.decode_steps = 8;
   b.return_logits = false;
   b.seqs[1].sample = true;
@@ -109,7 +110,7 @@ TEST_F(protocol_test, step_messages) {
   b.seqs[1].sampling.max_new = 6;
   b.seqs[1].sampling.history = {1, 2, 3};
   EXPECT_EQ(round_trip(b), b);
-  step_output o{5, a_ref(10), 2.5, {{}, {4, 5, 6}}, 3};
+  step_output o{5, a_ref(10), 2.5, {1.0, 1.5}, {{}, {4, 5, 6}}, 3};
   EXPECT_EQ(round_trip(o), o);
   shard_info s{"cpu:0", 2, 4, false, true, 128, 397};
   EXPECT_EQ(round_trip(s), s);
@@ -124,7 +125,7 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(r), r);
   encode_reply e{a_ref(12), 0.25, 1.75, 4};
   EXPECT_EQ(round_trip(e), e);
-  scheduler_stats st{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  scheduler_stats st{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 3, 77, 12.5, 9.25, {3, 4, 2.25}, 20.5, 0.75};
   EXPECT_EQ(round_trip(st), st);
   migrate_request mq{"[1,2)", "node2"};
   EXPECT_EQ(round_trip(mq), mq);
@@ -142,6 +143,7 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(pd), pd);
   cluster_status cs;
   cs.plan_detail = "plan: 2 stages";
+  cs.pipeline_detail = "  over 10.0 s: 4.0 steps/s";
   cs.decisions = {pd, pd};
   EXPECT_EQ(round_trip(cs), cs);
 }
