@@ -21,6 +21,23 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
+/// The best of `run`'s rates over at least `min_reps` runs and `min_s`
+/// seconds: the peak the device reaches, with the runs that met other work
+/// on its cores dropped. A span of many scheduler time slices keeps a
+/// moment's contention (a process starting beside it, the head's threads)
+/// from lowering every run. `run` returns a rate, or 0 on failure.
+template <class F>
+double best_rate(F&& run, int min_reps, double min_s) {
+  double best = 0;
+  const auto t0 = clock_type::now();
+  for (int rep = 0; rep < min_reps || (seconds_since(t0) < min_s && rep < 10000); ++rep) {
+    const double r = run();
+    if (!(r > 0)) return 0;
+    best = std::max(best, r);
+  }
+  return best;
+}
+
 std::int64_t resident_now() {
   std::ifstream f("/proc/self/statm");
   std::int64_t pages = 0, resident = 0;
@@ -56,15 +73,14 @@ double gemv_rate(kernels::cpu::context& ctx, kernels::weight_format f, const ker
     mats.push_back(std::move(*c));
   }
   for (const auto& m : mats) (void)kernels::matmul(ctx, x, m, y);  // warm-up
-  double best = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = clock_type::now();
-    for (const auto& m : mats)
-      if (!kernels::matmul(ctx, x, m, y)) return 0;
-    const double s = seconds_since(t0);
-    if (s > 0) best = std::max(best, static_cast<double>(total) / s);
-  }
-  return best;
+  return best_rate(
+      [&] {
+        const auto t0 = clock_type::now();
+        for (const auto& m : mats)
+          if (!kernels::matmul(ctx, x, m, y)) return 0.0;
+        return static_cast<double>(total) / std::max(1e-9, seconds_since(t0));
+      },
+      4, 0.03);
 }
 
 double gemm_rate(kernels::cpu::context& ctx, kernels::weight_format f, const kernels::tensor& wf) {
@@ -77,14 +93,13 @@ double gemm_rate(kernels::cpu::context& ctx, kernels::weight_format f, const ker
   auto y = kernels::tensor::empty(ctx.memory(), kernels::dtype::f32, {m, n});
   if (!x || !y) return 0;
   (void)kernels::matmul(ctx, *x, *p, *y);
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = clock_type::now();
-    if (!kernels::matmul(ctx, *x, *p, *y)) return 0;
-    const double s = seconds_since(t0);
-    if (s > 0) best = std::max(best, 2.0 * static_cast<double>(m * n * k) / s);
-  }
-  return best;
+  return best_rate(
+      [&] {
+        const auto t0 = clock_type::now();
+        if (!kernels::matmul(ctx, *x, *p, *y)) return 0.0;
+        return 2.0 * static_cast<double>(m * n * k) / std::max(1e-9, seconds_since(t0));
+      },
+      3, 0.02);
 }
 
 }  // namespace

@@ -49,6 +49,7 @@ class sampler {
   std::uint64_t step_ = 0;
   std::vector<std::pair<float, std::int64_t>> scratch_;
   std::vector<float> adjusted_;
+  std::vector<double> weights_;  // exp(logit - max) per id (whole-vocabulary sampling)
 };
 
 /// A uniform double in [0, 1) from (seed, counter): splitmix64 of both.

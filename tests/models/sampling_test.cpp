@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <vector>
@@ -110,6 +112,126 @@ TEST(Sampling, SameSeedSameTokensWhateverElseRuns) {
   int differ = 0;
   for (int i = 0; i < 200; ++i) differ += c->sample(logits, {}) != d->sample(logits, {});
   EXPECT_GT(differ, 20);
+}
+
+// A vocabulary of a few thousand tokens: the whole-vocabulary paths order
+// the most likely tokens lazily, in blocks; the draws must still follow the
+// softmax restricted to the nucleus (top-p) or the min-p support, which
+// reach past several blocks here.
+std::vector<float> wide_logits(std::size_t n) {
+  std::vector<float> l(n);
+  for (std::size_t i = 0; i < n; ++i) l[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2.0);
+  l[17] = -std::numeric_limits<float>::infinity();  // a masked token is never drawn
+  l[900] = 6.0f;
+  return l;
+}
+
+/// Each token's share of `draws` against `want` (0 outside the support).
+void expect_follows(sampler& s, const std::vector<float>& l, const std::vector<double>& want, int draws) {
+  const auto h = histogram(s, l, draws);
+  double chi = 0, dof = 0;
+  double rare_seen = 0, rare_want = 0;  // tokens expected fewer than 5 times share one bin
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    if (want[i] == 0) {
+      ASSERT_EQ(h[i], 0) << "token " << i << " is outside the support";
+      continue;
+    }
+    const double e = want[i] * draws;
+    if (e < 5) {
+      rare_seen += h[i];
+      rare_want += e;
+      continue;
+    }
+    chi += (h[i] - e) * (h[i] - e) / e;
+    dof += 1;
+  }
+  if (rare_want > 0) {
+    chi += (rare_seen - rare_want) * (rare_seen - rare_want) / rare_want;
+    dof += 1;
+  }
+  ASSERT_GT(dof, 100) << "too few tokens to test against";
+  // Chi-square with dof - 1 degrees of freedom: mean dof - 1, sd sqrt(2 dof).
+  EXPECT_LT(chi, dof + 6 * std::sqrt(2 * dof)) << "chi-square " << chi << " over " << dof << " tokens";
+}
+
+TEST(Sampling, WholeVocabularyPathsFollowTheirDistributions) {
+  const auto l = wide_logits(3000);
+  const double t = 0.8;
+  const auto pr = softmax(l, t);
+  ASSERT_EQ(pr[17], 0);
+  std::vector<std::size_t> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  const int draws = 60000;
+  {
+    sampling_params p;
+    p.temperature = t;
+    p.seed = 5;
+    auto s = sampler::create(p);
+    expect_follows(*s, l, pr, draws);
+  }
+  {
+    // Top-p: the nucleus is the shortest prefix of the order reaching p.
+    sampling_params p;
+    p.temperature = t;
+    p.top_p = 0.6;
+    p.seed = 6;
+    std::vector<double> want(l.size());
+    double cum = 0, kept = 0;
+    std::size_t k = 0;
+    while (k < order.size()) {
+      cum += pr[order[k++]];
+      if (cum >= p.top_p) break;
+    }
+    ASSERT_GT(k, 256u) << "the nucleus should reach past several blocks";
+    for (std::size_t i = 0; i < k; ++i) kept += pr[order[i]];
+    for (std::size_t i = 0; i < k; ++i) want[order[i]] = pr[order[i]] / kept;
+    auto s = sampler::create(p);
+    expect_follows(*s, l, want, draws);
+  }
+  {
+    // Min-p: tokens at least min_p times the most likely one.
+    sampling_params p;
+    p.temperature = t;
+    p.min_p = 0.002;
+    p.seed = 7;
+    const double top = pr[order[0]];
+    std::vector<double> want(l.size());
+    double kept = 0;
+    std::size_t support = 0;
+    for (std::size_t i = 0; i < l.size(); ++i)
+      if (pr[i] >= p.min_p * top) {
+        want[i] = pr[i];
+        kept += pr[i];
+        ++support;
+      }
+    ASSERT_GT(support, 256u);
+    ASSERT_LT(support, l.size() - 100);
+    for (auto& w : want) w /= kept;
+    auto s = sampler::create(p);
+    expect_follows(*s, l, want, draws);
+  }
+}
+
+TEST(Sampling, WholeVocabularyEdgeCases) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (double top_p : {1.0, 0.9}) {
+    sampling_params p;
+    p.temperature = 1.0;
+    p.top_p = top_p;
+    auto s = sampler::create(p);
+    // Every token masked: the lowest id, as greedy would choose.
+    EXPECT_EQ(s->sample(std::vector<float>(300, -inf), {}), 0);
+    // One token at +inf: that one.
+    std::vector<float> l(300, 0.0f);
+    l[123] = inf;
+    l[200] = inf;
+    EXPECT_EQ(s->sample(l, {}), 123);
+    // One finite token among masked ones: always that one.
+    std::vector<float> m(300, -inf);
+    m[250] = -3.0f;
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(s->sample(m, {}), 250);
+  }
 }
 
 TEST(Sampling, BadParamsAreErrors) {
