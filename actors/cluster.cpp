@@ -380,6 +380,11 @@ struct head_state {
   struct pending_measure {
     std::size_t index;
     steady::time_point applied;
+    /// Requests the scheduler had accepted when it took effect: once as
+    /// many have finished, those that were running then (and recomputed
+    /// after a re-split) are done.
+    std::int64_t accepted = -1;
+    std::optional<steady::time_point> settled;
   };
   std::vector<pending_measure> to_measure;
   token_rate tokens;
@@ -592,26 +597,36 @@ void decision_applied(head_ptr self, std::optional<std::size_t> index) {
   auto& st = self->state;
   if (!index || *index >= st.decisions.size()) return;
   st.decisions[*index].state = "measuring";
-  st.to_measure.push_back({*index, steady::now()});
+  st.to_measure.push_back(
+      {*index, steady::now(), st.stat_samples.empty() ? std::int64_t{-1} : st.stat_samples.back().second.accepted, {}});
 }
 
 /// The throughput after each applied decision: tokens per second over
-/// measure_s, from 5 s after it (requests that recompute settle first).
+/// measure_s once it settled. It settles when the requests that were
+/// running when it took effect have finished (after a re-split they
+/// recompute their context first, a burst that is not the new placement's
+/// steady rate), at least 5 s and at most 60 s after it.
 void measure_decisions(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
   const auto window = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
-  std::erase_if(st.to_measure, [&](const auto& p) {
-    if (now < p.applied + 5s + window) return false;
+  const std::int64_t finished = st.stat_samples.empty() ? -1 : st.stat_samples.back().second.finished;
+  std::erase_if(st.to_measure, [&](auto& p) {
+    if (!p.settled && now >= p.applied + 5s && (now >= p.applied + 60s || p.accepted < 0 || finished >= p.accepted))
+      p.settled = now;
+    if (!p.settled || now < *p.settled + window) return false;
     if (p.index >= st.decisions.size()) return true;
     auto& d = st.decisions[p.index];
-    const auto r = st.tokens.rate(p.applied + 5s, now);
+    const auto r = st.tokens.rate(*p.settled, now);
     d.measured_tps_after = r ? *r : -1;
     d.state = "measured";
     if (d.measured_tps_before > 0 && d.measured_tps_after >= 0)
-      logging::of("head").info("placement decision at {:.0f} s ({}): {:.1f} -> {:.1f} tokens/s measured ({:+.0f}%), {:+.0f}% predicted",
-                               d.at_s, d.trigger, d.measured_tps_before, d.measured_tps_after,
-                               100 * (d.measured_tps_after / d.measured_tps_before - 1), 100 * d.predicted_gain);
+      logging::of("head").info(
+          "placement decision at {:.0f} s ({}): {:.1f} -> {:.1f} tokens/s measured ({:+.0f}%; from {:.0f} s after it, when the "
+          "requests running then had finished), {:+.0f}% predicted",
+          d.at_s, d.trigger, d.measured_tps_before, d.measured_tps_after,
+          100 * (d.measured_tps_after / d.measured_tps_before - 1),
+          std::chrono::duration<double>(*p.settled - p.applied).count(), 100 * d.predicted_gain);
     return true;
   });
 }

@@ -53,7 +53,8 @@ sleep 2
 "$troupe" bench --http "http://127.0.0.1:$http" -c 16 -n 1000 --max-tokens 64 --completions > bench.log 2>&1 & pids+=($!)
 sleep $((measure + 15))
 "$troupe" node --manifest join.toml --name n1 > n1.log 2>&1 & pids+=($!)
-# The decision, then measure_s from 5 s after it took effect.
-sleep $((measure + 20))
+# The decision, its settling (the requests running then finish: ~10 s
+# here), then measure_s.
+sleep $((measure + 35))
 "$troupe" status join.toml | grep -E "^cluster|^decision|^  stage|^measured|^  (over|a step|each|busy)"
 echo "logs in $dir"
