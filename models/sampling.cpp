@@ -75,79 +75,12 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
   // Sort by logit descending, id ascending: a total order, so the result is
   // deterministic whatever the sort's stability.
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  if (params_.top_k > 0 && params_.top_k < n) {
-    const auto keep_k = static_cast<std::size_t>(params_.top_k);
-    // Select, then order the kept ones (same result as a partial sort under
-    // this total order, in linear rather than n log k time).
-    const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(keep_k);
-    std::nth_element(scratch_.begin(), mid - 1, scratch_.end(), by_logit);
-    std::sort(scratch_.begin(), mid, by_logit);
-    scratch_.resize(keep_k);
-    const double max_logit = scratch_.front().first;
-    if (!std::isfinite(max_logit)) return scratch_.front().second;
-    std::vector<double> probs(keep_k);
-    double sum = 0;
-    for (std::size_t i = 0; i < keep_k; ++i) sum += probs[i] = std::exp(static_cast<double>(scratch_[i].first) - max_logit);
-    for (auto& p : probs) p /= sum;
-    std::size_t keep = keep_k;
-    if (params_.top_p < 1.0) {
-      double cum = 0;
-      std::size_t k = 0;
-      while (k < keep) {
-        cum += probs[k++];
-        if (cum >= params_.top_p) break;
-      }
-      keep = std::max<std::size_t>(1, k);
-    }
-    if (params_.min_p > 0) {
-      const double floor = params_.min_p * probs[0];
-      std::size_t k = 1;
-      while (k < keep && probs[k] >= floor) ++k;
-      keep = k;
-    }
-    double total = 0;
-    for (std::size_t i = 0; i < keep; ++i) total += probs[i];
-    const double u = counter_uniform(params_.seed, draw) * total;
-    double cum = 0;
-    for (std::size_t i = 0; i < keep; ++i) {
-      cum += probs[i];
-      if (u < cum) return scratch_[i].second;
-    }
-    return scratch_[keep - 1].second;
-  }
-  // The whole vocabulary. The softmax's sum needs no order; only top-p and
-  // min-p need the most likely tokens first, and only as far as they reach,
-  // so the order is built lazily, in blocks that double. (Sorting all of a
-  // 32000-token vocabulary cost ~4 ms per row, more than a decode step's
-  // matrix products for a small model.)
-  float max_logit = -std::numeric_limits<float>::infinity();
-  std::int64_t arg = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    if (scratch_[static_cast<std::size_t>(i)].first > max_logit) {
-      max_logit = scratch_[static_cast<std::size_t>(i)].first;
-      arg = i;
-    }
-  if (!std::isfinite(max_logit)) return arg;  // all -inf (the lowest id), or the lowest id at +inf
-  weights_.resize(scratch_.size());
-  double sum = 0;
-  for (std::size_t i = 0; i < scratch_.size(); ++i)
-    sum += weights_[i] = std::exp(static_cast<double>(scratch_[i].first) - max_logit);
-  if (params_.top_p >= 1.0 && params_.min_p <= 0) {
-    // Plain temperature: the inverse CDF in id order, no sort.
-    const double u = counter_uniform(params_.seed, draw) * sum;
-    double cum = 0;
-    std::size_t last = static_cast<std::size_t>(arg);
-    for (std::size_t i = 0; i < weights_.size(); ++i) {
-      if (weights_[i] <= 0) continue;
-      cum += weights_[i];
-      last = i;
-      if (u < cum) return static_cast<std::int64_t>(i);
-    }
-    return static_cast<std::int64_t>(last);  // rounding left u past the sum
-  }
-  // Below, scratch_ is reordered: a token's weight follows from its logit.
-  auto prob = [&](std::size_t i) { return std::exp(static_cast<double>(scratch_[i].first) - max_logit) / sum; };
-  std::size_t sorted = 0;  // scratch_[0, sorted) holds the most likely tokens, in order
+  // scratch_[0, sorted) holds the most likely tokens, in order. Top-p and
+  // min-p need them first, but only as far as they reach: past it the order
+  // is built lazily, in blocks that double. (Sorting all of a 32000-token
+  // vocabulary cost ~4 ms per row, more than a decode step's matrix
+  // products for a small model.)
+  std::size_t sorted = 0;
   auto order_upto = [&](std::size_t k) {
     if (k <= sorted) return;
     const std::size_t end = std::min(scratch_.size(), std::max({k, sorted * 2, std::size_t{64}}));
@@ -157,6 +90,44 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
     std::sort(b, e, by_logit);
     sorted = end;
   };
+  float max_logit = -std::numeric_limits<float>::infinity();
+  double sum = 0;  // the softmax's denominator over the candidates
+  if (params_.top_k > 0 && params_.top_k < n) {
+    // The candidates are the top k, ordered (the sum in that order).
+    order_upto(static_cast<std::size_t>(params_.top_k));
+    scratch_.resize(static_cast<std::size_t>(params_.top_k));
+    sorted = scratch_.size();
+    max_logit = scratch_.front().first;
+    if (!std::isfinite(max_logit)) return scratch_.front().second;
+    for (const auto& c : scratch_) sum += std::exp(static_cast<double>(c.first) - max_logit);
+  } else {
+    // The whole vocabulary: its sum needs no order.
+    std::int64_t arg = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (scratch_[static_cast<std::size_t>(i)].first > max_logit) {
+        max_logit = scratch_[static_cast<std::size_t>(i)].first;
+        arg = i;
+      }
+    if (!std::isfinite(max_logit)) return arg;  // all -inf (the lowest id), or the lowest id at +inf
+    weights_.resize(scratch_.size());
+    for (std::size_t i = 0; i < scratch_.size(); ++i)
+      sum += weights_[i] = std::exp(static_cast<double>(scratch_[i].first) - max_logit);
+    if (params_.top_p >= 1.0 && params_.min_p <= 0) {
+      // Plain temperature: the inverse CDF in id order, no sort.
+      const double u = counter_uniform(params_.seed, draw) * sum;
+      double cum = 0;
+      std::size_t last = static_cast<std::size_t>(arg);
+      for (std::size_t i = 0; i < weights_.size(); ++i) {
+        if (weights_[i] <= 0) continue;
+        cum += weights_[i];
+        last = i;
+        if (u < cum) return static_cast<std::int64_t>(i);
+      }
+      return static_cast<std::int64_t>(last);  // rounding left u past the sum
+    }
+  }
+  // Below, scratch_ is reordered: a token's weight follows from its logit.
+  auto prob = [&](std::size_t i) { return std::exp(static_cast<double>(scratch_[i].first) - max_logit) / sum; };
   std::size_t keep = scratch_.size();
   if (params_.top_p < 1.0) {
     double cum = 0;
