@@ -47,10 +47,15 @@ struct ucx_options {
   /// with messages the target must progress). It sleeps on the event fd
   /// (or spins when !sleep_when_idle).
   bool progress_thread = true;
-  /// How long `wait` keeps progressing before it sleeps (a 1 MiB message
-  /// takes ~100 us over shared memory: sleeping per message would cost a
-  /// wake-up each).
-  std::chrono::microseconds spin_before_sleep{300};
+  /// The progress thread takes over once no thread has been inside wait()
+  /// for this long (between the waits of a stream of messages it stays
+  /// asleep).
+  std::chrono::microseconds progress_quiet{1000};
+  /// How long `wait` keeps progressing without an event before it sleeps
+  /// on the event fd. Every event starts the spin again, so a long
+  /// transfer (a stream of TCP segments or rendezvous fragments) is not
+  /// slept through piecemeal, and an idle wait sleeps after this long.
+  std::chrono::microseconds spin_before_sleep{1000};
 };
 
 class ucx_engine final : public transfer_engine {

@@ -2,7 +2,13 @@
 // to ucx_perftest's tag_bw on the same path in the same run, for 4 KiB to
 // 256 MiB messages over shared memory and over TCP on loopback.
 //
-//   bench_transport [--quick] [--sizes 4096,1048576] [--window 8]
+//   bench_transport [--quick] [--sizes 4096,1048576] [--window 8] [--rounds 3]
+//                   [--engine-arg "--spin-us 1000"]...
+//
+// Each figure is the median of `rounds` rounds; a round measures the
+// engine, the tuned engine and ucx_perftest one after the other, so a slow
+// spell of this machine lands on all three rather than on one. The ratio
+// column is the median of the per-round ratios, with their range.
 //
 // The engine runs in two troupe_transport_peer processes (tag messages,
 // `window` in flight from one buffer, as ucx_perftest does), once as
@@ -12,6 +18,7 @@
 // ucx_perftest runs). Ratios are against ucx_perftest. For TCP a second
 // table keeps peer error handling on both sides (ucx_perftest -e).
 #define TROUPE_MULTIPROC_NO_GTEST
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -34,9 +41,13 @@ struct path {
 // or tuned but with peer error handling kept (like `ucx_perftest -e`).
 enum class engine_mode { as_default, tuned, tuned_with_errors };
 
+// Extra options for every engine process (--engine-arg), for experiments.
+std::vector<std::string> g_engine_extra;
+
 double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window, engine_mode mode) {
   std::vector<std::string> argv{TROUPE_TRANSPORT_PEER};
   argv.insert(argv.end(), p.engine_args.begin(), p.engine_args.end());
+  argv.insert(argv.end(), g_engine_extra.begin(), g_engine_extra.end());
   if (mode != engine_mode::as_default) {
     for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors"}) argv.push_back(a);
     argv.push_back(mode == engine_mode::tuned ? "0" : "1");
@@ -92,17 +103,55 @@ double perftest_gbps(const path& p, std::size_t size, std::size_t iters, bool er
   }
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One table cell: the median ratio of the rounds, with their range.
+std::string ratio_cell(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < num.size() && i < den.size(); ++i)
+    if (num[i] > 0 && den[i] > 0) r.push_back(num[i] / den[i]);
+  if (r.empty()) return "failed";
+  char buf[64];
+  if (r.size() == 1) {
+    std::snprintf(buf, sizeof buf, "%.2f", r[0]);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f (%.2f-%.2f)", median(r), *std::min_element(r.begin(), r.end()),
+                  *std::max_element(r.begin(), r.end()));
+  }
+  return buf;
+}
+
+struct row {
+  std::vector<double> engine, tuned, perftest;
+  bool failed() const {
+    auto bad = [](const std::vector<double>& v) { return std::any_of(v.begin(), v.end(), [](double x) { return x <= 0; }); };
+    return bad(engine) || bad(tuned) || bad(perftest);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::size_t> sizes{4096, 65536, 1u << 20, 16u << 20, 256u << 20};
   std::size_t window = 8;
+  int rounds = 3;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
       sizes = {65536, 1u << 20};
+    } else if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::stoi(argv[++i]));
+    } else if (a == "--engine-arg" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      std::string part;
+      while (ss >> part) g_engine_extra.push_back(part);
     } else if (a == "--window" && i + 1 < argc) {
       window = std::stoul(argv[++i]);
     } else if (a == "--sizes" && i + 1 < argc) {
@@ -111,7 +160,7 @@ int main(int argc, char** argv) {
       std::string part;
       while (std::getline(ss, part, ',')) sizes.push_back(std::stoul(part));
     } else {
-      std::fprintf(stderr, "usage: bench_transport [--quick] [--sizes N,N,...] [--window W]\n");
+      std::fprintf(stderr, "usage: bench_transport [--quick] [--sizes N,N,...] [--window W] [--rounds R] [--engine-arg \"ARGS\"]...\n");
       return 2;
     }
   }
@@ -122,20 +171,28 @@ int main(int argc, char** argv) {
        {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"},
        quick ? (32u << 20) : (1ull << 30)},
   };
-  std::printf("UCX engine vs ucx_perftest tag_bw, 2 processes, %zu messages in flight (GB/s = 1e9 bytes/s)\n\n", window);
+  std::printf("UCX engine vs ucx_perftest tag_bw, 2 processes, %zu messages in flight (GB/s = 1e9 bytes/s); medians of %d "
+              "rounds, ratios as median (lowest-highest) of the rounds' ratios\n\n",
+              window, rounds);
   std::printf("| path | message | engine GB/s | engine tuned GB/s | ucx_perftest GB/s | engine / perftest | tuned / perftest |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   int failures = 0;
+  auto size_name = [](std::size_t size) {
+    return size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
+  };
   for (const auto& p : paths) {
     for (const std::size_t size : sizes) {
       const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
-      const double e = engine_gbps(p, size, iters, window, engine_mode::as_default);
-      const double eb = engine_gbps(p, size, iters, window, engine_mode::tuned);
-      const double pf = perftest_gbps(p, size, iters);
-      if (e <= 0 || eb <= 0 || pf <= 0) ++failures;
-      const std::string sz = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
-      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", p.name, sz.c_str(), e, eb, pf, pf > 0 ? e / pf : 0,
-                  pf > 0 ? eb / pf : 0);
+      row r;
+      for (int k = 0; k < rounds; ++k) {
+        r.engine.push_back(engine_gbps(p, size, iters, window, engine_mode::as_default));
+        r.tuned.push_back(engine_gbps(p, size, iters, window, engine_mode::tuned));
+        r.perftest.push_back(perftest_gbps(p, size, iters));
+      }
+      if (r.failed()) ++failures;
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %s | %s |\n", p.name, size_name(size).c_str(), median(r.engine),
+                  median(r.tuned), median(r.perftest), ratio_cell(r.engine, r.perftest).c_str(),
+                  ratio_cell(r.tuned, r.perftest).c_str());
       std::fflush(stdout);
     }
   }
@@ -150,12 +207,15 @@ int main(int argc, char** argv) {
     for (const std::size_t size : sizes) {
       if (size < (1u << 20)) continue;
       const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
-      const double e = engine_gbps(p, size, iters, window, engine_mode::as_default);
-      const double eb = engine_gbps(p, size, iters, window, engine_mode::tuned_with_errors);
-      const double pf = perftest_gbps(p, size, iters, true);
-      if (e <= 0 || eb <= 0 || pf <= 0) ++failures;
-      std::printf("| %zu MiB | %.2f | %.2f | %.2f | %.2f | %.2f |\n", size >> 20, e, eb, pf, pf > 0 ? e / pf : 0,
-                  pf > 0 ? eb / pf : 0);
+      row r;
+      for (int k = 0; k < rounds; ++k) {
+        r.engine.push_back(engine_gbps(p, size, iters, window, engine_mode::as_default));
+        r.tuned.push_back(engine_gbps(p, size, iters, window, engine_mode::tuned_with_errors));
+        r.perftest.push_back(perftest_gbps(p, size, iters, true));
+      }
+      if (r.failed()) ++failures;
+      std::printf("| %s | %.2f | %.2f | %.2f | %s | %s |\n", size_name(size).c_str(), median(r.engine), median(r.tuned),
+                  median(r.perftest), ratio_cell(r.engine, r.perftest).c_str(), ratio_cell(r.tuned, r.perftest).c_str());
       std::fflush(stdout);
     }
   }
@@ -191,19 +251,34 @@ int main(int argc, char** argv) {
       return std::stod(r->substr(3)) / static_cast<double>(steps);
     };
     run("transfer", 0);  // warm-up
-    const double transfer = run("transfer", 0);
-    const auto compute_us = static_cast<std::size_t>(std::max(200.0, 2000.0 * transfer));
-    const double compute = run("compute", compute_us);
-    const double seq = run("seq", compute_us);
-    const double over = run("overlap", compute_us);
-    if (transfer <= 0 || compute <= 0 || seq <= 0 || over <= 0) ++failures;
-    const double hidden = seq > compute ? (seq - over) / (seq - compute) : 0;
-    std::printf("\nOverlap, shared memory: %zu MiB of activations per step, %zu steps (ms per step)\n\n",
-                bytes >> 20, steps);
+    std::vector<double> transfer, compute, seq, over, hidden, slowdown;
+    std::size_t compute_us = 0;
+    for (int k = 0; k < rounds; ++k) {
+      const double t = run("transfer", 0);
+      // Compute is sized from the first round's transfer, so that every
+      // round runs the same step.
+      if (compute_us == 0) compute_us = static_cast<std::size_t>(std::max(200.0, 2000.0 * t));
+      const double c = run("compute", compute_us), sq = run("seq", compute_us), ov = run("overlap", compute_us);
+      if (t <= 0 || c <= 0 || sq <= 0 || ov <= 0) {
+        ++failures;
+        continue;
+      }
+      transfer.push_back(t);
+      compute.push_back(c);
+      seq.push_back(sq);
+      over.push_back(ov);
+      hidden.push_back(sq > c ? (sq - ov) / (sq - c) : 0);
+      slowdown.push_back(ov / c);
+    }
+    std::printf("\nOverlap, shared memory: %zu MiB of activations per step, %zu steps (ms per step; medians of %d rounds)\n\n",
+                bytes >> 20, steps, rounds);
     std::printf("| transfer alone | compute alone | compute then send | send overlapped | transfer / compute | "
-                "transfer time hidden | step with transfers / without |\n|---|---|---|---|---|---|---|\n");
-    std::printf("| %.3f | %.3f | %.3f | %.3f | %.2f | %.0f%% | %.3f |\n", transfer, compute, seq, over,
-                compute > 0 ? transfer / compute : 0, 100.0 * hidden, compute > 0 ? over / compute : 0);
+                "transfer time hidden (range) | step with transfers / without |\n|---|---|---|---|---|---|---|\n");
+    const double c = median(compute);
+    std::printf("| %.3f | %.3f | %.3f | %.3f | %.2f | %.0f%% (%.0f-%.0f%%) | %.3f |\n", median(transfer), c, median(seq),
+                median(over), c > 0 ? median(transfer) / c : 0, 100.0 * median(hidden),
+                hidden.empty() ? 0.0 : 100.0 * *std::min_element(hidden.begin(), hidden.end()),
+                hidden.empty() ? 0.0 : 100.0 * *std::max_element(hidden.begin(), hidden.end()), median(slowdown));
   }
   return failures ? 1 : 0;
 }

@@ -330,6 +330,77 @@ TEST(InprocEngine, ZeroCopyReceiveSeesTheSendersBufferUntilReleased) {
   EXPECT_EQ(a.live_ops(), 0u);
 }
 
+// Over TCP, UCX emulates RMA with messages the target must progress. The
+// target's progress thread does that while its owner never calls the
+// engine (a stage computing); without the thread the same get stays
+// pending, which shows the test can fail.
+TEST(UcxEngine, TheProgressThreadServesRmaWhileTheOwnerIsBusy) {
+  for (const bool thread : {true, false}) {
+    tr::ucx_options o;
+    o.tls = "tcp";
+    o.net_devices = "lo";
+    o.default_timeout = 20000ms;
+    auto a = tr::ucx_engine::create(o);
+    o.progress_thread = thread;
+    auto b = tr::ucx_engine::create(o);
+    ASSERT_TRUE(a && b);
+    auto ab = (*a)->connect((*b)->address());
+    auto ba = (*b)->connect((*a)->address());
+    ASSERT_TRUE(ab && ba);
+    std::vector<std::uint8_t> target = pattern(4 << 20, 5);
+    tr::remote_region region;
+    auto reg = (*b)->expose(target.data(), target.size(), region);
+    ASSERT_TRUE(reg) << reg.error().message;
+    // The endpoints' wire-up completes while both sides progress.
+    for (int i = 0; i < 20; ++i) {
+      std::vector<std::uint8_t> x(8);
+      auto s = recv_spec(424242, x.data(), x.size());
+      s.timeout = 5ms;
+      (void)tr::run_op(**b, s);
+      s.timeout = 5ms;
+      (void)tr::run_op(**a, s);
+    }
+    // From here on b's owner does not call its engine until the get ends.
+    std::vector<std::uint8_t> back(target.size() / 2);
+    tr::op_spec get;
+    get.kind = tr::op_kind::get;
+    get.peer = *ab;
+    get.local = back.data();
+    get.bytes = back.size();
+    get.remote = &region;
+    get.remote_offset = target.size() / 4;
+    auto h = (*a)->prepare(get);
+    ASSERT_TRUE(h) << h.error().message;
+    ASSERT_TRUE((*a)->post(*h));
+    auto st = (*a)->wait(*h, 3000ms);
+    ASSERT_TRUE(st) << st.error().message;
+    if (thread) {
+      EXPECT_EQ(st->state, tr::op_state::done) << st->failure.message;
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), target.begin() + target.size() / 4));
+    } else {
+      EXPECT_EQ(st->state, tr::op_state::in_flight) << "the get completed without the target progressing";
+      // The owner comes back: its waits progress the worker and the get ends.
+      std::atomic<bool> stop{false};
+      std::jthread owner([&] {
+        std::vector<std::uint8_t> x(8);
+        while (!stop) {
+          auto s = recv_spec(999999, x.data(), x.size());
+          s.timeout = 20ms;
+          (void)tr::run_op(**b, s);
+        }
+      });
+      st = (*a)->wait(*h, 10000ms);
+      stop = true;
+      ASSERT_TRUE(st);
+      EXPECT_EQ(st->state, tr::op_state::done);
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), target.begin() + target.size() / 4));
+    }
+    (*a)->release(*h);
+    (*b)->unexpose(*reg);
+    EXPECT_EQ((*a)->live_ops(), 0u);
+  }
+}
+
 TEST(UcxEngine, IdleWaitSleepsInsteadOfSpinning) {
   auto e = tr::ucx_engine::create();
   ASSERT_TRUE(e);
