@@ -3,7 +3,11 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -11,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/cluster.hpp"
+#include "actors/log.hpp"
 #include "serve/metrics.hpp"
 
 namespace troupe::serve {
@@ -39,11 +44,21 @@ struct job_stream {
 
 }  // namespace
 
+// Debian's cpp-httplib is a compiled library that listens with a backlog
+// of 5: 16 streams opened at once overflowed it (the kernel's
+// ListenOverflows counter grew by 34 in one 64-client burst) and clients
+// saw "Read (status -1)" failures or 1 s SYN retries. Listening again on
+// the bound socket raises the backlog (Linux updates it in place).
+class http_server : public httplib::Server {
+ public:
+  bool widen_backlog(int backlog) { return svr_sock_ != INVALID_SOCKET && ::listen(svr_sock_, backlog) == 0; }
+};
+
 struct gateway::impl {
   caf::actor_system& sys;
   actors::frontdoor_actor door;
   gateway_options opt;
-  httplib::Server http;
+  http_server http;
   std::shared_ptr<metrics> stats = std::make_shared<metrics>();
   int bound_port = 0;
   std::atomic<bool> canary_ok{false};
@@ -318,6 +333,8 @@ bool gateway::bind(std::string& why) {
     why = "cannot listen on " + impl_->opt.host + ":" + std::to_string(impl_->opt.port);
     return false;
   }
+  if (!impl_->http.widen_backlog(SOMAXCONN))
+    actors::logging::of("gateway").warn("could not raise the listen backlog: {}", std::strerror(errno));
   return true;
 }
 
