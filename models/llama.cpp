@@ -198,16 +198,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
     if (!norm) return std::unexpected(norm.error());
     m->norm_ = std::move(*norm);
     const bool tied = cfg.tie_word_embeddings || !src.has("lm_head");
-    // Tensor parallelism splits the LM head by vocabulary: each rank holds
-    // a contiguous run of rows and head() joins the ranks' logits.
-    const std::int64_t V = cfg.vocab_size, per_rank = (V + split.size - 1) / split.size;
-    m->vocab_first_ = std::min(V, split.rank * per_rank);
-    const std::int64_t rows = std::min(V, m->vocab_first_ + per_rank) - m->vocab_first_;
-    if (rows <= 0)
-      return make_error(errc::invalid_argument, "tensor slice " + std::to_string(split.rank) + " of " +
-                                                    std::to_string(split.size) + " holds no row of a " +
-                                                    std::to_string(V) + "-token LM head");
-    auto head = sliced(tied ? "embed_tokens" : "lm_head", V, H, m->vocab_first_, rows, 0, H);
+    auto head = packed(tied ? "embed_tokens" : "lm_head", cfg.vocab_size, H);
     if (!head) return std::unexpected(head.error());
     m->lm_head_ = std::move(*head);
   }
@@ -516,23 +507,7 @@ result<tensor> llama_model::head(kernels::cpu::context& ctx, std::span<const ste
   }
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
   TRY(kernels::rms_norm(ctx, *sel, norm_, eps, *sel));
-  if (split_.size == 1) {
-    TRY(kernels::matmul(ctx, *sel, lm_head_, *logits));
-    return logits;
-  }
-  // This rank's vocabulary rows into their columns, zeros elsewhere; the
-  // all-reduce then gives every rank every logit, each the one rank's own
-  // value plus zeros (exact), the same bits on every rank.
-  const std::int64_t rows = lm_head_.rows();
-  auto part = tensor::empty(pool, dtype::f32, {n_logits, rows});
-  if (!part) return std::unexpected(part.error());
-  TRY(kernels::matmul(ctx, *sel, lm_head_, *part));
-  for (std::int64_t r = 0; r < n_logits; ++r) {
-    float* out = logits->row_as<float>(r);
-    std::fill_n(out, V, 0.0f);
-    std::copy_n(part->row_as<float>(r), rows, out + vocab_first_);
-  }
-  TRY(split_.all_reduce(*logits));
+  TRY(kernels::matmul(ctx, *sel, lm_head_, *logits));
   return logits;
 }
 

@@ -43,12 +43,9 @@ struct layer_range {
 /// heads, o_proj columns) and of the FFN (gate/up rows, down_proj columns).
 /// The attention output and FFN down projections give partial sums, which
 /// `all_reduce` must sum over the ranks in place (f32 [T, hidden]; e.g.
-/// transport::ring_allreduce_sum between processes). The LM head is split
-/// by vocabulary (rank k holds rows [k*ceil(V/size), ...)), and its logits
-/// are joined by one more all-reduce of f32 [n, vocab] with zeros outside
-/// each rank's rows, so every rank ends with the same logits. Embedding and
-/// norms are replicated. The layers' sums are split differently from one
-/// process: results agree to rounding, not bits.
+/// transport::ring_allreduce_sum between processes). Embedding, norms and
+/// LM head are replicated, so every rank computes the same logits. Sums are
+/// split differently from one process: results agree to rounding, not bits.
 struct tensor_split {
   int rank = 0;
   int size = 1;
@@ -153,7 +150,6 @@ class llama_model {
   std::int64_t nh_ = 0, nkv_ = 0, ffn_ = 0;  // this rank's heads, KV heads, FFN width
   kernels::weight_matrix embed_;
   kernels::packed_matrix lm_head_;
-  std::int64_t vocab_first_ = 0;  // the first vocabulary row lm_head_ holds (tensor parallelism)
   kernels::tensor norm_;
   std::vector<layer> layers_;
   kernels::rope_params rope_;
