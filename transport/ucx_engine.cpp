@@ -131,9 +131,10 @@ struct ucx_engine::impl {
     auto nap = quiet;
     while (!stopping) {
       const auto since = clock::now().time_since_epoch() - clock::duration(last_wait_end_ns.load());
-      if (waiters.load() > 0 || since < quiet) {
-        const auto sleep = waiters.load() > 0 ? nap : quiet - since;
-        if (waiters.load() > 0) nap = std::min(longest_nap, 2 * nap);
+      const bool waited_on = waiters.load() > 0;
+      if (waited_on || since < quiet) {
+        const auto sleep = waited_on ? nap : quiet - since;
+        if (waited_on) nap = std::min(longest_nap, 2 * nap);
         std::unique_lock il(idle_mtx);
         idle_cv.wait_for(il, sleep, [&] { return stopping.load(); });
         continue;

@@ -79,6 +79,19 @@ tr::op_spec recv_spec(std::uint64_t tag, void* data, std::size_t n) {
   return s;
 }
 
+// An owner that keeps waiting (on a receive nobody sends) until `stop`,
+// so its engine's worker progresses as a computing stage's would not.
+std::jthread keep_waiting(tr::transfer_engine& e, const std::atomic<bool>& stop, std::chrono::milliseconds each) {
+  return std::jthread([&e, &stop, each] {
+    std::vector<std::uint8_t> dummy(8);
+    while (!stop) {
+      auto s = recv_spec(999999, dummy.data(), dummy.size());
+      s.timeout = each;
+      (void)tr::run_op(e, s);
+    }
+  });
+}
+
 class EngineTest : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
@@ -170,14 +183,7 @@ TEST_P(EngineTest, PutAndGetReachOnlyTheExposedRegion) {
   put.remote_offset = 4096;
   // The owner's worker must progress for some transports: a thread keeps it going.
   std::atomic<bool> stop{false};
-  std::jthread owner([&] {
-    std::vector<std::uint8_t> dummy(8);
-    while (!stop) {
-      auto s = recv_spec(999999, dummy.data(), dummy.size());
-      s.timeout = 50ms;
-      (void)tr::run_op(*p.b, s);
-    }
-  });
+  auto owner = keep_waiting(*p.b, stop, 50ms);
   auto r = tr::run_op(*p.a, put);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_TRUE(std::equal(data.begin(), data.end(), target.begin() + 4096));
@@ -381,14 +387,7 @@ TEST(UcxEngine, TheProgressThreadServesRmaWhileTheOwnerIsBusy) {
       EXPECT_EQ(st->state, tr::op_state::in_flight) << "the get completed without the target progressing";
       // The owner comes back: its waits progress the worker and the get ends.
       std::atomic<bool> stop{false};
-      std::jthread owner([&] {
-        std::vector<std::uint8_t> x(8);
-        while (!stop) {
-          auto s = recv_spec(999999, x.data(), x.size());
-          s.timeout = 20ms;
-          (void)tr::run_op(**b, s);
-        }
-      });
+      auto owner = keep_waiting(**b, stop, 20ms);
       st = (*a)->wait(*h, 10000ms);
       stop = true;
       ASSERT_TRUE(st);
