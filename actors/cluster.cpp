@@ -6,22 +6,22 @@
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
+#include <condition_variable>
 #include <fstream>
 #include <functional>
 #include <map>
-#include <condition_variable>
 #include <mutex>
 #include <random>
 
 #include "actors/data_plane.hpp"
-#include "actors/pipeline_stats.hpp"
 #include "actors/device_probe.hpp"
-#include "actors/placement_control.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/pipeline_stats.hpp"
+#include "actors/placement_control.hpp"
 #include "actors/prompt.hpp"
 #include "actors/stage.hpp"
-#include "models/weights.hpp"
 #include "cluster/certs.hpp"
+#include "models/weights.hpp"
 
 namespace troupe::actors {
 
@@ -30,7 +30,9 @@ namespace {
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
-double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
+double ms_since(steady::time_point t) {
+  return std::chrono::duration<double, std::milli>(steady::now() - t).count();
+}
 
 // The node id each node had when this process last joined it: a stage's
 // agent joins the next stage's node only when no live connection to that
@@ -83,7 +85,7 @@ struct agent_state {
   encoder_actor encoder;  ///< a vision encoder moved here (live migration)
   std::uint64_t epoch = 0;
   std::string failure;
-  device_probe probe;                 ///< measured at start
+  device_probe probe;                  ///< measured at start
   std::unique_ptr<foreign_load> load;  ///< sampled at each heartbeat
 };
 
@@ -103,9 +105,11 @@ void drop_stages(agent_ptr self) {
 
 /// Makes the stage that follows reachable from this node: joins its node
 /// (once) and connects the data plane to it. An error names `what`.
-caf::error connect_next(agent_ptr self, const std::string& what, const stage_handles& next, const std::string& next_node) {
+caf::error connect_next(agent_ptr self, const std::string& what, const stage_handles& next,
+                        const std::string& next_node) {
   const auto& c = self->state.cfg;
-  if (!next.shard) return make_error(error_code::invalid_request, what + ": the next stage has no shard");
+  if (!next.shard)
+    return make_error(error_code::invalid_request, what + ": the next stage has no shard");
   if (next_node == c.name) return {};
   const auto nid = next.shard->node();
   bool known = false;
@@ -117,15 +121,19 @@ caf::error connect_next(agent_ptr self, const std::string& what, const stage_han
   }
   if (!known) {
     auto pass = join_node(self->system(), c.m, c.name, next_node, c.timeout);
-    if (!pass) return make_error(error_code::stage_failed, what + ": joining the next stage's node: " + pass.error());
+    if (!pass)
+      return make_error(error_code::stage_failed,
+                        what + ": joining the next stage's node: " + pass.error());
     if (!pass->agent || pass->agent->node() != nid)
-      return make_error(error_code::stage_failed, what + ": node " + next_node + " restarted since the head placed its stage");
+      return make_error(error_code::stage_failed, what + ": node " + next_node +
+                                                      " restarted since the head placed its stage");
     auto& r = joined_nodes();
     std::lock_guard lock(r.mtx);
     r.ids[next_node] = nid;
   }
   if (auto r = data_plane::local().connect(to_string(nid), next.engine_address); !r)
-    return make_error(error_code::stage_failed, what + ": data plane to node " + next_node + ": " + r.error().message);
+    return make_error(error_code::stage_failed,
+                      what + ": data plane to node " + next_node + ": " + r.error().message);
   return {};
 }
 
@@ -136,7 +144,8 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
                            std::to_string(o.last_layer) + ")";
   if (o.epoch < st.epoch)
     return make_error(error_code::invalid_request, what + ": placement " + std::to_string(o.epoch) +
-                                                       " is older than this node's " + std::to_string(st.epoch));
+                                                       " is older than this node's " +
+                                                       std::to_string(st.epoch));
   if (o.epoch > st.epoch) {
     drop_stages(self);  // a new placement: what the old one left goes
     st.epoch = o.epoch;
@@ -156,15 +165,17 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto res = make_stage(context_for(c.device), c.model, range, c.plan, c.kv);
   if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
   if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
-    return make_error(error_code::stage_failed, what + ": the node now uses " + gib(resident_bytes()) +
-                                                    ", over its memory limit of " + gib(c.memory_limit) + " (manifest)");
+    return make_error(error_code::stage_failed,
+                      what + ": the node now uses " + gib(resident_bytes()) +
+                          ", over its memory limit of " + gib(c.memory_limit) + " (manifest)");
   auto shard = spawn_shard(self->system(), *res, o.has_next ? o.next.shard : shard_actor{});
   auto kv = spawn_kv_store(self->system(), *res);
   self->monitor(shard);
   self->monitor(kv);
   st.stages.push_back({*res, shard, kv, {}});
-  logging::of("agent").info("node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name, o.first_layer,
-               o.last_layer, c.device.name, o.epoch, ms_since(t0));
+  logging::of("agent").info(
+      "node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name,
+      o.first_layer, o.last_layer, c.device.name, o.epoch, ms_since(t0));
   return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
 }
 
@@ -212,16 +223,18 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
       st.probe = measure_device(*context_for(st.cfg.device), st.cfg.memory_limit);
       st.load = std::make_unique<foreign_load>(st.cfg.device.cores);
       logging::of("agent").info(
-          "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 {:.1f} GB/s; GEMM (16 rows) "
+          "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 "
+          "{:.1f} GB/s; GEMM (16 rows) "
           "f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 {:.1f} GFLOP/s; {:.2f} GiB for troupe",
-          st.cfg.name, st.probe.device, st.probe.probe_ms, st.probe.gemv_f32 / 1e9, st.probe.gemv_f16 / 1e9,
-          st.probe.gemv_q8_0 / 1e9, st.probe.gemv_q4_0 / 1e9, st.probe.gemm_f32 / 1e9, st.probe.gemm_f16 / 1e9,
-          st.probe.gemm_q8_0 / 1e9, st.probe.gemm_q4_0 / 1e9,
-          static_cast<double>(st.probe.memory_bytes) / (1 << 30));
+          st.cfg.name, st.probe.device, st.probe.probe_ms, st.probe.gemv_f32 / 1e9,
+          st.probe.gemv_f16 / 1e9, st.probe.gemv_q8_0 / 1e9, st.probe.gemv_q4_0 / 1e9,
+          st.probe.gemm_f32 / 1e9, st.probe.gemm_f16 / 1e9, st.probe.gemm_q8_0 / 1e9,
+          st.probe.gemm_q4_0 / 1e9, static_cast<double>(st.probe.memory_bytes) / (1 << 30));
     }
     self->set_exit_handler([self](caf::exit_msg& em) {
       drop_stages(self);  // the stage actors go with the agent
-      if (self->state.encoder) caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
+      if (self->state.encoder)
+        caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
       self->quit(em.reason);
     });
     self->set_down_handler([self](caf::down_msg& dm) {
@@ -238,38 +251,53 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           return n;
         },
         [=](ping_atom) { return report_of(self); },
-        [=](route_atom, std::int32_t first, const stage_handles& next, const std::string& next_node) -> caf::result<bool> {
+        [=](route_atom, std::int32_t first, const stage_handles& next,
+            const std::string& next_node) -> caf::result<bool> {
           auto& st = self->state;
-          const std::string what = "node " + st.cfg.name + ", re-routing layers from " + std::to_string(first);
-          auto it = std::find_if(st.stages.begin(), st.stages.end(),
-                                 [&](const held_stage& h) { return h.res->model->range().first == first; });
-          if (it == st.stages.end()) return make_error(error_code::not_found, what + ": no such stage here");
+          const std::string what =
+              "node " + st.cfg.name + ", re-routing layers from " + std::to_string(first);
+          auto it = std::find_if(st.stages.begin(), st.stages.end(), [&](const held_stage& h) {
+            return h.res->model->range().first == first;
+          });
+          if (it == st.stages.end())
+            return make_error(error_code::not_found, what + ": no such stage here");
           if (auto e = connect_next(self, what, next, next_node)) return e;
           auto rp = self->make_response_promise<bool>();
-          self->request(it->shard, st.cfg.timeout, route_atom::value, caf::actor_cast<caf::strong_actor_ptr>(next.shard))
-              .then([rp](bool ok) mutable { rp.deliver(ok); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          self->request(it->shard, st.cfg.timeout, route_atom::value,
+                        caf::actor_cast<caf::strong_actor_ptr>(next.shard))
+              .then([rp](bool ok) mutable { rp.deliver(ok); },
+                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
           return rp;
         },
         [=](route_atom, const stage_handles& to, const std::string& name) -> caf::result<bool> {
-          if (auto e = connect_next(self, "node " + self->state.cfg.name + ", connecting to " + name, to, name)) return e;
+          if (auto e = connect_next(
+                  self, "node " + self->state.cfg.name + ", connecting to " + name, to, name))
+            return e;
           return true;
         },
-        [=](load_atom, const std::string& what, const std::vector<std::uint8_t>& head_address) -> caf::result<encoder_actor> {
+        [=](load_atom, const std::string& what,
+            const std::vector<std::uint8_t>& head_address) -> caf::result<encoder_actor> {
           auto& st = self->state;
-          if (what != "vision") return make_error(error_code::invalid_request, "no encoder '" + what.substr(0, 32) + "'");
+          if (what != "vision")
+            return make_error(error_code::invalid_request,
+                              "no encoder '" + what.substr(0, 32) + "'");
           const auto& sender = self->current_sender();
           if (!sender) return make_error(error_code::invalid_request, "an anonymous encoder order");
           if (sender->node() != self->node()) {
             if (auto r = data_plane::local().connect(to_string(sender->node()), head_address); !r)
-              return make_error(error_code::stage_failed, "node " + st.cfg.name + ", data plane to the head: " + r.error().message);
+              return make_error(
+                  error_code::stage_failed,
+                  "node " + st.cfg.name + ", data plane to the head: " + r.error().message);
           }
           if (st.encoder) return st.encoder;
           const auto t0 = steady::now();
           auto enc = make_vision_encoder(context_for(st.cfg.device), st.cfg.model, st.cfg.plan);
-          if (!enc) return make_error(error_code::stage_failed, "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
+          if (!enc)
+            return make_error(error_code::stage_failed,
+                              "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
           st.encoder = spawn_encoder(self->system(), *enc, encoder_options{});
-          logging::of("agent").info("node {}: runs the vision encoder on {} (loaded in {:.0f} ms)", st.cfg.name,
-                                    st.cfg.device.name, ms_since(t0));
+          logging::of("agent").info("node {}: runs the vision encoder on {} (loaded in {:.0f} ms)",
+                                    st.cfg.name, st.cfg.device.name, ms_since(t0));
           return st.encoder;
         },
         [=](drop_atom, const std::string& what) -> std::int32_t {
@@ -294,13 +322,16 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
             it = st.stages.erase(it);
             ++n;
           }
-          logging::of("agent").info("node {}: let go of the stage at layer {} (migrated)", st.cfg.name, first);
+          logging::of("agent").info("node {}: let go of the stage at layer {} (migrated)",
+                                    st.cfg.name, first);
           return n;
         },
         [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
           auto& st = self->state;
           auto t = data_plane::local().take(ref, context_for(st.cfg.device)->ctx->memory());
-          if (!t) return make_error(error_code::stage_failed, "node " + st.cfg.name + ", link probe: " + t.error().message);
+          if (!t)
+            return make_error(error_code::stage_failed,
+                              "node " + st.cfg.name + ", link probe: " + t.error().message);
           return static_cast<std::int64_t>(t->nbytes());
         },
         [=](down_atom) {
@@ -317,9 +348,10 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
 
 namespace {
 
-using head_core_actor = frontdoor_actor::extend<caf::reacts_to<tick_atom>,
-                                                caf::reacts_to<joined_atom, std::string, gate_pass>,
-                                                caf::reacts_to<joined_atom, std::string, std::string>>;
+using head_core_actor =
+    frontdoor_actor::extend<caf::reacts_to<tick_atom>,
+                            caf::reacts_to<joined_atom, std::string, gate_pass>,
+                            caf::reacts_to<joined_atom, std::string, std::string>>;
 
 struct member_rt {
   node_agent_actor agent;
@@ -346,11 +378,11 @@ struct head_state {
   std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
   std::int64_t migrations = 0;
   std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
-  std::vector<stage_handles> handles;  ///< the placed stages' actors, in order
-  bool migrating = false;              ///< one live migration at a time
-  std::string migration_phase;         ///< what it is doing (troupe migrate's progress bar)
+  std::vector<stage_handles> handles;                ///< the placed stages' actors, in order
+  bool migrating = false;                            ///< one live migration at a time
+  std::string migration_phase;  ///< what it is doing (troupe migrate's progress bar)
   double migration_done = 0;
-  std::string encoder_owner;           ///< the node whose agent spawned the encoder ("": the head did)
+  std::string encoder_owner;  ///< the node whose agent spawned the encoder ("": the head did)
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;
@@ -391,11 +423,13 @@ struct head_state {
   /// The scheduler's counters at each heartbeat, the last minute of them
   /// (status: where the pipeline's time went).
   std::deque<std::pair<steady::time_point, scheduler_stats>> stat_samples;
-  std::vector<std::string> joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
+  std::vector<std::string>
+      joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
   steady::time_point next_policy = steady::now();
-  bool rebalancing = false;             ///< a decision's moves are under way
-  std::optional<std::size_t> placing_decision;  ///< the decision the placement under way carries out
-  std::string want_encoder_on;          ///< the planner's node for the encoder, moved there after placing
+  bool rebalancing = false;  ///< a decision's moves are under way
+  std::optional<std::size_t>
+      placing_decision;         ///< the decision the placement under way carries out
+  std::string want_encoder_on;  ///< the planner's node for the encoder, moved there after placing
   bool resume_after_placement = false;  ///< a re-split paused the scheduler
 };
 
@@ -458,7 +492,8 @@ placement::cluster_profile profile_now(head_ptr self) {
   std::vector<node_measure> nodes;
   for (const auto& name : st.members->usable()) {
     auto it = st.rt.find(name);
-    if (it != st.rt.end() && it->second.agent) nodes.push_back({name, it->second.report.probe, it->second.report.load});
+    if (it != st.rt.end() && it->second.agent)
+      nodes.push_back({name, it->second.report.probe, it->second.report.load});
   }
   std::vector<placement::link_profile> links;
   for (const auto& [name, l] : st.links)
@@ -475,7 +510,8 @@ bool measured_all(head_ptr self) {
     if (it == st.rt.end() || !it->second.agent || it->second.report.probe.cores <= 0) return false;
     if (name == st.cfg.node.name) continue;
     auto l = st.links.find(name);
-    if (l == st.links.end() || !l->second.done || l->second.of != it->second.agent->node()) return false;
+    if (l == st.links.end() || !l->second.done || l->second.of != it->second.agent->node())
+      return false;
   }
   return true;
 }
@@ -498,11 +534,15 @@ void link_round(head_ptr self, std::shared_ptr<link_run> run) {
     l.of = run->agent->node();
     if (why.empty() && run->best > 0) {
       l.link = {self->state.cfg.node.name, run->name, run->best, run->rtt_s / 2};
-      logging::of("head").info("link {} <-> {}: {:.2f} GB/s, {:.0f} us one way (measured)", self->state.cfg.node.name,
-                               run->name, run->best / 1e9, run->rtt_s / 2 * 1e6);
+      logging::of("head").info("link {} <-> {}: {:.2f} GB/s, {:.0f} us one way (measured)",
+                               self->state.cfg.node.name, run->name, run->best / 1e9,
+                               run->rtt_s / 2 * 1e6);
     } else {
       l.link = {};
-      event(self, "measuring the link to " + run->name + ": " + (why.empty() ? "no transfer completed" : why), true);
+      event(self,
+            "measuring the link to " + run->name + ": " +
+                (why.empty() ? "no transfer completed" : why),
+            true);
     }
   };
   if (st.rt[run->name].agent != run->agent) return finish("the node left");
@@ -511,10 +551,11 @@ void link_round(head_ptr self, std::shared_ptr<link_run> run) {
   self->request(run->agent, st.cfg.node.timeout, ping_atom::value)
       .then(
           [self, run, t0, finish](node_report&) {
-            run->rtt_s = std::min(run->rtt_s, std::chrono::duration<double>(steady::now() - t0).count());
+            run->rtt_s =
+                std::min(run->rtt_s, std::chrono::duration<double>(steady::now() - t0).count());
             auto& st = self->state;
-            auto t = kernels::tensor::zeros(context_for(st.cfg.node.device)->ctx->memory(), kernels::dtype::f32,
-                                            {std::int64_t{2} << 20});
+            auto t = kernels::tensor::zeros(context_for(st.cfg.node.device)->ctx->memory(),
+                                            kernels::dtype::f32, {std::int64_t{2} << 20});
             if (!t) return finish(t.error().message);
             const auto t1 = steady::now();
             auto ref = data_plane::local().push(run->key, st.cfg.node.device.name, std::move(*t));
@@ -523,8 +564,10 @@ void link_round(head_ptr self, std::shared_ptr<link_run> run) {
                 .then(
                     [self, run, t1](std::int64_t bytes) {
                       // The push and the agent's answer: one round trip besides the bytes.
-                      const double s = std::chrono::duration<double>(steady::now() - t1).count() - run->rtt_s;
-                      run->best = std::max(run->best, static_cast<double>(bytes) / std::max(s, 1e-6));
+                      const double s =
+                          std::chrono::duration<double>(steady::now() - t1).count() - run->rtt_s;
+                      run->best =
+                          std::max(run->best, static_cast<double>(bytes) / std::max(s, 1e-6));
                       link_round(self, run);
                     },
                     [self, finish](caf::error& e) { finish(describe(self->system(), e)); });
@@ -562,15 +605,17 @@ void measure_link(head_ptr self, const std::string& name) {
 placement::planner_options planner_opts(head_ptr self) {
   placement::planner_options o;
   o.preferred = self->state.precision;
-  o.min_precision = self->state.precision;  // stages load the manifest's formats; the planner does not lower them
-  o.allow_tensor_parallel = false;          // the cluster places one device per stage
+  o.min_precision =
+      self->state.precision;  // stages load the manifest's formats; the planner does not lower them
+  o.allow_tensor_parallel = false;  // the cluster places one device per stage
   return o;
 }
 
 std::size_t record_decision(head_ptr self, placement_decision d) {
   auto& st = self->state;
   d.at_s = since_start_s(self);
-  const auto window = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
+  const auto window = std::chrono::duration_cast<steady::duration>(
+      std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
   const auto rate = st.tokens.rate(steady::now() - window, steady::now());
   d.measured_tps_before = rate ? *rate : -1;
   st.decisions.push_back(std::move(d));
@@ -587,9 +632,10 @@ std::size_t record_decision(head_ptr self, placement_decision d) {
   }
   const auto& x = st.decisions.back();
   char buf[160];
-  std::snprintf(buf, sizeof buf, " (predicted step %.3f -> %.3f ms, throughput %+.0f%%)", x.predicted_step_ms_before,
-                x.predicted_step_ms_after, 100 * x.predicted_gain);
-  event(self, "placement decision, " + x.trigger + ": " + x.action + (x.predicted_step_ms_after > 0 ? buf : ""));
+  std::snprintf(buf, sizeof buf, " (predicted step %.3f -> %.3f ms, throughput %+.0f%%)",
+                x.predicted_step_ms_before, x.predicted_step_ms_after, 100 * x.predicted_gain);
+  event(self, "placement decision, " + x.trigger + ": " + x.action +
+                  (x.predicted_step_ms_after > 0 ? buf : ""));
   return st.decisions.size() - 1;
 }
 
@@ -598,7 +644,10 @@ void decision_applied(head_ptr self, std::optional<std::size_t> index) {
   if (!index || *index >= st.decisions.size()) return;
   st.decisions[*index].state = "measuring";
   st.to_measure.push_back(
-      {*index, steady::now(), st.stat_samples.empty() ? std::int64_t{-1} : st.stat_samples.back().second.accepted, {}});
+      {*index,
+       steady::now(),
+       st.stat_samples.empty() ? std::int64_t{-1} : st.stat_samples.back().second.accepted,
+       {}});
 }
 
 /// The throughput after each applied decision: tokens per second over
@@ -609,10 +658,13 @@ void decision_applied(head_ptr self, std::optional<std::size_t> index) {
 void measure_decisions(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
-  const auto window = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
-  const std::int64_t finished = st.stat_samples.empty() ? -1 : st.stat_samples.back().second.finished;
+  const auto window = std::chrono::duration_cast<steady::duration>(
+      std::chrono::duration<double>(st.cfg.node.m.placement.measure_s));
+  const std::int64_t finished =
+      st.stat_samples.empty() ? -1 : st.stat_samples.back().second.finished;
   std::erase_if(st.to_measure, [&](auto& p) {
-    if (!p.settled && now >= p.applied + 5s && (now >= p.applied + 60s || p.accepted < 0 || finished >= p.accepted))
+    if (!p.settled && now >= p.applied + 5s &&
+        (now >= p.applied + 60s || p.accepted < 0 || finished >= p.accepted))
       p.settled = now;
     if (!p.settled || now < *p.settled + window) return false;
     if (p.index >= st.decisions.size()) return true;
@@ -622,7 +674,8 @@ void measure_decisions(head_ptr self) {
     d.state = "measured";
     if (d.measured_tps_before > 0 && d.measured_tps_after >= 0)
       logging::of("head").info(
-          "placement decision at {:.0f} s ({}): {:.1f} -> {:.1f} tokens/s measured ({:+.0f}%; from {:.0f} s after it, when the "
+          "placement decision at {:.0f} s ({}): {:.1f} -> {:.1f} tokens/s measured ({:+.0f}%; from "
+          "{:.0f} s after it, when the "
           "requests running then had finished), {:+.0f}% predicted",
           d.at_s, d.trigger, d.measured_tps_before, d.measured_tps_after,
           100 * (d.measured_tps_after / d.measured_tps_before - 1),
@@ -638,16 +691,19 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, const std::string& 
   auto& st = self->state;
   const auto usable = st.members->usable();
   auto fixed = [&] {
-    return cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable, st.cfg.node.m.head);
+    return cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable,
+                                   st.cfg.node.m.head);
   };
-  if (!st.auto_place || !st.model_prof || std::find(usable.begin(), usable.end(), st.cfg.node.m.head) == usable.end())
+  if (!st.auto_place || !st.model_prof ||
+      std::find(usable.begin(), usable.end(), st.cfg.node.m.head) == usable.end())
     return fixed();
   const auto prof = profile_now(self);
   placement_decision d;
   d.trigger = trigger;
   if (!st.plan.empty()) {
     if (auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self)))
-      if (auto e = placement::evaluate(*cur, prof, *st.model_prof, st.work)) d.predicted_step_ms_before = e->step_s * 1e3;
+      if (auto e = placement::evaluate(*cur, prof, *st.model_prof, st.work))
+        d.predicted_step_ms_before = e->step_s * 1e3;
   }
   std::vector<cluster::stage_slot> slots;
   std::string why;
@@ -667,7 +723,8 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, const std::string& 
     d.action = "the planner found no plan (" + why + "); one stage per node instead";
   } else {
     d.action = "placed " + cluster::describe(slots);
-    if (!st.want_encoder_on.empty() && st.encoder) d.action += ", vision encoder on " + st.want_encoder_on;
+    if (!st.want_encoder_on.empty() && st.encoder)
+      d.action += ", vision encoder on " + st.want_encoder_on;
   }
   if (d.predicted_step_ms_before > 0 && d.predicted_step_ms_after > 0)
     d.predicted_gain = d.predicted_step_ms_before / d.predicted_step_ms_after - 1;
@@ -681,9 +738,11 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, const std::string& 
   return slots;
 }
 
-void replace(head_ptr self, const std::string& trigger, std::optional<std::vector<cluster::stage_slot>> forced);
+void replace(head_ptr self, const std::string& trigger,
+             std::optional<std::vector<cluster::stage_slot>> forced);
 
-void run_moves(head_ptr self, std::shared_ptr<std::vector<migrate_request>> moves, std::size_t i, std::size_t index) {
+void run_moves(head_ptr self, std::shared_ptr<std::vector<migrate_request>> moves, std::size_t i,
+               std::size_t index) {
   auto& st = self->state;
   if (i == moves->size()) {
     st.rebalancing = false;
@@ -692,17 +751,20 @@ void run_moves(head_ptr self, std::shared_ptr<std::vector<migrate_request>> move
   }
   const auto door = caf::actor_cast<frontdoor_actor>(self);
   self->request(door, std::chrono::minutes(10), migrate_atom::value, (*moves)[i])
-      .then([self, moves, i, index](const migrate_report&) { run_moves(self, moves, i + 1, index); },
-            [self, index](caf::error& e) {
-              auto& st = self->state;
-              st.rebalancing = false;
-              if (index < st.decisions.size()) st.decisions[index].state = "failed: " + describe(self->system(), e);
-              event(self, "placement decision: a move failed: " + describe(self->system(), e), true);
-            });
+      .then(
+          [self, moves, i, index](const migrate_report&) { run_moves(self, moves, i + 1, index); },
+          [self, index](caf::error& e) {
+            auto& st = self->state;
+            st.rebalancing = false;
+            if (index < st.decisions.size())
+              st.decisions[index].state = "failed: " + describe(self->system(), e);
+            event(self, "placement decision: a move failed: " + describe(self->system(), e), true);
+          });
 }
 
 /// Carries out the policy's decision `d` (recorded as decision `index`).
-void apply_decision(head_ptr self, const placement::decision& d, std::size_t index, const placement::cluster_profile& prof) {
+void apply_decision(head_ptr self, const placement::decision& d, std::size_t index,
+                    const placement::cluster_profile& prof) {
   auto& st = self->state;
   auto target = slots_of(d.target, prof);
   if (!target) {
@@ -716,7 +778,8 @@ void apply_decision(head_ptr self, const placement::decision& d, std::size_t ind
   auto change = change_between(st.plan, *target, encoder_node(self), enc_to);
   st.rebalancing = true;
   if (!change.resplit) {
-    run_moves(self, std::make_shared<std::vector<migrate_request>>(std::move(change.moves)), 0, index);
+    run_moves(self, std::make_shared<std::vector<migrate_request>>(std::move(change.moves)), 0,
+              index);
     return;
   }
   // A new layer split: hold the steps, place it, resume (the running
@@ -733,22 +796,24 @@ void apply_decision(head_ptr self, const placement::decision& d, std::size_t ind
           [self, index](caf::error& e) {
             auto& st = self->state;
             st.rebalancing = false;
-            st.decisions[index].state = "failed: pausing the scheduler: " + describe(self->system(), e);
+            st.decisions[index].state =
+                "failed: pausing the scheduler: " + describe(self->system(), e);
           });
 }
 
 /// Every 5 s, and at once after a node joined: should shards move?
 void policy_tick(head_ptr self) {
   auto& st = self->state;
-  if (!st.auto_place || !st.cfg.node.m.placement.rebalance || !st.model_prof || !st.ready || st.placing || st.migrating ||
-      st.rebalancing || st.draining || st.plan.empty() || !st.scheduler)
+  if (!st.auto_place || !st.cfg.node.m.placement.rebalance || !st.model_prof || !st.ready ||
+      st.placing || st.migrating || st.rebalancing || st.draining || st.plan.empty() ||
+      !st.scheduler)
     return;
   const auto now = steady::now();
   const bool joined = !st.joined_since.empty();
   if (!joined && now < st.next_policy) return;
   if (!measured_all(self)) return;  // a new node's probe and link first
   st.next_policy = now + std::chrono::duration_cast<steady::duration>(
-                            std::chrono::duration<double>(st.cfg.node.m.placement.interval_s));
+                             std::chrono::duration<double>(st.cfg.node.m.placement.interval_s));
   const auto prof = profile_now(self);
   std::string trigger = "load or memory";
   if (joined) {
@@ -759,12 +824,15 @@ void policy_tick(head_ptr self) {
   }
   auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self));
   if (!cur) {
-    if (joined) record_decision(self, {0, trigger, "stay: " + cur.error(), cluster::describe(st.plan), -1, -1, 0, -1, -1, "failed"});
+    if (joined)
+      record_decision(self, {0, trigger, "stay: " + cur.error(), cluster::describe(st.plan), -1, -1,
+                             0, -1, -1, "failed"});
     return;
   }
   auto d = placement::decide(st.policy, *cur, prof, *st.model_prof, st.work, now, st.policy_opt);
   if (!d) {
-    record_decision(self, {0, trigger, "stay: " + d.error(), cluster::describe(st.plan), -1, -1, 0, -1, -1, "failed"});
+    record_decision(self, {0, trigger, "stay: " + d.error(), cluster::describe(st.plan), -1, -1, 0,
+                           -1, -1, "failed"});
     return;
   }
   placement_decision x;
@@ -796,14 +864,15 @@ void start_join(head_ptr self, const std::string& name) {
   if (r.joining) return;
   r.joining = true;
   const auto core = caf::actor_cast<head_core_actor>(self);
-  self->system().spawn<caf::detached>(
-      [core, m = st.cfg.node.m, me = st.cfg.node.name, name, timeout = st.cfg.node.timeout](caf::blocking_actor* b) {
-        auto pass = join_node(b->system(), m, me, name, std::min(timeout, std::chrono::milliseconds(5000)));
-        if (pass)
-          b->send(core, joined_atom::value, name, *pass);
-        else
-          b->send(core, joined_atom::value, name, pass.error());
-      });
+  self->system().spawn<caf::detached>([core, m = st.cfg.node.m, me = st.cfg.node.name, name,
+                                       timeout = st.cfg.node.timeout](caf::blocking_actor* b) {
+    auto pass =
+        join_node(b->system(), m, me, name, std::min(timeout, std::chrono::milliseconds(5000)));
+    if (pass)
+      b->send(core, joined_atom::value, name, *pass);
+    else
+      b->send(core, joined_atom::value, name, pass.error());
+  });
 }
 
 void on_lost(head_ptr self, const std::string& name, const std::string& why) {
@@ -819,7 +888,8 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   const auto* m = st.members->find(name);
   st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
-  const bool held = std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
+  const bool held =
+      std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
   if ((held || st.placing) && !st.draining) {
     st.lost_at = steady::now();
     replace(self, "node " + name + " lost");
@@ -850,7 +920,8 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       self->send(st.scheduler, reset_atom::value, shards, kvs);
     }
     st.ready = true;
-    std::string how = "placed " + cluster::describe(st.plan) + " (placement " + std::to_string(epoch) + ")";
+    std::string how =
+        "placed " + cluster::describe(st.plan) + " (placement " + std::to_string(epoch) + ")";
     if (st.lost_at) {
       st.resume_ms = ms_since(*st.lost_at);
       ++st.replacements;
@@ -866,14 +937,19 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     st.rebalancing = false;
     if (st.resume_after_placement) {
       st.resume_after_placement = false;
-      self->send(st.scheduler, route_atom::value);  // after the reset: the requests recompute on the new stages
+      self->send(st.scheduler,
+                 route_atom::value);  // after the reset: the requests recompute on the new stages
     }
     if (!st.want_encoder_on.empty() && st.encoder && st.want_encoder_on != encoder_node(self)) {
       const auto to = st.want_encoder_on;
-      self->request(caf::actor_cast<frontdoor_actor>(self), std::chrono::minutes(10), migrate_atom::value,
-                    migrate_request{"vision", to})
+      self->request(caf::actor_cast<frontdoor_actor>(self), std::chrono::minutes(10),
+                    migrate_atom::value, migrate_request{"vision", to})
           .then([](const migrate_report&) {},
-                [self, to](caf::error& e) { event(self, "moving the vision encoder to " + to + ": " + describe(self->system(), e), true); });
+                [self, to](caf::error& e) {
+                  event(self,
+                        "moving the vision encoder to " + to + ": " + describe(self->system(), e),
+                        true);
+                });
     }
     st.want_encoder_on.clear();
     heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
@@ -887,11 +963,13 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
             [self, epoch](caf::error& e) {
               if (epoch != self->state.epoch) return;
               self->state.placing = false;
-              event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e), true);
+              event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e),
+                    true);
             });
 }
 
-void replace(head_ptr self, const std::string& trigger, std::optional<std::vector<cluster::stage_slot>> forced) {
+void replace(head_ptr self, const std::string& trigger,
+             std::optional<std::vector<cluster::stage_slot>> forced) {
   auto& st = self->state;
   if (st.draining) return;
   const auto epoch = ++st.epoch;
@@ -904,10 +982,13 @@ void replace(head_ptr self, const std::string& trigger, std::optional<std::vecto
   st.placing = true;
   // Nodes left out of the new plan let go of what they hold.
   for (auto& [name, r] : st.rt) {
-    const bool in = std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
-    if (!in && r.agent) self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
+    const bool in =
+        std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
+    if (!in && r.agent)
+      self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
+          .then([](std::int32_t) {}, [](caf::error&) {});
   }
- st.plan = plan;
+  st.plan = plan;
   st.stages_total = static_cast<std::int32_t>(plan.size());
   st.stages_loaded = 0;
   event(self, "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
@@ -923,8 +1004,10 @@ void replace(head_ptr self, const std::string& trigger, std::optional<std::vecto
       if (epoch != st.epoch) return;
       st.placing = false;
       st.placement_ok = false;
-      event(self, "placing layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
-                      ") on " + slot.node + " failed: " + why + "; trying again",
+      event(self,
+            "placing layers [" + std::to_string(slot.first_layer) + "," +
+                std::to_string(slot.last_layer) + ") on " + slot.node + " failed: " + why +
+                "; trying again",
             true);
       if (!st.retry_queued) {
         st.retry_queued = true;
@@ -947,10 +1030,11 @@ void replace(head_ptr self, const std::string& trigger, std::optional<std::vecto
     self->request(agent, st.cfg.node.timeout, load_atom::value, o)
         .then(
             [self, epoch, handles, load, i, slot, n = plan.size(), busy](stage_handles& h) {
- if (epoch != self->state.epoch) return;
+              if (epoch != self->state.epoch) return;
               ++self->state.stages_loaded;
-              event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) +
-                              ") on " + slot.node + " (" + std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
+              event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," +
+                              std::to_string(slot.last_layer) + ") on " + slot.node + " (" +
+                              std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
               (*handles)[i] = std::move(h);
               if (i == 0) {
                 auto& st = self->state;
@@ -958,19 +1042,24 @@ void replace(head_ptr self, const std::string& trigger, std::optional<std::vecto
                 if (slot.node != st.cfg.node.name && own) {
                   // The first stage is off the head: the scheduler's image
                   // embeddings reach it over the data plane.
-                  self->request(own, st.cfg.node.timeout, route_atom::value, (*handles)[0], slot.node)
-                      .then([self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
-                            [self, epoch, slot](caf::error& e) {
-                              auto& st = self->state;
-                              if (epoch != st.epoch) return;
-                              st.placing = false;
-                              st.placement_ok = false;
-                              event(self, "connecting the head to " + slot.node + ": " + describe(self->system(), e) + "; trying again", true);
-                              if (!st.retry_queued) {
-                                st.retry_queued = true;
-                                self->delayed_send(self, 500ms, tick_atom::value);
-                              }
-                            });
+                  self->request(own, st.cfg.node.timeout, route_atom::value, (*handles)[0],
+                                slot.node)
+                      .then(
+                          [self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
+                          [self, epoch, slot](caf::error& e) {
+                            auto& st = self->state;
+                            if (epoch != st.epoch) return;
+                            st.placing = false;
+                            st.placement_ok = false;
+                            event(self,
+                                  "connecting the head to " + slot.node + ": " +
+                                      describe(self->system(), e) + "; trying again",
+                                  true);
+                            if (!st.retry_queued) {
+                              st.retry_queued = true;
+                              self->delayed_send(self, 500ms, tick_atom::value);
+                            }
+                          });
                 } else {
                   finish_placement(self, epoch, *handles);
                 }
@@ -990,24 +1079,30 @@ void stats_line(head_ptr self) {
   if (!st.scheduler || steady::now() - st.last_stats_line < std::chrono::seconds(10)) return;
   const auto since = st.last_stats_line;
   st.last_stats_line = steady::now();
-  self->request(st.scheduler, 5s, stats_atom::value).then([self, since](const scheduler_stats& s) {
-    auto& st = self->state;
-    const auto& p = st.last_stats;
-    const double secs = std::chrono::duration<double>(steady::now() - since).count();
-    if (s.accepted != p.accepted || s.running > 0 || s.queued > 0) {
-      std::int64_t used = 0, total = 0;
-      for (const auto& [name, r] : st.rt) {
-        used += r.report.kv_used_blocks;
-        total += r.report.kv_total_blocks;
-      }
-      logging::of("head").info("{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, generation {:.1f} tokens/s; "
-                   "{} finished",
-                   s.running, s.queued, total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0, used,
-                   total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
-                   static_cast<double>(s.generated_tokens - p.generated_tokens) / secs, s.finished);
-    }
-    st.last_stats = s;
-  }, [](caf::error&) {});
+  self->request(st.scheduler, 5s, stats_atom::value)
+      .then(
+          [self, since](const scheduler_stats& s) {
+            auto& st = self->state;
+            const auto& p = st.last_stats;
+            const double secs = std::chrono::duration<double>(steady::now() - since).count();
+            if (s.accepted != p.accepted || s.running > 0 || s.queued > 0) {
+              std::int64_t used = 0, total = 0;
+              for (const auto& [name, r] : st.rt) {
+                used += r.report.kv_used_blocks;
+                total += r.report.kv_total_blocks;
+              }
+              logging::of("head").info(
+                  "{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, "
+                  "generation {:.1f} tokens/s; "
+                  "{} finished",
+                  s.running, s.queued,
+                  total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0,
+                  used, total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
+                  static_cast<double>(s.generated_tokens - p.generated_tokens) / secs, s.finished);
+            }
+            st.last_stats = s;
+          },
+          [](caf::error&) {});
 }
 
 void heartbeat(head_ptr self) {
@@ -1019,7 +1114,9 @@ void heartbeat(head_ptr self) {
   for (const auto& [name, r] : st.rt)
     if (r.agent && (name == st.cfg.node.name || r.loading > 0)) {
       const auto* m = st.members->find(name);
-      if (m && (m->state == cluster::member_state::up || m->state == cluster::member_state::suspect)) st.members->heard(name, now);
+      if (m &&
+          (m->state == cluster::member_state::up || m->state == cluster::member_state::suspect))
+        st.members->heard(name, now);
     }
   for (auto& t : st.members->tick(now)) {
     if (t.to == cluster::member_state::lost)
@@ -1032,7 +1129,8 @@ void heartbeat(head_ptr self) {
   for (auto& [name, r] : st.rt) {
     if (!r.agent) continue;
     const auto* m = st.members->find(name);
-    if (!m || (m->state != cluster::member_state::up && m->state != cluster::member_state::suspect)) continue;
+    if (!m || (m->state != cluster::member_state::up && m->state != cluster::member_state::suspect))
+      continue;
     self->request(r.agent, st.members->options().lost_after, ping_atom::value)
         .then(
             [self, name, agent = r.agent](node_report& rep) {
@@ -1040,19 +1138,23 @@ void heartbeat(head_ptr self) {
               auto& r = st.rt[name];
               if (r.agent != agent) return;  // an answer from before a loss
               r.report = std::move(rep);
-              if (auto t = st.members->heard(name, steady::now())) event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
+              if (auto t = st.members->heard(name, steady::now()))
+                event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
               measure_link(self, name);
             },
             [](caf::error&) {});  // silence is what tick() measures
   }
   if (st.scheduler)
-    self->request(st.scheduler, 5s, stats_atom::value).then([self](const scheduler_stats& s) {
-      const auto now = steady::now();
-      self->state.tokens.add(now, s.tokens_out);
-      auto& q = self->state.stat_samples;
-      q.emplace_back(now, s);
-      while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
-    }, [](caf::error&) {});
+    self->request(st.scheduler, 5s, stats_atom::value)
+        .then(
+            [self](const scheduler_stats& s) {
+              const auto now = steady::now();
+              self->state.tokens.add(now, s.tokens_out);
+              auto& q = self->state.stat_samples;
+              q.emplace_back(now, s);
+              while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
+            },
+            [](caf::error&) {});
   measure_decisions(self);
   policy_tick(self);
   // The first placement: once every node is up and measured (or, after the
@@ -1065,7 +1167,6 @@ void heartbeat(head_ptr self) {
       replace(self, "start");
   }
 }
-
 
 // -- live migration --------------------------------------------------------------
 //
@@ -1141,7 +1242,8 @@ void migration_round(head_ptr self, migration_ptr m, bool final, std::function<v
                 it = m->copied.erase(it);
               }
               if (!gone.empty())
-                self->request(m->new_h.kv, st.cfg.node.timeout, free_atom::value, gone).then([](std::int64_t) {}, [](caf::error&) {});
+                self->request(m->new_h.kv, st.cfg.node.timeout, free_atom::value, gone)
+                    .then([](std::int64_t) {}, [](caf::error&) {});
             }
             struct todo {
               std::int64_t seq;
@@ -1152,7 +1254,8 @@ void migration_round(head_ptr self, migration_ptr m, bool final, std::function<v
               auto it = m->copied.find(seq);
               if (it != m->copied.end() && it->second == len) continue;
               std::int32_t from = 0;
-              if (it != m->copied.end() && it->second < len) from = static_cast<std::int32_t>(it->second / m->block_size);
+              if (it != m->copied.end() && it->second < len)
+                from = static_cast<std::int32_t>(it->second / m->block_size);
               work.push_back({seq, from});
             }
             m->round_bytes = 0;
@@ -1176,7 +1279,8 @@ void migration_round(head_ptr self, migration_ptr m, bool final, std::function<v
                     .then(
                         [self, m, w, timeout, one_done, failed, copy, from](kv_export& x) {
                           const auto len = x.length;
-                          self->request(m->new_h.kv, timeout, import_atom::value, std::move(x), from)
+                          self->request(m->new_h.kv, timeout, import_atom::value, std::move(x),
+                                        from)
                               .then(
                                   [m, w, len, one_done, copy](std::int64_t bytes) {
                                     m->copied[w.seq] = len;
@@ -1207,7 +1311,9 @@ void migration_round(head_ptr self, migration_ptr m, bool final, std::function<v
             }
           },
           [self, m](caf::error& e) {
-            if (!migration_stale(self, m)) migration_fail(self, m, "listing the old store's sequences: " + describe(self->system(), e));
+            if (!migration_stale(self, m))
+              migration_fail(self, m,
+                             "listing the old store's sequences: " + describe(self->system(), e));
           });
 }
 
@@ -1216,7 +1322,8 @@ void migration_switch(head_ptr self, migration_ptr m) {
   auto resume = [self, m] {
     if (migration_stale(self, m)) return;
     auto& st = self->state;
-    self->send(st.scheduler, route_atom::value, static_cast<std::int32_t>(m->index), m->new_h.shard, m->new_h.kv);
+    self->send(st.scheduler, route_atom::value, static_cast<std::int32_t>(m->index), m->new_h.shard,
+               m->new_h.kv);
     m->rep.pause_ms = ms_since(m->pause_sent);
     m->paused = false;
     // The old actors go; the head's books follow the new ones.
@@ -1232,11 +1339,14 @@ void migration_switch(head_ptr self, migration_ptr m) {
       m->rep.sequences = static_cast<std::int64_t>(m->copied.size());
       char buf[320];
       std::snprintf(buf, sizeof buf,
-                    "migrated %s from %s to %s: pause %.1f ms, %lld sequences, %.2f MiB of KV in %d rounds + %.3f MiB in "
+                    "migrated %s from %s to %s: pause %.1f ms, %lld sequences, %.2f MiB of KV in "
+                    "%d rounds + %.3f MiB in "
                     "the pause, load %.0f ms, %.0f ms in all%s",
                     m->rep.what.c_str(), m->rep.from.c_str(), m->rep.to.c_str(), m->rep.pause_ms,
-                    static_cast<long long>(m->rep.sequences), static_cast<double>(m->rep.kv_bytes) / (1 << 20), m->rep.rounds,
-                    static_cast<double>(m->rep.final_kv_bytes) / (1 << 20), m->rep.load_ms, m->rep.total_ms,
+                    static_cast<long long>(m->rep.sequences),
+                    static_cast<double>(m->rep.kv_bytes) / (1 << 20), m->rep.rounds,
+                    static_cast<double>(m->rep.final_kv_bytes) / (1 << 20), m->rep.load_ms,
+                    m->rep.total_ms,
                     dropped ? "" : " (the old node did not confirm dropping its stage)");
       event(self, buf);
       m->rp.deliver(m->rep);
@@ -1250,11 +1360,15 @@ void migration_switch(head_ptr self, migration_ptr m) {
   // The stage before forwards to the new shard from now on.
   const auto& prev = st.plan[m->index - 1];
   auto it = st.rt.find(prev.node);
-  if (it == st.rt.end() || !it->second.agent) return migration_fail(self, m, "the node of the stage before is not up");
-  self->request(it->second.agent, st.cfg.node.timeout, route_atom::value, static_cast<std::int32_t>(prev.first_layer),
-                m->new_h, m->target)
+  if (it == st.rt.end() || !it->second.agent)
+    return migration_fail(self, m, "the node of the stage before is not up");
+  self->request(it->second.agent, st.cfg.node.timeout, route_atom::value,
+                static_cast<std::int32_t>(prev.first_layer), m->new_h, m->target)
       .then([resume](bool) { resume(); },
-            [self, m](caf::error& e) { migration_fail(self, m, "re-routing the stage before: " + describe(self->system(), e)); });
+            [self, m](caf::error& e) {
+              migration_fail(self, m,
+                             "re-routing the stage before: " + describe(self->system(), e));
+            });
 }
 
 // Debugging aid (TROUPE_MIGRATE_VERIFY=1, stage 0 on the head): before the
@@ -1267,12 +1381,15 @@ void migration_verify(head_ptr self, migration_ptr m) {
   auto a = st.rt[m->slot.node].agent;
   auto b = st.rt[m->target].agent;
   self->request(a, st.cfg.node.timeout, route_atom::value, st.handles[0], st.cfg.node.name)
-      .then([self, m, b](bool) {
-              auto& st = self->state;
-              self->request(b, st.cfg.node.timeout, route_atom::value, st.handles[0], st.cfg.node.name)
-                  .then([self, m](bool) { migration_verify_now(self, m); }, [self, m](caf::error&) { migration_verify_now(self, m); });
-            },
-            [self, m](caf::error&) { migration_verify_now(self, m); });
+      .then(
+          [self, m, b](bool) {
+            auto& st = self->state;
+            self->request(b, st.cfg.node.timeout, route_atom::value, st.handles[0],
+                          st.cfg.node.name)
+                .then([self, m](bool) { migration_verify_now(self, m); },
+                      [self, m](caf::error&) { migration_verify_now(self, m); });
+          },
+          [self, m](caf::error&) { migration_verify_now(self, m); });
 }
 
 void migration_verify_now(head_ptr self, migration_ptr m) {
@@ -1290,7 +1407,8 @@ void migration_verify_now(head_ptr self, migration_ptr m) {
         const auto& b = *(*got)[1];
         std::size_t i = 0;
         while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-        logging::of("head").error("verify: sequence {} KV differs at byte {} of {} / {}", seq, i, a.size(), b.size());
+        logging::of("head").error("verify: sequence {} KV differs at byte {} of {} / {}", seq, i,
+                                  a.size(), b.size());
       }
       if (--*pending == 0) {
         logging::of("head").warn("verify: {} of {} sequences differ", *bad, m->copied.size());
@@ -1335,14 +1453,16 @@ void migration_pause(head_ptr self, migration_ptr m) {
             });
           },
           [self, m](caf::error& e) {
-            if (!migration_stale(self, m)) migration_fail(self, m, "pausing the scheduler: " + describe(self->system(), e));
+            if (!migration_stale(self, m))
+              migration_fail(self, m, "pausing the scheduler: " + describe(self->system(), e));
           });
 }
 
 /// Live rounds until a round moves little (an eighth of the first round's
 /// bytes, or one block per sequence), at most 4; then the pause.
 void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_round_bytes) {
-  self->state.migration_phase = "copying KV, round " + std::to_string(m->rep.rounds + 1) + " (decoding goes on)";
+  self->state.migration_phase =
+      "copying KV, round " + std::to_string(m->rep.rounds + 1) + " (decoding goes on)";
   self->state.migration_done = std::min(0.8, 0.3 + 0.15 * m->rep.rounds);
   migration_round(self, m, false, [self, m, first_round_bytes] {
     ++m->rep.rounds;
@@ -1353,20 +1473,25 @@ void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_ro
   });
 }
 
-
 /// Moves the vision encoder: the target spawns one (from its own model
 /// files) and connects its data plane to the head; the scheduler sends new
 /// images there; the old encoder encodes what it holds (flush, then a reply
 /// that comes after it) and stops.
 caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate_request& req) {
   auto& st = self->state;
-  auto refuse = [](error_code c, const std::string& why) { return caf::result<migrate_report>(make_error(c, why)); };
+  auto refuse = [](error_code c, const std::string& why) {
+    return caf::result<migrate_report>(make_error(c, why));
+  };
   if (!st.encoder) return refuse(error_code::invalid_request, "this model has no vision encoder");
   const auto* mem = st.members->find(req.to);
-  if (!mem) return refuse(error_code::invalid_request, "no node '" + req.to.substr(0, 64) + "' in the manifest");
-  if (mem->state != cluster::member_state::up) return refuse(error_code::unavailable, "node " + req.to + " is not up");
+  if (!mem)
+    return refuse(error_code::invalid_request,
+                  "no node '" + req.to.substr(0, 64) + "' in the manifest");
+  if (mem->state != cluster::member_state::up)
+    return refuse(error_code::unavailable, "node " + req.to + " is not up");
   const std::string from = st.encoder_where.substr(0, st.encoder_where.find(' '));
-  if (from == req.to) return refuse(error_code::invalid_request, "the vision encoder already runs on " + req.to);
+  if (from == req.to)
+    return refuse(error_code::invalid_request, "the vision encoder already runs on " + req.to);
   auto target = st.rt[req.to].agent;
   if (!target) return refuse(error_code::unavailable, "node " + req.to + " is not joined");
   auto rp = self->make_response_promise<migrate_report>();
@@ -1385,7 +1510,8 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
     rp.deliver(make_error(error_code::stage_failed, "migration of the vision encoder: " + why));
   };
   auto busy = loading_on(self, req.to);
-  self->request(target, st.cfg.node.timeout, load_atom::value, std::string("vision"), data_plane::local().address())
+  self->request(target, st.cfg.node.timeout, load_atom::value, std::string("vision"),
+                data_plane::local().address())
       .then(
           [self, rp, rep, t0, fail, busy](encoder_actor& fresh) mutable {
             auto& st = self->state;
@@ -1395,8 +1521,12 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
             // scheduler only switches where it sends).
             // An encoder in another process is reached through a relay here,
             // which receives the embeddings off the scheduler's thread.
-            st.encoder = fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
-            st.encoder_where = rep->to + " " + (st.rt[rep->to].report.devices.empty() ? std::string("cpu") : st.rt[rep->to].report.devices);
+            st.encoder =
+                fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
+            st.encoder_where =
+                rep->to + " " +
+                (st.rt[rep->to].report.devices.empty() ? std::string("cpu")
+                                                       : st.rt[rep->to].report.devices);
             const auto owner = st.encoder_owner;
             st.encoder_owner = rep->to;
             auto finish = [self, rp, rep, t0]() mutable {
@@ -1405,7 +1535,9 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
               ++st.migrations;
               rep->total_ms = ms_since(t0);
               char buf[200];
-              std::snprintf(buf, sizeof buf, "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms in all, no pause",
+              std::snprintf(buf, sizeof buf,
+                            "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms "
+                            "in all, no pause",
                             rep->from.c_str(), rep->to.c_str(), rep->load_ms, rep->total_ms);
               event(self, buf);
               rp.deliver(*rep);
@@ -1419,7 +1551,8 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
                 if (auto a = st.rt[owner].agent)
                   self->request(a, st.cfg.node.timeout, drop_atom::value, std::string("vision"))
                       .then([](std::int32_t) {}, [](caf::error&) {});
-                if (owner != st.cfg.node.name) caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
+                if (owner != st.cfg.node.name)
+                  caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
               }
               finish();
             };
@@ -1428,51 +1561,70 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
             // once the old one has answered all of them.
             if (st.scheduler) {
               self->request(st.scheduler, st.cfg.node.timeout, reset_atom::value, st.encoder, true)
-                  .then([retire](bool) mutable { retire(); }, [retire](caf::error&) mutable { retire(); });
+                  .then([retire](bool) mutable { retire(); },
+                        [retire](caf::error&) mutable { retire(); });
             } else {
               retire();
             }
           },
-          [self, fail, busy](caf::error& e) mutable { fail("loading on the target: " + describe(self->system(), e)); });
+          [self, fail, busy](caf::error& e) mutable {
+            fail("loading on the target: " + describe(self->system(), e));
+          });
   return rp;
 }
 
 /// Which stage `shard` names: "2", "stage2" or "[a,b)" as status prints it.
-std::optional<std::size_t> stage_named(const std::vector<cluster::stage_slot>& plan, const std::string& shard) {
+std::optional<std::size_t> stage_named(const std::vector<cluster::stage_slot>& plan,
+                                       const std::string& shard) {
   std::string s = shard;
   if (s.rfind("stage", 0) == 0) s = s.substr(5);
-  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) && s.size() < 6) {
+  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      s.size() < 6) {
     const auto i = static_cast<std::size_t>(std::stoi(s));
     if (i < plan.size()) return i;
     return std::nullopt;
   }
   for (std::size_t i = 0; i < plan.size(); ++i)
-    if (shard == "[" + std::to_string(plan[i].first_layer) + "," + std::to_string(plan[i].last_layer) + ")" ||
-        shard == "layers [" + std::to_string(plan[i].first_layer) + "," + std::to_string(plan[i].last_layer) + ")")
+    if (shard == "[" + std::to_string(plan[i].first_layer) + "," +
+                     std::to_string(plan[i].last_layer) + ")" ||
+        shard == "layers [" + std::to_string(plan[i].first_layer) + "," +
+                     std::to_string(plan[i].last_layer) + ")")
       return i;
   return std::nullopt;
 }
 
 caf::result<migrate_report> start_migration(head_ptr self, const migrate_request& req) {
   auto& st = self->state;
-  auto refuse = [](error_code c, const std::string& why) { return caf::result<migrate_report>(make_error(c, why)); };
-  if (!st.ready || st.placing || !st.scheduler) return refuse(error_code::unavailable, "the model is not placed yet");
+  auto refuse = [](error_code c, const std::string& why) {
+    return caf::result<migrate_report>(make_error(c, why));
+  };
+  if (!st.ready || st.placing || !st.scheduler)
+    return refuse(error_code::unavailable, "the model is not placed yet");
   if (st.draining) return refuse(error_code::unavailable, "the cluster is shutting down");
   if (st.migrating) return refuse(error_code::unavailable, "another migration is under way");
   if (req.shard == "vision" || req.shard == "encoder") return start_encoder_migration(self, req);
   const auto idx = stage_named(st.plan, req.shard);
   if (!idx)
-    return refuse(error_code::invalid_request, "no stage '" + req.shard.substr(0, 64) + "' in the placement " +
-                                                   cluster::describe(st.plan) + " (give an index from 0 or a range as printed)");
-  if (st.handles.size() != st.plan.size()) return refuse(error_code::unavailable, "the placement's actors are not known yet");
+    return refuse(error_code::invalid_request,
+                  "no stage '" + req.shard.substr(0, 64) + "' in the placement " +
+                      cluster::describe(st.plan) + " (give an index from 0 or a range as printed)");
+  if (st.handles.size() != st.plan.size())
+    return refuse(error_code::unavailable, "the placement's actors are not known yet");
   const auto* mem = st.members->find(req.to);
-  if (!mem) return refuse(error_code::invalid_request, "no node '" + req.to.substr(0, 64) + "' in the manifest");
-  if (mem->state != cluster::member_state::up) return refuse(error_code::unavailable, "node " + req.to + " is not up");
+  if (!mem)
+    return refuse(error_code::invalid_request,
+                  "no node '" + req.to.substr(0, 64) + "' in the manifest");
+  if (mem->state != cluster::member_state::up)
+    return refuse(error_code::unavailable, "node " + req.to + " is not up");
   const auto& slot = st.plan[*idx];
-  if (slot.node == req.to) return refuse(error_code::invalid_request, "stage " + std::to_string(*idx) + " already runs on " + req.to);
+  if (slot.node == req.to)
+    return refuse(error_code::invalid_request,
+                  "stage " + std::to_string(*idx) + " already runs on " + req.to);
   auto target = st.rt[req.to].agent;
   auto source = st.rt[slot.node].agent;
-  if (!target || !source) return refuse(error_code::unavailable, "node " + (!target ? req.to : slot.node) + " is not joined");
+  if (!target || !source)
+    return refuse(error_code::unavailable,
+                  "node " + (!target ? req.to : slot.node) + " is not joined");
 
   auto m = std::make_shared<migration>();
   m->rp = self->make_response_promise<migrate_report>();
@@ -1483,7 +1635,8 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   m->target = req.to;
   m->block_size = std::max(1, st.cfg.node.kv.block_size);
   m->t0 = steady::now();
-  m->rep.what = "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")";
+  m->rep.what =
+      "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")";
   m->rep.from = slot.node;
   m->rep.to = req.to;
   st.migrating = true;
@@ -1518,30 +1671,41 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
               if (migration_stale(self, m)) return;
               auto& st = self->state;
               self->request(m->new_h.kv, st.cfg.node.timeout, usage_atom::value)
-                  .then([self, m](const kv_usage_info& u) {
-                          m->block_size = std::max<std::int64_t>(1, u.block_size);
-                          migration_live_rounds(self, m, 0);
-                        },
-                        [self, m](caf::error& e) { migration_fail(self, m, "the new KV store: " + describe(self->system(), e)); });
+                  .then(
+                      [self, m](const kv_usage_info& u) {
+                        m->block_size = std::max<std::int64_t>(1, u.block_size);
+                        migration_live_rounds(self, m, 0);
+                      },
+                      [self, m](caf::error& e) {
+                        migration_fail(self, m, "the new KV store: " + describe(self->system(), e));
+                      });
             };
             self->request(source, st.cfg.node.timeout, route_atom::value, m->new_h, m->target)
                 .then(
                     [self, m, connected](bool) {
                       auto& st = self->state;
                       auto own = st.rt[st.cfg.node.name].agent;
-                      if (m->index != 0 || !own || m->target == st.cfg.node.name) return connected();
-                      self->request(own, st.cfg.node.timeout, route_atom::value, m->new_h, m->target)
+                      if (m->index != 0 || !own || m->target == st.cfg.node.name)
+                        return connected();
+                      self->request(own, st.cfg.node.timeout, route_atom::value, m->new_h,
+                                    m->target)
                           .then([connected](bool) { connected(); },
                                 [self, m](caf::error& e) {
-                                  migration_fail(self, m, "connecting the head to " + m->target + ": " + describe(self->system(), e));
+                                  migration_fail(self, m,
+                                                 "connecting the head to " + m->target + ": " +
+                                                     describe(self->system(), e));
                                 });
                     },
                     [self, m](caf::error& e) {
-                      migration_fail(self, m, "connecting " + m->slot.node + " to " + m->target + ": " + describe(self->system(), e));
+                      migration_fail(self, m,
+                                     "connecting " + m->slot.node + " to " + m->target + ": " +
+                                         describe(self->system(), e));
                     });
           },
           [self, m, busy](caf::error& e) {
-            if (!migration_stale(self, m)) migration_fail(self, m, "loading on " + m->target + ": " + describe(self->system(), e));
+            if (!migration_stale(self, m))
+              migration_fail(self, m,
+                             "loading on " + m->target + ": " + describe(self->system(), e));
           });
   return m->rp;
 }
@@ -1573,7 +1737,8 @@ cluster_status status_of(head_ptr self) {
     const auto& rep = r.report;
     for (std::size_t i = 0; i < rep.link_peers.size() && i < rep.link_bytes.size(); ++i) {
       auto it = st.node_names.find(rep.link_peers[i]);
-      links[name + "->" + (it == st.node_names.end() ? "unknown" : it->second)] += rep.link_bytes[i];
+      links[name + "->" + (it == st.node_names.end() ? "unknown" : it->second)] +=
+          rep.link_bytes[i];
     }
   }
   for (const auto& [l, b] : links) {
@@ -1593,7 +1758,8 @@ cluster_status status_of(head_ptr self) {
     auto it = st.rt.find(n.name);
     if (it != st.rt.end()) {
       v.report = it->second.report;
-      if (v.state != "up" && v.state != "suspect" && !it->second.why.empty()) v.report.failure = it->second.why;
+      if (v.state != "up" && v.state != "suspect" && !it->second.why.empty())
+        v.report.failure = it->second.why;
     }
     s.nodes.push_back(std::move(v));
   }
@@ -1615,7 +1781,8 @@ cluster_status status_of(head_ptr self) {
     const auto& [t1, b] = st.stat_samples.back();
     for (auto it = st.stat_samples.rbegin(); it != st.stat_samples.rend(); ++it) {
       if (t1 - it->first < 10s && std::next(it) != st.stat_samples.rend()) continue;
-      if (auto p = breakdown_between(it->second, b, std::chrono::duration<double>(t1 - it->first).count()))
+      if (auto p = breakdown_between(it->second, b,
+                                     std::chrono::duration<double>(t1 - it->first).count()))
         s.pipeline_detail = p->describe();
       break;
     }
@@ -1646,7 +1813,8 @@ void check_drain(head_ptr self) {
           [self](const scheduler_stats& s) {
             self->state.drain_checking = false;
             if (s.queued == 0 && s.running == 0) return stop_all(self);
-            self->state.last_event = "draining: " + std::to_string(s.running) + " running, " + std::to_string(s.queued) + " queued";
+            self->state.last_event = "draining: " + std::to_string(s.running) + " running, " +
+                                     std::to_string(s.queued) + " queued";
           },
           [self](caf::error&) {
             self->state.drain_checking = false;
@@ -1656,13 +1824,15 @@ void check_drain(head_ptr self) {
 
 }  // namespace
 
-kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg, node_agent_actor own) {
+kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg,
+                                            node_agent_actor own) {
   const auto& m = cfg.node.m;
   if (m.parallelism.tensor_parallel > 1)
-    return kernels::make_error(kernels::errc::unsupported_op, m.path + ": parallelism.tensor_parallel = " +
-                                                               std::to_string(m.parallelism.tensor_parallel) +
-                                                               ": the cluster places pipeline stages only so far "
-                                                               "(tensor parallelism runs with troupe worker --tp-rank)");
+    return kernels::make_error(kernels::errc::unsupported_op,
+                               m.path + ": parallelism.tensor_parallel = " +
+                                   std::to_string(m.parallelism.tensor_parallel) +
+                                   ": the cluster places pipeline stages only so far "
+                                   "(tensor parallelism runs with troupe worker --tp-rank)");
   auto prompt = load_prompt_setup(cfg.node.model);
   if (!prompt) return std::unexpected(prompt.error());
   model_frontend fe;
@@ -1693,22 +1863,27 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
       // The planner's view of the model: its shapes, and the format the
       // stages will hold the decoder's weights in.
       auto mp = model_profile_of(st.prompt.text, st.prompt.llava, st.cfg.node.m.model.kv_type);
-      if (mp) st.model_prof = std::move(*mp);
-      else logging::of("head").warn("placement: the model's profile: {}; stages are split evenly", mp.error());
+      if (mp)
+        st.model_prof = std::move(*mp);
+      else
+        logging::of("head").warn("placement: the model's profile: {}; stages are split evenly",
+                                 mp.error());
       if (auto src = models::weight_source::open(st.cfg.node.model)) {
         if (auto w = (*src)->get("layers.0.down_proj"))
           st.precision = precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type()));
       }
       const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);
       st.work.batch = static_cast<int>(batch);
-      st.work.context_tokens = static_cast<int>(std::max<std::int64_t>(16, st.cfg.node.m.model.ctx_tokens / batch));
+      st.work.context_tokens =
+          static_cast<int>(std::max<std::int64_t>(16, st.cfg.node.m.model.ctx_tokens / batch));
       st.work.overhead_bytes = 64.0 * 1024 * 1024;
       const auto& pe = st.cfg.node.m.placement;
       st.policy_opt.gain_threshold = pe.gain_threshold;
-      st.policy_opt.cooldown = std::chrono::duration_cast<placement::duration>(std::chrono::duration<double>(pe.cooldown_s));
+      st.policy_opt.cooldown = std::chrono::duration_cast<placement::duration>(
+          std::chrono::duration<double>(pe.cooldown_s));
       st.policy_opt.memory_pressure = pe.memory_pressure;
-      st.policy_opt.load_half_life =
-          std::chrono::duration_cast<placement::duration>(std::chrono::duration<double>(pe.load_half_life_s));
+      st.policy_opt.load_half_life = std::chrono::duration_cast<placement::duration>(
+          std::chrono::duration<double>(pe.load_half_life_s));
       st.policy_opt.planner.preferred = st.precision;
       st.policy_opt.planner.min_precision = st.precision;
       st.policy_opt.planner.allow_tensor_parallel = false;
@@ -1730,7 +1905,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
       auto& st = self->state;
       for (auto& [name, r] : st.rt) {
         if (!r.agent || r.agent.address() != dm.source) continue;
-        if (auto t = st.members->gone(name, "its connection closed (" + self->system().render(dm.reason) + ")"))
+        if (auto t = st.members->gone(
+                name, "its connection closed (" + self->system().render(dm.reason) + ")"))
           on_lost(self, name, t->why);
         return;
       }
@@ -1739,10 +1915,14 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     return {
         [=](submit_atom, job_request& job, client_sink_actor& sink) -> caf::result<submit_ack> {
           auto& st = self->state;
-          if (st.draining) return make_error(error_code::unavailable, "the cluster is shutting down");
+          if (st.draining)
+            return make_error(error_code::unavailable, "the cluster is shutting down");
           if (!st.scheduler)
-            return make_error(error_code::unavailable, "the cluster is not ready yet: it is placing the model (troupe status shows progress)");
-          if (job.images.size() > 16) return make_error(error_code::invalid_request, "at most 16 images per job");
+            return make_error(error_code::unavailable,
+                              "the cluster is not ready yet: it is placing the model (troupe "
+                              "status shows progress)");
+          if (job.images.size() > 16)
+            return make_error(error_code::invalid_request, "at most 16 images per job");
           prompt_input in;
           in.prompt = job.prompt;
           in.system = job.system;
@@ -1761,7 +1941,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           req.params.seed = job.seed;
           req.params.stop_strings = std::move(job.stop_strings);
           if (job.ignore_eos) req.params.stop_token_ids.clear();
-          if (auto v = req.params.validate(); !v) return make_error(error_code::invalid_request, v.error().message);
+          if (auto v = req.params.validate(); !v)
+            return make_error(error_code::invalid_request, v.error().message);
           req.deadline_ms = job.deadline_ms;
           return self->delegate(st.scheduler, submit_atom::value, std::move(req), std::move(sink));
         },
@@ -1777,14 +1958,17 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
             return rp;
           }
           self->request(self->state.scheduler, 5s, stats_atom::value)
-              .then([rp, s](const scheduler_stats& x) mutable {
-                      s.scheduler = x;
-                      rp.deliver(std::move(s));
-                    },
-                    [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
+              .then(
+                  [rp, s](const scheduler_stats& x) mutable {
+                    s.scheduler = x;
+                    rp.deliver(std::move(s));
+                  },
+                  [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
           return rp;
         },
-        [=](migrate_atom, const migrate_request& req) -> caf::result<migrate_report> { return start_migration(self, req); },
+        [=](migrate_atom, const migrate_request& req) -> caf::result<migrate_report> {
+          return start_migration(self, req);
+        },
         [=](down_atom) -> caf::result<bool> {
           auto& st = self->state;
           auto rp = self->make_response_promise<bool>();
@@ -1809,10 +1993,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           }
           if (!st.placing && !st.draining && st.ready) {
             // A placement that failed: try again with whoever is up.
-            const bool complete = !st.plan.empty() && std::all_of(st.plan.begin(), st.plan.end(), [&](const auto& s) {
-              const auto* m = st.members->find(s.node);
-              return m && m->state != cluster::member_state::lost;
-            });
+            const bool complete =
+                !st.plan.empty() && std::all_of(st.plan.begin(), st.plan.end(), [&](const auto& s) {
+                  const auto* m = st.members->find(s.node);
+                  return m && m->state != cluster::member_state::lost;
+                });
             if (!complete || !st.placement_ok) replace(self);
           }
         },
@@ -1835,10 +2020,13 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           }
           auto t = st.members->joined(name, steady::now());
           event(self, "node " + name + " " + t.why);
-          if (st.auto_place && st.ready && std::find(st.joined_since.begin(), st.joined_since.end(), name) == st.joined_since.end())
+          if (st.auto_place && st.ready &&
+              std::find(st.joined_since.begin(), st.joined_since.end(), name) ==
+                  st.joined_since.end())
             st.joined_since.push_back(name);  // the policy looks again once it is measured
           // What it may still hold from before it was lost is stale.
-          self->request(r.agent, st.cfg.node.timeout, drop_atom::value).then([](std::int32_t) {}, [](caf::error&) {});
+          self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
+              .then([](std::int32_t) {}, [](caf::error&) {});
         },
         [=](joined_atom, const std::string& name, const std::string& why) {
           if (!from_this_process(self)) return;
@@ -1849,16 +2037,19 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
         },
     };
   };
-  auto core = sys.spawn(impl, std::move(cfg), std::move(*prompt), std::move(fe), std::move(enc), std::move(own),
-                        std::move(names));
+  auto core = sys.spawn(impl, std::move(cfg), std::move(*prompt), std::move(fe), std::move(enc),
+                        std::move(own), std::move(names));
   return caf::actor_cast<frontdoor_actor>(core);
 }
 
-std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys, const cluster::manifest& m,
+std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys,
+                                                           const cluster::manifest& m,
                                                            std::chrono::milliseconds timeout) {
   auto pass = join_node(sys, m, cluster::client_identity, m.head, timeout);
   if (!pass) return std::unexpected(pass.error());
-  if (!pass->door) return std::unexpected("node " + m.head + " handed out no door (is it the head of cluster " + m.name + "?)");
+  if (!pass->door)
+    return std::unexpected("node " + m.head + " handed out no door (is it the head of cluster " +
+                           m.name + "?)");
   return pass->door;
 }
 
@@ -1871,15 +2062,17 @@ std::uint64_t random_job_id() {
   return id;
 }
 
-std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
-                                            std::function<void(const token_event&)> on_token,
-                                            std::function<void(std::optional<finish_event>, std::string)> on_finish) {
+std::expected<void, job_refusal> submit_job(
+    caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+    std::function<void(const token_event&)> on_token,
+    std::function<void(std::optional<finish_event>, std::string)> on_finish) {
   const auto id = job.id;
   auto once = std::make_shared<std::once_flag>();
   auto finish = [once, on_finish](std::optional<finish_event> f, std::string why) {
     std::call_once(*once, [&] { on_finish(std::move(f), std::move(why)); });
   };
-  auto sink = sys.spawn([door, on_token, finish, id](client_sink_actor::pointer self) -> client_sink_actor::behavior_type {
+  auto sink = sys.spawn([door, on_token, finish,
+                         id](client_sink_actor::pointer self) -> client_sink_actor::behavior_type {
     self->monitor(door);
     self->set_down_handler([=](caf::down_msg& dm) {
       finish(std::nullopt, "the head went away (" + self->system().render(dm.reason) + ")");
@@ -1903,7 +2096,9 @@ std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontd
         .receive([](const submit_ack&) {},
                  [&](caf::error& e) {
                    const auto code = troupe_code(e);
-                   refused = job_refusal{code ? static_cast<error_code>(code) : error_code::internal, describe(sys, e)};
+                   refused =
+                       job_refusal{code ? static_cast<error_code>(code) : error_code::internal,
+                                   describe(sys, e)};
                  });
   }
   if (refused) {
@@ -1913,32 +2108,39 @@ std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontd
   return {};
 }
 
-std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, const frontdoor_actor& door,
+std::expected<cluster_status, std::string> query_status(caf::actor_system& sys,
+                                                        const frontdoor_actor& door,
                                                         std::chrono::milliseconds timeout) {
   caf::scoped_actor self{sys};
   std::expected<cluster_status, std::string> out = std::unexpected(std::string("no answer"));
   self->request(door, timeout, status_atom::value)
-      .receive([&](cluster_status& s) { out = std::move(s); }, [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
+      .receive([&](cluster_status& s) { out = std::move(s); },
+               [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
   return out;
 }
 
-std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys, const frontdoor_actor& door,
-                                                         migrate_request req, std::chrono::milliseconds timeout) {
+std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys,
+                                                         const frontdoor_actor& door,
+                                                         migrate_request req,
+                                                         std::chrono::milliseconds timeout) {
   caf::scoped_actor self{sys};
   std::expected<migrate_report, std::string> out = std::unexpected(std::string("no answer"));
   self->request(door, timeout, migrate_atom::value, std::move(req))
-      .receive([&](migrate_report& r) { out = std::move(r); }, [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
+      .receive([&](migrate_report& r) { out = std::move(r); },
+               [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
   return out;
 }
 
 bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id) {
   caf::scoped_actor self{sys};
   bool found = false;
-  self->request(door, std::chrono::seconds(10), cancel_atom::value, id).receive([&](bool b) { found = b; }, [](caf::error&) {});
+  self->request(door, std::chrono::seconds(10), cancel_atom::value, id)
+      .receive([&](bool b) { found = b; }, [](caf::error&) {});
   return found;
 }
 
-std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+std::expected<finish_event, std::string> run_job(caf::actor_system& sys,
+                                                 const frontdoor_actor& door, job_request job,
                                                  std::function<void(const token_event&)> on_token) {
   struct waiter {
     std::mutex m;
@@ -1948,13 +2150,14 @@ std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const f
     std::string gone;
   };
   auto w = std::make_shared<waiter>();
-  auto ok = submit_job(sys, door, std::move(job), std::move(on_token), [w](std::optional<finish_event> f, std::string why) {
-    std::lock_guard lock(w->m);
-    w->done = std::move(f);
-    w->gone = std::move(why);
-    w->ended = true;
-    w->cv.notify_all();
-  });
+  auto ok = submit_job(sys, door, std::move(job), std::move(on_token),
+                       [w](std::optional<finish_event> f, std::string why) {
+                         std::lock_guard lock(w->m);
+                         w->done = std::move(f);
+                         w->gone = std::move(why);
+                         w->ended = true;
+                         w->cv.notify_all();
+                       });
   if (!ok) return std::unexpected(ok.error().message);
   std::unique_lock lock(w->m);
   w->cv.wait(lock, [&] { return w->ended; });

@@ -36,9 +36,9 @@ namespace troupe::actors {
 /// What a node's stages are made of (from the manifest, resolved by the CLI).
 struct node_config {
   cluster::manifest m;
-  std::string name;             ///< this node
-  std::string model;            ///< resolved model path on this node
-  device_spec device;           ///< the device its stages run on
+  std::string name;    ///< this node
+  std::string model;   ///< resolved model path on this node
+  device_spec device;  ///< the device its stages run on
   std::int64_t memory_limit = 0;
   models::quant_plan plan;
   models::kv_options kv;
@@ -61,17 +61,20 @@ struct head_config {
 
 /// The head: its door (also the actor that runs membership and placement).
 /// `own` is the head node's agent. Fails when the model cannot be read.
-kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg, node_agent_actor own);
+kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg,
+                                            node_agent_actor own);
 
 /// Joins the head's gatekeeper as a client and returns its door.
-std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys, const cluster::manifest& m,
+std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys,
+                                                           const cluster::manifest& m,
                                                            std::chrono::milliseconds timeout);
 
 /// Submits `job` through the door and waits for its end; `on_token` sees
 /// the stream (on another thread). The error is the refusal's message, or
 /// that the head went away.
-std::expected<finish_event, std::string> run_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
-                                                 std::function<void(const token_event&)> on_token = {});
+std::expected<finish_event, std::string> run_job(
+    caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+    std::function<void(const token_event&)> on_token = {});
 
 /// Submits `job` and returns once the head accepted it; the events arrive
 /// on another thread. `on_finish` is called exactly once: with the finish
@@ -84,17 +87,21 @@ struct job_refusal {
   std::string message;
 };
 
-std::expected<void, job_refusal> submit_job(caf::actor_system& sys, const frontdoor_actor& door, job_request job,
-                                            std::function<void(const token_event&)> on_token,
-                                            std::function<void(std::optional<finish_event>, std::string)> on_finish);
+std::expected<void, job_refusal> submit_job(
+    caf::actor_system& sys, const frontdoor_actor& door, job_request job,
+    std::function<void(const token_event&)> on_token,
+    std::function<void(std::optional<finish_event>, std::string)> on_finish);
 
 /// The head's view of the cluster (`troupe status`), or why there is none.
-std::expected<cluster_status, std::string> query_status(caf::actor_system& sys, const frontdoor_actor& door,
+std::expected<cluster_status, std::string> query_status(caf::actor_system& sys,
+                                                        const frontdoor_actor& door,
                                                         std::chrono::milliseconds timeout);
 
 /// Asks the head to migrate a shard live (`troupe migrate`); the report, or why not.
-std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys, const frontdoor_actor& door,
-                                                         migrate_request req, std::chrono::milliseconds timeout);
+std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys,
+                                                         const frontdoor_actor& door,
+                                                         migrate_request req,
+                                                         std::chrono::milliseconds timeout);
 
 /// Cancels a job; false when the head does not know it (any more).
 bool cancel_job(caf::actor_system& sys, const frontdoor_actor& door, std::uint64_t id);

@@ -16,7 +16,9 @@ using kernels::make_error;
 
 namespace {
 // The largest tensor a peer's ref may ask this process to allocate.
-constexpr std::uint64_t opt_limits_bytes() { return std::uint64_t{16} << 30; }
+constexpr std::uint64_t opt_limits_bytes() {
+  return std::uint64_t{16} << 30;
+}
 }  // namespace
 
 data_plane& data_plane::local() {
@@ -27,7 +29,8 @@ data_plane& data_plane::local() {
 data_plane::data_plane() {
   // 16 bits of process identity above a 32-bit counter (48-bit ids).
   std::random_device rd;
-  prefix_ = ((static_cast<std::uint64_t>(rd()) ^ static_cast<std::uint64_t>(::getpid())) & 0x7fff) + 1;
+  prefix_ =
+      ((static_cast<std::uint64_t>(rd()) ^ static_cast<std::uint64_t>(::getpid())) & 0x7fff) + 1;
 }
 
 data_plane::~data_plane() {
@@ -41,7 +44,8 @@ data_plane::~data_plane() {
   pushes_.clear();  // senders release their operations
 }
 
-void data_plane::attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt) {
+void data_plane::attach(std::shared_ptr<transport::transfer_engine> engine,
+                        transport::chunk_options opt) {
   std::lock_guard lk(mtx_);
   engine_ = std::move(engine);
   opt_ = opt;
@@ -58,9 +62,11 @@ std::vector<std::uint8_t> data_plane::address() const {
   return engine_ ? engine_->address() : std::vector<std::uint8_t>{};
 }
 
-kernels::result<void> data_plane::connect(const std::string& key, std::span<const std::uint8_t> address) {
+kernels::result<void> data_plane::connect(const std::string& key,
+                                          std::span<const std::uint8_t> address) {
   std::lock_guard lk(mtx_);
-  if (!engine_) return make_error(errc::invalid_argument, "data plane: no transfer engine attached");
+  if (!engine_)
+    return make_error(errc::invalid_argument, "data plane: no transfer engine attached");
   if (peers_.count(key)) return {};
   auto p = engine_->connect(address);
   if (!p) return std::unexpected(p.error());
@@ -84,8 +90,10 @@ tensor_ref data_plane::park(const std::string& device, kernels::tensor t) {
   return tensor_registry::local().put(device, std::move(t));
 }
 
-kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::string& device, kernels::tensor t) {
-  if (!t.is_contiguous()) return make_error(errc::invalid_argument, "data plane: only dense tensors are pushed");
+kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::string& device,
+                                             kernels::tensor t) {
+  if (!t.is_contiguous())
+    return make_error(errc::invalid_argument, "data plane: only dense tensors are pushed");
   std::unique_lock lk(mtx_);
   auto it = peers_.find(key);
   if (!engine_ || it == peers_.end()) {
@@ -104,7 +112,8 @@ kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::
   h.device = device;
   push_rec rec;
   rec.t = std::move(t);
-  rec.sender = std::make_unique<transport::tensor_sender>(*engine_, it->second, h, rec.t.data(), opt_);
+  rec.sender =
+      std::make_unique<transport::tensor_sender>(*engine_, it->second, h, rec.t.data(), opt_);
   if (auto s = rec.sender->start(); !s) return std::unexpected(s.error());
   sent_[key] += rec.t.nbytes();
   pushes_.push_back(std::move(rec));
@@ -118,17 +127,20 @@ std::map<std::string, std::uint64_t> data_plane::bytes_sent() const {
   return sent_;
 }
 
-kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels::memory_pool& pool) {
+kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref,
+                                                  kernels::memory_pool& pool) {
   auto& reg = tensor_registry::local();
   auto local = reg.take(ref);
   if (local || local.error().code != errc::not_found) return local;
   auto engine = this->engine();
   if (!engine) return local;  // no other process could have sent it
   if (ref.shape.empty() || ref.shape.size() > static_cast<std::size_t>(kernels::max_dims)) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": bad shape in its ref");
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(ref.transfer_id) + ": bad shape in its ref");
   }
   if (ref.dtype > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": bad dtype in its ref");
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(ref.transfer_id) + ": bad dtype in its ref");
   }
   // The ref came from another process: its shape must be sane before
   // anything is allocated for it.
@@ -137,10 +149,12 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels
   want.kind = transport::payload::activations;
   want.type = static_cast<kernels::dtype>(ref.dtype);
   want.shape = ref.shape;
-  if (auto p = transport::plan_chunks(want, std::size_t{1} << 30); !p || want.total_bytes > opt_limits_bytes()) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(ref.transfer_id) + ": its ref describes " +
-                                                  (p ? std::to_string(want.total_bytes) + " bytes, over the limit"
-                                                     : "an impossible tensor: " + p.error().message));
+  if (auto p = transport::plan_chunks(want, std::size_t{1} << 30);
+      !p || want.total_bytes > opt_limits_bytes()) {
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(ref.transfer_id) + ": its ref describes " +
+                          (p ? std::to_string(want.total_bytes) + " bytes, over the limit"
+                             : "an impossible tensor: " + p.error().message));
   }
   kernels::shape_t shape;
   shape.ndim = static_cast<int>(ref.shape.size());
@@ -157,7 +171,9 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels
   return std::move(*t);
 }
 
-void data_plane::drop(const tensor_ref& ref) { tensor_registry::local().drop(ref); }
+void data_plane::drop(const tensor_ref& ref) {
+  tensor_registry::local().drop(ref);
+}
 
 std::size_t data_plane::pushes_in_flight() const {
   std::lock_guard lk(mtx_);
@@ -214,13 +230,16 @@ int enable_tcp_nodelay_everywhere() {
     if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     int type = 0, domain = 0;
     socklen_t len = sizeof type;
-    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM)
+      continue;
     len = sizeof domain;
     if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
         (domain != AF_INET && domain != AF_INET6))
       continue;
     int one = 1;
-    if (::setsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0) ++changed;
+    if (::setsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0)
+      ++changed;
   }
   ::closedir(d);
   return changed;

@@ -41,7 +41,8 @@ class data_plane {
   data_plane& operator=(const data_plane&) = delete;
 
   /// Uses `engine` for transfers to and from other processes.
-  void attach(std::shared_ptr<transport::transfer_engine> engine, transport::chunk_options opt = activation_chunks());
+  void attach(std::shared_ptr<transport::transfer_engine> engine,
+              transport::chunk_options opt = activation_chunks());
   /// Activations move as few large chunks (a prefill chunk's activations
   /// are a few MiB): 8 MiB chunks, 2 in flight.
   static transport::chunk_options activation_chunks() {
@@ -64,7 +65,8 @@ class data_plane {
   tensor_ref park(const std::string& device, kernels::tensor t);
   /// Sends `t` to the process `key` now (the transfer proceeds in the
   /// background; `t` is held until it is delivered) and returns its ref.
-  kernels::result<tensor_ref> push(const std::string& key, const std::string& device, kernels::tensor t);
+  kernels::result<tensor_ref> push(const std::string& key, const std::string& device,
+                                   kernels::tensor t);
   /// The tensor of `ref`: parked here, or received from the process that
   /// pushed it (into a new tensor from `pool`).
   kernels::result<kernels::tensor> take(const tensor_ref& ref, kernels::memory_pool& pool);

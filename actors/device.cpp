@@ -9,7 +9,8 @@ std::shared_ptr<device_context> device_context::create(const device_spec& spec) 
   d->spec = spec;
   const int threads = spec.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
                                          : static_cast<int>(spec.cores.size());
-  d->ctx = std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, spec.cores));
+  d->ctx =
+      std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, spec.cores));
   return d;
 }
 

@@ -19,7 +19,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
 
 /// The best of `run`'s rates over at least `min_reps` runs and `min_s`
 /// seconds: the peak the device reaches, with the runs that met other work
@@ -58,8 +60,8 @@ std::int64_t available_memory() {
 // Weight bytes per second of y = x w^T for one token, rotating through
 // copies of the matrix so that the total exceeds the caches; the best of a
 // few passes (the others met other work on the cores).
-double gemv_rate(kernels::cpu::context& ctx, kernels::weight_format f, const kernels::tensor& wf, const kernels::tensor& x,
-                 kernels::tensor& y, std::size_t rotate_bytes) {
+double gemv_rate(kernels::cpu::context& ctx, kernels::weight_format f, const kernels::tensor& wf,
+                 const kernels::tensor& x, kernels::tensor& y, std::size_t rotate_bytes) {
   auto wq = kernels::quantize(ctx.memory(), wf, f, 32);
   if (!wq) return 0;
   auto first = kernels::packed_matrix::pack(ctx, *wq);

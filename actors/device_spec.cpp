@@ -39,42 +39,51 @@ kernels::result<std::vector<device_spec>> parse_devices(std::string_view list) {
   std::size_t pos = 0;
   while (pos <= list.size()) {
     const auto comma = list.find(',', pos);
-    const auto item = list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    const auto item =
+        list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
     pos = comma == std::string_view::npos ? list.size() + 1 : comma + 1;
-    if (item.empty()) return make_error(errc::invalid_argument, "empty device in list '" + std::string(list) + "'");
+    if (item.empty())
+      return make_error(errc::invalid_argument, "empty device in list '" + std::string(list) + "'");
     device_spec d;
     d.name = std::string(item);
     if (item.starts_with("cuda") || item.starts_with("npu"))
-      return make_error(errc::device_unavailable,
-                        "device '" + d.name + "': shards run on CPU devices only in this build (cpu, cpu:N, cpu:A-B)");
+      return make_error(
+          errc::device_unavailable,
+          "device '" + d.name +
+              "': shards run on CPU devices only in this build (cpu, cpu:N, cpu:A-B)");
     if (item == "cpu") {
       whole = true;
     } else if (item.starts_with("cpu:")) {
       auto r = item.substr(4);
       const auto dash = r.find('-');
       int a = 0, b = 0;
-      const bool ok = dash == std::string_view::npos ? (parse_int(r, a) && (b = a, true))
-                                                     : (parse_int(r.substr(0, dash), a) && parse_int(r.substr(dash + 1), b));
+      const bool ok = dash == std::string_view::npos
+                          ? (parse_int(r, a) && (b = a, true))
+                          : (parse_int(r.substr(0, dash), a) && parse_int(r.substr(dash + 1), b));
       if (!ok || b < a)
         return make_error(errc::invalid_argument,
                           "device '" + d.name + "': expected cpu, cpu:N or cpu:A-B with A <= B");
       for (int c = a; c <= b; ++c) {
         if (!allowed.count(c))
-          return make_error(errc::device_unavailable, "device '" + d.name + "': core " + std::to_string(c) +
-                                                          " does not exist or is not allowed for this process (" +
-                                                          std::to_string(allowed.size()) + " cores allowed)");
+          return make_error(errc::device_unavailable,
+                            "device '" + d.name + "': core " + std::to_string(c) +
+                                " does not exist or is not allowed for this process (" +
+                                std::to_string(allowed.size()) + " cores allowed)");
         if (!used.insert(c).second)
-          return make_error(errc::invalid_argument, "device '" + d.name + "': core " + std::to_string(c) +
+          return make_error(errc::invalid_argument, "device '" + d.name + "': core " +
+                                                        std::to_string(c) +
                                                         " belongs to another device of the list");
         d.cores.push_back(c);
       }
     } else {
-      return make_error(errc::invalid_argument, "unknown device '" + d.name + "' (expected cpu, cpu:N or cpu:A-B)");
+      return make_error(errc::invalid_argument,
+                        "unknown device '" + d.name + "' (expected cpu, cpu:N or cpu:A-B)");
     }
     out.push_back(std::move(d));
   }
   if (whole && out.size() > 1)
-    return make_error(errc::invalid_argument, "'cpu' (every core) cannot be combined with other devices");
+    return make_error(errc::invalid_argument,
+                      "'cpu' (every core) cannot be combined with other devices");
   return out;
 }
 

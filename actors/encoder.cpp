@@ -45,12 +45,15 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   }
   const std::int64_t side = res.model->image_size(), C = res.model->channels();
   const auto t0 = clock::now();
-  std::unique_lock device_lock(res.dev->run);  // the device's team is ours until the batch is encoded
-  auto pix = tensor::empty(res.ctx->memory(), kernels::dtype::f32, {static_cast<std::int64_t>(n), C, side, side});
+  std::unique_lock device_lock(
+      res.dev->run);  // the device's team is ours until the batch is encoded
+  auto pix = tensor::empty(res.ctx->memory(), kernels::dtype::f32,
+                           {static_cast<std::int64_t>(n), C, side, side});
   kernels::result<tensor> out = pix ? kernels::result<tensor>{} : std::unexpected(pix.error());
   if (pix) {
     for (std::size_t i = 0; i < n; ++i)
-      std::copy(batch[i].pixels.begin(), batch[i].pixels.end(), pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
+      std::copy(batch[i].pixels.begin(), batch[i].pixels.end(),
+                pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
     out = res.model->encode_images(*res.ctx, *pix);
   }
   device_lock.unlock();
@@ -59,7 +62,9 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   const std::int64_t T = res.model->tokens_per_image();
   for (std::size_t i = 0; i < n; ++i) {
     if (!out) {
-      batch[i].promise.deliver(make_error(error_code::internal, "vision encoder on " + res.device.name + ": " + out.error().message));
+      batch[i].promise.deliver(
+          make_error(error_code::internal,
+                     "vision encoder on " + res.device.name + ": " + out.error().message));
       continue;
     }
     auto rows = out->slice_rows(static_cast<std::int64_t>(i) * T, T);
@@ -75,7 +80,8 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       // embeddings go back over the data plane.
       auto ref = data_plane::local().push(batch[i].dest, res.device.name, std::move(*rows));
       if (!ref) {
-        batch[i].promise.deliver(make_error(error_code::peer_lost, "image embeddings to the scheduler: " + ref.error().message));
+        batch[i].promise.deliver(make_error(
+            error_code::peer_lost, "image embeddings to the scheduler: " + ref.error().message));
         continue;
       }
       rep.embeddings = std::move(*ref);
@@ -90,24 +96,30 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
 /// Closes what is due in `bucket`; re-arms the timer for what is left.
 void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std::int64_t bucket) {
   auto& q = self->state.buckets[bucket];
-  while (q.size() >= static_cast<std::size_t>(o.max_batch)) run_batch(self, res, bucket, static_cast<std::size_t>(o.max_batch));
+  while (q.size() >= static_cast<std::size_t>(o.max_batch))
+    run_batch(self, res, bucket, static_cast<std::size_t>(o.max_batch));
   if (q.empty()) return;
   const double waited = ms_between(q.front().arrived, clock::now());
-  const bool due = waited >= o.max_wait_ms && (q.size() >= static_cast<std::size_t>(o.min_batch) || waited >= 4.0 * o.max_wait_ms);
+  const bool due = waited >= o.max_wait_ms && (q.size() >= static_cast<std::size_t>(o.min_batch) ||
+                                               waited >= 4.0 * o.max_wait_ms);
   if (due) {
     run_batch(self, res, bucket, q.size());
     return;
   }
-  const double wait_for = q.size() >= static_cast<std::size_t>(o.min_batch) ? o.max_wait_ms - waited : 4.0 * o.max_wait_ms - waited;
-  self->delayed_send(self, std::chrono::microseconds(static_cast<std::int64_t>(std::max(0.0, wait_for) * 1000) + 100),
-                     flush_atom::value, bucket);
+  const double wait_for = q.size() >= static_cast<std::size_t>(o.min_batch)
+                              ? o.max_wait_ms - waited
+                              : 4.0 * o.max_wait_ms - waited;
+  self->delayed_send(
+      self,
+      std::chrono::microseconds(static_cast<std::int64_t>(std::max(0.0, wait_for) * 1000) + 100),
+      flush_atom::value, bucket);
 }
 
 }  // namespace
 
-kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::shared_ptr<device_context> device,
-                                                                        const std::string& path,
-                                                                        const models::quant_plan& plan) {
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
+    std::shared_ptr<device_context> device, const std::string& path,
+    const models::quant_plan& plan) {
   auto res = std::make_shared<encoder_resources>();
   res->device = device->spec;
   res->ctx = device->ctx;
@@ -118,7 +130,9 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::sha
   }();
   if (!m) return std::unexpected(m.error());
   res->model = std::move(*m);
-  const std::string dir = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+  const std::string dir = std::filesystem::is_directory(path)
+                              ? path
+                              : std::filesystem::path(path).parent_path().string();
   auto pc = models::load_image_processor_config(dir);
   if (!pc) return std::unexpected(pc.error());
   res->preprocessor = *pc;
@@ -126,7 +140,8 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::sha
 }
 
 encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) {
-  auto impl = [](encoder_actor::pointer self, encoder_actor remote) -> encoder_actor::behavior_type {
+  auto impl = [](encoder_actor::pointer self,
+                 encoder_actor remote) -> encoder_actor::behavior_type {
     auto pool = kernels::memory_pool::create();
     return {
         [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
@@ -138,7 +153,9 @@ encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) 
                     // transfer), then parked here for the scheduler.
                     auto t = data_plane::local().take(r.embeddings, *pool);
                     if (!t) {
-                      rp.deliver(make_error(error_code::peer_lost, "image embeddings from the encoder: " + t.error().message));
+                      rp.deliver(
+                          make_error(error_code::peer_lost,
+                                     "image embeddings from the encoder: " + t.error().message));
                       return;
                     }
                     r.embeddings = tensor_registry::local().put("host", std::move(*t));
@@ -151,7 +168,8 @@ encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) 
         [=](version_atom) -> caf::result<std::uint32_t> {
           auto rp = self->make_response_promise<std::uint32_t>();
           self->request(remote, caf::infinite, version_atom::value)
-              .then([rp](std::uint32_t v) mutable { rp.deliver(v); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+              .then([rp](std::uint32_t v) mutable { rp.deliver(v); },
+                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
           return rp;
         },
     };
@@ -159,11 +177,13 @@ encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) 
   return sys.spawn<caf::detached>(impl, std::move(remote));
 }
 
-encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts) {
+encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res,
+                            encoder_options opts) {
   opts.max_batch = std::max(1, opts.max_batch);
   opts.min_batch = std::clamp(opts.min_batch, 1, opts.max_batch);
   opts.max_wait_ms = std::max(0, opts.max_wait_ms);
-  auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res, encoder_options o) -> encoder_actor::behavior_type {
+  auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res,
+                 encoder_options o) -> encoder_actor::behavior_type {
     pin_current_thread(res->device.cores);
     return {
         [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
@@ -171,27 +191,35 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           // The requester's process (before make_response_promise takes the
           // sender out of the current message).
           const auto& sender = self->current_sender();
-          std::string dest = sender && sender->node() != self->node() ? to_string(sender->node()) : std::string{};
-          const std::string name = req.image.name.empty() ? "image of request " + std::to_string(req.request) : req.image.name;
+          std::string dest =
+              sender && sender->node() != self->node() ? to_string(sender->node()) : std::string{};
+          const std::string name = req.image.name.empty()
+                                       ? "image of request " + std::to_string(req.request)
+                                       : req.image.name;
           auto img = models::decode_image(req.image.bytes, res->limits);
-          if (!img) return make_error(error_code::invalid_request, name + ": " + img.error().message);
+          if (!img)
+            return make_error(error_code::invalid_request, name + ": " + img.error().message);
           auto pv = models::preprocess_image(*img, res->preprocessor);
           if (!pv) return make_error(error_code::invalid_request, name + ": " + pv.error().message);
           const std::int64_t side = res->model->image_size();
           if (pv->height != side || pv->width != side)
             return make_error(error_code::invalid_request,
-                              name + ": the preprocessor makes " + std::to_string(pv->height) + "x" + std::to_string(pv->width) +
-                                  " images but the vision tower takes " + std::to_string(side) + "x" + std::to_string(side));
+                              name + ": the preprocessor makes " + std::to_string(pv->height) +
+                                  "x" + std::to_string(pv->width) +
+                                  " images but the vision tower takes " + std::to_string(side) +
+                                  "x" + std::to_string(side));
           // Bucket by the token count the input encodes to (fixed for a CLIP
           // tower; audio clips will differ).
           const std::int64_t bucket = res->model->tokens_per_image();
           auto promise = self->make_response_promise<encode_reply>();
           auto& q = self->state.buckets[bucket];
-          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()), std::move(dest)});
+          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()),
+                       std::move(dest)});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {
-            self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
+            self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value,
+                               bucket);
           }
           return promise;
         },

@@ -25,7 +25,8 @@ struct encoder_options {
 /// What a vision encoder runs on.
 struct encoder_resources {
   device_spec device;
-  std::shared_ptr<device_context> dev;         ///< the device's team and lock (shared with its other actors)
+  std::shared_ptr<device_context>
+      dev;  ///< the device's team and lock (shared with its other actors)
   std::shared_ptr<kernels::cpu::context> ctx;  ///< dev->ctx
   std::shared_ptr<const models::llava_model> model;
   models::image_processor_config preprocessor;
@@ -33,15 +34,16 @@ struct encoder_resources {
 };
 
 /// Loads the vision tower and projector of the LLaVA folder `path` on `device`.
-kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(std::shared_ptr<device_context> device,
-                                                                        const std::string& path,
-                                                                        const models::quant_plan& plan);
+kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
+    std::shared_ptr<device_context> device, const std::string& path,
+    const models::quant_plan& plan);
 
 /// Spawns the encoder (detached, pinned): decodes and preprocesses each
 /// image on arrival, batches them, runs the vision tower + projector and
 /// answers each request with its embeddings (kept on the encoder's device,
 /// handed over by tensor_ref).
-encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res, encoder_options opts);
+encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res,
+                            encoder_options opts);
 
 /// Stands in this process for an encoder in another one (a live migration
 /// moved it): passes requests on and receives each reply's embeddings over

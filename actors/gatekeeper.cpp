@@ -72,10 +72,12 @@ constexpr auto challenge_lifetime = 60s;
 
 }  // namespace
 
-gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m, const std::string& self_node,
-                                  node_agent_actor agent, frontdoor_actor door) {
-  auto impl = [](gatekeeper_actor::stateful_pointer<gatekeeper_state> self, cluster::manifest m, std::string me,
-                 node_agent_actor agent, frontdoor_actor door) -> gatekeeper_actor::behavior_type {
+gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m,
+                                  const std::string& self_node, node_agent_actor agent,
+                                  frontdoor_actor door) {
+  auto impl = [](gatekeeper_actor::stateful_pointer<gatekeeper_state> self, cluster::manifest m,
+                 std::string me, node_agent_actor agent,
+                 frontdoor_actor door) -> gatekeeper_actor::behavior_type {
     const std::string ca = cluster::tls_files(m, me).ca;
     return {
         [=](challenge_atom) -> caf::result<std::vector<std::uint8_t>> {
@@ -83,8 +85,10 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
           if (!sender) return make_error(error_code::invalid_request, "an anonymous sender");
           auto& cs = self->state.challenges;
           const auto now = clock_type::now();
-          for (auto it = cs.begin(); it != cs.end();) it = now - it->second.issued > challenge_lifetime ? cs.erase(it) : ++it;
-          if (cs.size() >= max_pending) return make_error(error_code::overloaded, "too many handshakes in progress");
+          for (auto it = cs.begin(); it != cs.end();)
+            it = now - it->second.issued > challenge_lifetime ? cs.erase(it) : ++it;
+          if (cs.size() >= max_pending)
+            return make_error(error_code::overloaded, "too many handshakes in progress");
           auto c = cluster::make_challenge();
           cs[sender->node()] = {c, now};
           return c;
@@ -95,7 +99,8 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
           auto& cs = self->state.challenges;
           auto it = cs.find(sender->node());
           if (it == cs.end() || clock_type::now() - it->second.issued > challenge_lifetime)
-            return make_error(error_code::invalid_request, "no challenge was issued to this connection (ask for one first)");
+            return make_error(error_code::invalid_request,
+                              "no challenge was issued to this connection (ask for one first)");
           const auto challenge = std::move(it->second.challenge);
           cs.erase(it);  // one attempt per challenge
           auto refuse = [&](error_code code, const std::string& why) {
@@ -103,14 +108,20 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
             return make_error(code, why);
           };
           if (h.version != protocol_version)
-            return refuse(error_code::version_mismatch, "protocol version " + std::to_string(h.version) + ", this node speaks " +
-                                                            std::to_string(protocol_version));
+            return refuse(error_code::version_mismatch,
+                          "protocol version " + std::to_string(h.version) + ", this node speaks " +
+                              std::to_string(protocol_version));
           const bool client = h.node == cluster::client_identity;
           if (client && !door)
-            return refuse(error_code::invalid_request, "clients submit to the head node (" + m.head + "), not to " + me);
+            return refuse(error_code::invalid_request,
+                          "clients submit to the head node (" + m.head + "), not to " + me);
           if (!client && (!m.node(h.node) || h.node == me))
-            return refuse(error_code::invalid_request, "'" + h.node.substr(0, 64) + "' is not another node of cluster " + m.name);
-          if (auto v = cluster::verify_identity(ca, h.node, challenge, cluster::identity_proof{h.certificate_pem, h.signature}); !v)
+            return refuse(
+                error_code::invalid_request,
+                "'" + h.node.substr(0, 64) + "' is not another node of cluster " + m.name);
+          if (auto v = cluster::verify_identity(
+                  ca, h.node, challenge, cluster::identity_proof{h.certificate_pem, h.signature});
+              !v)
             return refuse(error_code::invalid_request, v.error());
           if (client) {
             logging::of("gatekeeper").debug("{}: a client came in", me);
@@ -124,7 +135,8 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
   return sys.spawn(impl, m, self_node, std::move(agent), std::move(door));
 }
 
-std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg, const cluster::manifest& m,
+std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg,
+                                                       const cluster::manifest& m,
                                                        const std::string& node) {
   auto files = cluster::check_node_certificate(m, node);
   if (!files) return std::unexpected(files.error());
@@ -144,29 +156,37 @@ std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config&
 }
 
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
-                                                const std::string& self_node, const std::string& target,
+                                                const std::string& self_node,
+                                                const std::string& target,
                                                 std::chrono::milliseconds timeout) {
   const auto* t = m.node(target);
   if (!t) return std::unexpected("'" + target + "' is not a node of " + m.path);
-  auto gk = caf::openssl::remote_actor<gatekeeper_actor>(sys, t->host, static_cast<std::uint16_t>(t->port));
-  if (!gk) return std::unexpected("node " + target + " at " + t->host + ":" + std::to_string(t->port) + ": " + sys.render(gk.error()));
+  auto gk = caf::openssl::remote_actor<gatekeeper_actor>(sys, t->host,
+                                                         static_cast<std::uint16_t>(t->port));
+  if (!gk)
+    return std::unexpected("node " + target + " at " + t->host + ":" + std::to_string(t->port) +
+                           ": " + sys.render(gk.error()));
   caf::scoped_actor self{sys};
   std::string why;
   std::vector<std::uint8_t> challenge;
   self->request(*gk, caf::duration{timeout}, challenge_atom::value)
-      .receive([&](std::vector<std::uint8_t>& c) { challenge = std::move(c); }, [&](caf::error& e) { why = describe(sys, e); });
+      .receive([&](std::vector<std::uint8_t>& c) { challenge = std::move(c); },
+               [&](caf::error& e) { why = describe(sys, e); });
   if (!why.empty()) return std::unexpected("node " + target + ": " + why);
   if (challenge.size() < 16 || challenge.size() > 1024)
-    return std::unexpected("node " + target + ": a challenge of " + std::to_string(challenge.size()) + " bytes");
+    return std::unexpected("node " + target + ": a challenge of " +
+                           std::to_string(challenge.size()) + " bytes");
   auto proof = cluster::prove_identity(cluster::tls_files(m, self_node), challenge);
   if (!proof) return std::unexpected(proof.error());
   std::optional<gate_pass> pass;
   self->request(*gk, caf::duration{timeout}, hello_atom::value,
                 gate_hello{self_node, protocol_version, proof->certificate_pem, proof->signature})
-      .receive([&](gate_pass& p) { pass = std::move(p); }, [&](caf::error& e) { why = describe(sys, e); });
+      .receive([&](gate_pass& p) { pass = std::move(p); },
+               [&](caf::error& e) { why = describe(sys, e); });
   if (!pass) return std::unexpected("node " + target + " refused: " + why);
   if (pass->node != target || pass->cluster != m.name)
-    return std::unexpected("node " + target + " answered as node '" + pass->node + "' of cluster '" + pass->cluster + "'");
+    return std::unexpected("node " + target + " answered as node '" + pass->node +
+                           "' of cluster '" + pass->cluster + "'");
   return *pass;
 }
 

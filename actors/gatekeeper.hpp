@@ -21,21 +21,24 @@ namespace troupe::actors {
 /// The gatekeeper of node `self_node` of manifest `m`. A node that passes
 /// gets `agent`; a client (cluster::client_identity) gets `door`, and only
 /// where `door` is valid (the head).
-gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m, const std::string& self_node,
-                                  node_agent_actor agent = {}, frontdoor_actor door = {});
+gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifest& m,
+                                  const std::string& self_node, node_agent_actor agent = {},
+                                  frontdoor_actor door = {});
 
 /// Configures `cfg` for mutual TLS as node `node` of `m` (certificate, key
 /// and CA from the manifest's certificate directory, checked first: a node
 /// refuses to run without them, since caf_openssl would otherwise fall back
 /// to anonymous TLS), loads the middleman and caf_openssl's manager, and
 /// keeps automatic connections off. Heartbeats detect a hung peer.
-std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg, const cluster::manifest& m,
+std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg,
+                                                       const cluster::manifest& m,
                                                        const std::string& node);
 
 /// Connects (over TLS) to node `target`'s gatekeeper as node `self_node`
 /// (or as cluster::client_identity) and passes its handshake.
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
-                                                const std::string& self_node, const std::string& target,
+                                                const std::string& self_node,
+                                                const std::string& target,
                                                 std::chrono::milliseconds timeout);
 
 }  // namespace troupe::actors

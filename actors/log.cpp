@@ -28,11 +28,21 @@ void escape_into(std::string& out, std::string_view s) {
   static const char* hex = "0123456789abcdef";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -51,12 +61,15 @@ class json_formatter final : public spdlog::formatter {
   explicit json_formatter(std::string node) : node_(std::move(node)) {}
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     const auto t = std::chrono::system_clock::to_time_t(msg.time);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(msg.time.time_since_epoch()).count() % 1000;
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(msg.time.time_since_epoch()).count() %
+        1000;
     std::tm tm{};
     ::localtime_r(&t, &tm);
     char when[96];
-    std::snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03lld", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                  tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(ms));
+    std::snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03lld", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<long long>(ms));
     const auto level = spdlog::level::to_string_view(msg.level);
     const auto line = json_line(when, std::string_view(level.data(), level.size()), node_,
                                 std::string_view(msg.logger_name.data(), msg.logger_name.size()),
@@ -64,7 +77,9 @@ class json_formatter final : public spdlog::formatter {
     dest.append(line.data(), line.data() + line.size());
     dest.push_back('\n');
   }
-  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<json_formatter>(node_); }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<json_formatter>(node_);
+  }
 
  private:
   std::string node_;
@@ -77,8 +92,8 @@ std::unique_ptr<spdlog::formatter> make_formatter(format f, const std::string& n
     if (c == '%') tag += '%';
     tag += c;
   }
-  return std::make_unique<spdlog::pattern_formatter>("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [" + (tag.empty() ? "" : tag + "/") +
-                                                     "%n] %v");
+  return std::make_unique<spdlog::pattern_formatter>("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [" +
+                                                     (tag.empty() ? "" : tag + "/") + "%n] %v");
 }
 
 }  // namespace
@@ -97,7 +112,9 @@ void configure(format f, std::string node) {
   spdlog::set_formatter(make_formatter(s.fmt, s.node));  // every registered logger
 }
 
-void set_node(std::string node) { configure(current_format(), std::move(node)); }
+void set_node(std::string node) {
+  configure(current_format(), std::move(node));
+}
 
 format current_format() {
   auto& s = state();
@@ -122,8 +139,8 @@ spdlog::logger& of(const std::string& actor) {
   return *l;
 }
 
-std::string json_line(std::string_view time, std::string_view level, std::string_view node, std::string_view actor,
-                      std::string_view msg) {
+std::string json_line(std::string_view time, std::string_view level, std::string_view node,
+                      std::string_view actor, std::string_view msg) {
   std::string out = "{\"time\":\"";
   escape_into(out, time);
   out += "\",\"level\":\"";

@@ -6,7 +6,9 @@
 // "agent", "scheduler", "gateway", ...; "troupe" for the command itself).
 //
 // Text:  [2026-12-03 19:40:01.123] [info] [node0/head] placed node0 [0,2) -> ...
-// JSON:  {"time":"2026-12-03T19:40:01.123","level":"info","node":"node0","actor":"head","msg":"placed ..."}
+// JSON:
+// {"time":"2026-12-03T19:40:01.123","level":"info","node":"node0","actor":"head","msg":"placed
+// ..."}
 
 #include <spdlog/spdlog.h>
 
@@ -33,7 +35,7 @@ format current_format();
 spdlog::logger& of(const std::string& actor);
 
 /// The JSON line for one message (exposed for the tests).
-std::string json_line(std::string_view time, std::string_view level, std::string_view node, std::string_view actor,
-                      std::string_view msg);
+std::string json_line(std::string_view time, std::string_view level, std::string_view node,
+                      std::string_view actor, std::string_view msg);
 
 }  // namespace troupe::actors::logging

@@ -94,13 +94,16 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
     for (const auto& p : st.setup.tp_peers) self->monitor(p.shard);
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& st = self->state;
-      const bool tail_gone = st.setup.remote_tail && st.setup.remote_tail->shard.address() == dm.source;
-      const auto peer = std::find_if(st.setup.tp_peers.begin(), st.setup.tp_peers.end(),
-                                     [&](const stage_handles& p) { return p.shard.address() == dm.source; });
+      const bool tail_gone =
+          st.setup.remote_tail && st.setup.remote_tail->shard.address() == dm.source;
+      const auto peer =
+          std::find_if(st.setup.tp_peers.begin(), st.setup.tp_peers.end(),
+                       [&](const stage_handles& p) { return p.shard.address() == dm.source; });
       if (tail_gone || peer != st.setup.tp_peers.end()) {
         st.status.last_failure =
             (tail_gone ? std::string("the remote stage (troupe worker) is gone: ")
-                       : "tensor-parallel rank " + std::to_string(peer->tp_rank) + " (troupe worker) is gone: ") +
+                       : "tensor-parallel rank " + std::to_string(peer->tp_rank) +
+                             " (troupe worker) is gone: ") +
             self->system().render(dm.reason);
         if (st.status.failed) return;
         // A stage blocked in an all-reduce with the lost rank gives up now.
@@ -113,31 +116,38 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         st.setup.remote_tail.reset();
         st.setup.tp_peers.clear();
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{}, std::vector<kv_store_actor>{});
+        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{},
+                   std::vector<kv_store_actor>{});
         return;
       }
       auto is = [&](const auto& hs) {
-        return std::any_of(hs.begin(), hs.end(), [&](const auto& h) { return h && h.address() == dm.source; });
+        return std::any_of(hs.begin(), hs.end(),
+                           [&](const auto& h) { return h && h.address() == dm.source; });
       };
       const bool stage = is(st.shards) || is(st.kv_stores);
       const bool encoder = st.encoder && st.encoder.address() == dm.source;
       if (!stage && !encoder) return;  // an actor this node already replaced
       const std::string why = self->system().render(dm.reason);
-      st.status.last_failure = (stage ? "a pipeline actor stopped: " : "the vision encoder stopped: ") + why;
+      st.status.last_failure =
+          (stage ? "a pipeline actor stopped: " : "the vision encoder stopped: ") + why;
       if (st.status.failed) return;
       if (st.status.restarts >= st.setup.opts.max_restarts) {
-        logging::of("supervisor").error("{}; {} restarts already, giving up", st.status.last_failure, st.status.restarts);
+        logging::of("supervisor")
+            .error("{}; {} restarts already, giving up", st.status.last_failure,
+                   st.status.restarts);
         st.status.failed = true;
         kill_all(st.shards);
         kill_all(st.kv_stores);
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{}, std::vector<kv_store_actor>{});
+        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{},
+                   std::vector<kv_store_actor>{});
         return;
       }
       ++st.status.restarts;
       if (stage) {
-        logging::of("supervisor").warn("{}; restarting the pipeline ({} of {})", st.status.last_failure, st.status.restarts,
-                     st.setup.opts.max_restarts);
+        logging::of("supervisor")
+            .warn("{}; restarting the pipeline ({} of {})", st.status.last_failure,
+                  st.status.restarts, st.setup.opts.max_restarts);
         kill_all(st.shards);
         kill_all(st.kv_stores);
         auto respawn = [self] {
@@ -155,14 +165,16 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
           auto left = std::make_shared<std::size_t>(st.setup.tp_peers.size());
           for (const auto& p : st.setup.tp_peers)
             self->request(p.kv, caf::infinite, reset_atom::value)
-                .then([left, respawn](std::int64_t) {
-                  if (--*left == 0) respawn();
-                },
-                      [](caf::error&) {});  // a rank that is gone: its down message fails the node
+                .then(
+                    [left, respawn](std::int64_t) {
+                      if (--*left == 0) respawn();
+                    },
+                    [](caf::error&) {});  // a rank that is gone: its down message fails the node
         }
       } else {
-        logging::of("supervisor").warn("{}; restarting the encoder ({} of {})", st.status.last_failure, st.status.restarts,
-                     st.setup.opts.max_restarts);
+        logging::of("supervisor")
+            .warn("{}; restarting the encoder ({} of {})", st.status.last_failure,
+                  st.status.restarts, st.setup.opts.max_restarts);
         spawn_encoder_actor(self);
         publish(self);
         self->send(st.setup.scheduler, reset_atom::value, st.encoder);
@@ -170,17 +182,18 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
     });
     // The node stops: so does everything it spawned (the state is gone by
     // then; the published handles are not).
-    self->attach_functor([handles = st.setup.handles, tail = st.setup.remote_tail](const caf::error&) {
-      std::lock_guard lock(handles->mtx);
-      if (tail) {
-        // Not ours to stop: another process serves it.
-        std::erase(handles->shards, tail->shard);
-        std::erase(handles->kv_stores, tail->kv);
-      }
-      kill_all(handles->shards);
-      kill_all(handles->kv_stores);
-      if (handles->encoder) caf::anon_send_exit(handles->encoder, caf::exit_reason::kill);
-    });
+    self->attach_functor(
+        [handles = st.setup.handles, tail = st.setup.remote_tail](const caf::error&) {
+          std::lock_guard lock(handles->mtx);
+          if (tail) {
+            // Not ours to stop: another process serves it.
+            std::erase(handles->shards, tail->shard);
+            std::erase(handles->kv_stores, tail->kv);
+          }
+          kill_all(handles->shards);
+          kill_all(handles->kv_stores);
+          if (handles->encoder) caf::anon_send_exit(handles->encoder, caf::exit_reason::kill);
+        });
     return {
         [=](stats_atom) { return self->state.status; },
         [=](reset_atom, scheduler_actor& s) { self->state.setup.scheduler = std::move(s); },

@@ -23,16 +23,17 @@ namespace troupe::actors {
 struct pipeline_breakdown {
   double wall_s = 0;
   std::int64_t stages = 0;
-  double steps_per_s = 0;  ///< micro-batch steps per second
-  double rows_per_s = 0;   ///< tokens through the stages per second (prompt and decode)
-  double tokens_per_s = 0; ///< tokens generated per second
+  double steps_per_s = 0;    ///< micro-batch steps per second
+  double rows_per_s = 0;     ///< tokens through the stages per second (prompt and decode)
+  double tokens_per_s = 0;   ///< tokens generated per second
   double round_trip_ms = 0;  ///< per step: sent to its output back
   double compute_ms = 0;     ///< per step: the stages' compute, summed over the stages
-  double other_ms = 0;       ///< per step: round trip - compute (waiting behind other steps, hand-offs)
-  double stage_busy = 0;     ///< compute / (stages x wall)
-  std::vector<double> busy_per_stage;  ///< each stage's compute / wall (when the stages reported theirs)
-  double idle = 0;           ///< share of the wall time with no step in flight
-  double scheduler = 0;      ///< share of the wall time in the scheduler's own work
+  double other_ms = 0;  ///< per step: round trip - compute (waiting behind other steps, hand-offs)
+  double stage_busy = 0;  ///< compute / (stages x wall)
+  std::vector<double>
+      busy_per_stage;    ///< each stage's compute / wall (when the stages reported theirs)
+  double idle = 0;       ///< share of the wall time with no step in flight
+  double scheduler = 0;  ///< share of the wall time in the scheduler's own work
 
   /// One line per figure, indented by two spaces.
   std::string describe() const;
@@ -41,6 +42,7 @@ struct pipeline_breakdown {
 /// The breakdown between samples `a` (earlier) and `b`, `wall_s` apart;
 /// nothing when no step completed in between, the counters went back (a
 /// restarted scheduler) or wall_s <= 0.
-std::optional<pipeline_breakdown> breakdown_between(const scheduler_stats& a, const scheduler_stats& b, double wall_s);
+std::optional<pipeline_breakdown> breakdown_between(const scheduler_stats& a,
+                                                    const scheduler_stats& b, double wall_s);
 
 }  // namespace troupe::actors

@@ -25,36 +25,41 @@ placement::precision precision_of(kernels::weight_format f) {
   return placement::precision::f32;
 }
 
-placement::result<placement::model_profile> model_profile_of(const models::llama_config& t,
-                                                             const std::optional<models::llava_config>& llava,
-                                                             const std::string& kv_type) {
-  auto m = placement::llama_profile(static_cast<int>(t.num_layers), static_cast<int>(t.hidden_size),
-                                    static_cast<int>(t.intermediate_size), static_cast<int>(t.num_heads),
-                                    static_cast<int>(t.num_kv_heads), static_cast<int>(t.head_dim),
-                                    static_cast<int>(t.vocab_size), t.tie_word_embeddings);
+placement::result<placement::model_profile> model_profile_of(
+    const models::llama_config& t, const std::optional<models::llava_config>& llava,
+    const std::string& kv_type) {
+  auto m =
+      placement::llama_profile(static_cast<int>(t.num_layers), static_cast<int>(t.hidden_size),
+                               static_cast<int>(t.intermediate_size), static_cast<int>(t.num_heads),
+                               static_cast<int>(t.num_kv_heads), static_cast<int>(t.head_dim),
+                               static_cast<int>(t.vocab_size), t.tie_word_embeddings);
   if (!m) return m;
   // llama_profile counts an f16 cache.
   const double scale = kv_type == "f32" ? 2.0 : kv_type == "int8" ? 0.5 : 1.0;
   for (auto& l : m->layers) l.kv_bytes_per_token *= scale;
   if (!llava) return m;
   const auto& v = llava->vision;
-  auto vp = placement::clip_profile(static_cast<int>(llava->vision_layers_used()), static_cast<int>(v.hidden_size),
-                                    static_cast<int>(v.intermediate_size), static_cast<int>(v.num_patches()));
+  auto vp = placement::clip_profile(
+      static_cast<int>(llava->vision_layers_used()), static_cast<int>(v.hidden_size),
+      static_cast<int>(v.intermediate_size), static_cast<int>(v.num_patches()));
   if (!vp) return std::unexpected(vp.error());
   return placement::with_vision(std::move(*m), std::move(*vp));
 }
 
-std::string device_id(const std::string& node, const std::string& device) { return node + ":" + device; }
+std::string device_id(const std::string& node, const std::string& device) {
+  return node + ":" + device;
+}
 
 placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& nodes,
-                                              const std::vector<placement::link_profile>& links, placement::precision prec) {
+                                              const std::vector<placement::link_profile>& links,
+                                              placement::precision prec) {
   placement::cluster_profile c;
   std::vector<std::string> names;
   for (const auto& n : nodes) {
     const auto& p = n.probe;
     const placement::per_precision gemm{p.gemm_f32, p.gemm_f16, p.gemm_q8_0, p.gemm_q4_0};
-    if (p.cores <= 0 || p.gemv_f32 <= 0 || p.gemv_f16 <= 0 || p.gemv_q8_0 <= 0 || p.gemv_q4_0 <= 0 ||
-        gemm[placement::index(prec)] <= 0 || p.memory_bytes <= 0)
+    if (p.cores <= 0 || p.gemv_f32 <= 0 || p.gemv_f16 <= 0 || p.gemv_q8_0 <= 0 ||
+        p.gemv_q4_0 <= 0 || gemm[placement::index(prec)] <= 0 || p.memory_bytes <= 0)
       continue;
     placement::device_profile d;
     d.id = device_id(n.node, p.device);
@@ -69,12 +74,17 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
     c.devices.push_back(std::move(d));
     names.push_back(n.node);
   }
-  auto known = [&](const std::string& x) { return std::find(names.begin(), names.end(), x) != names.end(); };
+  auto known = [&](const std::string& x) {
+    return std::find(names.begin(), names.end(), x) != names.end();
+  };
   std::optional<placement::link_profile> slowest;
   for (const auto& l : links) {
-    if (l.node_a == l.node_b || !known(l.node_a) || !known(l.node_b) || l.bandwidth_bytes_per_s <= 0) continue;
+    if (l.node_a == l.node_b || !known(l.node_a) || !known(l.node_b) ||
+        l.bandwidth_bytes_per_s <= 0)
+      continue;
     if (std::any_of(c.links.begin(), c.links.end(), [&](const auto& x) {
-          return (x.node_a == l.node_a && x.node_b == l.node_b) || (x.node_a == l.node_b && x.node_b == l.node_a);
+          return (x.node_a == l.node_a && x.node_b == l.node_b) ||
+                 (x.node_a == l.node_b && x.node_b == l.node_a);
         }))
       continue;
     c.links.push_back(l);
@@ -83,29 +93,35 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
   placement::link_profile def{"", "", 1e9, 100e-6};
   if (slowest) {
     def.bandwidth_bytes_per_s = slowest->bandwidth_bytes_per_s;
-    def.latency_s = std::max_element(c.links.begin(), c.links.end(), [](const auto& a, const auto& b) {
-                      return a.latency_s < b.latency_s;
-                    })->latency_s;
+    def.latency_s =
+        std::max_element(c.links.begin(), c.links.end(), [](const auto& a, const auto& b) {
+          return a.latency_s < b.latency_s;
+        })->latency_s;
   }
   c.default_remote_link = def;
   return c;
 }
 
-placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p, const placement::cluster_profile& c) {
+placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p,
+                                                             const placement::cluster_profile& c) {
   std::vector<cluster::stage_slot> out;
   for (const auto& s : p.stages) {
     if (s.devices.size() != 1)
-      return std::unexpected("the plan has a tensor-parallel stage over " + std::to_string(s.devices.size()) +
+      return std::unexpected("the plan has a tensor-parallel stage over " +
+                             std::to_string(s.devices.size()) +
                              " devices; the cluster runs one device per stage");
     const auto* d = c.find(s.devices.front());
-    if (!d) return std::unexpected("the plan names device " + s.devices.front() + ", which no node has");
+    if (!d)
+      return std::unexpected("the plan names device " + s.devices.front() + ", which no node has");
     out.push_back({d->node, s.layer_begin, s.layer_end});
   }
   return out;
 }
 
-placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot>& slots, const placement::cluster_profile& c,
-                                           placement::precision p, const std::string& encoder_node) {
+placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot>& slots,
+                                           const placement::cluster_profile& c,
+                                           placement::precision p,
+                                           const std::string& encoder_node) {
   auto on = [&](const std::string& node) -> const placement::device_profile* {
     for (const auto& d : c.devices)
       if (d.node == node) return &d;
@@ -122,24 +138,28 @@ placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot
     st.devices = {d->id};
     st.layer_begin = s.first_layer;
     st.layer_end = s.last_layer;
-    st.layer_precision.assign(static_cast<std::size_t>(std::max(0, s.last_layer - s.first_layer)), p);
+    st.layer_precision.assign(static_cast<std::size_t>(std::max(0, s.last_layer - s.first_layer)),
+                              p);
     out.stages.push_back(std::move(st));
   }
   if (!encoder_node.empty()) {
     const auto* d = on(encoder_node);
-    if (!d) return std::unexpected("node " + encoder_node + " (the encoder's) has no measured device");
+    if (!d)
+      return std::unexpected("node " + encoder_node + " (the encoder's) has no measured device");
     out.encoder_device = d->id;
   }
   return out;
 }
 
-plan_change change_between(const std::vector<cluster::stage_slot>& current, const std::vector<cluster::stage_slot>& target,
+plan_change change_between(const std::vector<cluster::stage_slot>& current,
+                           const std::vector<cluster::stage_slot>& target,
                            const std::string& encoder_from, const std::string& encoder_to) {
   plan_change c;
-  c.resplit = target.size() != current.size() ||
-              !std::equal(target.begin(), target.end(), current.begin(), [](const auto& a, const auto& b) {
-                return a.first_layer == b.first_layer && a.last_layer == b.last_layer;
-              });
+  c.resplit =
+      target.size() != current.size() ||
+      !std::equal(target.begin(), target.end(), current.begin(), [](const auto& a, const auto& b) {
+        return a.first_layer == b.first_layer && a.last_layer == b.last_layer;
+      });
   if (!c.resplit)
     for (std::size_t i = 0; i < target.size(); ++i)
       if (target[i].node != current[i].node) c.moves.push_back({std::to_string(i), target[i].node});
@@ -153,7 +173,8 @@ void token_rate::add(time_point t, std::int64_t tokens, std::chrono::seconds kee
   while (!samples_.empty() && t - samples_.front().first > keep) samples_.pop_front();
 }
 
-std::optional<double> token_rate::rate(time_point from, time_point to, std::chrono::milliseconds min_span) const {
+std::optional<double> token_rate::rate(time_point from, time_point to,
+                                       std::chrono::milliseconds min_span) const {
   const std::pair<time_point, std::int64_t>* a = nullptr;
   const std::pair<time_point, std::int64_t>* b = nullptr;
   for (const auto& s : samples_) {

@@ -27,9 +27,9 @@ placement::precision precision_of(kernels::weight_format f);
 
 /// The decoder (and vision tower) as the planner sees it; KV bytes per
 /// token for the cache's dtype ("f32", "f16", "int8").
-placement::result<placement::model_profile> model_profile_of(const models::llama_config& text,
-                                                             const std::optional<models::llava_config>& llava,
-                                                             const std::string& kv_type);
+placement::result<placement::model_profile> model_profile_of(
+    const models::llama_config& text, const std::optional<models::llava_config>& llava,
+    const std::string& kv_type);
 
 /// One node's measurements as the head holds them.
 struct node_measure {
@@ -47,19 +47,20 @@ std::string device_id(const std::string& node, const std::string& device);
 /// the slowest measured one (`default_remote_link`), or 1 GB/s and 100 us
 /// when none was measured. Nodes whose probe is missing are left out.
 placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& nodes,
-                                              const std::vector<placement::link_profile>& links, placement::precision p);
+                                              const std::vector<placement::link_profile>& links,
+                                              placement::precision p);
 
 /// The stages of a plan as the cluster loads them (node by device id).
 /// Errors on a tensor-parallel stage or a device no node owns.
 placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p,
-                                                              const placement::cluster_profile& c);
+                                                             const placement::cluster_profile& c);
 
 /// A placement the cluster runs (slots by node), as a plan the planner can
 /// re-cost with `placement::evaluate`: every layer at `p`, the encoder on
 /// `encoder_node`'s device (if any).
 placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot>& slots,
-                                           const placement::cluster_profile& c, placement::precision p,
-                                           const std::string& encoder_node);
+                                           const placement::cluster_profile& c,
+                                           placement::precision p, const std::string& encoder_node);
 
 /// How the cluster turns the stages `current` into `target`. The same
 /// layer split: live migrations of the stages whose node changes (by
@@ -70,7 +71,8 @@ struct plan_change {
   bool resplit = false;
   std::vector<migrate_request> moves;
 };
-plan_change change_between(const std::vector<cluster::stage_slot>& current, const std::vector<cluster::stage_slot>& target,
+plan_change change_between(const std::vector<cluster::stage_slot>& current,
+                           const std::vector<cluster::stage_slot>& target,
                            const std::string& encoder_from, const std::string& encoder_to);
 
 /// Generated tokens over time (the scheduler's running count), sampled at
@@ -79,12 +81,14 @@ class token_rate {
  public:
   using time_point = std::chrono::steady_clock::time_point;
   /// A sample; samples come in time order. Kept for `keep`.
-  void add(time_point t, std::int64_t tokens, std::chrono::seconds keep = std::chrono::seconds(600));
+  void add(time_point t, std::int64_t tokens,
+           std::chrono::seconds keep = std::chrono::seconds(600));
   /// Tokens per second between the samples nearest `from` and `to` (both
   /// inside the window); nullopt with fewer than two samples there or
   /// under `min_span` between them.
-  std::optional<double> rate(time_point from, time_point to,
-                             std::chrono::milliseconds min_span = std::chrono::milliseconds(2000)) const;
+  std::optional<double> rate(
+      time_point from, time_point to,
+      std::chrono::milliseconds min_span = std::chrono::milliseconds(2000)) const;
 
  private:
   std::deque<std::pair<time_point, std::int64_t>> samples_;

@@ -12,8 +12,9 @@ using kernels::errc;
 kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
   auto src = models::weight_source::open(model);
   if (!src) return std::unexpected(src.error());
-  const std::string dir =
-      std::filesystem::is_directory(model) ? model : std::filesystem::path(model).parent_path().string();
+  const std::string dir = std::filesystem::is_directory(model)
+                              ? model
+                              : std::filesystem::path(model).parent_path().string();
   prompt_setup s;
   models::llama_config text;
   if ((*src)->is_gguf()) {
@@ -57,52 +58,68 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
   return s;
 }
 
-kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in,
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
+                                                         const prompt_input& in,
                                                          std::string* text_out) {
   if (!in.messages.empty()) {
     int images = 0;
     for (const auto& m : in.messages) {
-      if (m.images < 0) return kernels::make_error(errc::invalid_argument, "a message with a negative image count");
+      if (m.images < 0)
+        return kernels::make_error(errc::invalid_argument, "a message with a negative image count");
       images += m.images;
       if (!s.image_text.empty() && m.content.find(s.image_text) != std::string::npos)
-        return kernels::make_error(errc::invalid_argument, "a message holds the image placeholder " + s.image_text +
-                                                               " as text; send images as image parts");
+        return kernels::make_error(errc::invalid_argument,
+                                   "a message holds the image placeholder " + s.image_text +
+                                       " as text; send images as image parts");
     }
     if (images != in.images)
-      return kernels::make_error(errc::invalid_argument, std::to_string(images) + " image parts for " +
-                                                             std::to_string(in.images) + " images");
+      return kernels::make_error(
+          errc::invalid_argument,
+          std::to_string(images) + " image parts for " + std::to_string(in.images) + " images");
     if (images > 0 && !s.llava)
-      return kernels::make_error(errc::invalid_argument, "images need a vision model; this model has no vision tower");
+      return kernels::make_error(errc::invalid_argument,
+                                 "images need a vision model; this model has no vision tower");
     auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
-    if (!tmpl) return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
+    if (!tmpl)
+      return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     auto piece = [&](std::optional<std::int32_t> id) {
       if (!id) return std::string();
       auto t = s.tok->token_text(*id);
       return t ? *t : std::string();
     };
-    auto rendered = tmpl->render(in.messages, true, piece(s.tok->special_ids().bos), piece(s.tok->special_ids().eos));
-    if (!rendered) return kernels::make_error(errc::invalid_argument, "chat template: " + rendered.error().message);
+    auto rendered = tmpl->render(in.messages, true, piece(s.tok->special_ids().bos),
+                                 piece(s.tok->special_ids().eos));
+    if (!rendered)
+      return kernels::make_error(errc::invalid_argument,
+                                 "chat template: " + rendered.error().message);
     if (text_out) *text_out = *rendered;
     auto ids = s.tok->encode(*rendered, false, /*parse_special=*/true);
     if (!ids) return std::unexpected(ids.error());
-    if (ids->empty()) return kernels::make_error(errc::invalid_argument, "the chat encodes to no tokens");
+    if (ids->empty())
+      return kernels::make_error(errc::invalid_argument, "the chat encodes to no tokens");
     return std::move(*ids);
   }
   if (in.images > 0 && !s.llava)
-    return kernels::make_error(errc::invalid_argument, "images need a vision model (a LLaVA folder); this model has no vision tower");
+    return kernels::make_error(
+        errc::invalid_argument,
+        "images need a vision model (a LLaVA folder); this model has no vision tower");
   std::size_t placeholders = 0;
   if (!s.image_text.empty())
-    for (auto at = in.prompt.find(s.image_text); at != std::string::npos; at = in.prompt.find(s.image_text, at + s.image_text.size()))
+    for (auto at = in.prompt.find(s.image_text); at != std::string::npos;
+         at = in.prompt.find(s.image_text, at + s.image_text.size()))
       ++placeholders;
   if (placeholders != 0 && placeholders != static_cast<std::size_t>(in.images))
-    return kernels::make_error(errc::invalid_argument, "the prompt has " + std::to_string(placeholders) + " " + s.image_text +
-                                                           " placeholders for " + std::to_string(in.images) + " images");
+    return kernels::make_error(errc::invalid_argument, "the prompt has " +
+                                                           std::to_string(placeholders) + " " +
+                                                           s.image_text + " placeholders for " +
+                                                           std::to_string(in.images) + " images");
   const bool chat = in.chat || !in.chat_template.empty() || (in.images > 0 && placeholders == 0);
   std::string text = in.prompt;
   bool add_special = !in.no_bos;
   if (chat) {
     auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
-    if (!tmpl) return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
+    if (!tmpl)
+      return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     std::vector<models::chat_message> msgs;
     if (!in.system.empty()) msgs.push_back({"system", in.system, 0});
     msgs.push_back({"user", in.prompt, placeholders == 0 ? in.images : 0});
@@ -111,15 +128,19 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, 
       auto t = s.tok->token_text(*id);
       return t ? *t : std::string();
     };
-    auto rendered = tmpl->render(msgs, true, piece_text(s.tok->special_ids().bos), piece_text(s.tok->special_ids().eos));
-    if (!rendered) return kernels::make_error(errc::invalid_argument, "chat template: " + rendered.error().message);
+    auto rendered = tmpl->render(msgs, true, piece_text(s.tok->special_ids().bos),
+                                 piece_text(s.tok->special_ids().eos));
+    if (!rendered)
+      return kernels::make_error(errc::invalid_argument,
+                                 "chat template: " + rendered.error().message);
     text = *rendered;
     add_special = false;  // the template writes its own BOS
   }
   if (text_out) *text_out = text;
   auto ids = s.tok->encode(text, add_special, /*parse_special=*/true);
   if (!ids) return std::unexpected(ids.error());
-  if (ids->empty()) return kernels::make_error(errc::invalid_argument, "the prompt encodes to no tokens");
+  if (ids->empty())
+    return kernels::make_error(errc::invalid_argument, "the prompt encodes to no tokens");
   return std::move(*ids);
 }
 

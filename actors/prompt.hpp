@@ -24,9 +24,10 @@ struct prompt_setup {
   std::shared_ptr<const models::tokenizer> tok;
   std::optional<models::llava_config> llava;  ///< set for a vision model
   models::generation_defaults defaults;       ///< generation_config.json (HF folders)
-  std::vector<std::int64_t> stop_ids;         ///< every end-of-sequence id (config, generation config, tokenizer)
-  std::string image_text;                     ///< the image placeholder's text ("<image>")
-  models::llama_config text;                  ///< the decoder's config
+  std::vector<std::int64_t>
+      stop_ids;               ///< every end-of-sequence id (config, generation config, tokenizer)
+  std::string image_text;     ///< the image placeholder's text ("<image>")
+  models::llama_config text;  ///< the decoder's config
 };
 
 /// Reads the tokenizer, configs and generation defaults of a model (a HF
@@ -38,7 +39,8 @@ struct prompt_input {
   std::string system;
   std::string chat_template;  ///< a template name; empty: the model's own
   int images = 0;
-  bool chat = false;  ///< apply the chat template (always with images and no placeholder in the prompt)
+  bool chat =
+      false;  ///< apply the chat template (always with images and no placeholder in the prompt)
   bool no_bos = false;
   /// A whole chat instead of prompt/system (the template always applies;
   /// `images` is then the sum of the messages' images).
@@ -49,7 +51,8 @@ struct prompt_input {
 /// placeholder count that does not match the images, images for a text
 /// model, an unknown template, an empty prompt.
 /// With `text`, the prompt's text (after the template) goes there too.
-kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s, const prompt_input& in,
+kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
+                                                         const prompt_input& in,
                                                          std::string* text = nullptr);
 
 /// Greedy-or-as-configured sampling: generation_config.json's defaults

@@ -4,27 +4,42 @@ namespace troupe::actors {
 
 const char* to_string(error_code c) {
   switch (c) {
-    case error_code::overloaded: return "overloaded";
-    case error_code::duplicate_id: return "duplicate request id";
-    case error_code::invalid_request: return "invalid request";
-    case error_code::not_found: return "not found";
-    case error_code::cancelled: return "cancelled";
-    case error_code::deadline_exceeded: return "deadline exceeded";
-    case error_code::kv_exhausted: return "KV cache exhausted";
-    case error_code::stage_failed: return "stage failed";
-    case error_code::version_mismatch: return "protocol version mismatch";
-    case error_code::internal: return "internal error";
-    case error_code::peer_lost: return "peer lost";
-    case error_code::unavailable: return "unavailable";
+    case error_code::overloaded:
+      return "overloaded";
+    case error_code::duplicate_id:
+      return "duplicate request id";
+    case error_code::invalid_request:
+      return "invalid request";
+    case error_code::not_found:
+      return "not found";
+    case error_code::cancelled:
+      return "cancelled";
+    case error_code::deadline_exceeded:
+      return "deadline exceeded";
+    case error_code::kv_exhausted:
+      return "KV cache exhausted";
+    case error_code::stage_failed:
+      return "stage failed";
+    case error_code::version_mismatch:
+      return "protocol version mismatch";
+    case error_code::internal:
+      return "internal error";
+    case error_code::peer_lost:
+      return "peer lost";
+    case error_code::unavailable:
+      return "unavailable";
   }
   return "unknown error";
 }
 
 caf::error make_error(error_code code, std::string message) {
-  return caf::error(static_cast<std::uint8_t>(code), error_category, caf::make_message(std::move(message)));
+  return caf::error(static_cast<std::uint8_t>(code), error_category,
+                    caf::make_message(std::move(message)));
 }
 
-std::uint8_t troupe_code(const caf::error& e) { return e.category() == error_category ? e.code() : 0; }
+std::uint8_t troupe_code(const caf::error& e) {
+  return e.category() == error_category ? e.code() : 0;
+}
 
 namespace {
 std::string render(std::uint8_t code, const caf::message& ctx) {
@@ -87,9 +102,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<frontdoor_actor>("troupe::frontdoor_actor");
   cfg.add_message_type<migrate_request>("troupe::migrate_request");
   cfg.add_message_type<migrate_report>("troupe::migrate_report");
-  cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value, const caf::message& ctx) {
-    return render(code, ctx);
-  });
+  cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value,
+                                            const caf::message& ctx) { return render(code, ctx); });
 }
 
 void configure_runtime(caf::actor_system_config& cfg) {

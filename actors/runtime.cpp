@@ -13,15 +13,14 @@
 #include "actors/data_plane.hpp"
 #include "actors/prompt.hpp"
 #include "models/llava_config.hpp"
-#include "transport/ucx_engine.hpp"
 #include "models/weights.hpp"
+#include "transport/ucx_engine.hpp"
 
 namespace troupe::actors {
 
 namespace {
 
 using kernels::errc;
-
 
 struct remote_worker {
   stage_host_actor host;
@@ -31,32 +30,40 @@ struct remote_worker {
 // Reaches a `troupe worker` at "host:port", checks its protocol version,
 // gets its stage and connects the data plane to it.
 kernels::result<remote_worker> connect_worker(caf::actor_system& sys, const std::string& addr,
-                                              std::chrono::milliseconds timeout, const std::string& what) {
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& what) {
   const auto colon = addr.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || colon == 0 || std::sscanf(addr.c_str() + colon + 1, "%d", &port) != 1 || port <= 0 ||
-      port > 65535) {
-    return kernels::make_error(errc::invalid_argument, what + " '" + addr + "': expected HOST:PORT");
+  if (colon == std::string::npos || colon == 0 ||
+      std::sscanf(addr.c_str() + colon + 1, "%d", &port) != 1 || port <= 0 || port > 65535) {
+    return kernels::make_error(errc::invalid_argument,
+                               what + " '" + addr + "': expected HOST:PORT");
   }
   const std::string host = addr.substr(0, colon);
-  if (!sys.has_middleman()) return kernels::make_error(errc::internal, "remote stages need CAF's middleman loaded");
-  auto host_actor = sys.middleman().remote_actor<stage_host_actor>(host, static_cast<std::uint16_t>(port));
+  if (!sys.has_middleman())
+    return kernels::make_error(errc::internal, "remote stages need CAF's middleman loaded");
+  auto host_actor =
+      sys.middleman().remote_actor<stage_host_actor>(host, static_cast<std::uint16_t>(port));
   if (!host_actor) {
-    return kernels::make_error(errc::io_error, what + " " + addr + ": " + sys.render(host_actor.error()));
+    return kernels::make_error(errc::io_error,
+                               what + " " + addr + ": " + sys.render(host_actor.error()));
   }
   enable_tcp_nodelay_everywhere();  // step messages must not wait for Nagle
   std::optional<stage_handles> got;
   std::string why;
   caf::scoped_actor self{sys};
   self->request(*host_actor, caf::duration{timeout}, version_atom::value)
-      .receive([&](std::uint32_t v) {
-                 if (v != protocol_version)
-                   why = "protocol version " + std::to_string(v) + ", this process speaks " + std::to_string(protocol_version);
-               },
-               [&](caf::error& e) { why = sys.render(e); });
+      .receive(
+          [&](std::uint32_t v) {
+            if (v != protocol_version)
+              why = "protocol version " + std::to_string(v) + ", this process speaks " +
+                    std::to_string(protocol_version);
+          },
+          [&](caf::error& e) { why = sys.render(e); });
   if (why.empty()) {
     self->request(*host_actor, caf::duration{timeout}, stage_atom::value)
-        .receive([&](stage_handles& h) { got = std::move(h); }, [&](caf::error& e) { why = sys.render(e); });
+        .receive([&](stage_handles& h) { got = std::move(h); },
+                 [&](caf::error& e) { why = sys.render(e); });
   }
   if (!got) return kernels::make_error(errc::io_error, what + " " + addr + ": " + why);
   auto& dp = data_plane::local();
@@ -72,18 +79,21 @@ kernels::result<remote_worker> connect_worker(caf::actor_system& sys, const std:
 }
 
 // Reaches the worker serving the last layers and checks what it serves.
-kernels::result<stage_handles> connect_remote_tail(caf::actor_system& sys, const runtime_config& cfg, int layers) {
+kernels::result<stage_handles> connect_remote_tail(caf::actor_system& sys,
+                                                   const runtime_config& cfg, int layers) {
   auto w = connect_worker(sys, cfg.remote_tail, cfg.remote_timeout, "remote stage");
   if (!w) return std::unexpected(w.error());
   const auto& got = w->handles;
   if (got.tp_size != 1)
-    return kernels::make_error(errc::invalid_argument, "remote stage " + cfg.remote_tail +
-                                                           " is a tensor-parallel rank (use --tp-peer for it)");
+    return kernels::make_error(
+        errc::invalid_argument,
+        "remote stage " + cfg.remote_tail + " is a tensor-parallel rank (use --tp-peer for it)");
   if (got.first_layer <= 0 || got.first_layer >= layers || got.last_layer != layers) {
-    return kernels::make_error(errc::invalid_argument, "remote stage " + cfg.remote_tail + " serves layers [" +
-                                                           std::to_string(got.first_layer) + "," +
-                                                           std::to_string(got.last_layer) + ") of a " +
-                                                           std::to_string(layers) + "-layer model: it must serve the last layers");
+    return kernels::make_error(
+        errc::invalid_argument,
+        "remote stage " + cfg.remote_tail + " serves layers [" + std::to_string(got.first_layer) +
+            "," + std::to_string(got.last_layer) + ") of a " + std::to_string(layers) +
+            "-layer model: it must serve the last layers");
   }
   return got;
 }
@@ -91,9 +101,8 @@ kernels::result<stage_handles> connect_remote_tail(caf::actor_system& sys, const
 // Reaches the tensor-parallel ranks 1..K-1, checks that they form one
 // group with this process as rank 0, hands every rank the ring and fills
 // `g` (rank 0's group). Returns the workers in rank order.
-kernels::result<std::vector<std::pair<std::string, stage_handles>>> connect_tp_group(caf::actor_system& sys,
-                                                                                    const runtime_config& cfg, int layers,
-                                                                                    tp_group& g) {
+kernels::result<std::vector<std::pair<std::string, stage_handles>>> connect_tp_group(
+    caf::actor_system& sys, const runtime_config& cfg, int layers, tp_group& g) {
   const int k = static_cast<int>(cfg.tp_peers.size()) + 1;
   std::vector<std::optional<remote_worker>> ranks(static_cast<std::size_t>(k));
   std::vector<std::string> addrs(static_cast<std::size_t>(k));
@@ -102,39 +111,46 @@ kernels::result<std::vector<std::pair<std::string, stage_handles>>> connect_tp_g
     if (!w) return std::unexpected(w.error());
     const auto& h = w->handles;
     if (h.tp_size != k)
-      return kernels::make_error(errc::invalid_argument,
-                                 "tensor-parallel peer " + addr + " is " +
-                                     (h.tp_size == 1 ? std::string("a pipeline stage, not a tensor-parallel rank")
-                                                     : "rank " + std::to_string(h.tp_rank) + " of " + std::to_string(h.tp_size)) +
-                                     ", but this group has " + std::to_string(k) + " ranks (this process and " +
-                                     std::to_string(k - 1) + " peers)");
+      return kernels::make_error(
+          errc::invalid_argument,
+          "tensor-parallel peer " + addr + " is " +
+              (h.tp_size == 1
+                   ? std::string("a pipeline stage, not a tensor-parallel rank")
+                   : "rank " + std::to_string(h.tp_rank) + " of " + std::to_string(h.tp_size)) +
+              ", but this group has " + std::to_string(k) + " ranks (this process and " +
+              std::to_string(k - 1) + " peers)");
     if (h.tp_rank < 1 || h.tp_rank >= k || ranks[static_cast<std::size_t>(h.tp_rank)])
-      return kernels::make_error(errc::invalid_argument, "tensor-parallel peer " + addr + " is rank " +
-                                                             std::to_string(h.tp_rank) + ", which " +
-                                                             (h.tp_rank < 1 || h.tp_rank >= k ? "is out of range"
-                                                                                                : "another peer already is"));
+      return kernels::make_error(
+          errc::invalid_argument,
+          "tensor-parallel peer " + addr + " is rank " + std::to_string(h.tp_rank) + ", which " +
+              (h.tp_rank < 1 || h.tp_rank >= k ? "is out of range" : "another peer already is"));
     if (h.first_layer != 0 || h.last_layer != layers)
-      return kernels::make_error(errc::invalid_argument, "tensor-parallel peer " + addr + " holds layers [" +
-                                                             std::to_string(h.first_layer) + "," +
-                                                             std::to_string(h.last_layer) + ") of a " +
-                                                             std::to_string(layers) + "-layer model: it must hold them all");
+      return kernels::make_error(
+          errc::invalid_argument,
+          "tensor-parallel peer " + addr + " holds layers [" + std::to_string(h.first_layer) + "," +
+              std::to_string(h.last_layer) + ") of a " + std::to_string(layers) +
+              "-layer model: it must hold them all");
     addrs[static_cast<std::size_t>(h.tp_rank)] = addr;
     ranks[static_cast<std::size_t>(h.tp_rank)] = std::move(*w);
   }
   auto& dp = data_plane::local();
   tp_ring_addresses ring(static_cast<std::size_t>(k));
   ring[0] = dp.address();
-  for (int r = 1; r < k; ++r) ring[static_cast<std::size_t>(r)] = ranks[static_cast<std::size_t>(r)]->handles.engine_address;
+  for (int r = 1; r < k; ++r)
+    ring[static_cast<std::size_t>(r)] = ranks[static_cast<std::size_t>(r)]->handles.engine_address;
   caf::scoped_actor self{sys};
   for (int r = 1; r < k; ++r) {
     std::string why;
-    self->request(ranks[static_cast<std::size_t>(r)]->host, caf::duration{cfg.remote_timeout}, tp_atom::value, ring)
-        .receive([&](std::int32_t got) {
-                   if (got != r) why = "answered as rank " + std::to_string(got);
-                 },
-                 [&](caf::error& e) { why = describe(sys, e); });
+    self->request(ranks[static_cast<std::size_t>(r)]->host, caf::duration{cfg.remote_timeout},
+                  tp_atom::value, ring)
+        .receive(
+            [&](std::int32_t got) {
+              if (got != r) why = "answered as rank " + std::to_string(got);
+            },
+            [&](caf::error& e) { why = describe(sys, e); });
     if (!why.empty())
-      return kernels::make_error(errc::io_error, "tensor-parallel peer " + addrs[static_cast<std::size_t>(r)] +
+      return kernels::make_error(errc::io_error, "tensor-parallel peer " +
+                                                     addrs[static_cast<std::size_t>(r)] +
                                                      " (rank " + std::to_string(r) + "): " + why);
   }
   g.rank = 0;
@@ -158,11 +174,13 @@ kernels::result<std::vector<std::pair<std::string, stage_handles>>> connect_tp_g
 
 }  // namespace
 
-kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_system& sys, const runtime_config& cfg) {
+kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_system& sys,
+                                                                     const runtime_config& cfg) {
   std::unique_ptr<local_runtime> rt(new local_runtime());
   rt->sys_ = &sys;
   auto devices = cfg.devices.empty() ? std::vector<device_spec>{{"cpu", {}}} : cfg.devices;
-  if (cfg.stages < 1) return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
+  if (cfg.stages < 1)
+    return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
   // The decoder's shape decides the layer split.
   auto setup = load_prompt_setup(cfg.model);
   if (!setup) return std::unexpected(setup.error());
@@ -172,9 +190,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   std::shared_ptr<tp_group> tp;
   if (!cfg.tp_peers.empty()) {
     if (cfg.stages != 1 || !cfg.remote_tail.empty())
-      return kernels::make_error(errc::invalid_argument,
-                                 "tensor parallelism across processes runs the whole model as one stage: it does not "
-                                 "combine with --stages > 1 or --remote-stage yet");
+      return kernels::make_error(
+          errc::invalid_argument,
+          "tensor parallelism across processes runs the whole model as one stage: it does not "
+          "combine with --stages > 1 or --remote-stage yet");
     tp = std::make_shared<tp_group>();
     auto peers = connect_tp_group(sys, cfg, L, *tp);
     if (!peers) return std::unexpected(peers.error());
@@ -187,8 +206,9 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     L = tail->first_layer;  // the local stages split the layers before it
   }
   if (cfg.stages > L)
-    return kernels::make_error(errc::invalid_argument, std::to_string(cfg.stages) + " stages for a model of " +
-                                                           std::to_string(L) + " layers");
+    return kernels::make_error(
+        errc::invalid_argument,
+        std::to_string(cfg.stages) + " stages for a model of " + std::to_string(L) + " layers");
   rt->frontend_.tok = setup->tok;
   rt->frontend_.vocab = text.vocab_size;
   rt->frontend_.hidden = text.hidden_size;
@@ -214,9 +234,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];
     auto res = make_stage(context_of(dev), cfg.model, range, cfg.plan, cfg.kv, tp);
     if (!res)
-      return kernels::make_error(res.error().code, "stage " + std::to_string(s) + " on " + dev.name + " (layers " +
-                                                       std::to_string(range.first) + "-" + std::to_string(range.last - 1) +
-                                                       "): " + res.error().message);
+      return kernels::make_error(
+          res.error().code, "stage " + std::to_string(s) + " on " + dev.name + " (layers " +
+                                std::to_string(range.first) + "-" + std::to_string(range.last - 1) +
+                                "): " + res.error().message);
     (*res)->attention = cfg.attention;
     blocks = std::min(blocks, (*res)->kv->cache.usage().total_blocks);
     rt->stage_res_.push_back(std::move(*res));
@@ -228,12 +249,16 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     self->request(h.kv, caf::duration{cfg.remote_timeout}, usage_atom::value)
         .receive([&](const kv_usage_info& u) { blocks = std::min(blocks, u.total_blocks); },
                  [&](caf::error& e) { why = actors::describe(sys, e); });
-    if (!why.empty()) return kernels::make_error(errc::io_error, "tensor-parallel peer " + addr + ": " + why);
+    if (!why.empty())
+      return kernels::make_error(errc::io_error, "tensor-parallel peer " + addr + ": " + why);
   }
   if (llava) {
-    const auto& dev = devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
+    const auto& dev =
+        devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
     auto enc = make_vision_encoder(context_of(dev), cfg.model, cfg.plan);
-    if (!enc) return kernels::make_error(enc.error().code, "vision encoder on " + dev.name + ": " + enc.error().message);
+    if (!enc)
+      return kernels::make_error(enc.error().code,
+                                 "vision encoder on " + dev.name + ": " + enc.error().message);
     rt->encoder_res_ = std::move(*enc);
   }
   // The node spawns and supervises the stages and the encoder; then the
@@ -250,18 +275,22 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   {
     // Once the node answers, its initial actors are published.
     caf::scoped_actor self{sys};
-    self->request(rt->node_, caf::infinite, stats_atom::value).receive([](const node_status&) {}, [](caf::error&) {});
+    self->request(rt->node_, caf::infinite, stats_atom::value)
+        .receive([](const node_status&) {}, [](caf::error&) {});
   }
   auto sopts = cfg.scheduler;
   sopts.kv = cfg.kv;
   sopts.kv_blocks = blocks;
   if (sopts.micro_batches < 1) sopts.micro_batches = cfg.stages;
-  rt->scheduler_ = spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());
+  rt->scheduler_ =
+      spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());
   caf::anon_send(rt->node_, reset_atom::value, rt->scheduler_);
   return rt;
 }
 
-local_runtime::~local_runtime() { stop(); }
+local_runtime::~local_runtime() {
+  stop();
+}
 
 void local_runtime::stop() {
   if (!sys_) return;
@@ -291,11 +320,13 @@ std::string local_runtime::describe() const {
   for (const auto& r : stage_res_) {
     const auto range = r->model->range();
     if (!s.empty()) s += ", ";
-    s += r->device.name + " layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+    s += r->device.name + " layers [" + std::to_string(range.first) + "," +
+         std::to_string(range.last) + ")";
   }
   if (!tp_peers_.empty()) {
     s += " tensor-parallel rank 0 of " + std::to_string(tp_peers_.size() + 1);
-    for (const auto& [addr, h] : tp_peers_) s += ", remote rank " + std::to_string(h.tp_rank) + " at " + addr;
+    for (const auto& [addr, h] : tp_peers_)
+      s += ", remote rank " + std::to_string(h.tp_rank) + " at " + addr;
   }
   if (remote_tail_) {
     s += ", remote worker layers [" + std::to_string(remote_tail_->first_layer) + "," +
@@ -313,7 +344,8 @@ struct client::shared {
 };
 
 namespace {
-client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer, std::shared_ptr<client::shared> sh) {
+client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer,
+                                           std::shared_ptr<client::shared> sh) {
   return {
       [=](const token_event& e) {
         std::function<void(const token_event&)> f;
@@ -345,7 +377,9 @@ client::client(caf::actor_system& sys, scheduler_actor scheduler)
   sink_ = sys_.spawn(sink_impl, shared_);
 }
 
-client::~client() { caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown); }
+client::~client() {
+  caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown);
+}
 
 std::uint64_t client::next_id() {
   static std::atomic<std::uint64_t> next{1};
@@ -359,13 +393,16 @@ std::expected<submit_ack, client::rejection> client::submit(generate_request req
     shared_->cbs[id] = std::move(cb);
   }
   caf::scoped_actor self{sys_};
-  std::expected<submit_ack, rejection> out = std::unexpected(rejection{error_code::internal, "no answer"});
+  std::expected<submit_ack, rejection> out =
+      std::unexpected(rejection{error_code::internal, "no answer"});
   self->request(scheduler_, caf::infinite, submit_atom::value, std::move(req), sink_)
-      .receive([&](submit_ack& a) { out = a; },
-               [&](caf::error& e) {
-                 const auto code = troupe_code(e);
-                 out = std::unexpected(rejection{code ? static_cast<error_code>(code) : error_code::internal, describe(sys_, e)});
-               });
+      .receive(
+          [&](submit_ack& a) { out = a; },
+          [&](caf::error& e) {
+            const auto code = troupe_code(e);
+            out = std::unexpected(rejection{
+                code ? static_cast<error_code>(code) : error_code::internal, describe(sys_, e)});
+          });
   if (!out) {
     std::lock_guard lock(shared_->mtx);
     shared_->cbs.erase(id);
@@ -376,19 +413,21 @@ std::expected<submit_ack, client::rejection> client::submit(generate_request req
 bool client::cancel(std::uint64_t id) {
   caf::scoped_actor self{sys_};
   bool found = false;
-  self->request(scheduler_, caf::infinite, cancel_atom::value, id).receive([&](bool b) { found = b; }, [&](caf::error&) {});
+  self->request(scheduler_, caf::infinite, cancel_atom::value, id)
+      .receive([&](bool b) { found = b; }, [&](caf::error&) {});
   return found;
 }
 
 scheduler_stats client::stats() {
   caf::scoped_actor self{sys_};
   scheduler_stats s;
-  self->request(scheduler_, caf::infinite, stats_atom::value).receive([&](scheduler_stats& x) { s = x; }, [&](caf::error&) {});
+  self->request(scheduler_, caf::infinite, stats_atom::value)
+      .receive([&](scheduler_stats& x) { s = x; }, [&](caf::error&) {});
   return s;
 }
 
-std::expected<finish_event, client::rejection> client::run(generate_request req,
-                                                           std::function<void(const token_event&)> on_token) {
+std::expected<finish_event, client::rejection> client::run(
+    generate_request req, std::function<void(const token_event&)> on_token) {
   struct waiter {
     std::mutex m;
     std::condition_variable cv;

@@ -6,9 +6,9 @@
 
 #include <chrono>
 #include <functional>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,8 +28,8 @@ struct runtime_config {
   int stages = 1;                    ///< pipeline stages (contiguous, even layer ranges)
   int encoder_device = 0;            ///< index into devices for the vision encoder
   models::quant_plan plan;
-  models::kv_options kv;             ///< per stage
-  scheduler_options scheduler;       ///< kv / kv_blocks / micro_batches are filled in
+  models::kv_options kv;        ///< per stage
+  scheduler_options scheduler;  ///< kv / kv_blocks / micro_batches are filled in
   encoder_options encoder;
   kernels::attention_options attention;
   node_options node;
@@ -50,7 +50,8 @@ struct runtime_config {
 class local_runtime {
  public:
   /// Loads every stage and spawns the actors; errors name the stage/device.
-  static kernels::result<std::unique_ptr<local_runtime>> start(caf::actor_system& sys, const runtime_config& cfg);
+  static kernels::result<std::unique_ptr<local_runtime>> start(caf::actor_system& sys,
+                                                               const runtime_config& cfg);
   ~local_runtime();
 
   scheduler_actor scheduler() const { return scheduler_; }

@@ -36,7 +36,8 @@ struct request_state {
   std::int64_t prompt_len = 0;
   std::vector<std::int32_t> generated;
   std::string text;
-  std::vector<tensor> image_rows;  // per image: the encoder's f32 [tokens_per_image, hidden], not copied
+  std::vector<tensor>
+      image_rows;  // per image: the encoder's f32 [tokens_per_image, hidden], not copied
   std::int64_t images_pending = 0;
   std::uint64_t draws = 0;  // the sampler's draw counter (the last stage samples)
   std::optional<models::stop_checker> stop;
@@ -88,10 +89,11 @@ struct scheduler_state {
   bool stalled = false;     // a stage died: wait for the node's reset
   std::uint64_t stalled_epoch = 0;  // the epoch it stalled in (a reset bumps it)
   steady::time_point stalled_since;
-  std::string failed;       // the node gave up: why
-  bool paused = false;      // live migration: no new steps
+  std::string failed;               // the node gave up: why
+  bool paused = false;              // live migration: no new steps
   bool auto_micro_batches = false;  // one micro-batch per stage, as the stages change
-  std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once no step is in flight
+  std::vector<caf::typed_response_promise<std::int64_t>>
+      pause_waiters;             // answered once no step is in flight
   clock::time_point busy_since;  // since when a step has been in flight (steps not empty)
 };
 
@@ -137,20 +139,23 @@ void release_kv(self_ptr self, request_state& r) {
     self->request(kv, caf::infinite, free_atom::value, std::vector<std::int64_t>{seq})
         .then([=](std::int64_t) { done(); },
               [=](caf::error& e) {
-                logging::of("scheduler").warn("freeing KV of sequence {}: {}", seq, self->system().render(e));
+                logging::of("scheduler")
+                    .warn("freeing KV of sequence {}: {}", seq, self->system().render(e));
                 done();
               });
   }
 }
 
 /// Ends a request: the client gets its finish event, the KV is returned.
-void finish(self_ptr self, std::uint64_t id, const std::string& reason, const std::string& error = {}) {
+void finish(self_ptr self, std::uint64_t id, const std::string& reason,
+            const std::string& error = {}) {
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
   auto& r = *it->second;
   if (r.ph != phase::running) --st.queued;
-  if (r.ph == phase::waiting) st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
+  if (r.ph == phase::waiting)
+    st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
   release_kv(self, r);
   const auto now = clock::now();
   finish_event f;
@@ -161,7 +166,8 @@ void finish(self_ptr self, std::uint64_t id, const std::string& reason, const st
   f.text = r.text;
   f.prompt_tokens = r.prompt_len;
   f.preemptions = r.preemptions;
-  f.queue_ms = r.ph == phase::running || r.admit_order ? ms_between(r.submitted, r.admitted) : ms_between(r.submitted, now);
+  f.queue_ms = r.ph == phase::running || r.admit_order ? ms_between(r.submitted, r.admitted)
+                                                       : ms_between(r.submitted, now);
   f.ttft_ms = r.has_first ? ms_between(r.submitted, r.first_token) : 0;
   f.total_ms = ms_between(r.submitted, now);
   f.stop_string = r.stop_string;
@@ -187,7 +193,8 @@ void preempt(self_ptr self, request_state& r, std::uint64_t id) {
   st.waiting.push_front(id);
 }
 
-std::int64_t blocks_after(const scheduler_state& st, std::int64_t committed, std::int64_t reserved) {
+std::int64_t blocks_after(const scheduler_state& st, std::int64_t committed,
+                          std::int64_t reserved) {
   return models::kv_cache::blocks_held(st.opts.kv, committed, reserved);
 }
 
@@ -220,9 +227,12 @@ void plan_multi_step(scheduler_state& st, step_batch& batch, in_flight_step& fl)
   const auto& o = st.opts;
   fl.decode_only = true;
   for (std::size_t i = 0; i < batch.seqs.size(); ++i)
-    if (fl.chunk[i] != 1 || !batch.seqs[i].sample || !batch.seqs[i].embeddings.empty()) fl.decode_only = false;
-  if (!fl.decode_only || st.stages.size() != 1 || o.max_decode_steps <= 1 || st.pass_ms <= 0) return;
-  const auto k = static_cast<std::int64_t>(std::clamp(o.multi_step_ms / st.pass_ms, 1.0, static_cast<double>(o.max_decode_steps)));
+    if (fl.chunk[i] != 1 || !batch.seqs[i].sample || !batch.seqs[i].embeddings.empty())
+      fl.decode_only = false;
+  if (!fl.decode_only || st.stages.size() != 1 || o.max_decode_steps <= 1 || st.pass_ms <= 0)
+    return;
+  const auto k = static_cast<std::int64_t>(
+      std::clamp(o.multi_step_ms / st.pass_ms, 1.0, static_cast<double>(o.max_decode_steps)));
   if (k <= 1) return;
   std::int64_t most = 1;
   for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
@@ -267,12 +277,14 @@ void schedule(self_ptr self) {
       ++active;
       if (!r->in_flight) running.push_back(r.get());
     }
-    std::sort(running.begin(), running.end(),
-              [](const request_state* a, const request_state* b) { return a->admit_order < b->admit_order; });
+    std::sort(running.begin(), running.end(), [](const request_state* a, const request_state* b) {
+      return a->admit_order < b->admit_order;
+    });
     // Split the active sequences evenly over the micro-batches so that all
     // stages have work.
     const std::int64_t cap_seqs = std::max<std::int64_t>(
-        1, (active + static_cast<std::int64_t>(st.waiting.size()) + o.micro_batches - 1) / o.micro_batches);
+        1, (active + static_cast<std::int64_t>(st.waiting.size()) + o.micro_batches - 1) /
+               o.micro_batches);
     step_batch batch;
     in_flight_step fl;
     // With several micro-batches in flight the pipeline runs at the pace of
@@ -284,7 +296,9 @@ void schedule(self_ptr self) {
     std::int64_t budget = o.token_budget;
     if (o.micro_batches > 1 && o.balance_micro_batches) {
       std::int64_t work = 0;
-      for (auto* r : running) work += std::max<std::int64_t>(1, static_cast<std::int64_t>(r->tokens.size()) - r->computed);
+      for (auto* r : running)
+        work +=
+            std::max<std::int64_t>(1, static_cast<std::int64_t>(r->tokens.size()) - r->computed);
       for (auto id : st.waiting) {
         const auto& w = *st.requests[id];
         work += std::max<std::int64_t>(1, static_cast<std::int64_t>(w.tokens.size()) - w.computed);
@@ -292,7 +306,8 @@ void schedule(self_ptr self) {
       for (const auto& [step, f] : st.steps)
         for (auto c : f.chunk) work += c;
       const std::int64_t share = (work + o.micro_batches - 1) / o.micro_batches;
-      budget = std::clamp<std::int64_t>(share, std::min<std::int64_t>(32, o.token_budget), o.token_budget);
+      budget = std::clamp<std::int64_t>(share, std::min<std::int64_t>(32, o.token_budget),
+                                        o.token_budget);
     }
     auto add = [&](request_state& r) -> bool {
       const std::int64_t remaining = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
@@ -314,11 +329,12 @@ void schedule(self_ptr self) {
         if (here > 0) {
           const std::int64_t H = st.model.hidden, per = st.model.tokens_per_image;
           const auto first = before / per, last = (before + here - 1) / per;
-          kernels::result<tensor> t = first == last
-                                          // Within one image: a view of the encoder's buffer.
-                                          ? r.image_rows[static_cast<std::size_t>(first)].slice_rows(before % per, here)
-                                          // Across images: gather the rows.
-                                          : tensor::empty(*st.pool, kernels::dtype::f32, {here, H});
+          kernels::result<tensor> t =
+              first == last
+                  // Within one image: a view of the encoder's buffer.
+                  ? r.image_rows[static_cast<std::size_t>(first)].slice_rows(before % per, here)
+                  // Across images: gather the rows.
+                  : tensor::empty(*st.pool, kernels::dtype::f32, {here, H});
           if (!t) return false;
           if (first != last) {
             for (std::int64_t k = 0; k < here; ++k) {
@@ -332,7 +348,8 @@ void schedule(self_ptr self) {
           if (first_stage && first_stage->node() != self->node()) {
             // The first stage runs in another process (moved there by a
             // live migration): the embeddings go over the data plane.
-            auto ref = data_plane::local().push(to_string(first_stage->node()), "host", std::move(*t));
+            auto ref =
+                data_plane::local().push(to_string(first_stage->node()), "host", std::move(*t));
             if (!ref) return false;
             w.embeddings = std::move(*ref);
           } else {
@@ -373,8 +390,8 @@ void schedule(self_ptr self) {
     }
     // Admissions (FCFS) while KV blocks and the running cap allow.
     std::int64_t n_running = active;
-    while (!st.waiting.empty() && budget > 0 && static_cast<std::int64_t>(batch.seqs.size()) < cap_seqs &&
-           n_running < o.max_running) {
+    while (!st.waiting.empty() && budget > 0 &&
+           static_cast<std::int64_t>(batch.seqs.size()) < cap_seqs && n_running < o.max_running) {
       auto& r = *st.requests[st.waiting.front()];
       // Admit only if the whole request's first chunk fits.
       r.seq = st.next_seq++;
@@ -415,10 +432,13 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
     st.stats.round_trip_ms += ms_between(fl.sent, back);
     st.stats.compute_ms += std::max(0.0, out.compute_ms);
     auto& per = st.stats.stage_compute_ms;
-    if (per.size() < out.stage_ms.size() && out.stage_ms.size() <= 1024) per.resize(out.stage_ms.size());
-    for (std::size_t i = 0; i < out.stage_ms.size() && i < per.size(); ++i) per[i] += std::max(0.0, out.stage_ms[i]);
+    if (per.size() < out.stage_ms.size() && out.stage_ms.size() <= 1024)
+      per.resize(out.stage_ms.size());
+    for (std::size_t i = 0; i < out.stage_ms.size() && i < per.size(); ++i)
+      per[i] += std::max(0.0, out.stage_ms[i]);
     for (auto c : fl.chunk) st.stats.step_rows += c;
-    for (const auto& s : out.sampled) st.stats.step_rows += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.size()) - 1);
+    for (const auto& s : out.sampled)
+      st.stats.step_rows += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.size()) - 1);
   }
   std::optional<own_work> timing{std::in_place, st.stats};
   if (!out.logits.empty()) tensor_registry::local().drop(out.logits);
@@ -454,7 +474,8 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
     const auto& sampled = out.sampled[i];
     r.in_flight = false;
     // Each pass after the first put the previous sampled token in the KV.
-    r.computed += fl.chunk[i] + std::max<std::int64_t>(0, static_cast<std::int64_t>(sampled.size()) - 1);
+    r.computed +=
+        fl.chunk[i] + std::max<std::int64_t>(0, static_cast<std::int64_t>(sampled.size()) - 1);
     const std::int64_t held = models::kv_cache::blocks_held(st.opts.kv, r.computed, r.computed);
     st.used_blocks -= r.held - held;  // the window freed what it no longer needs
     r.held = held;
@@ -480,11 +501,13 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
       reason = r.stop->reason();
       if (reason != models::stop_reason::none) break;
     }
-    if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string) ev.text += r.stop->flush();
+    if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string)
+      ev.text += r.stop->flush();
     r.text += ev.text;
     self->send(r.client, std::move(ev));
     r.stop_string = reason == models::stop_reason::stop_string;
-    if (reason != models::stop_reason::none) finish(self, r.req.id, reason == models::stop_reason::max_tokens ? "length" : "stop");
+    if (reason != models::stop_reason::none)
+      finish(self, r.req.id, reason == models::stop_reason::max_tokens ? "length" : "stop");
   }
   check_deadlines(self);
   timing.reset();
@@ -529,7 +552,8 @@ void on_step_error(self_ptr self, std::uint64_t step, const caf::error& e) {
 /// The node replaced every stage (empty: gave up). All KV is gone: every
 /// running request goes back to the queue's front, oldest first, and
 /// recomputes; steps still out are forgotten.
-void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores) {
+void on_reset(self_ptr self, std::vector<shard_actor> stages,
+              std::vector<kv_store_actor> kv_stores) {
   auto& st = self->state;
   ++st.epoch;
   if (!st.steps.empty()) {
@@ -540,7 +564,8 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
   st.used_blocks = 0;
   st.stages = std::move(stages);
   st.kv_stores = std::move(kv_stores);
-  if (st.auto_micro_batches) st.opts.micro_batches = std::max<int>(1, static_cast<int>(st.stages.size()));
+  if (st.auto_micro_batches)
+    st.opts.micro_batches = std::max<int>(1, static_cast<int>(st.stages.size()));
   std::vector<request_state*> running;
   for (auto& [id, r] : st.requests) {
     r->in_flight = false;
@@ -549,8 +574,9 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
     r->computed = 0;
     if (r->ph == phase::running) running.push_back(r.get());
   }
-  std::sort(running.begin(), running.end(),
-            [](const request_state* a, const request_state* b) { return a->admit_order > b->admit_order; });
+  std::sort(running.begin(), running.end(), [](const request_state* a, const request_state* b) {
+    return a->admit_order > b->admit_order;
+  });
   for (auto* r : running) {  // youngest first to the front: the oldest ends up first
     r->ph = phase::waiting;
     ++r->preemptions;
@@ -561,9 +587,12 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
   std::vector<std::uint64_t> cancelled;
   for (auto& [id, r] : st.requests)
     if (r->cancelled) cancelled.push_back(id);
-  for (auto id : cancelled) finish(self, id, st.requests[id]->deadline_hit ? "deadline" : "cancelled");
+  for (auto id : cancelled)
+    finish(self, id, st.requests[id]->deadline_hit ? "deadline" : "cancelled");
   if (st.stages.empty()) {
-    st.failed = "the node gave up on the pipeline (a stage failed more often than allowed, or a remote stage is gone; the node logs why)";
+    st.failed =
+        "the node gave up on the pipeline (a stage failed more often than allowed, or a remote "
+        "stage is gone; the node logs why)";
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : st.requests) ids.push_back(id);
     for (auto id : ids) finish(self, id, "error", st.failed);
@@ -575,33 +604,43 @@ void on_reset(self_ptr self, std::vector<shard_actor> stages, std::vector<kv_sto
 /// Validates and tokenizes a request; the error names what is wrong.
 caf::error prepare(scheduler_state& st, request_state& r) {
   auto& q = r.req;
-  if (auto v = q.params.validate(); !v) return make_error(error_code::invalid_request, v.error().message);
+  if (auto v = q.params.validate(); !v)
+    return make_error(error_code::invalid_request, v.error().message);
   std::vector<std::int32_t> ids = q.prompt_tokens;
   if (ids.empty()) {
-    if (q.prompt.empty()) return make_error(error_code::invalid_request, "the request has neither prompt text nor tokens");
+    if (q.prompt.empty())
+      return make_error(error_code::invalid_request,
+                        "the request has neither prompt text nor tokens");
     auto enc = st.model.tok->encode(q.prompt, true, true);
     if (!enc) return make_error(error_code::invalid_request, "prompt: " + enc.error().message);
     ids = std::move(*enc);
   }
-  if (ids.empty()) return make_error(error_code::invalid_request, "the prompt encodes to no tokens");
+  if (ids.empty())
+    return make_error(error_code::invalid_request, "the prompt encodes to no tokens");
   for (auto t : ids)
     if (t < 0 || t >= st.model.vocab)
-      return make_error(error_code::invalid_request, "prompt token " + std::to_string(t) + " outside the vocabulary");
+      return make_error(error_code::invalid_request,
+                        "prompt token " + std::to_string(t) + " outside the vocabulary");
   const auto n_images = static_cast<std::int64_t>(q.images.size());
   if (st.model.image_token < 0) {
-    if (n_images > 0) return make_error(error_code::invalid_request, "this model has no vision encoder; the request has images");
+    if (n_images > 0)
+      return make_error(error_code::invalid_request,
+                        "this model has no vision encoder; the request has images");
   } else {
-    auto x = models::expand_image_tokens(ids, st.model.image_token, st.model.tokens_per_image, n_images);
+    auto x =
+        models::expand_image_tokens(ids, st.model.image_token, st.model.tokens_per_image, n_images);
     if (!x) return make_error(error_code::invalid_request, x.error().message);
     ids = std::move(*x);
   }
   const auto total = static_cast<std::int64_t>(ids.size()) + q.params.max_tokens;
   const auto need = models::kv_cache::blocks_held(st.opts.kv, total - 1, total);
   if (need > st.opts.kv_blocks)
-    return make_error(error_code::kv_exhausted, "prompt (" + std::to_string(ids.size()) + " tokens) plus max_tokens (" +
-                                                    std::to_string(q.params.max_tokens) + ") need " + std::to_string(need) +
-                                                    " KV blocks; a stage has " + std::to_string(st.opts.kv_blocks));
-  if (auto s = models::sampler::create(q.params); !s) return make_error(error_code::invalid_request, s.error().message);
+    return make_error(error_code::kv_exhausted,
+                      "prompt (" + std::to_string(ids.size()) + " tokens) plus max_tokens (" +
+                          std::to_string(q.params.max_tokens) + ") need " + std::to_string(need) +
+                          " KV blocks; a stage has " + std::to_string(st.opts.kv_blocks));
+  if (auto s = models::sampler::create(q.params); !s)
+    return make_error(error_code::invalid_request, s.error().message);
   r.stop.emplace(r.req.params);
   r.decoder.emplace(*st.model.tok, true);
   r.tokens = std::move(ids);
@@ -612,34 +651,40 @@ caf::error prepare(scheduler_state& st, request_state& r) {
 
 }  // namespace
 
-scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, scheduler_options opts,
-                                std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores,
-                                encoder_actor encoder) {
-  auto impl = [](self_ptr self, model_frontend model, scheduler_options opts, std::vector<shard_actor> stages,
-                 std::vector<kv_store_actor> kv_stores, encoder_actor encoder) -> scheduler_actor::behavior_type {
+scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
+                                scheduler_options opts, std::vector<shard_actor> stages,
+                                std::vector<kv_store_actor> kv_stores, encoder_actor encoder) {
+  auto impl = [](self_ptr self, model_frontend model, scheduler_options opts,
+                 std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores,
+                 encoder_actor encoder) -> scheduler_actor::behavior_type {
     auto& st = self->state;
     st.model = std::move(model);
     st.opts = std::move(opts);
     st.auto_micro_batches = st.opts.micro_batches < 1;
-    st.opts.micro_batches = st.auto_micro_batches ? std::max<int>(1, static_cast<int>(stages.size())) : st.opts.micro_batches;
+    st.opts.micro_batches = st.auto_micro_batches
+                                ? std::max<int>(1, static_cast<int>(stages.size()))
+                                : st.opts.micro_batches;
     st.stages = std::move(stages);
     st.kv_stores = std::move(kv_stores);
     st.encoder = std::move(encoder);
     st.stats.kv_total_blocks = st.opts.kv_blocks;
     return {
-        [=](submit_atom, generate_request& req, client_sink_actor& client) -> caf::result<submit_ack> {
+        [=](submit_atom, generate_request& req,
+            client_sink_actor& client) -> caf::result<submit_ack> {
           auto& st = self->state;
           const auto id = req.id;
           if (!st.failed.empty()) return make_error(error_code::stage_failed, st.failed);
           if (id == 0) return make_error(error_code::invalid_request, "request id 0 is reserved");
           if (!st.seen_ids.insert(id).second) {
             ++st.stats.rejected;
-            return make_error(error_code::duplicate_id, "request " + std::to_string(id) + " was already submitted");
+            return make_error(error_code::duplicate_id,
+                              "request " + std::to_string(id) + " was already submitted");
           }
           if (st.queued >= st.opts.queue_limit) {
             ++st.stats.rejected;
-            return make_error(error_code::overloaded, "the queue holds " + std::to_string(st.queued) + " requests (limit " +
-                                                          std::to_string(st.opts.queue_limit) + "); retry later");
+            return make_error(error_code::overloaded,
+                              "the queue holds " + std::to_string(st.queued) + " requests (limit " +
+                                  std::to_string(st.opts.queue_limit) + "); retry later");
           }
           auto r = std::make_unique<request_state>();
           r->req = std::move(req);
@@ -651,7 +696,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           }
           if (r->req.deadline_ms > 0) {
             r->deadline = r->submitted + std::chrono::milliseconds(r->req.deadline_ms);
-            self->delayed_send(self, std::chrono::milliseconds(r->req.deadline_ms + 1), tick_atom::value);
+            self->delayed_send(self, std::chrono::milliseconds(r->req.deadline_ms + 1),
+                               tick_atom::value);
           }
           ++st.stats.accepted;
           ++st.queued;
@@ -680,7 +726,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
                       auto it = st.requests.find(id);
                       if (it == st.requests.end()) return;
                       auto& r = *it->second;
-                      if (!emb || emb->shape().ndim != 2 || emb->shape()[0] != st.model.tokens_per_image ||
+                      if (!emb || emb->shape().ndim != 2 ||
+                          emb->shape()[0] != st.model.tokens_per_image ||
                           emb->shape()[1] != st.model.hidden) {
                         finish(self, id, "error", "the encoder's output does not match the model");
                         return;
@@ -717,15 +764,19 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           s.running = static_cast<std::int64_t>(self->state.requests.size()) - self->state.queued;
           s.kv_used_blocks = self->state.used_blocks;
           s.stages = static_cast<std::int64_t>(self->state.stages.size());
-          if (!self->state.steps.empty()) s.in_flight_ms += ms_between(self->state.busy_since, clock::now());
+          if (!self->state.steps.empty())
+            s.in_flight_ms += ms_between(self->state.busy_since, clock::now());
           return s;
         },
         [](version_atom) { return protocol_version; },
         [=](tick_atom) {
           auto& st = self->state;
-          if (st.stalled && st.stalled_epoch == st.epoch && steady::now() - st.stalled_since >= stall_limit) {
+          if (st.stalled && st.stalled_epoch == st.epoch &&
+              steady::now() - st.stalled_since >= stall_limit) {
             st.failed = "a stage's peer process was lost and no restored pipeline came within " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()) + " s";
+                        std::to_string(
+                            std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()) +
+                        " s";
             logging::of("scheduler").error("{}", st.failed);
             std::vector<std::uint64_t> ids;
             for (auto& [id, r] : st.requests) ids.push_back(id);
@@ -746,7 +797,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
           auto rp = self->make_response_promise<bool>();
           self->send(old, flush_atom::value, std::int64_t{-1});
           self->request(old, std::chrono::seconds(60), version_atom::value)
-              .then([rp](std::uint32_t) mutable { rp.deliver(true); }, [rp](caf::error&) mutable { rp.deliver(false); });
+              .then([rp](std::uint32_t) mutable { rp.deliver(true); },
+                    [rp](caf::error&) mutable { rp.deliver(false); });
           return rp;
         },
         [=](pause_atom) -> caf::result<std::int64_t> {
@@ -763,7 +815,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
             st.stages[static_cast<std::size_t>(index)] = std::move(shard);
             st.kv_stores[static_cast<std::size_t>(index)] = std::move(kv);
           } else {
-            logging::of("scheduler").error("route to stage {} of {}: ignored", index, st.stages.size());
+            logging::of("scheduler")
+                .error("route to stage {} of {}: ignored", index, st.stages.size());
           }
           st.paused = false;
           schedule(self);
@@ -774,7 +827,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model, sc
         },
     };
   };
-  return sys.spawn(impl, std::move(model), std::move(opts), std::move(stages), std::move(kv_stores), std::move(encoder));
+  return sys.spawn(impl, std::move(model), std::move(opts), std::move(stages), std::move(kv_stores),
+                   std::move(encoder));
 }
 
 }  // namespace troupe::actors

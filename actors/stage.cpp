@@ -19,11 +19,13 @@ namespace {
 using kernels::errc;
 using kernels::tensor;
 
-
 /// The decoder config of a LLaMA/LLaVA folder or a GGUF file.
-kernels::result<models::llama_config> text_config(const models::weight_source& src, const std::string& path) {
+kernels::result<models::llama_config> text_config(const models::weight_source& src,
+                                                  const std::string& path) {
   if (src.is_gguf()) return models::llama_config_from_gguf(*src.gguf());
-  const std::string dir = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+  const std::string dir = std::filesystem::is_directory(path)
+                              ? path
+                              : std::filesystem::path(path).parent_path().string();
   auto text = models::read_text_file(dir + "/config.json");
   if (!text) return std::unexpected(text.error());
   if (models::is_llava_config(*text)) {
@@ -63,9 +65,12 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   std::vector<tensor> embeds(b.seqs.size());
   tensor x;
   if (!range.embed) {
-    if (b.hidden.empty()) return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
+    if (b.hidden.empty())
+      return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
     auto h = data_plane::local().take(b.hidden, res.ctx->memory());
-    if (!h) return kernels::make_error(errc::io_error, "activations from the previous stage: " + h.error().message);
+    if (!h)
+      return kernels::make_error(errc::io_error,
+                                 "activations from the previous stage: " + h.error().message);
     x = std::move(*h);
   }
   std::lock_guard lock(res.kv->mtx);
@@ -73,7 +78,8 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   if (kv.generation != generation)
     // The node restarted the pipeline while this step waited: the scheduler
     // resets onto the new one and runs it again there (not a failed step).
-    return kernels::make_error(errc::device_unavailable, "this shard was replaced by a restarted pipeline");
+    return kernels::make_error(errc::device_unavailable,
+                               "this shard was replaced by a restarted pipeline");
   // Resolve sequences: a sequence starts with start == 0; every later step
   // must agree with the cache on where it continues.
   std::vector<std::int64_t> created;
@@ -89,18 +95,20 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
     if (it == kv.local.end()) {
       if (w.start != 0) {
         undo();
-        return kernels::make_error(errc::invalid_argument, "sequence " + std::to_string(w.seq) +
-                                                               " is not on this stage but the step continues it at " +
-                                                               std::to_string(w.start));
+        return kernels::make_error(errc::invalid_argument,
+                                   "sequence " + std::to_string(w.seq) +
+                                       " is not on this stage but the step continues it at " +
+                                       std::to_string(w.start));
       }
       it = kv.local.emplace(w.seq, kv.cache.add_sequence()).first;
       created.push_back(w.seq);
     } else if (kv.cache.length(it->second) != w.start) {
       undo();
-      return kernels::make_error(errc::invalid_argument, "sequence " + std::to_string(w.seq) + " holds " +
-                                                             std::to_string(kv.cache.length(it->second)) +
-                                                             " tokens on this stage but the step continues it at " +
-                                                             std::to_string(w.start));
+      return kernels::make_error(errc::invalid_argument,
+                                 "sequence " + std::to_string(w.seq) + " holds " +
+                                     std::to_string(kv.cache.length(it->second)) +
+                                     " tokens on this stage but the step continues it at " +
+                                     std::to_string(w.start));
     }
     inputs[i].seq = it->second;
     inputs[i].tokens = w.tokens;
@@ -113,7 +121,8 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
       }
       embeds[i] = std::move(*e);
       inputs[i].embed_token = w.embed_token;
-      inputs[i].embeddings = std::span<const float>(embeds[i].data_as<float>(), static_cast<std::size_t>(embeds[i].shape().numel()));
+      inputs[i].embeddings = std::span<const float>(
+          embeds[i].data_as<float>(), static_cast<std::size_t>(embeds[i].shape().numel()));
     }
   }
   auto& ctx = *res.ctx;
@@ -139,11 +148,14 @@ kernels::result<void> check_multi_step(const stage_resources& res, const step_ba
   if (b.decode_steps <= 1) return {};
   const auto range = res.model->range();
   if (!range.embed || !range.head)
-    return kernels::make_error(errc::invalid_argument, "multi-step decode needs a stage that holds the whole model");
+    return kernels::make_error(errc::invalid_argument,
+                               "multi-step decode needs a stage that holds the whole model");
   for (const auto& w : b.seqs)
-    if (!w.sample || w.tokens.size() != 1 || !w.embeddings.empty() || w.all_logits || w.sampling.max_new < 1)
-      return kernels::make_error(errc::invalid_argument, "multi-step decode of sequence " + std::to_string(w.seq) +
-                                                             ": every sequence must sample from a one-token input");
+    if (!w.sample || w.tokens.size() != 1 || !w.embeddings.empty() || w.all_logits ||
+        w.sampling.max_new < 1)
+      return kernels::make_error(errc::invalid_argument,
+                                 "multi-step decode of sequence " + std::to_string(w.seq) +
+                                     ": every sequence must sample from a one-token input");
   return {};
 }
 
@@ -162,16 +174,18 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   std::vector<std::size_t> idx;
   std::vector<std::int64_t> rows;
   auto sample_all = [&](const tensor& l) {
-    res.ctx->pool().parallel_for(static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
-      for (auto k = lo; k < hi; ++k) {
-        const auto i = idx[static_cast<std::size_t>(k)];
-        auto& w = b.seqs[i];
-        const std::span<const float> r(l.row_as<float>(rows[static_cast<std::size_t>(k)]), static_cast<std::size_t>(vocab));
-        const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
-        o.sampled[i].push_back(tok);
-        if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
-      }
-    });
+    res.ctx->pool().parallel_for(
+        static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
+          for (auto k = lo; k < hi; ++k) {
+            const auto i = idx[static_cast<std::size_t>(k)];
+            auto& w = b.seqs[i];
+            const std::span<const float> r(l.row_as<float>(rows[static_cast<std::size_t>(k)]),
+                                           static_cast<std::size_t>(vocab));
+            const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
+            o.sampled[i].push_back(tok);
+            if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
+          }
+        });
   };
   std::int64_t row = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -185,7 +199,8 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
     rows.push_back(row - 1);
   }
   if (row != logits.shape()[0])
-    return kernels::make_error(errc::internal, "the head returned " + std::to_string(logits.shape()[0]) +
+    return kernels::make_error(errc::internal, "the head returned " +
+                                                   std::to_string(logits.shape()[0]) +
                                                    " logits rows for " + std::to_string(row));
   sample_all(logits);
   auto stopped = [&](std::size_t i) {
@@ -239,8 +254,9 @@ struct tp_join {
     if (settled || !own || pending > 0) return;
     for (const auto& [rank, sampled] : peers) {
       if (sampled != own->sampled) {
-        settle(make_error(error_code::stage_failed, "tensor-parallel rank " + std::to_string(rank) +
-                                                        " sampled other tokens than rank 0 (the ranks diverged)"));
+        settle(make_error(error_code::stage_failed,
+                          "tensor-parallel rank " + std::to_string(rank) +
+                              " sampled other tokens than rank 0 (the ranks diverged)"));
         return;
       }
     }
@@ -251,7 +267,8 @@ struct tp_join {
 };
 
 /// Forgets a join that needs nothing more.
-void forget_if_done(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j) {
+void forget_if_done(shard_actor::stateful_pointer<shard_state> self,
+                    const std::shared_ptr<tp_join>& j) {
   if (j->settled && j->pending == 0) self->state.joins.erase(j->id);
 }
 
@@ -279,13 +296,14 @@ tp_forwarder::behavior_type forwarder_impl(tp_forwarder::pointer self, shard_act
 
 /// Sends the step to the other ranks of rank 0's group (their copies
 /// without the logits; image embeddings pushed to each rank's process).
-kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::stateful_pointer<shard_state> self,
-                                                       stage_resources& res, step_batch& b,
-                                                       const std::vector<tp_forwarder>& forwarders) {
+kernels::result<std::shared_ptr<tp_join>> forward_step(
+    shard_actor::stateful_pointer<shard_state> self, stage_resources& res, step_batch& b,
+    const std::vector<tp_forwarder>& forwarders) {
   auto& g = *res.tp;
   const auto range = res.model->range();
   if (!range.embed || !range.head)
-    return kernels::make_error(errc::invalid_argument, "a tensor-parallel group must hold the whole model");
+    return kernels::make_error(errc::invalid_argument,
+                               "a tensor-parallel group must hold the whole model");
   auto j = std::make_shared<tp_join>();
   std::vector<step_batch> copies(g.peer_shards.size(), b);
   for (auto& c : copies) c.return_logits = false;
@@ -297,8 +315,10 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::stateful_poi
     if (!t) return std::unexpected(t.error());
     for (std::size_t p = 0; p < copies.size(); ++p) {
       auto r = dp.push(g.peer_keys[p], res.device.name, *t);  // shares the buffer; read-only
-      if (!r) return kernels::make_error(r.error().code, "image embeddings for tensor-parallel rank " +
-                                                             std::to_string(p + 1) + ": " + r.error().message);
+      if (!r)
+        return kernels::make_error(r.error().code, "image embeddings for tensor-parallel rank " +
+                                                       std::to_string(p + 1) + ": " +
+                                                       r.error().message);
       copies[p].seqs[i].embeddings = std::move(*r);
     }
     ref = dp.park(res.device.name, std::move(*t));
@@ -324,7 +344,8 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::stateful_poi
               auto j = wj.lock();
               if (!j) return;
               --j->pending;
-              j->settle(make_error(error_code::stage_failed, "tensor-parallel rank " + std::to_string(rank) + ": " +
+              j->settle(make_error(error_code::stage_failed, "tensor-parallel rank " +
+                                                                 std::to_string(rank) + ": " +
                                                                  describe(self->system(), e)));
               forget_if_done(self, j);
             });
@@ -334,15 +355,15 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::stateful_poi
 
 /// The step's answer: directly, or (delegated) through rank 0's join of
 /// its group.
-caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j,
-                                caf::error e) {
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
+                                const std::shared_ptr<tp_join>& j, caf::error e) {
   if (!j) return e;
   j->settle(std::move(e));
   forget_if_done(self, j);
   return caf::delegated<step_output>{};
 }
-caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self, const std::shared_ptr<tp_join>& j,
-                                step_output o) {
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
+                                const std::shared_ptr<tp_join>& j, step_output o) {
   if (!j) return o;
   j->own = std::move(o);
   j->maybe_deliver();
@@ -352,10 +373,12 @@ caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
 
 /// A copy of sequence `seq`'s KV blocks from `from_block` on: parked here
 /// for a receiver in this process, or pushed to the process `dest`.
-caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& res, std::int64_t seq,
-                                 std::int32_t from_block, const std::string& dest) {
+caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& res,
+                                 std::int64_t seq, std::int32_t from_block,
+                                 const std::string& dest) {
   if (res.tp && res.tp->size > 1)
-    return make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet");
+    return make_error(error_code::invalid_request,
+                      "moving the KV of a tensor-parallel stage is not supported yet");
   kernels::tensor t;
   kv_export x;
   {
@@ -363,11 +386,13 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
     auto& kv = *res.kv;
     auto it = kv.local.find(seq);
     if (it == kv.local.end())
-      return make_error(error_code::not_found, "sequence " + std::to_string(seq) + " is not on " + res.device.name);
+      return make_error(error_code::not_found,
+                        "sequence " + std::to_string(seq) + " is not on " + res.device.name);
     auto snap = kv.cache.export_sequence(it->second, from_block);
     if (!snap) return make_error(error_code::invalid_request, snap.error().message);
-    auto e = tensor::empty(migration_pool(), kernels::dtype::u8,
-                           {std::max<std::int64_t>(1, static_cast<std::int64_t>(snap->data.size()))});
+    auto e =
+        tensor::empty(migration_pool(), kernels::dtype::u8,
+                      {std::max<std::int64_t>(1, static_cast<std::int64_t>(snap->data.size()))});
     if (!e) return make_error(error_code::internal, e.error().message);
     if (!snap->data.empty()) std::memcpy(e->data(), snap->data.data(), snap->data.size());
     t = std::move(*e);
@@ -379,7 +404,9 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
     x.data = tensor_registry::local().put(res.device.name, std::move(t));
   } else {
     auto ref = data_plane::local().push(dest, res.device.name, std::move(t));
-    if (!ref) return make_error(error_code::peer_lost, "KV of sequence " + std::to_string(seq) + ": " + ref.error().message);
+    if (!ref)
+      return make_error(error_code::peer_lost,
+                        "KV of sequence " + std::to_string(seq) + ": " + ref.error().message);
     x.data = std::move(*ref);
   }
   return x;
@@ -388,15 +415,19 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
 /// Takes in an export: a new sequence (from_block 0; with `replace`, one
 /// already here is replaced, else refused) or a delta of one already here.
 /// Returns the KV bytes taken in.
-std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv_export& x, std::int32_t from_block,
-                                                  bool replace) {
+std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv_export& x,
+                                                  std::int32_t from_block, bool replace) {
   if (res.tp && res.tp->size > 1) {
     tensor_registry::local().drop(x.data);
-    return std::unexpected(make_error(error_code::invalid_request, "moving the KV of a tensor-parallel stage is not supported yet"));
+    return std::unexpected(
+        make_error(error_code::invalid_request,
+                   "moving the KV of a tensor-parallel stage is not supported yet"));
   }
   auto data = data_plane::local().take(x.data, migration_pool());
   if (!data)
-    return std::unexpected(make_error(error_code::invalid_request, "KV of sequence " + std::to_string(x.seq) + ": " + data.error().message));
+    return std::unexpected(
+        make_error(error_code::invalid_request,
+                   "KV of sequence " + std::to_string(x.seq) + ": " + data.error().message));
   std::lock_guard lock(res.kv->mtx);
   auto& kv = *res.kv;
   const auto& o = kv.cache.options();
@@ -414,25 +445,31 @@ std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv
   const auto* p = static_cast<const std::byte*>(data->data());
   const auto want = static_cast<std::size_t>(snap.layers) * snap.live.size() * snap.block_bytes();
   if (static_cast<std::size_t>(data->shape().numel()) < want)
-    return std::unexpected(make_error(error_code::invalid_request, "KV of sequence " + std::to_string(x.seq) + ": too few bytes"));
+    return std::unexpected(
+        make_error(error_code::invalid_request,
+                   "KV of sequence " + std::to_string(x.seq) + ": too few bytes"));
   snap.data.assign(p, p + want);
   auto failed = [](const kernels::error& e) {
-    return std::unexpected(make_error(e.code == kernels::errc::out_of_memory ? error_code::kv_exhausted : error_code::invalid_request,
+    return std::unexpected(make_error(e.code == kernels::errc::out_of_memory
+                                          ? error_code::kv_exhausted
+                                          : error_code::invalid_request,
                                       e.message));
   };
   auto it = kv.local.find(x.seq);
   if (from_block == 0 && it != kv.local.end()) {
     if (!replace)
-      return std::unexpected(make_error(error_code::invalid_request, "sequence " + std::to_string(x.seq) + " is already on " +
-                                                                         res.device.name));
+      return std::unexpected(
+          make_error(error_code::invalid_request,
+                     "sequence " + std::to_string(x.seq) + " is already on " + res.device.name));
     kv.cache.release(it->second);  // a whole copy replaces an older one
     kv.local.erase(it);
     it = kv.local.end();
   }
   if (it == kv.local.end()) {
     if (from_block != 0)
-      return std::unexpected(make_error(error_code::invalid_request, "a KV delta of sequence " + std::to_string(x.seq) +
-                                                                         ", which is not on " + res.device.name));
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        "a KV delta of sequence " + std::to_string(x.seq) +
+                                            ", which is not on " + res.device.name));
     auto s = kv.cache.import_sequence(snap);
     if (!s) return failed(s.error());
     kv.local.emplace(x.seq, *s);
@@ -450,7 +487,8 @@ kernels::result<models::llama_config> model_text_config(const std::string& path)
   return text_config(**src, path);
 }
 
-kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
+kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device,
+                                                             const std::string& path,
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv) {
@@ -462,21 +500,28 @@ models::tensor_split tp_group::split_of(const std::shared_ptr<tp_group>& g) {
   s.rank = g->rank;
   s.size = g->size;
   s.all_reduce = [g](tensor& t) -> kernels::result<void> {
-    if (!g->ring.engine) return kernels::make_error(errc::internal, "the tensor-parallel ring is not connected");
+    if (!g->ring.engine)
+      return kernels::make_error(errc::internal, "the tensor-parallel ring is not connected");
     if (!t.is_contiguous() || t.type() != kernels::dtype::f32)
-      return kernels::make_error(errc::internal, "all-reduce of a non-contiguous or non-f32 tensor");
+      return kernels::make_error(errc::internal,
+                                 "all-reduce of a non-contiguous or non-f32 tensor");
     // The collective's id: the step (26 bits) and the all-reduce's number
     // within it (12 bits), the same on every rank.
-    const std::uint64_t id = ((g->step & ((std::uint64_t{1} << 26) - 1)) << 12) | (g->calls++ & 0xfffu);
-    auto r = transport::ring_allreduce_sum(g->ring, t.data_as<float>(), static_cast<std::size_t>(t.shape().numel()), id);
-    if (!r) return kernels::make_error(r.error().code, "tensor-parallel all-reduce: " + r.error().message);
+    const std::uint64_t id =
+        ((g->step & ((std::uint64_t{1} << 26) - 1)) << 12) | (g->calls++ & 0xfffu);
+    auto r = transport::ring_allreduce_sum(g->ring, t.data_as<float>(),
+                                           static_cast<std::size_t>(t.shape().numel()), id);
+    if (!r)
+      return kernels::make_error(r.error().code,
+                                 "tensor-parallel all-reduce: " + r.error().message);
     return {};
   };
   return s;
 }
 
 kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
-                                                             const std::string& path, const models::layer_range& range,
+                                                             const std::string& path,
+                                                             const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv,
                                                              std::shared_ptr<tp_group> tp) {
@@ -508,14 +553,17 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<dev
   return res;
 }
 
-shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res, shard_actor next) {
-  auto impl = [](shard_actor::stateful_pointer<shard_state> self, std::shared_ptr<stage_resources> res,
+shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res,
+                        shard_actor next) {
+  auto impl = [](shard_actor::stateful_pointer<shard_state> self,
+                 std::shared_ptr<stage_resources> res,
                  shard_actor next) -> shard_actor::behavior_type {
     pin_current_thread(res->device.cores);
     self->state.next = next;
     std::vector<tp_forwarder> forwarders;
     if (res->tp) {
-      for (const auto& p : res->tp->peer_shards) forwarders.push_back(self->system().spawn(forwarder_impl, p));
+      for (const auto& p : res->tp->peer_shards)
+        forwarders.push_back(self->system().spawn(forwarder_impl, p));
       self->attach_functor([forwarders] {
         for (const auto& f : forwarders) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
       });
@@ -530,17 +578,19 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           const auto t0 = std::chrono::steady_clock::now();
           auto fail = [&](const std::string& why) {
             for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
-            return make_error(error_code::stage_failed, res->device.name + " layers [" +
-                                                            std::to_string(res->model->range().first) + ", " +
-                                                            std::to_string(res->model->range().last) + "): " + why);
+            return make_error(error_code::stage_failed,
+                              res->device.name + " layers [" +
+                                  std::to_string(res->model->range().first) + ", " +
+                                  std::to_string(res->model->range().last) + "): " + why);
           };
           // A peer process is gone: the step may run again on a restored
           // pipeline (the scheduler waits for it), unlike a failed step.
           auto lost = [&](const std::string& why) {
             for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
-            return make_error(error_code::peer_lost, res->device.name + " layers [" +
-                                                         std::to_string(res->model->range().first) + ", " +
-                                                         std::to_string(res->model->range().last) + "): " + why);
+            return make_error(error_code::peer_lost,
+                              res->device.name + " layers [" +
+                                  std::to_string(res->model->range().first) + ", " +
+                                  std::to_string(res->model->range().last) + "): " + why);
           };
           if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
           // Rank 0 of a tensor-parallel group: the other ranks run the same
@@ -551,7 +601,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             if (!j) return fail(j.error().message);
             join = std::move(*j);
           }
-          std::unique_lock device_lock(res->dev->run);  // the device's team is ours until the step is done
+          std::unique_lock device_lock(
+              res->dev->run);  // the device's team is ours until the step is done
           if (res->tp) {
             res->tp->step = b.step;
             res->tp->calls = 0;
@@ -559,7 +610,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           auto out = run_stage(*res, b, generation);
           ++self->state.steps;
           // The previous stage's process is gone, or this shard was replaced.
-          if (!out && (out.error().code == errc::io_error || out.error().code == errc::device_unavailable))
+          if (!out &&
+              (out.error().code == errc::io_error || out.error().code == errc::device_unavailable))
             return answer(self, join, lost(out.error().message));
           if (!out) return answer(self, join, fail(out.error().message));
           if (res->model->range().head) {
@@ -567,7 +619,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             o.step = b.step;
             if (auto s = sample_and_continue(*res, b, *out, generation, o); !s)
               return answer(self, join, fail(s.error().message));
-            if (b.return_logits) o.logits = tensor_registry::local().put(res->device.name, std::move(*out));
+            if (b.return_logits)
+              o.logits = tensor_registry::local().put(res->device.name, std::move(*out));
             const double own = ms_between(t0, steady::now());
             o.compute_ms = b.compute_ms + own;
             o.stage_ms = std::move(b.stage_ms);
@@ -581,7 +634,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           if (next && next->node() != self->node()) {
             // The next stage is in another process: the activations go now,
             // over the transfer engine, while this message travels.
-            auto ref = data_plane::local().push(to_string(next->node()), res->device.name, std::move(*out));
+            auto ref = data_plane::local().push(to_string(next->node()), res->device.name,
+                                                std::move(*out));
             if (!ref) return lost("activations to the next stage: " + ref.error().message);
             b.hidden = std::move(*ref);
           } else {
@@ -593,11 +647,13 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
         [=](info_atom) {
           const auto r = res->model->range();
           const auto& c = res->model->config();
-          return shard_info{res->device.name, r.first, r.last, r.embed, r.head, c.hidden_size, c.vocab_size};
+          return shard_info{res->device.name, r.first,       r.last,      r.embed,
+                            r.head,           c.hidden_size, c.vocab_size};
         },
         [](version_atom) { return protocol_version; },
         [=](route_atom, caf::strong_actor_ptr p) -> caf::result<bool> {
-          if (res->model->range().head) return make_error(error_code::invalid_request, "the last stage forwards to no one");
+          if (res->model->range().head)
+            return make_error(error_code::invalid_request, "the last stage forwards to no one");
           auto n = caf::actor_cast<shard_actor>(p);
           if (!n) return make_error(error_code::invalid_request, "route to an invalid shard");
           self->state.next = std::move(n);
@@ -609,15 +665,17 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
 }
 
 kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_resources> res) {
-  auto impl = [](kv_store_actor::pointer self, std::shared_ptr<stage_resources> res) -> kv_store_actor::behavior_type {
+  auto impl = [](kv_store_actor::pointer self,
+                 std::shared_ptr<stage_resources> res) -> kv_store_actor::behavior_type {
     (void)self;
     pin_current_thread(res->device.cores);
     return {
         [=](usage_atom) {
           std::lock_guard lock(res->kv->mtx);
           const auto u = res->kv->cache.usage();
-          return kv_usage_info{res->device.name, res->kv->cache.options().block_size, u.total_blocks, u.free_blocks,
-                               u.sequences, u.tokens};
+          return kv_usage_info{res->device.name, res->kv->cache.options().block_size,
+                               u.total_blocks,   u.free_blocks,
+                               u.sequences,      u.tokens};
         },
         [=](free_atom, const std::vector<std::int64_t>& seqs) -> std::int64_t {
           if (res->tp)  // the group's other ranks hold the other KV heads of these sequences

@@ -43,10 +43,11 @@ struct stage_kv {
 struct tp_group {
   int rank = 0;
   int size = 1;
-  transport::ring ring;                   ///< engine null until the ring is connected
-  std::vector<shard_actor> peer_shards;   ///< rank 0: ranks 1..size-1
-  std::vector<kv_store_actor> peer_kvs;   ///< rank 0: ranks 1..size-1
-  std::vector<std::string> peer_keys;     ///< rank 0: their data-plane keys (image embeddings go there)
+  transport::ring ring;                  ///< engine null until the ring is connected
+  std::vector<shard_actor> peer_shards;  ///< rank 0: ranks 1..size-1
+  std::vector<kv_store_actor> peer_kvs;  ///< rank 0: ranks 1..size-1
+  std::vector<std::string>
+      peer_keys;  ///< rank 0: their data-plane keys (image embeddings go there)
   std::chrono::milliseconds reply_timeout{120000};
   /// Set when a rank is gone: all-reduces in flight give up at once
   /// (ring.abort points here).
@@ -65,8 +66,9 @@ struct tp_group {
 /// What a stage's actors run on.
 struct stage_resources {
   device_spec device;
-  std::shared_ptr<device_context> dev;      ///< the device's team and lock (shared with its other actors)
-  std::shared_ptr<kernels::cpu::context> ctx;  ///< dev->ctx
+  std::shared_ptr<device_context>
+      dev;  ///< the device's team and lock (shared with its other actors)
+  std::shared_ptr<kernels::cpu::context> ctx;        ///< dev->ctx
   std::shared_ptr<const models::llama_model> model;  ///< this stage's layers
   std::shared_ptr<stage_kv> kv;
   kernels::attention_options attention;
@@ -81,20 +83,21 @@ kernels::result<models::llama_config> model_text_config(const std::string& path)
 /// GGUF file) and a KV cache of `kv` for them. With `tp`, the stage is
 /// rank tp->rank of a tensor-parallel group: it holds that slice of each
 /// layer (and a KV cache of its KV heads only).
-kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
-                                                             const std::string& path, const models::layer_range& range,
-                                                             const models::quant_plan& plan,
-                                                             const models::kv_options& kv,
-                                                             std::shared_ptr<tp_group> tp = nullptr);
+kernels::result<std::shared_ptr<stage_resources>> make_stage(
+    std::shared_ptr<device_context> device, const std::string& path,
+    const models::layer_range& range, const models::quant_plan& plan, const models::kv_options& kv,
+    std::shared_ptr<tp_group> tp = nullptr);
 /// The same on a device of its own.
-kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device, const std::string& path,
+kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device,
+                                                             const std::string& path,
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv);
 
 /// Spawns the shard of `res` (detached, pinned). `next` is the following
 /// stage's shard, or invalid for the last stage (which answers with logits).
-shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res, shard_actor next);
+shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res,
+                        shard_actor next);
 
 /// Spawns the KV store of `res` (detached, pinned).
 kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_resources> res);

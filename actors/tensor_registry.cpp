@@ -24,17 +24,20 @@ kernels::result<kernels::tensor> tensor_registry::take(const tensor_ref& ref) {
     std::lock_guard lock(mtx_);
     auto it = parked_.find(ref.transfer_id);
     if (it == parked_.end())
-      return kernels::make_error(kernels::errc::not_found,
-                                 "transfer " + std::to_string(ref.transfer_id) + " is unknown or was already taken");
+      return kernels::make_error(
+          kernels::errc::not_found,
+          "transfer " + std::to_string(ref.transfer_id) + " is unknown or was already taken");
     t = std::move(it->second);
     parked_.erase(it);
   }
   bool same = static_cast<std::uint8_t>(t.type()) == ref.dtype &&
               ref.shape.size() == static_cast<std::size_t>(t.shape().ndim);
-  for (int i = 0; same && i < t.shape().ndim; ++i) same = ref.shape[static_cast<std::size_t>(i)] == t.shape()[i];
+  for (int i = 0; same && i < t.shape().ndim; ++i)
+    same = ref.shape[static_cast<std::size_t>(i)] == t.shape()[i];
   if (!same)
-    return kernels::make_error(kernels::errc::shape_mismatch,
-                               "transfer " + std::to_string(ref.transfer_id) + " does not match its descriptor");
+    return kernels::make_error(
+        kernels::errc::shape_mismatch,
+        "transfer " + std::to_string(ref.transfer_id) + " does not match its descriptor");
   return t;
 }
 

@@ -16,17 +16,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
 #include "actors/cluster.hpp"
 #include "actors/gatekeeper.hpp"
 #include "cli/cluster_setup.hpp"
-#include "cli/progress.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
+#include "cli/progress.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/launcher.hpp"
 
@@ -41,8 +41,8 @@ using nlohmann::json;
 struct cluster_args {
   std::string manifest;
   bool detach = false, json = false, stream = false, ignore_eos = false, chat = false;
-  int http_port = -1;     // up --http: also start `troupe serve` on this port
-  std::string api_key;    // up --http: its key
+  int http_port = -1;   // up --http: also start `troupe serve` on this port
+  std::string api_key;  // up --http: its key
   int timeout_s = 300;
   std::string prompt, system;
   std::vector<std::string> images;
@@ -54,7 +54,8 @@ struct cluster_args {
 };
 
 /// A CAF system that acts as the cluster's client.
-std::unique_ptr<caf::actor_system> client_system(const cluster::manifest& m, caf::actor_system_config& cfg) {
+std::unique_ptr<caf::actor_system> client_system(const cluster::manifest& m,
+                                                 caf::actor_system_config& cfg) {
   actors::configure_runtime(cfg);
   if (auto t = actors::configure_cluster_tls(cfg, m, cluster::client_identity); !t) {
     spdlog::error("{} (make them with `troupe certs {}`)", t.error(), m.path);
@@ -63,7 +64,9 @@ std::unique_ptr<caf::actor_system> client_system(const cluster::manifest& m, caf
   return std::make_unique<caf::actor_system>(cfg);
 }
 
-std::string mib(std::int64_t b) { return std::to_string(b >> 20) + " MiB"; }
+std::string mib(std::int64_t b) {
+  return std::to_string(b >> 20) + " MiB";
+}
 
 json status_json(const actors::cluster_status& s) {
   json nodes = json::array();
@@ -86,8 +89,16 @@ json status_json(const actors::cluster_status& s) {
   for (std::size_t i = 0; i < s.nodes.size(); ++i) {
     const auto& p = s.nodes[i].report.probe;
     if (p.cores > 0)
-      nodes[i]["measured"] = {{"gemv_bytes_per_s", {{"f32", p.gemv_f32}, {"f16", p.gemv_f16}, {"q8_0", p.gemv_q8_0}, {"q4_0", p.gemv_q4_0}}},
-                              {"gemm_flop_per_s", {{"f32", p.gemm_f32}, {"f16", p.gemm_f16}, {"q8_0", p.gemm_q8_0}, {"q4_0", p.gemm_q4_0}}},
+      nodes[i]["measured"] = {{"gemv_bytes_per_s",
+                               {{"f32", p.gemv_f32},
+                                {"f16", p.gemv_f16},
+                                {"q8_0", p.gemv_q8_0},
+                                {"q4_0", p.gemv_q4_0}}},
+                              {"gemm_flop_per_s",
+                               {{"f32", p.gemm_f32},
+                                {"f16", p.gemm_f16},
+                                {"q8_0", p.gemm_q8_0},
+                                {"q4_0", p.gemm_q4_0}}},
                               {"memory_bytes", p.memory_bytes},
                               {"load", s.nodes[i].report.load}};
   }
@@ -105,7 +116,8 @@ json status_json(const actors::cluster_status& s) {
                          {"state", d.state}});
   const auto& q = s.scheduler;
   json links = json::object();
-  for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i) links[s.links[i]] = s.link_bytes[i];
+  for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
+    links[s.links[i]] = s.link_bytes[i];
   return {{"cluster", s.cluster},
           {"head", s.head},
           {"ready", s.ready},
@@ -135,39 +147,52 @@ json status_json(const actors::cluster_status& s) {
 }
 
 void print_status(const actors::cluster_status& s) {
-  std::printf("cluster %s: %s%s, head %s, placement %llu: %s\n", s.cluster.c_str(), s.ready ? "ready" : "not ready",
-              s.draining ? " (draining)" : "", s.head.c_str(), static_cast<unsigned long long>(s.epoch),
+  std::printf("cluster %s: %s%s, head %s, placement %llu: %s\n", s.cluster.c_str(),
+              s.ready ? "ready" : "not ready", s.draining ? " (draining)" : "", s.head.c_str(),
+              static_cast<unsigned long long>(s.epoch),
               s.placement.empty() ? "-" : s.placement.c_str());
   if (!s.encoder.empty()) std::printf("vision encoder: %s\n", s.encoder.c_str());
-  std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", "NODE", "ADDRESS", "STATE", "DEVICE", "STAGES", "MEMORY",
-              "KV (used/total)", "PROBLEM");
+  std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", "NODE", "ADDRESS", "STATE", "DEVICE",
+              "STAGES", "MEMORY", "KV (used/total)", "PROBLEM");
   for (const auto& n : s.nodes) {
     const auto addr = n.host + ":" + std::to_string(n.port);
-    const auto kv = std::to_string(n.report.kv_used_blocks) + "/" + std::to_string(n.report.kv_total_blocks) + " blocks";
-    std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", n.name.c_str(), addr.c_str(), n.state.c_str(),
-                n.report.devices.c_str(), n.report.stages.empty() ? "-" : n.report.stages.c_str(),
-                n.report.rss_bytes ? mib(n.report.rss_bytes).c_str() : "-", kv.c_str(), n.report.failure.c_str());
+    const auto kv = std::to_string(n.report.kv_used_blocks) + "/" +
+                    std::to_string(n.report.kv_total_blocks) + " blocks";
+    std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", n.name.c_str(), addr.c_str(),
+                n.state.c_str(), n.report.devices.c_str(),
+                n.report.stages.empty() ? "-" : n.report.stages.c_str(),
+                n.report.rss_bytes ? mib(n.report.rss_bytes).c_str() : "-", kv.c_str(),
+                n.report.failure.c_str());
   }
   const auto& q = s.scheduler;
-  std::printf("requests: %lld running, %lld queued, %lld finished, %lld refused; %lld re-placements",
-              static_cast<long long>(q.running), static_cast<long long>(q.queued), static_cast<long long>(q.finished),
-              static_cast<long long>(q.rejected), static_cast<long long>(s.replacements));
-  if (s.replacements > 0) std::printf(" (last: detected %.0f ms after the last heartbeat, resumed in %.0f ms)", s.detect_ms, s.resume_ms);
+  std::printf(
+      "requests: %lld running, %lld queued, %lld finished, %lld refused; %lld re-placements",
+      static_cast<long long>(q.running), static_cast<long long>(q.queued),
+      static_cast<long long>(q.finished), static_cast<long long>(q.rejected),
+      static_cast<long long>(s.replacements));
+  if (s.replacements > 0)
+    std::printf(" (last: detected %.0f ms after the last heartbeat, resumed in %.0f ms)",
+                s.detect_ms, s.resume_ms);
   std::printf("; %lld migrations\n", static_cast<long long>(s.migrations));
   if (!s.links.empty()) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
-      std::printf("%s %s %.2f MiB", i ? "," : "", s.links[i].c_str(), static_cast<double>(s.link_bytes[i]) / (1 << 20));
+      std::printf("%s %s %.2f MiB", i ? "," : "", s.links[i].c_str(),
+                  static_cast<double>(s.link_bytes[i]) / (1 << 20));
     std::printf("\n");
   }
-  if (!s.plan_detail.empty()) std::printf("predicted (measured devices and links, cost model):\n%s", s.plan_detail.c_str());
-  if (!s.pipeline_detail.empty()) std::printf("measured (the scheduler's counters):\n%s", s.pipeline_detail.c_str());
-  for (std::size_t i = s.decisions.size() > 5 ? s.decisions.size() - 5 : 0; i < s.decisions.size(); ++i) {
+  if (!s.plan_detail.empty())
+    std::printf("predicted (measured devices and links, cost model):\n%s", s.plan_detail.c_str());
+  if (!s.pipeline_detail.empty())
+    std::printf("measured (the scheduler's counters):\n%s", s.pipeline_detail.c_str());
+  for (std::size_t i = s.decisions.size() > 5 ? s.decisions.size() - 5 : 0; i < s.decisions.size();
+       ++i) {
     const auto& d = s.decisions[i];
-    std::printf("decision at %.0f s, %s: %s [%s]", d.at_s, d.trigger.c_str(), d.action.c_str(), d.state.c_str());
+    std::printf("decision at %.0f s, %s: %s [%s]", d.at_s, d.trigger.c_str(), d.action.c_str(),
+                d.state.c_str());
     if (d.predicted_step_ms_after > 0)
-      std::printf("; predicted step %.3f -> %.3f ms (throughput %+.0f%%)", d.predicted_step_ms_before, d.predicted_step_ms_after,
-                  100 * d.predicted_gain);
+      std::printf("; predicted step %.3f -> %.3f ms (throughput %+.0f%%)",
+                  d.predicted_step_ms_before, d.predicted_step_ms_after, 100 * d.predicted_gain);
     if (d.measured_tps_before >= 0 || d.measured_tps_after >= 0) {
       std::printf("; measured %.1f -> %.1f tokens/s", d.measured_tps_before, d.measured_tps_after);
       if (d.measured_tps_before > 0 && d.measured_tps_after >= 0)
@@ -191,7 +216,8 @@ void stop_launched(const std::vector<cluster::launched_node>& nodes, std::chrono
     if (cluster::process_alive(n.pid)) ::kill(n.pid, SIGTERM);
   const auto until = steady::now() + grace;
   auto any_alive = [&] {
-    return std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return cluster::process_alive(n.pid); });
+    return std::any_of(nodes.begin(), nodes.end(),
+                       [](const auto& n) { return cluster::process_alive(n.pid); });
   };
   while (any_alive() && steady::now() < until) std::this_thread::sleep_for(50ms);
   for (const auto& n : nodes)
@@ -208,15 +234,18 @@ int ask_down(caf::actor_system& sys, const cluster::manifest& m, int timeout_s) 
     std::string why;
     self->request(*door, std::chrono::seconds(timeout_s), actors::down_atom::value)
         .receive([](bool) {}, [&](caf::error& e) { why = actors::describe(sys, e); });
-    if (!why.empty()) spdlog::warn("down: the head did not confirm ({}); stopping the local processes", why);
+    if (!why.empty())
+      spdlog::warn("down: the head did not confirm ({}); stopping the local processes", why);
   } else {
-    spdlog::warn("down: the head of cluster {} is not reachable ({}); stopping the local node processes", m.name,
-                 door.error());
+    spdlog::warn(
+        "down: the head of cluster {} is not reachable ({}); stopping the local node processes",
+        m.name, door.error());
   }
   // The nodes end by themselves once told; make sure of it.
   const auto until = steady::now() + 15s;
   auto alive = [&] {
-    return std::count_if(nodes.begin(), nodes.end(), [](const auto& n) { return n.local && cluster::process_alive(n.pid); });
+    return std::count_if(nodes.begin(), nodes.end(),
+                         [](const auto& n) { return n.local && cluster::process_alive(n.pid); });
   };
   while (alive() > 0 && steady::now() < until) std::this_thread::sleep_for(100ms);
   std::vector<cluster::launched_node> left;
@@ -245,11 +274,13 @@ int run_up(const cluster_args& a) {
     spdlog::error("up: certificates: {}", wrote.error());
     return 1;
   }
-  if (!wrote->empty()) std::printf("troupe: made %zu certificate(s) in %s\n", wrote->size(), m->certs_dir.c_str());
+  if (!wrote->empty())
+    std::printf("troupe: made %zu certificate(s) in %s\n", wrote->size(), m->certs_dir.c_str());
   for (const auto& n : cluster::read_launched(*m))
     if (n.local && cluster::process_alive(n.pid)) {
-      spdlog::error("up: cluster {} is already running here (node {} is pid {}); `troupe down {}` first", m->name, n.node,
-                    n.pid, a.manifest);
+      spdlog::error(
+          "up: cluster {} is already running here (node {} is pid {}); `troupe down {}` first",
+          m->name, n.node, n.pid, a.manifest);
       return 1;
     }
   const sigset_t sigs = block_stop_signals();
@@ -262,8 +293,9 @@ int run_up(const cluster_args& a) {
       stop_launched(nodes, 5s);
       return 1;
     }
-    std::printf("troupe: started node %s (%s:%d, %s, pid %d, log %s)\n", n.name.c_str(), n.host.c_str(), n.port,
-                l->local ? "local" : "launch command", static_cast<int>(l->pid), l->log.c_str());
+    std::printf("troupe: started node %s (%s:%d, %s, pid %d, log %s)\n", n.name.c_str(),
+                n.host.c_str(), n.port, l->local ? "local" : "launch command",
+                static_cast<int>(l->pid), l->log.c_str());
     nodes.push_back(*l);
   }
   std::fflush(stdout);
@@ -284,7 +316,8 @@ int run_up(const cluster_args& a) {
   while (steady::now() < deadline) {
     for (const auto& n : nodes)
       if (n.local && !cluster::process_alive(n.pid)) {
-        spdlog::error("up: node {} exited while starting; the end of {}:\n{}", n.node, n.log, cluster::log_tail(n.log));
+        spdlog::error("up: node {} exited while starting; the end of {}:\n{}", n.node, n.log,
+                      cluster::log_tail(n.log));
         stop_launched(nodes, 5s);
         return 1;
       }
@@ -301,23 +334,28 @@ int run_up(const cluster_args& a) {
         why = s.error();
         door.reset();
       } else {
-        const auto up = std::count_if(s->nodes.begin(), s->nodes.end(), [](const auto& n) { return n.state == "up"; });
+        const auto up = std::count_if(s->nodes.begin(), s->nodes.end(),
+                                      [](const auto& n) { return n.state == "up"; });
         char buf[512];
-        std::snprintf(buf, sizeof buf, "troupe: %.1f s: %zd/%zu nodes up; %s", std::chrono::duration<double>(steady::now() - t0).count(),
+        std::snprintf(buf, sizeof buf, "troupe: %.1f s: %zd/%zu nodes up; %s",
+                      std::chrono::duration<double>(steady::now() - t0).count(),
                       static_cast<std::ptrdiff_t>(up), s->nodes.size(), s->last_event.c_str());
         const std::string line = buf;
         if (prog.tty()) {
           // In a terminal: one line redrawn, with a bar for the nodes
           // joining, then for the stages loading.
           if (s->stages_total > 0)
-            prog.update("troupe: loading weights", static_cast<double>(s->stages_loaded) / s->stages_total,
-                        std::to_string(s->stages_loaded) + "/" + std::to_string(s->stages_total) + " stages; " +
-                            s->last_event.substr(0, 80));
+            prog.update("troupe: loading weights",
+                        static_cast<double>(s->stages_loaded) / s->stages_total,
+                        std::to_string(s->stages_loaded) + "/" + std::to_string(s->stages_total) +
+                            " stages; " + s->last_event.substr(0, 80));
           else
-            prog.update("troupe: nodes joining", static_cast<double>(up) / static_cast<double>(s->nodes.size()),
+            prog.update("troupe: nodes joining",
+                        static_cast<double>(up) / static_cast<double>(s->nodes.size()),
                         std::to_string(up) + "/" + std::to_string(s->nodes.size()) + " up");
           last_line = line;
-        } else if (line.substr(line.find(':', 8)) != (last_line.empty() ? "" : last_line.substr(last_line.find(':', 8)))) {
+        } else if (line.substr(line.find(':', 8)) !=
+                   (last_line.empty() ? "" : last_line.substr(last_line.find(':', 8)))) {
           // Otherwise a line whenever something changed.
           std::printf("%s\n", line.c_str());
           std::fflush(stdout);
@@ -326,10 +364,13 @@ int run_up(const cluster_args& a) {
         if (s->ready) {
           const auto& h = m->head_node();
           char done[1024];
-          std::snprintf(done, sizeof done, "troupe: cluster %s ready in %.1f s: %zu nodes, head %s at %s:%d; model placed %s%s%s",
-                        m->name.c_str(), std::chrono::duration<double>(steady::now() - t0).count(), s->nodes.size(),
-                        h.name.c_str(), h.host.c_str(), h.port, s->placement.c_str(),
-                        s->encoder.empty() ? "" : ", vision encoder on ", s->encoder.c_str());
+          std::snprintf(done, sizeof done,
+                        "troupe: cluster %s ready in %.1f s: %zu nodes, head %s at %s:%d; model "
+                        "placed %s%s%s",
+                        m->name.c_str(), std::chrono::duration<double>(steady::now() - t0).count(),
+                        s->nodes.size(), h.name.c_str(), h.host.c_str(), h.port,
+                        s->placement.c_str(), s->encoder.empty() ? "" : ", vision encoder on ",
+                        s->encoder.c_str());
           prog.line(done);
           ready = true;
           break;
@@ -342,12 +383,14 @@ int run_up(const cluster_args& a) {
     prog.finish();
     spdlog::error("up: cluster {} not ready after {} s ({}); logs in {}", m->name, a.timeout_s,
                   why.empty() ? last_line : why, cluster::run_dir(*m));
-    for (const auto& n : nodes) std::fprintf(stderr, "  the end of %s:\n%s", n.log.c_str(), cluster::log_tail(n.log).c_str());
+    for (const auto& n : nodes)
+      std::fprintf(stderr, "  the end of %s:\n%s", n.log.c_str(), cluster::log_tail(n.log).c_str());
     ask_down(*sys, *m, 10);
     return 1;
   }
   if (a.http_port >= 0) {
-    std::vector<std::string> argv{exe, "serve", std::filesystem::absolute(m->path).string(), "--port", std::to_string(a.http_port)};
+    std::vector<std::string> argv{exe, "serve", std::filesystem::absolute(m->path).string(),
+                                  "--port", std::to_string(a.http_port)};
     if (!a.api_key.empty()) {
       argv.push_back("--api-key");
       argv.push_back(a.api_key);
@@ -362,21 +405,24 @@ int run_up(const cluster_args& a) {
     if (auto w = cluster::write_launched(*m, nodes); !w) spdlog::warn("up: {}", w.error());
     // Wait for its line (it prints the URL once it listens).
     std::string line;
-    for (auto until = steady::now() + 30s; steady::now() < until && line.empty(); std::this_thread::sleep_for(100ms)) {
+    for (auto until = steady::now() + 30s; steady::now() < until && line.empty();
+         std::this_thread::sleep_for(100ms)) {
       if (!cluster::process_alive(g->pid)) break;
       std::ifstream f(g->log);
       for (std::string l; std::getline(f, l);)
         if (l.rfind("troupe serve:", 0) == 0) line = l;
     }
     if (line.empty()) {
-      spdlog::error("up: the HTTP gateway did not start; the end of {}:\n{}", g->log, cluster::log_tail(g->log));
+      spdlog::error("up: the HTTP gateway did not start; the end of {}:\n{}", g->log,
+                    cluster::log_tail(g->log));
       ask_down(*sys, *m, 10);
       return 1;
     }
     std::printf("%s\n", line.c_str());
   }
   if (a.detach) {
-    std::printf("troupe: running in the background; `troupe down %s` stops it\n", a.manifest.c_str());
+    std::printf("troupe: running in the background; `troupe down %s` stops it\n",
+                a.manifest.c_str());
     return 0;
   }
   std::printf("troupe: Ctrl-C stops the cluster\n");
@@ -426,7 +472,8 @@ int run_submit(const cluster_args& a) {
       return 2;
     }
     if (size > max_image) {
-      spdlog::error("submit: --image {}: {} bytes, over the {} MiB limit", f, size, max_image >> 20);
+      spdlog::error("submit: --image {}: {} bytes, over the {} MiB limit", f, size,
+                    max_image >> 20);
       return 2;
     }
     std::ifstream in(f, std::ios::binary);
@@ -455,9 +502,15 @@ int run_submit(const cluster_args& a) {
     return 1;
   }
   if (a.json) {
-    json j{{"text", f->text},          {"tokens", f->tokens},         {"finish_reason", f->reason},
-           {"error", f->error},        {"prompt_tokens", f->prompt_tokens}, {"ttft_ms", f->ttft_ms},
-           {"total_ms", f->total_ms},  {"queue_ms", f->queue_ms},     {"preemptions", f->preemptions}};
+    json j{{"text", f->text},
+           {"tokens", f->tokens},
+           {"finish_reason", f->reason},
+           {"error", f->error},
+           {"prompt_tokens", f->prompt_tokens},
+           {"ttft_ms", f->ttft_ms},
+           {"total_ms", f->total_ms},
+           {"queue_ms", f->queue_ms},
+           {"preemptions", f->preemptions}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (!a.stream) std::printf("%s", f->text.c_str());
@@ -501,10 +554,13 @@ int run_migrate(const cluster_args& a) {
       spdlog::error("migrate: {}", s.error());
       return 1;
     }
-    const auto n = std::find_if(s->nodes.begin(), s->nodes.end(), [&](const auto& v) { return v.name == to; });
+    const auto n =
+        std::find_if(s->nodes.begin(), s->nodes.end(), [&](const auto& v) { return v.name == to; });
     if (n != s->nodes.end() && n->report.devices != device) {
-      spdlog::error("migrate: node {} runs its stages on {}, not {} (moving to another device of a node is not supported)", to,
-                    n->report.devices.empty() ? "its manifest device" : n->report.devices, device);
+      spdlog::error(
+          "migrate: node {} runs its stages on {}, not {} (moving to another device of a node is "
+          "not supported)",
+          to, n->report.devices.empty() ? "its manifest device" : n->report.devices, device);
       return 1;
     }
   }
@@ -512,7 +568,8 @@ int run_migrate(const cluster_args& a) {
   std::optional<std::expected<actors::migrate_report, std::string>> got;
   std::mutex mtx;
   std::thread worker([&] {
-    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to}, std::chrono::seconds(a.timeout_s));
+    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to},
+                                   std::chrono::seconds(a.timeout_s));
     std::lock_guard lock(mtx);
     got = std::move(x);
   });
@@ -534,26 +591,30 @@ int run_migrate(const cluster_args& a) {
   }
   if (a.json) {
     std::printf("%s\n", json{{"what", r->what},
-                              {"from", r->from},
-                              {"to", r->to},
-                              {"total_ms", r->total_ms},
-                              {"load_ms", r->load_ms},
-                              {"pause_ms", r->pause_ms},
-                              {"rounds", r->rounds},
-                              {"sequences", r->sequences},
-                              {"kv_bytes", r->kv_bytes},
-                              {"final_kv_bytes", r->final_kv_bytes}}
-                             .dump()
-                             .c_str());
+                             {"from", r->from},
+                             {"to", r->to},
+                             {"total_ms", r->total_ms},
+                             {"load_ms", r->load_ms},
+                             {"pause_ms", r->pause_ms},
+                             {"rounds", r->rounds},
+                             {"sequences", r->sequences},
+                             {"kv_bytes", r->kv_bytes},
+                             {"final_kv_bytes", r->final_kv_bytes}}
+                            .dump()
+                            .c_str());
   } else if (r->sequences == 0 && r->kv_bytes == 0 && r->rounds == 0 && r->pause_ms == 0) {
-    std::printf("troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms; nothing paused (no KV to move)\n",
-                r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms);
+    std::printf(
+        "troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms; nothing paused (no KV to "
+        "move)\n",
+        r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms);
   } else {
-    std::printf("troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms, %lld sequences' KV (%.2f MiB) copied in "
-                "%d rounds while decoding, then steps held %.1f ms for the last %.3f MiB\n",
-                r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms,
-                static_cast<long long>(r->sequences), static_cast<double>(r->kv_bytes) / (1 << 20), r->rounds, r->pause_ms,
-                static_cast<double>(r->final_kv_bytes) / (1 << 20));
+    std::printf(
+        "troupe: migrated %s from %s to %s in %.0f ms: loaded in %.0f ms, %lld sequences' KV (%.2f "
+        "MiB) copied in "
+        "%d rounds while decoding, then steps held %.1f ms for the last %.3f MiB\n",
+        r->what.c_str(), r->from.c_str(), r->to.c_str(), r->total_ms, r->load_ms,
+        static_cast<long long>(r->sequences), static_cast<double>(r->kv_bytes) / (1 << 20),
+        r->rounds, r->pause_ms, static_cast<double>(r->final_kv_bytes) / (1 << 20));
   }
   return 0;
 }
@@ -563,50 +624,70 @@ int run_migrate(const cluster_args& a) {
 command_runner add_cluster(CLI::App& app, const std::string& which) {
   auto a = std::make_shared<cluster_args>();
   if (which == "up") {
-    auto* cmd = app.add_subcommand("up", "Start a cluster from its manifest and place the model (docs/manifest.md)");
+    auto* cmd = app.add_subcommand(
+        "up", "Start a cluster from its manifest and place the model (docs/manifest.md)");
     cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
-    cmd->add_flag("--detach,-d", a->detach, "Return once the cluster is ready (stop it with troupe down)");
-    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the cluster to be ready")->check(CLI::Range(1, 86400));
-    cmd->add_option("--http", a->http_port, "Also start the OpenAI-compatible gateway (troupe serve) on this port")
+    cmd->add_flag("--detach,-d", a->detach,
+                  "Return once the cluster is ready (stop it with troupe down)");
+    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the cluster to be ready")
+        ->check(CLI::Range(1, 86400));
+    cmd->add_option("--http", a->http_port,
+                    "Also start the OpenAI-compatible gateway (troupe serve) on this port")
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--api-key", a->api_key, "With --http: the gateway's API key");
     return [a] { return run_up(*a); };
   }
   if (which == "status") {
-    auto* cmd = app.add_subcommand("status", "Show a running cluster: nodes, stages, memory, requests");
+    auto* cmd =
+        app.add_subcommand("status", "Show a running cluster: nodes, stages, memory, requests");
     cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
     cmd->add_flag("--json", a->json, "One JSON object");
     return [a] { return run_status(*a); };
   }
   if (which == "submit") {
-    auto* cmd = app.add_subcommand("submit", "Submit a job to a running cluster and print the answer");
+    auto* cmd =
+        app.add_subcommand("submit", "Submit a job to a running cluster and print the answer");
     cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
     cmd->add_option("--prompt,-p", a->prompt, "The prompt")->required();
-    cmd->add_option("--image", a->images, "An image (PNG or JPEG) for the prompt; repeat for several");
+    cmd->add_option("--image", a->images,
+                    "An image (PNG or JPEG) for the prompt; repeat for several");
     cmd->add_option("--system", a->system, "A system prompt (chat)");
     cmd->add_flag("--chat", a->chat, "Apply the model's chat template (implied with images)");
-    cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--temperature", a->temperature, "Sampling temperature (default: the model's; 0 = greedy)")
+    cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate at most")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--temperature", a->temperature,
+                    "Sampling temperature (default: the model's; 0 = greedy)")
         ->each([a](const std::string&) { a->set_temperature = true; });
     cmd->add_option("--seed", a->seed, "Sampling seed");
-    cmd->add_flag("--ignore-eos", a->ignore_eos, "Generate --max-tokens tokens, past end-of-sequence tokens");
+    cmd->add_flag("--ignore-eos", a->ignore_eos,
+                  "Generate --max-tokens tokens, past end-of-sequence tokens");
     cmd->add_flag("--stream", a->stream, "Print tokens as they come");
     cmd->add_flag("--json", a->json, "One JSON object: text, tokens, timings");
     return [a] { return run_submit(*a); };
   }
   if (which == "migrate") {
-    auto* cmd = app.add_subcommand("migrate", "Move a decoder stage (with its KV) to another node while requests keep flowing");
+    auto* cmd = app.add_subcommand(
+        "migrate",
+        "Move a decoder stage (with its KV) to another node while requests keep flowing");
     cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
-    cmd->add_option("--shard", a->shard, "The stage: its index from 0 (\"1\", \"stage1\") or its layers as status prints them (\"[1,2)\")")
+    cmd->add_option("--shard", a->shard,
+                    "The stage: its index from 0 (\"1\", \"stage1\") or its layers as status "
+                    "prints them (\"[1,2)\")")
         ->required();
-    cmd->add_option("--to", a->to, "The node to move it to (NODE or NODE:DEVICE; the node's manifest device is used)")->required();
-    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")->check(CLI::Range(1, 86400));
+    cmd->add_option(
+           "--to", a->to,
+           "The node to move it to (NODE or NODE:DEVICE; the node's manifest device is used)")
+        ->required();
+    cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")
+        ->check(CLI::Range(1, 86400));
     cmd->add_flag("--json", a->json, "One JSON object");
     return [a] { return run_migrate(*a); };
   }
-  auto* cmd = app.add_subcommand("down", "Drain a running cluster (finish accepted jobs) and stop every node");
+  auto* cmd = app.add_subcommand(
+      "down", "Drain a running cluster (finish accepted jobs) and stop every node");
   cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
-  cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for accepted jobs to finish")->check(CLI::Range(1, 86400));
+  cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for accepted jobs to finish")
+      ->check(CLI::Range(1, 86400));
   return [a] { return run_down(*a); };
 }
 

@@ -21,34 +21,46 @@ std::optional<cluster::manifest> load_manifest_or_report(const std::string& path
   return std::move(*m);
 }
 
-kernels::result<actors::node_config> node_config_of(const cluster::manifest& m, const std::string& name) {
+kernels::result<actors::node_config> node_config_of(const cluster::manifest& m,
+                                                    const std::string& name) {
   using kernels::errc;
   const auto* n = m.node(name);
-  if (!n) return kernels::make_error(errc::invalid_argument, "'" + name + "' is not a node of " + m.path);
+  if (!n)
+    return kernels::make_error(errc::invalid_argument, "'" + name + "' is not a node of " + m.path);
   actors::node_config c;
   c.m = m;
   c.name = name;
   c.model = m.model_path_of(*n);
   if (c.model == "bundled") c.model = bundled_model_path();
-  if (n->devices.empty()) return kernels::make_error(errc::invalid_argument, m.path + ": node " + name + " has no devices");
+  if (n->devices.empty())
+    return kernels::make_error(errc::invalid_argument,
+                               m.path + ": node " + name + " has no devices");
   const auto& d = n->devices.front();
   if (d.type != cluster::device_type::cpu)
-    return kernels::make_error(errc::unsupported_op, m.path + ":" + std::to_string(d.line) + ": node " + name + ": device " +
-                                                      d.spec() + ": the cluster runs stages on CPU devices only so far");
+    return kernels::make_error(errc::unsupported_op,
+                               m.path + ":" + std::to_string(d.line) + ": node " + name +
+                                   ": device " + d.spec() +
+                                   ": the cluster runs stages on CPU devices only so far");
   auto devs = actors::parse_devices(d.spec());
   if (!devs || devs->size() != 1)
-    return kernels::make_error(errc::invalid_argument, m.path + ":" + std::to_string(d.line) + ": node " + name +
-                                                           ": device " + d.spec() + ": " +
-                                                           (devs ? std::string("not one device") : devs.error().message));
+    return kernels::make_error(errc::invalid_argument,
+                               m.path + ":" + std::to_string(d.line) + ": node " + name +
+                                   ": device " + d.spec() + ": " +
+                                   (devs ? std::string("not one device") : devs.error().message));
   c.device = devs->front();
   c.memory_limit = static_cast<std::int64_t>(d.memory_bytes);
   std::vector<std::string> overrides;
-  for (const auto& [pattern, format] : m.model.overrides) overrides.push_back(pattern + "=" + format);
+  for (const auto& [pattern, format] : m.model.overrides)
+    overrides.push_back(pattern + "=" + format);
   auto plan = parse_quant_flags(m.model.quant, overrides);
-  if (!plan) return kernels::make_error(errc::invalid_argument, m.path + ": model.quant / model.overrides: " + plan.error().message);
+  if (!plan)
+    return kernels::make_error(errc::invalid_argument,
+                               m.path + ": model.quant / model.overrides: " + plan.error().message);
   c.plan = *plan;
   auto kv = parse_kv_type(m.model.kv_type);
-  if (!kv) return kernels::make_error(errc::invalid_argument, m.path + ": model.kv_type: " + kv.error().message);
+  if (!kv)
+    return kernels::make_error(errc::invalid_argument,
+                               m.path + ": model.kv_type: " + kv.error().message);
   c.kv.type = *kv;
   c.kv.capacity_tokens = m.model.ctx_tokens;
   c.timeout = std::chrono::milliseconds(m.transport.timeout_ms);

@@ -21,7 +21,8 @@ std::optional<cluster::manifest> load_manifest_or_report(const std::string& path
 /// Node `name`'s stage configuration: its model (the bundled one for
 /// "bundled"), its first device, the precision and KV layout of the
 /// manifest. Errors name the manifest key.
-kernels::result<actors::node_config> node_config_of(const cluster::manifest& m, const std::string& name);
+kernels::result<actors::node_config> node_config_of(const cluster::manifest& m,
+                                                    const std::string& name);
 
 /// A client of a running cluster (the client certificate, the head's door),
 /// as `troupe status`, `migrate` and `bench --migrate` use it.

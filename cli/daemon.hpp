@@ -38,8 +38,8 @@ inline int wait_for_stop_signal(const sigset_t& sigs) {
 inline void exit_after(std::chrono::seconds grace, std::string who) {
   std::thread([grace, who = std::move(who)] {
     std::this_thread::sleep_for(grace);
-    std::fprintf(stderr, "%s: still stopping %lld s after the signal; exiting anyway\n", who.c_str(),
-                 static_cast<long long>(grace.count()));
+    std::fprintf(stderr, "%s: still stopping %lld s after the signal; exiting anyway\n",
+                 who.c_str(), static_cast<long long>(grace.count()));
     std::fflush(stdout);
     std::_Exit(0);
   }).detach();

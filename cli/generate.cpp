@@ -43,11 +43,12 @@ struct generate_args {
   // Execution: the actor pipeline (devices, stages) or the plain loop.
   bool direct = false;
   std::string devices;
-  std::string remote_stage;  // HOST:PORT of a troupe worker serving the last layers
+  std::string remote_stage;           // HOST:PORT of a troupe worker serving the last layers
   std::vector<std::string> tp_peers;  // HOST:PORT of tensor-parallel workers (ranks 1..K-1)
   int stages = 1, micro_batches = 0, decode_steps = 16;
   // Which sampling flags the user gave (the rest come from generation_config.json).
-  bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false, set_repeat = false;
+  bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false,
+       set_repeat = false;
 };
 
 std::string dir_of(const std::string& path) {
@@ -66,8 +67,9 @@ struct prepared_images {
   double preprocess_seconds = 0;
 };
 
-kernels::result<prepared_images> prepare_images(const std::vector<std::string>& files, const std::string& model_dir,
-                                       const models::llava_model& model) {
+kernels::result<prepared_images> prepare_images(const std::vector<std::string>& files,
+                                                const std::string& model_dir,
+                                                const models::llava_model& model) {
   using namespace troupe::models;
   auto cfg = load_image_processor_config(model_dir);
   if (!cfg) return std::unexpected(cfg.error());
@@ -83,8 +85,9 @@ kernels::result<prepared_images> prepare_images(const std::vector<std::string>& 
     if (pv->height != side || pv->width != side || model.channels() != 3)
       return make_error(errc::invalid_argument,
                         file + ": the preprocessor makes " + std::to_string(pv->height) + "x" +
-                            std::to_string(pv->width) + " images but the vision tower takes " + std::to_string(side) +
-                            "x" + std::to_string(side) + " (preprocessor_config.json and config.json disagree)");
+                            std::to_string(pv->width) + " images but the vision tower takes " +
+                            std::to_string(side) + "x" + std::to_string(side) +
+                            " (preprocessor_config.json and config.json disagree)");
     std::copy(pv->data.begin(), pv->data.end(), pixels.begin() + i * 3 * side * side);
   }
   return prepared_images{std::move(pixels), n, side, seconds_since(t0)};
@@ -97,13 +100,17 @@ void print_text(const generate_args& a, const std::string& text) {
 }
 
 const char* reason_text(models::stop_reason r) {
-  return r == models::stop_reason::stop_token ? "stop token" : r == models::stop_reason::stop_string ? "stop string" : "max tokens";
+  return r == models::stop_reason::stop_token    ? "stop token"
+         : r == models::stop_reason::stop_string ? "stop string"
+                                                 : "max tokens";
 }
 
 /// Prints the result: one JSON object with --json, else llama.cpp-style timings.
-void print_result(const generate_args& a, const std::string& text, const std::vector<std::int32_t>& prompt_ids,
-                  std::int64_t prompt_length, const std::vector<std::int32_t>& tokens, const char* why, int images,
-                  double prompt_s, double decode_s, double preprocess_s, double encode_s, const std::string& pipeline) {
+void print_result(const generate_args& a, const std::string& text,
+                  const std::vector<std::int32_t>& prompt_ids, std::int64_t prompt_length,
+                  const std::vector<std::int32_t>& tokens, const char* why, int images,
+                  double prompt_s, double decode_s, double preprocess_s, double encode_s,
+                  const std::string& pipeline) {
   const double pp = prompt_s > 0 ? static_cast<double>(prompt_length) / prompt_s : 0;
   const auto gen_n = static_cast<double>(tokens.size() > 0 ? tokens.size() - 1 : 0);
   const double tg = decode_s > 0 ? gen_n / decode_s : 0;
@@ -116,23 +123,30 @@ void print_result(const generate_args& a, const std::string& text, const std::ve
     j["tokens"] = tokens;
     j["finish_reason"] = why;
     j["pipeline"] = pipeline;
-    j["timings"] = {{"prompt_ms", prompt_s * 1e3}, {"prompt_tokens_per_s", pp},
-                    {"decode_ms", decode_s * 1e3}, {"decode_tokens_per_s", tg},
-                    {"image_preprocess_ms", preprocess_s * 1e3}, {"image_encode_ms", encode_s * 1e3}};
+    j["timings"] = {{"prompt_ms", prompt_s * 1e3},
+                    {"prompt_tokens_per_s", pp},
+                    {"decode_ms", decode_s * 1e3},
+                    {"decode_tokens_per_s", tg},
+                    {"image_preprocess_ms", preprocess_s * 1e3},
+                    {"image_encode_ms", encode_s * 1e3}};
     std::puts(j.dump().c_str());
     return;
   }
   if (images > 0)
-    std::printf("\n\nimages: %d, preprocess %.1f ms, encode %.1f ms (%.1f ms per image)", images, preprocess_s * 1e3,
-                encode_s * 1e3, encode_s * 1e3 / images);
-  std::printf("\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, %.2f tokens/s\n", why,
-              static_cast<long long>(prompt_length), prompt_s * 1e3, pp, gen_n, decode_s * 1e3, tg);
+    std::printf("\n\nimages: %d, preprocess %.1f ms, encode %.1f ms (%.1f ms per image)", images,
+                preprocess_s * 1e3, encode_s * 1e3, encode_s * 1e3 / images);
+  std::printf(
+      "\n\n[%s] prompt eval: %lld tokens, %.1f ms, %.2f tokens/s | eval: %.0f tokens, %.1f ms, "
+      "%.2f tokens/s\n",
+      why, static_cast<long long>(prompt_length), prompt_s * 1e3, pp, gen_n, decode_s * 1e3, tg);
   if (!pipeline.empty()) std::printf("pipeline: %s\n", pipeline.c_str());
 }
 
 int run_generate(const generate_args& a) {
   using namespace troupe::models;
-  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = a.threads > 0
+                          ? a.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto plan_r = parse_quant_flags(a.quant, a.overrides);
   if (!plan_r) {
     spdlog::error("{}", plan_r.error().message);
@@ -197,11 +211,14 @@ int run_generate(const generate_args& a) {
   sampling_params params;
   params.max_tokens = a.max_tokens;
   const bool sampling = defaults.do_sample.value_or(true);
-  params.temperature = a.set_temperature ? a.temperature : sampling ? defaults.temperature.value_or(a.temperature) : 0.0;
+  params.temperature = a.set_temperature ? a.temperature
+                       : sampling        ? defaults.temperature.value_or(a.temperature)
+                                         : 0.0;
   params.top_k = a.set_top_k ? a.top_k : defaults.top_k.value_or(a.top_k);
   params.top_p = a.set_top_p ? a.top_p : defaults.top_p.value_or(a.top_p);
   params.min_p = a.set_min_p ? a.min_p : defaults.min_p.value_or(a.min_p);
-  params.repetition_penalty = a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
+  params.repetition_penalty =
+      a.set_repeat ? a.repeat_penalty : defaults.repetition_penalty.value_or(a.repeat_penalty);
   params.stop_token_ids = setup->stop_ids;
   params.seed = a.seed;
   params.stop_strings = a.stops;
@@ -223,15 +240,16 @@ int run_generate(const generate_args& a) {
     caf::actor_system sys{cfg};
     actors::runtime_config rc;
     rc.remote_tail = a.remote_stage;
-  rc.tp_peers = a.tp_peers;
+    rc.tp_peers = a.tp_peers;
     rc.model = a.model;
     rc.devices = devices;
     rc.stages = a.stages;
     rc.plan = plan;
     rc.kv = kv;
     // A single request may use the whole cache, as the direct loop does.
-    rc.kv.capacity_tokens = std::max<std::int64_t>(kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
-                                                   (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
+    rc.kv.capacity_tokens = std::max<std::int64_t>(
+        kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
+                                (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
     rc.scheduler.micro_batches = a.micro_batches;
     rc.scheduler.max_decode_steps = a.decode_steps;
     auto rt = actors::local_runtime::start(sys, rc);
@@ -253,7 +271,8 @@ int run_generate(const generate_args& a) {
     }
     print_text(a, text);
     actors::client client(sys, (*rt)->scheduler());
-    auto fin = client.run(std::move(req), [&](const actors::token_event& e) { print_text(a, e.text); });
+    auto fin =
+        client.run(std::move(req), [&](const actors::token_event& e) { print_text(a, e.text); });
     if (!fin) {
       spdlog::error("{}", fin.error().message);
       return 2;
@@ -262,10 +281,13 @@ int run_generate(const generate_args& a) {
       spdlog::error("{}", fin->error);
       return 1;
     }
-    const char* why = fin->reason == "length" ? "max tokens" : fin->stop_string ? "stop string" : "stop token";
+    const char* why = fin->reason == "length" ? "max tokens"
+                      : fin->stop_string      ? "stop string"
+                                              : "stop token";
     const double prompt_s = (fin->ttft_ms - fin->encode_ms - fin->preprocess_ms) / 1e3;
-    print_result(a, fin->text, *ids, fin->prompt_tokens, fin->tokens, why, images, std::max(0.0, prompt_s),
-                 (fin->total_ms - fin->ttft_ms) / 1e3, fin->preprocess_ms / 1e3, fin->encode_ms / 1e3, (*rt)->describe());
+    print_result(a, fin->text, *ids, fin->prompt_tokens, fin->tokens, why, images,
+                 std::max(0.0, prompt_s), (fin->total_ms - fin->ttft_ms) / 1e3,
+                 fin->preprocess_ms / 1e3, fin->encode_ms / 1e3, (*rt)->describe());
     return 0;
   }
 
@@ -294,7 +316,8 @@ int run_generate(const generate_args& a) {
         return 1;
       }
       imgs = std::move(*p);
-      auto v = kernels::tensor::view(imgs.data.data(), kernels::dtype::f32, {imgs.n, 3, imgs.side, imgs.side});
+      auto v = kernels::tensor::view(imgs.data.data(), kernels::dtype::f32,
+                                     {imgs.n, 3, imgs.side, imgs.side});
       if (!v) {
         spdlog::error("{}", v.error().message);
         return 1;
@@ -318,14 +341,16 @@ int run_generate(const generate_args& a) {
   generate_options opts;
   opts.kv = kv;
   print_text(a, text);
-  auto out = generate_batch(*ctx, model, {req}, {piece}, [&](std::size_t, const std::string& t) { print_text(a, t); }, opts);
+  auto out = generate_batch(
+      *ctx, model, {req}, {piece}, [&](std::size_t, const std::string& t) { print_text(a, t); },
+      opts);
   if (!out) {
     spdlog::error("generation failed: {}", out.error().message);
     return 1;
   }
   const auto& r = (*out)[0];
-  print_result(a, r.text, *ids, r.prompt_tokens, r.tokens, reason_text(r.reason), images, r.prompt_seconds,
-               r.decode_seconds, preprocess_s, encode_s, "");
+  print_result(a, r.text, *ids, r.prompt_tokens, r.tokens, reason_text(r.reason), images,
+               r.prompt_seconds, r.decode_seconds, preprocess_s, encode_s, "");
   return 0;
 }
 
@@ -333,24 +358,39 @@ int run_generate(const generate_args& a) {
 
 command_runner add_generate(CLI::App& app, bool run) {
   auto a = std::make_shared<generate_args>();
-  auto* cmd = run ? app.add_subcommand("run", "Generate through the actor pipeline over several devices of this process")
-                  : app.add_subcommand("generate", "Generate text from a prompt in this process");
-  cmd->add_option("--devices", a->devices, "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on device i mod count)");
-  cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--remote-stage", a->remote_stage,
-                  "HOST:PORT of a `troupe worker` serving the last layers (pipeline across processes)");
+  auto* cmd =
+      run ? app.add_subcommand(
+                "run", "Generate through the actor pipeline over several devices of this process")
+          : app.add_subcommand("generate", "Generate text from a prompt in this process");
+  cmd->add_option("--devices", a->devices,
+                  "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on "
+                  "device i mod count)");
+  cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option(
+      "--remote-stage", a->remote_stage,
+      "HOST:PORT of a `troupe worker` serving the last layers (pipeline across processes)");
   cmd->add_option("--tp-peer", a->tp_peers,
-                  "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of ranks 1..K-1): tensor "
+                  "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of "
+                  "ranks 1..K-1): tensor "
                   "parallelism across processes, this process being rank 0");
-  cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches in flight (default: the number of stages)")->check(CLI::Range(0, 64));
+  cmd->add_option("--micro-batches", a->micro_batches,
+                  "Micro-batches in flight (default: the number of stages)")
+      ->check(CLI::Range(0, 64));
   cmd->add_option("--decode-steps", a->decode_steps,
-                  "Multi-step decode on one stage: decode passes per scheduler step at most (sized to ~2 ms; 1 = off)")
+                  "Multi-step decode on one stage: decode passes per scheduler step at most (sized "
+                  "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
-  if (!run) cmd->add_flag("--direct", a->direct, "Run the plain generation loop in this thread instead of the actor pipeline");
-  cmd->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
-  cmd->add_option("--image,-i", a->images, "PNG or JPEG for a vision model (repeatable; one <image> each)");
+  if (!run)
+    cmd->add_flag("--direct", a->direct,
+                  "Run the plain generation loop in this thread instead of the actor pipeline");
+  cmd->add_option("--model,-m", a->model,
+                  "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
+  cmd->add_option("--image,-i", a->images,
+                  "PNG or JPEG for a vision model (repeatable; one <image> each)");
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
-  cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", a->temperature, "0 = greedy");
   cmd->add_option("--top-k", a->top_k);
   cmd->add_option("--top-p", a->top_p);
@@ -358,14 +398,19 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--repeat-penalty", a->repeat_penalty);
   cmd->add_option("--seed", a->seed);
   cmd->add_option("--stop", a->stops, "Stop string (repeatable)");
-  cmd->add_option("--threads,-t", a->threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--quant", a->quant, "Weight format: f32 f16 bf16 int8 int8_asym int4 int4_asym q8_0 q4_0");
-  cmd->add_option("--quant-override", a->overrides, "PATTERN=FORMAT on tensor names, e.g. 'layers.0.*=f16'");
+  cmd->add_option("--threads,-t", a->threads, "Worker threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--quant", a->quant,
+                  "Weight format: f32 f16 bf16 int8 int8_asym int4 int4_asym q8_0 q4_0");
+  cmd->add_option("--quant-override", a->overrides,
+                  "PATTERN=FORMAT on tensor names, e.g. 'layers.0.*=f16'");
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");
-  cmd->add_option("--ctx", a->ctx_tokens, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 24));
+  cmd->add_option("--ctx", a->ctx_tokens, "KV cache capacity in tokens")
+      ->check(CLI::Range(16, 1 << 24));
   cmd->add_flag("--no-bos", a->no_bos, "Do not add the tokenizer's special prefix");
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user turn in the model's chat template");
-  cmd->add_option("--chat-template", a->chat_template, "Template by name: llama2, llama3, chatml, qwen2, llava (implies --chat)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Template by name: llama2, llama3, chatml, qwen2, llava (implies --chat)");
   cmd->add_option("--system", a->system, "System prompt (with --chat)");
   cmd->add_flag("--json", a->json, "Print one JSON object (text, token ids, timings)");
   return [a, cmd] {

@@ -9,12 +9,12 @@
 #include <cstdlib>
 #include <string>
 
+#include "actors/log.hpp"
+#include "cli/commands.hpp"
 #include "kernels/cpu/cpu_device.hpp"
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cuda/probe.hpp"
 #include "kernels/device.hpp"
-#include "actors/log.hpp"
-#include "cli/commands.hpp"
 
 namespace {
 
@@ -30,7 +30,8 @@ int cmd_devices() {
                 std::string(troupe::kernels::to_string(i.kind)).c_str(), i.cores,
                 static_cast<double>(i.memory_bytes) / (1ull << 30), i.detail.c_str());
   }
-  std::printf("cuda: %s\n", (*reg)->cuda_status().empty() ? "available" : (*reg)->cuda_status().c_str());
+  std::printf("cuda: %s\n",
+              (*reg)->cuda_status().empty() ? "available" : (*reg)->cuda_status().c_str());
   return 0;
 }
 
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   std::string log_format;
   if (const char* env = std::getenv("TROUPE_LOG_FORMAT"); env && *env) log_format = env;
   app.add_option("--log-format", log_format,
-                 "Logs on stderr as 'text' or 'json' (one object per line; env TROUPE_LOG_FORMAT; nodes started by "
+                 "Logs on stderr as 'text' or 'json' (one object per line; env TROUPE_LOG_FORMAT; "
+                 "nodes started by "
                  "`troupe up` inherit it)");
   auto* devices = app.add_subcommand("devices", "List the compute devices of this machine");
   auto* bench = app.add_subcommand("bench-kernels", "Run the kernel benchmark (bench_kernels)");

@@ -2,7 +2,8 @@
 
 namespace troupe::cli {
 
-kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant, const std::vector<std::string>& overrides) {
+kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
+                                                      const std::vector<std::string>& overrides) {
   models::quant_plan plan;
   if (!quant.empty()) {
     auto f = kernels::weight_format_from_string(quant);
@@ -10,20 +11,23 @@ kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant, 
     plan.default_format = *f;
   }
   for (const auto& o : overrides)
-    if (auto r = plan.add_override(o); !r) return kernels::make_error(r.error().code, "--quant-override: " + r.error().message);
+    if (auto r = plan.add_override(o); !r)
+      return kernels::make_error(r.error().code, "--quant-override: " + r.error().message);
   return plan;
 }
 
 kernels::result<kernels::dtype> parse_kv_type(const std::string& name) {
   auto t = kernels::dtype_from_string(name == "int8" ? "i8" : name);
   if (!t || (*t != kernels::dtype::f32 && *t != kernels::dtype::f16 && *t != kernels::dtype::i8))
-    return kernels::make_error(kernels::errc::invalid_argument, "--kv-type must be f32, f16 or int8");
+    return kernels::make_error(kernels::errc::invalid_argument,
+                               "--kv-type must be f32, f16 or int8");
   return *t;
 }
 
 kernels::result<direct_model> load_direct_model(const models::weight_source& src,
                                                 const std::optional<models::llava_config>& llava,
-                                                const models::llama_config& text, kernels::cpu::context& ctx,
+                                                const models::llama_config& text,
+                                                kernels::cpu::context& ctx,
                                                 const models::quant_plan& plan) {
   direct_model m;
   if (llava) {

@@ -18,7 +18,8 @@ namespace troupe::cli {
 
 /// --quant FORMAT and --quant-override PATTERN=FORMAT as a plan (the error
 /// names the flag).
-kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant, const std::vector<std::string>& overrides);
+kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
+                                                      const std::vector<std::string>& overrides);
 
 /// --kv-type f32 | f16 | int8 (i8).
 kernels::result<kernels::dtype> parse_kv_type(const std::string& name);
@@ -33,7 +34,8 @@ struct direct_model {
 /// Builds the model of `src`: LLaVA when `llava` is set, else a LLaMA of `text`.
 kernels::result<direct_model> load_direct_model(const models::weight_source& src,
                                                 const std::optional<models::llava_config>& llava,
-                                                const models::llama_config& text, kernels::cpu::context& ctx,
+                                                const models::llama_config& text,
+                                                kernels::cpu::context& ctx,
                                                 const models::quant_plan& plan);
 
 }  // namespace troupe::cli

@@ -16,10 +16,10 @@
 #include <cstdlib>
 #include <thread>
 
-#include "actors/log.hpp"
 #include "actors/cluster.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/log.hpp"
 #include "actors/protocol.hpp"
 #include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
@@ -54,13 +54,14 @@ int run_node(const node_args& a) {
   }
   if (!a.ping.empty()) {
     caf::actor_system sys{cfg};
-    auto pass = actors::join_node(sys, *m, a.name, a.ping, std::chrono::milliseconds(m->transport.timeout_ms));
+    auto pass = actors::join_node(sys, *m, a.name, a.ping,
+                                  std::chrono::milliseconds(m->transport.timeout_ms));
     if (!pass) {
       spdlog::error("node {}: {}", a.name, pass.error());
       return 1;
     }
-    std::printf("node %s: joined node %s of cluster %s (protocol %u)\n", a.name.c_str(), pass->node.c_str(),
-                pass->cluster.c_str(), pass->version);
+    std::printf("node %s: joined node %s of cluster %s (protocol %u)\n", a.name.c_str(),
+                pass->node.c_str(), pass->cluster.c_str(), pass->version);
     return 0;
   }
   auto nc = node_config_of(*m, a.name);
@@ -78,7 +79,8 @@ int run_node(const node_args& a) {
     spdlog::error("node {}: {}", a.name, engine.error().message);
     return 1;
   }
-  actors::data_plane::local().attach(std::shared_ptr<transport::transfer_engine>(std::move(*engine)));
+  actors::data_plane::local().attach(
+      std::shared_ptr<transport::transfer_engine>(std::move(*engine)));
 
   caf::actor_system sys{cfg};
   auto agent = actors::spawn_node_agent(sys, *nc);
@@ -90,7 +92,8 @@ int run_node(const node_args& a) {
     hc.scheduler.max_running = m->scheduler.max_running;
     hc.scheduler.token_budget = m->scheduler.token_budget;
     hc.scheduler.micro_batches = m->scheduler.micro_batches;
-    hc.startup_grace = std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
+    hc.startup_grace =
+        std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
     auto d = actors::spawn_head(sys, hc, agent);
     if (!d) {
       spdlog::error("node {} (head): {}", a.name, d.error().message);
@@ -105,15 +108,18 @@ int run_node(const node_args& a) {
     if (door) caf::anon_send_exit(door, why);
     caf::anon_send_exit(agent, why);
   };
-  auto port = caf::openssl::publish(gk, static_cast<std::uint16_t>(me->port), me->host.c_str(), true);
+  auto port =
+      caf::openssl::publish(gk, static_cast<std::uint16_t>(me->port), me->host.c_str(), true);
   if (!port) {
-    spdlog::error("node {}: cannot listen on {}:{}: {}", a.name, me->host, me->port, sys.render(port.error()));
+    spdlog::error("node {}: cannot listen on {}:{}: {}", a.name, me->host, me->port,
+                  sys.render(port.error()));
     stop(caf::exit_reason::kill);
     return 1;
   }
   actors::enable_tcp_nodelay_everywhere();  // step messages must not wait for Nagle
-  std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)%s\n", a.name.c_str(), m->name.c_str(),
-              me->host.c_str(), static_cast<unsigned>(*port), door ? ", head" : "");
+  std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)%s\n", a.name.c_str(),
+              m->name.c_str(), me->host.c_str(), static_cast<unsigned>(*port),
+              door ? ", head" : "");
   std::fflush(stdout);
   const int sig = wait_for_stop_signal(sigs);
   std::printf("troupe node %s: stopping (signal %d)\n", a.name.c_str(), sig);

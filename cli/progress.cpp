@@ -11,7 +11,8 @@ std::string progress_bar(double fraction, int width) {
   fraction = std::min(fraction, 1.0);
   width = std::max(width, 1);
   const int full = static_cast<int>(fraction * width + 1e-9);
-  return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '.') + "]";
+  return "[" + std::string(static_cast<std::size_t>(full), '#') +
+         std::string(static_cast<std::size_t>(width - full), '.') + "]";
 }
 
 progress::progress(std::FILE* out) : out_(out), tty_(::isatty(::fileno(out)) == 1) {}
@@ -20,7 +21,8 @@ void progress::update(const std::string& label, double fraction, const std::stri
   std::string text = label;
   if (fraction >= 0) {
     char pct[16];
-    std::snprintf(pct, sizeof pct, " %3d%%", static_cast<int>(std::min(fraction, 1.0) * 100 + 1e-9));
+    std::snprintf(pct, sizeof pct, " %3d%%",
+                  static_cast<int>(std::min(fraction, 1.0) * 100 + 1e-9));
     text += " " + progress_bar(fraction, 24) + pct;
   }
   if (!detail.empty()) text += "  " + detail;

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <thread>
 
-#include "actors/log.hpp"
 #include "actors/cluster.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/log.hpp"
 #include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
@@ -31,8 +31,9 @@ int run_serve(const serve_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
   if (a.host == "0.0.0.0" || a.host == "::")
-    actors::logging::of("gateway").warn("listening on every interface ({}); anyone who reaches this machine reaches the API{}", a.host,
-                 a.api_key.empty() ? ", and no --api-key is set" : "");
+    actors::logging::of("gateway").warn(
+        "listening on every interface ({}); anyone who reaches this machine reaches the API{}",
+        a.host, a.api_key.empty() ? ", and no --api-key is set" : "");
   const sigset_t sigs = block_stop_signals();
   caf::actor_system_config cfg;
   actors::configure_runtime(cfg);
@@ -55,7 +56,8 @@ int run_serve(const serve_args& a) {
   go.limits.remote_images = a.remote_images || a.private_image_hosts;
   go.fetch.allow_private = a.private_image_hosts;
   if (a.private_image_hosts)
-    actors::logging::of("gateway").warn("image URLs may point at private and loopback addresses (--allow-private-image-hosts)");
+    actors::logging::of("gateway").warn(
+        "image URLs may point at private and loopback addresses (--allow-private-image-hosts)");
   serve::gateway gw(sys, *door, go);
   std::string why;
   if (!gw.bind(why)) {
@@ -63,8 +65,8 @@ int run_serve(const serve_args& a) {
     return 1;
   }
   std::thread server([&] { gw.serve(); });
-  std::printf("troupe serve: OpenAI-compatible API of cluster %s on http://%s:%d/v1 (head %s)\n", m->name.c_str(),
-              a.host.c_str(), gw.port(), m->head.c_str());
+  std::printf("troupe serve: OpenAI-compatible API of cluster %s on http://%s:%d/v1 (head %s)\n",
+              m->name.c_str(), a.host.c_str(), gw.port(), m->head.c_str());
   std::fflush(stdout);
   wait_for_stop_signal(sigs);
   gw.stop();
@@ -77,17 +79,22 @@ int run_serve(const serve_args& a) {
 
 command_runner add_serve(CLI::App& app) {
   auto a = std::make_shared<serve_args>();
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP API in front of a running cluster");
+  auto* cmd =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP API in front of a running cluster");
   cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
   cmd->add_option("--host", a->host, "Address to listen on (default loopback)");
-  cmd->add_option("--port", a->port, "Port (0: any free port; printed)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--port", a->port, "Port (0: any free port; printed)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", a->model_name, "The model's name in the API");
-  cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (larger: 413)")->check(CLI::Range(1, 1024));
-  cmd->add_flag("--allow-remote-images", a->remote_images,
-                "Fetch http(s) image URLs (only from public addresses; off: base64 data: URLs only)");
-  cmd->add_flag("--allow-private-image-hosts", a->private_image_hosts,
-                "With remote images: also from loopback and private addresses (a trusted intranet only)");
+  cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (larger: 413)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag(
+      "--allow-remote-images", a->remote_images,
+      "Fetch http(s) image URLs (only from public addresses; off: base64 data: URLs only)");
+  cmd->add_flag(
+      "--allow-private-image-hosts", a->private_image_hosts,
+      "With remote images: also from loopback and private addresses (a trusted intranet only)");
   return [a] { return run_serve(*a); };
 }
 

@@ -16,7 +16,8 @@ command_runner add_write_model(CLI::App& app) {
     std::int64_t layers = 0;
   };
   auto a = std::make_shared<args>();
-  auto* cmd = app.add_subcommand("write-model", "Write a random-weight llama GGUF (for benchmarks)");
+  auto* cmd =
+      app.add_subcommand("write-model", "Write a random-weight llama GGUF (for benchmarks)");
   cmd->add_option("--out,-o", a->out, "Output .gguf path")->required();
   cmd->add_option("--format", a->format, "f32, f16, q8_0 or q4_0 (every matrix)");
   cmd->add_option("--shape", a->shape, "tinyllama");

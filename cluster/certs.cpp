@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <memory>
+#include <sstream>
 
 namespace troupe::cluster {
 
@@ -69,15 +69,17 @@ bool add_ext(X509* cert, X509* issuer, int nid, const char* value) {
 
 // A certificate for `key` named `cn`, signed by `issuer_key` (itself when
 // `issuer` is null: the CA).
-std::expected<x509_ptr, std::string> make_certificate(EVP_PKEY* key, const std::string& cn, X509* issuer,
-                                                      EVP_PKEY* issuer_key, int days, const std::string& host) {
+std::expected<x509_ptr, std::string> make_certificate(EVP_PKEY* key, const std::string& cn,
+                                                      X509* issuer, EVP_PKEY* issuer_key, int days,
+                                                      const std::string& host) {
   x509_ptr cert(X509_new());
   if (!cert) return std::unexpected(ssl_error("X509_new"));
   X509_set_version(cert.get(), 2);
   {
     BIGNUM* bn = BN_new();
     ASN1_INTEGER* serial = nullptr;
-    if (bn && BN_rand(bn, 63, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) == 1) serial = BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(cert.get()));
+    if (bn && BN_rand(bn, 63, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) == 1)
+      serial = BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(cert.get()));
     BN_free(bn);
     if (!serial) return std::unexpected(ssl_error("a serial number"));
   }
@@ -85,8 +87,10 @@ std::expected<x509_ptr, std::string> make_certificate(EVP_PKEY* key, const std::
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), static_cast<long>(days) * 86400);
   X509_set_pubkey(cert.get(), key);
   X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_UTF8, reinterpret_cast<const unsigned char*>("troupe"), -1, -1, 0);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8, reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_UTF8,
+                             reinterpret_cast<const unsigned char*>("troupe"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
+                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
   X509* signer = issuer ? issuer : cert.get();
   X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
   bool ok = true;
@@ -96,7 +100,8 @@ std::expected<x509_ptr, std::string> make_certificate(EVP_PKEY* key, const std::
          add_ext(cert.get(), signer, NID_subject_key_identifier, "hash");
   } else {
     unsigned char addr[16];
-    const bool ip = inet_pton(AF_INET, host.c_str(), addr) == 1 || inet_pton(AF_INET6, host.c_str(), addr) == 1;
+    const bool ip =
+        inet_pton(AF_INET, host.c_str(), addr) == 1 || inet_pton(AF_INET6, host.c_str(), addr) == 1;
     const std::string san = (ip ? "IP:" : "DNS:") + host;
     ok = add_ext(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE") &&
          add_ext(cert.get(), signer, NID_key_usage, "critical,digitalSignature,keyAgreement") &&
@@ -104,14 +109,17 @@ std::expected<x509_ptr, std::string> make_certificate(EVP_PKEY* key, const std::
          (host.empty() || add_ext(cert.get(), signer, NID_subject_alt_name, san.c_str()));
   }
   if (!ok) return std::unexpected(ssl_error("certificate extensions for " + cn));
-  if (X509_sign(cert.get(), issuer_key, EVP_sha256()) <= 0) return std::unexpected(ssl_error("signing the certificate of " + cn));
+  if (X509_sign(cert.get(), issuer_key, EVP_sha256()) <= 0)
+    return std::unexpected(ssl_error("signing the certificate of " + cn));
   return cert;
 }
 
 // Writes through a temporary file and a rename (mode 0600 for keys).
-std::expected<void, std::string> write_pem(const fs::path& path, bool secret, const std::function<bool(BIO*)>& write) {
+std::expected<void, std::string> write_pem(const fs::path& path, bool secret,
+                                           const std::function<bool(BIO*)>& write) {
   const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, secret ? 0600 : 0644);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, secret ? 0600 : 0644);
   if (fd < 0) return std::unexpected("cannot write " + tmp.string());
   bio_ptr bio(BIO_new_fd(fd, BIO_CLOSE));
   if (!bio || !write(bio.get()) || BIO_flush(bio.get()) != 1) {
@@ -123,7 +131,9 @@ std::expected<void, std::string> write_pem(const fs::path& path, bool secret, co
   bio.reset();
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) return std::unexpected("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  if (ec)
+    return std::unexpected("cannot rename " + tmp.string() + " to " + path.string() + ": " +
+                           ec.message());
   return {};
 }
 
@@ -145,7 +155,8 @@ std::expected<pkey_ptr, std::string> read_key(const std::string& path) {
 
 std::string cn_of(X509* c) {
   char buf[256] = {};
-  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(c), NID_commonName, buf, sizeof buf);
+  const int n =
+      X509_NAME_get_text_by_NID(X509_get_subject_name(c), NID_commonName, buf, sizeof buf);
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
 }
 
@@ -156,7 +167,8 @@ node_tls_files tls_files(const manifest& m, const std::string& node) {
   return {(d / (node + ".pem")).string(), (d / (node + ".key")).string(), (d / "ca.pem").string()};
 }
 
-std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m, int days) {
+std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m,
+                                                                         int days) {
   ERR_clear_error();
   std::vector<std::string> wrote;
   const fs::path dir = m.certs_dir;
@@ -169,14 +181,17 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
   pkey_ptr ca_key;
   const bool have_pem = fs::exists(ca_pem), have_key = fs::exists(ca_key_path);
   if (have_pem != have_key)
-    return std::unexpected("the cluster CA in " + dir.string() + " is incomplete (one of ca.pem and ca.key is missing); " +
-                           "remove the other to make a new CA (every node certificate must then be made again)");
+    return std::unexpected(
+        "the cluster CA in " + dir.string() +
+        " is incomplete (one of ca.pem and ca.key is missing); " +
+        "remove the other to make a new CA (every node certificate must then be made again)");
   if (have_pem) {
     auto c = read_cert(ca_pem);
     if (!c) return std::unexpected(c.error());
     auto k = read_key(ca_key_path);
     if (!k) return std::unexpected(k.error());
-    if (X509_check_private_key(c->get(), k->get()) != 1) return std::unexpected(ssl_error(ca_key_path + " does not match " + ca_pem));
+    if (X509_check_private_key(c->get(), k->get()) != 1)
+      return std::unexpected(ssl_error(ca_key_path + " does not match " + ca_pem));
     ca = std::move(*c);
     ca_key = std::move(*k);
   } else {
@@ -184,12 +199,16 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
     if (!k) return std::unexpected(k.error());
     auto c = make_certificate(k->get(), "troupe cluster CA " + m.name, nullptr, k->get(), 3650, "");
     if (!c) return std::unexpected(c.error());
-    if (auto w = write_pem(ca_key_path, true, [&](BIO* b) {
-          return PEM_write_bio_PrivateKey(b, k->get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
-        });
+    if (auto w = write_pem(ca_key_path, true,
+                           [&](BIO* b) {
+                             return PEM_write_bio_PrivateKey(b, k->get(), nullptr, nullptr, 0,
+                                                             nullptr, nullptr) == 1;
+                           });
         !w)
       return std::unexpected(w.error());
-    if (auto w = write_pem(ca_pem, false, [&](BIO* b) { return PEM_write_bio_X509(b, c->get()) == 1; }); !w)
+    if (auto w =
+            write_pem(ca_pem, false, [&](BIO* b) { return PEM_write_bio_X509(b, c->get()) == 1; });
+        !w)
       return std::unexpected(w.error());
     wrote.push_back(ca_pem);
     ca = std::move(*c);
@@ -205,25 +224,32 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
     if (!k) return std::unexpected(k.error());
     auto c = make_certificate(k->get(), name, ca.get(), ca_key.get(), days, host);
     if (!c) return std::unexpected(c.error());
-    if (auto w = write_pem(f.key, true, [&](BIO* b) {
-          return PEM_write_bio_PrivateKey(b, k->get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
-        });
+    if (auto w = write_pem(f.key, true,
+                           [&](BIO* b) {
+                             return PEM_write_bio_PrivateKey(b, k->get(), nullptr, nullptr, 0,
+                                                             nullptr, nullptr) == 1;
+                           });
         !w)
       return std::unexpected(w.error());
-    if (auto w = write_pem(f.certificate, false, [&](BIO* b) { return PEM_write_bio_X509(b, c->get()) == 1; }); !w)
+    if (auto w = write_pem(f.certificate, false,
+                           [&](BIO* b) { return PEM_write_bio_X509(b, c->get()) == 1; });
+        !w)
       return std::unexpected(w.error());
     wrote.push_back(f.certificate);
   }
   return wrote;
 }
 
-std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node) {
+std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m,
+                                                                  const std::string& node) {
   ERR_clear_error();
-  if (!m.node(node) && node != client_identity) return std::unexpected("'" + node + "' is not a node of " + m.path);
+  if (!m.node(node) && node != client_identity)
+    return std::unexpected("'" + node + "' is not a node of " + m.path);
   const auto f = tls_files(m, node);
   for (const auto& p : {f.ca, f.certificate, f.key})
     if (!fs::exists(p))
-      return std::unexpected("missing " + p + " (mutual TLS needs the CA, the node's certificate and its key; " +
+      return std::unexpected("missing " + p +
+                             " (mutual TLS needs the CA, the node's certificate and its key; " +
                              "make them with `troupe certs " + m.path + "`)");
   auto ca = read_cert(f.ca);
   if (!ca) return std::unexpected(ca.error());
@@ -241,7 +267,8 @@ std::expected<node_tls_files, std::string> check_node_certificate(const manifest
   if (X509_cmp_current_time(X509_get0_notAfter(cert->get())) <= 0)
     return std::unexpected(f.certificate + " has expired");
   const auto cn = cn_of(cert->get());
-  if (cn != node) return std::unexpected(f.certificate + " names '" + cn + "', not node '" + node + "'");
+  if (cn != node)
+    return std::unexpected(f.certificate + " names '" + cn + "', not node '" + node + "'");
   return f;
 }
 
@@ -287,34 +314,42 @@ std::expected<identity_proof, std::string> prove_identity(const node_tls_files& 
   return p;
 }
 
-std::expected<void, std::string> verify_identity(const std::string& ca_path, const std::string& node,
-                                                 std::span<const std::uint8_t> challenge, const identity_proof& proof) {
+std::expected<void, std::string> verify_identity(const std::string& ca_path,
+                                                 const std::string& node,
+                                                 std::span<const std::uint8_t> challenge,
+                                                 const identity_proof& proof) {
   ERR_clear_error();
   if (proof.certificate_pem.empty() || proof.certificate_pem.size() > 16384)
-    return std::unexpected("identity of '" + node + "': a certificate of " + std::to_string(proof.certificate_pem.size()) +
+    return std::unexpected("identity of '" + node + "': a certificate of " +
+                           std::to_string(proof.certificate_pem.size()) +
                            " bytes (expected 1 to 16384)");
   if (proof.signature.empty() || proof.signature.size() > 1024)
-    return std::unexpected("identity of '" + node + "': a signature of " + std::to_string(proof.signature.size()) +
-                           " bytes (expected 1 to 1024)");
+    return std::unexpected("identity of '" + node + "': a signature of " +
+                           std::to_string(proof.signature.size()) + " bytes (expected 1 to 1024)");
   auto ca = read_cert(ca_path);
   if (!ca) return std::unexpected(ca.error());
-  bio_ptr bio(BIO_new_mem_buf(proof.certificate_pem.data(), static_cast<int>(proof.certificate_pem.size())));
+  bio_ptr bio(BIO_new_mem_buf(proof.certificate_pem.data(),
+                              static_cast<int>(proof.certificate_pem.size())));
   x509_ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr);
   if (!cert) return std::unexpected(ssl_error("identity of '" + node + "': not a PEM certificate"));
   EVP_PKEY* ca_pub = X509_get0_pubkey(ca->get());
   if (!ca_pub || X509_verify(cert.get(), ca_pub) != 1)
-    return std::unexpected("identity of '" + node + "': the certificate was not signed by the cluster CA");
+    return std::unexpected("identity of '" + node +
+                           "': the certificate was not signed by the cluster CA");
   if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) >= 0 ||
       X509_cmp_current_time(X509_get0_notAfter(cert.get())) <= 0)
     return std::unexpected("identity of '" + node + "': the certificate is not valid now");
   const auto cn = cn_of(cert.get());
-  if (cn != node) return std::unexpected("identity of '" + node + "': the certificate names '" + cn + "'");
+  if (cn != node)
+    return std::unexpected("identity of '" + node + "': the certificate names '" + cn + "'");
   EVP_PKEY* pub = X509_get0_pubkey(cert.get());
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (!pub || !ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, EVP_sha256(), nullptr, pub) != 1 ||
-      EVP_DigestVerify(ctx.get(), proof.signature.data(), proof.signature.size(), challenge.data(), challenge.size()) != 1) {
+      EVP_DigestVerify(ctx.get(), proof.signature.data(), proof.signature.size(), challenge.data(),
+                       challenge.size()) != 1) {
     ERR_clear_error();
-    return std::unexpected("identity of '" + node + "': the signature does not match the challenge and certificate");
+    return std::unexpected("identity of '" + node +
+                           "': the signature does not match the challenge and certificate");
   }
   return {};
 }

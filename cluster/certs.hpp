@@ -40,14 +40,16 @@ node_tls_files tls_files(const manifest& m, const std::string& node);
 /// Creates what is missing: the CA (once; an existing CA is kept) and a
 /// certificate for every node of the manifest that has none, valid for
 /// `days`, and the client certificate. Returns the files it wrote.
-std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m, int days = 825);
+std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m,
+                                                                         int days = 825);
 
 /// Checks that node `node` can run mutual TLS: its certificate, key and the
 /// CA exist, the key matches the certificate, the certificate was signed by
 /// the CA, is valid now and names the node (CN). A node refuses to start
 /// otherwise (caf_openssl would silently fall back to anonymous TLS).
 /// `node` may also be client_identity.
-std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m, const std::string& node);
+std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m,
+                                                                  const std::string& node);
 
 /// A node's proof, for a gatekeeper, that it holds the key of its
 /// certificate: the certificate (PEM) and its signature over the
@@ -68,8 +70,10 @@ std::expected<identity_proof, std::string> prove_identity(const node_tls_files& 
 /// Checks a proof received from the network: sizes bounded, the
 /// certificate signed by the CA in `ca_path`, valid now, naming `node`, and
 /// the signature over `challenge` made by its key.
-std::expected<void, std::string> verify_identity(const std::string& ca_path, const std::string& node,
-                                                 std::span<const std::uint8_t> challenge, const identity_proof& proof);
+std::expected<void, std::string> verify_identity(const std::string& ca_path,
+                                                 const std::string& node,
+                                                 std::span<const std::uint8_t> challenge,
+                                                 const identity_proof& proof);
 
 /// The subject CN of a PEM certificate file.
 std::expected<std::string, std::string> certificate_common_name(const std::string& pem_path);

@@ -16,11 +16,14 @@ namespace troupe::cluster {
 
 namespace fs = std::filesystem;
 
-std::string run_dir(const manifest& m) { return (fs::path(m.certs_dir) / "run").string(); }
+std::string run_dir(const manifest& m) {
+  return (fs::path(m.certs_dir) / "run").string();
+}
 
 namespace {
 void replace_all(std::string& s, const std::string& what, const std::string& with) {
-  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size())) s.replace(at, what.size(), with);
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
+    s.replace(at, what.size(), with);
 }
 
 std::string shell_quote(const std::string& s) {
@@ -40,8 +43,8 @@ std::string launch_command(const manifest& m, const node_entry& n, const std::st
 }
 
 namespace {
-std::expected<launched_node, std::string> start(const manifest& m, const std::string& name, std::vector<std::string> argv,
-                                                bool local) {
+std::expected<launched_node, std::string> start(const manifest& m, const std::string& name,
+                                                std::vector<std::string> argv, bool local) {
   std::error_code ec;
   fs::create_directories(run_dir(m), ec);
   if (ec) return std::unexpected("cannot create " + run_dir(m) + ": " + ec.message());
@@ -83,16 +86,20 @@ std::expected<launched_node, std::string> launch_local(const manifest& m, const 
 std::expected<launched_node, std::string> launch_node(const manifest& m, const node_entry& n,
                                                       const std::string& troupe_exe) {
   if (is_loopback(n.host))
-    return start(m, n.name, {troupe_exe, "node", "--manifest", fs::absolute(m.path).string(), "--name", n.name}, true);
+    return start(
+        m, n.name,
+        {troupe_exe, "node", "--manifest", fs::absolute(m.path).string(), "--name", n.name}, true);
   return start(m, n.name, {"/bin/sh", "-c", launch_command(m, n, troupe_exe)}, false);
 }
 
-std::expected<void, std::string> write_launched(const manifest& m, const std::vector<launched_node>& nodes) {
+std::expected<void, std::string> write_launched(const manifest& m,
+                                                const std::vector<launched_node>& nodes) {
   const auto path = fs::path(run_dir(m)) / "nodes.pid";
   const auto tmp = path.string() + ".tmp";
   {
     std::ofstream f(tmp);
-    for (const auto& n : nodes) f << n.node << ' ' << n.pid << ' ' << n.log << ' ' << (n.local ? 1 : 0) << '\n';
+    for (const auto& n : nodes)
+      f << n.node << ' ' << n.pid << ' ' << n.log << ' ' << (n.local ? 1 : 0) << '\n';
     if (!f) return std::unexpected("cannot write " + tmp);
   }
   std::error_code ec;

@@ -19,8 +19,8 @@ namespace troupe::cluster {
 
 struct launched_node {
   std::string node;
-  pid_t pid = 0;     ///< the local process (for a remote node: its launch command)
-  std::string log;   ///< its stdout and stderr
+  pid_t pid = 0;    ///< the local process (for a remote node: its launch command)
+  std::string log;  ///< its stdout and stderr
   bool local = true;
 };
 
@@ -43,7 +43,8 @@ std::expected<launched_node, std::string> launch_local(const manifest& m, const 
                                                        std::vector<std::string> argv);
 
 /// The pid file, one "NODE PID LOG" line per node.
-std::expected<void, std::string> write_launched(const manifest& m, const std::vector<launched_node>& nodes);
+std::expected<void, std::string> write_launched(const manifest& m,
+                                                const std::vector<launched_node>& nodes);
 std::vector<launched_node> read_launched(const manifest& m);
 
 /// Whether process `pid` still runs (and is not a zombie of ours: reaped).

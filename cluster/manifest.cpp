@@ -37,7 +37,8 @@ struct checker {
   static int line_of(const toml::node& n) { return static_cast<int>(n.source().begin.line); }
 
   // Unknown keys of a table are errors.
-  void only_keys(const toml::table& t, const std::string& where, std::initializer_list<std::string_view> allowed) {
+  void only_keys(const toml::table& t, const std::string& where,
+                 std::initializer_list<std::string_view> allowed) {
     for (const auto& [k, v] : t) {
       if (std::find(allowed.begin(), allowed.end(), k.str()) != allowed.end()) continue;
       std::string list;
@@ -47,7 +48,8 @@ struct checker {
     }
   }
 
-  const toml::table* table(const toml::table& parent, std::string_view key, const std::string& where, bool required) {
+  const toml::table* table(const toml::table& parent, std::string_view key,
+                           const std::string& where, bool required) {
     const auto* n = parent.get(key);
     const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
     if (!n) {
@@ -62,7 +64,8 @@ struct checker {
   }
 
   // A string value; `out` keeps its default when absent.
-  void str(const toml::table& t, std::string_view key, const std::string& where, std::string& out, bool required = false) {
+  void str(const toml::table& t, std::string_view key, const std::string& where, std::string& out,
+           bool required = false) {
     const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
     const auto* n = t.get(key);
     if (!n) {
@@ -77,8 +80,8 @@ struct checker {
   }
 
   template <class Int>
-  void integer(const toml::table& t, std::string_view key, const std::string& where, Int& out, std::int64_t lo,
-               std::int64_t hi, bool required = false) {
+  void integer(const toml::table& t, std::string_view key, const std::string& where, Int& out,
+               std::int64_t lo, std::int64_t hi, bool required = false) {
     const std::string path = where.empty() ? std::string(key) : where + "." + std::string(key);
     const auto* n = t.get(key);
     if (!n) {
@@ -91,13 +94,16 @@ struct checker {
     }
     const auto v = n->as_integer()->get();
     if (v < lo || v > hi) {
-      error(line_of(*n), path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+      error(line_of(*n), path,
+            "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                std::to_string(v));
       return;
     }
     out = static_cast<Int>(v);
   }
 
-  void number(const toml::table& t, std::string_view key, const std::string& where, double& out, double lo, double hi) {
+  void number(const toml::table& t, std::string_view key, const std::string& where, double& out,
+              double lo, double hi) {
     const std::string path = where + "." + std::string(key);
     const auto* n = t.get(key);
     if (!n) return;
@@ -107,7 +113,8 @@ struct checker {
     }
     const double v = n->value<double>().value_or(0.0);
     if (!(v >= lo && v <= hi)) {
-      error(line_of(*n), path, "must be in [" + num_text(lo) + ", " + num_text(hi) + "], got " + num_text(v));
+      error(line_of(*n), path,
+            "must be in [" + num_text(lo) + ", " + num_text(hi) + "], got " + num_text(v));
       return;
     }
     out = v;
@@ -126,12 +133,16 @@ struct checker {
 
 bool valid_name(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
 }
 
 bool valid_cores(std::string_view s) {
   auto num = [](std::string_view x) {
-    return !x.empty() && x.size() <= 4 && std::all_of(x.begin(), x.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    return !x.empty() && x.size() <= 4 && std::all_of(x.begin(), x.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
   };
   const auto dash = s.find('-');
   if (dash == std::string_view::npos) return num(s);
@@ -156,15 +167,18 @@ void parse_device(checker& c, const toml::table& t, const std::string& where, de
   } else if (type == "npu") {
     d.type = device_type::npu;
   } else if (!type.empty()) {
-    c.error(checker::line_of(*t.get("type")), where + ".type", "expected cpu, cuda or npu, got '" + type + "'");
+    c.error(checker::line_of(*t.get("type")), where + ".type",
+            "expected cpu, cuda or npu, got '" + type + "'");
   }
   if (const auto* n = t.get("cores")) {
     if (d.type != device_type::cpu) {
-      c.error(checker::line_of(*n), where + ".cores", "only a cpu device has cores (a " + type + " device has an index)");
+      c.error(checker::line_of(*n), where + ".cores",
+              "only a cpu device has cores (a " + type + " device has an index)");
     } else if (n->is_string()) {
       d.cores = n->as_string()->get();
       if (!valid_cores(d.cores))
-        c.error(checker::line_of(*n), where + ".cores", "expected a core (\"3\") or a range (\"0-7\"), got '" + d.cores + "'");
+        c.error(checker::line_of(*n), where + ".cores",
+                "expected a core (\"3\") or a range (\"0-7\"), got '" + d.cores + "'");
     } else if (n->is_integer()) {
       const auto v = n->as_integer()->get();
       if (v < 0 || v > 9999)
@@ -184,9 +198,11 @@ void parse_device(checker& c, const toml::table& t, const std::string& where, de
   if (const auto* n = t.get("memory")) {
     std::optional<std::uint64_t> b;
     if (n->is_string()) b = parse_bytes(n->as_string()->get());
-    if (n->is_integer() && n->as_integer()->get() > 0) b = static_cast<std::uint64_t>(n->as_integer()->get());
+    if (n->is_integer() && n->as_integer()->get() > 0)
+      b = static_cast<std::uint64_t>(n->as_integer()->get());
     if (!b)
-      c.error(checker::line_of(*n), where + ".memory", "expected a size such as \"16GiB\", \"512MiB\" or a byte count");
+      c.error(checker::line_of(*n), where + ".memory",
+              "expected a size such as \"16GiB\", \"512MiB\" or a byte count");
     else
       d.memory_bytes = *b;
   }
@@ -200,15 +216,18 @@ void parse_node(checker& c, const toml::table& t, const std::string& where, node
     c.error(checker::line_of(*t.get("name")), where + ".name",
             "'" + n.name + "': use letters, digits, '-' and '_' (at most 64)");
   c.str(t, "host", where, n.host, true);
-  if (t.get("host") && n.host.empty()) c.error(checker::line_of(*t.get("host")), where + ".host", "must not be empty");
+  if (t.get("host") && n.host.empty())
+    c.error(checker::line_of(*t.get("host")), where + ".host", "must not be empty");
   if (n.host == "0.0.0.0" || n.host == "::")
     c.error(checker::line_of(*t.get("host")), where + ".host",
-            "binding every interface needs an explicit address of this machine (the control plane must not listen everywhere)");
+            "binding every interface needs an explicit address of this machine (the control plane "
+            "must not listen everywhere)");
   c.integer(t, "port", where, n.port, 1, 65535, true);
   c.str(t, "model_path", where, n.model_path);
   const auto* devs = t.get("devices");
   if (!devs) {
-    c.error(n.line, where + ".devices", "missing (an array of device tables, e.g. devices = [{ type = \"cpu\" }])");
+    c.error(n.line, where + ".devices",
+            "missing (an array of device tables, e.g. devices = [{ type = \"cpu\" }])");
     return;
   }
   if (devs->is_array() && devs->as_array()->empty()) {
@@ -231,9 +250,12 @@ void parse_node(checker& c, const toml::table& t, const std::string& where, node
 
 const char* to_string(device_type t) {
   switch (t) {
-    case device_type::cpu: return "cpu";
-    case device_type::cuda: return "cuda";
-    case device_type::npu: return "npu";
+    case device_type::cpu:
+      return "cpu";
+    case device_type::cuda:
+      return "cuda";
+    case device_type::npu:
+      return "npu";
   }
   return "?";
 }
@@ -255,7 +277,9 @@ std::string manifest::model_path_of(const node_entry& n) const {
   return (std::filesystem::path(dir) / p).lexically_normal().string();
 }
 
-bool is_loopback(std::string_view host) { return host == "localhost" || host.starts_with("127.") || host == "::1"; }
+bool is_loopback(std::string_view host) {
+  return host == "localhost" || host.starts_with("127.") || host == "::1";
+}
 
 std::string manifest_error::text() const {
   std::string s;
@@ -277,11 +301,20 @@ std::optional<std::uint64_t> parse_bytes(std::string_view s) {
   std::string unit(s.substr(i));
   for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   static const std::map<std::string, std::uint64_t> units{
-      {"", 1},          {"b", 1},
-      {"k", 1ull << 10}, {"kb", 1000},        {"kib", 1ull << 10},
-      {"m", 1ull << 20}, {"mb", 1000000},     {"mib", 1ull << 20},
-      {"g", 1ull << 30}, {"gb", 1000000000},  {"gib", 1ull << 30},
-      {"t", 1ull << 40}, {"tb", 1000000000000}, {"tib", 1ull << 40},
+      {"", 1},
+      {"b", 1},
+      {"k", 1ull << 10},
+      {"kb", 1000},
+      {"kib", 1ull << 10},
+      {"m", 1ull << 20},
+      {"mb", 1000000},
+      {"mib", 1ull << 20},
+      {"g", 1ull << 30},
+      {"gb", 1000000000},
+      {"gib", 1ull << 30},
+      {"t", 1ull << 40},
+      {"tb", 1000000000000},
+      {"tib", 1ull << 40},
   };
   auto it = units.find(unit);
   if (it == units.end() || v == 0) return std::nullopt;
@@ -295,31 +328,36 @@ std::expected<manifest, manifest_error> load_manifest(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
-  if (text.size() > (1u << 20)) return std::unexpected(manifest_error{{path + ": larger than 1 MiB; not a manifest"}});
+  if (text.size() > (1u << 20))
+    return std::unexpected(manifest_error{{path + ": larger than 1 MiB; not a manifest"}});
   return parse_manifest(text, path);
 }
 
-std::expected<manifest, manifest_error> parse_manifest(std::string_view text, const std::string& path) {
+std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
+                                                       const std::string& path) {
   checker c;
   c.file = path;
   toml::table root;
   try {
     root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    c.error(static_cast<int>(e.source().begin.line), "", "not valid TOML: " + std::string(e.description()));
+    c.error(static_cast<int>(e.source().begin.line), "",
+            "not valid TOML: " + std::string(e.description()));
     return std::unexpected(manifest_error{std::move(c.errors)});
   }
   manifest m;
   m.path = path;
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
-  c.only_keys(root, "", {"cluster", "model", "parallelism", "placement", "scheduler", "transport", "nodes"});
+  c.only_keys(root, "",
+              {"cluster", "model", "parallelism", "placement", "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
     c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
     c.str(*t, "name", "cluster", m.name, true);
     if (t->get("name") && !m.name.empty() && !valid_name(m.name))
-      c.error(checker::line_of(*t->get("name")), "cluster.name", "'" + m.name + "': use letters, digits, '-' and '_' (at most 64)");
+      c.error(checker::line_of(*t->get("name")), "cluster.name",
+              "'" + m.name + "': use letters, digits, '-' and '_' (at most 64)");
     c.str(*t, "head", "cluster", m.head, true);
     // Else the cross-check below is skipped and head_node() derefs null.
     if (t->get("head") && t->get("head")->is_string() && m.head.empty())
@@ -327,22 +365,28 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
     std::string certs;
     c.str(*t, "certs", "cluster", certs, true);
     if (!certs.empty())
-      m.certs_dir = std::filesystem::path(certs).is_absolute() ? certs : (std::filesystem::path(m.dir) / certs).lexically_normal().string();
+      m.certs_dir = std::filesystem::path(certs).is_absolute()
+                        ? certs
+                        : (std::filesystem::path(m.dir) / certs).lexically_normal().string();
     c.str(*t, "launch", "cluster", m.launch);
     if (t->get("launch") && m.launch.find("{host}") == std::string::npos)
-      c.error(checker::line_of(*t->get("launch")), "cluster.launch", "must contain {host} (where the node runs)");
+      c.error(checker::line_of(*t->get("launch")), "cluster.launch",
+              "must contain {host} (where the node runs)");
   }
 
   if (const auto* t = c.table(root, "model", "", false)) {
     c.only_keys(*t, "model", {"path", "quant", "overrides", "kv_type", "ctx"});
     c.str(*t, "path", "model", m.model.path);
-    if (m.model.path.empty() && t->get("path")) c.error(checker::line_of(*t->get("path")), "model.path", "must not be empty");
+    if (m.model.path.empty() && t->get("path"))
+      c.error(checker::line_of(*t->get("path")), "model.path", "must not be empty");
     c.str(*t, "quant", "model", m.model.quant);
     if (!m.model.quant.empty() && !weight_formats().count(m.model.quant))
-      c.error(checker::line_of(*t->get("quant")), "model.quant", "unknown weight format '" + m.model.quant + "'");
+      c.error(checker::line_of(*t->get("quant")), "model.quant",
+              "unknown weight format '" + m.model.quant + "'");
     c.str(*t, "kv_type", "model", m.model.kv_type);
     if (m.model.kv_type != "f32" && m.model.kv_type != "f16" && m.model.kv_type != "int8")
-      c.error(checker::line_of(*t->get("kv_type")), "model.kv_type", "expected f32, f16 or int8, got '" + m.model.kv_type + "'");
+      c.error(checker::line_of(*t->get("kv_type")), "model.kv_type",
+              "expected f32, f16 or int8, got '" + m.model.kv_type + "'");
     c.integer(*t, "ctx", "model", m.model.ctx_tokens, 16, std::int64_t{1} << 24);
     if (const auto* o = c.table(*t, "overrides", "model", false)) {
       for (const auto& [k, v] : *o) {
@@ -352,7 +396,8 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
           continue;
         }
         const std::string f = v.as_string()->get();
-        if (!weight_formats().count(f)) c.error(checker::line_of(v), key, "unknown weight format '" + f + "'");
+        if (!weight_formats().count(f))
+          c.error(checker::line_of(v), key, "unknown weight format '" + f + "'");
         m.model.overrides.emplace_back(std::string(k.str()), f);
       }
     }
@@ -366,7 +411,8 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
       else if (n->is_integer())
         c.integer(*t, "pipeline_stages", "parallelism", m.parallelism.pipeline_stages, 1, 1024);
       else
-        c.error(checker::line_of(*n), "parallelism.pipeline_stages", "expected \"auto\" or a number of stages");
+        c.error(checker::line_of(*n), "parallelism.pipeline_stages",
+                "expected \"auto\" or a number of stages");
     }
     if (const auto* n = t->get("tensor_parallel")) {
       if (n->is_string() && n->as_string()->get() == "auto")
@@ -377,8 +423,9 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   }
 
   if (const auto* t = c.table(root, "placement", "", false)) {
-    c.only_keys(*t, "placement", {"wait_for_nodes_s", "rebalance", "interval_s", "gain_threshold", "cooldown_s", "memory_pressure", "measure_s",
-                                  "load_half_life_s"});
+    c.only_keys(*t, "placement",
+                {"wait_for_nodes_s", "rebalance", "interval_s", "gain_threshold", "cooldown_s",
+                 "memory_pressure", "measure_s", "load_half_life_s"});
     c.number(*t, "wait_for_nodes_s", "placement", m.placement.wait_for_nodes_s, 0, 86400);
     c.boolean(*t, "rebalance", "placement", m.placement.rebalance);
     c.number(*t, "interval_s", "placement", m.placement.interval_s, 0.5, 86400);
@@ -425,14 +472,19 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   for (std::size_t i = 0; i < m.nodes.size(); ++i) {
     const auto& e = m.nodes[i];
     const std::string where = "nodes[" + std::to_string(i) + "]";
-    if (e.name == "client") c.error(e.line, where + ".name", "'client' is reserved (the identity of troupe's clients)");
+    if (e.name == "client")
+      c.error(e.line, where + ".name", "'client' is reserved (the identity of troupe's clients)");
     if (!e.name.empty()) {
       if (auto [it, fresh] = names.emplace(e.name, e.line); !fresh)
-        c.error(e.line, where + ".name", "'" + e.name + "' is already the name of the node at line " + std::to_string(it->second));
+        c.error(e.line, where + ".name",
+                "'" + e.name + "' is already the name of the node at line " +
+                    std::to_string(it->second));
     }
     if (!e.host.empty() && e.port > 0) {
       if (auto [it, fresh] = endpoints.emplace(std::make_pair(e.host, e.port), e.name); !fresh)
-        c.error(e.line, where + ".port", e.host + ":" + std::to_string(e.port) + " is already node '" + it->second + "''s address");
+        c.error(e.line, where + ".port",
+                e.host + ":" + std::to_string(e.port) + " is already node '" + it->second +
+                    "''s address");
     }
     std::set<std::string> cpu_cores;
     std::set<std::pair<int, int>> indices;
@@ -457,10 +509,10 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text, co
   if (m.parallelism.pipeline_stages > 0 && devices_total > 0 &&
       m.parallelism.pipeline_stages * m.parallelism.tensor_parallel > devices_total)
     c.error(0, "parallelism",
-            std::to_string(m.parallelism.pipeline_stages) + " stages x " + std::to_string(m.parallelism.tensor_parallel) +
-                " tensor-parallel ranks need " +
-                std::to_string(m.parallelism.pipeline_stages * m.parallelism.tensor_parallel) + " devices; the nodes have " +
-                std::to_string(devices_total));
+            std::to_string(m.parallelism.pipeline_stages) + " stages x " +
+                std::to_string(m.parallelism.tensor_parallel) + " tensor-parallel ranks need " +
+                std::to_string(m.parallelism.pipeline_stages * m.parallelism.tensor_parallel) +
+                " devices; the nodes have " + std::to_string(devices_total));
   if (!c.errors.empty()) return std::unexpected(manifest_error{std::move(c.errors)});
   return m;
 }

@@ -66,14 +66,18 @@ struct parallelism_entry {
 /// How the head places the model and re-plans (docs/manifest.md). The
 /// policy runs with parallelism.pipeline_stages = "auto".
 struct placement_entry {
-  double wait_for_nodes_s = 60;   ///< first placement: wait this long for every node, then place on those up
-  bool rebalance = true;          ///< let the policy move shards (load, memory, a node joining)
-  double interval_s = 5;          ///< how often the policy looks
-  double gain_threshold = 0.15;   ///< move only for this much faster predicted steps
-  double cooldown_s = 60;         ///< a shard that moved stays this long
-  double memory_pressure = 0.9;   ///< a device needing more than this share of its memory sheds shards
-  double measure_s = 20;          ///< a decision's effect: tokens/s over this long before it and after it settled
-  double load_half_life_s = 30;   ///< measured loads are smoothed with this half-life (0: taken as they come)
+  double wait_for_nodes_s =
+      60;  ///< first placement: wait this long for every node, then place on those up
+  bool rebalance = true;         ///< let the policy move shards (load, memory, a node joining)
+  double interval_s = 5;         ///< how often the policy looks
+  double gain_threshold = 0.15;  ///< move only for this much faster predicted steps
+  double cooldown_s = 60;        ///< a shard that moved stays this long
+  double memory_pressure =
+      0.9;  ///< a device needing more than this share of its memory sheds shards
+  double measure_s =
+      20;  ///< a decision's effect: tokens/s over this long before it and after it settled
+  double load_half_life_s =
+      30;  ///< measured loads are smoothed with this half-life (0: taken as they come)
 };
 
 struct scheduler_entry {
@@ -121,7 +125,8 @@ struct manifest_error {
 std::expected<manifest, manifest_error> load_manifest(const std::string& path);
 /// Validates manifest text; `path` names it in messages and anchors
 /// relative paths.
-std::expected<manifest, manifest_error> parse_manifest(std::string_view text, const std::string& path);
+std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
+                                                       const std::string& path);
 
 /// Whether a node at `host` runs on this machine (started as a local
 /// process rather than through the launch command).

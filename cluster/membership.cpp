@@ -6,10 +6,14 @@ namespace troupe::cluster {
 
 const char* to_string(member_state s) {
   switch (s) {
-    case member_state::joining: return "joining";
-    case member_state::up: return "up";
-    case member_state::suspect: return "suspect";
-    case member_state::lost: return "lost";
+    case member_state::joining:
+      return "joining";
+    case member_state::up:
+      return "up";
+    case member_state::suspect:
+      return "suspect";
+    case member_state::lost:
+      return "lost";
   }
   return "unknown";
 }
@@ -23,19 +27,22 @@ membership::membership(std::vector<std::string> names, membership_options opt) :
 }
 
 membership::member* membership::get(const std::string& name) {
-  auto it = std::find_if(members_.begin(), members_.end(), [&](const member& m) { return m.name == name; });
+  auto it = std::find_if(members_.begin(), members_.end(),
+                         [&](const member& m) { return m.name == name; });
   return it == members_.end() ? nullptr : &*it;
 }
 
 const membership::member* membership::find(const std::string& name) const {
-  auto it = std::find_if(members_.begin(), members_.end(), [&](const member& m) { return m.name == name; });
+  auto it = std::find_if(members_.begin(), members_.end(),
+                         [&](const member& m) { return m.name == name; });
   return it == members_.end() ? nullptr : &*it;
 }
 
 membership::transition membership::joined(const std::string& name, time_point now) {
   auto* m = get(name);
   if (!m) return {name, member_state::lost, member_state::lost, "not a member"};
-  transition t{name, m->state, member_state::up, m->state == member_state::lost ? "rejoined" : "joined"};
+  transition t{name, m->state, member_state::up,
+               m->state == member_state::lost ? "rejoined" : "joined"};
   m->state = member_state::up;
   m->last_seen = now;
   ++m->joins;
@@ -44,7 +51,8 @@ membership::transition membership::joined(const std::string& name, time_point no
 
 std::optional<membership::transition> membership::heard(const std::string& name, time_point now) {
   auto* m = get(name);
-  if (!m || m->state == member_state::lost || m->state == member_state::joining) return std::nullopt;  // rejoin first
+  if (!m || m->state == member_state::lost || m->state == member_state::joining)
+    return std::nullopt;  // rejoin first
   m->last_seen = now;
   if (m->state == member_state::suspect) {
     m->state = member_state::up;
@@ -53,9 +61,11 @@ std::optional<membership::transition> membership::heard(const std::string& name,
   return std::nullopt;
 }
 
-std::optional<membership::transition> membership::gone(const std::string& name, const std::string& why) {
+std::optional<membership::transition> membership::gone(const std::string& name,
+                                                       const std::string& why) {
   auto* m = get(name);
-  if (!m || m->state == member_state::lost || m->state == member_state::joining) return std::nullopt;
+  if (!m || m->state == member_state::lost || m->state == member_state::joining)
+    return std::nullopt;
   transition t{name, m->state, member_state::lost, why};
   m->state = member_state::lost;
   ++m->losses;
@@ -68,9 +78,12 @@ std::vector<membership::transition> membership::tick(time_point now) {
     if ((m.state != member_state::up && m.state != member_state::suspect) || !m.last_seen) continue;
     const auto silent = now - *m.last_seen;
     if (silent >= opt_.lost_after) {
-      out.push_back({m.name, m.state, member_state::lost,
-                     "no heartbeat answer for " +
-                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) + " ms"});
+      out.push_back(
+          {m.name, m.state, member_state::lost,
+           "no heartbeat answer for " +
+               std::to_string(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+               " ms"});
       m.state = member_state::lost;
       ++m.losses;
     } else if (silent >= opt_.suspect_after && m.state == member_state::up) {
@@ -99,7 +112,8 @@ std::vector<std::string> membership::usable() const {
   return out;
 }
 
-std::vector<stage_slot> place_pipeline(int layers, int stages, const std::vector<std::string>& usable,
+std::vector<stage_slot> place_pipeline(int layers, int stages,
+                                       const std::vector<std::string>& usable,
                                        const std::string& head) {
   if (layers < 1 || std::find(usable.begin(), usable.end(), head) == usable.end()) return {};
   std::vector<std::string> order{head};
@@ -108,7 +122,8 @@ std::vector<stage_slot> place_pipeline(int layers, int stages, const std::vector
   int k = stages > 0 ? stages : static_cast<int>(order.size());
   k = std::min({k, static_cast<int>(order.size()), layers});
   std::vector<stage_slot> plan;
-  for (int s = 0; s < k; ++s) plan.push_back({order[static_cast<std::size_t>(s)], s * layers / k, (s + 1) * layers / k});
+  for (int s = 0; s < k; ++s)
+    plan.push_back({order[static_cast<std::size_t>(s)], s * layers / k, (s + 1) * layers / k});
   return plan;
 }
 

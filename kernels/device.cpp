@@ -14,9 +14,12 @@ namespace troupe::kernels {
 
 std::string_view to_string(device_kind k) {
   switch (k) {
-    case device_kind::cpu: return "cpu";
-    case device_kind::cuda: return "cuda";
-    case device_kind::npu: return "npu";
+    case device_kind::cpu:
+      return "cpu";
+    case device_kind::cuda:
+      return "cuda";
+    case device_kind::npu:
+      return "npu";
   }
   return "unknown";
 }
@@ -44,13 +47,15 @@ std::uint64_t physical_memory_bytes() {
 
 result<std::unique_ptr<cpu_device>> cpu_device::create(int index, std::vector<int> cores,
                                                        std::uint64_t memory_limit_bytes) {
-  if (cores.empty()) return make_error(errc::invalid_argument, "a CPU device needs at least one core");
+  if (cores.empty())
+    return make_error(errc::invalid_argument, "a CPU device needs at least one core");
   const auto allowed = allowed_cores();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::set<int> seen;
   for (int c : cores) {
     if (!allowed_set.count(c))
-      return make_error(errc::invalid_argument, "core " + std::to_string(c) + " is not available to this process");
+      return make_error(errc::invalid_argument,
+                        "core " + std::to_string(c) + " is not available to this process");
     if (!seen.insert(c).second)
       return make_error(errc::invalid_argument, "core " + std::to_string(c) + " listed twice");
   }
@@ -87,7 +92,8 @@ result<std::unique_ptr<device_registry>> device_registry::discover(const registr
   for (std::size_t i = 0; i < sets.size(); ++i) {
     for (int c : sets[i])
       if (!used.insert(c).second)
-        return make_error(errc::invalid_argument, "core " + std::to_string(c) + " is in two CPU devices");
+        return make_error(errc::invalid_argument,
+                          "core " + std::to_string(c) + " is in two CPU devices");
     auto dev = cpu::cpu_device::create(static_cast<int>(i), sets[i], opts.cpu_memory_limit_bytes);
     if (!dev) return std::unexpected(dev.error());
     reg->devices_.push_back(std::move(*dev));

@@ -47,12 +47,13 @@ inline f16 to_f16(float f) {
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf or NaN (NaN stays quiet NaN)
-    return f16{std::uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0u))};
+    return f16{
+        std::uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0u))};
   }
   if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to inf
     return f16{std::uint16_t(sign | 0x7c00u)};
   }
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                                   // result is subnormal or zero
     if (abs < 0x33000000u) return f16{std::uint16_t(sign)};  // < 2^-25 rounds to 0
     const std::uint32_t e = abs >> 23;
     const std::uint32_t m = (abs & 0x7fffffu) | 0x800000u;
@@ -71,7 +72,9 @@ inline f16 to_f16(float f) {
 }
 
 /// bfloat16 -> binary32, exact.
-inline float to_f32(bf16 b) { return std::bit_cast<float>(std::uint32_t(b.bits) << 16); }
+inline float to_f32(bf16 b) {
+  return std::bit_cast<float>(std::uint32_t(b.bits) << 16);
+}
 
 /// binary32 -> bfloat16 with round-to-nearest-even (NaN stays NaN).
 inline bf16 to_bf16(float f) {

@@ -22,7 +22,9 @@ std::shared_ptr<memory_pool> memory_pool::create(std::size_t limit_bytes) {
   return std::shared_ptr<memory_pool>(new memory_pool(limit_bytes));
 }
 
-memory_pool::~memory_pool() { trim(); }
+memory_pool::~memory_pool() {
+  trim();
+}
 
 // Size classes: multiples of 64 bytes up to 4 KiB, then four classes per
 // power of two (at most 25% slack).
@@ -35,7 +37,8 @@ std::size_t memory_pool::size_class_of(std::size_t bytes) {
 
 result<buffer_ptr> memory_pool::allocate(std::size_t bytes) {
   if (bytes > (std::size_t{1} << 46))
-    return make_error(errc::out_of_memory, "allocation of " + std::to_string(bytes) + " bytes refused");
+    return make_error(errc::out_of_memory,
+                      "allocation of " + std::to_string(bytes) + " bytes refused");
   const std::size_t cls = size_class_of(bytes == 0 ? 1 : bytes);
   void* data = nullptr;
   {
@@ -62,7 +65,8 @@ result<buffer_ptr> memory_pool::allocate(std::size_t bytes) {
       }
       data = std::aligned_alloc(tensor_alignment, cls);
       if (data == nullptr)
-        return make_error(errc::out_of_memory, "out of memory allocating " + std::to_string(cls) + " bytes");
+        return make_error(errc::out_of_memory,
+                          "out of memory allocating " + std::to_string(cls) + " bytes");
       stats_.allocations++;
     }
     stats_.bytes_in_use += cls;

@@ -9,23 +9,32 @@ namespace troupe::kernels {
 
 std::string_view to_string(weight_format f) {
   switch (f) {
-    case weight_format::f32: return "f32";
-    case weight_format::f16: return "f16";
-    case weight_format::bf16: return "bf16";
-    case weight_format::int8_sym: return "int8";
-    case weight_format::int8_asym: return "int8_asym";
-    case weight_format::int4_sym: return "int4";
-    case weight_format::int4_asym: return "int4_asym";
-    case weight_format::q8_0: return "q8_0";
-    case weight_format::q4_0: return "q4_0";
+    case weight_format::f32:
+      return "f32";
+    case weight_format::f16:
+      return "f16";
+    case weight_format::bf16:
+      return "bf16";
+    case weight_format::int8_sym:
+      return "int8";
+    case weight_format::int8_asym:
+      return "int8_asym";
+    case weight_format::int4_sym:
+      return "int4";
+    case weight_format::int4_asym:
+      return "int4_asym";
+    case weight_format::q8_0:
+      return "q8_0";
+    case weight_format::q4_0:
+      return "q4_0";
   }
   return "unknown";
 }
 
 result<weight_format> weight_format_from_string(std::string_view name) {
-  for (auto f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::int8_sym,
-                 weight_format::int8_asym, weight_format::int4_sym, weight_format::int4_asym,
-                 weight_format::q8_0, weight_format::q4_0})
+  for (auto f : {weight_format::f32, weight_format::f16, weight_format::bf16,
+                 weight_format::int8_sym, weight_format::int8_asym, weight_format::int4_sym,
+                 weight_format::int4_asym, weight_format::q8_0, weight_format::q4_0})
     if (to_string(f) == name) return f;
   return make_error(errc::unsupported_dtype,
                     "unknown weight format '" + std::string(name) +
@@ -34,15 +43,22 @@ result<weight_format> weight_format_from_string(std::string_view name) {
 
 double bits_per_weight(weight_format f, int group) {
   switch (f) {
-    case weight_format::f32: return 32;
+    case weight_format::f32:
+      return 32;
     case weight_format::f16:
-    case weight_format::bf16: return 16;
+    case weight_format::bf16:
+      return 16;
     case weight_format::int8_sym:
-    case weight_format::int8_asym: return 8;
-    case weight_format::int4_sym: return 4 + 32.0 / group;
-    case weight_format::int4_asym: return 4 + 40.0 / group;
-    case weight_format::q8_0: return 8.5;
-    case weight_format::q4_0: return 4.5;
+    case weight_format::int8_asym:
+      return 8;
+    case weight_format::int4_sym:
+      return 4 + 32.0 / group;
+    case weight_format::int4_asym:
+      return 4 + 40.0 / group;
+    case weight_format::q8_0:
+      return 8.5;
+    case weight_format::q4_0:
+      return 4.5;
   }
   return 0;
 }
@@ -56,26 +72,34 @@ std::size_t weight_matrix::storage_bytes() const {
 
 namespace {
 
-bool is_int4(weight_format f) { return f == weight_format::int4_sym || f == weight_format::int4_asym; }
+bool is_int4(weight_format f) {
+  return f == weight_format::int4_sym || f == weight_format::int4_asym;
+}
 
-result<void> check_part(const tensor& t, dtype want, std::int64_t r, std::int64_t c, const char* what) {
-  if (t.empty_view()) return make_error(errc::invalid_argument, std::string("weight ") + what + " missing");
+result<void> check_part(const tensor& t, dtype want, std::int64_t r, std::int64_t c,
+                        const char* what) {
+  if (t.empty_view())
+    return make_error(errc::invalid_argument, std::string("weight ") + what + " missing");
   if (t.type() != want || t.ndim() != 2 || t.dim(0) != r || t.dim(1) != c || !t.is_contiguous())
-    return make_error(errc::shape_mismatch, std::string("weight ") + what + " must be " +
-                                                std::string(to_string(want)) + " [" + std::to_string(r) +
-                                                ", " + std::to_string(c) + "], got " +
-                                                std::string(to_string(t.type())) + " " + t.shape().to_string());
+    return make_error(errc::shape_mismatch,
+                      std::string("weight ") + what + " must be " + std::string(to_string(want)) +
+                          " [" + std::to_string(r) + ", " + std::to_string(c) + "], got " +
+                          std::string(to_string(t.type())) + " " + t.shape().to_string());
   return {};
 }
 
 }  // namespace
 
 result<void> weight_matrix::validate() const {
-  if (rows <= 0 || cols <= 0) return make_error(errc::invalid_argument, "weight matrix must be non-empty");
+  if (rows <= 0 || cols <= 0)
+    return make_error(errc::invalid_argument, "weight matrix must be non-empty");
   switch (format) {
-    case weight_format::f32: return check_part(data, dtype::f32, rows, cols, "data");
-    case weight_format::f16: return check_part(data, dtype::f16, rows, cols, "data");
-    case weight_format::bf16: return check_part(data, dtype::bf16, rows, cols, "data");
+    case weight_format::f32:
+      return check_part(data, dtype::f32, rows, cols, "data");
+    case weight_format::f16:
+      return check_part(data, dtype::f16, rows, cols, "data");
+    case weight_format::bf16:
+      return check_part(data, dtype::bf16, rows, cols, "data");
     case weight_format::int8_sym:
       if (auto r = check_part(data, dtype::i8, rows, cols, "data"); !r) return r;
       return check_part(scales, dtype::f32, rows, 1, "scales");
@@ -88,14 +112,18 @@ result<void> weight_matrix::validate() const {
       if (group != 32 && group != 64 && group != 128)
         return make_error(errc::invalid_argument, "int4 group must be 32, 64 or 128");
       if (cols % group != 0)
-        return make_error(errc::shape_mismatch, "int4 columns must be a multiple of the group size");
+        return make_error(errc::shape_mismatch,
+                          "int4 columns must be a multiple of the group size");
       if (auto r = check_part(data, dtype::u8, rows, cols / 2, "data"); !r) return r;
       if (auto r = check_part(scales, dtype::f32, rows, cols / group, "scales"); !r) return r;
-      if (format == weight_format::int4_asym) return check_part(zeros, dtype::u8, rows, cols / group, "zeros");
+      if (format == weight_format::int4_asym)
+        return check_part(zeros, dtype::u8, rows, cols / group, "zeros");
       return {};
     }
-    case weight_format::q8_0: return check_part(data, dtype::q8_0, rows, cols, "data");
-    case weight_format::q4_0: return check_part(data, dtype::q4_0, rows, cols, "data");
+    case weight_format::q8_0:
+      return check_part(data, dtype::q8_0, rows, cols, "data");
+    case weight_format::q4_0:
+      return check_part(data, dtype::q4_0, rows, cols, "data");
   }
   return make_error(errc::unsupported_dtype, "unknown weight format");
 }
@@ -110,7 +138,8 @@ void quantize_row_q8_0(const float* x, block_q8_0* y, std::int64_t k) {
     const float d = amax / ((1 << 7) - 1);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = to_f16(d);
-    for (int j = 0; j < qk; ++j) y[i].qs[j] = static_cast<std::int8_t>(std::roundf(x[i * qk + j] * id));
+    for (int j = 0; j < qk; ++j)
+      y[i].qs[j] = static_cast<std::int8_t>(std::roundf(x[i * qk + j] * id));
   }
 }
 
@@ -175,13 +204,16 @@ std::uint8_t get_nibble(const std::uint8_t* row, std::int64_t c) {
 
 }  // namespace
 
-result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format, int group) {
-  if (auto r = expect_tensor(src, dtype::f32, 2, "quantize source"); !r) return std::unexpected(r.error());
+result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format,
+                               int group) {
+  if (auto r = expect_tensor(src, dtype::f32, 2, "quantize source"); !r)
+    return std::unexpected(r.error());
   weight_matrix w;
   w.format = format;
   w.rows = src.dim(0);
   w.cols = src.dim(1);
-  if (w.rows <= 0 || w.cols <= 0) return make_error(errc::invalid_argument, "cannot quantize an empty matrix");
+  if (w.rows <= 0 || w.cols <= 0)
+    return make_error(errc::invalid_argument, "cannot quantize an empty matrix");
   const std::int64_t R = w.rows, C = w.cols;
   auto alloc = [&](tensor& t, dtype dt, std::int64_t r, std::int64_t c) -> result<void> {
     auto made = tensor::zeros(pool, dt, {r, c});
@@ -191,13 +223,16 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
   };
   const bool needs_block = format == weight_format::q8_0 || format == weight_format::q4_0;
   if (needs_block && C % qk != 0)
-    return make_error(errc::shape_mismatch, std::string(to_string(format)) + " needs columns divisible by 32, got " +
+    return make_error(errc::shape_mismatch, std::string(to_string(format)) +
+                                                " needs columns divisible by 32, got " +
                                                 std::to_string(C));
   if (is_int4(format)) {
     if (group != 32 && group != 64 && group != 128)
-      return make_error(errc::invalid_argument, "int4 group must be 32, 64 or 128, got " + std::to_string(group));
+      return make_error(errc::invalid_argument,
+                        "int4 group must be 32, 64 or 128, got " + std::to_string(group));
     if (C % group != 0)
-      return make_error(errc::shape_mismatch, "int4 needs columns divisible by the group size " + std::to_string(group));
+      return make_error(errc::shape_mismatch,
+                        "int4 needs columns divisible by the group size " + std::to_string(group));
     w.group = group;
   }
   switch (format) {
@@ -207,11 +242,13 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
       break;
     case weight_format::f16:
       if (auto r = alloc(w.data, dtype::f16, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R * C; ++i) w.data.data_as<f16>()[i] = to_f16(src.data_as<float>()[i]);
+      for (std::int64_t i = 0; i < R * C; ++i)
+        w.data.data_as<f16>()[i] = to_f16(src.data_as<float>()[i]);
       break;
     case weight_format::bf16:
       if (auto r = alloc(w.data, dtype::bf16, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R * C; ++i) w.data.data_as<bf16>()[i] = to_bf16(src.data_as<float>()[i]);
+      for (std::int64_t i = 0; i < R * C; ++i)
+        w.data.data_as<bf16>()[i] = to_bf16(src.data_as<float>()[i]);
       break;
     case weight_format::int8_sym: {
       if (auto r = alloc(w.data, dtype::i8, R, C); !r) return std::unexpected(r.error());
@@ -223,7 +260,8 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
         const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
         w.scales.data_as<float>()[i] = d;
         for (std::int64_t j = 0; j < C; ++j)
-          w.data.row_as<std::int8_t>(i)[j] = static_cast<std::int8_t>(std::clamp(std::roundf(x[j] * id), -127.0f, 127.0f));
+          w.data.row_as<std::int8_t>(i)[j] =
+              static_cast<std::int8_t>(std::clamp(std::roundf(x[j] * id), -127.0f, 127.0f));
       }
       break;
     }
@@ -240,7 +278,8 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
         w.scales.data_as<float>()[i] = d;
         w.zeros.data_as<std::uint8_t>()[i] = static_cast<std::uint8_t>(z);
         for (std::int64_t j = 0; j < C; ++j)
-          w.data.row_as<std::uint8_t>(i)[j] = static_cast<std::uint8_t>(std::clamp(std::roundf(x[j] * id) + z, 0.0f, 255.0f));
+          w.data.row_as<std::uint8_t>(i)[j] =
+              static_cast<std::uint8_t>(std::clamp(std::roundf(x[j] * id) + z, 0.0f, 255.0f));
       }
       break;
     }
@@ -263,8 +302,9 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
             const float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
             w.scales.row_as<float>(i)[g] = d;
             for (int j = 0; j < group; ++j)
-              put_nibble(q, g * group + j,
-                         static_cast<std::uint8_t>(std::min(15, static_cast<int>(xg[j] * id + 8.5f))));
+              put_nibble(
+                  q, g * group + j,
+                  static_cast<std::uint8_t>(std::min(15, static_cast<int>(xg[j] * id + 8.5f))));
           } else {
             float lo = 0, hi = 0;
             for (int j = 0; j < group; ++j) lo = std::min(lo, xg[j]), hi = std::max(hi, xg[j]);
@@ -273,7 +313,9 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
             w.scales.row_as<float>(i)[g] = d;
             w.zeros.row_as<std::uint8_t>(i)[g] = static_cast<std::uint8_t>(z);
             for (int j = 0; j < group; ++j)
-              put_nibble(q, g * group + j, static_cast<std::uint8_t>(std::clamp(std::roundf(xg[j] * id) + z, 0.0f, 15.0f)));
+              put_nibble(
+                  q, g * group + j,
+                  static_cast<std::uint8_t>(std::clamp(std::roundf(xg[j] * id) + z, 0.0f, 15.0f)));
           }
         }
       }
@@ -281,24 +323,30 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
     }
     case weight_format::q8_0:
       if (auto r = alloc(w.data, dtype::q8_0, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i) quantize_row_q8_0(src.row_as<float>(i), w.data.row_as<block_q8_0>(i), C);
+      for (std::int64_t i = 0; i < R; ++i)
+        quantize_row_q8_0(src.row_as<float>(i), w.data.row_as<block_q8_0>(i), C);
       break;
     case weight_format::q4_0:
       if (auto r = alloc(w.data, dtype::q4_0, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i) quantize_row_q4_0(src.row_as<float>(i), w.data.row_as<block_q4_0>(i), C);
+      for (std::int64_t i = 0; i < R; ++i)
+        quantize_row_q4_0(src.row_as<float>(i), w.data.row_as<block_q4_0>(i), C);
       break;
   }
   return w;
 }
 
 result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<float> out) {
-  if (r < 0 || r >= w.rows) return make_error(errc::invalid_argument, "row " + std::to_string(r) + " out of range");
+  if (r < 0 || r >= w.rows)
+    return make_error(errc::invalid_argument, "row " + std::to_string(r) + " out of range");
   if (static_cast<std::int64_t>(out.size()) != w.cols)
-    return make_error(errc::shape_mismatch, "dequantize_row output must hold " + std::to_string(w.cols) + " floats");
+    return make_error(errc::shape_mismatch,
+                      "dequantize_row output must hold " + std::to_string(w.cols) + " floats");
   float* y = out.data();
   const std::int64_t C = w.cols;
   switch (w.format) {
-    case weight_format::f32: std::memcpy(y, w.data.row(r), sizeof(float) * static_cast<std::size_t>(C)); break;
+    case weight_format::f32:
+      std::memcpy(y, w.data.row(r), sizeof(float) * static_cast<std::size_t>(C));
+      break;
     case weight_format::f16:
       for (std::int64_t j = 0; j < C; ++j) y[j] = to_f32(w.data.row_as<f16>(r)[j]);
       break;
@@ -307,13 +355,15 @@ result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<fl
       break;
     case weight_format::int8_sym: {
       const float d = w.scales.data_as<float>()[r];
-      for (std::int64_t j = 0; j < C; ++j) y[j] = d * static_cast<float>(w.data.row_as<std::int8_t>(r)[j]);
+      for (std::int64_t j = 0; j < C; ++j)
+        y[j] = d * static_cast<float>(w.data.row_as<std::int8_t>(r)[j]);
       break;
     }
     case weight_format::int8_asym: {
       const float d = w.scales.data_as<float>()[r];
       const int z = w.zeros.data_as<std::uint8_t>()[r];
-      for (std::int64_t j = 0; j < C; ++j) y[j] = d * static_cast<float>(w.data.row_as<std::uint8_t>(r)[j] - z);
+      for (std::int64_t j = 0; j < C; ++j)
+        y[j] = d * static_cast<float>(w.data.row_as<std::uint8_t>(r)[j] - z);
       break;
     }
     case weight_format::int4_sym:
@@ -327,8 +377,12 @@ result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<fl
       }
       break;
     }
-    case weight_format::q8_0: dequantize_row_q8_0(w.data.row_as<block_q8_0>(r), y, C); break;
-    case weight_format::q4_0: dequantize_row_q4_0(w.data.row_as<block_q4_0>(r), y, C); break;
+    case weight_format::q8_0:
+      dequantize_row_q8_0(w.data.row_as<block_q8_0>(r), y, C);
+      break;
+    case weight_format::q4_0:
+      dequantize_row_q4_0(w.data.row_as<block_q4_0>(r), y, C);
+      break;
   }
   return {};
 }
@@ -338,7 +392,8 @@ result<tensor> dequantize(memory_pool& pool, const weight_matrix& w) {
   auto out = tensor::empty(pool, dtype::f32, {w.rows, w.cols});
   if (!out) return out;
   for (std::int64_t i = 0; i < w.rows; ++i)
-    if (auto r = dequantize_row(w, i, {out->row_as<float>(i), static_cast<std::size_t>(w.cols)}); !r)
+    if (auto r = dequantize_row(w, i, {out->row_as<float>(i), static_cast<std::size_t>(w.cols)});
+        !r)
       return std::unexpected(r.error());
   return out;
 }

@@ -43,7 +43,8 @@ result<std::size_t> dense_layout(dtype t, const shape_t& shape,
   if (shape.ndim < 0 || shape.ndim > max_dims)
     return make_error(errc::invalid_argument, "tensor rank must be 0..4");
   for (int i = 0; i < shape.ndim; ++i)
-    if (shape[i] < 0) return make_error(errc::invalid_argument, "negative extent in shape " + shape.to_string());
+    if (shape[i] < 0)
+      return make_error(errc::invalid_argument, "negative extent in shape " + shape.to_string());
   auto rb = row_bytes(t, shape.inner());
   if (!rb) return std::unexpected(rb.error());
   std::size_t stride = *rb;
@@ -84,7 +85,8 @@ result<tensor> tensor::view(void* data, dtype t, shape_t shape) {
   tensor out;
   auto bytes = dense_layout(t, shape, out.strides_);
   if (!bytes) return std::unexpected(bytes.error());
-  if (data == nullptr && *bytes != 0) return make_error(errc::invalid_argument, "view of null memory");
+  if (data == nullptr && *bytes != 0)
+    return make_error(errc::invalid_argument, "view of null memory");
   out.type_ = t;
   out.shape_ = shape;
   out.data_ = data;
@@ -101,7 +103,8 @@ bool tensor::is_contiguous() const {
   std::array<std::size_t, max_dims> dense{};
   if (!dense_layout(type_, shape_, dense)) return false;
   for (int i = 0; i < shape_.ndim; ++i)
-    if (shape_[i] > 1 && dense[static_cast<std::size_t>(i)] != strides_[static_cast<std::size_t>(i)])
+    if (shape_[i] > 1 &&
+        dense[static_cast<std::size_t>(i)] != strides_[static_cast<std::size_t>(i)])
       return false;
   return true;
 }
@@ -121,21 +124,24 @@ result<tensor> tensor::slice_rows(std::int64_t begin, std::int64_t count) const 
   if (shape_.ndim == 0) return make_error(errc::invalid_argument, "cannot slice a scalar");
   if (begin < 0 || count < 0 || begin > shape_[0] || count > shape_[0] - begin)
     return make_error(errc::invalid_argument, "slice [" + std::to_string(begin) + ", +" +
-                                                  std::to_string(count) + ") outside " + shape_.to_string());
+                                                  std::to_string(count) + ") outside " +
+                                                  shape_.to_string());
   tensor out = *this;
   out.shape_.dims[0] = count;
   std::size_t step = shape_.ndim == 1 ? block_bytes(type_) : strides_[0];
   if (shape_.ndim == 1 && begin % block_elems(type_) != 0)
     return make_error(errc::invalid_argument, "slice does not start on a block boundary");
-  out.data_ = static_cast<std::byte*>(data_) +
-              static_cast<std::size_t>(shape_.ndim == 1 ? begin / block_elems(type_) : begin) * step;
+  out.data_ =
+      static_cast<std::byte*>(data_) +
+      static_cast<std::size_t>(shape_.ndim == 1 ? begin / block_elems(type_) : begin) * step;
   return out;
 }
 
 result<tensor> tensor::reshape(shape_t shape) const {
   if (!is_contiguous()) return make_error(errc::invalid_argument, "reshape of a strided tensor");
   if (shape.numel() != numel())
-    return make_error(errc::shape_mismatch, "reshape " + shape_.to_string() + " -> " + shape.to_string());
+    return make_error(errc::shape_mismatch,
+                      "reshape " + shape_.to_string() + " -> " + shape.to_string());
   auto out = view(data_, type_, shape);
   if (!out) return out;
   out->storage_ = storage_;
@@ -143,14 +149,18 @@ result<tensor> tensor::reshape(shape_t shape) const {
 }
 
 result<void> expect_tensor(const tensor& t, dtype want, int ndim, const char* what) {
-  if (t.empty_view() && t.numel() != 0) return make_error(errc::invalid_argument, std::string(what) + " is empty");
+  if (t.empty_view() && t.numel() != 0)
+    return make_error(errc::invalid_argument, std::string(what) + " is empty");
   if (t.type() != want)
-    return make_error(errc::unsupported_dtype, std::string(what) + " must be " + std::string(to_string(want)) +
-                                                   ", got " + std::string(to_string(t.type())));
+    return make_error(errc::unsupported_dtype, std::string(what) + " must be " +
+                                                   std::string(to_string(want)) + ", got " +
+                                                   std::string(to_string(t.type())));
   if (ndim >= 0 && t.ndim() != ndim)
-    return make_error(errc::shape_mismatch, std::string(what) + " must have " + std::to_string(ndim) +
-                                                " dims, got " + t.shape().to_string());
-  if (!t.is_contiguous()) return make_error(errc::invalid_argument, std::string(what) + " must be contiguous");
+    return make_error(errc::shape_mismatch, std::string(what) + " must have " +
+                                                std::to_string(ndim) + " dims, got " +
+                                                t.shape().to_string());
+  if (!t.is_contiguous())
+    return make_error(errc::invalid_argument, std::string(what) + " must be contiguous");
   return {};
 }
 

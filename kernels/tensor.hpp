@@ -59,11 +59,15 @@ class tensor {
 
   void* data() const { return data_; }
   template <class T>
-  T* data_as() const { return static_cast<T*>(data_); }
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
   /// Start of row `i` of the tensor seen as (outer, inner).
   std::byte* row(std::int64_t i) const;
   template <class T>
-  T* row_as(std::int64_t i) const { return reinterpret_cast<T*>(row(i)); }
+  T* row_as(std::int64_t i) const {
+    return reinterpret_cast<T*>(row(i));
+  }
   std::int64_t rows() const { return shape_.outer(); }
   std::int64_t cols() const { return shape_.inner(); }
 

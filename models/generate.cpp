@@ -11,33 +11,43 @@ double now_s() {
 }
 }  // namespace
 
-result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx, const llama_model& model,
-                                                      const std::vector<generation_request>& requests,
-                                                      std::vector<piece_fn> pieces, const text_fn& on_text,
-                                                      const generate_options& opts) {
+result<std::vector<generation_result>> generate_batch(
+    kernels::cpu::context& ctx, const llama_model& model,
+    const std::vector<generation_request>& requests, std::vector<piece_fn> pieces,
+    const text_fn& on_text, const generate_options& opts) {
   if (requests.empty()) return std::vector<generation_result>{};
-  if (pieces.size() != requests.size()) return make_error(errc::invalid_argument, "one piece decoder per request");
-  if (opts.prefill_chunk < 1) return make_error(errc::invalid_argument, "prefill chunk must be >= 1");
+  if (pieces.size() != requests.size())
+    return make_error(errc::invalid_argument, "one piece decoder per request");
+  if (opts.prefill_chunk < 1)
+    return make_error(errc::invalid_argument, "prefill chunk must be >= 1");
   const std::int64_t vocab = model.config().vocab_size;
   std::int64_t need = 0;
   for (const auto& r : requests) {
     if (r.prompt.empty()) return make_error(errc::invalid_argument, "empty prompt");
     if (auto v = r.params.validate(); !v) return std::unexpected(v.error());
     for (auto t : r.prompt)
-      if (t < 0 || t >= vocab) return make_error(errc::invalid_argument, "prompt token " + std::to_string(t) + " outside the vocabulary");
-    if (r.image_token < -1 || r.image_token >= vocab || (r.image_token == -1 && !r.image_embeds.empty()))
-      return make_error(errc::invalid_argument, "image embeddings need an image token in the vocabulary");
+      if (t < 0 || t >= vocab)
+        return make_error(errc::invalid_argument,
+                          "prompt token " + std::to_string(t) + " outside the vocabulary");
+    if (r.image_token < -1 || r.image_token >= vocab ||
+        (r.image_token == -1 && !r.image_embeds.empty()))
+      return make_error(errc::invalid_argument,
+                        "image embeddings need an image token in the vocabulary");
     if (r.image_token >= 0) {
-      const auto n = static_cast<std::size_t>(std::count(r.prompt.begin(), r.prompt.end(), r.image_token));
+      const auto n =
+          static_cast<std::size_t>(std::count(r.prompt.begin(), r.prompt.end(), r.image_token));
       if (n * static_cast<std::size_t>(model.config().hidden_size) != r.image_embeds.size())
-        return make_error(errc::invalid_argument, "the prompt holds " + std::to_string(n) + " image token(s) but " +
-                                                      std::to_string(r.image_embeds.size()) + " image embedding floats came (hidden " +
-                                                      std::to_string(model.config().hidden_size) + " each)");
+        return make_error(errc::invalid_argument,
+                          "the prompt holds " + std::to_string(n) + " image token(s) but " +
+                              std::to_string(r.image_embeds.size()) +
+                              " image embedding floats came (hidden " +
+                              std::to_string(model.config().hidden_size) + " each)");
     }
     need += static_cast<std::int64_t>(r.prompt.size()) + r.params.max_tokens;
   }
   kv_options kvo = opts.kv;
-  kvo.capacity_tokens = std::max(kvo.capacity_tokens, need + kvo.block_size * static_cast<std::int64_t>(requests.size()));
+  kvo.capacity_tokens = std::max(
+      kvo.capacity_tokens, need + kvo.block_size * static_cast<std::int64_t>(requests.size()));
   auto cache = model.make_cache(ctx.memory(), kvo);
   if (!cache) return std::unexpected(cache.error());
 
@@ -72,15 +82,18 @@ result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx
       const auto& prompt = requests[i].prompt;
       step_input in{st[i].seq, {}, false};
       if (st[i].prefilled < prompt.size()) {
-        const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(opts.prefill_chunk), prompt.size() - st[i].prefilled);
+        const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(opts.prefill_chunk),
+                                                    prompt.size() - st[i].prefilled);
         st[i].next.assign(prompt.begin() + static_cast<std::ptrdiff_t>(st[i].prefilled),
                           prompt.begin() + static_cast<std::ptrdiff_t>(st[i].prefilled + n));
         st[i].prefilled += n;
         if (requests[i].image_token >= 0) {  // this chunk's share of the image rows
-          const auto rows = static_cast<std::size_t>(std::count(st[i].next.begin(), st[i].next.end(), requests[i].image_token));
+          const auto rows = static_cast<std::size_t>(
+              std::count(st[i].next.begin(), st[i].next.end(), requests[i].image_token));
           const auto H = static_cast<std::size_t>(model.config().hidden_size);
           in.embed_token = requests[i].image_token;
-          in.embeddings = std::span<const float>(requests[i].image_embeds).subspan(st[i].embeds_used * H, rows * H);
+          in.embeddings = std::span<const float>(requests[i].image_embeds)
+                              .subspan(st[i].embeds_used * H, rows * H);
           st[i].embeds_used += rows;
         }
       }
@@ -99,7 +112,8 @@ result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx
         res.prompt_seconds = now_s() - st[i].t0;
         st[i].t0 = now_s();
       }
-      const std::span<const float> row(logits->row_as<float>(static_cast<std::int64_t>(j)), static_cast<std::size_t>(vocab));
+      const std::span<const float> row(logits->row_as<float>(static_cast<std::int64_t>(j)),
+                                       static_cast<std::size_t>(vocab));
       const auto tok = static_cast<std::int32_t>(samplers[i].sample(row, st[i].history));
       res.tokens.push_back(tok);
       st[i].history.push_back(tok);

@@ -47,9 +47,9 @@ struct generate_options {
 /// carries every unfinished sequence (a prefill chunk or one decode token).
 /// A request's tokens do not depend on the others (batch-invariant kernels,
 /// per-request random streams). `pieces[i]` decodes request i's tokens.
-result<std::vector<generation_result>> generate_batch(kernels::cpu::context& ctx, const llama_model& model,
-                                                      const std::vector<generation_request>& requests,
-                                                      std::vector<piece_fn> pieces, const text_fn& on_text,
-                                                      const generate_options& opts = {});
+result<std::vector<generation_result>> generate_batch(
+    kernels::cpu::context& ctx, const llama_model& model,
+    const std::vector<generation_request>& requests, std::vector<piece_fn> pieces,
+    const text_fn& on_text, const generate_options& opts = {});
 
 }  // namespace troupe::models

@@ -22,15 +22,29 @@ std::string fail_at(const std::string& path, std::size_t off, const std::string&
   return path + ": offset " + std::to_string(off) + ": " + what;
 }
 
-bool known_type(std::uint32_t t) { return t <= static_cast<std::uint32_t>(gguf_type::f64); }
+bool known_type(std::uint32_t t) {
+  return t <= static_cast<std::uint32_t>(gguf_type::f64);
+}
 
 std::size_t scalar_size(gguf_type t) {
   switch (t) {
-    case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
-    case gguf_type::u16: case gguf_type::i16: return 2;
-    case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
-    case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: return 8;
-    default: return 0;
+    case gguf_type::u8:
+    case gguf_type::i8:
+    case gguf_type::boolean:
+      return 1;
+    case gguf_type::u16:
+    case gguf_type::i16:
+      return 2;
+    case gguf_type::u32:
+    case gguf_type::i32:
+    case gguf_type::f32:
+      return 4;
+    case gguf_type::u64:
+    case gguf_type::i64:
+    case gguf_type::f64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -43,10 +57,18 @@ struct parser {
   result<std::string> str(const char* what) {
     const std::size_t at = r.offset();
     std::uint64_t n = 0;
-    if (!r.read_value(n)) return make_error(errc::corrupt_data, fail_at(path, at, std::string(what) + ": truncated string length"));
+    if (!r.read_value(n))
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, std::string(what) + ": truncated string length"));
     if (n > lim.max_string_bytes)
-      return make_error(errc::corrupt_data, fail_at(path, at, std::string(what) + ": string of " + std::to_string(n) + " bytes exceeds the limit"));
-    if (n > r.remaining()) return make_error(errc::corrupt_data, fail_at(path, at, std::string(what) + ": string runs past the end of the file"));
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at,
+                                std::string(what) + ": string of " + std::to_string(n) +
+                                    " bytes exceeds the limit"));
+    if (n > r.remaining())
+      return make_error(
+          errc::corrupt_data,
+          fail_at(path, at, std::string(what) + ": string runs past the end of the file"));
     std::string s(n, '\0');
     r.read(s.data(), n);
     return s;
@@ -56,22 +78,77 @@ struct parser {
     gguf_value v;
     v.type = t;
     const std::size_t at = r.offset();
-    auto trunc = [&] { return make_error(errc::corrupt_data, fail_at(path, at, "value of '" + key + "' truncated")); };
+    auto trunc = [&] {
+      return make_error(errc::corrupt_data, fail_at(path, at, "value of '" + key + "' truncated"));
+    };
     switch (t) {
-      case gguf_type::u8: { std::uint8_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::i8: { std::int8_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::u16: { std::uint16_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::i16: { std::int16_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::u32: { std::uint32_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::i32: { std::int32_t x; if (!r.read_value(x)) return trunc(); v.value = std::int64_t(x); break; }
-      case gguf_type::u64: { std::uint64_t x; if (!r.read_value(x)) return trunc(); v.value = x; break; }
-      case gguf_type::i64: { std::int64_t x; if (!r.read_value(x)) return trunc(); v.value = x; break; }
-      case gguf_type::f32: { float x; if (!r.read_value(x)) return trunc(); v.value = double(x); break; }
-      case gguf_type::f64: { double x; if (!r.read_value(x)) return trunc(); v.value = x; break; }
+      case gguf_type::u8: {
+        std::uint8_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::i8: {
+        std::int8_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::u16: {
+        std::uint16_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::i16: {
+        std::int16_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::u32: {
+        std::uint32_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::i32: {
+        std::int32_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = std::int64_t(x);
+        break;
+      }
+      case gguf_type::u64: {
+        std::uint64_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = x;
+        break;
+      }
+      case gguf_type::i64: {
+        std::int64_t x;
+        if (!r.read_value(x)) return trunc();
+        v.value = x;
+        break;
+      }
+      case gguf_type::f32: {
+        float x;
+        if (!r.read_value(x)) return trunc();
+        v.value = double(x);
+        break;
+      }
+      case gguf_type::f64: {
+        double x;
+        if (!r.read_value(x)) return trunc();
+        v.value = x;
+        break;
+      }
       case gguf_type::boolean: {
         std::uint8_t x;
         if (!r.read_value(x)) return trunc();
-        if (x > 1) return make_error(errc::corrupt_data, fail_at(path, at, "bool value of '" + key + "' is " + std::to_string(x)));
+        if (x > 1)
+          return make_error(
+              errc::corrupt_data,
+              fail_at(path, at, "bool value of '" + key + "' is " + std::to_string(x)));
         v.value = x == 1;
         break;
       }
@@ -81,7 +158,8 @@ struct parser {
         v.value = std::move(*s);
         break;
       }
-      case gguf_type::array: return make_error(errc::corrupt_data, fail_at(path, at, "nested array in '" + key + "'"));
+      case gguf_type::array:
+        return make_error(errc::corrupt_data, fail_at(path, at, "nested array in '" + key + "'"));
     }
     return v;
   }
@@ -92,27 +170,38 @@ struct parser {
     std::uint32_t et = 0;
     std::uint64_t n = 0;
     if (!r.read_value(et) || !r.read_value(n))
-      return make_error(errc::corrupt_data, fail_at(path, at, "array header of '" + key + "' truncated"));
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "array header of '" + key + "' truncated"));
     if (!known_type(et) || static_cast<gguf_type>(et) == gguf_type::array)
-      return make_error(errc::corrupt_data, fail_at(path, at, "array '" + key + "' has unknown element type " + std::to_string(et)));
+      return make_error(
+          errc::corrupt_data,
+          fail_at(path, at, "array '" + key + "' has unknown element type " + std::to_string(et)));
     if (n > lim.max_array_elems)
-      return make_error(errc::corrupt_data, fail_at(path, at, "array '" + key + "' has " + std::to_string(n) + " elements, over the limit"));
+      return make_error(errc::corrupt_data, fail_at(path, at,
+                                                    "array '" + key + "' has " + std::to_string(n) +
+                                                        " elements, over the limit"));
     const auto etype = static_cast<gguf_type>(et);
     // Each element needs at least its fixed size (8 for a string length):
     // reject impossible counts before allocating.
     const std::size_t min_elem = etype == gguf_type::string ? 8 : scalar_size(etype);
     if (n > r.remaining() / min_elem)
-      return make_error(errc::corrupt_data, fail_at(path, at, "array '" + key + "' runs past the end of the file"));
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "array '" + key + "' runs past the end of the file"));
     gguf_array arr;
     arr.type = etype;
     for (std::uint64_t i = 0; i < n; ++i) {
       auto e = scalar(etype, key);
       if (!e) return std::unexpected(e.error());
-      if (auto* s = std::get_if<std::string>(&e->value)) arr.strings.push_back(std::move(*s));
-      else if (auto* d = std::get_if<double>(&e->value)) arr.floats.push_back(*d);
-      else if (auto* u = std::get_if<std::uint64_t>(&e->value)) arr.u64s.push_back(*u);
-      else if (auto* b = std::get_if<bool>(&e->value)) arr.ints.push_back(*b ? 1 : 0);
-      else arr.ints.push_back(std::get<std::int64_t>(e->value));
+      if (auto* s = std::get_if<std::string>(&e->value))
+        arr.strings.push_back(std::move(*s));
+      else if (auto* d = std::get_if<double>(&e->value))
+        arr.floats.push_back(*d);
+      else if (auto* u = std::get_if<std::uint64_t>(&e->value))
+        arr.u64s.push_back(*u);
+      else if (auto* b = std::get_if<bool>(&e->value))
+        arr.ints.push_back(*b ? 1 : 0);
+      else
+        arr.ints.push_back(std::get<std::int64_t>(e->value));
     }
     gguf_value v;
     v.type = gguf_type::array;
@@ -123,11 +212,14 @@ struct parser {
 
 }  // namespace
 
-std::size_t gguf_array::size() const { return ints.size() + u64s.size() + floats.size() + strings.size(); }
+std::size_t gguf_array::size() const {
+  return ints.size() + u64s.size() + floats.size() + strings.size();
+}
 
 std::optional<std::int64_t> gguf_value::as_int() const {
   if (auto* i = std::get_if<std::int64_t>(&value)) return *i;
-  if (auto* u = std::get_if<std::uint64_t>(&value); u && *u <= std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+  if (auto* u = std::get_if<std::uint64_t>(&value);
+      u && *u <= std::uint64_t(std::numeric_limits<std::int64_t>::max()))
     return static_cast<std::int64_t>(*u);
   if (auto* b = std::get_if<bool>(&value)) return *b ? 1 : 0;
   return std::nullopt;
@@ -139,8 +231,12 @@ std::optional<double> gguf_value::as_float() const {
   return std::nullopt;
 }
 
-const std::string* gguf_value::as_string() const { return std::get_if<std::string>(&value); }
-const gguf_array* gguf_value::as_array() const { return std::get_if<gguf_array>(&value); }
+const std::string* gguf_value::as_string() const {
+  return std::get_if<std::string>(&value);
+}
+const gguf_array* gguf_value::as_array() const {
+  return std::get_if<gguf_array>(&value);
+}
 
 kernels::shape_t gguf_tensor_info::shape() const {
   kernels::shape_t s;
@@ -151,23 +247,35 @@ kernels::shape_t gguf_tensor_info::shape() const {
 
 std::optional<dtype> dtype_from_ggml(std::uint32_t t) {
   switch (t) {
-    case ggml_f32: return dtype::f32;
-    case ggml_f16: return dtype::f16;
-    case ggml_bf16: return dtype::bf16;
-    case ggml_q8_0: return dtype::q8_0;
-    case ggml_q4_0: return dtype::q4_0;
-    default: return std::nullopt;
+    case ggml_f32:
+      return dtype::f32;
+    case ggml_f16:
+      return dtype::f16;
+    case ggml_bf16:
+      return dtype::bf16;
+    case ggml_q8_0:
+      return dtype::q8_0;
+    case ggml_q4_0:
+      return dtype::q4_0;
+    default:
+      return std::nullopt;
   }
 }
 
 std::optional<std::uint32_t> ggml_from_dtype(dtype t) {
   switch (t) {
-    case dtype::f32: return ggml_f32;
-    case dtype::f16: return ggml_f16;
-    case dtype::bf16: return ggml_bf16;
-    case dtype::q8_0: return ggml_q8_0;
-    case dtype::q4_0: return ggml_q4_0;
-    default: return std::nullopt;
+    case dtype::f32:
+      return ggml_f32;
+    case dtype::f16:
+      return ggml_f16;
+    case dtype::bf16:
+      return ggml_bf16;
+    case dtype::q8_0:
+      return ggml_q8_0;
+    case dtype::q4_0:
+      return ggml_q4_0;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -185,33 +293,48 @@ result<gguf_file> gguf_file::parse(std::shared_ptr<mapped_file> file, const gguf
   std::uint32_t magic = 0;
   if (!p.r.read_value(magic) || magic != gguf_magic)
     return make_error(errc::corrupt_data, path + ": not a GGUF file (bad magic)");
-  if (!p.r.read_value(out.version_)) return make_error(errc::corrupt_data, path + ": truncated header");
+  if (!p.r.read_value(out.version_))
+    return make_error(errc::corrupt_data, path + ": truncated header");
   if (out.version_ != 2 && out.version_ != 3)
-    return make_error(errc::corrupt_data, path + ": unsupported GGUF version " + std::to_string(out.version_) + " (2 and 3 are read)");
+    return make_error(errc::corrupt_data, path + ": unsupported GGUF version " +
+                                              std::to_string(out.version_) + " (2 and 3 are read)");
   std::uint64_t n_tensors = 0, n_kv = 0;
-  if (!p.r.read_value(n_tensors) || !p.r.read_value(n_kv)) return make_error(errc::corrupt_data, path + ": truncated header");
+  if (!p.r.read_value(n_tensors) || !p.r.read_value(n_kv))
+    return make_error(errc::corrupt_data, path + ": truncated header");
   if (n_tensors > limits.max_tensors)
-    return make_error(errc::corrupt_data, path + ": header claims " + std::to_string(n_tensors) + " tensors (limit " + std::to_string(limits.max_tensors) + ")");
+    return make_error(errc::corrupt_data, path + ": header claims " + std::to_string(n_tensors) +
+                                              " tensors (limit " +
+                                              std::to_string(limits.max_tensors) + ")");
   if (n_kv > limits.max_kv)
-    return make_error(errc::corrupt_data, path + ": header claims " + std::to_string(n_kv) + " metadata entries (limit " + std::to_string(limits.max_kv) + ")");
+    return make_error(errc::corrupt_data, path + ": header claims " + std::to_string(n_kv) +
+                                              " metadata entries (limit " +
+                                              std::to_string(limits.max_kv) + ")");
 
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     const std::size_t at = p.r.offset();
     auto key = p.str("metadata key");
     if (!key) return std::unexpected(key.error());
-    if (key->empty()) return make_error(errc::corrupt_data, fail_at(path, at, "empty metadata key"));
+    if (key->empty())
+      return make_error(errc::corrupt_data, fail_at(path, at, "empty metadata key"));
     std::uint32_t t = 0;
-    if (!p.r.read_value(t)) return make_error(errc::corrupt_data, fail_at(path, at, "type of '" + *key + "' truncated"));
-    if (!known_type(t)) return make_error(errc::corrupt_data, fail_at(path, at, "'" + *key + "' has unknown value type " + std::to_string(t)));
+    if (!p.r.read_value(t))
+      return make_error(errc::corrupt_data, fail_at(path, at, "type of '" + *key + "' truncated"));
+    if (!known_type(t))
+      return make_error(
+          errc::corrupt_data,
+          fail_at(path, at, "'" + *key + "' has unknown value type " + std::to_string(t)));
     auto v = p.value(static_cast<gguf_type>(t), *key);
     if (!v) return std::unexpected(v.error());
-    if (out.kv_.count(*key)) return make_error(errc::corrupt_data, fail_at(path, at, "duplicate metadata key '" + *key + "'"));
+    if (out.kv_.count(*key))
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "duplicate metadata key '" + *key + "'"));
     out.kv_.emplace(std::move(*key), std::move(*v));
   }
   if (auto* a = out.find("general.alignment")) {
     auto v = a->as_int();
     if (!v || *v <= 0 || *v > (1 << 20) || (*v & (*v - 1)) != 0)
-      return make_error(errc::corrupt_data, path + ": general.alignment must be a power of two up to 1 MiB");
+      return make_error(errc::corrupt_data,
+                        path + ": general.alignment must be a power of two up to 1 MiB");
     out.alignment_ = static_cast<std::uint64_t>(*v);
   }
 
@@ -221,35 +344,55 @@ result<gguf_file> gguf_file::parse(std::shared_ptr<mapped_file> file, const gguf
     auto name = p.str("tensor name");
     if (!name) return std::unexpected(name.error());
     ti.name = std::move(*name);
-    if (ti.name.empty()) return make_error(errc::corrupt_data, fail_at(path, at, "empty tensor name"));
+    if (ti.name.empty())
+      return make_error(errc::corrupt_data, fail_at(path, at, "empty tensor name"));
     std::uint32_t nd = 0;
-    if (!p.r.read_value(nd)) return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' truncated"));
+    if (!p.r.read_value(nd))
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "tensor '" + ti.name + "' truncated"));
     if (nd == 0 || nd > max_dims)
-      return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' has " + std::to_string(nd) + " dimensions (1..4)"));
+      return make_error(errc::corrupt_data, fail_at(path, at,
+                                                    "tensor '" + ti.name + "' has " +
+                                                        std::to_string(nd) + " dimensions (1..4)"));
     std::uint64_t numel = 1;
     for (std::uint32_t d = 0; d < nd; ++d) {
       std::int64_t e = 0;
-      if (!p.r.read_value(e)) return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' truncated"));
+      if (!p.r.read_value(e))
+        return make_error(errc::corrupt_data,
+                          fail_at(path, at, "tensor '" + ti.name + "' truncated"));
       if (e <= 0 || e > (std::int64_t{1} << 40))
-        return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' has extent " + std::to_string(e)));
+        return make_error(
+            errc::corrupt_data,
+            fail_at(path, at, "tensor '" + ti.name + "' has extent " + std::to_string(e)));
       if (numel > std::uint64_t(std::numeric_limits<std::int64_t>::max()) / std::uint64_t(e))
-        return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' element count overflows"));
+        return make_error(errc::corrupt_data,
+                          fail_at(path, at, "tensor '" + ti.name + "' element count overflows"));
       numel *= std::uint64_t(e);
       ti.ne.push_back(e);
     }
     if (!p.r.read_value(ti.ggml_type) || !p.r.read_value(ti.offset))
-      return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' truncated"));
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "tensor '" + ti.name + "' truncated"));
     auto dt = dtype_from_ggml(ti.ggml_type);
     if (!dt)
-      return make_error(errc::unsupported_dtype, fail_at(path, at, "tensor '" + ti.name + "' has ggml type " + std::to_string(ti.ggml_type) + ", which troupe does not read (F32, F16, BF16, Q8_0, Q4_0)"));
+      return make_error(
+          errc::unsupported_dtype,
+          fail_at(path, at,
+                  "tensor '" + ti.name + "' has ggml type " + std::to_string(ti.ggml_type) +
+                      ", which troupe does not read (F32, F16, BF16, Q8_0, Q4_0)"));
     ti.type = *dt;
     auto rb = kernels::row_bytes(ti.type, ti.ne[0]);
-    if (!rb) return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "': " + rb.error().message));
+    if (!rb)
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "tensor '" + ti.name + "': " + rb.error().message));
     const std::uint64_t rows = numel / std::uint64_t(ti.ne[0]);
     if (rows > std::numeric_limits<std::uint64_t>::max() / *rb)
-      return make_error(errc::corrupt_data, fail_at(path, at, "tensor '" + ti.name + "' byte size overflows"));
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "tensor '" + ti.name + "' byte size overflows"));
     ti.bytes = rows * *rb;
-    if (out.tensor_index_.count(ti.name)) return make_error(errc::corrupt_data, fail_at(path, at, "duplicate tensor name '" + ti.name + "'"));
+    if (out.tensor_index_.count(ti.name))
+      return make_error(errc::corrupt_data,
+                        fail_at(path, at, "duplicate tensor name '" + ti.name + "'"));
     out.tensor_index_.emplace(ti.name, out.tensors_.size());
     out.tensors_.push_back(std::move(ti));
   }
@@ -258,20 +401,28 @@ result<gguf_file> gguf_file::parse(std::shared_ptr<mapped_file> file, const gguf
   out.data_offset_ = (header_end + out.alignment_ - 1) / out.alignment_ * out.alignment_;
   if (out.data_offset_ > file->size() && !out.tensors_.empty())
     return make_error(errc::corrupt_data, path + ": data section starts past the end of the file");
-  const std::uint64_t data_size = file->size() > out.data_offset_ ? file->size() - out.data_offset_ : 0;
+  const std::uint64_t data_size =
+      file->size() > out.data_offset_ ? file->size() - out.data_offset_ : 0;
   // Bounds, alignment and overlap of every tensor.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
   for (const auto& t : out.tensors_) {
     if (t.offset % out.alignment_ != 0)
-      return make_error(errc::corrupt_data, path + ": tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not aligned to " + std::to_string(out.alignment_));
+      return make_error(errc::corrupt_data, path + ": tensor '" + t.name + "' offset " +
+                                                std::to_string(t.offset) + " is not aligned to " +
+                                                std::to_string(out.alignment_));
     if (t.offset > data_size || t.bytes > data_size - t.offset)
-      return make_error(errc::corrupt_data, path + ": tensor '" + t.name + "' (" + std::to_string(t.bytes) + " bytes at " + std::to_string(t.offset) + ") lies outside the file's data section of " + std::to_string(data_size) + " bytes");
+      return make_error(errc::corrupt_data, path + ": tensor '" + t.name + "' (" +
+                                                std::to_string(t.bytes) + " bytes at " +
+                                                std::to_string(t.offset) +
+                                                ") lies outside the file's data section of " +
+                                                std::to_string(data_size) + " bytes");
     spans.emplace_back(t.offset, t.offset + t.bytes);
   }
   std::sort(spans.begin(), spans.end());
   for (std::size_t i = 1; i < spans.size(); ++i)
     if (spans[i].first < spans[i - 1].second)
-      return make_error(errc::corrupt_data, path + ": tensors overlap at data offset " + std::to_string(spans[i].first));
+      return make_error(errc::corrupt_data, path + ": tensors overlap at data offset " +
+                                                std::to_string(spans[i].first));
   return out;
 }
 
@@ -301,12 +452,24 @@ void gguf_writer::set(const std::string& key, gguf_value value) {
   kv_.emplace_back(key, std::move(value));
 }
 
-void gguf_writer::set_u32(const std::string& k, std::uint32_t v) { set(k, {gguf_type::u32, std::int64_t(v)}); }
-void gguf_writer::set_i32(const std::string& k, std::int32_t v) { set(k, {gguf_type::i32, std::int64_t(v)}); }
-void gguf_writer::set_u64(const std::string& k, std::uint64_t v) { set(k, {gguf_type::u64, v}); }
-void gguf_writer::set_f32(const std::string& k, float v) { set(k, {gguf_type::f32, double(v)}); }
-void gguf_writer::set_bool(const std::string& k, bool v) { set(k, {gguf_type::boolean, v}); }
-void gguf_writer::set_string(const std::string& k, std::string v) { set(k, {gguf_type::string, std::move(v)}); }
+void gguf_writer::set_u32(const std::string& k, std::uint32_t v) {
+  set(k, {gguf_type::u32, std::int64_t(v)});
+}
+void gguf_writer::set_i32(const std::string& k, std::int32_t v) {
+  set(k, {gguf_type::i32, std::int64_t(v)});
+}
+void gguf_writer::set_u64(const std::string& k, std::uint64_t v) {
+  set(k, {gguf_type::u64, v});
+}
+void gguf_writer::set_f32(const std::string& k, float v) {
+  set(k, {gguf_type::f32, double(v)});
+}
+void gguf_writer::set_bool(const std::string& k, bool v) {
+  set(k, {gguf_type::boolean, v});
+}
+void gguf_writer::set_string(const std::string& k, std::string v) {
+  set(k, {gguf_type::string, std::move(v)});
+}
 void gguf_writer::set_strings(const std::string& k, std::vector<std::string> v) {
   gguf_array a;
   a.type = gguf_type::string;
@@ -326,16 +489,24 @@ void gguf_writer::set_f32s(const std::string& k, const std::vector<float>& v) {
   set(k, {gguf_type::array, std::move(a)});
 }
 
-result<void> gguf_writer::add_tensor(const std::string& name, dtype type, const kernels::shape_t& shape,
+result<void> gguf_writer::add_tensor(const std::string& name, dtype type,
+                                     const kernels::shape_t& shape,
                                      std::span<const std::byte> data) {
-  if (!ggml_from_dtype(type)) return make_error(errc::unsupported_dtype, "GGUF cannot store dtype " + std::string(kernels::to_string(type)));
-  if (shape.ndim < 1) return make_error(errc::invalid_argument, "GGUF tensor '" + name + "' needs at least one dimension");
+  if (!ggml_from_dtype(type))
+    return make_error(errc::unsupported_dtype,
+                      "GGUF cannot store dtype " + std::string(kernels::to_string(type)));
+  if (shape.ndim < 1)
+    return make_error(errc::invalid_argument,
+                      "GGUF tensor '" + name + "' needs at least one dimension");
   for (const auto& t : tensors_)
-    if (t.name == name) return make_error(errc::invalid_argument, "duplicate tensor '" + name + "'");
+    if (t.name == name)
+      return make_error(errc::invalid_argument, "duplicate tensor '" + name + "'");
   auto rb = kernels::row_bytes(type, shape.inner());
   if (!rb) return std::unexpected(rb.error());
   if (static_cast<std::uint64_t>(shape.outer()) * *rb != data.size())
-    return make_error(errc::shape_mismatch, "tensor '" + name + "': " + std::to_string(data.size()) + " bytes given for shape " + shape.to_string());
+    return make_error(errc::shape_mismatch, "tensor '" + name +
+                                                "': " + std::to_string(data.size()) +
+                                                " bytes given for shape " + shape.to_string());
   pending p{name, type, {}, data};
   for (int i = shape.ndim - 1; i >= 0; --i) p.ne.push_back(shape[i]);
   tensors_.push_back(std::move(p));
@@ -352,7 +523,9 @@ struct out_buf {
     pos += n;
   }
   template <class T>
-  void val(T v) { raw(&v, sizeof v); }
+  void val(T v) {
+    raw(&v, sizeof v);
+  }
   void str(const std::string& s) {
     val<std::uint64_t>(s.size());
     raw(s.data(), s.size());
@@ -364,23 +537,46 @@ void out_buf::scalar(gguf_type t, const gguf_value& v) {
   const auto i = v.as_int().value_or(0);
   const auto d = v.as_float().value_or(0);
   switch (t) {
-    case gguf_type::u8: val<std::uint8_t>(std::uint8_t(i)); break;
-    case gguf_type::i8: val<std::int8_t>(std::int8_t(i)); break;
-    case gguf_type::u16: val<std::uint16_t>(std::uint16_t(i)); break;
-    case gguf_type::i16: val<std::int16_t>(std::int16_t(i)); break;
-    case gguf_type::u32: val<std::uint32_t>(std::uint32_t(i)); break;
-    case gguf_type::i32: val<std::int32_t>(std::int32_t(i)); break;
+    case gguf_type::u8:
+      val<std::uint8_t>(std::uint8_t(i));
+      break;
+    case gguf_type::i8:
+      val<std::int8_t>(std::int8_t(i));
+      break;
+    case gguf_type::u16:
+      val<std::uint16_t>(std::uint16_t(i));
+      break;
+    case gguf_type::i16:
+      val<std::int16_t>(std::int16_t(i));
+      break;
+    case gguf_type::u32:
+      val<std::uint32_t>(std::uint32_t(i));
+      break;
+    case gguf_type::i32:
+      val<std::int32_t>(std::int32_t(i));
+      break;
     case gguf_type::u64: {
       auto* u = std::get_if<std::uint64_t>(&v.value);
       val<std::uint64_t>(u ? *u : std::uint64_t(i));
       break;
     }
-    case gguf_type::i64: val<std::int64_t>(i); break;
-    case gguf_type::f32: val<float>(float(d)); break;
-    case gguf_type::f64: val<double>(d); break;
-    case gguf_type::boolean: val<std::uint8_t>(i ? 1 : 0); break;
-    case gguf_type::string: str(v.as_string() ? *v.as_string() : std::string()); break;
-    case gguf_type::array: break;
+    case gguf_type::i64:
+      val<std::int64_t>(i);
+      break;
+    case gguf_type::f32:
+      val<float>(float(d));
+      break;
+    case gguf_type::f64:
+      val<double>(d);
+      break;
+    case gguf_type::boolean:
+      val<std::uint8_t>(i ? 1 : 0);
+      break;
+    case gguf_type::string:
+      str(v.as_string() ? *v.as_string() : std::string());
+      break;
+    case gguf_type::array:
+      break;
   }
 }
 
@@ -408,10 +604,14 @@ result<void> gguf_writer::write(const std::string& path) const {
     for (std::size_t i = 0; i < a.size(); ++i) {
       gguf_value e;
       e.type = a.type;
-      if (a.type == gguf_type::string) e.value = a.strings[i];
-      else if (a.type == gguf_type::f32 || a.type == gguf_type::f64) e.value = a.floats[i];
-      else if (a.type == gguf_type::u64) e.value = a.u64s[i];
-      else e.value = a.ints[i];
+      if (a.type == gguf_type::string)
+        e.value = a.strings[i];
+      else if (a.type == gguf_type::f32 || a.type == gguf_type::f64)
+        e.value = a.floats[i];
+      else if (a.type == gguf_type::u64)
+        e.value = a.u64s[i];
+      else
+        e.value = a.ints[i];
       o.scalar(a.type, e);
     }
   }

@@ -17,17 +17,28 @@ namespace troupe::models {
 
 /// GGUF metadata value types (gguf.h's gguf_type).
 enum class gguf_type : std::uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-  string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 
 /// An array value: element type plus the elements (numbers widened).
 struct gguf_array {
   gguf_type type = gguf_type::u8;
-  std::vector<std::int64_t> ints;      ///< integer and bool element types
-  std::vector<std::uint64_t> u64s;     ///< u64 elements (exact)
-  std::vector<double> floats;          ///< f32 and f64 element types
-  std::vector<std::string> strings;    ///< string elements
+  std::vector<std::int64_t> ints;    ///< integer and bool element types
+  std::vector<std::uint64_t> u64s;   ///< u64 elements (exact)
+  std::vector<double> floats;        ///< f32 and f64 element types
+  std::vector<std::string> strings;  ///< string elements
   std::size_t size() const;
 };
 
@@ -109,8 +120,8 @@ class gguf_writer {
   void set_f32s(const std::string& key, const std::vector<float>& v);
   /// Adds a tensor; `shape` outermost first; `data` must hold exactly the
   /// tensor's bytes and stay alive until write().
-  result<void> add_tensor(const std::string& name, kernels::dtype type, const kernels::shape_t& shape,
-                          std::span<const std::byte> data);
+  result<void> add_tensor(const std::string& name, kernels::dtype type,
+                          const kernels::shape_t& shape, std::span<const std::byte> data);
   result<void> write(const std::string& path) const;
 
  private:

@@ -230,8 +230,9 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
 /// Copies a snapshot's blocks into the blocks `table` maps its live
 /// indices to, every layer, and rebuilds their key summaries (over each
 /// block's used slots, as appending them one by one would have left them).
-static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers, const std::vector<std::int32_t>& table,
-                            const kv_snapshot& snap, const block_parts& p) {
+static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers,
+                                   const std::vector<std::int32_t>& table, const kv_snapshot& snap,
+                                   const block_parts& p) {
   const std::int64_t B = snap.block_size;
   const std::byte* in = snap.data.data();
   for (auto& layer : layers) {
@@ -250,7 +251,8 @@ static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers,
       if (layer.has_summaries()) {
         const std::int32_t one[1] = {static_cast<std::int32_t>(id)};
         const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
-        if (auto r = kernels::build_kv_summaries(layer, one, used); !r) return std::unexpected(r.error());
+        if (auto r = kernels::build_kv_summaries(layer, one, used); !r)
+          return std::unexpected(r.error());
       }
     }
   }
@@ -341,40 +343,49 @@ result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
 }
 
 result<void> kv_cache::import_tail(seq_id s, const kv_snapshot& snap, std::int32_t from_block) {
-  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "KV delta: " + what); };
+  auto bad = [](const std::string& what) {
+    return make_error(errc::invalid_argument, "KV delta: " + what);
+  };
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return bad("unknown sequence " + std::to_string(s));
   const auto& c = layers_.front().config;
   if (opts_.window > 0) return bad("a cache with a sliding window takes whole sequences only");
   if (snap.layers != layers() || snap.n_kv_heads != c.n_kv_heads || snap.head_dim != c.head_dim ||
-      snap.block_size != c.block_size || snap.type != c.type || snap.window != opts_.window || snap.sinks != opts_.sinks)
+      snap.block_size != c.block_size || snap.type != c.type || snap.window != opts_.window ||
+      snap.sinks != opts_.sinks)
     return bad("the snapshot's shape or policy differs from this cache's");
   auto& seq = it->second;
   const std::int64_t B = c.block_size;
   if (snap.length < seq.length || snap.length > max_import_tokens)
-    return bad("length " + std::to_string(snap.length) + " is below the sequence's " + std::to_string(seq.length) +
-               " or too large");
+    return bad("length " + std::to_string(snap.length) + " is below the sequence's " +
+               std::to_string(seq.length) + " or too large");
   const std::int64_t have = (seq.length + B - 1) / B;
   if (from_block < 0 || from_block > have)
-    return bad("first block " + std::to_string(from_block) + " lies past the sequence's " + std::to_string(have) + " blocks");
+    return bad("first block " + std::to_string(from_block) + " lies past the sequence's " +
+               std::to_string(have) + " blocks");
   const std::int64_t entries = (snap.length + B - 1) / B;
   if (entries > max_import_entries) return bad("too many blocks");
   if (static_cast<std::int64_t>(snap.live.size()) != entries - from_block)
-    return bad(std::to_string(snap.live.size()) + " blocks, expected " + std::to_string(entries - from_block));
+    return bad(std::to_string(snap.live.size()) + " blocks, expected " +
+               std::to_string(entries - from_block));
   for (std::size_t i = 0; i < snap.live.size(); ++i)
-    if (snap.live[i] != from_block + static_cast<std::int64_t>(i)) return bad("the blocks are not consecutive from the first");
+    if (snap.live[i] != from_block + static_cast<std::int64_t>(i))
+      return bad("the blocks are not consecutive from the first");
   const block_parts p = parts_of(c);
   const std::size_t per_block = 2 * p.data_bytes + 2 * p.scale_bytes;
-  if (per_block != snap.block_bytes()) return make_error(errc::internal, "KV snapshot block size disagrees");
+  if (per_block != snap.block_bytes())
+    return make_error(errc::internal, "KV snapshot block size disagrees");
   if (snap.data.size() != static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block)
-    return bad("data has " + std::to_string(snap.data.size()) + " bytes, expected " +
-               std::to_string(static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block));
+    return bad(
+        "data has " + std::to_string(snap.data.size()) + " bytes, expected " +
+        std::to_string(static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block));
   // New blocks for the entries the sequence does not have yet; the rest
   // are overwritten in place.
   const std::int64_t add = entries - static_cast<std::int64_t>(seq.table.size());
   if (add > static_cast<std::int64_t>(free_.size()))
-    return make_error(errc::out_of_memory, "KV cache full: the delta needs " + std::to_string(add) + " blocks, " +
-                                               std::to_string(free_.size()) + " free");
+    return make_error(errc::out_of_memory, "KV cache full: the delta needs " + std::to_string(add) +
+                                               " blocks, " + std::to_string(free_.size()) +
+                                               " free");
   for (std::int64_t e = static_cast<std::int64_t>(seq.table.size()); e < entries; ++e) {
     seq.table.push_back(free_.back());
     free_.pop_back();

@@ -69,25 +69,25 @@ result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
   return build(**src, *cfg, ctx, plan, range, split);
 }
 
-result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src,
-                                                        const llama_config& cfg,
-                                                        kernels::cpu::context& ctx,
-                                                        const quant_plan& plan,
-                                                        const layer_range& range,
-                                                        const tensor_split& split) {
+result<std::unique_ptr<llama_model>> llama_model::build(
+    const weight_source& src, const llama_config& cfg, kernels::cpu::context& ctx,
+    const quant_plan& plan, const layer_range& range, const tensor_split& split) {
   auto resolved = resolve_range(cfg, range);
   if (!resolved)
     return make_error(resolved.error().code, src.path() + ": " + resolved.error().message);
   if (split.size < 1 || split.rank < 0 || split.rank >= split.size)
-    return make_error(errc::invalid_argument, "tensor split: rank " + std::to_string(split.rank) + " of " +
-                                                  std::to_string(split.size));
+    return make_error(errc::invalid_argument, "tensor split: rank " + std::to_string(split.rank) +
+                                                  " of " + std::to_string(split.size));
   if (split.size > 1) {
-    if (cfg.num_heads % split.size || cfg.num_kv_heads % split.size || cfg.intermediate_size % split.size)
+    if (cfg.num_heads % split.size || cfg.num_kv_heads % split.size ||
+        cfg.intermediate_size % split.size)
       return make_error(errc::invalid_argument,
-                        "tensor split in " + std::to_string(split.size) + ": heads (" + std::to_string(cfg.num_heads) +
-                            "), KV heads (" + std::to_string(cfg.num_kv_heads) + ") and FFN width (" +
+                        "tensor split in " + std::to_string(split.size) + ": heads (" +
+                            std::to_string(cfg.num_heads) + "), KV heads (" +
+                            std::to_string(cfg.num_kv_heads) + ") and FFN width (" +
                             std::to_string(cfg.intermediate_size) + ") must divide evenly");
-    if (!split.all_reduce) return make_error(errc::invalid_argument, "tensor split without an all-reduce");
+    if (!split.all_reduce)
+      return make_error(errc::invalid_argument, "tensor split without an all-reduce");
   }
   std::unique_ptr<llama_model> m(new llama_model());
   m->cfg_ = cfg;
@@ -123,20 +123,23 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
   };
   // This rank's slice of a [rows, cols] matrix: rows [r0, r0 + nr) and
   // columns [c0, c0 + nc) (columns in whole quantization blocks).
-  auto sliced = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t r0, std::int64_t nr,
-                    std::int64_t c0, std::int64_t nc) -> result<kernels::packed_matrix> {
+  auto sliced = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t r0,
+                    std::int64_t nr, std::int64_t c0,
+                    std::int64_t nc) -> result<kernels::packed_matrix> {
     if (split.size == 1) return packed(name, rows, cols);
     auto t = src.get(name);
     if (!t) return std::unexpected(t.error());
     if (auto r = expect_shape(name, *t, rows, cols); !r) return std::unexpected(r.error());
-    if (!t->is_contiguous()) return make_error(errc::unsupported_op, src.file_name(name) + ": not contiguous");
+    if (!t->is_contiguous())
+      return make_error(errc::unsupported_op, src.file_name(name) + ": not contiguous");
     const auto full = kernels::row_bytes(t->type(), cols);
     const auto skip = kernels::row_bytes(t->type(), c0);
     const auto width = kernels::row_bytes(t->type(), nc);
     if (!full || !skip || !width)
-      return make_error(errc::invalid_argument, src.file_name(name) + ": a tensor-parallel slice of " +
-                                                    std::to_string(nc) + " columns is not whole " +
-                                                    std::string(kernels::to_string(t->type())) + " blocks");
+      return make_error(errc::invalid_argument,
+                        src.file_name(name) + ": a tensor-parallel slice of " + std::to_string(nc) +
+                            " columns is not whole " + std::string(kernels::to_string(t->type())) +
+                            " blocks");
     auto part = tensor::empty(pool, t->type(), {nr, nc});
     if (!part) return std::unexpected(part.error());
     const auto* from = static_cast<const std::uint8_t*>(t->data());
@@ -144,7 +147,8 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
     for (std::int64_t r = 0; r < nr; ++r)
       std::memcpy(to + static_cast<std::size_t>(r) * *width,
                   from + static_cast<std::size_t>(r0 + r) * *full + *skip, *width);
-    auto w = check(convert_weight(pool, *part, plan.choose(name, t->type()), plan.int4_group), src.file_name(name));
+    auto w = check(convert_weight(pool, *part, plan.choose(name, t->type()), plan.int4_group),
+                   src.file_name(name));
     if (!w) return std::unexpected(w.error());
     return check(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
   };
@@ -234,9 +238,8 @@ result<std::unique_ptr<llama_model>> llama_model::build(const weight_source& src
 }
 
 result<kv_cache> llama_model::make_cache(kernels::memory_pool& pool, const kv_options& opts) const {
-  return kv_cache::create(pool, static_cast<int>(layers_.size()),
-                          static_cast<int>(nkv_), static_cast<int>(cfg_.head_dim),
-                          opts);
+  return kv_cache::create(pool, static_cast<int>(layers_.size()), static_cast<int>(nkv_),
+                          static_cast<int>(cfg_.head_dim), opts);
 }
 
 bool llama_model::is_full() const {
@@ -261,7 +264,8 @@ std::string llama_model::describe() const {
   if (!is_full())
     s += " [" + std::to_string(range_.first) + ", " + std::to_string(range_.last) + ") of " +
          std::to_string(cfg_.num_layers);
-  if (split_.size > 1) s += " tensor slice " + std::to_string(split_.rank) + "/" + std::to_string(split_.size);
+  if (split_.size > 1)
+    s += " tensor slice " + std::to_string(split_.rank) + "/" + std::to_string(split_.size);
   s += " matrices:";
   for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
   if (range_.embed) s += " embed=" + std::string(kernels::to_string(embed_.format));

@@ -76,12 +76,9 @@ class llama_model {
   /// the config (first < 0, last > num_layers, first >= last, an embedding
   /// on a stage that does not start at layer 0, a head on one that does not
   /// end at the last layer) is invalid_argument.
-  static result<std::unique_ptr<llama_model>> build(const weight_source& src,
-                                                    const llama_config& cfg,
-                                                    kernels::cpu::context& ctx,
-                                                    const quant_plan& plan,
-                                                    const layer_range& range = {},
-                                                    const tensor_split& split = {});
+  static result<std::unique_ptr<llama_model>> build(
+      const weight_source& src, const llama_config& cfg, kernels::cpu::context& ctx,
+      const quant_plan& plan, const layer_range& range = {}, const tensor_split& split = {});
 
   const llama_config& config() const { return cfg_; }
   /// The part of the decoder held, with `last` resolved (never -1).

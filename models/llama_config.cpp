@@ -1,10 +1,10 @@
 #include "models/llama_config.hpp"
 
+#include <sys/stat.h>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <sys/stat.h>
 
 namespace troupe::models {
 
@@ -12,7 +12,8 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string field_error(const std::string& source, const std::string& field, const std::string& what) {
+std::string field_error(const std::string& source, const std::string& field,
+                        const std::string& what) {
   return source + ": " + field + " " + what;
 }
 
@@ -20,7 +21,8 @@ std::string field_error(const std::string& source, const std::string& field, con
 result<bool> get_int(const json& j, const char* key, std::int64_t& out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return false;
-  if (!it->is_number_integer()) return make_error(errc::corrupt_data, field_error(src, key, "must be an integer"));
+  if (!it->is_number_integer())
+    return make_error(errc::corrupt_data, field_error(src, key, "must be an integer"));
   out = it->get<std::int64_t>();
   return true;
 }
@@ -28,9 +30,11 @@ result<bool> get_int(const json& j, const char* key, std::int64_t& out, const st
 result<bool> get_float(const json& j, const char* key, double& out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return false;
-  if (!it->is_number()) return make_error(errc::corrupt_data, field_error(src, key, "must be a number"));
+  if (!it->is_number())
+    return make_error(errc::corrupt_data, field_error(src, key, "must be a number"));
   out = it->get<double>();
-  if (!std::isfinite(out)) return make_error(errc::corrupt_data, field_error(src, key, "must be finite"));
+  if (!std::isfinite(out))
+    return make_error(errc::corrupt_data, field_error(src, key, "must be finite"));
   return true;
 }
 
@@ -42,11 +46,13 @@ result<std::vector<std::int64_t>> get_ids(const json& j, const char* key, const 
     out.push_back(it->get<std::int64_t>());
   } else if (it->is_array()) {
     for (const auto& e : *it) {
-      if (!e.is_number_integer()) return make_error(errc::corrupt_data, field_error(src, key, "must hold integers"));
+      if (!e.is_number_integer())
+        return make_error(errc::corrupt_data, field_error(src, key, "must hold integers"));
       out.push_back(e.get<std::int64_t>());
     }
   } else {
-    return make_error(errc::corrupt_data, field_error(src, key, "must be an integer or a list of integers"));
+    return make_error(errc::corrupt_data,
+                      field_error(src, key, "must be an integer or a list of integers"));
   }
   return out;
 }
@@ -58,7 +64,8 @@ result<std::string> read_text_file(const std::string& path, std::size_t max_byte
   if (::stat(path.c_str(), &st) != 0) return make_error(errc::not_found, path + ": no such file");
   if (!S_ISREG(st.st_mode)) return make_error(errc::io_error, path + ": not a regular file");
   if (static_cast<std::size_t>(st.st_size) > max_bytes)
-    return make_error(errc::corrupt_data, path + ": " + std::to_string(st.st_size) + " bytes is too large");
+    return make_error(errc::corrupt_data,
+                      path + ": " + std::to_string(st.st_size) + " bytes is too large");
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(errc::io_error, path + ": cannot open");
   std::stringstream ss;
@@ -67,56 +74,80 @@ result<std::string> read_text_file(const std::string& path, std::size_t max_byte
 }
 
 result<void> llama_config::validate(const std::string& src) const {
-  auto range = [&](const char* name, std::int64_t v, std::int64_t lo, std::int64_t hi) -> result<void> {
+  auto range = [&](const char* name, std::int64_t v, std::int64_t lo,
+                   std::int64_t hi) -> result<void> {
     if (v < lo || v > hi)
-      return make_error(errc::corrupt_data, field_error(src, name, "= " + std::to_string(v) + " is outside [" +
-                                                                      std::to_string(lo) + ", " + std::to_string(hi) + "]"));
+      return make_error(errc::corrupt_data,
+                        field_error(src, name,
+                                    "= " + std::to_string(v) + " is outside [" +
+                                        std::to_string(lo) + ", " + std::to_string(hi) + "]"));
     return {};
   };
-  for (auto r : {range("vocab_size", vocab_size, 1, 1 << 22), range("hidden_size", hidden_size, 1, 1 << 16),
-                 range("intermediate_size", intermediate_size, 1, 1 << 18), range("num_hidden_layers", num_layers, 1, 1024),
-                 range("num_attention_heads", num_heads, 1, 1024), range("num_key_value_heads", num_kv_heads, 1, 1024),
-                 range("head_dim", head_dim, 2, 1024), range("max_position_embeddings", max_position_embeddings, 1, 1 << 24)})
+  for (auto r :
+       {range("vocab_size", vocab_size, 1, 1 << 22), range("hidden_size", hidden_size, 1, 1 << 16),
+        range("intermediate_size", intermediate_size, 1, 1 << 18),
+        range("num_hidden_layers", num_layers, 1, 1024),
+        range("num_attention_heads", num_heads, 1, 1024),
+        range("num_key_value_heads", num_kv_heads, 1, 1024), range("head_dim", head_dim, 2, 1024),
+        range("max_position_embeddings", max_position_embeddings, 1, 1 << 24)})
     if (!r) return r;
   if (num_heads % num_kv_heads != 0)
-    return make_error(errc::corrupt_data, field_error(src, "num_key_value_heads", "must divide num_attention_heads"));
-  if (head_dim % 2 != 0) return make_error(errc::corrupt_data, field_error(src, "head_dim", "must be even for RoPE"));
-  if (!(rms_norm_eps > 0 && rms_norm_eps < 1)) return make_error(errc::corrupt_data, field_error(src, "rms_norm_eps", "must be in (0, 1)"));
-  if (!(rope_theta > 1)) return make_error(errc::corrupt_data, field_error(src, "rope_theta", "must be > 1"));
+    return make_error(errc::corrupt_data,
+                      field_error(src, "num_key_value_heads", "must divide num_attention_heads"));
+  if (head_dim % 2 != 0)
+    return make_error(errc::corrupt_data, field_error(src, "head_dim", "must be even for RoPE"));
+  if (!(rms_norm_eps > 0 && rms_norm_eps < 1))
+    return make_error(errc::corrupt_data, field_error(src, "rms_norm_eps", "must be in (0, 1)"));
+  if (!(rope_theta > 1))
+    return make_error(errc::corrupt_data, field_error(src, "rope_theta", "must be > 1"));
   if (scaling.type != rope_scaling::kind::none && !(scaling.factor >= 1 && scaling.factor <= 1024))
-    return make_error(errc::corrupt_data, field_error(src, "rope_scaling.factor", "must be in [1, 1024]"));
+    return make_error(errc::corrupt_data,
+                      field_error(src, "rope_scaling.factor", "must be in [1, 1024]"));
   if (scaling.type == rope_scaling::kind::llama3) {
     if (!(scaling.high_freq_factor > scaling.low_freq_factor && scaling.low_freq_factor > 0))
-      return make_error(errc::corrupt_data, field_error(src, "rope_scaling", "needs high_freq_factor > low_freq_factor > 0"));
+      return make_error(
+          errc::corrupt_data,
+          field_error(src, "rope_scaling", "needs high_freq_factor > low_freq_factor > 0"));
     if (scaling.original_max_position_embeddings < 1)
-      return make_error(errc::corrupt_data, field_error(src, "rope_scaling.original_max_position_embeddings", "must be positive"));
+      return make_error(
+          errc::corrupt_data,
+          field_error(src, "rope_scaling.original_max_position_embeddings", "must be positive"));
   }
   for (auto id : bos_token_ids)
-    if (id < 0 || id >= vocab_size) return make_error(errc::corrupt_data, field_error(src, "bos_token_id", "outside the vocabulary"));
+    if (id < 0 || id >= vocab_size)
+      return make_error(errc::corrupt_data,
+                        field_error(src, "bos_token_id", "outside the vocabulary"));
   for (auto id : eos_token_ids)
-    if (id < 0 || id >= vocab_size) return make_error(errc::corrupt_data, field_error(src, "eos_token_id", "outside the vocabulary"));
+    if (id < 0 || id >= vocab_size)
+      return make_error(errc::corrupt_data,
+                        field_error(src, "eos_token_id", "outside the vocabulary"));
   return {};
 }
 
 result<llama_config> parse_llama_config(std::string_view text, const std::string& src) {
   json root = json::parse(text.begin(), text.end(), nullptr, false);
-  if (root.is_discarded() || !root.is_object()) return make_error(errc::corrupt_data, src + ": not a JSON object");
+  if (root.is_discarded() || !root.is_object())
+    return make_error(errc::corrupt_data, src + ": not a JSON object");
   llama_config c;
   if (auto a = root.find("architectures"); a != root.end()) {
     if (!a->is_array() || a->empty() || !(*a)[0].is_string())
-      return make_error(errc::corrupt_data, field_error(src, "architectures", "must be a list of names"));
+      return make_error(errc::corrupt_data,
+                        field_error(src, "architectures", "must be a list of names"));
     c.architecture = (*a)[0].get<std::string>();
   }
   const json* j = &root;
   if (c.architecture == "LlavaForConditionalGeneration") {
     auto t = root.find("text_config");
-    if (t == root.end() || !t->is_object()) return make_error(errc::corrupt_data, src + ": LLaVA config without text_config");
+    if (t == root.end() || !t->is_object())
+      return make_error(errc::corrupt_data, src + ": LLaVA config without text_config");
     j = &*t;
   } else if (c.architecture != "LlamaForCausalLM") {
-    return make_error(errc::unsupported_op, src + ": architecture " + c.architecture +
-                                                " is not supported (LlamaForCausalLM, LlavaForConditionalGeneration)");
+    return make_error(errc::unsupported_op,
+                      src + ": architecture " + c.architecture +
+                          " is not supported (LlamaForCausalLM, LlavaForConditionalGeneration)");
   }
-  if (auto act = j->find("hidden_act"); act != j->end() && (!act->is_string() || act->get<std::string>() != "silu"))
+  if (auto act = j->find("hidden_act");
+      act != j->end() && (!act->is_string() || act->get<std::string>() != "silu"))
     return make_error(errc::unsupported_op, field_error(src, "hidden_act", "must be \"silu\""));
   for (const char* b : {"attention_bias", "mlp_bias"})
     if (auto it = j->find(b); it != j->end() && it->is_boolean() && it->get<bool>())
@@ -125,40 +156,63 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
   // 0 is a value (and fails validation).
   c.num_kv_heads = -1;
   c.head_dim = -1;
-  struct need { const char* key; std::int64_t* out; bool required; };
-  for (auto n : {need{"vocab_size", &c.vocab_size, true}, need{"hidden_size", &c.hidden_size, true},
-                 need{"intermediate_size", &c.intermediate_size, true}, need{"num_hidden_layers", &c.num_layers, true},
-                 need{"num_attention_heads", &c.num_heads, true}, need{"num_key_value_heads", &c.num_kv_heads, false},
-                 need{"head_dim", &c.head_dim, false}, need{"max_position_embeddings", &c.max_position_embeddings, false}}) {
+  struct need {
+    const char* key;
+    std::int64_t* out;
+    bool required;
+  };
+  for (auto n :
+       {need{"vocab_size", &c.vocab_size, true}, need{"hidden_size", &c.hidden_size, true},
+        need{"intermediate_size", &c.intermediate_size, true},
+        need{"num_hidden_layers", &c.num_layers, true},
+        need{"num_attention_heads", &c.num_heads, true},
+        need{"num_key_value_heads", &c.num_kv_heads, false}, need{"head_dim", &c.head_dim, false},
+        need{"max_position_embeddings", &c.max_position_embeddings, false}}) {
     auto got = get_int(*j, n.key, *n.out, src);
     if (!got) return std::unexpected(got.error());
-    if (!*got && n.required) return make_error(errc::corrupt_data, field_error(src, n.key, "is missing"));
+    if (!*got && n.required)
+      return make_error(errc::corrupt_data, field_error(src, n.key, "is missing"));
   }
   if (c.num_kv_heads == -1) c.num_kv_heads = c.num_heads;
   if (c.head_dim == -1 && c.num_heads > 0) {
     if (c.hidden_size % c.num_heads != 0)
-      return make_error(errc::corrupt_data, field_error(src, "num_attention_heads", "must divide hidden_size when head_dim is absent"));
+      return make_error(errc::corrupt_data,
+                        field_error(src, "num_attention_heads",
+                                    "must divide hidden_size when head_dim is absent"));
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  if (auto r = get_float(*j, "rms_norm_eps", c.rms_norm_eps, src); !r) return std::unexpected(r.error());
-  if (auto r = get_float(*j, "rope_theta", c.rope_theta, src); !r) return std::unexpected(r.error());
+  if (auto r = get_float(*j, "rms_norm_eps", c.rms_norm_eps, src); !r)
+    return std::unexpected(r.error());
+  if (auto r = get_float(*j, "rope_theta", c.rope_theta, src); !r)
+    return std::unexpected(r.error());
   if (auto t = j->find("tie_word_embeddings"); t != j->end()) {
-    if (!t->is_boolean()) return make_error(errc::corrupt_data, field_error(src, "tie_word_embeddings", "must be a boolean"));
+    if (!t->is_boolean())
+      return make_error(errc::corrupt_data,
+                        field_error(src, "tie_word_embeddings", "must be a boolean"));
     c.tie_word_embeddings = t->get<bool>();
   }
   if (auto rs = j->find("rope_scaling"); rs != j->end() && !rs->is_null()) {
-    if (!rs->is_object()) return make_error(errc::corrupt_data, field_error(src, "rope_scaling", "must be an object"));
+    if (!rs->is_object())
+      return make_error(errc::corrupt_data, field_error(src, "rope_scaling", "must be an object"));
     std::string type;
     for (const char* k : {"rope_type", "type"})
       if (auto t = rs->find(k); t != rs->end() && t->is_string()) type = t->get<std::string>();
-    if (type == "llama3") c.scaling.type = rope_scaling::kind::llama3;
-    else if (type == "linear") c.scaling.type = rope_scaling::kind::linear;
+    if (type == "llama3")
+      c.scaling.type = rope_scaling::kind::llama3;
+    else if (type == "linear")
+      c.scaling.type = rope_scaling::kind::linear;
     else if (type != "default")
-      return make_error(errc::unsupported_op, field_error(src, "rope_scaling.rope_type", "'" + type + "' is not supported (llama3, linear)"));
-    for (auto [k, out] : {std::pair{"factor", &c.scaling.factor}, std::pair{"low_freq_factor", &c.scaling.low_freq_factor},
+      return make_error(errc::unsupported_op,
+                        field_error(src, "rope_scaling.rope_type",
+                                    "'" + type + "' is not supported (llama3, linear)"));
+    for (auto [k, out] : {std::pair{"factor", &c.scaling.factor},
+                          std::pair{"low_freq_factor", &c.scaling.low_freq_factor},
                           std::pair{"high_freq_factor", &c.scaling.high_freq_factor}})
-      if (auto r = get_float(*rs, k, *out, src + " rope_scaling"); !r) return std::unexpected(r.error());
-    if (auto r = get_int(*rs, "original_max_position_embeddings", c.scaling.original_max_position_embeddings, src); !r)
+      if (auto r = get_float(*rs, k, *out, src + " rope_scaling"); !r)
+        return std::unexpected(r.error());
+    if (auto r = get_int(*rs, "original_max_position_embeddings",
+                         c.scaling.original_max_position_embeddings, src);
+        !r)
       return std::unexpected(r.error());
   }
   auto bos = get_ids(*j, "bos_token_id", src);
@@ -180,9 +234,11 @@ result<llama_config> load_llama_config(const std::string& path) {
 result<llama_config> llama_config_from_gguf(const gguf_file& f) {
   const std::string src = f.path();
   const auto* arch = f.find("general.architecture");
-  if (!arch || !arch->as_string()) return make_error(errc::corrupt_data, src + ": general.architecture missing");
+  if (!arch || !arch->as_string())
+    return make_error(errc::corrupt_data, src + ": general.architecture missing");
   if (*arch->as_string() != "llama")
-    return make_error(errc::unsupported_op, src + ": GGUF architecture '" + *arch->as_string() + "' is not supported (llama)");
+    return make_error(errc::unsupported_op, src + ": GGUF architecture '" + *arch->as_string() +
+                                                "' is not supported (llama)");
   llama_config c;
   c.layout = rope_layout::adjacent_pairs;
   auto get = [&](const std::string& key, std::int64_t& out, bool required) -> result<void> {
@@ -196,10 +252,13 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     out = *i;
     return {};
   };
-  for (auto r : {get("embedding_length", c.hidden_size, true), get("feed_forward_length", c.intermediate_size, true),
-                 get("block_count", c.num_layers, true), get("attention.head_count", c.num_heads, true),
-                 get("attention.head_count_kv", c.num_kv_heads, false), get("context_length", c.max_position_embeddings, false),
-                 get("rope.dimension_count", c.head_dim, false), get("vocab_size", c.vocab_size, false)})
+  for (auto r :
+       {get("embedding_length", c.hidden_size, true),
+        get("feed_forward_length", c.intermediate_size, true),
+        get("block_count", c.num_layers, true), get("attention.head_count", c.num_heads, true),
+        get("attention.head_count_kv", c.num_kv_heads, false),
+        get("context_length", c.max_position_embeddings, false),
+        get("rope.dimension_count", c.head_dim, false), get("vocab_size", c.vocab_size, false)})
     if (!r) return std::unexpected(r.error());
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (c.head_dim == 0 && c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
@@ -207,14 +266,20 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     if (const auto* toks = f.find("tokenizer.ggml.tokens"); toks && toks->as_array())
       c.vocab_size = static_cast<std::int64_t>(toks->as_array()->size());
   }
-  if (const auto* v = f.find("llama.attention.layer_norm_rms_epsilon"); v && v->as_float()) c.rms_norm_eps = *v->as_float();
-  if (const auto* v = f.find("llama.rope.freq_base"); v && v->as_float()) c.rope_theta = *v->as_float();
-  if (const auto* v = f.find("llama.rope.scaling.type"); v && v->as_string() && *v->as_string() == "linear") {
+  if (const auto* v = f.find("llama.attention.layer_norm_rms_epsilon"); v && v->as_float())
+    c.rms_norm_eps = *v->as_float();
+  if (const auto* v = f.find("llama.rope.freq_base"); v && v->as_float())
+    c.rope_theta = *v->as_float();
+  if (const auto* v = f.find("llama.rope.scaling.type");
+      v && v->as_string() && *v->as_string() == "linear") {
     c.scaling.type = rope_scaling::kind::linear;
-    if (const auto* fct = f.find("llama.rope.scaling.factor"); fct && fct->as_float()) c.scaling.factor = *fct->as_float();
+    if (const auto* fct = f.find("llama.rope.scaling.factor"); fct && fct->as_float())
+      c.scaling.factor = *fct->as_float();
   }
-  if (const auto* v = f.find("tokenizer.ggml.bos_token_id"); v && v->as_int()) c.bos_token_ids = {*v->as_int()};
-  if (const auto* v = f.find("tokenizer.ggml.eos_token_id"); v && v->as_int()) c.eos_token_ids = {*v->as_int()};
+  if (const auto* v = f.find("tokenizer.ggml.bos_token_id"); v && v->as_int())
+    c.bos_token_ids = {*v->as_int()};
+  if (const auto* v = f.find("tokenizer.ggml.eos_token_id"); v && v->as_int())
+    c.eos_token_ids = {*v->as_int()};
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;
@@ -222,28 +287,35 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
 
 result<generation_defaults> parse_generation_config(std::string_view text, const std::string& src) {
   json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return make_error(errc::corrupt_data, src + ": not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return make_error(errc::corrupt_data, src + ": not a JSON object");
   generation_defaults g;
-  for (auto [k, out] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
-                        std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}}) {
+  for (auto [k, out] :
+       {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
+        std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}}) {
     double v = 0;
     auto r = get_float(j, k, v, src);
     if (!r) return std::unexpected(r.error());
     if (*r) *out = v;
   }
-  for (auto [k, out] : {std::pair{"top_k", &g.top_k}, std::pair{"max_new_tokens", &g.max_new_tokens}}) {
+  for (auto [k, out] :
+       {std::pair{"top_k", &g.top_k}, std::pair{"max_new_tokens", &g.max_new_tokens}}) {
     std::int64_t v = 0;
     auto r = get_int(j, k, v, src);
     if (!r) return std::unexpected(r.error());
     if (*r) *out = v;
   }
-  if (auto it = j.find("do_sample"); it != j.end() && it->is_boolean()) g.do_sample = it->get<bool>();
+  if (auto it = j.find("do_sample"); it != j.end() && it->is_boolean())
+    g.do_sample = it->get<bool>();
   auto eos = get_ids(j, "eos_token_id", src);
   if (!eos) return std::unexpected(eos.error());
   g.eos_token_ids = *eos;
-  if (g.temperature && *g.temperature < 0) return make_error(errc::corrupt_data, field_error(src, "temperature", "must be >= 0"));
-  if (g.top_p && (*g.top_p <= 0 || *g.top_p > 1)) return make_error(errc::corrupt_data, field_error(src, "top_p", "must be in (0, 1]"));
-  if (g.top_k && *g.top_k < 0) return make_error(errc::corrupt_data, field_error(src, "top_k", "must be >= 0"));
+  if (g.temperature && *g.temperature < 0)
+    return make_error(errc::corrupt_data, field_error(src, "temperature", "must be >= 0"));
+  if (g.top_p && (*g.top_p <= 0 || *g.top_p > 1))
+    return make_error(errc::corrupt_data, field_error(src, "top_p", "must be in (0, 1]"));
+  if (g.top_k && *g.top_k < 0)
+    return make_error(errc::corrupt_data, field_error(src, "top_k", "must be >= 0"));
   return g;
 }
 

@@ -15,8 +15,8 @@ struct rope_scaling {
   enum class kind : std::uint8_t { none, linear, llama3 };
   kind type = kind::none;
   double factor = 1.0;
-  double low_freq_factor = 1.0;   ///< llama3
-  double high_freq_factor = 4.0;  ///< llama3
+  double low_freq_factor = 1.0;                          ///< llama3
+  double high_freq_factor = 4.0;                         ///< llama3
   std::int64_t original_max_position_embeddings = 8192;  ///< llama3
 };
 
@@ -65,7 +65,8 @@ result<llama_config> load_llama_config(const std::string& path);
 /// Reads the llama.* metadata of a GGUF file.
 result<llama_config> llama_config_from_gguf(const gguf_file& f);
 
-result<generation_defaults> parse_generation_config(std::string_view json_text, const std::string& source);
+result<generation_defaults> parse_generation_config(std::string_view json_text,
+                                                    const std::string& source);
 /// Missing file = all defaults unset.
 result<generation_defaults> load_generation_config(const std::string& path);
 

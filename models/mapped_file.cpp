@@ -34,7 +34,8 @@ result<std::shared_ptr<mapped_file>> mapped_file::open(const std::string& path) 
   return f;
 }
 
-std::shared_ptr<mapped_file> mapped_file::from_memory(std::string name, std::span<const std::byte> bytes) {
+std::shared_ptr<mapped_file> mapped_file::from_memory(std::string name,
+                                                      std::span<const std::byte> bytes) {
   std::shared_ptr<mapped_file> f(new mapped_file());
   f->path_ = std::move(name);
   f->size_ = bytes.size();

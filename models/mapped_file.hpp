@@ -22,7 +22,8 @@ class mapped_file {
   static result<std::shared_ptr<mapped_file>> open(const std::string& path);
   /// An in-memory stand-in holding a copy of `bytes` (fuzzers, tests);
   /// `name` is used in messages.
-  static std::shared_ptr<mapped_file> from_memory(std::string name, std::span<const std::byte> bytes);
+  static std::shared_ptr<mapped_file> from_memory(std::string name,
+                                                  std::span<const std::byte> bytes);
   ~mapped_file();
   mapped_file(const mapped_file&) = delete;
   mapped_file& operator=(const mapped_file&) = delete;
@@ -49,7 +50,9 @@ class byte_reader {
   bool read(void* out, std::size_t n);
   bool skip(std::size_t n);
   template <class T>
-  bool read_value(T& out) { return read(&out, sizeof(T)); }
+  bool read_value(T& out) {
+    return read(&out, sizeof(T));
+  }
 
  private:
   std::span<const std::byte> data_;

@@ -68,7 +68,8 @@ result<void> write_random_gguf(const std::string& path, const random_model_spec&
                                                               : dtype::i32;
   if (mat_type == dtype::i32)
     return make_error(errc::unsupported_dtype, "random GGUF models are f32, f16, q8_0 or q4_0");
-  if (c.vocab_size < 3 + 256) return make_error(errc::invalid_argument, "vocabulary too small for the byte tokens");
+  if (c.vocab_size < 3 + 256)
+    return make_error(errc::invalid_argument, "vocabulary too small for the byte tokens");
   normal_gen gen{spec.seed * 0x9e3779b97f4a7c15ull + 1};
   std::deque<std::vector<std::byte>> storage;  // stable addresses for the writer
   gguf_writer w;
@@ -122,12 +123,20 @@ result<void> write_random_gguf(const std::string& path, const random_model_spec&
       for (auto& v : row) v = spec.stddev * gen();
       std::byte* dst = buf.data() + static_cast<std::size_t>(r) * *rb;
       switch (mat_type) {
-        case dtype::f32: std::memcpy(dst, row.data(), *rb); break;
-        case dtype::f16:
-          for (std::int64_t j = 0; j < cols; ++j) reinterpret_cast<kernels::f16*>(dst)[j] = kernels::to_f16(row[static_cast<std::size_t>(j)]);
+        case dtype::f32:
+          std::memcpy(dst, row.data(), *rb);
           break;
-        case dtype::q8_0: kernels::quantize_row_q8_0(row.data(), reinterpret_cast<kernels::block_q8_0*>(dst), cols); break;
-        default: kernels::quantize_row_q4_0(row.data(), reinterpret_cast<kernels::block_q4_0*>(dst), cols); break;
+        case dtype::f16:
+          for (std::int64_t j = 0; j < cols; ++j)
+            reinterpret_cast<kernels::f16*>(dst)[j] =
+                kernels::to_f16(row[static_cast<std::size_t>(j)]);
+          break;
+        case dtype::q8_0:
+          kernels::quantize_row_q8_0(row.data(), reinterpret_cast<kernels::block_q8_0*>(dst), cols);
+          break;
+        default:
+          kernels::quantize_row_q4_0(row.data(), reinterpret_cast<kernels::block_q4_0*>(dst), cols);
+          break;
       }
     }
     return w.add_tensor(name, mat_type, {rows, cols}, buf);
@@ -142,10 +151,14 @@ result<void> write_random_gguf(const std::string& path, const random_model_spec&
   if (auto r = matrix("token_embd.weight", c.vocab_size, H); !r) return r;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    for (auto r : {matrix(p + "attn_q.weight", c.num_heads * D, H), matrix(p + "attn_k.weight", c.num_kv_heads * D, H),
-                   matrix(p + "attn_v.weight", c.num_kv_heads * D, H), matrix(p + "attn_output.weight", H, c.num_heads * D),
-                   matrix(p + "ffn_gate.weight", c.intermediate_size, H), matrix(p + "ffn_up.weight", c.intermediate_size, H),
-                   matrix(p + "ffn_down.weight", H, c.intermediate_size), norm(p + "attn_norm.weight"), norm(p + "ffn_norm.weight")})
+    for (auto r : {matrix(p + "attn_q.weight", c.num_heads * D, H),
+                   matrix(p + "attn_k.weight", c.num_kv_heads * D, H),
+                   matrix(p + "attn_v.weight", c.num_kv_heads * D, H),
+                   matrix(p + "attn_output.weight", H, c.num_heads * D),
+                   matrix(p + "ffn_gate.weight", c.intermediate_size, H),
+                   matrix(p + "ffn_up.weight", c.intermediate_size, H),
+                   matrix(p + "ffn_down.weight", H, c.intermediate_size),
+                   norm(p + "attn_norm.weight"), norm(p + "ffn_norm.weight")})
       if (!r) return r;
   }
   if (auto r = norm("output_norm.weight"); !r) return r;

@@ -18,7 +18,7 @@ struct safetensors_tensor {
   kernels::shape_t shape;
   std::uint64_t offset = 0;  ///< absolute offset in its file
   std::uint64_t bytes = 0;
-  std::size_t file = 0;      ///< index into files()
+  std::size_t file = 0;  ///< index into files()
 };
 
 /// Limits applied while parsing untrusted headers.
@@ -37,11 +37,13 @@ class safetensors_model {
  public:
   /// `path`: a .safetensors file, an index .json, or a directory holding
   /// model.safetensors.index.json or model.safetensors.
-  static result<safetensors_model> open(const std::string& path, const safetensors_limits& limits = {});
+  static result<safetensors_model> open(const std::string& path,
+                                        const safetensors_limits& limits = {});
 
   const std::vector<safetensors_tensor>& tensors() const { return tensors_; }
   /// Parses one in-memory or mapped file (no index).
-  static result<safetensors_model> parse(std::shared_ptr<mapped_file> file, const safetensors_limits& limits = {});
+  static result<safetensors_model> parse(std::shared_ptr<mapped_file> file,
+                                         const safetensors_limits& limits = {});
 
   const safetensors_tensor* find(const std::string& name) const;
   /// Zero-copy view into the map.

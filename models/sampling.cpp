@@ -7,10 +7,13 @@
 namespace troupe::models {
 
 result<void> sampling_params::validate() const {
-  if (!(temperature >= 0 && temperature <= 100)) return make_error(errc::invalid_argument, "temperature must be in [0, 100]");
+  if (!(temperature >= 0 && temperature <= 100))
+    return make_error(errc::invalid_argument, "temperature must be in [0, 100]");
   if (top_k < 0) return make_error(errc::invalid_argument, "top_k must be >= 0");
-  if (!(top_p > 0 && top_p <= 1)) return make_error(errc::invalid_argument, "top_p must be in (0, 1]");
-  if (!(min_p >= 0 && min_p < 1)) return make_error(errc::invalid_argument, "min_p must be in [0, 1)");
+  if (!(top_p > 0 && top_p <= 1))
+    return make_error(errc::invalid_argument, "top_p must be in (0, 1]");
+  if (!(min_p >= 0 && min_p < 1))
+    return make_error(errc::invalid_argument, "min_p must be in [0, 1)");
   if (!(repetition_penalty > 0 && repetition_penalty <= 10))
     return make_error(errc::invalid_argument, "repetition_penalty must be in (0, 10]");
   if (max_tokens < 1) return make_error(errc::invalid_argument, "max_tokens must be >= 1");
@@ -64,7 +67,8 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
   if (params_.temperature == 0.0) {
     std::int64_t best = 0;
     for (std::int64_t i = 1; i < n; ++i)
-      if (adjusted_[static_cast<std::size_t>(i)] > adjusted_[static_cast<std::size_t>(best)]) best = i;
+      if (adjusted_[static_cast<std::size_t>(i)] > adjusted_[static_cast<std::size_t>(best)])
+        best = i;
     return best;
   }
   scratch_.clear();
@@ -74,7 +78,9 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
     scratch_.emplace_back(static_cast<float>(adjusted_[static_cast<std::size_t>(i)] * inv_t), i);
   // Sort by logit descending, id ascending: a total order, so the result is
   // deterministic whatever the sort's stability.
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   // scratch_[0, sorted) holds the most likely tokens, in order. Top-p and
   // min-p need them first, but only as far as they reach: past it the order
   // is built lazily, in blocks that double. (Sorting all of a 32000-token
@@ -108,7 +114,8 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
         max_logit = scratch_[static_cast<std::size_t>(i)].first;
         arg = i;
       }
-    if (!std::isfinite(max_logit)) return arg;  // all -inf (the lowest id), or the lowest id at +inf
+    if (!std::isfinite(max_logit))
+      return arg;  // all -inf (the lowest id), or the lowest id at +inf
     weights_.resize(scratch_.size());
     for (std::size_t i = 0; i < scratch_.size(); ++i)
       sum += weights_[i] = std::exp(static_cast<double>(scratch_[i].first) - max_logit);
@@ -127,7 +134,9 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
     }
   }
   // Below, scratch_ is reordered: a token's weight follows from its logit.
-  auto prob = [&](std::size_t i) { return std::exp(static_cast<double>(scratch_[i].first) - max_logit) / sum; };
+  auto prob = [&](std::size_t i) {
+    return std::exp(static_cast<double>(scratch_[i].first) - max_logit) / sum;
+  };
   std::size_t keep = scratch_.size();
   if (params_.top_p < 1.0) {
     double cum = 0;

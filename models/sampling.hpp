@@ -16,7 +16,8 @@ struct sampling_params {
   std::int64_t top_k = 0;    ///< 0 = off
   double top_p = 1.0;        ///< 1 = off
   double min_p = 0.0;        ///< 0 = off
-  double repetition_penalty = 1.0;  ///< 1 = off (HF rule: divide positive logits, multiply negative)
+  double repetition_penalty =
+      1.0;  ///< 1 = off (HF rule: divide positive logits, multiply negative)
   std::uint64_t seed = 0;
   std::int64_t max_tokens = 256;
   std::vector<std::int64_t> stop_token_ids{};

@@ -14,20 +14,24 @@ using kernels::weight_format;
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // canonical -> GGUF name
 std::string gguf_name(const std::string& c) {
-  static const std::pair<const char*, const char*> top[] = {
-      {"embed_tokens", "token_embd.weight"}, {"norm", "output_norm.weight"}, {"lm_head", "output.weight"},
-      {"rope_freqs", "rope_freqs.weight"}};
+  static const std::pair<const char*, const char*> top[] = {{"embed_tokens", "token_embd.weight"},
+                                                            {"norm", "output_norm.weight"},
+                                                            {"lm_head", "output.weight"},
+                                                            {"rope_freqs", "rope_freqs.weight"}};
   for (auto [a, b] : top)
     if (c == a) return b;
   static const std::pair<const char*, const char*> per_layer[] = {
-      {"q_proj", "attn_q.weight"},     {"k_proj", "attn_k.weight"},      {"v_proj", "attn_v.weight"},
-      {"o_proj", "attn_output.weight"}, {"gate_proj", "ffn_gate.weight"}, {"up_proj", "ffn_up.weight"},
-      {"down_proj", "ffn_down.weight"}, {"input_norm", "attn_norm.weight"}, {"post_norm", "ffn_norm.weight"}};
+      {"q_proj", "attn_q.weight"},      {"k_proj", "attn_k.weight"},
+      {"v_proj", "attn_v.weight"},      {"o_proj", "attn_output.weight"},
+      {"gate_proj", "ffn_gate.weight"}, {"up_proj", "ffn_up.weight"},
+      {"down_proj", "ffn_down.weight"}, {"input_norm", "attn_norm.weight"},
+      {"post_norm", "ffn_norm.weight"}};
   if (c.rfind("layers.", 0) == 0) {
     const auto dot = c.find('.', 7);
     if (dot != std::string::npos) {
@@ -49,8 +53,10 @@ std::string hf_name(const std::string& c) {
     if (dot != std::string::npos) {
       const std::string idx = c.substr(7, dot - 7), leaf = c.substr(dot + 1);
       const std::string base = "model.layers." + idx + ".";
-      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "o_proj") return base + "self_attn." + leaf + ".weight";
-      if (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj") return base + "mlp." + leaf + ".weight";
+      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "o_proj")
+        return base + "self_attn." + leaf + ".weight";
+      if (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj")
+        return base + "mlp." + leaf + ".weight";
       if (leaf == "input_norm") return base + "input_layernorm.weight";
       if (leaf == "post_norm") return base + "post_attention_layernorm.weight";
     }
@@ -75,11 +81,14 @@ std::string hf_component_name(const std::string& c) {
   if (base == "vision.class_embedding") return "embeddings.class_embedding";
   for (auto [a, b] : top)
     if (base == a) return b + suffix;
-  static const std::pair<const char*, const char*> per_layer[] = {
-      {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
-      {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.out_proj"},
-      {"norm1", "layer_norm1"},       {"norm2", "layer_norm2"},
-      {"fc1", "mlp.fc1"},             {"fc2", "mlp.fc2"}};
+  static const std::pair<const char*, const char*> per_layer[] = {{"q_proj", "self_attn.q_proj"},
+                                                                  {"k_proj", "self_attn.k_proj"},
+                                                                  {"v_proj", "self_attn.v_proj"},
+                                                                  {"o_proj", "self_attn.out_proj"},
+                                                                  {"norm1", "layer_norm1"},
+                                                                  {"norm2", "layer_norm2"},
+                                                                  {"fc1", "mlp.fc1"},
+                                                                  {"fc2", "mlp.fc2"}};
   if (base.rfind("vision.layers.", 0) == 0) {
     const auto dot = base.find('.', 14);
     if (dot != std::string::npos) {
@@ -97,7 +106,8 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
   auto src = std::make_unique<weight_source>();
   src->path_ = path;
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return make_error(errc::not_found, path + ": no such file or folder");
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(errc::not_found, path + ": no such file or folder");
   if (S_ISREG(st.st_mode) && ends_with(path, ".gguf")) {
     auto g = gguf_file::open(path);
     if (!g) return std::unexpected(g.error());
@@ -107,10 +117,12 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
   auto m = safetensors_model::open(path);
   if (!m) return std::unexpected(m.error());
   src->st_ = std::move(*m);
-  if (!src->st_->find("model.embed_tokens.weight") && src->st_->find("language_model.model.embed_tokens.weight"))
+  if (!src->st_->find("model.embed_tokens.weight") &&
+      src->st_->find("language_model.model.embed_tokens.weight"))
     src->hf_prefix_ = "language_model.";
   // transformers >= 4.52 saves LLaVA as model.{language_model,vision_tower,multi_modal_projector}.
-  if (!src->st_->find("model.embed_tokens.weight") && src->st_->find("model.language_model.embed_tokens.weight"))
+  if (!src->st_->find("model.embed_tokens.weight") &&
+      src->st_->find("model.language_model.embed_tokens.weight"))
     src->llava_model_prefix_ = true;
   if (src->st_->find("model.vision_tower.vision_model.embeddings.patch_embedding.weight"))
     src->vision_prefix_ = "model.vision_tower.vision_model.";
@@ -122,9 +134,11 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
 std::string weight_source::file_name(const std::string& canonical) const {
   if (gguf_) return gguf_name(canonical);
   if (canonical.rfind("vision.", 0) == 0) return vision_prefix_ + hf_component_name(canonical);
-  if (canonical.rfind("projector.", 0) == 0) return projector_prefix_ + hf_component_name(canonical);
+  if (canonical.rfind("projector.", 0) == 0)
+    return projector_prefix_ + hf_component_name(canonical);
   const std::string name = hf_name(canonical);
-  if (llava_model_prefix_ && name.rfind("model.", 0) == 0) return "model.language_model." + name.substr(6);
+  if (llava_model_prefix_ && name.rfind("model.", 0) == 0)
+    return "model.language_model." + name.substr(6);
   return hf_prefix_ + name;
 }
 
@@ -148,7 +162,8 @@ result<kernels::tensor> weight_source::get(const std::string& canonical) const {
 result<void> quant_plan::add_override(const std::string& spec) {
   const auto eq = spec.rfind('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-    return make_error(errc::invalid_argument, "quant override '" + spec + "' must look like PATTERN=FORMAT");
+    return make_error(errc::invalid_argument,
+                      "quant override '" + spec + "' must look like PATTERN=FORMAT");
   auto f = kernels::weight_format_from_string(spec.substr(eq + 1));
   if (!f) return std::unexpected(f.error());
   overrides.emplace_back(spec.substr(0, eq), *f);
@@ -165,11 +180,16 @@ weight_format quant_plan::choose(const std::string& canonical, dtype stored) con
   }
   if (default_format) return *default_format;
   switch (stored) {
-    case dtype::f16: return weight_format::f16;
-    case dtype::bf16: return weight_format::bf16;
-    case dtype::q8_0: return weight_format::q8_0;
-    case dtype::q4_0: return weight_format::q4_0;
-    default: return weight_format::f32;
+    case dtype::f16:
+      return weight_format::f16;
+    case dtype::bf16:
+      return weight_format::bf16;
+    case dtype::q8_0:
+      return weight_format::q8_0;
+    case dtype::q4_0:
+      return weight_format::q4_0;
+    default:
+      return weight_format::f32;
   }
 }
 
@@ -180,25 +200,38 @@ result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor
     float* y = out->row_as<float>(r);
     const std::int64_t n = stored.cols();
     switch (stored.type()) {
-      case dtype::f32: std::memcpy(y, stored.row(r), sizeof(float) * static_cast<std::size_t>(n)); break;
+      case dtype::f32:
+        std::memcpy(y, stored.row(r), sizeof(float) * static_cast<std::size_t>(n));
+        break;
       case dtype::f16:
-        for (std::int64_t c = 0; c < n; ++c) y[c] = kernels::to_f32(stored.row_as<kernels::f16>(r)[c]);
+        for (std::int64_t c = 0; c < n; ++c)
+          y[c] = kernels::to_f32(stored.row_as<kernels::f16>(r)[c]);
         break;
       case dtype::bf16:
-        for (std::int64_t c = 0; c < n; ++c) y[c] = kernels::to_f32(stored.row_as<kernels::bf16>(r)[c]);
+        for (std::int64_t c = 0; c < n; ++c)
+          y[c] = kernels::to_f32(stored.row_as<kernels::bf16>(r)[c]);
         break;
-      case dtype::q8_0: kernels::dequantize_row_q8_0(stored.row_as<kernels::block_q8_0>(r), y, n); break;
-      case dtype::q4_0: kernels::dequantize_row_q4_0(stored.row_as<kernels::block_q4_0>(r), y, n); break;
+      case dtype::q8_0:
+        kernels::dequantize_row_q8_0(stored.row_as<kernels::block_q8_0>(r), y, n);
+        break;
+      case dtype::q4_0:
+        kernels::dequantize_row_q4_0(stored.row_as<kernels::block_q4_0>(r), y, n);
+        break;
       default:
-        return make_error(errc::unsupported_dtype, "cannot read weights stored as " + std::string(kernels::to_string(stored.type())));
+        return make_error(
+            errc::unsupported_dtype,
+            "cannot read weights stored as " + std::string(kernels::to_string(stored.type())));
     }
   }
   return out->reshape(stored.shape());
 }
 
-result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool, const kernels::tensor& stored,
-                                              weight_format format, int int4_group) {
-  if (stored.ndim() != 2) return make_error(errc::shape_mismatch, "weight matrices must be 2-D, got " + stored.shape().to_string());
+result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool,
+                                              const kernels::tensor& stored, weight_format format,
+                                              int int4_group) {
+  if (stored.ndim() != 2)
+    return make_error(errc::shape_mismatch,
+                      "weight matrices must be 2-D, got " + stored.shape().to_string());
   // Same block format: take the bytes as they are (a copy out of the map).
   if ((format == weight_format::q8_0 && stored.type() == dtype::q8_0) ||
       (format == weight_format::q4_0 && stored.type() == dtype::q4_0)) {

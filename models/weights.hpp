@@ -42,7 +42,7 @@ class weight_source {
 
  private:
   std::string path_;
-  std::string hf_prefix_;  ///< "" or "language_model." (LLaVA)
+  std::string hf_prefix_;            ///< "" or "language_model." (LLaVA)
   bool llava_model_prefix_ = false;  ///< decoder under model.language_model. (transformers >= 4.52)
   std::string vision_prefix_ = "vision_tower.vision_model.";
   std::string projector_prefix_ = "multi_modal_projector.";
@@ -68,7 +68,8 @@ struct quant_plan {
 
 /// Converts a stored tensor (f32/f16/bf16/q8_0/q4_0, 2-D [rows, cols]) into
 /// `format`, reusing GGUF blocks unchanged when the format already matches.
-result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool, const kernels::tensor& stored,
+result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool,
+                                              const kernels::tensor& stored,
                                               kernels::weight_format format, int int4_group);
 
 /// Converts a stored 1-D tensor (norm weights) to a dense f32 copy.

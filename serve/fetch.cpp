@@ -60,7 +60,8 @@ std::string v6_reason(const std::uint8_t (&b)[16]) {
   if (std::memcmp(b, zero, 15) == 0 && b[15] == 1) return "loopback (::1)";
   // IPv4-mapped (::ffff:a.b.c.d) and IPv4-compatible: judge the IPv4 address.
   const bool mapped = std::memcmp(b, zero, 10) == 0 && b[10] == 0xff && b[11] == 0xff;
-  const bool nat64 = b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b && std::memcmp(b + 4, zero, 8) == 0;
+  const bool nat64 = b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b &&
+                     std::memcmp(b + 4, zero, 8) == 0;
   if (mapped || nat64) {
     const auto r = v4_reason(v4(b[12], b[13], b[14], b[15]));
     return r.empty() ? std::string{} : "IPv4 inside IPv6, " + r;
@@ -69,7 +70,8 @@ std::string v6_reason(const std::uint8_t (&b)[16]) {
   if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return "link-local (fe80::/10)";
   if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return "site-local (fec0::/10)";
   if (b[0] == 0xff) return "multicast (ff00::/8)";
-  if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x0d && b[3] == 0xb8) return "documentation (2001:db8::/32)";
+  if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x0d && b[3] == 0xb8)
+    return "documentation (2001:db8::/32)";
   if (b[0] == 0x20 && b[1] == 0x02) return "6to4 (2002::/16)";  // may wrap any IPv4 address
   if ((b[0] & 0xe0) != 0x20) return "not global unicast (outside 2000::/3)";
   return {};
@@ -117,16 +119,19 @@ std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
   url_parts p;
   const auto sep = url.find("://");
   if (sep == std::string_view::npos) return std::unexpected("not a URL (no scheme)");
-  for (char c : url.substr(0, sep)) p.scheme += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char c : url.substr(0, sep))
+    p.scheme += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (p.scheme != "http" && p.scheme != "https")
-    return std::unexpected("the scheme '" + p.scheme.substr(0, 16) + "' is not fetched (http or https)");
+    return std::unexpected("the scheme '" + p.scheme.substr(0, 16) +
+                           "' is not fetched (http or https)");
   auto rest = url.substr(sep + 3);
   const auto slash = rest.find_first_of("/?#");
   auto authority = rest.substr(0, slash);
   p.path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
   if (p.path[0] != '/') p.path = "/" + p.path;
   if (const auto hash = p.path.find('#'); hash != std::string::npos) p.path.resize(hash);
-  if (authority.find('@') != std::string_view::npos) return std::unexpected("a user name or password in the URL");
+  if (authority.find('@') != std::string_view::npos)
+    return std::unexpected("a user name or password in the URL");
   std::string_view port;
   if (!authority.empty() && authority[0] == '[') {
     const auto close = authority.find(']');
@@ -144,8 +149,10 @@ std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
   }
   if (p.host.empty()) return std::unexpected("no host in the URL");
   for (char c : p.host)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' || c == '_'))
-      return std::unexpected("a host name with a character other than letters, digits, '.', '-', '_' or ':'");
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
+          c == '_'))
+      return std::unexpected(
+          "a host name with a character other than letters, digits, '.', '-', '_' or ':'");
   p.port = p.scheme == "https" ? 443 : 80;
   if (!port.empty()) {
     if (port.size() > 5) return std::unexpected("a bad port");
@@ -158,11 +165,13 @@ std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
     p.port = v;
   }
   for (char c : p.path)
-    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return std::unexpected("a space or control character in the path");
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      return std::unexpected("a space or control character in the path");
   return p;
 }
 
-std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url, const fetch_options& opt) {
+std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url,
+                                                                  const fetch_options& opt) {
   auto p = parse_http_url(url);
   if (!p) return std::unexpected(p.error());
   // Resolve once, check every address, then connect to the one checked (a
@@ -178,13 +187,14 @@ std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_vi
   for (auto* a = res; a; a = a->ai_next) {
     const auto why = reason_of(a->ai_addr);
     if (!why.empty() && !opt.allow_private)
-      return std::unexpected("refused: " + p->host + " resolves to " + text_of(a->ai_addr) + ", a " + why +
-                             " address (only public addresses are fetched)");
+      return std::unexpected("refused: " + p->host + " resolves to " + text_of(a->ai_addr) +
+                             ", a " + why + " address (only public addresses are fetched)");
     if (chosen.empty()) chosen = text_of(a->ai_addr);
   }
   if (chosen.empty()) return std::unexpected("cannot resolve " + p->host);
-  httplib::Client cli(p->scheme + "://" + (p->host.find(':') != std::string::npos ? "[" + p->host + "]" : p->host) + ":" +
-                      std::to_string(p->port));
+  httplib::Client cli(p->scheme + "://" +
+                      (p->host.find(':') != std::string::npos ? "[" + p->host + "]" : p->host) +
+                      ":" + std::to_string(p->port));
   if (!cli.is_valid()) return std::unexpected("cannot make a client for " + p->host);
   cli.set_hostname_addr_map({{p->host, chosen}});
   cli.set_connection_timeout(opt.timeout_s, 0);
@@ -211,13 +221,20 @@ std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_vi
           late = true;
           return false;
         }
-        body.insert(body.end(), reinterpret_cast<const std::uint8_t*>(data), reinterpret_cast<const std::uint8_t*>(data) + n);
+        body.insert(body.end(), reinterpret_cast<const std::uint8_t*>(data),
+                    reinterpret_cast<const std::uint8_t*>(data) + n);
         return true;
       });
-  if (too_big) return std::unexpected("the image at " + p->host + " is larger than " + std::to_string(opt.max_bytes >> 20) + " MiB");
-  if (late) return std::unexpected("fetching from " + p->host + " took longer than " + std::to_string(opt.timeout_s) + " s");
-  if (status >= 300 && status < 400) return std::unexpected("the image URL redirects (redirects are not followed)");
-  if (status != 0 && status != 200) return std::unexpected("fetching from " + p->host + ": HTTP " + std::to_string(status));
+  if (too_big)
+    return std::unexpected("the image at " + p->host + " is larger than " +
+                           std::to_string(opt.max_bytes >> 20) + " MiB");
+  if (late)
+    return std::unexpected("fetching from " + p->host + " took longer than " +
+                           std::to_string(opt.timeout_s) + " s");
+  if (status >= 300 && status < 400)
+    return std::unexpected("the image URL redirects (redirects are not followed)");
+  if (status != 0 && status != 200)
+    return std::unexpected("fetching from " + p->host + ": HTTP " + std::to_string(status));
   if (!r) return std::unexpected("fetching from " + p->host + ": " + httplib::to_string(r.error()));
   if (body.empty()) return std::unexpected("the image at " + p->host + " is empty");
   return body;

@@ -17,9 +17,9 @@
 namespace troupe::serve {
 
 struct fetch_options {
-  bool allow_private = false;          ///< for a trusted intranet (and the tests): skip the address check
-  std::size_t max_bytes = 32u << 20;   ///< larger bodies are refused
-  int timeout_s = 10;                  ///< connect, read and whole-transfer limit
+  bool allow_private = false;  ///< for a trusted intranet (and the tests): skip the address check
+  std::size_t max_bytes = 32u << 20;  ///< larger bodies are refused
+  int timeout_s = 10;                 ///< connect, read and whole-transfer limit
 };
 
 /// Why `ip` (a numeric IPv4 or IPv6 address) is not a public address, e.g.
@@ -35,6 +35,7 @@ struct url_parts {
 std::expected<url_parts, std::string> parse_http_url(std::string_view url);
 
 /// GETs `url` under the rules above; the error says what was refused.
-std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url, const fetch_options& opt);
+std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url,
+                                                                  const fetch_options& opt);
 
 }  // namespace troupe::serve

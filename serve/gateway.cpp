@@ -7,9 +7,9 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -26,7 +26,9 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
 std::int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // What a request's sink thread hands to the HTTP thread.
@@ -35,9 +37,9 @@ struct job_stream {
   std::condition_variable cv;
   std::deque<std::string> texts;  ///< token texts not yet sent
   std::optional<actors::finish_event> done;
-  std::string gone;               ///< the head went away
+  std::string gone;  ///< the head went away
   bool ended = false;
-  std::vector<double> gaps;       ///< seconds between tokens, per token
+  std::vector<double> gaps;  ///< seconds between tokens, per token
   steady::time_point last = steady::now();
   bool any = false;
 };
@@ -51,7 +53,9 @@ struct job_stream {
 // the bound socket raises the backlog (Linux updates it in place).
 class http_server : public httplib::Server {
  public:
-  bool widen_backlog(int backlog) { return svr_sock_ != INVALID_SOCKET && ::listen(svr_sock_, backlog) == 0; }
+  bool widen_backlog(int backlog) {
+    return svr_sock_ != INVALID_SOCKET && ::listen(svr_sock_, backlog) == 0;
+  }
 };
 
 struct gateway::impl {
@@ -64,7 +68,8 @@ struct gateway::impl {
   std::atomic<bool> canary_ok{false};
   std::mutex canary_mtx;
 
-  impl(caf::actor_system& s, actors::frontdoor_actor d, gateway_options o) : sys(s), door(std::move(d)), opt(std::move(o)) {}
+  impl(caf::actor_system& s, actors::frontdoor_actor d, gateway_options o)
+      : sys(s), door(std::move(d)), opt(std::move(o)) {}
 
   void reply_error(httplib::Response& res, const api_error& e) {
     stats->failed_http(e.status);
@@ -112,7 +117,8 @@ struct gateway::impl {
           std::lock_guard lock(js->m);
           const auto now = steady::now();
           if (js->any && !e.tokens.empty()) {
-            const double gap = std::chrono::duration<double>(now - js->last).count() / static_cast<double>(e.tokens.size());
+            const double gap = std::chrono::duration<double>(now - js->last).count() /
+                               static_cast<double>(e.tokens.size());
             for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
           }
           js->any = js->any || !e.tokens.empty();
@@ -160,7 +166,8 @@ struct gateway::impl {
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     if (!authorized(req, res)) return;
-    auto r = chat ? parse_chat_request(req.body, opt.limits) : parse_completion_request(req.body, opt.limits);
+    auto r = chat ? parse_chat_request(req.body, opt.limits)
+                  : parse_completion_request(req.body, opt.limits);
     if (!r) return reply_error(res, r.error());
     for (const auto& ri : r->remote_images) {
       auto f = opt.fetch;
@@ -193,7 +200,8 @@ struct gateway::impl {
         e.message = stream->gone;
         return reply_error(res, e);
       }
-      if (stream->done->reason == "error") return reply_error(res, finish_error(stream->done->error));
+      if (stream->done->reason == "error")
+        return reply_error(res, finish_error(stream->done->error));
       res.set_content(completion_json(*r, id, created, *stream->done), "application/json");
       return;
     }
@@ -215,7 +223,8 @@ struct gateway::impl {
           }
           const bool ended = stream->ended;
           lock.unlock();
-          if (!sink.is_writable() || (!text.empty() && !send(chunk_json(*request, id, created, text, "")))) {
+          if (!sink.is_writable() ||
+              (!text.empty() && !send(chunk_json(*request, id, created, text, "")))) {
             // The client went away: its request stops and frees its KV blocks.
             if (!ended) actors::cancel_job(sys, door, job_id);
             return false;
@@ -228,7 +237,8 @@ struct gateway::impl {
               send(error_json(e));
             } else {
               send(chunk_json(*request, id, created, "", finish_reason(stream->done->reason)));
-              if (request->include_usage) send(chunk_json(*request, id, created, "", "", &*stream->done));
+              if (request->include_usage)
+                send(chunk_json(*request, id, created, "", "", &*stream->done));
             }
           } else {
             api_error e;
@@ -263,7 +273,9 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
     : impl_(std::make_unique<impl>(sys, std::move(door), std::move(opt))) {
   auto* d = impl_.get();
   auto& h = d->http;
-  h.new_task_queue = [n = d->opt.threads] { return new httplib::ThreadPool(static_cast<std::size_t>(std::max(2, n))); };
+  h.new_task_queue = [n = d->opt.threads] {
+    return new httplib::ThreadPool(static_cast<std::size_t>(std::max(2, n)));
+  };
   h.set_payload_max_length(d->opt.max_body_bytes);
   h.set_read_timeout(30, 0);
   h.set_write_timeout(30, 0);
@@ -277,28 +289,38 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
       return httplib::Server::HandlerResponse::Unhandled;
     api_error e;
     e.status = 431;
-    e.message = "request headers over the limit (" + std::to_string(d->opt.max_headers) + " headers, " +
-                std::to_string(d->opt.max_header_bytes >> 10) + " KiB in all); this request has " +
-                std::to_string(req.headers.size()) + " headers, " + std::to_string(bytes) + " bytes";
+    e.message = "request headers over the limit (" + std::to_string(d->opt.max_headers) +
+                " headers, " + std::to_string(d->opt.max_header_bytes >> 10) +
+                " KiB in all); this request has " + std::to_string(req.headers.size()) +
+                " headers, " + std::to_string(bytes) + " bytes";
     d->reply_error(res, e);
     return httplib::Server::HandlerResponse::Handled;
   });
-  h.Post("/v1/chat/completions", [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, true); });
-  h.Post("/v1/completions", [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, false); });
+  h.Post("/v1/chat/completions",
+         [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, true); });
+  h.Post("/v1/completions",
+         [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, false); });
   h.Get("/v1/models", [d](const httplib::Request& req, httplib::Response& res) {
     if (!d->authorized(req, res)) return;
     nlohmann::json j{{"object", "list"},
-                     {"data", nlohmann::json::array({{{"id", d->opt.model_name}, {"object", "model"}, {"created", unix_now()},
+                     {"data", nlohmann::json::array({{{"id", d->opt.model_name},
+                                                      {"object", "model"},
+                                                      {"created", unix_now()},
                                                       {"owned_by", "troupe"}}})}};
     res.set_content(j.dump(), "application/json");
   });
-  h.Get("/live", [](const httplib::Request&, httplib::Response& res) { res.set_content("live\n", "text/plain"); });
+  h.Get("/live", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("live\n", "text/plain");
+  });
   h.Get("/ready", [d](const httplib::Request&, httplib::Response& res) {
     auto s = d->status();
     std::string why;
-    if (!s) why = "the head does not answer";
-    else if (!s->ready) why = "the model is not placed (" + s->last_event + ")";
-    else if (!d->canary()) why = "the canary decode failed";
+    if (!s)
+      why = "the head does not answer";
+    else if (!s->ready)
+      why = "the model is not placed (" + s->last_event + ")";
+    else if (!d->canary())
+      why = "the canary decode failed";
     res.status = why.empty() ? 200 : 503;
     res.set_content(why.empty() ? "ready\n" : "not ready: " + why + "\n", "text/plain");
   });
@@ -312,9 +334,12 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
     e.status = res.status;
     // cpp-httplib caps form-encoded bodies (curl -d without a content type)
     // at 8 KiB before any handler runs.
-    const bool form = req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos;
-    e.message = res.status == 413 && form ? "a form-encoded body over 8 KiB: send Content-Type: application/json"
-                : res.status == 413 ? "the body is larger than " + std::to_string(d->opt.max_body_bytes >> 20) + " MiB"
+    const bool form =
+        req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos;
+    e.message = res.status == 413 && form
+                    ? "a form-encoded body over 8 KiB: send Content-Type: application/json"
+                : res.status == 413 ? "the body is larger than " +
+                                          std::to_string(d->opt.max_body_bytes >> 20) + " MiB"
                 : res.status == 404 ? "no such endpoint"
                                     : "HTTP error " + std::to_string(res.status);
     if (res.status == 404) e.type = "not_found_error";
@@ -322,25 +347,33 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
   });
 }
 
-gateway::~gateway() { stop(); }
+gateway::~gateway() {
+  stop();
+}
 
 bool gateway::bind(std::string& why) {
   if (impl_->opt.port == 0)
     impl_->bound_port = impl_->http.bind_to_any_port(impl_->opt.host.c_str());
   else
-    impl_->bound_port = impl_->http.bind_to_port(impl_->opt.host.c_str(), impl_->opt.port) ? impl_->opt.port : -1;
+    impl_->bound_port =
+        impl_->http.bind_to_port(impl_->opt.host.c_str(), impl_->opt.port) ? impl_->opt.port : -1;
   if (impl_->bound_port <= 0) {
     why = "cannot listen on " + impl_->opt.host + ":" + std::to_string(impl_->opt.port);
     return false;
   }
   if (!impl_->http.widen_backlog(SOMAXCONN))
-    actors::logging::of("gateway").warn("could not raise the listen backlog: {}", std::strerror(errno));
+    actors::logging::of("gateway").warn("could not raise the listen backlog: {}",
+                                        std::strerror(errno));
   return true;
 }
 
-int gateway::port() const { return impl_->bound_port; }
+int gateway::port() const {
+  return impl_->bound_port;
+}
 
-void gateway::serve() { impl_->http.listen_after_bind(); }
+void gateway::serve() {
+  impl_->http.listen_after_bind();
+}
 
 void gateway::stop() {
   if (impl_) impl_->http.stop();

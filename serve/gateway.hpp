@@ -17,14 +17,14 @@ namespace troupe::serve {
 struct gateway_options {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string api_key;            ///< empty: no key needed
+  std::string api_key;  ///< empty: no key needed
   std::string model_name = "troupe";
   std::size_t max_body_bytes = 64u << 20;
-  request_limits limits;           ///< limits.remote_images: fetch http(s) image URLs
-  fetch_options fetch;             ///< how they are fetched
-  std::size_t max_headers = 64;    ///< more request headers: 431
+  request_limits limits;                     ///< limits.remote_images: fetch http(s) image URLs
+  fetch_options fetch;                       ///< how they are fetched
+  std::size_t max_headers = 64;              ///< more request headers: 431
   std::size_t max_header_bytes = 32u << 10;  ///< all header names and values together: 431
-  int threads = 16;               ///< HTTP worker threads (each stream holds one)
+  int threads = 16;                          ///< HTTP worker threads (each stream holds one)
 };
 
 class gateway {

@@ -47,9 +47,12 @@ void histogram::render(std::string& out, const std::string& name) const {
 }
 
 metrics::metrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
-      itl_({0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0}),
-      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0}),
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0}),
+      itl_({0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+            5.0, 7.5, 10.0, 20.0}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+            240.0, 480.0}),
       queue_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}) {}
 
 void metrics::finished(const actors::finish_event& f, const std::vector<double>& gaps) {
@@ -82,40 +85,56 @@ std::string metrics::render(const actors::cluster_status* s) const {
       used += n.report.kv_used_blocks;
       total += n.report.kv_total_blocks;
     }
-    head(out, "troupe:kv_cache_usage_perc", "gauge", "KV cache blocks in use over all stages, 0 to 1.");
-    out += "troupe:kv_cache_usage_perc " + num(total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0) + "\n";
-    head(out, "troupe:num_preemptions_total", "counter", "Requests preempted (recomputed), by the head's scheduler.");
+    head(out, "troupe:kv_cache_usage_perc", "gauge",
+         "KV cache blocks in use over all stages, 0 to 1.");
+    out += "troupe:kv_cache_usage_perc " +
+           num(total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0) + "\n";
+    head(out, "troupe:num_preemptions_total", "counter",
+         "Requests preempted (recomputed), by the head's scheduler.");
     out += "troupe:num_preemptions_total " + std::to_string(s->scheduler.preemptions) + "\n";
-    head(out, "troupe:stage_replacements_total", "counter", "Times the head placed the model again after losing a node.");
+    head(out, "troupe:stage_replacements_total", "counter",
+         "Times the head placed the model again after losing a node.");
     out += "troupe:stage_replacements_total " + std::to_string(s->replacements) + "\n";
-    head(out, "troupe:actor_restarts_total", "counter", "Stage actors (shard and KV store pairs) spawned again after a node loss.");
+    head(out, "troupe:actor_restarts_total", "counter",
+         "Stage actors (shard and KV store pairs) spawned again after a node loss.");
     out += "troupe:actor_restarts_total " + std::to_string(s->actor_restarts) + "\n";
-    head(out, "troupe:shard_migrations_total", "counter", "Live migrations of a shard or encoder to another node.");
+    head(out, "troupe:shard_migrations_total", "counter",
+         "Live migrations of a shard or encoder to another node.");
     out += "troupe:shard_migrations_total " + std::to_string(s->migrations) + "\n";
-    head(out, "troupe:transfer_bytes_total", "counter", "Data-plane bytes sent between node processes, by link (from->to).");
+    head(out, "troupe:transfer_bytes_total", "counter",
+         "Data-plane bytes sent between node processes, by link (from->to).");
     for (std::size_t i = 0; i < s->links.size() && i < s->link_bytes.size(); ++i)
-      out += "troupe:transfer_bytes_total{link=\"" + escape(s->links[i]) + "\"} " + std::to_string(s->link_bytes[i]) + "\n";
+      out += "troupe:transfer_bytes_total{link=\"" + escape(s->links[i]) + "\"} " +
+             std::to_string(s->link_bytes[i]) + "\n";
     head(out, "troupe:node_up", "gauge", "1 while the node is up (answers heartbeats), else 0.");
-    for (const auto& n : s->nodes) out += "troupe:node_up{node=\"" + escape(n.name) + "\"} " + (n.state == "up" ? "1" : "0") + "\n";
-    head(out, "troupe:node_resident_memory_bytes", "gauge", "Resident memory of each node process.");
     for (const auto& n : s->nodes)
-      out += "troupe:node_resident_memory_bytes{node=\"" + escape(n.name) + "\"} " + std::to_string(n.report.rss_bytes) + "\n";
+      out +=
+          "troupe:node_up{node=\"" + escape(n.name) + "\"} " + (n.state == "up" ? "1" : "0") + "\n";
+    head(out, "troupe:node_resident_memory_bytes", "gauge",
+         "Resident memory of each node process.");
+    for (const auto& n : s->nodes)
+      out += "troupe:node_resident_memory_bytes{node=\"" + escape(n.name) + "\"} " +
+             std::to_string(n.report.rss_bytes) + "\n";
   }
   head(out, "troupe:request_success_total", "counter", "Requests that ended, by finish reason.");
   for (const auto& [reason, n] : success_)
-    out += "troupe:request_success_total{finished_reason=\"" + escape(reason) + "\"} " + std::to_string(n) + "\n";
+    out += "troupe:request_success_total{finished_reason=\"" + escape(reason) + "\"} " +
+           std::to_string(n) + "\n";
   head(out, "troupe:http_errors_total", "counter", "Requests the gateway refused, by HTTP status.");
   for (const auto& [status, n] : http_errors_)
-    out += "troupe:http_errors_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
+    out += "troupe:http_errors_total{status=\"" + std::to_string(status) + "\"} " +
+           std::to_string(n) + "\n";
   head(out, "troupe:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
   out += "troupe:prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
   head(out, "troupe:generation_tokens_total", "counter", "Generated tokens of finished requests.");
   out += "troupe:generation_tokens_total " + std::to_string(generation_tokens_) + "\n";
   head(out, "troupe:time_to_first_token_seconds", "histogram", "Time to first token.");
   ttft_.render(out, "troupe:time_to_first_token_seconds");
-  head(out, "troupe:inter_token_latency_seconds", "histogram", "Time between tokens as the gateway received them.");
+  head(out, "troupe:inter_token_latency_seconds", "histogram",
+       "Time between tokens as the gateway received them.");
   itl_.render(out, "troupe:inter_token_latency_seconds");
-  head(out, "troupe:e2e_request_latency_seconds", "histogram", "Submission to end of each request.");
+  head(out, "troupe:e2e_request_latency_seconds", "histogram",
+       "Submission to end of each request.");
   e2e_.render(out, "troupe:e2e_request_latency_seconds");
   head(out, "troupe:request_queue_time_seconds", "histogram", "Submission to admission.");
   queue_.render(out, "troupe:request_queue_time_seconds");

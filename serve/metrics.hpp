@@ -17,7 +17,8 @@ namespace troupe::serve {
 
 class histogram {
  public:
-  explicit histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  explicit histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
   void observe(double v);
   /// The text lines of `name` (buckets, _sum, _count).
   void render(std::string& out, const std::string& name) const;

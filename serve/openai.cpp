@@ -30,7 +30,8 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     r.stream = it->get<bool>();
   }
   if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
-    if (auto u = it->find("include_usage"); u != it->end() && u->is_boolean()) r.include_usage = u->get<bool>();
+    if (auto u = it->find("include_usage"); u != it->end() && u->is_boolean())
+      r.include_usage = u->get<bool>();
   }
   auto& job = r.job;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -39,16 +40,21 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     if (!it->is_number_integer()) return bad(std::string("'") + key + "' must be an integer", key);
     const auto n = it->get<std::int64_t>();
     if (n < 1 || n > limits.max_tokens)
-      return bad(std::string("'") + key + "' must be in [1, " + std::to_string(limits.max_tokens) + "]", key);
+      return bad(
+          std::string("'") + key + "' must be in [1, " + std::to_string(limits.max_tokens) + "]",
+          key);
     job.max_tokens = n;
   }
-  auto number = [&](const char* key, double lo, double hi, double& out, bool& set) -> std::optional<api_error> {
+  auto number = [&](const char* key, double lo, double hi, double& out,
+                    bool& set) -> std::optional<api_error> {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
     if (!it->is_number()) return bad(std::string("'") + key + "' must be a number", key);
     const double v = it->get<double>();
     if (!std::isfinite(v) || v < lo || v > hi)
-      return bad(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", key);
+      return bad(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]",
+                 key);
     out = v;
     set = true;
     return std::nullopt;
@@ -72,13 +78,16 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     } else {
       return bad("'stop' must be a string or an array of strings", "stop");
     }
-    if (stops.size() > limits.max_stops) return bad("at most " + std::to_string(limits.max_stops) + " stop strings", "stop");
+    if (stops.size() > limits.max_stops)
+      return bad("at most " + std::to_string(limits.max_stops) + " stop strings", "stop");
     for (const auto& s : stops)
       if (s.empty() || s.size() > 256) return bad("a stop string must have 1 to 256 bytes", "stop");
     job.stop_strings = std::move(stops);
   }
-  if (auto it = j.find("ignore_eos"); it != j.end() && it->is_boolean()) job.ignore_eos = it->get<bool>();
-  if (auto it = j.find("n"); it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<std::int64_t>() == 1))
+  if (auto it = j.find("ignore_eos"); it != j.end() && it->is_boolean())
+    job.ignore_eos = it->get<bool>();
+  if (auto it = j.find("n");
+      it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<std::int64_t>() == 1))
     return bad("only n = 1 is supported", "n");
   return std::nullopt;
 }
@@ -101,17 +110,22 @@ std::string error_json(const api_error& e) {
   return j.dump();
 }
 
-std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url, std::size_t max_bytes) {
+std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
+                                                                      std::size_t max_bytes) {
   constexpr std::string_view prefix = "data:";
   if (url.substr(0, prefix.size()) != prefix)
-    return std::unexpected("only base64 data: URLs are accepted (fetching remote images is off; troupe serve --allow-remote-images)");
+    return std::unexpected(
+        "only base64 data: URLs are accepted (fetching remote images is off; troupe serve "
+        "--allow-remote-images)");
   const auto comma = url.find(',');
   if (comma == std::string_view::npos) return std::unexpected("a data: URL without a comma");
   const auto meta = url.substr(prefix.size(), comma - prefix.size());
-  if (meta.size() < 7 || meta.substr(meta.size() - 7) != ";base64") return std::unexpected("the data: URL is not base64");
+  if (meta.size() < 7 || meta.substr(meta.size() - 7) != ";base64")
+    return std::unexpected("the data: URL is not base64");
   if (meta.substr(0, 6) != "image/") return std::unexpected("the data: URL is not an image");
   auto b64 = url.substr(comma + 1);
-  if (b64.size() % 4 != 0) return std::unexpected("base64 data whose length is not a multiple of 4");
+  if (b64.size() % 4 != 0)
+    return std::unexpected("base64 data whose length is not a multiple of 4");
   if (b64.size() / 4 * 3 > max_bytes)
     return std::unexpected("an image of more than " + std::to_string(max_bytes >> 20) + " MiB");
   for (char c : b64)
@@ -119,7 +133,8 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::strin
       return std::unexpected("invalid base64 data");
   std::vector<std::uint8_t> out(b64.size() / 4 * 3);
   if (b64.empty()) return std::unexpected("an empty image");
-  const int n = EVP_DecodeBlock(out.data(), reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
+  const int n = EVP_DecodeBlock(out.data(), reinterpret_cast<const unsigned char*>(b64.data()),
+                                static_cast<int>(b64.size()));
   if (n < 0) return std::unexpected("invalid base64 data");
   std::size_t pad = 0;
   if (b64.back() == '=') ++pad;
@@ -128,7 +143,8 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::strin
   return out;
 }
 
-std::expected<api_request, api_error> parse_chat_request(std::string_view body, const request_limits& limits) {
+std::expected<api_request, api_error> parse_chat_request(std::string_view body,
+                                                         const request_limits& limits) {
   auto j = parse_json(body);
   if (!j) return std::unexpected(j.error());
   api_request r;
@@ -137,21 +153,26 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body, 
   if (msgs == j->end() || !msgs->is_array() || msgs->empty())
     return std::unexpected(bad("'messages' must be a non-empty array", "messages"));
   if (msgs->size() > limits.max_messages)
-    return std::unexpected(bad("at most " + std::to_string(limits.max_messages) + " messages", "messages"));
+    return std::unexpected(
+        bad("at most " + std::to_string(limits.max_messages) + " messages", "messages"));
   std::size_t text_bytes = 0;
   for (std::size_t i = 0; i < msgs->size(); ++i) {
     const auto& m = (*msgs)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return std::unexpected(bad(where + " must be an object", where));
     auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return std::unexpected(bad(where + ".role must be a string", where + ".role"));
+    if (role == m.end() || !role->is_string())
+      return std::unexpected(bad(where + ".role must be a string", where + ".role"));
     actors::chat_turn t;
     t.role = role->get<std::string>();
     if (t.role != "system" && t.role != "user" && t.role != "assistant" && t.role != "developer")
-      return std::unexpected(bad(where + ".role: '" + t.role.substr(0, 32) + "' is not system, user or assistant", where + ".role"));
+      return std::unexpected(
+          bad(where + ".role: '" + t.role.substr(0, 32) + "' is not system, user or assistant",
+              where + ".role"));
     if (t.role == "developer") t.role = "system";
     auto content = m.find("content");
-    if (content == m.end() || content->is_null()) return std::unexpected(bad(where + ".content is missing", where + ".content"));
+    if (content == m.end() || content->is_null())
+      return std::unexpected(bad(where + ".content is missing", where + ".content"));
     if (content->is_string()) {
       t.content = content->get<std::string>();
     } else if (content->is_array()) {
@@ -164,19 +185,23 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body, 
         const auto ty = type->get<std::string>();
         if (ty == "text") {
           auto tx = part.find("text");
-          if (tx == part.end() || !tx->is_string()) return std::unexpected(bad(pw + ".text must be a string", pw + ".text"));
+          if (tx == part.end() || !tx->is_string())
+            return std::unexpected(bad(pw + ".text must be a string", pw + ".text"));
           if (!t.content.empty()) t.content += "\n";
           t.content += tx->get<std::string>();
         } else if (ty == "image_url") {
           auto iu = part.find("image_url");
           std::string url;
-          if (iu != part.end() && iu->is_string()) url = iu->get<std::string>();
-          else if (iu != part.end() && iu->is_object() && iu->contains("url") && (*iu)["url"].is_string())
+          if (iu != part.end() && iu->is_string())
+            url = iu->get<std::string>();
+          else if (iu != part.end() && iu->is_object() && iu->contains("url") &&
+                   (*iu)["url"].is_string())
             url = (*iu)["url"].get<std::string>();
           else
             return std::unexpected(bad(pw + ".image_url.url must be a string", pw + ".image_url"));
           if (r.job.images.size() >= limits.max_images)
-            return std::unexpected(bad("at most " + std::to_string(limits.max_images) + " images per request", pw));
+            return std::unexpected(
+                bad("at most " + std::to_string(limits.max_images) + " images per request", pw));
           const bool remote = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
           if (remote && limits.remote_images) {
             r.remote_images.push_back({r.job.images.size(), url, pw + ".image_url"});
@@ -198,33 +223,41 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body, 
           r.job.images.push_back(std::move(img));
           ++t.images;
         } else {
-          return std::unexpected(bad(pw + ": content type '" + ty.substr(0, 32) + "' is not supported (text, image_url)", pw + ".type"));
+          return std::unexpected(bad(
+              pw + ": content type '" + ty.substr(0, 32) + "' is not supported (text, image_url)",
+              pw + ".type"));
         }
       }
     } else {
-      return std::unexpected(bad(where + ".content must be a string or an array of parts", where + ".content"));
+      return std::unexpected(
+          bad(where + ".content must be a string or an array of parts", where + ".content"));
     }
     text_bytes += t.content.size();
     r.job.turns.push_back(std::move(t));
   }
   if (text_bytes > limits.max_text_bytes)
-    return std::unexpected(bad("the messages hold more than " + std::to_string(limits.max_text_bytes) + " bytes of text", "messages"));
+    return std::unexpected(bad(
+        "the messages hold more than " + std::to_string(limits.max_text_bytes) + " bytes of text",
+        "messages"));
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
   return r;
 }
 
-std::expected<api_request, api_error> parse_completion_request(std::string_view body, const request_limits& limits) {
+std::expected<api_request, api_error> parse_completion_request(std::string_view body,
+                                                               const request_limits& limits) {
   auto j = parse_json(body);
   if (!j) return std::unexpected(j.error());
   api_request r;
   r.chat = false;
   r.job.max_tokens = 16;  // OpenAI's default for completions
   auto p = j->find("prompt");
-  if (p == j->end() || !p->is_string()) return std::unexpected(bad("'prompt' must be a string", "prompt"));
+  if (p == j->end() || !p->is_string())
+    return std::unexpected(bad("'prompt' must be a string", "prompt"));
   r.job.prompt = p->get<std::string>();
   if (r.job.prompt.empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
   if (r.job.prompt.size() > limits.max_text_bytes)
-    return std::unexpected(bad("'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes", "prompt"));
+    return std::unexpected(bad(
+        "'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes", "prompt"));
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
   return r;
 }
@@ -238,7 +271,9 @@ std::string finish_reason(const std::string& reason) {
 namespace {
 json usage_of(const actors::finish_event& f) {
   const auto completion = static_cast<std::int64_t>(f.tokens.size());
-  return {{"prompt_tokens", f.prompt_tokens}, {"completion_tokens", completion}, {"total_tokens", f.prompt_tokens + completion}};
+  return {{"prompt_tokens", f.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", f.prompt_tokens + completion}};
 }
 }  // namespace
 
@@ -258,14 +293,20 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created, const std::string& text,
-                       const std::string& finish, const actors::finish_event* usage) {
-  json j{{"id", id}, {"object", r.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", r.model}};
+std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                       const std::string& text, const std::string& finish,
+                       const actors::finish_event* usage) {
+  json j{{"id", id},
+         {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+         {"created", created},
+         {"model", r.model}};
   if (usage) {
     j["choices"] = json::array();
     j["usage"] = usage_of(*usage);
   } else {
-    json choice{{"index", 0}, {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}, {"logprobs", nullptr}};
+    json choice{{"index", 0},
+                {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
+                {"logprobs", nullptr}};
     if (r.chat)
       choice["delta"] = text.empty() && !finish.empty() ? json::object() : json{{"content", text}};
     else

@@ -56,11 +56,14 @@ struct api_request {
   std::vector<remote_image> remote_images;
 };
 
-std::expected<api_request, api_error> parse_chat_request(std::string_view body, const request_limits& limits = {});
-std::expected<api_request, api_error> parse_completion_request(std::string_view body, const request_limits& limits = {});
+std::expected<api_request, api_error> parse_chat_request(std::string_view body,
+                                                         const request_limits& limits = {});
+std::expected<api_request, api_error> parse_completion_request(std::string_view body,
+                                                               const request_limits& limits = {});
 
 /// The bytes of a base64 `data:image/...;base64,` URL.
-std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url, std::size_t max_bytes);
+std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
+                                                                      std::size_t max_bytes);
 
 /// OpenAI's finish_reason for a troupe finish reason.
 std::string finish_reason(const std::string& troupe_reason);
@@ -70,7 +73,8 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
                             const actors::finish_event& f);
 /// One stream chunk: `text` as the delta (chat) or text (completion); with
 /// `finish` the final chunk's finish_reason; with `usage` a usage-only chunk.
-std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created, const std::string& text,
-                       const std::string& finish, const actors::finish_event* usage = nullptr);
+std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                       const std::string& text, const std::string& finish,
+                       const actors::finish_event* usage = nullptr);
 
 }  // namespace troupe::serve

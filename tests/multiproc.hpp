@@ -37,7 +37,8 @@ inline double time_scale() {
 }
 
 inline std::chrono::milliseconds scaled(std::chrono::milliseconds ms) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(static_cast<double>(ms.count()) * time_scale()));
+  return std::chrono::milliseconds(
+      static_cast<std::int64_t>(static_cast<double>(ms.count()) * time_scale()));
 }
 
 /// A TCP port nobody listens on right now (bound to port 0, then closed).
@@ -59,7 +60,8 @@ class child_process {
   child_process(std::string label, std::vector<std::string> argv, std::vector<std::string> env = {})
       : label_(std::move(label)) {
     log_ = (std::filesystem::temp_directory_path() /
-            ("troupe-" + label_ + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++) + ".log"))
+            ("troupe-" + label_ + "-" + std::to_string(::getpid()) + "-" +
+             std::to_string(counter()++) + ".log"))
                .string();
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return;
@@ -97,8 +99,8 @@ class child_process {
       std::ifstream f(log_);
       std::stringstream ss;
       ss << f.rdbuf();
-      std::fprintf(stderr, "---- %s stderr (%s) ----\n%s\n---- end %s ----\n", label_.c_str(), log_.c_str(),
-                   ss.str().c_str(), label_.c_str());
+      std::fprintf(stderr, "---- %s stderr (%s) ----\n%s\n---- end %s ----\n", label_.c_str(),
+                   log_.c_str(), ss.str().c_str(), label_.c_str());
     } else {
       std::filesystem::remove(log_);
     }
@@ -106,9 +108,13 @@ class child_process {
   child_process(const child_process&) = delete;
   child_process& operator=(const child_process&) = delete;
 
-  bool started() const { return pid_ > 0; }
+  bool started() const {
+    return pid_ > 0;
+  }
   bool keep_logs = false;
-  pid_t pid() const { return pid_; }
+  pid_t pid() const {
+    return pid_;
+  }
 
   bool send_line(const std::string& s) {
     const std::string l = s + "\n";
@@ -125,7 +131,8 @@ class child_process {
         buf_.erase(0, nl + 1);
         return l;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       pollfd p{from_, POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
@@ -140,9 +147,11 @@ class child_process {
   std::optional<std::string> expect(const std::string& prefix, std::chrono::milliseconds limit) {
     const auto until = std::chrono::steady_clock::now() + scaled(limit);
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
-      auto l = read_line(std::chrono::milliseconds(static_cast<std::int64_t>(left.count() / time_scale()) + 1));
+      auto l = read_line(
+          std::chrono::milliseconds(static_cast<std::int64_t>(left.count() / time_scale()) + 1));
       if (!l) return std::nullopt;
       if (l->starts_with(prefix)) return l;
       if (l->starts_with("error") && !prefix.starts_with("error")) return l;
@@ -246,7 +255,9 @@ class netns_pair {
   bool ok() const { return ok_; }
   const std::string& why() const { return why_; }
   /// argv prefix that runs a command inside namespace a or b.
-  std::vector<std::string> exec_in(bool a) const { return {"/usr/sbin/ip", "netns", "exec", a ? a_ : b_}; }
+  std::vector<std::string> exec_in(bool a) const {
+    return {"/usr/sbin/ip", "netns", "exec", a ? a_ : b_};
+  }
   const std::string& device(bool a) const { return a ? va_ : vb_; }
 
  private:
@@ -276,7 +287,8 @@ class netns_bridge {
       why_ = "the ip command (iproute2) is missing";
       return;
     }
-    std::vector<std::string> steps{"ip link add " + br_ + " type bridge", "ip addr add " + net_ + "254/24 dev " + br_,
+    std::vector<std::string> steps{"ip link add " + br_ + " type bridge",
+                                   "ip addr add " + net_ + "254/24 dev " + br_,
                                    "ip link set " + br_ + " up"};
     for (int i = 0; i < n; ++i) {
       const std::string h = host(i), ns = prefix() + h, v = "tv" + tag_ + "x" + std::to_string(i);
@@ -306,7 +318,8 @@ class netns_bridge {
   std::string prefix() const { return "tns" + tag_ + "-"; }
   /// Sends `sig` to every process in the namespace of host i.
   void signal_all(int i, int sig) const {
-    shell("for p in $(ip netns pids " + prefix() + host(i) + "); do kill -" + std::to_string(sig) + " $p; done");
+    shell("for p in $(ip netns pids " + prefix() + host(i) + "); do kill -" + std::to_string(sig) +
+          " $p; done");
   }
 
  private:

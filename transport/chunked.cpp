@@ -28,11 +28,14 @@ result<op_handle> post_op(transfer_engine& engine, const op_spec& spec) {
 }
 
 result<void> check_options(const chunk_options& opt, std::uint64_t transfer_id) {
-  if (opt.chunk_bytes == 0) return make_error(errc::invalid_argument, "chunked transfer: chunk size must be positive");
-  if (opt.window == 0) return make_error(errc::invalid_argument, "chunked transfer: window must be at least 1");
+  if (opt.chunk_bytes == 0)
+    return make_error(errc::invalid_argument, "chunked transfer: chunk size must be positive");
+  if (opt.window == 0)
+    return make_error(errc::invalid_argument, "chunked transfer: window must be at least 1");
   if (transfer_id == 0 || transfer_id > max_transfer_id) {
-    return make_error(errc::invalid_argument, "chunked transfer: transfer id " + std::to_string(transfer_id) +
-                                                  " is not in [1, 2^48)");
+    return make_error(
+        errc::invalid_argument,
+        "chunked transfer: transfer id " + std::to_string(transfer_id) + " is not in [1, 2^48)");
   }
   return {};
 }
@@ -44,9 +47,13 @@ std::size_t chunk_size(const tensor_header& h, std::uint32_t i) {
 
 }  // namespace
 
-tensor_sender::tensor_sender(transfer_engine& engine, peer_id peer, tensor_header header, const void* data,
-                             chunk_options opt)
-    : engine_(engine), peer_(peer), header_(std::move(header)), data_(static_cast<const std::uint8_t*>(data)), opt_(opt) {}
+tensor_sender::tensor_sender(transfer_engine& engine, peer_id peer, tensor_header header,
+                             const void* data, chunk_options opt)
+    : engine_(engine),
+      peer_(peer),
+      header_(std::move(header)),
+      data_(static_cast<const std::uint8_t*>(data)),
+      opt_(opt) {}
 
 tensor_sender::~tensor_sender() {
   for (auto h : in_flight_) engine_.release(h);
@@ -71,7 +78,8 @@ result<void> tensor_sender::start() {
   if (started_) return make_error(errc::invalid_argument, "tensor_sender: already started");
   if (auto c = check_options(opt_, header_.transfer_id); !c) return c;
   if (auto p = plan_chunks(header_, opt_.chunk_bytes); !p) return p;
-  if (header_.total_bytes > 0 && data_ == nullptr) return make_error(errc::invalid_argument, "tensor_sender: no data");
+  if (header_.total_bytes > 0 && data_ == nullptr)
+    return make_error(errc::invalid_argument, "tensor_sender: no data");
   started_ = true;
   header_bytes_ = encode(header_);
   op_spec s;
@@ -96,7 +104,8 @@ result<bool> tensor_sender::progress() {
     auto st = engine_.poll(in_flight_.front());
     if (!st) return std::unexpected(st.error());
     if (st->state == op_state::failed) {
-      return make_error(st->failure.code, "transfer " + std::to_string(header_.transfer_id) + ": " + st->failure.message);
+      return make_error(st->failure.code, "transfer " + std::to_string(header_.transfer_id) + ": " +
+                                              st->failure.message);
     }
     if (st->state != op_state::done) break;
     engine_.release(in_flight_.front());
@@ -114,7 +123,9 @@ result<void> tensor_sender::finish() {
   }
   while (!in_flight_.empty()) {
     auto st = await(engine_, in_flight_.front());
-    if (!st) return make_error(st.error().code, "transfer " + std::to_string(header_.transfer_id) + ": " + st.error().message);
+    if (!st)
+      return make_error(st.error().code, "transfer " + std::to_string(header_.transfer_id) + ": " +
+                                             st.error().message);
     engine_.release(in_flight_.front());
     in_flight_.erase(in_flight_.begin());
     if (next_chunk_ < header_.chunk_count) {
@@ -161,9 +172,9 @@ result<tensor_header> tensor_receiver::take_header() {
   return h;
 }
 
-result<void> tensor_receiver::receive_chunks(const tensor_header& h, std::size_t window,
-                                             const std::function<void*(std::uint32_t)>& dest,
-                                             const std::function<result<void>(std::uint32_t, std::size_t)>& done) {
+result<void> tensor_receiver::receive_chunks(
+    const tensor_header& h, std::size_t window, const std::function<void*(std::uint32_t)>& dest,
+    const std::function<result<void>(std::uint32_t, std::size_t)>& done) {
   const std::string where = "transfer " + std::to_string(h.transfer_id) + ": ";
   auto post_chunk = [&](std::uint32_t i) -> result<void> {
     op_spec s;
@@ -185,10 +196,13 @@ result<void> tensor_receiver::receive_chunks(const tensor_header& h, std::size_t
     auto st = await(engine_, ops_.front());
     engine_.release(ops_.front());
     ops_.erase(ops_.begin());
-    if (!st) return make_error(st.error().code, where + "chunk " + std::to_string(i) + ": " + st.error().message);
+    if (!st)
+      return make_error(st.error().code,
+                        where + "chunk " + std::to_string(i) + ": " + st.error().message);
     if (st->bytes != chunk_size(h, i)) {
-      return make_error(errc::corrupt_data, where + "chunk " + std::to_string(i) + " has " + std::to_string(st->bytes) +
-                                                " bytes, the header says " + std::to_string(chunk_size(h, i)));
+      return make_error(errc::corrupt_data,
+                        where + "chunk " + std::to_string(i) + " has " + std::to_string(st->bytes) +
+                            " bytes, the header says " + std::to_string(chunk_size(h, i)));
     }
     if (auto c = done(i, st->bytes); !c) return c;
     // Chunk i's buffer is free again: the chunk `window` ahead may go there.
@@ -199,15 +213,18 @@ result<void> tensor_receiver::receive_chunks(const tensor_header& h, std::size_t
   return {};
 }
 
-result<tensor_header> tensor_receiver::receive(const std::function<result<void>(const chunk_view&)>& consume) {
+result<tensor_header> tensor_receiver::receive(
+    const std::function<result<void>(const chunk_view&)>& consume) {
   auto h = take_header();
   if (!h) return h;
-  const std::size_t window = std::min<std::size_t>(opt_.window, std::max<std::uint32_t>(h->chunk_count, 1));
+  const std::size_t window =
+      std::min<std::size_t>(opt_.window, std::max<std::uint32_t>(h->chunk_count, 1));
   std::vector<std::vector<std::uint8_t>> staging(window, std::vector<std::uint8_t>(h->chunk_bytes));
   auto r = receive_chunks(
       *h, window, [&](std::uint32_t i) -> void* { return staging[i % window].data(); },
       [&](std::uint32_t i, std::size_t bytes) {
-        return consume(chunk_view{i, std::uint64_t{i} * h->chunk_bytes, staging[i % window].data(), bytes});
+        return consume(
+            chunk_view{i, std::uint64_t{i} * h->chunk_bytes, staging[i % window].data(), bytes});
       });
   if (!r) return std::unexpected(r.error());
   return h;
@@ -218,26 +235,28 @@ result<tensor_header> tensor_receiver::receive_into(void* dst, std::size_t capac
   if (!h) return h;
   if (h->total_bytes > capacity) {
     return make_error(errc::invalid_argument, "transfer " + std::to_string(h->transfer_id) + ": " +
-                                                  std::to_string(h->total_bytes) + " bytes do not fit the " +
+                                                  std::to_string(h->total_bytes) +
+                                                  " bytes do not fit the " +
                                                   std::to_string(capacity) + "-byte destination");
   }
   auto* out = static_cast<std::uint8_t*>(dst);
   auto r = receive_chunks(
-      *h, opt_.window, [&](std::uint32_t i) -> void* { return out + std::uint64_t{i} * h->chunk_bytes; },
+      *h, opt_.window,
+      [&](std::uint32_t i) -> void* { return out + std::uint64_t{i} * h->chunk_bytes; },
       [](std::uint32_t, std::size_t) -> result<void> { return {}; });
   if (!r) return std::unexpected(r.error());
   return h;
 }
 
-result<void> send_tensor(transfer_engine& engine, peer_id peer, const tensor_header& header, const void* data,
-                         const chunk_options& opt) {
+result<void> send_tensor(transfer_engine& engine, peer_id peer, const tensor_header& header,
+                         const void* data, const chunk_options& opt) {
   tensor_sender s(engine, peer, header, data, opt);
   if (auto r = s.start(); !r) return r;
   return s.finish();
 }
 
-result<tensor_header> receive_tensor(transfer_engine& engine, const tensor_header& expected, void* dst,
-                                     std::size_t capacity, const chunk_options& opt) {
+result<tensor_header> receive_tensor(transfer_engine& engine, const tensor_header& expected,
+                                     void* dst, std::size_t capacity, const chunk_options& opt) {
   tensor_receiver r(engine, expected, opt);
   return r.receive_into(dst, capacity);
 }

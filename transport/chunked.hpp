@@ -24,11 +24,13 @@ constexpr std::uint64_t max_transfer_id = (std::uint64_t{1} << 48) - 1;
 constexpr std::uint64_t chunk_tag(std::uint64_t transfer_id, std::uint32_t index) {
   return (transfer_id << 16) | (index & 0xffffu);
 }
-constexpr std::uint64_t header_tag(std::uint64_t transfer_id) { return chunk_tag(transfer_id, 0xffff); }
+constexpr std::uint64_t header_tag(std::uint64_t transfer_id) {
+  return chunk_tag(transfer_id, 0xffff);
+}
 
 struct chunk_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;
-  unsigned window = 2;  ///< chunks in flight (2: double buffering)
+  unsigned window = 2;                       ///< chunks in flight (2: double buffering)
   std::chrono::milliseconds timeout{30000};  ///< per operation
   wire_limits limits;
 };
@@ -48,7 +50,8 @@ struct chunk_view {
 /// valid until finish (or the destructor) returns.
 class tensor_sender {
  public:
-  tensor_sender(transfer_engine& engine, peer_id peer, tensor_header header, const void* data, chunk_options opt = {});
+  tensor_sender(transfer_engine& engine, peer_id peer, tensor_header header, const void* data,
+                chunk_options opt = {});
   ~tensor_sender();
   tensor_sender(const tensor_sender&) = delete;
   tensor_sender& operator=(const tensor_sender&) = delete;
@@ -94,7 +97,8 @@ class tensor_receiver {
   result<tensor_header> take_header();
   // Posts chunk receives into dest(i), `window` ahead, and calls done(i,
   // bytes) for each in order once it has arrived whole.
-  result<void> receive_chunks(const tensor_header& h, std::size_t window, const std::function<void*(std::uint32_t)>& dest,
+  result<void> receive_chunks(const tensor_header& h, std::size_t window,
+                              const std::function<void*(std::uint32_t)>& dest,
                               const std::function<result<void>(std::uint32_t, std::size_t)>& done);
   transfer_engine& engine_;
   tensor_header expected_;
@@ -105,9 +109,10 @@ class tensor_receiver {
 };
 
 /// Blocking helpers.
-result<void> send_tensor(transfer_engine& engine, peer_id peer, const tensor_header& header, const void* data,
-                         const chunk_options& opt = {});
-result<tensor_header> receive_tensor(transfer_engine& engine, const tensor_header& expected, void* dst,
-                                     std::size_t capacity, const chunk_options& opt = {});
+result<void> send_tensor(transfer_engine& engine, peer_id peer, const tensor_header& header,
+                         const void* data, const chunk_options& opt = {});
+result<tensor_header> receive_tensor(transfer_engine& engine, const tensor_header& expected,
+                                     void* dst, std::size_t capacity,
+                                     const chunk_options& opt = {});
 
 }  // namespace troupe::transport

@@ -16,7 +16,8 @@ std::uint64_t tag_of(std::uint64_t id, int phase, int step, int dst) {
 
 // Segment k of `count` elements split `size` ways: [begin, end).
 std::pair<std::size_t, std::size_t> segment(std::size_t count, int size, int k) {
-  const std::size_t base = count / static_cast<std::size_t>(size), extra = count % static_cast<std::size_t>(size);
+  const std::size_t base = count / static_cast<std::size_t>(size),
+                    extra = count % static_cast<std::size_t>(size);
   const auto kk = static_cast<std::size_t>(k);
   const std::size_t begin = kk * base + std::min(kk, extra);
   return {begin, begin + base + (kk < extra ? 1 : 0)};
@@ -63,8 +64,8 @@ result<void> wait_done(const ring& r, op_handle h) {
 
 // Sends `send` to the next rank and receives into `recv` from the previous
 // one, both in flight at once.
-result<void> exchange(const ring& r, std::uint64_t id, int phase, int step, const float* send, std::size_t send_n,
-                      float* recv, std::size_t recv_n) {
+result<void> exchange(const ring& r, std::uint64_t id, int phase, int step, const float* send,
+                      std::size_t send_n, float* recv, std::size_t recv_n) {
   auto& e = *r.engine;
   op_spec rs;
   rs.kind = op_kind::recv;
@@ -103,12 +104,15 @@ result<void> exchange(const ring& r, std::uint64_t id, int phase, int step, cons
 
 }  // namespace
 
-result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count, std::uint64_t collective_id) {
+result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count,
+                                std::uint64_t collective_id) {
   if (!r.engine || r.size < 1 || r.size > 256 || r.rank < 0 || r.rank >= r.size) {
-    return make_error(errc::invalid_argument, "all-reduce: bad ring (rank " + std::to_string(r.rank) + " of " +
+    return make_error(errc::invalid_argument, "all-reduce: bad ring (rank " +
+                                                  std::to_string(r.rank) + " of " +
                                                   std::to_string(r.size) + ", at most 256 ranks)");
   }
-  if (collective_id >= (std::uint64_t{1} << 38)) return make_error(errc::invalid_argument, "all-reduce: collective id too large");
+  if (collective_id >= (std::uint64_t{1} << 38))
+    return make_error(errc::invalid_argument, "all-reduce: collective id too large");
   if (count > 0 && !data) return make_error(errc::invalid_argument, "all-reduce: no data");
   if (r.size == 1 || count == 0) return {};
   const int n = r.size;
@@ -125,8 +129,9 @@ result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count, s
     auto [rb, re] = segment(count, n, mod(r.rank - s - 1));
     auto x = exchange(r, collective_id, 0, s, data + sb, se - sb, incoming.data(), re - rb);
     if (!x) {
-      return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " + std::to_string(r.rank) +
-                                            ", reduce-scatter step " + std::to_string(s) + ": " + x.error().message);
+      return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " +
+                                            std::to_string(r.rank) + ", reduce-scatter step " +
+                                            std::to_string(s) + ": " + x.error().message);
     }
     for (std::size_t i = 0; i < re - rb; ++i) data[rb + i] += incoming[i];
   }
@@ -136,8 +141,9 @@ result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count, s
     auto [rb, re] = segment(count, n, mod(r.rank - s));
     auto x = exchange(r, collective_id, 1, s, data + sb, se - sb, data + rb, re - rb);
     if (!x) {
-      return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " + std::to_string(r.rank) +
-                                            ", all-gather step " + std::to_string(s) + ": " + x.error().message);
+      return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " +
+                                            std::to_string(r.rank) + ", all-gather step " +
+                                            std::to_string(s) + ": " + x.error().message);
     }
   }
   return {};

@@ -36,6 +36,7 @@ struct ring {
 /// Sums `data[0, count)` over the ring's ranks in place. `collective_id`
 /// (< 2^38) must be the same on every rank and unique among collectives in
 /// flight. An error (a peer gone, a timeout) leaves `data` unspecified.
-result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count, std::uint64_t collective_id);
+result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count,
+                                std::uint64_t collective_id);
 
 }  // namespace troupe::transport

@@ -38,11 +38,15 @@ enum class capability : std::uint32_t {
 constexpr std::uint32_t operator|(capability a, capability b) {
   return static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b);
 }
-constexpr std::uint32_t operator|(std::uint32_t a, capability b) { return a | static_cast<std::uint32_t>(b); }
-constexpr bool has(std::uint32_t caps, capability c) { return (caps & static_cast<std::uint32_t>(c)) != 0; }
+constexpr std::uint32_t operator|(std::uint32_t a, capability b) {
+  return a | static_cast<std::uint32_t>(b);
+}
+constexpr bool has(std::uint32_t caps, capability c) {
+  return (caps & static_cast<std::uint32_t>(c)) != 0;
+}
 
-using peer_id = std::uint32_t;     ///< an engine-local index of a connected peer
-using op_handle = std::uint64_t;   ///< an engine-local index of a prepared operation
+using peer_id = std::uint32_t;    ///< an engine-local index of a connected peer
+using op_handle = std::uint64_t;  ///< an engine-local index of a prepared operation
 using region_handle = std::uint64_t;
 
 /// Memory exposed to peers for RMA during one transfer: `key` is what a
@@ -75,9 +79,10 @@ enum class op_state : std::uint8_t { prepared, in_flight, done, failed };
 
 struct op_status {
   op_state state = op_state::prepared;
-  std::size_t bytes = 0;     ///< bytes received (recv), else the size moved
-  const void* data = nullptr;  ///< recv with a null `local` on a zero-copy engine: the sender's buffer
-  error failure;             ///< set when state == failed
+  std::size_t bytes = 0;  ///< bytes received (recv), else the size moved
+  const void* data =
+      nullptr;    ///< recv with a null `local` on a zero-copy engine: the sender's buffer
+  error failure;  ///< set when state == failed
 };
 
 class transfer_engine {

@@ -37,21 +37,26 @@ std::vector<std::uint8_t> frame(std::uint32_t magic, std::span<const std::uint8_
   return out;
 }
 
-kernels::result<std::vector<std::uint8_t>> unframe(std::uint32_t magic, std::span<const std::uint8_t> blob,
+kernels::result<std::vector<std::uint8_t>> unframe(std::uint32_t magic,
+                                                   std::span<const std::uint8_t> blob,
                                                    std::size_t max_body, const std::string& what) {
   using kernels::errc;
   if (blob.size() < 16) {
-    return kernels::make_error(errc::corrupt_data, what + ": " + std::to_string(blob.size()) + " bytes is too short");
+    return kernels::make_error(errc::corrupt_data,
+                               what + ": " + std::to_string(blob.size()) + " bytes is too short");
   }
-  if (get_le(blob.data(), 4) != magic) return kernels::make_error(errc::corrupt_data, what + ": wrong magic");
+  if (get_le(blob.data(), 4) != magic)
+    return kernels::make_error(errc::corrupt_data, what + ": wrong magic");
   const std::uint64_t len = get_le(blob.data() + 4, 4);
   if (len > max_body) {
-    return kernels::make_error(errc::corrupt_data,
-                               what + ": body of " + std::to_string(len) + " bytes exceeds " + std::to_string(max_body));
+    return kernels::make_error(
+        errc::corrupt_data,
+        what + ": body of " + std::to_string(len) + " bytes exceeds " + std::to_string(max_body));
   }
   if (len + 16 != blob.size()) {
-    return kernels::make_error(errc::corrupt_data, what + ": length field says " + std::to_string(len) +
-                                                       " bytes but the blob holds " + std::to_string(blob.size() - 16));
+    return kernels::make_error(errc::corrupt_data,
+                               what + ": length field says " + std::to_string(len) +
+                                   " bytes but the blob holds " + std::to_string(blob.size() - 16));
   }
   const auto body = blob.subspan(8, len);
   if (get_le(blob.data() + 8 + len, 8) != fnv1a64(body)) {

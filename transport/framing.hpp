@@ -20,7 +20,8 @@ std::vector<std::uint8_t> frame(std::uint32_t magic, std::span<const std::uint8_
 
 /// The body of a framed blob; an error naming `what` when the magic,
 /// length, bound or checksum is wrong.
-kernels::result<std::vector<std::uint8_t>> unframe(std::uint32_t magic, std::span<const std::uint8_t> blob,
+kernels::result<std::vector<std::uint8_t>> unframe(std::uint32_t magic,
+                                                   std::span<const std::uint8_t> blob,
                                                    std::size_t max_body, const std::string& what);
 
 }  // namespace troupe::transport

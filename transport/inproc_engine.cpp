@@ -21,7 +21,7 @@ struct op_rec {
   op_state state = op_state::prepared;
   clock::time_point deadline{};
   std::size_t moved = 0;
-  const void* handed = nullptr;  // zero-copy receive: the sender's buffer
+  const void* handed = nullptr;     // zero-copy receive: the sender's buffer
   std::shared_ptr<op_rec> partner;  // zero-copy: the send waiting for this receive's release
   error failure;
   std::uint64_t engine = 0;
@@ -56,8 +56,9 @@ struct hub {
   // Pairs a send with a receive (hub lock held).
   void match(const std::shared_ptr<op_rec>& s, const std::shared_ptr<op_rec>& r) {
     if (s->spec.bytes > r->spec.bytes && r->spec.local != nullptr) {
-      const std::string why = "inproc: a message of " + std::to_string(s->spec.bytes) + " bytes (tag " +
-                              std::to_string(s->spec.tag) + ") is larger than the receive buffer of " +
+      const std::string why = "inproc: a message of " + std::to_string(s->spec.bytes) +
+                              " bytes (tag " + std::to_string(s->spec.tag) +
+                              ") is larger than the receive buffer of " +
                               std::to_string(r->spec.bytes);
       s->state = r->state = op_state::failed;
       s->failure = r->failure = error{errc::invalid_argument, why};
@@ -96,8 +97,9 @@ struct hub {
     if (o.state != op_state::in_flight || clock::now() < o.deadline) return;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(o.spec.timeout).count();
     unqueue(o);
-    fail(o, std::string("inproc: ") + to_string(o.spec.kind) + " of " + std::to_string(o.spec.bytes) + " bytes (tag " +
-                std::to_string(o.spec.tag) + ") timed out after " + std::to_string(ms) + " ms");
+    fail(o, std::string("inproc: ") + to_string(o.spec.kind) + " of " +
+                std::to_string(o.spec.bytes) + " bytes (tag " + std::to_string(o.spec.tag) +
+                ") timed out after " + std::to_string(ms) + " ms");
   }
 };
 
@@ -113,11 +115,13 @@ struct inproc_engine::impl {
   region_handle next_region = 1;
 };
 
-inproc_engine::inproc_engine(std::chrono::milliseconds default_timeout) : p_(std::make_unique<impl>()) {
+inproc_engine::inproc_engine(std::chrono::milliseconds default_timeout)
+    : p_(std::make_unique<impl>()) {
   auto& h = hub::get();
   std::lock_guard lk(h.mtx);
   p_->id = h.next_engine++;
-  p_->default_timeout = default_timeout.count() > 0 ? default_timeout : std::chrono::milliseconds(30000);
+  p_->default_timeout =
+      default_timeout.count() > 0 ? default_timeout : std::chrono::milliseconds(30000);
   h.engines[p_->id] = true;
 }
 
@@ -152,7 +156,8 @@ result<peer_id> inproc_engine::connect(std::span<const std::uint8_t> peer_addres
   std::lock_guard lk(h.mtx);
   auto it = h.engines.find(id);
   if (it == h.engines.end() || !it->second) {
-    return make_error(errc::not_found, "inproc: no engine " + std::to_string(id) + " in this process");
+    return make_error(errc::not_found,
+                      "inproc: no engine " + std::to_string(id) + " in this process");
   }
   p_->peers.push_back(id);
   return static_cast<peer_id>(p_->peers.size());
@@ -163,7 +168,8 @@ void inproc_engine::disconnect(peer_id peer) {
 }
 
 result<region_handle> inproc_engine::expose(void* data, std::size_t bytes, remote_region& out) {
-  if (!data || bytes == 0) return make_error(errc::invalid_argument, "inproc: expose needs a non-empty buffer");
+  if (!data || bytes == 0)
+    return make_error(errc::invalid_argument, "inproc: expose needs a non-empty buffer");
   auto& h = hub::get();
   std::lock_guard lk(h.mtx);
   const std::uint64_t gid = h.next_region++;
@@ -188,29 +194,35 @@ void inproc_engine::unexpose(region_handle region) {
 
 result<op_handle> inproc_engine::prepare(const op_spec& spec) {
   if (spec.bytes > 0 && spec.local == nullptr && spec.kind != op_kind::recv) {
-    return make_error(errc::invalid_argument, std::string("inproc: ") + to_string(spec.kind) + " needs a local buffer");
+    return make_error(errc::invalid_argument,
+                      std::string("inproc: ") + to_string(spec.kind) + " needs a local buffer");
   }
   if (spec.kind != op_kind::recv) {
     if (spec.peer == 0 || spec.peer > p_->peers.size() || p_->peers[spec.peer - 1] == 0) {
-      return make_error(errc::invalid_argument, "inproc: unknown peer " + std::to_string(spec.peer));
+      return make_error(errc::invalid_argument,
+                        "inproc: unknown peer " + std::to_string(spec.peer));
     }
   }
   if (spec.kind == op_kind::put || spec.kind == op_kind::get) {
-    if (!spec.remote) return make_error(errc::invalid_argument, "inproc: put/get needs a remote region");
+    if (!spec.remote)
+      return make_error(errc::invalid_argument, "inproc: put/get needs a remote region");
     auto body = unframe(region_magic, spec.remote->key, 8, "inproc remote region key");
     if (!body) return std::unexpected(body.error());
-    if (body->size() != 8) return make_error(errc::corrupt_data, "inproc remote region key: wrong size");
+    if (body->size() != 8)
+      return make_error(errc::corrupt_data, "inproc remote region key: wrong size");
     std::uint64_t gid = 0;
     std::memcpy(&gid, body->data(), 8);
     auto& h = hub::get();
     std::lock_guard lk(h.mtx);
     auto r = h.regions.find(gid);
-    if (r == h.regions.end()) return make_error(errc::not_found, "inproc: the remote region is not exposed");
+    if (r == h.regions.end())
+      return make_error(errc::not_found, "inproc: the remote region is not exposed");
     if (spec.remote_offset > r->second.bytes || spec.bytes > r->second.bytes - spec.remote_offset) {
-      return make_error(errc::invalid_argument, "inproc: " + std::string(to_string(spec.kind)) + " of " +
-                                                    std::to_string(spec.bytes) + " bytes at offset " +
-                                                    std::to_string(spec.remote_offset) + " exceeds the exposed " +
-                                                    std::to_string(r->second.bytes) + " bytes");
+      return make_error(errc::invalid_argument,
+                        "inproc: " + std::string(to_string(spec.kind)) + " of " +
+                            std::to_string(spec.bytes) + " bytes at offset " +
+                            std::to_string(spec.remote_offset) + " exceeds the exposed " +
+                            std::to_string(r->second.bytes) + " bytes");
     }
   }
   auto o = std::make_shared<op_rec>();
@@ -226,7 +238,8 @@ result<void> inproc_engine::post(op_handle oh) {
   auto it = p_->ops.find(oh);
   if (it == p_->ops.end()) return make_error(errc::invalid_argument, "inproc: unknown operation");
   auto o = it->second;
-  if (o->state != op_state::prepared) return make_error(errc::invalid_argument, "inproc: operation already posted");
+  if (o->state != op_state::prepared)
+    return make_error(errc::invalid_argument, "inproc: operation already posted");
   auto& h = hub::get();
   std::lock_guard lk(h.mtx);
   o->state = op_state::in_flight;
@@ -270,12 +283,14 @@ result<void> inproc_engine::post(op_handle oh) {
         hub::fail(*o, "inproc: the remote region is no longer exposed");
         break;
       }
-      if (o->spec.remote_offset > r->second.bytes || o->spec.bytes > r->second.bytes - o->spec.remote_offset) {
+      if (o->spec.remote_offset > r->second.bytes ||
+          o->spec.bytes > r->second.bytes - o->spec.remote_offset) {
         o->state = op_state::failed;
-        o->failure = error{errc::invalid_argument, "inproc: " + std::string(to_string(o->spec.kind)) + " of " +
-                                                       std::to_string(o->spec.bytes) + " bytes at offset " +
-                                                       std::to_string(o->spec.remote_offset) + " exceeds the exposed " +
-                                                       std::to_string(r->second.bytes) + " bytes"};
+        o->failure = error{errc::invalid_argument,
+                           "inproc: " + std::string(to_string(o->spec.kind)) + " of " +
+                               std::to_string(o->spec.bytes) + " bytes at offset " +
+                               std::to_string(o->spec.remote_offset) + " exceeds the exposed " +
+                               std::to_string(r->second.bytes) + " bytes"};
         break;
       }
       std::uint8_t* remote = r->second.data + o->spec.remote_offset;
@@ -346,7 +361,11 @@ void inproc_engine::release(op_handle oh) {
   h.cv.notify_all();
 }
 
-std::size_t inproc_engine::live_ops() const { return p_->ops.size(); }
-std::size_t inproc_engine::live_regions() const { return p_->regions.size(); }
+std::size_t inproc_engine::live_ops() const {
+  return p_->ops.size();
+}
+std::size_t inproc_engine::live_regions() const {
+  return p_->regions.size();
+}
 
 }  // namespace troupe::transport

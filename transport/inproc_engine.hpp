@@ -17,7 +17,8 @@ namespace troupe::transport {
 
 class inproc_engine final : public transfer_engine {
  public:
-  explicit inproc_engine(std::chrono::milliseconds default_timeout = std::chrono::milliseconds(30000));
+  explicit inproc_engine(
+      std::chrono::milliseconds default_timeout = std::chrono::milliseconds(30000));
   ~inproc_engine() override;
 
   const char* name() const override { return "inproc"; }

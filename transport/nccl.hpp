@@ -22,7 +22,9 @@ class device_buffer {
  public:
   static kernels::result<device_buffer> alloc(int device, std::size_t bytes);
   device_buffer() = default;
-  device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) { o.ptr_ = nullptr; }
+  device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
+    o.ptr_ = nullptr;
+  }
   device_buffer& operator=(device_buffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);

@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "transport/framing.hpp"
@@ -32,7 +32,9 @@ constexpr std::uint32_t region_magic = 0x47524354;   // "TCRG"
 constexpr std::size_t max_address_bytes = 64 * 1024;
 constexpr std::size_t max_rkey_bytes = 16 * 1024;
 
-std::string ucs_text(ucs_status_t st) { return ucs_status_string(st); }
+std::string ucs_text(ucs_status_t st) {
+  return ucs_status_string(st);
+}
 
 bool tls_has_shm(const std::string& tls) {
   if (tls.empty()) return true;
@@ -78,8 +80,8 @@ struct ucx_engine::impl {
   // `last_wait_end_ns` without taking `mtx`, so its timed wake-ups never
   // take the lock from a thread spinning in wait().
   std::mutex idle_mtx;
-  std::condition_variable idle_cv;           // wakes the progress thread (to stop)
-  std::atomic<int> waiters{0};               // threads inside wait() (changed under mtx)
+  std::condition_variable idle_cv;                // wakes the progress thread (to stop)
+  std::atomic<int> waiters{0};                    // threads inside wait() (changed under mtx)
   std::atomic<std::int64_t> last_wait_end_ns{0};  // steady_clock ns when the last waiter left
   std::thread progressor;
   std::atomic<bool> stopping{false};
@@ -165,7 +167,8 @@ struct ucx_engine::impl {
     o->flush_done = true;
     if (o->status == UCS_OK) o->status = st;
   }
-  static void recv_cb(void* /*request*/, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user) {
+  static void recv_cb(void* /*request*/, ucs_status_t st, const ucp_tag_recv_info_t* info,
+                      void* user) {
     auto* o = static_cast<op_rec*>(user);
     o->req_done = true;
     o->status = st;
@@ -293,8 +296,10 @@ struct ucx_engine::impl {
   }
 
   std::string describe(const op_rec& o) const {
-    std::string s = std::string(to_string(o.spec.kind)) + " of " + std::to_string(o.spec.bytes) + " bytes";
-    if (o.spec.kind == op_kind::send || o.spec.kind == op_kind::recv) s += " (tag " + std::to_string(o.spec.tag) + ")";
+    std::string s =
+        std::string(to_string(o.spec.kind)) + " of " + std::to_string(o.spec.bytes) + " bytes";
+    if (o.spec.kind == op_kind::send || o.spec.kind == op_kind::recv)
+      s += " (tag " + std::to_string(o.spec.tag) + ")";
     if (o.spec.kind != op_kind::recv) s += " to peer " + std::to_string(o.spec.peer);
     return s;
   }
@@ -314,7 +319,8 @@ struct ucx_engine::impl {
         } else if (p && p->failed && o.spec.kind != op_kind::recv) {
           why += " (" + p->why + ")";
         }
-        fail(o, o.status == UCS_ERR_MESSAGE_TRUNCATED ? errc::invalid_argument : errc::io_error, why);
+        fail(o, o.status == UCS_ERR_MESSAGE_TRUNCATED ? errc::invalid_argument : errc::io_error,
+             why);
       }
       return;
     }
@@ -328,10 +334,13 @@ struct ucx_engine::impl {
     if (clock::now() >= o.deadline) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(o.spec.timeout).count();
       if (o.spec.kind == op_kind::recv) {
-        fail(o, errc::io_error, describe(o) + " timed out after " + std::to_string(ms) + " ms: no matching message arrived");
+        fail(o, errc::io_error,
+             describe(o) + " timed out after " + std::to_string(ms) +
+                 " ms: no matching message arrived");
       } else {
         fail(o, errc::io_error,
-             describe(o) + " timed out after " + std::to_string(ms) + " ms: the peer did not complete it; peer marked failed");
+             describe(o) + " timed out after " + std::to_string(ms) +
+                 " ms: the peer did not complete it; peer marked failed");
         if (auto* p = find_peer(o.spec.peer); p && !p->failed) {
           p->failed = true;
           p->why = "a " + std::string(to_string(o.spec.kind)) + " to it timed out";
@@ -352,10 +361,14 @@ struct ucx_engine::impl {
 
 const char* to_string(op_kind k) {
   switch (k) {
-    case op_kind::send: return "send";
-    case op_kind::recv: return "recv";
-    case op_kind::put: return "put";
-    case op_kind::get: return "get";
+    case op_kind::send:
+      return "send";
+    case op_kind::recv:
+      return "recv";
+    case op_kind::put:
+      return "put";
+    case op_kind::get:
+      return "get";
   }
   return "?";
 }
@@ -391,12 +404,14 @@ namespace {
 // answers and JSON. Unless the user chose a log file (UCX_LOG_FILE), they
 // go to stderr, prefixed "[ucx]".
 ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*, ucs_log_level_t level,
-                                const ucs_log_component_config_t* comp, const char* format, va_list ap) {
+                                const ucs_log_component_config_t* comp, const char* format,
+                                va_list ap) {
   if (comp && level > comp->log_level) return UCS_LOG_FUNC_RC_STOP;
   const char* base = std::strrchr(file, '/');
   char msg[1024];
   std::vsnprintf(msg, sizeof msg, format, ap);
-  std::fprintf(stderr, "[ucx] %s %s:%u %s\n", ucs_log_level_names[level], base ? base + 1 : file, line, msg);
+  std::fprintf(stderr, "[ucx] %s %s:%u %s\n", ucs_log_level_names[level], base ? base + 1 : file,
+               line, msg);
   return UCS_LOG_FUNC_RC_STOP;
 }
 
@@ -420,34 +435,42 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   if (const char* s = std::getenv("TROUPE_UCX_SPIN_US")) {
     char* end = nullptr;
     const long v = std::strtol(s, &end, 10);
-    if (end != s && *end == '\0' && v >= 0 && v <= 1000000) p->opt.spin_before_sleep = std::chrono::microseconds(v);
+    if (end != s && *end == '\0' && v >= 0 && v <= 1000000)
+      p->opt.spin_before_sleep = std::chrono::microseconds(v);
   }
-  if (options.default_timeout.count() <= 0) return make_error(errc::invalid_argument, "ucx: default_timeout must be positive");
+  if (options.default_timeout.count() <= 0)
+    return make_error(errc::invalid_argument, "ucx: default_timeout must be positive");
   p->peer_mode = options.peer_errors.value_or(!tls_has_shm(options.tls));
 
   ucp_config_t* config = nullptr;
   if (auto st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
-    return make_error(errc::device_unavailable, "ucx: reading the configuration failed: " + ucs_text(st));
+    return make_error(errc::device_unavailable,
+                      "ucx: reading the configuration failed: " + ucs_text(st));
   }
   if (!options.tls.empty()) {
     if (auto st = ucp_config_modify(config, "TLS", options.tls.c_str()); st != UCS_OK) {
       ucp_config_release(config);
-      return make_error(errc::invalid_argument, "ucx: bad tls '" + options.tls + "': " + ucs_text(st));
+      return make_error(errc::invalid_argument,
+                        "ucx: bad tls '" + options.tls + "': " + ucs_text(st));
     }
   }
   if (!options.net_devices.empty()) {
-    if (auto st = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str()); st != UCS_OK) {
+    if (auto st = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+        st != UCS_OK) {
       ucp_config_release(config);
-      return make_error(errc::invalid_argument, "ucx: bad net_devices '" + options.net_devices + "': " + ucs_text(st));
+      return make_error(errc::invalid_argument,
+                        "ucx: bad net_devices '" + options.net_devices + "': " + ucs_text(st));
     }
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | (options.sleep_when_idle ? UCP_FEATURE_WAKEUP : 0);
+  params.features =
+      UCP_FEATURE_TAG | UCP_FEATURE_RMA | (options.sleep_when_idle ? UCP_FEATURE_WAKEUP : 0);
   params.mt_workers_shared = 0;
   const ucs_status_t st = ucp_init(&params, config, &p->ctx);
   ucp_config_release(config);
-  if (st != UCS_OK) return make_error(errc::device_unavailable, "ucx: ucp_init failed: " + ucs_text(st));
+  if (st != UCS_OK)
+    return make_error(errc::device_unavailable, "ucx: ucp_init failed: " + ucs_text(st));
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -459,13 +482,15 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   }
   if (options.sleep_when_idle) {
     if (auto s = ucp_worker_get_efd(p->worker, &p->efd); s != UCS_OK) {
-      return make_error(errc::device_unavailable, "ucx: the worker has no event fd: " + ucs_text(s));
+      return make_error(errc::device_unavailable,
+                        "ucx: the worker has no event fd: " + ucs_text(s));
     }
   }
   ucp_address_t* a = nullptr;
   std::size_t len = 0;
   if (auto s = ucp_worker_get_address(p->worker, &a, &len); s != UCS_OK) {
-    return make_error(errc::device_unavailable, "ucx: getting the worker address failed: " + ucs_text(s));
+    return make_error(errc::device_unavailable,
+                      "ucx: getting the worker address failed: " + ucs_text(s));
   }
   p->addr = frame(address_magic, std::span(reinterpret_cast<const std::uint8_t*>(a), len));
   ucp_worker_release_address(p->worker, a);
@@ -476,11 +501,17 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   return std::unique_ptr<ucx_engine>(new ucx_engine(std::move(p)));
 }
 
-std::uint32_t ucx_engine::capabilities() const { return capability::remote | capability::rma; }
+std::uint32_t ucx_engine::capabilities() const {
+  return capability::remote | capability::rma;
+}
 
-bool ucx_engine::peer_errors() const { return p_->peer_mode; }
+bool ucx_engine::peer_errors() const {
+  return p_->peer_mode;
+}
 
-std::vector<std::uint8_t> ucx_engine::address() const { return p_->addr; }
+std::vector<std::uint8_t> ucx_engine::address() const {
+  return p_->addr;
+}
 
 result<peer_id> ucx_engine::connect(std::span<const std::uint8_t> peer_address) {
   auto body = unframe(address_magic, peer_address, max_address_bytes, "ucx peer address");
@@ -544,7 +575,8 @@ std::string ucx_engine::describe_peer(peer_id peer) const {
 }
 
 result<region_handle> ucx_engine::expose(void* data, std::size_t bytes, remote_region& out) {
-  if (!data || bytes == 0) return make_error(errc::invalid_argument, "ucx: expose needs a non-empty buffer");
+  if (!data || bytes == 0)
+    return make_error(errc::invalid_argument, "ucx: expose needs a non-empty buffer");
   std::lock_guard lk(p_->mtx);
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -552,7 +584,8 @@ result<region_handle> ucx_engine::expose(void* data, std::size_t bytes, remote_r
   mp.length = bytes;
   ucp_mem_h memh = nullptr;
   if (auto st = ucp_mem_map(p_->ctx, &mp, &memh); st != UCS_OK) {
-    return make_error(errc::out_of_memory, "ucx: registering " + std::to_string(bytes) + " bytes failed: " + ucs_text(st));
+    return make_error(errc::out_of_memory, "ucx: registering " + std::to_string(bytes) +
+                                               " bytes failed: " + ucs_text(st));
   }
   void* rkey = nullptr;
   std::size_t rkey_len = 0;
@@ -585,7 +618,8 @@ void ucx_engine::unexpose(region_handle region) {
 
 result<op_handle> ucx_engine::prepare(const op_spec& spec) {
   if (spec.bytes > 0 && spec.local == nullptr) {
-    return make_error(errc::invalid_argument, std::string("ucx: ") + to_string(spec.kind) + " needs a local buffer");
+    return make_error(errc::invalid_argument,
+                      std::string("ucx: ") + to_string(spec.kind) + " needs a local buffer");
   }
   if (spec.timeout.count() < 0) return make_error(errc::invalid_argument, "ucx: negative timeout");
   std::lock_guard lk(p_->mtx);
@@ -594,26 +628,34 @@ result<op_handle> ucx_engine::prepare(const op_spec& spec) {
   if (o->spec.timeout.count() == 0) o->spec.timeout = p_->opt.default_timeout;
   if (spec.kind != op_kind::recv) {
     auto* p = p_->find_peer(spec.peer);
-    if (!p) return make_error(errc::invalid_argument, "ucx: unknown peer " + std::to_string(spec.peer));
-    if (p->failed) return make_error(errc::io_error, "ucx: peer " + std::to_string(spec.peer) + " has failed: " + p->why);
+    if (!p)
+      return make_error(errc::invalid_argument, "ucx: unknown peer " + std::to_string(spec.peer));
+    if (p->failed)
+      return make_error(errc::io_error,
+                        "ucx: peer " + std::to_string(spec.peer) + " has failed: " + p->why);
   }
   if (spec.kind == op_kind::put || spec.kind == op_kind::get) {
-    if (!spec.remote) return make_error(errc::invalid_argument, "ucx: put/get needs a remote region");
-    auto body = unframe(region_magic, spec.remote->key, max_rkey_bytes + 16, "ucx remote region key");
+    if (!spec.remote)
+      return make_error(errc::invalid_argument, "ucx: put/get needs a remote region");
+    auto body =
+        unframe(region_magic, spec.remote->key, max_rkey_bytes + 16, "ucx remote region key");
     if (!body) return std::unexpected(body.error());
-    if (body->size() <= 16) return make_error(errc::corrupt_data, "ucx remote region key: too short");
+    if (body->size() <= 16)
+      return make_error(errc::corrupt_data, "ucx remote region key: too short");
     std::uint64_t base = 0, len = 0;
     std::memcpy(&base, body->data(), 8);
     std::memcpy(&len, body->data() + 8, 8);
     if (spec.remote_offset > len || spec.bytes > len - spec.remote_offset) {
-      return make_error(errc::invalid_argument, "ucx: " + std::string(to_string(spec.kind)) + " of " +
-                                                     std::to_string(spec.bytes) + " bytes at offset " +
-                                                     std::to_string(spec.remote_offset) + " exceeds the exposed " +
-                                                     std::to_string(len) + " bytes");
+      return make_error(errc::invalid_argument,
+                        "ucx: " + std::string(to_string(spec.kind)) + " of " +
+                            std::to_string(spec.bytes) + " bytes at offset " +
+                            std::to_string(spec.remote_offset) + " exceeds the exposed " +
+                            std::to_string(len) + " bytes");
     }
     auto* p = p_->find_peer(spec.peer);
     if (auto st = ucp_ep_rkey_unpack(p->ep, body->data() + 16, &o->rkey); st != UCS_OK) {
-      return make_error(errc::corrupt_data, "ucx: the remote region key does not unpack: " + ucs_text(st));
+      return make_error(errc::corrupt_data,
+                        "ucx: the remote region key does not unpack: " + ucs_text(st));
     }
     o->remote_base = base;
   }
@@ -627,18 +669,21 @@ result<void> ucx_engine::post(op_handle h) {
   auto it = p_->ops.find(h);
   if (it == p_->ops.end()) return make_error(errc::invalid_argument, "ucx: unknown operation");
   op_rec& o = *it->second;
-  if (o.state != op_state::prepared) return make_error(errc::invalid_argument, "ucx: operation already posted");
+  if (o.state != op_state::prepared)
+    return make_error(errc::invalid_argument, "ucx: operation already posted");
   ucp_ep_h ep = nullptr;
   if (o.spec.kind != op_kind::recv) {
     auto* p = p_->find_peer(o.spec.peer);
     if (!p || p->failed || !p->ep) {
-      p_->fail(o, errc::io_error, p_->describe(o) + " failed: " + (p ? p->why : std::string("unknown peer")));
+      p_->fail(o, errc::io_error,
+               p_->describe(o) + " failed: " + (p ? p->why : std::string("unknown peer")));
       return {};
     }
     ep = p->ep;
   }
   ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  prm.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   prm.datatype = ucp_dt_make_contig(1);
   prm.user_data = &o;
   void* r = nullptr;
@@ -656,11 +701,13 @@ result<void> ucx_engine::post(op_handle h) {
       break;
     case op_kind::put:
       prm.cb.send = &impl::send_cb;
-      r = ucp_put_nbx(ep, o.spec.local, o.spec.bytes, o.remote_base + o.spec.remote_offset, o.rkey, &prm);
+      r = ucp_put_nbx(ep, o.spec.local, o.spec.bytes, o.remote_base + o.spec.remote_offset, o.rkey,
+                      &prm);
       break;
     case op_kind::get:
       prm.cb.send = &impl::send_cb;
-      r = ucp_get_nbx(ep, o.spec.local, o.spec.bytes, o.remote_base + o.spec.remote_offset, o.rkey, &prm);
+      r = ucp_get_nbx(ep, o.spec.local, o.spec.bytes, o.remote_base + o.spec.remote_offset, o.rkey,
+                      &prm);
       break;
   }
   o.deadline = clock::now() + o.spec.timeout;

@@ -40,17 +40,20 @@ capnp::ReaderOptions reader_options(const wire_limits& l) {
 result<void> check_bytes(std::span<const std::uint8_t> b, const wire_limits& l, const char* what) {
   if (b.empty()) return make_error(errc::corrupt_data, std::string(what) + ": empty message");
   if (b.size() % 8 != 0) {
-    return make_error(errc::corrupt_data, std::string(what) + ": " + std::to_string(b.size()) + " bytes is not a whole number of words");
+    return make_error(errc::corrupt_data, std::string(what) + ": " + std::to_string(b.size()) +
+                                              " bytes is not a whole number of words");
   }
   if (b.size() > l.max_message_bytes) {
-    return make_error(errc::corrupt_data, std::string(what) + ": " + std::to_string(b.size()) + " bytes exceeds the limit");
+    return make_error(errc::corrupt_data, std::string(what) + ": " + std::to_string(b.size()) +
+                                              " bytes exceeds the limit");
   }
   return {};
 }
 
 result<kernels::dtype> check_dtype(std::uint8_t v, const char* what) {
   if (v > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
-    return make_error(errc::corrupt_data, std::string(what) + ": unknown dtype " + std::to_string(v));
+    return make_error(errc::corrupt_data,
+                      std::string(what) + ": unknown dtype " + std::to_string(v));
   }
   return static_cast<kernels::dtype>(v);
 }
@@ -81,12 +84,14 @@ std::uint32_t chunks_for(std::uint64_t total, std::uint64_t chunk) {
 }  // namespace
 
 result<void> plan_chunks(tensor_header& h, std::uint64_t chunk_bytes) {
-  if (chunk_bytes == 0) return make_error(errc::invalid_argument, "plan_chunks: chunk size must be positive");
+  if (chunk_bytes == 0)
+    return make_error(errc::invalid_argument, "plan_chunks: chunk size must be positive");
   auto total = tensor_bytes(h.type, h.shape);
   if (!total) return make_error(errc::invalid_argument, total.error().message);
   const std::uint64_t count = *total == 0 ? 0 : (*total + chunk_bytes - 1) / chunk_bytes;
   if (count > 0xffff) {
-    return make_error(errc::invalid_argument, "plan_chunks: " + std::to_string(count) + " chunks exceed 65535; use larger chunks");
+    return make_error(errc::invalid_argument, "plan_chunks: " + std::to_string(count) +
+                                                  " chunks exceed 65535; use larger chunks");
   }
   h.total_bytes = *total;
   h.chunk_bytes = chunk_bytes;
@@ -120,22 +125,26 @@ std::vector<std::uint8_t> encode(const kv_block_descriptor& d) {
   r.setDtype(static_cast<std::uint8_t>(d.type));
   auto ids = r.initBlockIds(static_cast<unsigned>(d.block_ids.size()));
   for (unsigned i = 0; i < d.block_ids.size(); ++i) ids.set(i, d.block_ids[i]);
-  r.setRegionKey(kj::arrayPtr(reinterpret_cast<const kj::byte*>(d.region_key.data()), d.region_key.size()));
+  r.setRegionKey(
+      kj::arrayPtr(reinterpret_cast<const kj::byte*>(d.region_key.data()), d.region_key.size()));
   r.setRegionBytes(d.region_bytes);
   return to_bytes(mb);
 }
 
-result<tensor_header> decode_tensor_header(std::span<const std::uint8_t> bytes, const wire_limits& limits) {
+result<tensor_header> decode_tensor_header(std::span<const std::uint8_t> bytes,
+                                           const wire_limits& limits) {
   if (auto c = check_bytes(bytes, limits, "tensor header"); !c) return std::unexpected(c.error());
   tensor_header h;
   try {
     aligned_words w(bytes);
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(w.words.data(), w.words.size()), reader_options(limits));
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(w.words.data(), w.words.size()),
+                                         reader_options(limits));
     auto r = reader.getRoot<wire::TensorHeader>();
     h.transfer_id = r.getTransferId();
     const auto kind = static_cast<std::uint16_t>(r.getPayload());
     if (kind > static_cast<std::uint16_t>(payload::partial_sum)) {
-      return make_error(errc::corrupt_data, "tensor header: unknown payload " + std::to_string(kind));
+      return make_error(errc::corrupt_data,
+                        "tensor header: unknown payload " + std::to_string(kind));
     }
     h.kind = static_cast<payload>(kind);
     auto t = check_dtype(r.getDtype(), "tensor header");
@@ -143,44 +152,53 @@ result<tensor_header> decode_tensor_header(std::span<const std::uint8_t> bytes, 
     h.type = *t;
     auto s = r.getShape();
     if (s.size() > limits.max_rank) {
-      return make_error(errc::corrupt_data, "tensor header: rank " + std::to_string(s.size()) + " exceeds " +
-                                                std::to_string(limits.max_rank));
+      return make_error(errc::corrupt_data, "tensor header: rank " + std::to_string(s.size()) +
+                                                " exceeds " + std::to_string(limits.max_rank));
     }
     for (auto d : s) h.shape.push_back(d);
     h.total_bytes = r.getTotalBytes();
     h.chunk_bytes = r.getChunkBytes();
     h.chunk_count = r.getChunkCount();
     auto dev = r.getDevice();
-    if (dev.size() > 256) return make_error(errc::corrupt_data, "tensor header: device name too long");
+    if (dev.size() > 256)
+      return make_error(errc::corrupt_data, "tensor header: device name too long");
     h.device = std::string(dev.cStr(), dev.size());
   } catch (const kj::Exception& e) {
-    return make_error(errc::corrupt_data, std::string("tensor header: malformed message: ") + e.getDescription().cStr());
+    return make_error(errc::corrupt_data, std::string("tensor header: malformed message: ") +
+                                              e.getDescription().cStr());
   }
   auto total = tensor_bytes(h.type, h.shape);
   if (!total) return std::unexpected(total.error());
   if (*total != h.total_bytes) {
-    return make_error(errc::corrupt_data, "tensor header: total_bytes " + std::to_string(h.total_bytes) +
-                                              " disagrees with dtype and shape (" + std::to_string(*total) + ")");
+    return make_error(errc::corrupt_data,
+                      "tensor header: total_bytes " + std::to_string(h.total_bytes) +
+                          " disagrees with dtype and shape (" + std::to_string(*total) + ")");
   }
   if (h.total_bytes > limits.max_total_bytes) {
-    return make_error(errc::corrupt_data, "tensor header: " + std::to_string(h.total_bytes) + " bytes exceeds the limit");
+    return make_error(errc::corrupt_data, "tensor header: " + std::to_string(h.total_bytes) +
+                                              " bytes exceeds the limit");
   }
   if (h.chunk_bytes == 0 || h.chunk_bytes > limits.max_chunk_bytes) {
-    return make_error(errc::corrupt_data, "tensor header: chunk size " + std::to_string(h.chunk_bytes) + " out of range");
+    return make_error(errc::corrupt_data, "tensor header: chunk size " +
+                                              std::to_string(h.chunk_bytes) + " out of range");
   }
   if (h.chunk_count != chunks_for(h.total_bytes, h.chunk_bytes)) {
-    return make_error(errc::corrupt_data, "tensor header: chunk_count " + std::to_string(h.chunk_count) + " should be " +
-                                              std::to_string(chunks_for(h.total_bytes, h.chunk_bytes)));
+    return make_error(errc::corrupt_data,
+                      "tensor header: chunk_count " + std::to_string(h.chunk_count) +
+                          " should be " + std::to_string(chunks_for(h.total_bytes, h.chunk_bytes)));
   }
   return h;
 }
 
-result<kv_block_descriptor> decode_kv_block_descriptor(std::span<const std::uint8_t> bytes, const wire_limits& limits) {
-  if (auto c = check_bytes(bytes, limits, "kv block descriptor"); !c) return std::unexpected(c.error());
+result<kv_block_descriptor> decode_kv_block_descriptor(std::span<const std::uint8_t> bytes,
+                                                       const wire_limits& limits) {
+  if (auto c = check_bytes(bytes, limits, "kv block descriptor"); !c)
+    return std::unexpected(c.error());
   kv_block_descriptor d;
   try {
     aligned_words w(bytes);
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(w.words.data(), w.words.size()), reader_options(limits));
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(w.words.data(), w.words.size()),
+                                         reader_options(limits));
     auto r = reader.getRoot<wire::KvBlockDescriptor>();
     d.transfer_id = r.getTransferId();
     d.layer_begin = r.getLayerBegin();
@@ -191,23 +209,28 @@ result<kv_block_descriptor> decode_kv_block_descriptor(std::span<const std::uint
     if (!t) return std::unexpected(t.error());
     d.type = *t;
     auto ids = r.getBlockIds();
-    if (ids.size() > limits.max_blocks) return make_error(errc::corrupt_data, "kv block descriptor: too many blocks");
+    if (ids.size() > limits.max_blocks)
+      return make_error(errc::corrupt_data, "kv block descriptor: too many blocks");
     for (auto id : ids) d.block_ids.push_back(id);
     auto key = r.getRegionKey();
-    if (key.size() > limits.max_key_bytes) return make_error(errc::corrupt_data, "kv block descriptor: region key too long");
+    if (key.size() > limits.max_key_bytes)
+      return make_error(errc::corrupt_data, "kv block descriptor: region key too long");
     d.region_key.assign(key.begin(), key.end());
     d.region_bytes = r.getRegionBytes();
   } catch (const kj::Exception& e) {
-    return make_error(errc::corrupt_data, std::string("kv block descriptor: malformed message: ") + e.getDescription().cStr());
+    return make_error(errc::corrupt_data, std::string("kv block descriptor: malformed message: ") +
+                                              e.getDescription().cStr());
   }
-  if (d.layer_end <= d.layer_begin) return make_error(errc::corrupt_data, "kv block descriptor: empty layer range");
+  if (d.layer_end <= d.layer_begin)
+    return make_error(errc::corrupt_data, "kv block descriptor: empty layer range");
   if (d.block_tokens == 0 || d.bytes_per_block == 0) {
     return make_error(errc::corrupt_data, "kv block descriptor: zero block size");
   }
   if (d.bytes_per_block > limits.max_total_bytes ||
       d.block_ids.size() > limits.max_total_bytes / d.bytes_per_block ||
       d.region_bytes != d.bytes_per_block * d.block_ids.size()) {
-    return make_error(errc::corrupt_data, "kv block descriptor: region_bytes " + std::to_string(d.region_bytes) +
+    return make_error(errc::corrupt_data, "kv block descriptor: region_bytes " +
+                                              std::to_string(d.region_bytes) +
                                               " is not blocks x bytes_per_block");
   }
   return d;
@@ -220,18 +243,23 @@ result<void> check_expected(const tensor_header& got, const tensor_header& want)
     return t + "]";
   };
   if (got.transfer_id != want.transfer_id) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) + ": header is for transfer " +
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) +
+                                                  ": header is for transfer " +
                                                   std::to_string(got.transfer_id));
   }
-  if (got.kind != want.kind) return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) + ": unexpected payload kind");
+  if (got.kind != want.kind)
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(want.transfer_id) + ": unexpected payload kind");
   if (got.type != want.type) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) + ": dtype " +
-                                                  std::string(kernels::to_string(got.type)) + ", expected " +
-                                                  std::string(kernels::to_string(want.type)));
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(want.transfer_id) + ": dtype " +
+                          std::string(kernels::to_string(got.type)) + ", expected " +
+                          std::string(kernels::to_string(want.type)));
   }
   if (got.shape != want.shape) {
-    return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) + ": shape " +
-                                                  shape_text(got.shape) + ", expected " + shape_text(want.shape));
+    return make_error(errc::invalid_argument, "transfer " + std::to_string(want.transfer_id) +
+                                                  ": shape " + shape_text(got.shape) +
+                                                  ", expected " + shape_text(want.shape));
   }
   return {};
 }

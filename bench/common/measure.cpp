@@ -54,7 +54,9 @@ volatile std::uint64_t g_sink = 0;
 
 }  // namespace
 
-std::unique_ptr<cpu::context> make_ctx(int threads) { return cpu::context::create(threads, first_cores(threads)); }
+std::unique_ptr<cpu::context> make_ctx(int threads) {
+  return cpu::context::create(threads, first_cores(threads));
+}
 
 bw_buffer make_bw_buffer(cpu::context& ctx, std::size_t bytes) {
   bw_buffer b;
@@ -88,7 +90,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double best(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+double best(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
 
 std::string load_average() {
   double l = 0;

@@ -15,7 +15,6 @@ struct options {
   bool quick = false;  ///< fewer repetitions and smaller shapes (smoke run)
 };
 
-
 /// Prints a table row: cells padded to fixed widths.
 void print_row(const std::vector<std::string>& cells, const std::vector<int>& widths);
 std::string fmt(double v, int precision = 2);

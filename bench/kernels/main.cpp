@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--quick] [--only bandwidth|gemm|attention]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--quick] [--only bandwidth|gemm|attention]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -49,9 +50,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--threads must be 1..256\n");
     return 2;
   }
-  std::printf("troupe bench/kernels: threads=%d isa=%s%s\n", opt.threads,
-              std::string(troupe::kernels::cpu::to_string(troupe::kernels::cpu::detect_isa())).c_str(),
-              opt.quick ? " (quick)" : "");
+  std::printf(
+      "troupe bench/kernels: threads=%d isa=%s%s\n", opt.threads,
+      std::string(troupe::kernels::cpu::to_string(troupe::kernels::cpu::detect_isa())).c_str(),
+      opt.quick ? " (quick)" : "");
   if (only.empty() || only == "bandwidth") troupe::bench::run_bandwidth_and_gemv(opt);
   if (only.empty() || only == "gemm") troupe::bench::run_gemm(opt);
   if (only.empty() || only == "attention") troupe::bench::run_attention(opt);

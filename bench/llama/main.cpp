@@ -51,7 +51,9 @@ bool exists(const std::string& p) {
 
 // llama.cpp on this machine kind, 2 threads (issue 3): decode t/s, its
 // fraction of the limit, prefill-512 t/s.
-struct llama_cpp_ref { double decode, fraction, prefill; };
+struct llama_cpp_ref {
+  double decode, fraction, prefill;
+};
 const std::map<std::string, llama_cpp_ref> llama_cpp = {
     {"f16", {17.6, 0.82, 126}}, {"q8_0", {24.5, 0.61, 98}}, {"q4_0", {52.5, 0.69, 160}}};
 
@@ -59,10 +61,13 @@ const std::map<std::string, llama_cpp_ref> llama_cpp = {
 // LM head runs once per prompt (only the last token's logits are needed).
 double layer_flops_per_token(const models::llama_config& c) {
   const double H = double(c.hidden_size), D = double(c.head_dim), F = double(c.intermediate_size);
-  const double per_layer = H * D * double(c.num_heads) * 2 + H * D * double(c.num_kv_heads) * 2 + 3 * H * F;
+  const double per_layer =
+      H * D * double(c.num_heads) * 2 + H * D * double(c.num_kv_heads) * 2 + 3 * H * F;
   return 2 * per_layer * double(c.num_layers);
 }
-double lm_head_flops(const models::llama_config& c) { return 2 * double(c.hidden_size) * double(c.vocab_size); }
+double lm_head_flops(const models::llama_config& c) {
+  return 2 * double(c.hidden_size) * double(c.vocab_size);
+}
 
 // oneDNN u8s8 GEMM rate on 512 x 2048 x 5632 (GOP/s), best of `reps`.
 double onednn_u8s8_gops(k::cpu::context& ctx, int reps) {
@@ -92,7 +97,8 @@ double onednn_u8s8_gops(k::cpu::context& ctx, int reps) {
 std::vector<std::int32_t> random_tokens(int n, std::uint32_t seed, std::int64_t vocab) {
   std::mt19937 rng(seed);
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-  for (auto& v : t) v = static_cast<std::int32_t>(259 + rng() % static_cast<std::uint32_t>(vocab - 259));
+  for (auto& v : t)
+    v = static_cast<std::int32_t>(259 + rng() % static_cast<std::uint32_t>(vocab - 259));
   return t;
 }
 
@@ -119,7 +125,10 @@ int main(int argc, char** argv) {
     } else if (a == "--quick") {
       opt.quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads 2,1] [--formats f16,q8_0,q4_0] [--runs N] [--prompt N] [--gen N] [--models DIR] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads 2,1] [--formats f16,q8_0,q4_0] [--runs N] [--prompt N] "
+                   "[--gen N] [--models DIR] [--quick]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -141,14 +150,20 @@ int main(int argc, char** argv) {
   }
   std::string cmd = "mkdir -p '" + opt.models + "'";
   if (std::system(cmd.c_str()) != 0) return 1;
-  std::printf("troupe bench/llama: TinyLlama-1.1B shape (dim %lld, %lld layers, %lld heads, %lld KV heads, FFN %lld, vocab %lld), random weights\n",
-              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.num_heads),
-              static_cast<long long>(cfg.num_kv_heads), static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size));
-  std::printf("prefill %d tokens, decode %d tokens, median of %d runs; load average at start %s\n", opt.prompt, opt.gen, opt.runs,
-              load_average().c_str());
-  std::printf("limit = read GB/s (pass right before each decode run) / weight bytes per token; frac = decode / limit (median of pairs)\n\n");
-  std::printf("%-6s %-3s %9s %9s %8s %8s %6s | %10s %9s %8s | llama.cpp 2t: decode  frac  prefill\n", "format", "thr",
-              "GB/token", "decode", "limit", "frac", "", "prefill", "GOP/s", "/u8s8");
+  std::printf(
+      "troupe bench/llama: TinyLlama-1.1B shape (dim %lld, %lld layers, %lld heads, %lld KV heads, "
+      "FFN %lld, vocab %lld), random weights\n",
+      static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.num_layers),
+      static_cast<long long>(cfg.num_heads), static_cast<long long>(cfg.num_kv_heads),
+      static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size));
+  std::printf("prefill %d tokens, decode %d tokens, median of %d runs; load average at start %s\n",
+              opt.prompt, opt.gen, opt.runs, load_average().c_str());
+  std::printf(
+      "limit = read GB/s (pass right before each decode run) / weight bytes per token; frac = "
+      "decode / limit (median of pairs)\n\n");
+  std::printf(
+      "%-6s %-3s %9s %9s %8s %8s %6s | %10s %9s %8s | llama.cpp 2t: decode  frac  prefill\n",
+      "format", "thr", "GB/token", "decode", "limit", "frac", "", "prefill", "GOP/s", "/u8s8");
   for (int threads : opt.threads) {
     auto ctx = make_ctx(threads);
     const double u8s8 = onednn_u8s8_gops(*ctx, opt.quick ? 1 : 5);
@@ -160,7 +175,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", fmt.error().message.c_str());
         return 2;
       }
-      const std::string path = opt.models + "/tinyllama-" + fname + (opt.quick ? "-2l" : "") + ".gguf";
+      const std::string path =
+          opt.models + "/tinyllama-" + fname + (opt.quick ? "-2l" : "") + ".gguf";
       if (!exists(path)) {
         models::random_model_spec spec;
         spec.config = cfg;
@@ -179,10 +195,13 @@ int main(int argc, char** argv) {
       const double bytes_tok = double(m.bytes_per_token());
       std::vector<double> prefill_tps, decode_tps, fractions, limits;
       for (int r = 0; r < opt.runs; ++r) {
-        auto cache = m.make_cache(ctx->memory(), models::kv_options{.block_size = 16, .capacity_tokens = opt.prompt + opt.gen + 16});
+        auto cache = m.make_cache(
+            ctx->memory(),
+            models::kv_options{.block_size = 16, .capacity_tokens = opt.prompt + opt.gen + 16});
         if (!cache) return 1;
         const auto s = cache->add_sequence();
-        const auto prompt = random_tokens(opt.prompt, static_cast<std::uint32_t>(r + 1), cfg.vocab_size);
+        const auto prompt =
+            random_tokens(opt.prompt, static_cast<std::uint32_t>(r + 1), cfg.vocab_size);
         double t0 = now_s();
         auto logits = m.forward(*ctx, *cache, std::vector<models::step_input>{{s, prompt, false}});
         if (!logits) {
@@ -205,14 +224,18 @@ int main(int argc, char** argv) {
         fractions.push_back(tps / limits.back());
       }
       const double pf = median(prefill_tps);
-      const double gops = (pf * layer_flops_per_token(cfg) + pf / opt.prompt * lm_head_flops(cfg)) / 1e9;
+      const double gops =
+          (pf * layer_flops_per_token(cfg) + pf / opt.prompt * lm_head_flops(cfg)) / 1e9;
       const auto ref = llama_cpp.count(fname) ? llama_cpp.at(fname) : llama_cpp_ref{0, 0, 0};
-      std::printf("%-6s %-3d %9.3f %9.2f %8.2f %8.3f %6s | %10.1f %9.1f %8.3f | %19.1f %5.2f %8.0f\n", fname.c_str(), threads,
-                  bytes_tok / 1e9, median(decode_tps), median(limits), median(fractions), "", pf, gops, u8s8 > 0 ? gops / u8s8 : 0,
-                  ref.decode, ref.fraction, ref.prefill);
+      std::printf(
+          "%-6s %-3d %9.3f %9.2f %8.2f %8.3f %6s | %10.1f %9.1f %8.3f | %19.1f %5.2f %8.0f\n",
+          fname.c_str(), threads, bytes_tok / 1e9, median(decode_tps), median(limits),
+          median(fractions), "", pf, gops, u8s8 > 0 ? gops / u8s8 : 0, ref.decode, ref.fraction,
+          ref.prefill);
       std::fflush(stdout);
     }
-    std::printf("(%d threads: oneDNN u8s8 GEMM 512x2048x5632 = %.1f GOP/s in this run)\n", threads, u8s8);
+    std::printf("(%d threads: oneDNN u8s8 GEMM 512x2048x5632 = %.1f GOP/s in this run)\n", threads,
+                u8s8);
   }
   return 0;
 }

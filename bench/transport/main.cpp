@@ -44,12 +44,14 @@ enum class engine_mode { as_default, tuned, tuned_with_errors };
 // Extra options for every engine process (--engine-arg), for experiments.
 std::vector<std::string> g_engine_extra;
 
-double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window, engine_mode mode) {
+double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size_t window,
+                   engine_mode mode) {
   std::vector<std::string> argv{TROUPE_TRANSPORT_PEER};
   argv.insert(argv.end(), p.engine_args.begin(), p.engine_args.end());
   argv.insert(argv.end(), g_engine_extra.begin(), g_engine_extra.end());
   if (mode != engine_mode::as_default) {
-    for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors"}) argv.push_back(a);
+    for (const char* a : {"--busy-poll", "1", "--progress-thread", "0", "--peer-errors"})
+      argv.push_back(a);
     argv.push_back(mode == engine_mode::tuned ? "0" : "1");
   }
   child_process a("bench-a", argv), b("bench-b", argv);
@@ -63,8 +65,10 @@ double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size
   const std::string peer = pa->substr(5);
   double best = -1;
   for (int rep = 0; rep < 2; ++rep) {  // the first run warms up
-    b.send_line("bw_recv " + std::to_string(size) + " " + std::to_string(iters) + " " + std::to_string(window));
-    a.send_line("bw_send " + peer + " " + std::to_string(size) + " " + std::to_string(iters) + " " + std::to_string(window));
+    b.send_line("bw_recv " + std::to_string(size) + " " + std::to_string(iters) + " " +
+                std::to_string(window));
+    a.send_line("bw_send " + peer + " " + std::to_string(size) + " " + std::to_string(iters) + " " +
+                std::to_string(window));
     auto r = a.expect("gbps ", 300000ms);
     b.expect("gbps ", 300000ms);
     if (!r || !r->starts_with("gbps")) {
@@ -77,15 +81,18 @@ double engine_gbps(const path& p, std::size_t size, std::size_t iters, std::size
   return best;
 }
 
-double perftest_gbps(const path& p, std::size_t size, std::size_t iters, bool error_handling = false) {
+double perftest_gbps(const path& p, std::size_t size, std::size_t iters,
+                     bool error_handling = false) {
   const int port = troupe::test::free_port();
   std::vector<std::string> env = p.env;
   const std::string bin = "/usr/bin/ucx_perftest";
   child_process server("perftest-server", {bin, "-p", std::to_string(port)}, env);
   std::this_thread::sleep_for(300ms);
   const std::size_t warm = std::max<std::size_t>(2, std::min<std::size_t>(iters / 10, 1000));
-  std::vector<std::string> args{bin, "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw", "-s", std::to_string(size),
-                                "-n", std::to_string(iters), "-w", std::to_string(warm), "-f"};
+  std::vector<std::string> args{
+      bin,  "127.0.0.1",          "-p", std::to_string(port),  "-t", "tag_bw",
+      "-s", std::to_string(size), "-n", std::to_string(iters), "-w", std::to_string(warm),
+      "-f"};
   if (error_handling) args.push_back("-e");
   child_process client("perftest-client", args, env);
   for (;;) {
@@ -120,8 +127,8 @@ std::string ratio_cell(const std::vector<double>& num, const std::vector<double>
   if (r.size() == 1) {
     std::snprintf(buf, sizeof buf, "%.2f", r[0]);
   } else {
-    std::snprintf(buf, sizeof buf, "%.2f (%.2f-%.2f)", median(r), *std::min_element(r.begin(), r.end()),
-                  *std::max_element(r.begin(), r.end()));
+    std::snprintf(buf, sizeof buf, "%.2f (%.2f-%.2f)", median(r),
+                  *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end()));
   }
   return buf;
 }
@@ -129,7 +136,9 @@ std::string ratio_cell(const std::vector<double>& num, const std::vector<double>
 struct row {
   std::vector<double> engine, tuned, perftest;
   bool failed() const {
-    auto bad = [](const std::vector<double>& v) { return std::any_of(v.begin(), v.end(), [](double x) { return x <= 0; }); };
+    auto bad = [](const std::vector<double>& v) {
+      return std::any_of(v.begin(), v.end(), [](double x) { return x <= 0; });
+    };
     return bad(engine) || bad(tuned) || bad(perftest);
   }
 };
@@ -160,7 +169,9 @@ int main(int argc, char** argv) {
       std::string part;
       while (std::getline(ss, part, ',')) sizes.push_back(std::stoul(part));
     } else {
-      std::fprintf(stderr, "usage: bench_transport [--quick] [--sizes N,N,...] [--window W] [--rounds R] [--engine-arg \"ARGS\"]...\n");
+      std::fprintf(stderr,
+                   "usage: bench_transport [--quick] [--sizes N,N,...] [--window W] [--rounds R] "
+                   "[--engine-arg \"ARGS\"]...\n");
       return 2;
     }
   }
@@ -171,18 +182,24 @@ int main(int argc, char** argv) {
        {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"},
        quick ? (32u << 20) : (1ull << 30)},
   };
-  std::printf("UCX engine vs ucx_perftest tag_bw, 2 processes, %zu messages in flight (GB/s = 1e9 bytes/s); medians of %d "
-              "rounds, ratios as median (lowest-highest) of the rounds' ratios\n\n",
-              window, rounds);
-  std::printf("| path | message | engine GB/s | engine tuned GB/s | ucx_perftest GB/s | engine / perftest | tuned / perftest |\n");
+  std::printf(
+      "UCX engine vs ucx_perftest tag_bw, 2 processes, %zu messages in flight (GB/s = 1e9 "
+      "bytes/s); medians of %d "
+      "rounds, ratios as median (lowest-highest) of the rounds' ratios\n\n",
+      window, rounds);
+  std::printf(
+      "| path | message | engine GB/s | engine tuned GB/s | ucx_perftest GB/s | engine / perftest "
+      "| tuned / perftest |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   int failures = 0;
   auto size_name = [](std::size_t size) {
-    return size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
+    return size >= (1u << 20) ? std::to_string(size >> 20) + " MiB"
+                              : std::to_string(size >> 10) + " KiB";
   };
   for (const auto& p : paths) {
     for (const std::size_t size : sizes) {
-      const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
+      const std::size_t iters =
+          std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
       row r;
       for (int k = 0; k < rounds; ++k) {
         r.engine.push_back(engine_gbps(p, size, iters, window, engine_mode::as_default));
@@ -190,8 +207,9 @@ int main(int argc, char** argv) {
         r.perftest.push_back(perftest_gbps(p, size, iters));
       }
       if (r.failed()) ++failures;
-      std::printf("| %s | %s | %.2f | %.2f | %.2f | %s | %s |\n", p.name, size_name(size).c_str(), median(r.engine),
-                  median(r.tuned), median(r.perftest), ratio_cell(r.engine, r.perftest).c_str(),
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %s | %s |\n", p.name, size_name(size).c_str(),
+                  median(r.engine), median(r.tuned), median(r.perftest),
+                  ratio_cell(r.engine, r.perftest).c_str(),
                   ratio_cell(r.tuned, r.perftest).c_str());
       std::fflush(stdout);
     }
@@ -202,11 +220,14 @@ int main(int argc, char** argv) {
   {
     const auto& p = paths[1];
     std::printf("\nTCP with peer error handling on both sides (ucx_perftest -e)\n\n");
-    std::printf("| message | engine GB/s | engine busy-poll GB/s | ucx_perftest -e GB/s | engine / perftest -e | busy-poll / perftest -e |\n");
+    std::printf(
+        "| message | engine GB/s | engine busy-poll GB/s | ucx_perftest -e GB/s | engine / "
+        "perftest -e | busy-poll / perftest -e |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (const std::size_t size : sizes) {
       if (size < (1u << 20)) continue;
-      const std::size_t iters = std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
+      const std::size_t iters =
+          std::max<std::size_t>(8, std::min<std::size_t>(100000, p.total_bytes / size));
       row r;
       for (int k = 0; k < rounds; ++k) {
         r.engine.push_back(engine_gbps(p, size, iters, window, engine_mode::as_default));
@@ -214,8 +235,10 @@ int main(int argc, char** argv) {
         r.perftest.push_back(perftest_gbps(p, size, iters, true));
       }
       if (r.failed()) ++failures;
-      std::printf("| %s | %.2f | %.2f | %.2f | %s | %s |\n", size_name(size).c_str(), median(r.engine), median(r.tuned),
-                  median(r.perftest), ratio_cell(r.engine, r.perftest).c_str(), ratio_cell(r.tuned, r.perftest).c_str());
+      std::printf("| %s | %.2f | %.2f | %.2f | %s | %s |\n", size_name(size).c_str(),
+                  median(r.engine), median(r.tuned), median(r.perftest),
+                  ratio_cell(r.engine, r.perftest).c_str(),
+                  ratio_cell(r.tuned, r.perftest).c_str());
       std::fflush(stdout);
     }
   }
@@ -238,9 +261,11 @@ int main(int argc, char** argv) {
     std::size_t base = 1;
     auto run = [&](const std::string& mode, std::size_t compute_us) -> double {
       if (peer.empty()) return -1;
-      if (mode != "compute") b.send_line("overlap_recv " + std::to_string(bytes) + " " + std::to_string(steps) + " " + std::to_string(base));
-      a.send_line("overlap " + peer + " " + std::to_string(bytes) + " " + std::to_string(steps) + " " +
-                  std::to_string(base) + " " + std::to_string(compute_us) + " " + mode);
+      if (mode != "compute")
+        b.send_line("overlap_recv " + std::to_string(bytes) + " " + std::to_string(steps) + " " +
+                    std::to_string(base));
+      a.send_line("overlap " + peer + " " + std::to_string(bytes) + " " + std::to_string(steps) +
+                  " " + std::to_string(base) + " " + std::to_string(compute_us) + " " + mode);
       base += steps;
       auto r = a.expect("ms ", 300000ms);
       if (mode != "compute") b.expect("ms ", 300000ms);
@@ -258,7 +283,8 @@ int main(int argc, char** argv) {
       // Compute is sized from the first round's transfer, so that every
       // round runs the same step.
       if (compute_us == 0) compute_us = static_cast<std::size_t>(std::max(200.0, 2000.0 * t));
-      const double c = run("compute", compute_us), sq = run("seq", compute_us), ov = run("overlap", compute_us);
+      const double c = run("compute", compute_us), sq = run("seq", compute_us),
+                   ov = run("overlap", compute_us);
       if (t <= 0 || c <= 0 || sq <= 0 || ov <= 0) {
         ++failures;
         continue;
@@ -270,15 +296,22 @@ int main(int argc, char** argv) {
       hidden.push_back(sq > c ? (sq - ov) / (sq - c) : 0);
       slowdown.push_back(ov / c);
     }
-    std::printf("\nOverlap, shared memory: %zu MiB of activations per step, %zu steps (ms per step; medians of %d rounds)\n\n",
-                bytes >> 20, steps, rounds);
-    std::printf("| transfer alone | compute alone | compute then send | send overlapped | transfer / compute | "
-                "transfer time hidden (range) | step with transfers / without |\n|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\nOverlap, shared memory: %zu MiB of activations per step, %zu steps (ms per step; "
+        "medians of %d rounds)\n\n",
+        bytes >> 20, steps, rounds);
+    std::printf(
+        "| transfer alone | compute alone | compute then send | send overlapped | transfer / "
+        "compute | "
+        "transfer time hidden (range) | step with transfers / without "
+        "|\n|---|---|---|---|---|---|---|\n");
     const double c = median(compute);
-    std::printf("| %.3f | %.3f | %.3f | %.3f | %.2f | %.0f%% (%.0f-%.0f%%) | %.3f |\n", median(transfer), c, median(seq),
-                median(over), c > 0 ? median(transfer) / c : 0, 100.0 * median(hidden),
+    std::printf("| %.3f | %.3f | %.3f | %.3f | %.2f | %.0f%% (%.0f-%.0f%%) | %.3f |\n",
+                median(transfer), c, median(seq), median(over), c > 0 ? median(transfer) / c : 0,
+                100.0 * median(hidden),
                 hidden.empty() ? 0.0 : 100.0 * *std::min_element(hidden.begin(), hidden.end()),
-                hidden.empty() ? 0.0 : 100.0 * *std::max_element(hidden.begin(), hidden.end()), median(slowdown));
+                hidden.empty() ? 0.0 : 100.0 * *std::max_element(hidden.begin(), hidden.end()),
+                median(slowdown));
   }
   return failures ? 1 : 0;
 }

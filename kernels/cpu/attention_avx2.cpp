@@ -115,7 +115,8 @@ void softmax_row(const tile_keys& t, const row_state& row) {
   static_assert(key_tile == 32);
   __m256 s[4];
   for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(row.s + 8 * i);
-  const float tile_max = avx2_hmax(_mm256_max_ps(_mm256_max_ps(s[0], s[1]), _mm256_max_ps(s[2], s[3])));
+  const float tile_max =
+      avx2_hmax(_mm256_max_ps(_mm256_max_ps(s[0], s[1]), _mm256_max_ps(s[2], s[3])));
   const float m_old = *row.m;
   const float m_new = m_old > tile_max ? m_old : tile_max;
   __m256 lsum = _mm256_loadu_ps(row.lsum);

@@ -14,6 +14,8 @@ std::unique_ptr<context> context::create(int threads, std::vector<int> cores,
   return ctx;
 }
 
-void context::prepare_onednn_thread() const { omp_set_num_threads(pool_->size()); }
+void context::prepare_onednn_thread() const {
+  omp_set_num_threads(pool_->size());
+}
 
 }  // namespace troupe::kernels::cpu

@@ -9,10 +9,14 @@ namespace troupe::kernels::cpu {
 
 std::string_view to_string(isa level) {
   switch (level) {
-    case isa::scalar: return "scalar";
-    case isa::avx2: return "avx2";
-    case isa::avx512: return "avx512";
-    case isa::avx512_vnni: return "avx512_vnni";
+    case isa::scalar:
+      return "scalar";
+    case isa::avx2:
+      return "avx2";
+    case isa::avx512:
+      return "avx512";
+    case isa::avx512_vnni:
+      return "avx512_vnni";
   }
   return "unknown";
 }

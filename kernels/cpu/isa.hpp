@@ -10,9 +10,9 @@ namespace troupe::kernels::cpu {
 /// Instruction-set levels of the CPU backend, in increasing order. Each
 /// level implies the ones below it.
 enum class isa : std::uint8_t {
-  scalar = 0,   ///< portable C++ (the reference)
-  avx2 = 1,     ///< AVX2 + FMA + F16C
-  avx512 = 2,   ///< AVX-512 F/BW/VL/DQ
+  scalar = 0,       ///< portable C++ (the reference)
+  avx2 = 1,         ///< AVX2 + FMA + F16C
+  avx512 = 2,       ///< AVX-512 F/BW/VL/DQ
   avx512_vnni = 3,  ///< + VNNI (vpdpbusd) and BF16
 };
 

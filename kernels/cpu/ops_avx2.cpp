@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/ops_impl.hpp"
 #include "kernels/cpu/avx2_math.hpp"
+#include "kernels/cpu/ops_impl.hpp"
 
 #pragma GCC optimize("fp-contract=off")
 

@@ -69,7 +69,8 @@ result<void> rope_inv_freq(const rope_params& params, int head_dim, std::span<fl
     out[static_cast<std::size_t>(i)] = 1.0f / std::pow(params.theta, e);
   }
   if (!params.freq_factors.empty()) {  // llama.cpp: theta = pos * base^(-2i/d) / factor[i]
-    for (int i = 0; i < half; ++i) out[static_cast<std::size_t>(i)] /= params.freq_factors[static_cast<std::size_t>(i)];
+    for (int i = 0; i < half; ++i)
+      out[static_cast<std::size_t>(i)] /= params.freq_factors[static_cast<std::size_t>(i)];
   }
   if (!params.llama3) return {};
   // transformers' _compute_llama3_parameters, op by op in float32. Python

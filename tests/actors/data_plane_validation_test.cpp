@@ -46,7 +46,8 @@ TEST_F(two_processes, PushedTensorsArriveIntact) {
     ASSERT_TRUE(got) << got.error().message;
     const auto want = counting(7 + i, 300);
     ASSERT_EQ(got->numel(), want.numel());
-    EXPECT_TRUE(std::equal(want.data_as<float>(), want.data_as<float>() + want.numel(), got->data_as<float>()));
+    EXPECT_TRUE(std::equal(want.data_as<float>(), want.data_as<float>() + want.numel(),
+                           got->data_as<float>()));
   }
   for (int k = 0; k < 100 && a.pushes_in_flight() > 0; ++k) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(a.pushes_in_flight(), 0u);
@@ -81,7 +82,8 @@ TEST_F(two_processes, BadRefsFailWithAClearError) {
   r.shape = {4, -4};
   auto neg = b.take(r, *pool);
   ASSERT_FALSE(neg);
-  EXPECT_NE(neg.error().message.find("impossible tensor"), std::string::npos) << neg.error().message;
+  EXPECT_NE(neg.error().message.find("impossible tensor"), std::string::npos)
+      << neg.error().message;
 
   r.shape = {1ll << 20, 1ll << 20};
   auto huge = b.take(r, *pool);
@@ -110,7 +112,8 @@ TEST_F(two_processes, AShapeMismatchBetweenRefAndTransferIsRefused) {
   lie.shape = {5, 3};  // same bytes, another shape
   auto got = b.take(lie, *pool);
   ASSERT_FALSE(got);
-  EXPECT_NE(got.error().message.find("shape [3,5], expected [5,3]"), std::string::npos) << got.error().message;
+  EXPECT_NE(got.error().message.find("shape [3,5], expected [5,3]"), std::string::npos)
+      << got.error().message;
 }
 
 }  // namespace

@@ -25,9 +25,12 @@ class Gatekeeper : public ::testing::Test {
     fs::create_directories(dir);
     auto parsed = cluster::parse_manifest(
         "[cluster]\nname = \"g\"\nhead = \"a\"\ncerts = \"certs\"\n"
-        "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n"
-        "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7401\ndevices = [{ type = \"cpu\" }]\n"
-        "[[nodes]]\nname = \"c\"\nhost = \"127.0.0.1\"\nport = 7402\ndevices = [{ type = \"cpu\" }]\n",
+        "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" "
+        "}]\n"
+        "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7401\ndevices = [{ type = \"cpu\" "
+        "}]\n"
+        "[[nodes]]\nname = \"c\"\nhost = \"127.0.0.1\"\nport = 7402\ndevices = [{ type = \"cpu\" "
+        "}]\n",
         dir + "/g.toml");
     ASSERT_TRUE(parsed) << parsed.error().text();
     m = *parsed;
@@ -42,17 +45,20 @@ class Gatekeeper : public ::testing::Test {
   std::vector<std::uint8_t> challenge() {
     std::vector<std::uint8_t> c;
     self->request(gk, caf::infinite, challenge_atom::value)
-        .receive([&](std::vector<std::uint8_t>& x) { c = std::move(x); }, [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+        .receive([&](std::vector<std::uint8_t>& x) { c = std::move(x); },
+                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
     return c;
   }
   // The pass, or the refusal's text.
   std::string hello(const gate_hello& h) {
     std::string out;
     self->request(gk, caf::infinite, hello_atom::value, h)
-        .receive([&](gate_pass& p) { out = "pass " + p.cluster + "/" + p.node; }, [&](caf::error& e) { out = describe(sys, e); });
+        .receive([&](gate_pass& p) { out = "pass " + p.cluster + "/" + p.node; },
+                 [&](caf::error& e) { out = describe(sys, e); });
     return out;
   }
-  gate_hello signed_as(const std::string& files_of, const std::string& claim, const std::vector<std::uint8_t>& c) {
+  gate_hello signed_as(const std::string& files_of, const std::string& claim,
+                       const std::vector<std::uint8_t>& c) {
     auto p = cluster::prove_identity(cluster::tls_files(m, files_of), c);
     EXPECT_TRUE(p) << p.error();
     return gate_hello{claim, protocol_version, p->certificate_pem, p->signature};
@@ -78,18 +84,23 @@ TEST_F(Gatekeeper, ANodeThatSignsItsChallengeGetsAPass) {
 
 TEST_F(Gatekeeper, EveryOtherHelloIsRefusedWithAReason) {
   // No challenge asked for.
-  EXPECT_NE(hello(gate_hello{"b", protocol_version, "x", {1}}).find("no challenge was issued"), std::string::npos);
+  EXPECT_NE(hello(gate_hello{"b", protocol_version, "x", {1}}).find("no challenge was issued"),
+            std::string::npos);
   // A challenge is good for one attempt only.
   auto c = challenge();
   auto h = signed_as("b", "b", c);
   h.version = protocol_version + 1;
   const auto v = hello(h);
-  EXPECT_NE(v.find("protocol version mismatch: protocol version " + std::to_string(protocol_version + 1)), std::string::npos) << v;
+  EXPECT_NE(
+      v.find("protocol version mismatch: protocol version " + std::to_string(protocol_version + 1)),
+      std::string::npos)
+      << v;
   h.version = protocol_version;
   EXPECT_NE(hello(h).find("no challenge was issued"), std::string::npos);
   // Names the manifest does not have, and the gatekeeper's own.
   c = challenge();
-  EXPECT_NE(hello(signed_as("b", "zz", c)).find("'zz' is not another node of cluster g"), std::string::npos);
+  EXPECT_NE(hello(signed_as("b", "zz", c)).find("'zz' is not another node of cluster g"),
+            std::string::npos);
   c = challenge();
   EXPECT_NE(hello(signed_as("b", "a", c)).find("'a' is not another node"), std::string::npos);
   // b's certificate claiming to be c.
@@ -103,7 +114,8 @@ TEST_F(Gatekeeper, EveryOtherHelloIsRefusedWithAReason) {
   EXPECT_NE(s.find("signature does not match"), std::string::npos) << s;
   // Garbage in every field.
   c = challenge();
-  EXPECT_NE(hello(gate_hello{"b", protocol_version, std::string(100000, '\0'), std::vector<std::uint8_t>(5000, 7)})
+  EXPECT_NE(hello(gate_hello{"b", protocol_version, std::string(100000, '\0'),
+                             std::vector<std::uint8_t>(5000, 7)})
                 .find("a certificate of 100000 bytes"),
             std::string::npos);
   // And afterwards an honest node still gets in.

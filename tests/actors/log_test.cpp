@@ -36,7 +36,8 @@ TEST(Logging, JsonLinesParseAndCarryTheirTags) {
   EXPECT_EQ(got[1]["actor"], "scheduler");
   EXPECT_EQ(got[1]["level"], "warning");
   EXPECT_EQ(got[1]["msg"], "step 3");
-  EXPECT_EQ(got[0]["time"].get<std::string>().size(), std::string("2026-12-03T19:40:01.123").size());
+  EXPECT_EQ(got[0]["time"].get<std::string>().size(),
+            std::string("2026-12-03T19:40:01.123").size());
 
   // Back to text: the node and the actor in the tag, the message as is.
   out.str("");

@@ -7,8 +7,9 @@
 namespace troupe::actors {
 namespace {
 
-scheduler_stats sample(std::int64_t steps, std::int64_t rows, std::int64_t tokens, double round_trip, std::vector<double> per_stage,
-                       double in_flight, double sched) {
+scheduler_stats sample(std::int64_t steps, std::int64_t rows, std::int64_t tokens,
+                       double round_trip, std::vector<double> per_stage, double in_flight,
+                       double sched) {
   scheduler_stats s;
   s.stages = static_cast<std::int64_t>(per_stage.size());
   s.steps = steps;
@@ -26,7 +27,8 @@ TEST(PipelineStats, BreakdownBetweenTwoSamples) {
   // 2 s apart: 40 steps of 8 rows, each 100 ms round trip of which the
   // stages computed 30 + 45 ms; 1.5 s of the 2 s had a step in flight.
   const auto a = sample(10, 100, 50, 1000, {300, 400}, 500, 20);
-  const auto b = sample(50, 420, 370, 1000 + 40 * 100.0, {300 + 40 * 30.0, 400 + 40 * 45.0}, 2000, 120);
+  const auto b =
+      sample(50, 420, 370, 1000 + 40 * 100.0, {300 + 40 * 30.0, 400 + 40 * 45.0}, 2000, 120);
   const auto p = breakdown_between(a, b, 2.0);
   ASSERT_TRUE(p);
   EXPECT_EQ(p->stages, 2);
@@ -37,9 +39,9 @@ TEST(PipelineStats, BreakdownBetweenTwoSamples) {
   EXPECT_DOUBLE_EQ(p->compute_ms, 75.0);
   EXPECT_DOUBLE_EQ(p->other_ms, 25.0);
   ASSERT_EQ(p->busy_per_stage.size(), 2u);
-  EXPECT_DOUBLE_EQ(p->busy_per_stage[0], 0.6);   // 1200 ms of 2000
-  EXPECT_DOUBLE_EQ(p->busy_per_stage[1], 0.9);   // 1800 ms of 2000
-  EXPECT_DOUBLE_EQ(p->stage_busy, 0.75);         // 3000 ms over 2 stages x 2000 ms
+  EXPECT_DOUBLE_EQ(p->busy_per_stage[0], 0.6);  // 1200 ms of 2000
+  EXPECT_DOUBLE_EQ(p->busy_per_stage[1], 0.9);  // 1800 ms of 2000
+  EXPECT_DOUBLE_EQ(p->stage_busy, 0.75);        // 3000 ms over 2 stages x 2000 ms
   EXPECT_DOUBLE_EQ(p->idle, 0.25);
   EXPECT_DOUBLE_EQ(p->scheduler, 0.05);
   const auto text = p->describe();

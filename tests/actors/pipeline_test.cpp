@@ -33,8 +33,8 @@ std::vector<std::uint8_t> read_bytes(const std::string& path) {
 }
 
 struct prompt_case {
-  std::string text;    // user turn
-  std::string image;   // file name in tests/fixtures/shapes ("" = text only)
+  std::string text;   // user turn
+  std::string image;  // file name in tests/fixtures/shapes ("" = text only)
   models::sampling_params params;
   bool no_eos = false;  // run to max_tokens
 };
@@ -57,7 +57,8 @@ class reference {
   }
 
   std::vector<std::int32_t> prompt_ids(const prompt_case& c) const {
-    const std::string text = "USER: " + std::string(c.image.empty() ? "" : "<image>\n") + c.text + " ASSISTANT:";
+    const std::string text =
+        "USER: " + std::string(c.image.empty() ? "" : "<image>\n") + c.text + " ASSISTANT:";
     auto ids = tok_->encode(text, true, true);
     EXPECT_TRUE(ids);
     return *ids;
@@ -79,7 +80,8 @@ class reference {
       auto p = models::preprocess_image(*img, pre_);
       EXPECT_TRUE(p);
       pv = std::move(*p);
-      pixels = *kernels::tensor::view(pv.data.data(), kernels::dtype::f32, {1, 3, pv.height, pv.width});
+      pixels =
+          *kernels::tensor::view(pv.data.data(), kernels::dtype::f32, {1, 3, pv.height, pv.width});
     }
     auto prep = model_->prepare(*ctx_, ids, pixels);
     EXPECT_TRUE(prep) << (prep ? "" : prep.error().message);
@@ -90,8 +92,8 @@ class reference {
     req.params = params(c);
     models::generate_options opts;
     opts.kv = kv;
-    auto out = models::generate_batch(*ctx_, model_->language_model(), {req}, {[](std::int32_t) { return std::string(); }},
-                                      {}, opts);
+    auto out = models::generate_batch(*ctx_, model_->language_model(), {req},
+                                      {[](std::int32_t) { return std::string(); }}, {}, opts);
     EXPECT_TRUE(out) << (out ? "" : out.error().message);
     return (*out)[0].tokens;
   }
@@ -119,14 +121,16 @@ reference& ref() {
 
 std::vector<prompt_case> mixed_cases(int n) {
   const std::vector<std::string> questions = {"Describe the image.", "How many shapes are there?",
-                                              "What shape is on the left?", "What color is the shape in the center?"};
+                                              "What shape is on the left?",
+                                              "What color is the shape in the center?"};
   std::vector<prompt_case> out;
   for (int i = 0; i < n; ++i) {
     prompt_case c;
     char name[32];
     std::snprintf(name, sizeof name, "shapes_%03d.png", i % 12);
     if (i % 4 != 3) c.image = name;  // every fourth is text only
-    c.text = i % 4 == 3 ? "Describe the image. Describe the image." : questions[static_cast<std::size_t>(i) % questions.size()];
+    c.text = i % 4 == 3 ? "Describe the image. Describe the image."
+                        : questions[static_cast<std::size_t>(i) % questions.size()];
     c.params.max_tokens = 24;
     if (i % 3 == 1) {  // seeded sampling: the same draws in any batch
       c.params.temperature = 0.9;
@@ -198,8 +202,9 @@ TEST_F(pipeline_test, one_request_matches_plain_generation_on_one_and_two_stages
     for (const auto& pc : mixed_cases(4)) {
       const auto want = ref().solo(pc);
       std::vector<std::int32_t> streamed;
-      auto f = c.run(ref().request(pc, client::next_id()),
-                     [&](const token_event& e) { streamed.insert(streamed.end(), e.tokens.begin(), e.tokens.end()); });
+      auto f = c.run(ref().request(pc, client::next_id()), [&](const token_event& e) {
+        streamed.insert(streamed.end(), e.tokens.begin(), e.tokens.end());
+      });
       ASSERT_TRUE(f) << f.error().message;
       EXPECT_EQ(f->tokens, want) << stages << " stage(s): " << pc.text << " " << pc.image;
       EXPECT_EQ(streamed, f->tokens);
@@ -220,7 +225,8 @@ TEST_F(pipeline_test, sixteen_concurrent_requests_match_their_solo_runs) {
     for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
     auto got = run_all(c, reqs);
     for (std::size_t i = 0; i < cases.size(); ++i)
-      EXPECT_EQ(got[i].tokens, want[i]) << stages << " stage(s), request " << i << ": " << got[i].error;
+      EXPECT_EQ(got[i].tokens, want[i])
+          << stages << " stage(s), request " << i << ": " << got[i].error;
     expect_kv_free(*rt);
     EXPECT_EQ(tensor_registry::local().pending(), 0u);
   }
@@ -243,7 +249,8 @@ TEST_F(pipeline_test, kv_exhaustion_completes_every_request_through_preemption) 
   auto got = run_all(c, reqs);
   std::int64_t preemptions = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ": " << got[i].reason << " " << got[i].error;
+    EXPECT_EQ(got[i].tokens, want[i])
+        << "request " << i << ": " << got[i].reason << " " << got[i].error;
     preemptions += got[i].preemptions;
   }
   EXPECT_GT(preemptions, 0) << "the test did not exhaust the KV cache";
@@ -344,7 +351,8 @@ TEST_F(pipeline_test, cancellation_frees_kv_blocks) {
   lock.unlock();
   EXPECT_FALSE(c.cancel(id));
   // The scheduler's books and every store agree: nothing is held.
-  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(c.stats().kv_used_blocks, 0);
   expect_kv_free(*rt);
 }
@@ -502,11 +510,12 @@ TEST_F(pipeline_test, a_partial_stage_refuses_multi_step) {
   w.sample = true;
   b.seqs.push_back(w);
   self->request(rt->shards().front(), caf::infinite, step_atom::value, b)
-      .receive([&](step_output&) { ADD_FAILURE() << "a first stage of two ran a multi-step batch"; },
-               [&](caf::error& e) {
-                 EXPECT_EQ(troupe_code(e), static_cast<std::uint8_t>(error_code::stage_failed));
-                 EXPECT_NE(describe(sys, e).find("whole model"), std::string::npos) << describe(sys, e);
-               });
+      .receive(
+          [&](step_output&) { ADD_FAILURE() << "a first stage of two ran a multi-step batch"; },
+          [&](caf::error& e) {
+            EXPECT_EQ(troupe_code(e), static_cast<std::uint8_t>(error_code::stage_failed));
+            EXPECT_NE(describe(sys, e).find("whole model"), std::string::npos) << describe(sys, e);
+          });
   expect_kv_free(*rt);
 }
 
@@ -532,13 +541,15 @@ TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identicall
   for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
   // Kill the second stage while the requests run.
   std::thread killer([&] {
-    for (int i = 0; i < 200 && c.stats().steps < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int i = 0; i < 200 && c.stats().steps < 20; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     caf::anon_send_exit(rt->shards().back(), caf::exit_reason::kill);
   });
   auto got = run_all(c, reqs);
   killer.join();
   for (std::size_t i = 0; i < cases.size(); ++i)
-    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ": " << got[i].reason << " " << got[i].error;
+    EXPECT_EQ(got[i].tokens, want[i])
+        << "request " << i << ": " << got[i].reason << " " << got[i].error;
   caf::scoped_actor self{sys};
   self->request(rt->node(), caf::infinite, stats_atom::value)
       .receive([&](const node_status& s) { EXPECT_EQ(s.restarts, 1) << s.last_failure; },
@@ -550,7 +561,8 @@ TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identicall
   auto node_status_now = [&] {
     node_status out;
     self->request(rt->node(), caf::infinite, stats_atom::value)
-        .receive([&](const node_status& s) { out = s; }, [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+        .receive([&](const node_status& s) { out = s; },
+                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
     return out;
   };
   for (int k = 0; k < 2; ++k) {
@@ -582,13 +594,15 @@ TEST_F(pipeline_test, deadlines_end_requests_and_free_their_kv) {
   req.deadline_ms = 150;
   const auto t0 = std::chrono::steady_clock::now();
   auto f = c.run(req);
-  const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(f) << f.error().message;
   EXPECT_EQ(f->reason, "deadline");
   EXPECT_GT(f->tokens.size(), 0u);
   EXPECT_LT(f->tokens.size(), 3500u);
   EXPECT_GE(waited, 150.0);
-  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && c.stats().kv_used_blocks != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   expect_kv_free(*rt);
 }
 
@@ -605,7 +619,8 @@ TEST_F(pipeline_test, scheduler_counts_where_the_pipelines_time_goes) {
   std::vector<generate_request> reqs;
   for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
   const auto got = run_all(c, reqs);
-  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const auto st = c.stats();
   std::int64_t preemptions = 0;
   for (const auto& f : got) preemptions += f.preemptions;

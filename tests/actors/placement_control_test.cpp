@@ -49,7 +49,8 @@ placement::model_profile bundled_profile(const std::string& kv = "f32") {
 TEST(PlacementControl, ModelProfileFollowsTheConfigAndTheCacheType) {
   auto s = load_prompt_setup(TROUPE_BUNDLED_MODEL);
   ASSERT_TRUE(s.has_value());
-  const auto f32 = bundled_profile("f32"), f16 = bundled_profile("f16"), i8 = bundled_profile("int8");
+  const auto f32 = bundled_profile("f32"), f16 = bundled_profile("f16"),
+             i8 = bundled_profile("int8");
   EXPECT_EQ(f32.layer_count(), s->text.num_layers);
   EXPECT_EQ(f32.hidden, s->text.hidden_size);
   ASSERT_TRUE(f32.vision.has_value());
@@ -75,10 +76,11 @@ TEST(PlacementControl, PrecisionOfEachWeightFormat) {
 }
 
 TEST(PlacementControl, ClusterProfileFromReportsAndLinks) {
-  std::vector<node_measure> nodes = {{"n0", probe(1.0), 0.2}, {"n1", probe(2.0), 1.0}, {"n2", probe(1.0), 0.0}};
+  std::vector<node_measure> nodes = {
+      {"n0", probe(1.0), 0.2}, {"n1", probe(2.0), 1.0}, {"n2", probe(1.0), 0.0}};
   nodes[2].probe.cores = 0;  // not measured yet: left out
-  const std::vector<placement::link_profile> links = {{"n0", "n1", 2e9, 50e-6}, {"n1", "n0", 9e9, 1e-6},
-                                                      {"n0", "n2", 1e9, 1e-3}};
+  const std::vector<placement::link_profile> links = {
+      {"n0", "n1", 2e9, 50e-6}, {"n1", "n0", 9e9, 1e-6}, {"n0", "n2", 1e9, 1e-3}};
   const auto c = cluster_profile_of(nodes, links, placement::precision::q4_0);
   ASSERT_EQ(c.devices.size(), 2u);
   EXPECT_EQ(c.devices[0].id, "n0:cpu");
@@ -103,8 +105,8 @@ TEST(PlacementControl, ClusterProfileFromReportsAndLinks) {
 
 TEST(PlacementControl, PlansBecomeStagesAndStagesBecomePlans) {
   const auto model = bundled_profile();
-  const auto c = cluster_profile_of({{"n0", probe(1.0), 0}, {"n1", probe(1.0), 0}}, {{"n0", "n1", 5e9, 50e-6}},
-                                    placement::precision::f32);
+  const auto c = cluster_profile_of({{"n0", probe(1.0), 0}, {"n1", probe(1.0), 0}},
+                                    {{"n0", "n1", 5e9, 50e-6}}, placement::precision::f32);
   placement::workload w;
   w.batch = 16;
   w.context_tokens = 512;
@@ -139,8 +141,10 @@ TEST(PlacementControl, PlansBecomeStagesAndStagesBecomePlans) {
   auto unknown = *p;
   unknown.stages[0].devices = {"n9:cpu"};
   EXPECT_NE(slots_of(unknown, c).error().find("n9:cpu"), std::string::npos);
-  EXPECT_NE(plan_of({{"n7", 0, 4}}, c, placement::precision::f32, "").error().find("n7"), std::string::npos);
-  EXPECT_NE(plan_of(*slots, c, placement::precision::f32, "n8").error().find("n8"), std::string::npos);
+  EXPECT_NE(plan_of({{"n7", 0, 4}}, c, placement::precision::f32, "").error().find("n7"),
+            std::string::npos);
+  EXPECT_NE(plan_of(*slots, c, placement::precision::f32, "n8").error().find("n8"),
+            std::string::npos);
 }
 
 TEST(PlacementControl, ChangesBetweenPlacements) {
@@ -178,9 +182,9 @@ TEST(PlacementControl, TokenRateOverWindows) {
   ASSERT_TRUE(r.rate(t0, t0 + 4500ms).has_value());
   EXPECT_DOUBLE_EQ(*r.rate(t0, t0 + 4500ms), 100.0);
   EXPECT_DOUBLE_EQ(*r.rate(t0 + 5s, t0 + 10s), 400.0);
-  EXPECT_FALSE(r.rate(t0, t0 + 1s).has_value());           // under the 2 s span
-  EXPECT_FALSE(r.rate(t0 + 20s, t0 + 30s).has_value());    // no samples there
-  r.add(t0, 0);                                             // out of order: ignored
+  EXPECT_FALSE(r.rate(t0, t0 + 1s).has_value());         // under the 2 s span
+  EXPECT_FALSE(r.rate(t0 + 20s, t0 + 30s).has_value());  // no samples there
+  r.add(t0, 0);                                          // out of order: ignored
   EXPECT_DOUBLE_EQ(*r.rate(t0 + 5s, t0 + 10s), 400.0);
   // Old samples go after `keep`.
   r.add(t0 + 700s, 10000);
@@ -195,7 +199,8 @@ TEST(DeviceProbe, MeasuresRatesAndMemoryOnItsTeam) {
   const auto p = measure_device(*d, std::int64_t{1} << 30);
   EXPECT_EQ(p.device, "cpu:0-0");
   EXPECT_EQ(p.cores, 1);
-  for (double v : {p.gemv_f32, p.gemv_f16, p.gemv_q8_0, p.gemv_q4_0, p.gemm_f32, p.gemm_f16, p.gemm_q8_0, p.gemm_q4_0})
+  for (double v : {p.gemv_f32, p.gemv_f16, p.gemv_q8_0, p.gemv_q4_0, p.gemm_f32, p.gemm_f16,
+                   p.gemm_q8_0, p.gemm_q4_0})
     EXPECT_GT(v, 0);
   // The limit less what this process holds.
   EXPECT_GT(p.memory_bytes, 0);

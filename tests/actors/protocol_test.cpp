@@ -33,7 +33,9 @@ struct protocol_test : ::testing::Test {
   }
 };
 
-tensor_ref a_ref(std::uint64_t id) { return {"cpu:1", 3, {7, 128}, id}; }
+tensor_ref a_ref(std::uint64_t id) {
+  return {"cpu:1", 3, {7, 128}, id};
+}
 
 models::sampling_params a_sampling() {
   models::sampling_params p;
@@ -49,7 +51,10 @@ models::sampling_params a_sampling() {
   return p;
 }
 
-TEST_F(protocol_test, tensor_ref) { auto x = a_ref(42); EXPECT_EQ(round_trip(x), x); }
+TEST_F(protocol_test, tensor_ref) {
+  auto x = a_ref(42);
+  EXPECT_EQ(round_trip(x), x);
+}
 
 TEST_F(protocol_test, generate_request_with_images_and_sampling) {
   generate_request x;
@@ -81,7 +86,8 @@ TEST_F(protocol_test, stream_messages) {
   EXPECT_EQ(round_trip(a), a);
   token_event t{7, {10, 11}, "héllo"};
   EXPECT_EQ(round_trip(t), t);
-  finish_event f{7, "error", "stage failed: x", {10, 11, 2}, "héllo", 12, 1, 0.5, 3.25, 9.125, true, 1.5, 2.5};
+  finish_event f{
+      7, "error", "stage failed: x", {10, 11, 2}, "héllo", 12, 1, 0.5, 3.25, 9.125, true, 1.5, 2.5};
   EXPECT_EQ(round_trip(f), f);
 }
 
@@ -125,11 +131,13 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   EXPECT_EQ(round_trip(r), r);
   encode_reply e{a_ref(12), 0.25, 1.75, 4};
   EXPECT_EQ(round_trip(e), e);
-  scheduler_stats st{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 3, 77, 12.5, 9.25, {3, 4, 2.25}, 20.5, 0.75};
+  scheduler_stats st{
+      1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 3, 77, 12.5, 9.25, {3, 4, 2.25}, 20.5, 0.75};
   EXPECT_EQ(round_trip(st), st);
   migrate_request mq{"[1,2)", "node2"};
   EXPECT_EQ(round_trip(mq), mq);
-  migrate_report mr{"layers [1,2)", "node1", "node2", 75.5, 27.25, 4.5, 2, 8, 1 << 20, 4096, 123456};
+  migrate_report mr{"layers [1,2)", "node1", "node2", 75.5, 27.25, 4.5, 2, 8,
+                    1 << 20,        4096,    123456};
   EXPECT_EQ(round_trip(mr), mr);
   device_probe dp{"cpu:0-3", 4, 1e9, 2e9, 3e9, 4e9, 5e9, 6e9, 7e9, 8e9, 1 << 30, 123.5};
   EXPECT_EQ(round_trip(dp), dp);
@@ -139,7 +147,9 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
   nr.load = 0.375;
   nr.engine_address = {1, 2, 3};
   EXPECT_EQ(round_trip(nr), nr);
-  placement_decision pd{12.5, "node n2 joined", "move layers 2-3", "n0 [0,2) -> n2 [2,4)", 9.5, 5.25, 0.8, 100, 170, "measured"};
+  placement_decision pd{
+      12.5, "node n2 joined", "move layers 2-3", "n0 [0,2) -> n2 [2,4)", 9.5, 5.25, 0.8, 100,
+      170,  "measured"};
   EXPECT_EQ(round_trip(pd), pd);
   cluster_status cs;
   cs.plan_detail = "plan: 2 stages";
@@ -150,13 +160,17 @@ TEST_F(protocol_test, kv_and_encoder_messages) {
 
 TEST_F(protocol_test, stage_handles_carry_actor_handles_and_the_engine_address) {
   auto shard = sys.spawn([]() -> shard_actor::behavior_type {
-    return {[](step_atom, step_batch&) { return step_output{}; }, [](info_atom) { return shard_info{}; },
-            [](version_atom) { return protocol_version; }, [](route_atom, caf::strong_actor_ptr) { return true; }};
+    return {[](step_atom, step_batch&) { return step_output{}; },
+            [](info_atom) { return shard_info{}; }, [](version_atom) { return protocol_version; },
+            [](route_atom, caf::strong_actor_ptr) { return true; }};
   });
   auto kv = sys.spawn([]() -> kv_store_actor::behavior_type {
-    return {[](usage_atom) { return kv_usage_info{}; }, [](free_atom, const std::vector<std::int64_t>&) { return std::int64_t{0}; },
-            [](export_atom, std::int64_t) { return kv_export{}; }, [](import_atom, const kv_export&) { return std::int64_t{0}; },
-            [](reset_atom) { return std::int64_t{0}; }, [](list_atom) { return std::vector<std::int64_t>{}; },
+    return {[](usage_atom) { return kv_usage_info{}; },
+            [](free_atom, const std::vector<std::int64_t>&) { return std::int64_t{0}; },
+            [](export_atom, std::int64_t) { return kv_export{}; },
+            [](import_atom, const kv_export&) { return std::int64_t{0}; },
+            [](reset_atom) { return std::int64_t{0}; },
+            [](list_atom) { return std::vector<std::int64_t>{}; },
             [](export_atom, std::int64_t, std::int32_t, const std::string&) { return kv_export{}; },
             [](import_atom, const kv_export&, std::int32_t) { return std::int64_t{0}; }};
   });

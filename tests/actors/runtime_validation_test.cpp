@@ -57,7 +57,8 @@ TEST(TensorRegistry, UnknownTakenTwiceOrMismatchedRefsFail) {
   EXPECT_EQ(reg.pending(), before);
   auto again = reg.take(ref);
   ASSERT_FALSE(again);
-  EXPECT_NE(again.error().message.find("already taken"), std::string::npos) << again.error().message;
+  EXPECT_NE(again.error().message.find("already taken"), std::string::npos)
+      << again.error().message;
   tensor_ref none;
   none.transfer_id = 987654321;
   EXPECT_FALSE(reg.take(none));

@@ -15,7 +15,8 @@ namespace fs = std::filesystem;
 using troupe::test::troupe_cli;
 
 TEST(CliCerts, MakesTheExampleClusterCertificatesOnceAndChecksThem) {
-  const std::string dir = fs::path(troupe::test::temp_path("cli-certs")).lexically_normal().string();
+  const std::string dir =
+      fs::path(troupe::test::temp_path("cli-certs")).lexically_normal().string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string manifest = dir + "/local.toml";
@@ -43,12 +44,16 @@ TEST(CliCerts, AMalformedManifestGivesLineNumberedErrors) {
   {
     std::ofstream f(path);
     f << "[cluster]\nname = \"x\"\nhead = \"n\"\ncerts = \"c\"\n"
-         "[[nodes]]\nname = \"n\"\nhost = \"127.0.0.1\"\nport = 99999\ndevices = [{ type = \"tpu\" }]\n";
+         "[[nodes]]\nname = \"n\"\nhost = \"127.0.0.1\"\nport = 99999\ndevices = [{ type = \"tpu\" "
+         "}]\n";
   }
   const auto r = troupe_cli("certs " + path);
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find(path + ":8: nodes[0].port: must be in [1, 65535], got 99999"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(path + ":9: nodes[0].devices[0].type: expected cpu, cuda or npu, got 'tpu'"), std::string::npos)
+  EXPECT_NE(r.out.find(path + ":8: nodes[0].port: must be in [1, 65535], got 99999"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(path + ":9: nodes[0].devices[0].type: expected cpu, cuda or npu, got 'tpu'"),
+            std::string::npos)
       << r.out;
   std::remove(path.c_str());
 }

@@ -9,6 +9,9 @@
 // then comes back and rejoins; `troupe down` stops everything.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <algorithm>
 #include <atomic>
 #include <caf/io/all.hpp>
@@ -16,9 +19,6 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <thread>
 
 #include "../temp_path.hpp"
@@ -39,10 +39,13 @@ using steady = std::chrono::steady_clock;
 using test::cluster_setup;
 using test::make_manifest;
 
-double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
+double ms_since(steady::time_point t) {
+  return std::chrono::duration<double, std::milli>(steady::now() - t).count();
+}
 
 actors::image_data image(int i) {
-  const std::string path = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";
+  const std::string path =
+      std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";
   std::ifstream f(path, std::ios::binary);
   actors::image_data d;
   d.name = path;
@@ -121,9 +124,10 @@ std::unique_ptr<job_run> start_jobs(client& c, int n, std::int64_t max_tokens, b
     r->threads.emplace_back([&c, run = r.get(), i, max_tokens, ignore_eos] {
       auto f = actors::run_job(c.sys(), c.door(), job(i + 1, max_tokens, ignore_eos),
                                [run, i](const actors::token_event& e) {
-                                 run->arrivals[static_cast<std::size_t>(i)].emplace_back(steady::now(),
-                                                                                        static_cast<int>(e.tokens.size()));
-                                 run->streamed[static_cast<std::size_t>(i)] += static_cast<int>(e.tokens.size());
+                                 run->arrivals[static_cast<std::size_t>(i)].emplace_back(
+                                     steady::now(), static_cast<int>(e.tokens.size()));
+                                 run->streamed[static_cast<std::size_t>(i)] +=
+                                     static_cast<int>(e.tokens.size());
                                });
       std::lock_guard lock(run->mtx);
       if (f)
@@ -141,8 +145,9 @@ void join(job_run& r) {
 // The failure case: a node holding a stage is stopped with `sig` while at
 // least 4 requests are mid-decode; `kill_victim` sends the signal,
 // `revive` brings it back.
-void failure_case(const cluster_setup& cs, const std::string& victim, const std::function<void()>& kill_victim,
-                  const std::function<void()>& revive, double detect_limit_ms) {
+void failure_case(const cluster_setup& cs, const std::string& victim,
+                  const std::function<void()>& kill_victim, const std::function<void()>& revive,
+                  double detect_limit_ms) {
   auto m = cluster::load_manifest(cs.manifest);
   ASSERT_TRUE(m.has_value());
   client c(*m);
@@ -153,8 +158,10 @@ void failure_case(const cluster_setup& cs, const std::string& victim, const std:
   auto ref = start_jobs(c, jobs, tokens, true);
   join(*ref);
   for (int i = 0; i < jobs; ++i) {
-    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
-    ASSERT_EQ(ref->done[static_cast<std::size_t>(i)]->tokens.size(), static_cast<std::size_t>(tokens));
+    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
+        << ref->errors[static_cast<std::size_t>(i)];
+    ASSERT_EQ(ref->done[static_cast<std::size_t>(i)]->tokens.size(),
+              static_cast<std::size_t>(tokens));
   }
   auto before = c.status();
   ASSERT_TRUE(before.has_value());
@@ -177,10 +184,12 @@ void failure_case(const cluster_setup& cs, const std::string& victim, const std:
   ASSERT_GE(decoding, 4) << "the requests did not start decoding";
   const auto killed = steady::now();
   kill_victim();
-  auto detect = c.wait_for([&](const actors::cluster_status& s) {
-    const auto* m = c.member(s, victim);
-    return m && m->state == "lost";
-  }, 15s);
+  auto detect = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        const auto* m = c.member(s, victim);
+        return m && m->state == "lost";
+      },
+      15s);
   ASSERT_TRUE(detect.has_value()) << "the head did not notice the loss of " << victim;
   const double detect_ms = ms_since(killed);
   join(*run);
@@ -190,28 +199,36 @@ void failure_case(const cluster_setup& cs, const std::string& victim, const std:
     const auto& d = run->done[static_cast<std::size_t>(i)];
     ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
     EXPECT_EQ(d->reason, "length") << d->error;
-    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i << " answered differently";
+    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+        << "job " << i << " answered differently";
     recomputed += d->preemptions > 0;
   }
   EXPECT_GE(recomputed, 4);
   auto after = c.status();
   ASSERT_TRUE(after.has_value());
   EXPECT_GE(after->replacements, 1);
-  EXPECT_EQ(after->placement.find(victim), std::string::npos) << "still placed on the victim: " << after->placement;
+  EXPECT_EQ(after->placement.find(victim), std::string::npos)
+      << "still placed on the victim: " << after->placement;
   EXPECT_TRUE(after->ready);
   EXPECT_LT(detect_ms, detect_limit_ms);
-  std::printf("[ cluster ] %s: lost %.0f ms after the signal (last heartbeat answer to 'lost': %.0f ms); requests "
-              "resumed %.0f ms after the loss was noticed; all %d done %.0f ms after the signal; placement now %s\n",
-              victim.c_str(), detect_ms, after->detect_ms, after->resume_ms, jobs, all_done_ms, after->placement.c_str());
+  std::printf(
+      "[ cluster ] %s: lost %.0f ms after the signal (last heartbeat answer to 'lost': %.0f ms); "
+      "requests "
+      "resumed %.0f ms after the loss was noticed; all %d done %.0f ms after the signal; placement "
+      "now %s\n",
+      victim.c_str(), detect_ms, after->detect_ms, after->resume_ms, jobs, all_done_ms,
+      after->placement.c_str());
   ::testing::Test::RecordProperty("detect_ms", std::to_string(static_cast<int>(detect_ms)));
   ::testing::Test::RecordProperty("resume_ms", std::to_string(static_cast<int>(after->resume_ms)));
 
   // The node comes back and rejoins.
   revive();
-  auto back = c.wait_for([&](const actors::cluster_status& s) {
-    const auto* m = c.member(s, victim);
-    return m && m->state == "up" && m->joins >= 2;
-  }, 20s);
+  auto back = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        const auto* m = c.member(s, victim);
+        return m && m->state == "up" && m->joins >= 2;
+      },
+      20s);
   EXPECT_TRUE(back.has_value()) << victim << " did not rejoin";
   // And the cluster still answers.
   auto f = actors::run_job(c.sys(), c.door(), job(2, 32, false));
@@ -236,9 +253,12 @@ class ClusterLoopback : public ::testing::Test {
     const auto nodes = cluster::read_launched(m_);
     auto r = test::troupe_cli("down " + cs_.manifest + " --timeout 60");
     EXPECT_EQ(r.exit_code, 0) << r.out;
-    for (const auto& n : nodes) EXPECT_FALSE(cluster::process_alive(n.pid)) << n.node << " still runs after troupe down";
+    for (const auto& n : nodes)
+      EXPECT_FALSE(cluster::process_alive(n.pid)) << n.node << " still runs after troupe down";
     if (::testing::Test::HasFailure())
-      for (const auto& n : nodes) std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(), cluster::log_tail(n.log, 40).c_str());
+      for (const auto& n : nodes)
+        std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(),
+                     cluster::log_tail(n.log, 40).c_str());
   }
   pid_t pid_of(const std::string& node) {
     for (const auto& n : cluster::read_launched(m_))
@@ -257,24 +277,30 @@ TEST_F(ClusterLoopback, UpSubmitStatusDown) {
   // The model's decoder is split over the three nodes.
   auto r = test::troupe_cli("status " + cs_.manifest + " --json", false);
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* n : {"n0 [", "n1 [", "n2 ["}) EXPECT_NE(r.out.find(n), std::string::npos) << r.out;
+  for (const char* n : {"n0 [", "n1 [", "n2 ["})
+    EXPECT_NE(r.out.find(n), std::string::npos) << r.out;
   // An image+text job through `troupe submit` gets the answer of the plain
   // generation loop in one process.
   const std::string img = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png";
-  auto direct = test::troupe_cli("generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
+  auto direct = test::troupe_cli(
+      "generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
   ASSERT_EQ(direct.exit_code, 0) << direct.out;
   const auto at = direct.out.find("\"text\":");
   ASSERT_NE(at, std::string::npos) << direct.out;
-  auto submitted = test::troupe_cli("submit " + cs_.manifest + " --image " + img + " --prompt 'Describe the image.' --json", false);
+  auto submitted = test::troupe_cli(
+      "submit " + cs_.manifest + " --image " + img + " --prompt 'Describe the image.' --json",
+      false);
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const auto text_of = [](const std::string& json) {
     const auto a = json.find("\"text\":\"") + 8;
     return json.substr(a, json.find('"', a) - a);
   };
-  EXPECT_EQ(text_of(submitted.out), text_of(direct.out.substr(at))) << submitted.out << "\n" << direct.out;
+  EXPECT_EQ(text_of(submitted.out), text_of(direct.out.substr(at))) << submitted.out << "\n"
+                                                                    << direct.out;
   EXPECT_NE(text_of(submitted.out).find("circle"), std::string::npos) << submitted.out;
   // A wrong request is refused with a message, and the cluster goes on.
-  auto bad = test::troupe_cli("submit " + cs_.manifest + " --prompt '<image> <image>' --image " + img);
+  auto bad =
+      test::troupe_cli("submit " + cs_.manifest + " --prompt '<image> <image>' --image " + img);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("placeholders"), std::string::npos) << bad.out;
   r = test::troupe_cli("status " + cs_.manifest);
@@ -293,7 +319,8 @@ TEST_F(ClusterLoopback, SigkillOfAStageNodeMidDecode) {
       cs_, "n1", [&] { ::kill(pid_of("n1"), SIGKILL); },
       [&] {
         revived = std::make_unique<test::child_process>(
-            "n1-again", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", cs_.manifest, "--name", "n1"});
+            "n1-again", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", cs_.manifest,
+                                                 "--name", "n1"});
       },
       5000);
   // troupe down stops the revived node too: it rejoined, and the head
@@ -320,8 +347,9 @@ void netns_case(int subnet, const std::string& victim, int sig) {
   if (!net.ok()) GTEST_SKIP() << net.why();
   const int vi = victim.back() - '0';
   auto cs = make_manifest("ns" + std::to_string(subnet), {net.host(0), net.host(1), net.host(2)},
-                          "launch = \"ip netns exec " + net.prefix() + "{host} {troupe} node --manifest {manifest} --name {name}\"\n"
-                          "[transport]\ntls = \"tcp\"\nnet_devices = \"eth0\"\n");
+                          "launch = \"ip netns exec " + net.prefix() +
+                              "{host} {troupe} node --manifest {manifest} --name {name}\"\n"
+                              "[transport]\ntls = \"tcp\"\nnet_devices = \"eth0\"\n");
   auto r = test::troupe_cli("up " + cs.manifest + " --detach --timeout 180");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   ASSERT_NE(r.out.find("launch command"), std::string::npos) << r.out;
@@ -341,14 +369,20 @@ void netns_case(int subnet, const std::string& victim, int sig) {
   r = test::troupe_cli("down " + cs.manifest + " --timeout 60");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   if (::testing::Test::HasFailure())
-    for (const auto& n : cluster::read_launched(*m)) std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(), cluster::log_tail(n.log, 40).c_str());
+    for (const auto& n : cluster::read_launched(*m))
+      std::fprintf(stderr, "---- %s ----\n%s\n", n.log.c_str(),
+                   cluster::log_tail(n.log, 40).c_str());
   for (int i = 0; i < 3; ++i) net.signal_all(i, SIGKILL);
 }
 }  // namespace
 
-TEST(ClusterNetns, SigkillAcrossThreeHosts) { netns_case(static_cast<int>(::getpid() % 100), "n1", SIGKILL); }
+TEST(ClusterNetns, SigkillAcrossThreeHosts) {
+  netns_case(static_cast<int>(::getpid() % 100), "n1", SIGKILL);
+}
 
-TEST(ClusterNetns, SigstopAcrossThreeHosts) { netns_case(100 + static_cast<int>(::getpid() % 100), "n2", SIGSTOP); }
+TEST(ClusterNetns, SigstopAcrossThreeHosts) {
+  netns_case(100 + static_cast<int>(::getpid() % 100), "n2", SIGSTOP);
+}
 
 // Live migration (make-before-break) of every decoder stage in turn while
 // 8 requests are mid-decode: none is dropped or recomputed (their KV moves
@@ -362,7 +396,9 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   constexpr std::int64_t tokens = 500;
   auto ref = start_jobs(c, jobs, tokens, true);
   join(*ref);
-  for (int i = 0; i < jobs; ++i) ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+  for (int i = 0; i < jobs; ++i)
+    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
+        << ref->errors[static_cast<std::size_t>(i)];
   auto before = c.status();
   ASSERT_TRUE(before.has_value());
   ASSERT_EQ(before->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
@@ -389,36 +425,46 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   std::vector<std::pair<steady::time_point, steady::time_point>> windows;
   std::vector<std::string> marks(jobs);
   for (const auto& mv : moves) {
-    for (int i = 0; i < jobs; ++i) marks[static_cast<std::size_t>(i)] += std::to_string(run->streamed[static_cast<std::size_t>(i)]) + "-";
+    for (int i = 0; i < jobs; ++i)
+      marks[static_cast<std::size_t>(i)] +=
+          std::to_string(run->streamed[static_cast<std::size_t>(i)]) + "-";
     const auto start = steady::now();
-    auto rep = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{mv.shard, mv.to}, 60s);
+    auto rep =
+        actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{mv.shard, mv.to}, 60s);
     windows.emplace_back(start, steady::now());
-    for (int i = 0; i < jobs; ++i) marks[static_cast<std::size_t>(i)] += std::to_string(run->streamed[static_cast<std::size_t>(i)]) + " ";
+    for (int i = 0; i < jobs; ++i)
+      marks[static_cast<std::size_t>(i)] +=
+          std::to_string(run->streamed[static_cast<std::size_t>(i)]) + " ";
     ASSERT_TRUE(rep.has_value()) << mv.shard << " -> " << mv.to << ": " << rep.error();
     EXPECT_EQ(rep->to, mv.to);
     EXPECT_GE(rep->sequences, 1) << "no sequence's KV moved";
     EXPECT_GT(rep->kv_bytes, 0);
     EXPECT_GE(rep->rounds, 1);
-    std::printf("[ migrate ] %s %s -> %s: %.0f ms in all, load %.0f ms, %lld sequences, %.3f MiB of KV in %d live rounds, "
-                "steps held %.2f ms for the last %.4f MiB\n",
-                rep->what.c_str(), rep->from.c_str(), rep->to.c_str(), rep->total_ms, rep->load_ms,
-                static_cast<long long>(rep->sequences), static_cast<double>(rep->kv_bytes) / (1 << 20), rep->rounds,
-                rep->pause_ms, static_cast<double>(rep->final_kv_bytes) / (1 << 20));
+    std::printf(
+        "[ migrate ] %s %s -> %s: %.0f ms in all, load %.0f ms, %lld sequences, %.3f MiB of KV in "
+        "%d live rounds, "
+        "steps held %.2f ms for the last %.4f MiB\n",
+        rep->what.c_str(), rep->from.c_str(), rep->to.c_str(), rep->total_ms, rep->load_ms,
+        static_cast<long long>(rep->sequences), static_cast<double>(rep->kv_bytes) / (1 << 20),
+        rep->rounds, rep->pause_ms, static_cast<double>(rep->final_kv_bytes) / (1 << 20));
     // Let decoding go on between moves.
     const int seen = run->streamed[0];
     const auto w0 = steady::now();
-    while (run->streamed[0] < std::min<int>(seen + 20, tokens) && ms_since(w0) < 30000) std::this_thread::sleep_for(2ms);
+    while (run->streamed[0] < std::min<int>(seen + 20, tokens) && ms_since(w0) < 30000)
+      std::this_thread::sleep_for(2ms);
   }
   join(*run);
   for (int i = 0; i < jobs; ++i) {
     const auto& d = run->done[static_cast<std::size_t>(i)];
     ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
     EXPECT_EQ(d->reason, "length") << d->error;
-    EXPECT_EQ(d->preemptions, 0) << "job " << i << " was recomputed: its KV did not move with the stage";
+    EXPECT_EQ(d->preemptions, 0) << "job " << i
+                                 << " was recomputed: its KV did not move with the stage";
     const auto& want = ref->done[static_cast<std::size_t>(i)]->tokens;
     std::size_t same = 0;
     while (same < d->tokens.size() && same < want.size() && d->tokens[same] == want[same]) ++same;
-    EXPECT_EQ(same, want.size()) << "job " << i << " answered differently from token " << same << " on (tokens streamed at "
+    EXPECT_EQ(same, want.size()) << "job " << i << " answered differently from token " << same
+                                 << " on (tokens streamed at "
                                  << "the migrations: " << marks[static_cast<std::size_t>(i)] << ")";
   }
   auto after = c.status();
@@ -427,20 +473,25 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   EXPECT_EQ(after->migrations, 3);
   EXPECT_EQ(after->replacements, 0);
   // Every node let go of what it no longer holds, and every block came back.
-  auto clean = c.wait_for([&](const actors::cluster_status& s) {
-    int stages = 0;
-    for (const auto& n : s.nodes) {
-      if (n.report.kv_used_blocks != 0) return false;
-      for (auto at = n.report.stages.find("layers"); at != std::string::npos; at = n.report.stages.find("layers", at + 1)) ++stages;
-    }
-    return stages == 3;
-  }, 5s);
+  auto clean = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        int stages = 0;
+        for (const auto& n : s.nodes) {
+          if (n.report.kv_used_blocks != 0) return false;
+          for (auto at = n.report.stages.find("layers"); at != std::string::npos;
+               at = n.report.stages.find("layers", at + 1))
+            ++stages;
+        }
+        return stages == 3;
+      },
+      5s);
   if (!clean) {
     ADD_FAILURE() << "KV blocks or stages left behind";
     if (auto s = c.status())
       for (const auto& n : s->nodes)
-        std::fprintf(stderr, "%s: stages '%s', KV %lld/%lld blocks, %lld tokens\n", n.name.c_str(), n.report.stages.c_str(),
-                     static_cast<long long>(n.report.kv_used_blocks), static_cast<long long>(n.report.kv_total_blocks),
+        std::fprintf(stderr, "%s: stages '%s', KV %lld/%lld blocks, %lld tokens\n", n.name.c_str(),
+                     n.report.stages.c_str(), static_cast<long long>(n.report.kv_used_blocks),
+                     static_cast<long long>(n.report.kv_total_blocks),
                      static_cast<long long>(n.report.kv_tokens));
   }
   // A new image request runs on the moved pipeline (its embeddings now
@@ -455,16 +506,21 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   double worst = 0;
   for (const auto& a : run->arrivals)
     for (std::size_t k = 1; k < a.size(); ++k) {
-      const double g = std::chrono::duration<double, std::milli>(a[k].first - a[k - 1].first).count() / std::max(1, a[k].second);
+      const double g =
+          std::chrono::duration<double, std::milli>(a[k].first - a[k - 1].first).count() /
+          std::max(1, a[k].second);
       gaps.push_back(g);
       for (const auto& [ws, we] : windows)
         if (a[k].first >= ws && a[k - 1].first <= we) worst = std::max(worst, g);
     }
   ASSERT_FALSE(gaps.empty());
-  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2),
+                   gaps.end());
   const double median = gaps[gaps.size() / 2];
-  std::printf("[ migrate ] inter-token gap: median %.2f ms, longest during a migration %.2f ms (%.1fx the median)\n",
-              median, worst, median > 0 ? worst / median : 0.0);
+  std::printf(
+      "[ migrate ] inter-token gap: median %.2f ms, longest during a migration %.2f ms (%.1fx the "
+      "median)\n",
+      median, worst, median > 0 ? worst / median : 0.0);
 }
 
 // The vision encoder moves (to a node of its own, then to another) while
@@ -479,10 +535,12 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
   auto ref = start_jobs(c, jobs, tokens, true);
   join(*ref);
   auto first = start_jobs(c, jobs, tokens, true);
-  auto to_n2 = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n2"}, 60s);
+  auto to_n2 =
+      actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n2"}, 60s);
   ASSERT_TRUE(to_n2.has_value()) << to_n2.error();
   auto second = start_jobs(c, jobs, tokens, true);
-  auto to_n1 = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n1"}, 60s);
+  auto to_n1 =
+      actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n1"}, 60s);
   ASSERT_TRUE(to_n1.has_value()) << to_n1.error();
   join(*first);
   join(*second);
@@ -490,7 +548,8 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
     for (int i = 0; i < jobs; ++i) {
       const auto& d = run->done[static_cast<std::size_t>(i)];
       ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
-      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i << " answered differently";
+      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+          << "job " << i << " answered differently";
     }
   auto after = c.status();
   ASSERT_TRUE(after.has_value());
@@ -500,9 +559,11 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
   auto again = actors::run_job(c.sys(), c.door(), job(3, tokens, true));
   ASSERT_TRUE(again.has_value()) << again.error();
   EXPECT_EQ(again->tokens, ref->done[2]->tokens);
-  std::printf("[ migrate ] vision encoder %s -> %s: loaded in %.0f ms, %.0f ms in all; %s -> %s: %.0f ms, %.0f ms\n",
-              to_n2->from.c_str(), to_n2->to.c_str(), to_n2->load_ms, to_n2->total_ms, to_n1->from.c_str(),
-              to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
+  std::printf(
+      "[ migrate ] vision encoder %s -> %s: loaded in %.0f ms, %.0f ms in all; %s -> %s: %.0f ms, "
+      "%.0f ms\n",
+      to_n2->from.c_str(), to_n2->to.c_str(), to_n2->load_ms, to_n2->total_ms, to_n1->from.c_str(),
+      to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
 }
 
 // Placement: with pipeline_stages = "auto" the head places by the planner
@@ -514,13 +575,16 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
 namespace {
 // A loopback manifest for the placement tests: pipeline_stages "auto", one
 // node per entry of `cores`, the [placement] keys given; certificates made.
-std::string placement_manifest(const std::string& name, const std::string& placement, const std::vector<std::string>& cores) {
+std::string placement_manifest(const std::string& name, const std::string& placement,
+                               const std::vector<std::string>& cores) {
   const std::string dir = fs::path(test::temp_path("cluster-" + name)).lexically_normal().string();
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"n0\"\ncerts = \"certs\"\n[placement]\n" + placement;
+  std::string text = "[cluster]\nname = \"" + name +
+                     "\"\nhead = \"n0\"\ncerts = \"certs\"\n[placement]\n" + placement;
   for (std::size_t i = 0; i < cores.size(); ++i)
-    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(test::free_port()) +
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) +
+            "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(test::free_port()) +
             "\ndevices = [{ type = \"cpu\", cores = \"" + cores[i] + "\", memory = \"2GiB\" }]\n";
   const std::string manifest = dir + "/cluster.toml";
   std::ofstream(manifest) << text;
@@ -530,7 +594,8 @@ std::string placement_manifest(const std::string& name, const std::string& place
 }  // namespace
 
 TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
-  const auto manifest = placement_manifest("join", "wait_for_nodes_s = 1\ngain_threshold = 0.05\nmeasure_s = 2\n", {"0-0", "1-1"});
+  const auto manifest = placement_manifest(
+      "join", "wait_for_nodes_s = 1\ngain_threshold = 0.05\nmeasure_s = 2\n", {"0-0", "1-1"});
   auto m = cluster::load_manifest(manifest);
   ASSERT_TRUE(m.has_value()) << m.error().text();
 
@@ -548,7 +613,8 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
   {
     client c(*m);
     if (!c.ok()) return stop();
-    auto placed = c.wait_for([](const actors::cluster_status& s) { return s.ready && !s.placement.empty(); }, 60s);
+    auto placed = c.wait_for(
+        [](const actors::cluster_status& s) { return s.ready && !s.placement.empty(); }, 60s);
     if (!placed) {
       ADD_FAILURE() << "n0 alone was not placed";
       return stop();
@@ -574,7 +640,8 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
     auto ref = start_jobs(c, jobs, tokens, true);
     join(*ref);
     for (int i = 0; i < jobs; ++i)
-      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
+          << ref->errors[static_cast<std::size_t>(i)];
 
     auto run = start_jobs(c, jobs, tokens, true);
     const auto t0 = steady::now();
@@ -586,10 +653,14 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
       std::this_thread::sleep_for(5ms);
     }
     EXPECT_GE(decoding, 4) << "the requests did not start decoding";
-    n1 = std::make_unique<test::child_process>("n1", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n1"});
-    auto replanned = c.wait_for([](const actors::cluster_status& s) {
-      return s.ready && s.placement.find("n1") != std::string::npos && s.placement.find("n0") != std::string::npos;
-    }, 60s);
+    n1 = std::make_unique<test::child_process>(
+        "n1", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n1"});
+    auto replanned = c.wait_for(
+        [](const actors::cluster_status& s) {
+          return s.ready && s.placement.find("n1") != std::string::npos &&
+                 s.placement.find("n0") != std::string::npos;
+        },
+        60s);
     EXPECT_TRUE(replanned.has_value()) << "no re-plan after n1 joined";
     int unfinished = 0;
     {
@@ -606,7 +677,8 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
       const auto& d = run->done[static_cast<std::size_t>(i)];
       ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
       EXPECT_EQ(d->reason, "length") << d->error;
-      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens) << "job " << i << " answered differently";
+      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+          << "job " << i << " answered differently";
     }
     auto s1 = c.status();
     ASSERT_TRUE(s1.has_value());
@@ -618,9 +690,10 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
     EXPECT_LT(joined->predicted_step_ms_after, joined->predicted_step_ms_before);
     EXPECT_NE(joined->state.find("measur"), std::string::npos) << joined->state;
     EXPECT_NE(s1->plan_detail.find("2 stages"), std::string::npos) << s1->plan_detail;
-    std::printf("[ placement ] %s: %s; predicted step %.3f -> %.3f ms (%+.0f%% throughput); %s\n", joined->trigger.c_str(),
-                joined->action.c_str(), joined->predicted_step_ms_before, joined->predicted_step_ms_after,
-                100 * joined->predicted_gain, s1->placement.c_str());
+    std::printf("[ placement ] %s: %s; predicted step %.3f -> %.3f ms (%+.0f%% throughput); %s\n",
+                joined->trigger.c_str(), joined->action.c_str(), joined->predicted_step_ms_before,
+                joined->predicted_step_ms_after, 100 * joined->predicted_gain,
+                s1->placement.c_str());
     // The new pipeline answers a new request as the old one did.
     auto f = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
     ASSERT_TRUE(f.has_value()) << f.error();
@@ -636,9 +709,11 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
   // n2 shares core 0 with n0; the planner cannot know, so a high gain
   // threshold keeps it from spreading to n2 when it joins. A device at
   // 95 % load passes any threshold.
-  const auto manifest = placement_manifest(
-      "offload", "wait_for_nodes_s = 3\ngain_threshold = 0.6\nload_half_life_s = 0\ninterval_s = 1\nmeasure_s = 2\ncooldown_s = 0\n",
-      {"0-0", "1-1", "0-0"});
+  const auto manifest =
+      placement_manifest("offload",
+                         "wait_for_nodes_s = 3\ngain_threshold = 0.6\nload_half_life_s = "
+                         "0\ninterval_s = 1\nmeasure_s = 2\ncooldown_s = 0\n",
+                         {"0-0", "1-1", "0-0"});
   auto m = cluster::load_manifest(manifest);
   ASSERT_TRUE(m.has_value()) << m.error().text();
   test::child_process n0("n0", {TROUPE_CLI, "node", "--manifest", manifest, "--name", "n0"});
@@ -664,27 +739,33 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
     if (!c.ok()) return stop();
     // n0 and n1 are placed after the grace of 3 s (n2 is not started
     // yet); n2 joins afterwards, and the policy leaves it idle.
-    auto placed = c.wait_for([](const actors::cluster_status& s) {
-      if (!s.ready) return false;
-      for (const auto& d : s.decisions)
-        if (d.trigger == "start") return true;
-      return false;
-    }, 90s);
+    auto placed = c.wait_for(
+        [](const actors::cluster_status& s) {
+          if (!s.ready) return false;
+          for (const auto& d : s.decisions)
+            if (d.trigger == "start") return true;
+          return false;
+        },
+        90s);
     if (!placed) {
       ADD_FAILURE() << "not placed";
       return stop();
     }
-    n2 = std::make_unique<test::child_process>("n2", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n2"});
-    auto joined = c.wait_for([](const actors::cluster_status& s) {
-      for (const auto& d : s.decisions)
-        if (d.trigger == "node n2 joined") return true;
-      return false;
-    }, 30s);
+    n2 = std::make_unique<test::child_process>(
+        "n2", std::vector<std::string>{TROUPE_CLI, "node", "--manifest", manifest, "--name", "n2"});
+    auto joined = c.wait_for(
+        [](const actors::cluster_status& s) {
+          for (const auto& d : s.decisions)
+            if (d.trigger == "node n2 joined") return true;
+          return false;
+        },
+        30s);
     EXPECT_TRUE(joined.has_value()) << "no decision when n2 joined";
     auto s0 = c.status();
     ASSERT_TRUE(s0.has_value());
     if (s0->placement.find("n1") == std::string::npos) {
-      ADD_FAILURE() << "the planner left n1 out: " << s0->placement << " (the test needs a stage there)";
+      ADD_FAILURE() << "the planner left n1 out: " << s0->placement
+                    << " (the test needs a stage there)";
       return stop();
     }
     constexpr int jobs = 4;
@@ -692,7 +773,8 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
     auto ref = start_jobs(c, jobs, tokens, true);
     join(*ref);
     for (int i = 0; i < jobs; ++i)
-      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value()) << ref->errors[static_cast<std::size_t>(i)];
+      ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
+          << ref->errors[static_cast<std::size_t>(i)];
 
     spinner = ::fork();
     ASSERT_GE(spinner, 0);
@@ -704,22 +786,27 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
       std::atomic<unsigned long> spin{0};
       for (;;) spin.fetch_add(1, std::memory_order_relaxed);
     }
-    auto moved = c.wait_for([](const actors::cluster_status& s) {
-      return s.ready && s.placement.find("n1") == std::string::npos && !s.decisions.empty() &&
-             s.decisions.back().trigger == "load or memory" && s.decisions.back().state != "moving";
-    }, 60s);
+    auto moved = c.wait_for(
+        [](const actors::cluster_status& s) {
+          return s.ready && s.placement.find("n1") == std::string::npos && !s.decisions.empty() &&
+                 s.decisions.back().trigger == "load or memory" &&
+                 s.decisions.back().state != "moving";
+        },
+        60s);
     ::kill(spinner, SIGKILL);
     ::waitpid(spinner, nullptr, 0);
     spinner = 0;
     auto s1 = c.status();
     ASSERT_TRUE(s1.has_value());
-    ASSERT_TRUE(moved.has_value()) << "n1's stage did not move: " << s1->placement << "; last decision: "
-                                   << (s1->decisions.empty() ? "-" : s1->decisions.back().action);
+    ASSERT_TRUE(moved.has_value())
+        << "n1's stage did not move: " << s1->placement
+        << "; last decision: " << (s1->decisions.empty() ? "-" : s1->decisions.back().action);
     const auto& d = s1->decisions.back();
     EXPECT_EQ(d.action.rfind("move ", 0), 0u) << d.action;
     EXPECT_GT(d.predicted_gain, 0.6);
     EXPECT_EQ(d.state.find("failed"), std::string::npos) << d.state;
-    std::printf("[ placement ] offload: %s -> %s; %s (%s)\n", s0->placement.c_str(), s1->placement.c_str(), d.action.c_str(),
+    std::printf("[ placement ] offload: %s -> %s; %s (%s)\n", s0->placement.c_str(),
+                s1->placement.c_str(), d.action.c_str(),
                 s1->migrations > 0 ? "live migration" : "re-split");
     // The same answers from the new placement.
     auto again = start_jobs(c, jobs, tokens, true);

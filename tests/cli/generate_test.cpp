@@ -3,13 +3,13 @@
 // invariance end to end), and check that bad input fails cleanly.
 #include <gtest/gtest.h>
 
-#include "../temp_path.hpp"
-#include "run_cli.hpp"
-#include "../tiny_model.hpp"
 #include <sys/wait.h>
+#include "../temp_path.hpp"
+#include "../tiny_model.hpp"
+#include "run_cli.hpp"
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,7 +45,9 @@ std::string tiny_model() {
 
 TEST(CliGenerate, JsonTokensEqualTheSameRequestInAMixedBatch) {
   const auto model = tiny_model();
-  const auto r = troupe_cli("generate -m " + model + " -p 'hello world' -n 12 --temperature 0.9 --top-k 40 --seed 5 --json --threads 2");
+  const auto r = troupe_cli(
+      "generate -m " + model +
+      " -p 'hello world' -n 12 --temperature 0.9 --top-k 40 --seed 5 --json --threads 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto line = r.out.substr(r.out.rfind('{', r.out.find("\"text\"")));
   const auto j = nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
@@ -81,7 +83,9 @@ TEST(CliGenerate, JsonTokensEqualTheSameRequestInAMixedBatch) {
   reqs[2].params.max_tokens = 5;
   generate_options opts;
   opts.prefill_chunk = 3;
-  auto out = generate_batch(*ctx, **m, reqs, std::vector<piece_fn>(3, [](std::int32_t) { return std::string(); }), nullptr, opts);
+  auto out = generate_batch(*ctx, **m, reqs,
+                            std::vector<piece_fn>(3, [](std::int32_t) { return std::string(); }),
+                            nullptr, opts);
   ASSERT_TRUE(out) << out.error().message;
   EXPECT_EQ((*out)[1].tokens, cli_tokens);
 }
@@ -98,8 +102,10 @@ TEST(CliGenerate, BadInputFailsWithAMessage) {
   r = troupe_cli("generate -m " + tiny_model() + " -p hi --top-p 7");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   // Every committed corrupt GGUF: a clean error, never a crash.
-  for (const char* f : {"bad_magic.gguf", "huge_tensor_count.gguf", "overlapping_tensors.gguf", "offset_wraps.gguf"}) {
-    r = troupe_cli(std::string("generate -p hi -m ") + TROUPE_FIXTURES_DIR + "/models/corrupt/" + f);
+  for (const char* f : {"bad_magic.gguf", "huge_tensor_count.gguf", "overlapping_tensors.gguf",
+                        "offset_wraps.gguf"}) {
+    r = troupe_cli(std::string("generate -p hi -m ") + TROUPE_FIXTURES_DIR + "/models/corrupt/" +
+                   f);
     EXPECT_EQ(r.exit_code, 1) << f << ": " << r.out;
     EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
   }
@@ -125,30 +131,53 @@ TEST(CliGenerate, RunsAHuggingFaceFolder) {
       cs = bs;
       int n = 0;
       for (int i = 0; i < 256; ++i)
-        if (std::find(bs.begin(), bs.end(), i) == bs.end()) bs.push_back(i), cs.push_back(256 + n++);
+        if (std::find(bs.begin(), bs.end(), i) == bs.end())
+          bs.push_back(i), cs.push_back(256 + n++);
       std::vector<int> m(256);
       for (std::size_t i = 0; i < bs.size(); ++i) m[static_cast<std::size_t>(bs[i])] = cs[i];
       return m;
     }();
     const int cp = map[static_cast<std::size_t>(b)];
     std::string s;
-    if (cp < 0x80) s += static_cast<char>(cp);
-    else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+    if (cp < 0x80)
+      s += static_cast<char>(cp);
+    else
+      s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
     return s;
   };
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-  nlohmann::json tok = {
-      {"version", "1.0"},
-      {"added_tokens", {{{"id", 256}, {"content", "<|end|>"}, {"special", true}, {"single_word", false},
-                         {"lstrip", false}, {"rstrip", false}, {"normalized", false}}}},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
-                 {"merges", nlohmann::json::array()}}}};
+  nlohmann::json tok = {{"version", "1.0"},
+                        {"added_tokens",
+                         {{{"id", 256},
+                           {"content", "<|end|>"},
+                           {"special", true},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", false}}}},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer",
+                         {{"type", "ByteLevel"},
+                          {"add_prefix_space", false},
+                          {"trim_offsets", true},
+                          {"use_regex", true}}},
+                        {"post_processor", nullptr},
+                        {"decoder",
+                         {{"type", "ByteLevel"},
+                          {"add_prefix_space", true},
+                          {"trim_offsets", true},
+                          {"use_regex", true}}},
+                        {"model",
+                         {{"type", "BPE"},
+                          {"dropout", nullptr},
+                          {"unk_token", nullptr},
+                          {"continuing_subword_prefix", nullptr},
+                          {"end_of_word_suffix", nullptr},
+                          {"fuse_unk", false},
+                          {"byte_fallback", false},
+                          {"vocab", vocab},
+                          {"merges", nlohmann::json::array()}}}};
   std::ofstream(dir / "tokenizer.json") << tok.dump();
   const auto r = troupe_cli("generate -m " + dir.string() + " -p 'Hi!' -n 6 --json --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -24,7 +24,8 @@ std::string make_cluster(const std::string& dir, const std::vector<int>& ports) 
   fs::create_directories(dir);
   std::string text = "[cluster]\nname = \"t\"\nhead = \"n0\"\ncerts = \"certs\"\n";
   for (int i = 0; i < 3; ++i)
-    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports[i]) +
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) +
+            "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports[i]) +
             "\ndevices = [{ type = \"cpu\" }]\n";
   const std::string path = dir + "/cluster.toml";
   std::ofstream(path) << text;
@@ -36,16 +37,21 @@ std::string make_cluster(const std::string& dir, const std::vector<int>& ports) 
 }  // namespace
 
 TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
-  const std::string root = fs::path(troupe::test::temp_path("node-tls")).lexically_normal().string();
+  const std::string root =
+      fs::path(troupe::test::temp_path("node-tls")).lexically_normal().string();
   fs::remove_all(root);
-  const std::vector<int> ports{troupe::test::free_port(), troupe::test::free_port(), troupe::test::free_port()};
+  const std::vector<int> ports{troupe::test::free_port(), troupe::test::free_port(),
+                               troupe::test::free_port()};
   const auto ours = make_cluster(root + "/ours", ports);
-  const auto theirs = make_cluster(root + "/theirs", ports);  // same names and addresses, another CA
+  const auto theirs =
+      make_cluster(root + "/theirs", ports);  // same names and addresses, another CA
 
   child_process n0("n0", {TROUPE_CLI, "node", "--manifest", ours, "--name", "n0"});
   auto ready = n0.expect("troupe node n0:", 30000ms);
   ASSERT_TRUE(ready) << "node n0 did not start";
-  EXPECT_NE(ready->find("listening on 127.0.0.1:" + std::to_string(ports[0]) + " (mutual TLS)"), std::string::npos) << *ready;
+  EXPECT_NE(ready->find("listening on 127.0.0.1:" + std::to_string(ports[0]) + " (mutual TLS)"),
+            std::string::npos)
+      << *ready;
 
   auto r = troupe_cli("node --manifest " + ours + " --name n1 --ping n0");
   EXPECT_EQ(r.exit_code, 0) << r.out;
@@ -54,7 +60,8 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
   // Another cluster's node: refused during the TLS handshake.
   r = troupe_cli("node --manifest " + theirs + " --name n1 --ping n0");
   EXPECT_NE(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("node n0 at 127.0.0.1:" + std::to_string(ports[0])), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node n0 at 127.0.0.1:" + std::to_string(ports[0])), std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("joined"), std::string::npos) << r.out;
 
   // A plain (not TLS) CAF connection gets nothing.
@@ -65,7 +72,9 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
   fs::remove(root + "/ours/certs/n2.key");
   r = troupe_cli("node --manifest " + ours + " --name n2");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("refusing to start: missing " + root + "/ours/certs/n2.key"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("refusing to start: missing " + root + "/ours/certs/n2.key"),
+            std::string::npos)
+      << r.out;
   // Nor does a name the manifest does not know.
   r = troupe_cli("node --manifest " + ours + " --name n9");
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -25,7 +25,9 @@ using troupe::test::child_process;
 using troupe::test::troupe_cli;
 
 const std::string image = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_005.png";
-const std::string args = " -i " + image + " -p 'Describe the image.' -n 24 --temperature 0.8 --top-k 20 --seed 11 --json";
+const std::string args =
+    " -i " + image +
+    " -p 'Describe the image.' -n 24 --temperature 0.8 --top-k 20 --seed 11 --json";
 
 nlohmann::json last_json(const std::string& out) {
   const auto at = out.rfind("\n{");
@@ -33,7 +35,8 @@ nlohmann::json last_json(const std::string& out) {
 }
 
 // Starts a worker for layers [2,4) (or what `role` says); its port, or 0.
-int start_worker(std::unique_ptr<child_process>& w, std::vector<std::string> prefix, std::vector<std::string> env,
+int start_worker(std::unique_ptr<child_process>& w, std::vector<std::string> prefix,
+                 std::vector<std::string> env,
                  std::vector<std::string> role = {"--first-layer", "2"}) {
   std::vector<std::string> argv = std::move(prefix);
   for (const char* a : {TROUPE_CLI, "worker", "--port", "0"}) argv.push_back(a);
@@ -64,17 +67,19 @@ void expect_same_tokens(const std::string& out) {
   const auto a = last_json(direct.out), b = last_json(out);
   EXPECT_EQ(a["tokens"], b["tokens"]);
   EXPECT_EQ(a["text"], b["text"]);
-  EXPECT_NE(b["pipeline"].get<std::string>().find("remote worker layers [2,4)"), std::string::npos) << b["pipeline"];
+  EXPECT_NE(b["pipeline"].get<std::string>().find("remote worker layers [2,4)"), std::string::npos)
+      << b["pipeline"];
 }
 
 // Runs `troupe bench <front_args>` with 5000 requests; once the worker
 // prints `joined` (the front reached it), lets requests flow, kills the
 // worker and expects every request to end (some failed) within `limit`,
 // and the front to exit 0 with its JSON.
-void expect_requests_end_after_kill(child_process& worker, const std::string& front_args, const std::string& joined,
-                                    std::chrono::milliseconds limit) {
+void expect_requests_end_after_kill(child_process& worker, const std::string& front_args,
+                                    const std::string& joined, std::chrono::milliseconds limit) {
   child_process front("front", {"/bin/sh", "-c",
-                                std::string(TROUPE_CLI) + " bench " + front_args + " -c 16 -n 5000 --max-tokens 256 --json"});
+                                std::string(TROUPE_CLI) + " bench " + front_args +
+                                    " -c 16 -n 5000 --max-tokens 256 --json"});
   ASSERT_TRUE(worker.expect(joined, 60000ms)) << "the front never joined";
   std::this_thread::sleep_for(troupe::test::scaled(1500ms));
   worker.kill();
@@ -105,17 +110,19 @@ TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessOverTcp) {
   std::unique_ptr<child_process> w;
   const int port = start_worker(w, {}, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
   ASSERT_GT(port, 0);
-  expect_same_tokens(
-      run_front("run --remote-stage 127.0.0.1:" + std::to_string(port) + args, {}, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
+  expect_same_tokens(run_front("run --remote-stage 127.0.0.1:" + std::to_string(port) + args, {},
+                               {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
 }
 
 TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(2);
   if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
   std::unique_ptr<child_process> w;
-  const int port = start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)});
+  const int port =
+      start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)});
   ASSERT_GT(port, 0);
-  expect_same_tokens(run_front("run --remote-stage 10.77.2.2:" + std::to_string(port) + args, ns.exec_in(true),
+  expect_same_tokens(run_front("run --remote-stage 10.77.2.2:" + std::to_string(port) + args,
+                               ns.exec_in(true),
                                {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(true)}));
 }
 
@@ -150,15 +157,17 @@ TEST(CliPipelineAcrossProcesses, AKilledWorkerFailsTheRequestsInsteadOfHanging) 
   ASSERT_GT(port, 0);
   // (Killing it before the front joined tests a failed start, which
   // BadRemoteStagesFailWithAMessage covers.)
-  expect_requests_end_after_kill(*w, "--remote-stage 127.0.0.1:" + std::to_string(port), "troupe worker: serving",
-                                 30000ms);
+  expect_requests_end_after_kill(*w, "--remote-stage 127.0.0.1:" + std::to_string(port),
+                                 "troupe worker: serving", 30000ms);
 }
 
 namespace {
 
 const std::string tp_role_1[] = {"--tp-rank", "1", "--tp-size", "2"};
 
-std::vector<std::string> tp_worker_role() { return {std::begin(tp_role_1), std::end(tp_role_1)}; }
+std::vector<std::string> tp_worker_role() {
+  return {std::begin(tp_role_1), std::end(tp_role_1)};
+}
 
 // Greedy answers of the bundled model through a TP=2 group equal the plain
 // loop's: a caption and questions on three images.
@@ -170,15 +179,17 @@ void expect_same_greedy_answers(int port, const std::string& host, std::vector<s
       {"shapes_007.png", "Describe the image."},
   };
   for (const auto& [img, prompt] : cases) {
-    const std::string a = " -i " + std::string(TROUPE_FIXTURES_DIR) + "/shapes/" + img + " -p '" + prompt +
-                          "' -n 32 --temperature 0 --json";
+    const std::string a = " -i " + std::string(TROUPE_FIXTURES_DIR) + "/shapes/" + img + " -p '" +
+                          prompt + "' -n 32 --temperature 0 --json";
     const auto direct = troupe_cli("generate --direct" + a, false);
     ASSERT_EQ(direct.exit_code, 0) << direct.out;
-    const auto out = run_front("run --tp-peer " + host + ":" + std::to_string(port) + a, prefix, env);
+    const auto out =
+        run_front("run --tp-peer " + host + ":" + std::to_string(port) + a, prefix, env);
     ASSERT_NE(out.find('{'), std::string::npos) << out;
     const auto d = last_json(direct.out), t = last_json(out);
     EXPECT_EQ(d["tokens"], t["tokens"]) << img << ": " << d["text"] << " vs " << t["text"];
-    EXPECT_NE(t["pipeline"].get<std::string>().find("tensor-parallel rank 0 of 2, remote rank 1"), std::string::npos)
+    EXPECT_NE(t["pipeline"].get<std::string>().find("tensor-parallel rank 0 of 2, remote rank 1"),
+              std::string::npos)
         << t["pipeline"];
   }
 }
@@ -196,17 +207,20 @@ TEST(CliTensorParallelAcrossProcesses, GreedyAnswersEqualOneProcessBetweenNetwor
   troupe::test::netns_pair ns(3);
   if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
   std::unique_ptr<child_process> w;
-  const int port = start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)},
-                                tp_worker_role());
+  const int port =
+      start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)},
+                   tp_worker_role());
   ASSERT_GT(port, 0);
-  expect_same_greedy_answers(port, "10.77.3.2", ns.exec_in(true), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(true)});
+  expect_same_greedy_answers(port, "10.77.3.2", ns.exec_in(true),
+                             {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(true)});
 }
 
 TEST(CliTensorParallelAcrossProcesses, SixteenConcurrentRequestsAllComplete) {
   std::unique_ptr<child_process> w;
   const int port = start_worker(w, {}, {}, tp_worker_role());
   ASSERT_GT(port, 0);
-  const auto out = run_front("bench --tp-peer 127.0.0.1:" + std::to_string(port) + " -c 16 -n 32 --max-tokens 16 --json");
+  const auto out = run_front("bench --tp-peer 127.0.0.1:" + std::to_string(port) +
+                             " -c 16 -n 32 --max-tokens 16 --json");
   ASSERT_NE(out.find('{'), std::string::npos) << out;
   const auto j = nlohmann::json::parse(out.substr(out.find('{')));
   EXPECT_EQ(j["levels"][0]["completed"], 32) << j.dump();
@@ -227,7 +241,8 @@ TEST(CliTensorParallelAcrossProcesses, WrongGroupsFailWithAMessage) {
     ASSERT_GT(port, 0);
     r = troupe_cli("run -p hi --tp-peer 127.0.0.1:" + std::to_string(port));
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.out.find("is a pipeline stage, not a tensor-parallel rank"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("is a pipeline stage, not a tensor-parallel rank"), std::string::npos)
+        << r.out;
   }
   {
     // TP does not combine with pipeline stages (yet).
@@ -241,7 +256,8 @@ TEST(CliTensorParallelAcrossProcesses, WrongGroupsFailWithAMessage) {
   // The bundled model has 2 KV heads: no 3-way split.
   r = troupe_cli("worker --tp-rank 1 --tp-size 3");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("KV heads (2) and FFN width (384) must divide evenly"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV heads (2) and FFN width (384) must divide evenly"), std::string::npos)
+      << r.out;
 }
 
 TEST(CliTensorParallelAcrossProcesses, AKilledRankFailsTheRequestsInsteadOfHanging) {

@@ -43,9 +43,10 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
   }
   const auto out = read_all(f);
   std::fclose(f);
-  EXPECT_EQ(out, "loading [########................]  33%  1/3 stages\n"
-                 "loading [########################] 100%  3/3 stages\n"
-                 "ready\n");
+  EXPECT_EQ(out,
+            "loading [########................]  33%  1/3 stages\n"
+            "loading [########################] 100%  3/3 stages\n"
+            "ready\n");
   EXPECT_EQ(out.find('\r'), std::string::npos);
 }
 
@@ -60,9 +61,10 @@ TEST(Progress, RedrawnInPlaceInATerminal) {
   }
   const auto out = read_all(f);
   std::fclose(f);
-  EXPECT_EQ(out, "\rmigrating [######..................]  25%  KV round 1\033[K"
-                 "\rmigrating [############............]  50%  KV round 2\033[K\n"
-                 "done\n");
+  EXPECT_EQ(out,
+            "\rmigrating [######..................]  25%  KV round 1\033[K"
+            "\rmigrating [############............]  50%  KV round 2\033[K\n"
+            "done\n");
 }
 
 }  // namespace

@@ -17,7 +17,8 @@ struct run_result {
 /// Runs `troupe ARGS`; the output holds stdout, and stderr too when
 /// `merge_stderr` (otherwise stderr is dropped).
 inline run_result troupe_cli(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd = std::string(TROUPE_CLI) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd =
+      std::string(TROUPE_CLI) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   run_result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -19,7 +19,9 @@ nlohmann::json last_json(const std::string& out) {
 }
 
 TEST(CliRun, TwoStagesGiveTheTokensOfThePlainLoop) {
-  const std::string args = " -i " + image + " -p 'Describe the image.' -n 20 --temperature 0.8 --top-k 20 --seed 11 --json";
+  const std::string args =
+      " -i " + image +
+      " -p 'Describe the image.' -n 20 --temperature 0.8 --top-k 20 --seed 11 --json";
   const auto direct = troupe_cli("generate --direct" + args, false);
   ASSERT_EQ(direct.exit_code, 0) << direct.out;
   const auto run = troupe_cli("run --stages 2 --devices cpu:0-0,cpu:1-1" + args, false);
@@ -28,7 +30,8 @@ TEST(CliRun, TwoStagesGiveTheTokensOfThePlainLoop) {
   EXPECT_EQ(a["tokens"], b["tokens"]);
   EXPECT_EQ(a["text"], b["text"]);
   EXPECT_EQ(a["prompt_length"], b["prompt_length"]);
-  EXPECT_NE(b["pipeline"].get<std::string>().find("layers [2,4)"), std::string::npos) << b["pipeline"];
+  EXPECT_NE(b["pipeline"].get<std::string>().find("layers [2,4)"), std::string::npos)
+      << b["pipeline"];
   // One stage (troupe generate's default path) agrees as well.
   const auto one = troupe_cli("generate" + args, false);
   ASSERT_EQ(one.exit_code, 0) << one.out;

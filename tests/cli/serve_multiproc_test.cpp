@@ -9,10 +9,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
-#include <set>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "cluster_manifest.hpp"
@@ -59,7 +59,8 @@ std::string base64_of(const std::string& path) {
 }
 
 double metric(const std::string& text, const std::string& name) {
-  std::regex re("^" + std::regex_replace(name, std::regex(R"([{}\[\]\"\\.+*?()|^$])"), R"(\$&)") + R"( ([0-9.eE+-]+)$)",
+  std::regex re("^" + std::regex_replace(name, std::regex(R"([{}\[\]\"\\.+*?()|^$])"), R"(\$&)") +
+                    R"( ([0-9.eE+-]+)$)",
                 std::regex::multiline);
   std::smatch m;
   if (!std::regex_search(text, m, re)) return -1;
@@ -75,18 +76,23 @@ class Gateway : public ::testing::Test {
     started_ = true;
     port_ = test::free_port();
     serve_ = std::make_unique<test::child_process>(
-        "serve", std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port", std::to_string(port_), "--api-key",
-                                          "sk-test", "--max-body-mib", "1", "--allow-remote-images"});
+        "serve", std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port",
+                                          std::to_string(port_), "--api-key", "sk-test",
+                                          "--max-body-mib", "1", "--allow-remote-images"});
     auto line = serve_->expect("troupe serve:", 60000ms);
     ASSERT_TRUE(line) << "troupe serve did not start";
     url_ = "http://127.0.0.1:" + std::to_string(port_);
     const std::string img = base64_of(std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png");
     ASSERT_GT(img.size(), 100u);
-    image_body_ = json{{"messages", json::array({{{"role", "user"},
-                                                  {"content", json::array({{{"type", "text"}, {"text", "Describe the image."}},
-                                                                           {{"type", "image_url"},
-                                                                            {"image_url", {{"url", "data:image/png;base64," + img}}}}})}}})},
-                       {"temperature", 0}};
+    image_body_ =
+        json{{"messages",
+              json::array(
+                  {{{"role", "user"},
+                    {"content",
+                     json::array({{{"type", "text"}, {"text", "Describe the image."}},
+                                  {{"type", "image_url"},
+                                   {"image_url", {{"url", "data:image/png;base64," + img}}}}})}}})},
+             {"temperature", 0}};
   }
   void TearDown() override {
     serve_.reset();
@@ -100,9 +106,11 @@ class Gateway : public ::testing::Test {
     std::ofstream(path) << j.dump();
     return path;
   }
-  http_result post(const std::string& path, const json& j, const std::string& key = "sk-test", const std::string& extra = "") {
-    return curl(extra + " -H 'Content-Type: application/json' " + (key.empty() ? "" : "-H 'Authorization: Bearer " + key + "' ") +
-                "--data-binary @" + body_file(j) + " " + url_ + path);
+  http_result post(const std::string& path, const json& j, const std::string& key = "sk-test",
+                   const std::string& extra = "") {
+    return curl(extra + " -H 'Content-Type: application/json' " +
+                (key.empty() ? "" : "-H 'Authorization: Bearer " + key + "' ") + "--data-binary @" +
+                body_file(j) + " " + url_ + path);
   }
   std::string metrics() { return curl(url_ + "/metrics").body; }
 
@@ -125,7 +133,8 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
 
   // The answer of the plain generation loop for the same image and prompt.
   const std::string img = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png";
-  auto direct = test::troupe_cli("generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
+  auto direct = test::troupe_cli(
+      "generate --direct --image " + img + " --prompt 'Describe the image.' --json", false);
   ASSERT_EQ(direct.exit_code, 0) << direct.out;
   const auto want = json::parse(direct.out.substr(direct.out.find('{')))["text"].get<std::string>();
   ASSERT_FALSE(want.empty());
@@ -182,10 +191,12 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_EQ(too_big.status, 413) << too_big.body.substr(0, 300);
   const std::string broken = cs_.dir + "/broken.json";
   std::ofstream(broken) << "{\"messages\": [";
-  auto malformed = curl("-H 'Content-Type: application/json' -H 'Authorization: Bearer sk-test' --data-binary @" + broken +
-                        " " + url_ + "/v1/chat/completions");
+  auto malformed = curl(
+      "-H 'Content-Type: application/json' -H 'Authorization: Bearer sk-test' --data-binary @" +
+      broken + " " + url_ + "/v1/chat/completions");
   EXPECT_EQ(malformed.status, 400) << malformed.body;
-  EXPECT_NE(json::parse(malformed.body)["error"]["message"].get<std::string>().find("JSON"), std::string::npos);
+  EXPECT_NE(json::parse(malformed.body)["error"]["message"].get<std::string>().find("JSON"),
+            std::string::npos);
   // Too many headers: 431 before any handler.
   std::string headers;
   for (int i = 0; i < 100; ++i) headers += " -H 'X-Filler-" + std::to_string(i) + ": x'";
@@ -202,12 +213,14 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_EQ(no_messages.status, 400);
   EXPECT_EQ(json::parse(no_messages.body)["error"]["param"], "messages");
   json bad_image = image_body_;
-  bad_image["messages"][0]["content"][1]["image_url"]["url"] = "data:image/png;base64,aGVsbG8gd29ybGQh";
+  bad_image["messages"][0]["content"][1]["image_url"]["url"] =
+      "data:image/png;base64,aGVsbG8gd29ybGQh";
   auto undecodable = post("/v1/chat/completions", bad_image);
   EXPECT_EQ(undecodable.status, 400) << undecodable.body;
 
   // /v1/completions and /v1/models.
-  auto c = post("/v1/completions", json{{"prompt", "A red"}, {"max_tokens", 4}, {"temperature", 0}});
+  auto c =
+      post("/v1/completions", json{{"prompt", "A red"}, {"max_tokens", 4}, {"temperature", 0}});
   ASSERT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(json::parse(c.body)["object"], "text_completion");
   EXPECT_LE(json::parse(c.body)["usage"]["completion_tokens"].get<int>(), 4);
@@ -245,8 +258,11 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   if (test::shell("command -v promtool") != 0) GTEST_SKIP() << "promtool is not installed";
   const std::string file = cs_.dir + "/metrics.txt";
   std::ofstream(file) << after;
-  EXPECT_EQ(test::shell("sed 's/troupe:/troupe_/g' " + file + " | promtool check metrics"), 0) << after;
-  EXPECT_EQ(test::shell("promtool check metrics < " + file + " 2>&1 | grep -v \"metric names should not contain ':'\" | grep ."), 1)
+  EXPECT_EQ(test::shell("sed 's/troupe:/troupe_/g' " + file + " | promtool check metrics"), 0)
+      << after;
+  EXPECT_EQ(test::shell("promtool check metrics < " + file +
+                        " 2>&1 | grep -v \"metric names should not contain ':'\" | grep ."),
+            1)
       << "promtool found more than the colon convention";
 }
 
@@ -282,10 +298,12 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   auto cs = test::make_manifest("gwup", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
   const int port = test::free_port();
   // With JSON logs, which the node processes inherit.
-  auto r = test::troupe_cli("--log-format json up " + cs.manifest + " --detach --timeout 180 --http " + std::to_string(port) +
-                            " --api-key k1");
+  auto r =
+      test::troupe_cli("--log-format json up " + cs.manifest + " --detach --timeout 180 --http " +
+                       std::to_string(port) + " --api-key k1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("troupe serve: OpenAI-compatible API of cluster gwup on http://127.0.0.1:" + std::to_string(port)),
+  EXPECT_NE(r.out.find("troupe serve: OpenAI-compatible API of cluster gwup on http://127.0.0.1:" +
+                       std::to_string(port)),
             std::string::npos)
       << r.out;
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
@@ -294,7 +312,8 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   EXPECT_EQ(curl("-H 'Authorization: Bearer k1' " + url + "/v1/models").status, 200);
   auto d = test::troupe_cli("down " + cs.manifest + " --timeout 60");
   EXPECT_EQ(d.exit_code, 0) << d.out;
-  EXPECT_EQ(curl("--max-time 2 " + url + "/live").status, 0) << "the gateway still answers after troupe down";
+  EXPECT_EQ(curl("--max-time 2 " + url + "/live").status, 0)
+      << "the gateway still answers after troupe down";
   // Every log line of every node is one JSON object tagged with its node
   // and actor (stdout's plain banner lines aside).
   std::map<std::string, std::set<std::string>> actors_by_node;
@@ -307,7 +326,8 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
       if (line.empty() || line[0] != '{') continue;
       auto j = json::parse(line, nullptr, false);
       ASSERT_FALSE(j.is_discarded()) << line;
-      for (const char* k : {"time", "level", "node", "actor", "msg"}) EXPECT_TRUE(j.contains(k)) << k << " in " << line;
+      for (const char* k : {"time", "level", "node", "actor", "msg"})
+        EXPECT_TRUE(j.contains(k)) << k << " in " << line;
       EXPECT_EQ(j["node"], node) << line;
       actors_by_node[node].insert(j["actor"].get<std::string>());
     }

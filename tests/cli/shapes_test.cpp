@@ -57,7 +57,6 @@ std::string ask(const std::string& image, const std::string& prompt) {
   return b == std::string::npos ? "" : t.substr(b, e - b + 1);
 }
 
-
 struct tally {
   int q_right = 0, q_total = 0, c12_right = 0, c12_total = 0, c3_right = 0, c3_total = 0;
   std::map<std::string, std::pair<int, int>> by_type;  // right, total
@@ -82,7 +81,9 @@ tally run_sample() {
     const bool ok = got == want;
     (objects == 3 ? c3_right : c12_right) += ok;
     (objects == 3 ? c3_total : c12_total) += 1;
-    if (!ok) wrong << img["file"].get<std::string>() << " caption: want '" << want << "', got '" << got << "'\n";
+    if (!ok)
+      wrong << img["file"].get<std::string>() << " caption: want '" << want << "', got '" << got
+            << "'\n";
     for (const auto& q : img["questions"]) {
       const std::string a = ask(file, q["question"].get<std::string>());
       const bool qok = a == q["answer"].get<std::string>();
@@ -92,14 +93,15 @@ tally run_sample() {
       bt.first += qok;
       ++bt.second;
       if (!qok)
-        wrong << img["file"].get<std::string>() << " '" << q["question"].get<std::string>() << "': want '"
-              << q["answer"].get<std::string>() << "', got '" << a << "'\n";
+        wrong << img["file"].get<std::string>() << " '" << q["question"].get<std::string>()
+              << "': want '" << q["answer"].get<std::string>() << "', got '" << a << "'\n";
     }
   }
   wrong_text = wrong.str();
-  std::printf("questions %d/%d, captions 1-2 objects %d/%d, 3 objects %d/%d\n", q_right, q_total, c12_right,
-              c12_total, c3_right, c3_total);
-  for (const auto& [type, rt] : by_type) std::printf("  %-9s %d/%d\n", type.c_str(), rt.first, rt.second);
+  std::printf("questions %d/%d, captions 1-2 objects %d/%d, 3 objects %d/%d\n", q_right, q_total,
+              c12_right, c12_total, c3_right, c3_total);
+  for (const auto& [type, rt] : by_type)
+    std::printf("  %-9s %d/%d\n", type.c_str(), rt.first, rt.second);
   return t;
 }
 
@@ -118,9 +120,11 @@ TEST(CliShapes, DefaultModelIsTheBundledOne) {
   // Without --model the CLI loads assets/tiny-llava-shapes; the same run
   // with the path spelled out gives the same tokens.
   const std::string image = fixtures + "/shapes_000.png";
-  const auto a = troupe_cli("generate --image " + quote(image) + " --prompt 'Describe the image.' --json --threads 1");
-  const auto b = troupe_cli("generate --model " + quote(std::string(TROUPE_BUNDLED_MODEL)) + " --image " +
-                            quote(image) + " --prompt 'Describe the image.' --json --threads 1");
+  const auto a = troupe_cli("generate --image " + quote(image) +
+                            " --prompt 'Describe the image.' --json --threads 1");
+  const auto b =
+      troupe_cli("generate --model " + quote(std::string(TROUPE_BUNDLED_MODEL)) + " --image " +
+                 quote(image) + " --prompt 'Describe the image.' --json --threads 1");
   ASSERT_EQ(a.exit_code, 0);
   ASSERT_EQ(b.exit_code, 0);
   const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);

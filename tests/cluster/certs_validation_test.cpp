@@ -20,10 +20,12 @@ namespace {
 namespace fs = std::filesystem;
 
 manifest make(const std::string& dir, const std::string& name) {
-  const std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"a\"\ncerts = \"certs\"\n" +
-                           "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n"
-                           "[[nodes]]\nname = \"b\"\nhost = \"10.1.2.3\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n"
-                           "[[nodes]]\nname = \"c\"\nhost = \"node-c.example\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
+  const std::string text =
+      "[cluster]\nname = \"" + name + "\"\nhead = \"a\"\ncerts = \"certs\"\n" +
+      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n"
+      "[[nodes]]\nname = \"b\"\nhost = \"10.1.2.3\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n"
+      "[[nodes]]\nname = \"c\"\nhost = \"node-c.example\"\nport = 7400\ndevices = [{ type = "
+      "\"cpu\" }]\n";
   auto m = parse_manifest(text, dir + "/cluster.toml");
   EXPECT_TRUE(m) << (m ? "" : m.error().text());
   return *m;
@@ -36,7 +38,9 @@ std::string slurp(const std::string& p) {
   return ss.str();
 }
 
-int openssl(const std::string& args) { return std::system(("openssl " + args + " >/dev/null 2>&1").c_str()); }
+int openssl(const std::string& args) {
+  return std::system(("openssl " + args + " >/dev/null 2>&1").c_str());
+}
 
 class Certs : public ::testing::Test {
  protected:
@@ -60,8 +64,10 @@ TEST_F(Certs, OneCaAndOneCertificatePerNodeThatOpensslVerifies) {
     ASSERT_TRUE(ok) << ok.error();
     EXPECT_EQ(certificate_common_name(ok->certificate).value_or(""), n);
     // OpenSSL's command line agrees: signed by the CA, fit for TLS both ways.
-    EXPECT_EQ(openssl("verify -CAfile " + ok->ca + " -purpose sslserver " + ok->certificate), 0) << n;
-    EXPECT_EQ(openssl("verify -CAfile " + ok->ca + " -purpose sslclient " + ok->certificate), 0) << n;
+    EXPECT_EQ(openssl("verify -CAfile " + ok->ca + " -purpose sslserver " + ok->certificate), 0)
+        << n;
+    EXPECT_EQ(openssl("verify -CAfile " + ok->ca + " -purpose sslclient " + ok->certificate), 0)
+        << n;
     struct stat st {};
     ASSERT_EQ(::stat(ok->key.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u) << "a private key readable by others";
@@ -72,10 +78,12 @@ TEST_F(Certs, OneCaAndOneCertificatePerNodeThatOpensslVerifies) {
   // The address is in the certificate (IP for an address, DNS for a name).
   const auto b = slurp(tls_files(m, "b").certificate), c = slurp(tls_files(m, "c").certificate);
   EXPECT_EQ(std::system(("openssl x509 -noout -text -in " + tls_files(m, "b").certificate +
-                         " | grep -q 'IP Address:10.1.2.3'").c_str()),
+                         " | grep -q 'IP Address:10.1.2.3'")
+                            .c_str()),
             0);
   EXPECT_EQ(std::system(("openssl x509 -noout -text -in " + tls_files(m, "c").certificate +
-                         " | grep -q 'DNS:node-c.example'").c_str()),
+                         " | grep -q 'DNS:node-c.example'")
+                            .c_str()),
             0);
   EXPECT_NE(b, c);
 }
@@ -99,20 +107,27 @@ TEST_F(Certs, StrangersAndWrongFilesAreRefused) {
   ASSERT_TRUE(ensure_certificates(one));
   ASSERT_TRUE(ensure_certificates(two));
   // Another cluster's certificate (and its own key): not signed by our CA.
-  fs::copy_file(tls_files(two, "a").certificate, tls_files(one, "a").certificate, fs::copy_options::overwrite_existing);
-  fs::copy_file(tls_files(two, "a").key, tls_files(one, "a").key, fs::copy_options::overwrite_existing);
+  fs::copy_file(tls_files(two, "a").certificate, tls_files(one, "a").certificate,
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(tls_files(two, "a").key, tls_files(one, "a").key,
+                fs::copy_options::overwrite_existing);
   auto r = check_node_certificate(one, "a");
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().find("was not signed by the cluster CA"), std::string::npos) << r.error();
-  EXPECT_NE(openssl("verify -CAfile " + tls_files(one, "a").ca + " " + tls_files(one, "a").certificate), 0);
+  EXPECT_NE(
+      openssl("verify -CAfile " + tls_files(one, "a").ca + " " + tls_files(one, "a").certificate),
+      0);
   // Node b's certificate presented as node c's.
-  fs::copy_file(tls_files(one, "b").certificate, tls_files(one, "c").certificate, fs::copy_options::overwrite_existing);
-  fs::copy_file(tls_files(one, "b").key, tls_files(one, "c").key, fs::copy_options::overwrite_existing);
+  fs::copy_file(tls_files(one, "b").certificate, tls_files(one, "c").certificate,
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(tls_files(one, "b").key, tls_files(one, "c").key,
+                fs::copy_options::overwrite_existing);
   r = check_node_certificate(one, "c");
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().find("names 'b', not node 'c'"), std::string::npos) << r.error();
   // A key that is not the certificate's.
-  fs::copy_file(tls_files(two, "b").key, tls_files(one, "b").key, fs::copy_options::overwrite_existing);
+  fs::copy_file(tls_files(two, "b").key, tls_files(one, "b").key,
+                fs::copy_options::overwrite_existing);
   r = check_node_certificate(one, "b");
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().find("does not match"), std::string::npos) << r.error();
@@ -173,7 +188,8 @@ TEST_F(Certs, AnIdentityProofHoldsOnlyForTheKeyHolderAndTheChallenge) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().find("not signed by the cluster CA"), std::string::npos) << r.error();
   // Garbage and oversized input from the network.
-  r = verify_identity(ca, "b", challenge, identity_proof{"-----BEGIN CERTIFICATE-----\nzz\n", p->signature});
+  r = verify_identity(ca, "b", challenge,
+                      identity_proof{"-----BEGIN CERTIFICATE-----\nzz\n", p->signature});
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().find("not a PEM certificate"), std::string::npos) << r.error();
   r = verify_identity(ca, "b", challenge, identity_proof{std::string(20000, 'x'), p->signature});

@@ -51,13 +51,18 @@ model_path = "/srv/models/tiny"
 devices = [{ type = "cuda", index = 1, memory = 1073741824 }, { type = "cpu", cores = 3 }]
 )";
 
-std::string joined(const manifest_error& e) { return e.text(); }
+std::string joined(const manifest_error& e) {
+  return e.text();
+}
 
 TEST(Manifest, PlacementKeys) {
-  const std::string text = "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n"
-                           "[placement]\nwait_for_nodes_s = 2.5\nrebalance = false\ninterval_s = 1\ngain_threshold = 0.3\n"
-                           "cooldown_s = 120\nmemory_pressure = 0.8\nmeasure_s = 40\nload_half_life_s = 0\n"
-                           "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
+  const std::string text =
+      "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n"
+      "[placement]\nwait_for_nodes_s = 2.5\nrebalance = false\ninterval_s = 1\ngain_threshold = "
+      "0.3\n"
+      "cooldown_s = 120\nmemory_pressure = 0.8\nmeasure_s = 40\nload_half_life_s = 0\n"
+      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" "
+      "}]\n";
   auto m = parse_manifest(text, "/tmp/m.toml");
   ASSERT_TRUE(m) << joined(m.error());
   EXPECT_EQ(m->placement.wait_for_nodes_s, 2.5);
@@ -127,65 +132,93 @@ struct bad_case {
 
 TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
   const std::string head = "[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\n";  // lines 1-4
-  const std::string node = "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n";
+  const std::string node =
+      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" "
+      "}]\n";
   const std::vector<bad_case> cases{
       {head + "colour = 3\n" + node, "m.toml:5: cluster.colour: unknown key"},
-      {head + node + "[scheduler]\nqueue_limit = 0\n", "m.toml:11: scheduler.queue_limit: must be in [1, "},
-      {head + node + "[scheduler]\nqueue_limit = \"many\"\n", "m.toml:11: scheduler.queue_limit: expected an integer"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = \"cpu\" }]\n",
+      {head + node + "[scheduler]\nqueue_limit = 0\n",
+       "m.toml:11: scheduler.queue_limit: must be in [1, "},
+      {head + node + "[scheduler]\nqueue_limit = \"many\"\n",
+       "m.toml:11: scheduler.queue_limit: expected an integer"},
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = "
+              "\"cpu\" }]\n",
        "m.toml:8: nodes[0].port: must be in [1, 65535], got 70000"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"gpu\" }]\n",
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = "
+              "\"gpu\" }]\n",
        "m.toml:9: nodes[0].devices[0].type: expected cpu, cuda or npu, got 'gpu'"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\", cores = \"7-2\" }]\n",
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = "
+              "\"cpu\", cores = \"7-2\" }]\n",
        "nodes[0].devices[0].cores: expected a core (\"3\") or a range (\"0-7\"), got '7-2'"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\", memory = \"lots\" }]\n",
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = "
+              "\"cpu\", memory = \"lots\" }]\n",
        "nodes[0].devices[0].memory: expected a size"},
       {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = []\n",
        "m.toml:9: nodes[0].devices: a node needs at least one device"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"0.0.0.0\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n",
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"0.0.0.0\"\nport = 7400\ndevices = [{ type = "
+              "\"cpu\" }]\n",
        "m.toml:7: nodes[0].host: binding every interface"},
       {head + node + node, "nodes[1].name: 'a' is already the name of the node at line 5"},
-      {"[cluster]\nname = \"x\"\nhead = \"zz\"\ncerts = \"c\"\n" + node, "cluster.head: 'zz' is not the name of any node"},
+      {"[cluster]\nname = \"x\"\nhead = \"zz\"\ncerts = \"c\"\n" + node,
+       "cluster.head: 'zz' is not the name of any node"},
       {"[cluster]\nname = \"x\"\nhead = \"a\"\n" + node, "m.toml:1: cluster.certs: missing"},
       {head, "nodes: the cluster has no nodes"},
-      {head + node + "[model]\nquant = \"q5_k\"\n", "m.toml:11: model.quant: unknown weight format 'q5_k'"},
-      {head + node + "[parallelism]\npipeline_stages = 4\n", "parallelism: 4 stages x 1 tensor-parallel ranks need 4 devices; the nodes have 1"},
-      {head + node + "[parallelism]\npipeline_stages = \"many\"\n", "m.toml:11: parallelism.pipeline_stages: expected \"auto\""},
-      {head + node + "[placement]\ngain_threshold = -1\n", "m.toml:11: placement.gain_threshold: must be in [0, 10], got -1"},
-      {head + node + "[placement]\ncooldown_s = \"long\"\n", "m.toml:11: placement.cooldown_s: expected a number"},
-      {head + node + "[placement]\nrebalance = 1\n", "m.toml:11: placement.rebalance: expected true or false"},
-      {head + node + "[placement]\nmemory_pressure = 1.5\n", "m.toml:11: placement.memory_pressure: must be in [0.05, 1], got 1.5"},
-      {head + node + "[placement]\nmeasure_s = 0.5\n", "m.toml:11: placement.measure_s: must be in [2, 3600], got 0.5"},
-      {head + node + "[placement]\nplanner = \"greedy\"\n", "m.toml:11: placement.planner: unknown key"},
+      {head + node + "[model]\nquant = \"q5_k\"\n",
+       "m.toml:11: model.quant: unknown weight format 'q5_k'"},
+      {head + node + "[parallelism]\npipeline_stages = 4\n",
+       "parallelism: 4 stages x 1 tensor-parallel ranks need 4 devices; the nodes have 1"},
+      {head + node + "[parallelism]\npipeline_stages = \"many\"\n",
+       "m.toml:11: parallelism.pipeline_stages: expected \"auto\""},
+      {head + node + "[placement]\ngain_threshold = -1\n",
+       "m.toml:11: placement.gain_threshold: must be in [0, 10], got -1"},
+      {head + node + "[placement]\ncooldown_s = \"long\"\n",
+       "m.toml:11: placement.cooldown_s: expected a number"},
+      {head + node + "[placement]\nrebalance = 1\n",
+       "m.toml:11: placement.rebalance: expected true or false"},
+      {head + node + "[placement]\nmemory_pressure = 1.5\n",
+       "m.toml:11: placement.memory_pressure: must be in [0.05, 1], got 1.5"},
+      {head + node + "[placement]\nmeasure_s = 0.5\n",
+       "m.toml:11: placement.measure_s: must be in [2, 3600], got 0.5"},
+      {head + node + "[placement]\nplanner = \"greedy\"\n",
+       "m.toml:11: placement.planner: unknown key"},
       {head + "[cluster]\n", "not valid TOML"},
-      {head + node + "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cpu\" }]\n",
+      {head + node +
+           "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = "
+           "\"cpu\" }]\n",
        "nodes[1].port: 127.0.0.1:7400 is already node 'a''s address"},
-      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = \"cuda\", cores = \"1\" }]\n",
+      {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 7400\ndevices = [{ type = "
+              "\"cuda\", cores = \"1\" }]\n",
        "nodes[0].devices[0].cores: only a cpu device has cores"},
       {"[cluster]\nname = \"x\"\nhead = \"a\"\ncerts = \"c\"\nlaunch = \"ssh somewhere\"\n" + node,
        "m.toml:5: cluster.launch: must contain {host}"},
-      {"[cluster]\nname = \"x\"\nhead = \"\"\ncerts = \"c\"\n" + node, "m.toml:3: cluster.head: must not be empty"},
-      {"[cluster]\nname = \"x\"\nhead = \"client\"\ncerts = \"c\"\n[[nodes]]\nname = \"client\"\nhost = \"127.0.0.1\"\nport = 7400\n"
+      {"[cluster]\nname = \"x\"\nhead = \"\"\ncerts = \"c\"\n" + node,
+       "m.toml:3: cluster.head: must not be empty"},
+      {"[cluster]\nname = \"x\"\nhead = \"client\"\ncerts = \"c\"\n[[nodes]]\nname = "
+       "\"client\"\nhost = \"127.0.0.1\"\nport = 7400\n"
        "devices = [{ type = \"cpu\" }]\n",
        "m.toml:5: nodes[0].name: 'client' is reserved"},
   };
   for (const auto& c : cases) {
     auto m = parse_manifest(c.text, "m.toml");
     ASSERT_FALSE(m) << "accepted:\n" << c.text;
-    EXPECT_NE(joined(m.error()).find(c.expect), std::string::npos) << "wanted: " << c.expect << "\ngot:\n" << joined(m.error());
+    EXPECT_NE(joined(m.error()).find(c.expect), std::string::npos)
+        << "wanted: " << c.expect << "\ngot:\n"
+        << joined(m.error());
   }
 }
 
 TEST(Manifest, SeveralMistakesAreAllReported) {
   const std::string text =
       "[cluster]\nname = \"x y\"\nhead = \"a\"\ncerts = \"c\"\n"
-      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 0\ndevices = [{ type = \"npu\", index = -1 }]\nextra = true\n";
+      "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 0\ndevices = [{ type = \"npu\", index "
+      "= -1 }]\nextra = true\n";
   auto m = parse_manifest(text, "m.toml");
   ASSERT_FALSE(m);
   const auto all = joined(m.error());
   EXPECT_NE(all.find("m.toml:2: cluster.name"), std::string::npos) << all;
   EXPECT_NE(all.find("m.toml:8: nodes[0].port"), std::string::npos) << all;
-  EXPECT_NE(all.find("nodes[0].devices[0].index: must be in [0, 255], got -1"), std::string::npos) << all;
+  EXPECT_NE(all.find("nodes[0].devices[0].index: must be in [0, 255], got -1"), std::string::npos)
+      << all;
   EXPECT_NE(all.find("m.toml:10: nodes[0].extra: unknown key"), std::string::npos) << all;
   EXPECT_GE(m.error().messages.size(), 4u);
 }

@@ -6,7 +6,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace troupe::models;
-  auto file = mapped_file::from_memory("fuzz.gguf", {reinterpret_cast<const std::byte*>(data), size});
+  auto file =
+      mapped_file::from_memory("fuzz.gguf", {reinterpret_cast<const std::byte*>(data), size});
   gguf_limits limits;
   limits.max_array_elems = 1 << 16;
   auto g = gguf_file::parse(file, limits);

@@ -42,7 +42,8 @@ bool hits_tomlpp_unreachable(std::string_view s) {
       ++i;
       continue;
     }
-    if ((c >= 0xA1 && c <= 0x499) || (c >= 0x2C5E && c <= 0x3057 && c != 0x3000) || (c >= 0xFB26 && c <= 0xFEFE))
+    if ((c >= 0xA1 && c <= 0x499) || (c >= 0x2C5E && c <= 0x3057 && c != 0x3000) ||
+        (c >= 0xFB26 && c <= 0xFEFE))
       return true;
     i += n;
   }

@@ -6,7 +6,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace troupe::models;
-  auto file = mapped_file::from_memory("fuzz.safetensors", {reinterpret_cast<const std::byte*>(data), size});
+  auto file = mapped_file::from_memory("fuzz.safetensors",
+                                       {reinterpret_cast<const std::byte*>(data), size});
   auto m = safetensors_model::parse(file);
   if (!m) return 0;
   volatile std::uint8_t sink = 0;

@@ -157,12 +157,17 @@ TEST(Quant, Q8AndQ4DequantizeCloseToSource) {
   auto src = tensor::empty(*pool, dtype::f32, {5, 128});
   ASSERT_TRUE(src);
   for (std::int64_t i = 0; i < src->numel(); ++i) src->data_as<float>()[i] = nd(rng);
-  struct c { weight_format f; int group; float tol; };
-  for (auto [f, group, tol] : {c{weight_format::f16, 0, 2e-3f}, c{weight_format::bf16, 0, 1.6e-2f},
-                              c{weight_format::int8_sym, 0, 0.02f}, c{weight_format::int8_asym, 0, 0.02f},
-                              c{weight_format::int4_sym, 32, 0.5f}, c{weight_format::int4_asym, 32, 0.5f},
-                              c{weight_format::int4_sym, 64, 0.5f}, c{weight_format::q8_0, 0, 0.02f},
-                              c{weight_format::q4_0, 0, 0.5f}}) {
+  struct c {
+    weight_format f;
+    int group;
+    float tol;
+  };
+  for (auto [f, group, tol] :
+       {c{weight_format::f16, 0, 2e-3f}, c{weight_format::bf16, 0, 1.6e-2f},
+        c{weight_format::int8_sym, 0, 0.02f}, c{weight_format::int8_asym, 0, 0.02f},
+        c{weight_format::int4_sym, 32, 0.5f}, c{weight_format::int4_asym, 32, 0.5f},
+        c{weight_format::int4_sym, 64, 0.5f}, c{weight_format::q8_0, 0, 0.02f},
+        c{weight_format::q4_0, 0, 0.5f}}) {
     auto w = quantize(*pool, *src, f, group ? group : 32);
     ASSERT_TRUE(w) << to_string(f);
     ASSERT_TRUE(w->validate()) << to_string(f);
@@ -170,9 +175,9 @@ TEST(Quant, Q8AndQ4DequantizeCloseToSource) {
     ASSERT_TRUE(back);
     double max_err = 0;
     for (std::int64_t i = 0; i < src->numel(); ++i)
-      max_err = std::max<double>(max_err, std::fabs(back->data_as<float>()[i] - src->data_as<float>()[i]));
+      max_err = std::max<double>(max_err,
+                                 std::fabs(back->data_as<float>()[i] - src->data_as<float>()[i]));
     EXPECT_LT(max_err, tol) << to_string(f);
     EXPECT_GT(max_err, 0.0) << to_string(f) << " lost nothing: suspicious";
   }
 }
-

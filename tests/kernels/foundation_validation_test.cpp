@@ -15,7 +15,8 @@ TEST(Quant, RejectsBadShapes) {
   auto src = tensor::zeros(*pool, dtype::f32, {2, 40});
   ASSERT_TRUE(src);
   EXPECT_EQ(quantize(*pool, *src, weight_format::q8_0).error().code, errc::shape_mismatch);
-  EXPECT_EQ(quantize(*pool, *src, weight_format::int4_sym, 48).error().code, errc::invalid_argument);
+  EXPECT_EQ(quantize(*pool, *src, weight_format::int4_sym, 48).error().code,
+            errc::invalid_argument);
   auto f16src = tensor::zeros(*pool, dtype::f16, {2, 64});
   EXPECT_EQ(quantize(*pool, *f16src, weight_format::q8_0).error().code, errc::unsupported_dtype);
 }

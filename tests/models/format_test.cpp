@@ -22,7 +22,9 @@ using namespace troupe::models;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(TROUPE_FIXTURES_DIR) + "/models/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(TROUPE_FIXTURES_DIR) + "/models/" + name;
+}
 
 nlohmann::json load_json(const std::string& path) {
   std::ifstream in(path);
@@ -40,11 +42,17 @@ std::vector<float> to_floats(const kernels::tensor& t) {
         for (std::int64_t c = 0; c < t.cols(); ++c) y[c] = t.row_as<float>(r)[c];
         break;
       case kernels::dtype::f16:
-        for (std::int64_t c = 0; c < t.cols(); ++c) y[c] = kernels::to_f32(t.row_as<kernels::f16>(r)[c]);
+        for (std::int64_t c = 0; c < t.cols(); ++c)
+          y[c] = kernels::to_f32(t.row_as<kernels::f16>(r)[c]);
         break;
-      case kernels::dtype::q8_0: kernels::dequantize_row_q8_0(t.row_as<kernels::block_q8_0>(r), y, t.cols()); break;
-      case kernels::dtype::q4_0: kernels::dequantize_row_q4_0(t.row_as<kernels::block_q4_0>(r), y, t.cols()); break;
-      default: ADD_FAILURE() << "unexpected dtype";
+      case kernels::dtype::q8_0:
+        kernels::dequantize_row_q8_0(t.row_as<kernels::block_q8_0>(r), y, t.cols());
+        break;
+      case kernels::dtype::q4_0:
+        kernels::dequantize_row_q4_0(t.row_as<kernels::block_q4_0>(r), y, t.cols());
+        break;
+      default:
+        ADD_FAILURE() << "unexpected dtype";
     }
   }
   return out;
@@ -81,7 +89,8 @@ TEST(Gguf, ReadsWhatGgufPyWrote) {
     const auto got = to_floats(*t);
     const auto want = expect[name].get<std::vector<float>>();
     ASSERT_EQ(got.size(), want.size()) << name;
-    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << name << "[" << i << "]";
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << name << "[" << i << "]";
   }
 }
 
@@ -89,7 +98,8 @@ TEST(Gguf, WriterRoundTrip) {
   auto pool = kernels::memory_pool::create();
   auto src = kernels::tensor::empty(*pool, kernels::dtype::f32, {4, 64});
   ASSERT_TRUE(src);
-  for (std::int64_t i = 0; i < src->numel(); ++i) src->data_as<float>()[i] = std::sin(0.37f * float(i));
+  for (std::int64_t i = 0; i < src->numel(); ++i)
+    src->data_as<float>()[i] = std::sin(0.37f * float(i));
   auto q4 = kernels::quantize(*pool, *src, kernels::weight_format::q4_0);
   ASSERT_TRUE(q4);
   gguf_writer w;
@@ -112,7 +122,8 @@ TEST(Gguf, WriterRoundTrip) {
   ASSERT_TRUE(f) << f.error().message;
   EXPECT_EQ(*f->find("llama.block_count")->as_int(), 22);
   EXPECT_EQ(f->find("tokenizer.ggml.tokens")->as_array()->strings[2], "hi");
-  EXPECT_FLOAT_EQ(static_cast<float>(f->find("tokenizer.ggml.scores")->as_array()->floats[1]), -1.5f);
+  EXPECT_FLOAT_EQ(static_cast<float>(f->find("tokenizer.ggml.scores")->as_array()->floats[1]),
+                  -1.5f);
   auto a = f->view(*f->find_tensor("a"));
   auto b = f->view(*f->find_tensor("b"));
   ASSERT_TRUE(a && b);

@@ -27,7 +27,8 @@ void scramble(kv_cache& c, std::uint32_t seed) {
       if (t->data() == nullptr || t->nbytes() == 0) continue;
       if (t->type() == k::dtype::f32) {
         auto* p = t->data_as<float>();
-        for (std::int64_t i = 0; i < t->shape().numel(); ++i) p[i] = static_cast<float>(rng() % 2001) - 1000.0f;
+        for (std::int64_t i = 0; i < t->shape().numel(); ++i)
+          p[i] = static_cast<float>(rng() % 2001) - 1000.0f;
       } else {
         auto* p = t->data_as<std::uint8_t>();
         for (std::size_t i = 0; i < t->nbytes(); ++i) p[i] = static_cast<std::uint8_t>(rng());
@@ -63,7 +64,7 @@ TEST_P(KvDelta, RoundsOfDeltasRebuildTheSequence) {
   auto dst = kv_cache::create(*pool, 3, 2, 8, opts);
   ASSERT_TRUE(src && dst);
   scramble(*src, 1);
-  scramble(*dst, 2);  // stale data in the target's free blocks
+  scramble(*dst, 2);                         // stale data in the target's free blocks
   const seq_id other = src->add_sequence();  // another sequence in between: block ids differ
   const seq_id s = src->add_sequence();
   grow_to(*src, other, 6);
@@ -79,7 +80,8 @@ TEST_P(KvDelta, RoundsOfDeltasRebuildTheSequence) {
   std::int64_t copied = 10;
   for (std::int64_t to : {23, 24, 30, 30, 41}) {
     grow_to(*src, s, to);
-    scramble(*src, static_cast<std::uint32_t>(to));  // new content everywhere: the delta must carry the sent blocks' own
+    scramble(*src, static_cast<std::uint32_t>(
+                       to));  // new content everywhere: the delta must carry the sent blocks' own
     const auto from = static_cast<std::int32_t>(copied / 4);
     auto d = src->export_sequence(s, from);
     ASSERT_TRUE(d) << d.error().message;
@@ -121,7 +123,8 @@ TEST_P(KvDelta, AUnchangedSourceGivesAnIdenticalCopy) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, KvDelta, ::testing::Values(k::dtype::f32, k::dtype::f16, k::dtype::i8));
+INSTANTIATE_TEST_SUITE_P(Types, KvDelta,
+                         ::testing::Values(k::dtype::f32, k::dtype::f16, k::dtype::i8));
 
 TEST(KvDeltaValidation, BadDeltasAreRefusedAndChangeNothing) {
   auto pool = k::memory_pool::create();

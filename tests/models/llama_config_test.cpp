@@ -21,7 +21,8 @@ const char* llama32 = R"({
   "rope_theta": 500000.0, "tie_word_embeddings": true, "vocab_size": 128256})";
 
 // TinyLlama-1.1B's shape, no head_dim (derived), eos as an integer.
-const char* tinyllama = R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+const char* tinyllama =
+    R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
   "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_hidden_layers": 22,
   "num_key_value_heads": 4, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "vocab_size": 32000,
   "tie_word_embeddings": false, "rope_scaling": null})";
@@ -52,8 +53,9 @@ TEST(LlamaConfig, DerivesHeadDimAndDefaults) {
 }
 
 TEST(LlamaConfig, ReadsLlavaTextConfig) {
-  const std::string llava = std::string(R"({"architectures": ["LlavaForConditionalGeneration"], "text_config": )") +
-                            tinyllama + R"(, "vision_config": {}})";
+  const std::string llava =
+      std::string(R"({"architectures": ["LlavaForConditionalGeneration"], "text_config": )") +
+      tinyllama + R"(, "vision_config": {}})";
   auto c = parse_llama_config(llava, "llava.json");
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->architecture, "LlavaForConditionalGeneration");
@@ -61,7 +63,8 @@ TEST(LlamaConfig, ReadsLlavaTextConfig) {
 }
 
 TEST(LlamaConfig, GenerationDefaults) {
-  auto g = parse_generation_config(R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": [1, 2]})", "g.json");
+  auto g = parse_generation_config(
+      R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": [1, 2]})", "g.json");
   ASSERT_TRUE(g) << g.error().message;
   EXPECT_DOUBLE_EQ(*g->temperature, 0.6);
   EXPECT_DOUBLE_EQ(*g->top_p, 0.9);

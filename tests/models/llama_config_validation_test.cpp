@@ -10,14 +10,18 @@ namespace {
 
 std::string with(const std::string& extra) {
   return R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100)" + extra + "}";
+    "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100)" +
+         extra + "}";
 }
 
 }  // namespace
 
 TEST(LlamaConfigValidation, BadConfigsNameTheField) {
   ASSERT_TRUE(parse_llama_config(with(""), "c.json"));
-  struct bad { std::string text; std::string field; };
+  struct bad {
+    std::string text;
+    std::string field;
+  };
   const bad cases[] = {
       {"not json", "c.json"},
       {"[1, 2]", "c.json"},
@@ -29,7 +33,9 @@ TEST(LlamaConfigValidation, BadConfigsNameTheField) {
       {with(R"(, "rms_norm_eps": -1)"), "rms_norm_eps"},
       {with(R"(, "rope_theta": 0.5)"), "rope_theta"},
       {with(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"), "rope_scaling"},
-      {with(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1})"), "rope_scaling"},
+      {with(
+           R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1})"),
+       "rope_scaling"},
       {with(R"(, "rope_scaling": 7)"), "rope_scaling"},
       {with(R"(, "eos_token_id": 100)"), "eos_token_id"},
       {with(R"(, "bos_token_id": "one")"), "bos_token_id"},

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "logit_agreement.hpp"
 #include "../kernels/fixture_reader.hpp"
+#include "logit_agreement.hpp"
 #include "models/generate.hpp"
 #include "models/llama.hpp"
 
@@ -21,7 +21,9 @@ namespace k = troupe::kernels;
 
 namespace {
 
-std::string dir(const std::string& name) { return std::string(TROUPE_FIXTURES_DIR) + "/llama/" + name; }
+std::string dir(const std::string& name) {
+  return std::string(TROUPE_FIXTURES_DIR) + "/llama/" + name;
+}
 
 struct reference {
   std::vector<std::vector<std::int32_t>> tokens;
@@ -51,7 +53,8 @@ reference load_reference(const std::string& name) {
 }
 
 // All-position logits of `tokens` through a fresh cache.
-std::vector<float> run(k::cpu::context& ctx, const llama_model& m, const std::vector<std::int32_t>& tokens) {
+std::vector<float> run(k::cpu::context& ctx, const llama_model& m,
+                       const std::vector<std::int32_t>& tokens) {
   auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 16, .capacity_tokens = 256});
   EXPECT_TRUE(cache);
   const seq_id s = cache->add_sequence();
@@ -62,14 +65,16 @@ std::vector<float> run(k::cpu::context& ctx, const llama_model& m, const std::ve
 }
 
 // Worst |troupe - reference| / (logit range) over the positions.
-double worst_relative_error(const std::vector<float>& got, const std::vector<float>& want, std::int64_t vocab) {
+double worst_relative_error(const std::vector<float>& got, const std::vector<float>& want,
+                            std::int64_t vocab) {
   double worst = 0;
   for (std::size_t p = 0; p * static_cast<std::size_t>(vocab) < want.size(); ++p) {
     const float* w = want.data() + p * static_cast<std::size_t>(vocab);
     const float* g = got.data() + p * static_cast<std::size_t>(vocab);
     const auto [lo, hi] = std::minmax_element(w, w + vocab);
     double err = 0;
-    for (std::int64_t v = 0; v < vocab; ++v) err = std::max(err, std::fabs(double(g[v]) - double(w[v])));
+    for (std::int64_t v = 0; v < vocab; ++v)
+      err = std::max(err, std::fabs(double(g[v]) - double(w[v])));
     worst = std::max(worst, err / double(*hi - *lo));
   }
   return worst;
@@ -94,7 +99,8 @@ agreement compare_all(k::cpu::context& ctx, const llama_model& m, const referenc
   return total;
 }
 
-std::unique_ptr<llama_model> load(k::cpu::context& ctx, const std::string& path, const char* quant = nullptr) {
+std::unique_ptr<llama_model> load(k::cpu::context& ctx, const std::string& path,
+                                  const char* quant = nullptr) {
   quant_plan plan;
   if (quant) plan.default_format = *k::weight_format_from_string(quant);
   auto m = llama_model::load(path, ctx, plan);
@@ -120,8 +126,8 @@ TEST_P(LlamaFidelity, F32MatchesTransformersFromHfAndGguf) {
     const double ea = worst_relative_error(a, ref.logits[i], ref.vocab);
     const double eb = worst_relative_error(b, ref.logits[i], ref.vocab);
     const double eab = worst_relative_error(a, b, ref.vocab);
-    std::printf("%s seq %zu (%zu tokens): HF %.2e, GGUF %.2e, HF vs GGUF %.2e of the logit range\n", GetParam().c_str(), i,
-                ref.tokens[i].size(), ea, eb, eab);
+    std::printf("%s seq %zu (%zu tokens): HF %.2e, GGUF %.2e, HF vs GGUF %.2e of the logit range\n",
+                GetParam().c_str(), i, ref.tokens[i].size(), ea, eb, eab);
     EXPECT_LE(ea, 1e-4);
     EXPECT_LE(eb, 1e-4);
     EXPECT_LE(eab, 1e-5);  // same weights, rope in halves vs adjacent pairs (permuted q/k)
@@ -144,7 +150,8 @@ TEST_P(LlamaFidelity, GreedyGenerationMatchesTransformers) {
     std::size_t n = 0;
     while (n < ref.greedy_tokens.size() && ref.greedy_gap[n] > 1e-3f) ++n;
     EXPECT_GE(n, 4u) << "fixture has near-ties early; regenerate it";
-    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ((*out)[0].tokens[i], ref.greedy_tokens[i]) << path << " token " << i;
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ((*out)[0].tokens[i], ref.greedy_tokens[i]) << path << " token " << i;
   }
 }
 
@@ -169,23 +176,36 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, LlamaFidelity, ::testing::Values("odd", "l
 TEST(LlamaFidelityQuant, KlAndTop1PerFormat) {
   const auto ref = load_reference("llama3");
   auto ctx = k::cpu::context::create(2);
-  struct fmt { const char* quant; const char* file; double max_mean_kl; double margin; double min_top1; };
+  struct fmt {
+    const char* quant;
+    const char* file;
+    double max_mean_kl;
+    double margin;
+    double min_top1;
+  };
   const fmt formats[] = {
-      {"f16", nullptr, 2e-6, 0.1, 1.0},           {"bf16", nullptr, 1e-4, 0.1, 1.0},
-      {"int8", nullptr, 2e-3, 0.1, 0.96},         {"int8_asym", nullptr, 2e-3, 0.1, 0.96},
-      {"q8_0", nullptr, 2e-3, 0.1, 0.96},         {"int4", nullptr, 0.2, 0.5, 0.5},
-      {"int4_asym", nullptr, 0.2, 0.5, 0.5},      {"q4_0", nullptr, 0.2, 0.5, 0.5},
-      {nullptr, "model-f16.gguf", 2e-6, 0.1, 1.0}, {nullptr, "model-q8_0.gguf", 2e-3, 0.1, 0.96},
+      {"f16", nullptr, 2e-6, 0.1, 1.0},
+      {"bf16", nullptr, 1e-4, 0.1, 1.0},
+      {"int8", nullptr, 2e-3, 0.1, 0.96},
+      {"int8_asym", nullptr, 2e-3, 0.1, 0.96},
+      {"q8_0", nullptr, 2e-3, 0.1, 0.96},
+      {"int4", nullptr, 0.2, 0.5, 0.5},
+      {"int4_asym", nullptr, 0.2, 0.5, 0.5},
+      {"q4_0", nullptr, 0.2, 0.5, 0.5},
+      {nullptr, "model-f16.gguf", 2e-6, 0.1, 1.0},
+      {nullptr, "model-q8_0.gguf", 2e-3, 0.1, 0.96},
       {nullptr, "model-q4_0.gguf", 0.2, 0.5, 0.5},
   };
   for (const auto& f : formats) {
     const std::string label = f.quant ? std::string("HF --quant ") + f.quant : std::string(f.file);
-    auto m = f.quant ? load(*ctx, dir("llama3"), f.quant) : load(*ctx, dir("llama3") + "/" + f.file);
+    auto m =
+        f.quant ? load(*ctx, dir("llama3"), f.quant) : load(*ctx, dir("llama3") + "/" + f.file);
     ASSERT_TRUE(m) << label;
-    const auto total = compare_all(*ctx, *m, ref, [&](std::size_t i) { return ref.logits[i]; }, f.margin);
+    const auto total = compare_all(
+        *ctx, *m, ref, [&](std::size_t i) { return ref.logits[i]; }, f.margin);
     const double top1 = total.top1_checked ? double(total.top1_agree) / total.top1_checked : 1.0;
-    std::printf("%-24s mean KL %.2e  max KL %.2e  top-1 %d/%d\n", label.c_str(), total.mean_kl, total.max_kl,
-                total.top1_agree, total.top1_checked);
+    std::printf("%-24s mean KL %.2e  max KL %.2e  top-1 %d/%d\n", label.c_str(), total.mean_kl,
+                total.max_kl, total.top1_agree, total.top1_checked);
     EXPECT_LE(total.mean_kl, f.max_mean_kl) << label;
     EXPECT_GE(top1, f.min_top1) << label;
     EXPECT_GE(total.top1_checked, 10) << label;
@@ -205,10 +225,13 @@ TEST(LlamaFidelityQuant, BlockFormatsMatchTransformersOnDequantizedWeights) {
     auto m = load(*ctx, dir("llama3") + "/model-" + fmt + ".gguf");
     ASSERT_TRUE(m);
     const auto total = compare_all(
-        *ctx, *m, ref, [&](std::size_t i) { return deq.at(std::string("logits.") + fmt + "." + std::to_string(i)).as<float>(); },
+        *ctx, *m, ref,
+        [&](std::size_t i) {
+          return deq.at(std::string("logits.") + fmt + "." + std::to_string(i)).as<float>();
+        },
         0.1);
-    std::printf("%s vs dequantized reference: mean KL %.2e  max KL %.2e  top-1 %d/%d\n", fmt, total.mean_kl, total.max_kl,
-                total.top1_agree, total.top1_checked);
+    std::printf("%s vs dequantized reference: mean KL %.2e  max KL %.2e  top-1 %d/%d\n", fmt,
+                total.mean_kl, total.max_kl, total.top1_agree, total.top1_checked);
     EXPECT_LE(total.mean_kl, 1e-3) << fmt;
     EXPECT_EQ(total.top1_agree, total.top1_checked) << fmt;
     EXPECT_GE(total.top1_checked, 20) << fmt;

@@ -41,8 +41,9 @@ std::vector<std::int32_t> tokens(int n, int seed, int vocab) {
 
 // Logits of `seq` (last token of each chunk) when fed in chunks of `chunk`,
 // optionally with a companion sequence in every step.
-std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m, const std::vector<std::int32_t>& seq,
-                                    int chunk, bool companion) {
+std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m,
+                                    const std::vector<std::int32_t>& seq, int chunk,
+                                    bool companion) {
   auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 8, .capacity_tokens = 512});
   EXPECT_TRUE(cache);
   const seq_id a = cache->add_sequence(), b = cache->add_sequence();
@@ -113,7 +114,8 @@ TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
     }
     const auto one = run(*ctx1, **m, seq, 16, false);
     for (std::size_t i = 0; i < ref.size(); ++i)
-      ASSERT_EQ(std::memcmp(one[i].data(), ref[i].data(), ref[i].size() * sizeof(float)), 0) << "1 thread, position " << i;
+      ASSERT_EQ(std::memcmp(one[i].data(), ref[i].data(), ref[i].size() * sizeof(float)), 0)
+          << "1 thread, position " << i;
     // Not all zero or NaN.
     double mag = 0;
     for (float v : ref.back()) {
@@ -131,7 +133,8 @@ TEST_F(LlamaTest, SlidingWindowCacheFreesBlocksAndMatchesWindowedAttention) {
   const auto seq = tokens(60, 9, vocab);
   // Reference: a full cache, window applied by attention only.
   auto full = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256});
-  auto windowed = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256, .window = 12, .sinks = 4});
+  auto windowed = (*m)->make_cache(
+      ctx->memory(), kv_options{.block_size = 4, .capacity_tokens = 256, .window = 12, .sinks = 4});
   ASSERT_TRUE(full && windowed);
   const seq_id a = full->add_sequence(), b = windowed->add_sequence();
   k::attention_options win;
@@ -173,7 +176,8 @@ TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
   };
   generate_options opts;
   opts.prefill_chunk = 4;
-  auto together = generate_batch(*ctx, **m, reqs, std::vector<piece_fn>(reqs.size(), piece), nullptr, opts);
+  auto together =
+      generate_batch(*ctx, **m, reqs, std::vector<piece_fn>(reqs.size(), piece), nullptr, opts);
   ASSERT_TRUE(together) << together.error().message;
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     opts.prefill_chunk = 64;
@@ -216,7 +220,8 @@ TEST_F(LlamaTest, F16AndInt8KvStayCloseToF32) {
   ASSERT_TRUE(m);
   const auto seq = tokens(40, 4, vocab);
   auto logits_with = [&](k::dtype kv) {
-    auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .type = kv, .capacity_tokens = 64});
+    auto cache = (*m)->make_cache(ctx->memory(),
+                                  kv_options{.block_size = 8, .type = kv, .capacity_tokens = 64});
     EXPECT_TRUE(cache);
     const seq_id s = cache->add_sequence();
     auto l = (*m)->forward(*ctx, *cache, std::vector<step_input>{{s, seq, true}});

@@ -13,8 +13,8 @@
 #include <tuple>
 #include <vector>
 
-#include "logit_agreement.hpp"
 #include "../kernels/fixture_reader.hpp"
+#include "logit_agreement.hpp"
 #include "models/generate.hpp"
 #include "models/llava.hpp"
 
@@ -147,7 +147,8 @@ std::unique_ptr<llava_model> load(k::cpu::context& ctx, const std::string& name,
   // "bundled": the committed tiny LLaVA (assets/), references made by
   // tools/make_llava_fixtures.py --model assets/tiny-llava-shapes.
   const std::string path =
-      name == "bundled" ? std::string(TROUPE_FIXTURES_DIR) + "/../../assets/tiny-llava-shapes" : dir(name);
+      name == "bundled" ? std::string(TROUPE_FIXTURES_DIR) + "/../../assets/tiny-llava-shapes"
+                        : dir(name);
   auto m = llava_model::load(path, ctx, plan);
   EXPECT_TRUE(m) << name << ": " << m.error().message;
   return m ? std::move(*m) : nullptr;
@@ -334,7 +335,8 @@ using test::agreement;
 // noise (~8% per weight) moves the argmax often: the bounds are the measured
 // values (printed) with ~2x headroom, as in llama_fixture_test.
 TEST_P(LlavaFidelity, MixedPrecisionComponentsMatchDequantizedReference) {
-  if (GetParam() == "bundled") GTEST_SKIP() << "mixed precision is checked on the random-weight fixtures";
+  if (GetParam() == "bundled")
+    GTEST_SKIP() << "mixed precision is checked on the random-weight fixtures";
   const auto ref = load_reference(GetParam());
   const auto mixed = test::load_fixture(dir(GetParam()) + "/reference-mixed.bin");
   auto ctx = k::cpu::context::create(2);

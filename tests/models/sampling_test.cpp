@@ -120,14 +120,16 @@ TEST(Sampling, SameSeedSameTokensWhateverElseRuns) {
 // reach past several blocks here.
 std::vector<float> wide_logits(std::size_t n) {
   std::vector<float> l(n);
-  for (std::size_t i = 0; i < n; ++i) l[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2.0);
+  for (std::size_t i = 0; i < n; ++i)
+    l[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2.0);
   l[17] = -std::numeric_limits<float>::infinity();  // a masked token is never drawn
   l[900] = 6.0f;
   return l;
 }
 
 /// Each token's share of `draws` against `want` (0 outside the support).
-void expect_follows(sampler& s, const std::vector<float>& l, const std::vector<double>& want, int draws) {
+void expect_follows(sampler& s, const std::vector<float>& l, const std::vector<double>& want,
+                    int draws) {
   const auto h = histogram(s, l, draws);
   double chi = 0, dof = 0;
   double rare_seen = 0, rare_want = 0;  // tokens expected fewer than 5 times share one bin
@@ -151,7 +153,8 @@ void expect_follows(sampler& s, const std::vector<float>& l, const std::vector<d
   }
   ASSERT_GT(dof, 100) << "too few tokens to test against";
   // Chi-square with dof - 1 degrees of freedom: mean dof - 1, sd sqrt(2 dof).
-  EXPECT_LT(chi, dof + 6 * std::sqrt(2 * dof)) << "chi-square " << chi << " over " << dof << " tokens";
+  EXPECT_LT(chi, dof + 6 * std::sqrt(2 * dof))
+      << "chi-square " << chi << " over " << dof << " tokens";
 }
 
 TEST(Sampling, WholeVocabularyPathsFollowTheirDistributions) {
@@ -161,7 +164,8 @@ TEST(Sampling, WholeVocabularyPathsFollowTheirDistributions) {
   ASSERT_EQ(pr[17], 0);
   std::vector<std::size_t> order(l.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  std::sort(order.begin(), order.end(),
+            [&](auto a, auto b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
   const int draws = 60000;
   {
     sampling_params p;

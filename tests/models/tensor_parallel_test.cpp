@@ -44,7 +44,8 @@ struct two_ranks {
     s.all_reduce = [this, rank](tensor& t) -> result<void> {
       auto& r = rank == 0 ? r0 : r1;
       auto& id = rank == 0 ? id0 : id1;
-      return tr::ring_allreduce_sum(r, t.data_as<float>(), static_cast<std::size_t>(t.numel()), id++);
+      return tr::ring_allreduce_sum(r, t.data_as<float>(), static_cast<std::size_t>(t.numel()),
+                                    id++);
     };
     return s;
   }
@@ -52,13 +53,14 @@ struct two_ranks {
 
 std::vector<std::int32_t> tokens(int n, int salt, std::int64_t vocab) {
   std::vector<std::int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<std::int32_t>((i * 37 + salt * 11 + 5) % vocab));
+  for (int i = 0; i < n; ++i)
+    t.push_back(static_cast<std::int32_t>((i * 37 + salt * 11 + 5) % vocab));
   return t;
 }
 
 // Logits of two sequences (all tokens) from a model.
-result<tensor> logits_of(const llama_model& m, kernels::cpu::context& ctx, const std::vector<std::int32_t>& a,
-                         const std::vector<std::int32_t>& b) {
+result<tensor> logits_of(const llama_model& m, kernels::cpu::context& ctx,
+                         const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
   auto cache = m.make_cache(ctx.memory(), kv_options{});
   if (!cache) return std::unexpected(cache.error());
   const auto s0 = cache->add_sequence(), s1 = cache->add_sequence();
@@ -138,7 +140,8 @@ TEST(TensorParallel, TwoRanksMatchOneProcessQ8_0AndQ4_0) {
 TEST(TensorParallel, BundledModelGreedyTokensAreTheSame) {
   // The bundled LLaVA's decoder on a text prompt: 20 greedy tokens.
   const std::string dir = TROUPE_BUNDLED_MODEL;
-  auto greedy = [&](const llama_model& m, kernels::cpu::context& ctx) -> result<std::vector<std::int32_t>> {
+  auto greedy = [&](const llama_model& m,
+                    kernels::cpu::context& ctx) -> result<std::vector<std::int32_t>> {
     auto cache = m.make_cache(ctx.memory(), kv_options{});
     if (!cache) return std::unexpected(cache.error());
     const auto s = cache->add_sequence();
@@ -174,7 +177,8 @@ TEST(TensorParallel, BundledModelGreedyTokensAreTheSame) {
                                                            kernels::cpu::context::create(1)};
   std::vector<std::unique_ptr<llama_model>> ranks;
   for (int r = 0; r < 2; ++r) {
-    auto m = llama_model::build(**src, cfg->text, *ctxs[static_cast<std::size_t>(r)], {}, {}, g.split(r));
+    auto m = llama_model::build(**src, cfg->text, *ctxs[static_cast<std::size_t>(r)], {}, {},
+                                g.split(r));
     ASSERT_TRUE(m) << m.error().message;
     ranks.push_back(std::move(*m));
   }

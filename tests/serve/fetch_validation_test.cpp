@@ -16,20 +16,34 @@ using namespace troupe::serve;
 TEST(ImageFetch, AddressClasses) {
   // Not public, with the range named.
   const std::vector<std::pair<std::string, std::string>> blocked{
-      {"127.0.0.1", "loopback"},         {"127.255.0.9", "loopback"},        {"10.1.2.3", "private"},
-      {"172.16.0.1", "private"},         {"172.31.255.254", "private"},      {"192.168.1.1", "private"},
-      {"169.254.169.254", "link-local"}, {"100.64.0.1", "shared"},           {"0.0.0.0", "this network"},
-      {"224.0.0.1", "multicast"},        {"255.255.255.255", "reserved"},    {"::1", "loopback"},
-      {"::", "unspecified"},             {"fe80::1", "link-local"},          {"fc00::1", "unique local"},
-      {"fd12:3456::1", "unique local"},  {"::ffff:127.0.0.1", "loopback"},   {"::ffff:10.0.0.1", "private"},
-      {"ff02::1", "multicast"},          {"2001:db8::1", "documentation"},   {"64:ff9b::a00:1", "private"},
+      {"127.0.0.1", "loopback"},
+      {"127.255.0.9", "loopback"},
+      {"10.1.2.3", "private"},
+      {"172.16.0.1", "private"},
+      {"172.31.255.254", "private"},
+      {"192.168.1.1", "private"},
+      {"169.254.169.254", "link-local"},
+      {"100.64.0.1", "shared"},
+      {"0.0.0.0", "this network"},
+      {"224.0.0.1", "multicast"},
+      {"255.255.255.255", "reserved"},
+      {"::1", "loopback"},
+      {"::", "unspecified"},
+      {"fe80::1", "link-local"},
+      {"fc00::1", "unique local"},
+      {"fd12:3456::1", "unique local"},
+      {"::ffff:127.0.0.1", "loopback"},
+      {"::ffff:10.0.0.1", "private"},
+      {"ff02::1", "multicast"},
+      {"2001:db8::1", "documentation"},
+      {"64:ff9b::a00:1", "private"},
   };
   for (const auto& [ip, what] : blocked) {
     const auto r = non_public_reason(ip);
     EXPECT_NE(r.find(what), std::string::npos) << ip << " -> '" << r << "'";
   }
-  for (const std::string ip : {"8.8.8.8", "1.1.1.1", "172.32.0.1", "172.15.255.255", "100.128.0.1", "2606:4700::1111",
-                               "::ffff:8.8.8.8"})
+  for (const std::string ip : {"8.8.8.8", "1.1.1.1", "172.32.0.1", "172.15.255.255", "100.128.0.1",
+                               "2606:4700::1111", "::ffff:8.8.8.8"})
     EXPECT_EQ(non_public_reason(ip), "") << ip;
   EXPECT_NE(non_public_reason("example.com").find("not a numeric"), std::string::npos);
 }
@@ -47,30 +61,37 @@ TEST(ImageFetch, UrlParsing) {
   EXPECT_EQ(v6->port, 81);
   EXPECT_EQ(v6->path, "/");
   EXPECT_EQ(parse_http_url("http://a.b")->port, 80);
-  for (const std::string bad : {"ftp://a/b", "file:///etc/passwd", "http://", "http://user:pw@host/x", "http://host:0/",
-                                "http://host:65536/", "http://host:12a/", "http://[::1/x", "http://ho st/x",
-                                "no scheme", "http://host/a b", "gopher://x"})
+  for (const std::string bad :
+       {"ftp://a/b", "file:///etc/passwd", "http://", "http://user:pw@host/x", "http://host:0/",
+        "http://host:65536/", "http://host:12a/", "http://[::1/x", "http://ho st/x", "no scheme",
+        "http://host/a b", "gopher://x"})
     EXPECT_FALSE(parse_http_url(bad)) << bad;
 }
 
 class LocalImageServer : public ::testing::Test {
  protected:
   void SetUp() override {
-    srv_.Get("/img.png", [this](const httplib::Request&, httplib::Response& res) { res.set_content(image_, "image/png"); });
+    srv_.Get("/img.png", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(image_, "image/png");
+    });
     srv_.Get("/big.png", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(std::string(3u << 20, 'x'), "image/png");
     });
-    srv_.Get("/moved", [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/img.png"); });
+    srv_.Get("/moved",
+             [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/img.png"); });
     port_ = srv_.bind_to_any_port("127.0.0.1");
     ASSERT_GT(port_, 0);
     thread_ = std::thread([this] { srv_.listen_after_bind(); });
-    for (int i = 0; i < 500 && !srv_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (int i = 0; i < 500 && !srv_.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   void TearDown() override {
     srv_.stop();
     if (thread_.joinable()) thread_.join();
   }
-  std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+  std::string url(const std::string& path) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
 
   httplib::Server srv_;
   std::thread thread_;

@@ -17,19 +17,23 @@ using nlohmann::json;
 const std::string png_b64 = "iVBORw0KGgo=";  // the 8-byte PNG signature
 
 TEST(OpenAiParse, AChatWithTextAndAnImage) {
-  json body{{"model", "m"},
-            {"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
-                                      {{"role", "user"},
-                                       {"content", json::array({{{"type", "text"}, {"text", "What is it?"}},
-                                                                {{"type", "image_url"},
-                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})},
-            {"max_tokens", 7},
-            {"temperature", 0.5},
-            {"top_p", 0.9},
-            {"seed", 3},
-            {"stop", "END"},
-            {"stream", true},
-            {"stream_options", {{"include_usage", true}}}};
+  json body{
+      {"model", "m"},
+      {"messages",
+       json::array(
+           {{{"role", "system"}, {"content", "Be brief."}},
+            {{"role", "user"},
+             {"content",
+              json::array({{{"type", "text"}, {"text", "What is it?"}},
+                           {{"type", "image_url"},
+                            {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})},
+      {"max_tokens", 7},
+      {"temperature", 0.5},
+      {"top_p", 0.9},
+      {"seed", 3},
+      {"stop", "END"},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}}};
   auto r = parse_chat_request(body.dump());
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_TRUE(r->stream);
@@ -40,7 +44,8 @@ TEST(OpenAiParse, AChatWithTextAndAnImage) {
   EXPECT_EQ(r->job.turns[1].content, "What is it?");
   EXPECT_EQ(r->job.turns[1].images, 1);
   ASSERT_EQ(r->job.images.size(), 1u);
-  EXPECT_EQ(r->job.images[0].bytes, (std::vector<std::uint8_t>{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'}));
+  EXPECT_EQ(r->job.images[0].bytes,
+            (std::vector<std::uint8_t>{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'}));
   EXPECT_EQ(r->job.max_tokens, 7);
   EXPECT_TRUE(r->job.has_temperature);
   EXPECT_DOUBLE_EQ(r->job.temperature, 0.5);
@@ -64,11 +69,12 @@ TEST(OpenAiParse, EveryMistakeNamesItsField) {
       {R"({"messages":[3]})", 400, "messages[0]"},
       {R"({"messages":[{"role":"robot","content":"x"}]})", 400, "messages[0].role"},
       {R"({"messages":[{"role":"user"}]})", 400, "messages[0].content"},
-      {R"({"messages":[{"role":"user","content":[{"type":"audio"}]}]})", 400, "messages[0].content[0].type"},
-      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://example.com/a.png"}}]}]})", 400,
-       "messages[0].content[0].image_url"},
-      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@@@"}}]}]})", 400,
-       "messages[0].content[0].image_url"},
+      {R"({"messages":[{"role":"user","content":[{"type":"audio"}]}]})", 400,
+       "messages[0].content[0].type"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://example.com/a.png"}}]}]})",
+       400, "messages[0].content[0].image_url"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@@@"}}]}]})",
+       400, "messages[0].content[0].image_url"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:text/plain;base64,aGk="}}]}]})",
        400, "messages[0].content[0].image_url"},
       {R"({"messages":[)" + user + R"(],"max_tokens":0})", 400, "max_tokens"},
@@ -92,9 +98,13 @@ TEST(OpenAiParse, EveryMistakeNamesItsField) {
 TEST(OpenAiParse, LimitsAreEnforced) {
   request_limits l;
   l.max_image_bytes = 4;
-  json body{{"messages", json::array({{{"role", "user"},
-                                       {"content", json::array({{{"type", "image_url"},
-                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
+  json body{
+      {"messages",
+       json::array(
+           {{{"role", "user"},
+             {"content",
+              json::array({{{"type", "image_url"},
+                            {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
   auto r = parse_chat_request(body.dump(), l);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().status, 413);
@@ -114,27 +124,33 @@ TEST(OpenAiParse, LimitsAreEnforced) {
 }
 
 TEST(OpenAiParse, DataUrls) {
-  EXPECT_EQ(decode_data_url("data:image/png;base64,aGk=", 16).value(), (std::vector<std::uint8_t>{'h', 'i'}));
+  EXPECT_EQ(decode_data_url("data:image/png;base64,aGk=", 16).value(),
+            (std::vector<std::uint8_t>{'h', 'i'}));
   EXPECT_EQ(decode_data_url("data:image/jpeg;base64,aGVsbG8=", 16).value().size(), 5u);
-  EXPECT_FALSE(decode_data_url("data:image/png;base64,aGk", 16));     // not a multiple of 4
-  EXPECT_FALSE(decode_data_url("data:image/png,aGk=", 16));           // not base64
-  EXPECT_FALSE(decode_data_url("data:image/png;base64,", 16));        // empty
+  EXPECT_FALSE(decode_data_url("data:image/png;base64,aGk", 16));      // not a multiple of 4
+  EXPECT_FALSE(decode_data_url("data:image/png,aGk=", 16));            // not base64
+  EXPECT_FALSE(decode_data_url("data:image/png;base64,", 16));         // empty
   EXPECT_FALSE(decode_data_url("data:image/png;base64,aGVsbG8=", 4));  // too large
   EXPECT_FALSE(decode_data_url("file:///etc/passwd", 16));
 }
 
 TEST(OpenAiParse, RemoteImageUrlsOnlyWhenAllowed) {
-  json body{{"messages", json::array({{{"role", "user"},
-                                       {"content", json::array({{{"type", "text"}, {"text", "What?"}},
-                                                                {{"type", "image_url"},
-                                                                 {"image_url", {{"url", "https://example.com/a.png"}}}},
-                                                                {{"type", "image_url"},
-                                                                 {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
+  json body{
+      {"messages",
+       json::array(
+           {{{"role", "user"},
+             {"content",
+              json::array(
+                  {{{"type", "text"}, {"text", "What?"}},
+                   {{"type", "image_url"}, {"image_url", {{"url", "https://example.com/a.png"}}}},
+                   {{"type", "image_url"},
+                    {"image_url", {{"url", "data:image/png;base64," + png_b64}}}}})}}})}};
   auto off = parse_chat_request(body.dump());
   ASSERT_FALSE(off);
   EXPECT_EQ(off.error().status, 400);
   EXPECT_EQ(off.error().param, "messages[0].content[1].image_url");
-  EXPECT_NE(off.error().message.find("--allow-remote-images"), std::string::npos) << off.error().message;
+  EXPECT_NE(off.error().message.find("--allow-remote-images"), std::string::npos)
+      << off.error().message;
   request_limits l;
   l.remote_images = true;
   auto on = parse_chat_request(body.dump(), l);

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <future>
-#include <thread>
 #include <random>
+#include <thread>
 
 #include "transport/inproc_engine.hpp"
 #include "transport/ucx_engine.hpp"
@@ -48,7 +48,8 @@ group make_group(const std::string& kind, int n) {
 }
 
 // Runs one all-reduce on every rank at once; the errors, "" for success.
-std::vector<std::string> allreduce(group& g, std::vector<std::vector<float>>& data, std::uint64_t id) {
+std::vector<std::string> allreduce(group& g, std::vector<std::vector<float>>& data,
+                                   std::uint64_t id) {
   std::vector<std::future<std::string>> fs;
   for (std::size_t i = 0; i < g.rings.size(); ++i) {
     fs.push_back(std::async(std::launch::async, [&, i] {
@@ -69,8 +70,8 @@ TEST_P(RingAllReduce, EveryRankGetsTheExactSum) {
   std::uint64_t id = 1;
   for (int n : {2, 3, 4}) {
     auto g = make_group(GetParam(), n);
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{1000},
-                              std::size_t{300001}}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7},
+                              std::size_t{1000}, std::size_t{300001}}) {
       std::vector<std::vector<float>> data(static_cast<std::size_t>(n), std::vector<float>(count));
       std::vector<float> want(count, 0.f);
       std::mt19937 rng(static_cast<std::uint32_t>(count * 10 + static_cast<std::size_t>(n)));
@@ -83,7 +84,8 @@ TEST_P(RingAllReduce, EveryRankGetsTheExactSum) {
       const auto errs = allreduce(g, data, id++);
       for (int r = 0; r < n; ++r) {
         ASSERT_EQ(errs[static_cast<std::size_t>(r)], "") << "rank " << r;
-        EXPECT_EQ(data[static_cast<std::size_t>(r)], want) << n << " ranks, " << count << " values, rank " << r;
+        EXPECT_EQ(data[static_cast<std::size_t>(r)], want)
+            << n << " ranks, " << count << " values, rank " << r;
       }
     }
     for (auto& e : g.engines) EXPECT_EQ(e->live_ops(), 0u);
@@ -107,7 +109,8 @@ TEST_P(RingAllReduce, ArbitraryFloatsAreBitIdenticalOnEveryRank) {
   for (const auto& e : errs) ASSERT_EQ(e, "");
   EXPECT_EQ(data[0], data[1]);
   EXPECT_EQ(data[0], data[2]);
-  for (std::size_t i = 0; i < count; ++i) EXPECT_NEAR(data[0][i], exact[i], 1e-5 * (1 + std::abs(exact[i])));
+  for (std::size_t i = 0; i < count; ++i)
+    EXPECT_NEAR(data[0][i], exact[i], 1e-5 * (1 + std::abs(exact[i])));
 }
 
 TEST_P(RingAllReduce, AMissingRankFailsWithinTheTimeout) {

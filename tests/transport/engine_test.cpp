@@ -81,7 +81,8 @@ tr::op_spec recv_spec(std::uint64_t tag, void* data, std::size_t n) {
 
 // An owner that keeps waiting (on a receive nobody sends) until `stop`,
 // so its engine's worker progresses as a computing stage's would not.
-std::jthread keep_waiting(tr::transfer_engine& e, const std::atomic<bool>& stop, std::chrono::milliseconds each) {
+std::jthread keep_waiting(tr::transfer_engine& e, const std::atomic<bool>& stop,
+                          std::chrono::milliseconds each) {
   return std::jthread([&e, &stop, each] {
     std::vector<std::uint8_t> dummy(8);
     while (!stop) {
@@ -100,7 +101,8 @@ TEST_P(EngineTest, TaggedMessagesMatchByTagInAnyOrder) {
   auto p = make_pair(GetParam());
   const std::vector<std::size_t> sizes{0, 1, 4096, 100000, 3 << 20};
   std::vector<std::vector<std::uint8_t>> sent;
-  for (std::size_t i = 0; i < sizes.size(); ++i) sent.push_back(pattern(sizes[i], static_cast<std::uint32_t>(i)));
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    sent.push_back(pattern(sizes[i], static_cast<std::uint32_t>(i)));
   auto sender = std::async(std::launch::async, [&] {
     // Posted in reverse order of the receives below, then waited for.
     std::vector<tr::op_handle> ops;
@@ -145,7 +147,8 @@ TEST_P(EngineTest, MessageLargerThanTheReceiveBufferFailsClearly) {
   std::vector<std::uint8_t> small(100);
   auto r = tr::run_op(*p.b, recv_spec(5, small.data(), small.size()));
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message.find("larger than the receive buffer"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("larger than the receive buffer"), std::string::npos)
+      << r.error().message;
   sender.get();  // may succeed (eager) or fail; it must not hang past its timeout
   EXPECT_EQ(p.b->live_ops(), 0u);
 }
@@ -159,7 +162,8 @@ TEST_P(EngineTest, ReceiveWithNoSenderTimesOutAndReleasesEverything) {
   auto r = tr::run_op(*p.b, spec);
   const auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message.find("timed out after 200 ms"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("timed out after 200 ms"), std::string::npos)
+      << r.error().message;
   EXPECT_GE(took, 200ms);
   EXPECT_LT(took, 5000ms);
   EXPECT_EQ(p.b->live_ops(), 0u);
@@ -204,7 +208,8 @@ TEST_P(EngineTest, PutAndGetReachOnlyTheExposedRegion) {
   put.bytes = 11;
   auto bad = p.a->prepare(put);
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message.find("exceeds the exposed"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("exceeds the exposed"), std::string::npos)
+      << bad.error().message;
 
   // A corrupted key is refused.
   tr::remote_region broken = region;
@@ -225,7 +230,8 @@ TEST_P(EngineTest, PutAndGetReachOnlyTheExposedRegion) {
 TEST_P(EngineTest, GarbageAddressesAreRefused) {
   auto p = make_pair(GetParam());
   auto good = p.b->address();
-  std::vector<std::vector<std::uint8_t>> bad{{}, {1, 2, 3}, std::vector<std::uint8_t>(good.begin(), good.end() - 1)};
+  std::vector<std::vector<std::uint8_t>> bad{
+      {}, {1, 2, 3}, std::vector<std::uint8_t>(good.begin(), good.end() - 1)};
   auto flipped = good;
   flipped[flipped.size() / 2] ^= 1;
   bad.push_back(flipped);
@@ -294,13 +300,16 @@ TEST_P(EngineTest, ReceiverRefusesAHeaderItDidNotExpect) {
   std::vector<float> src(32, 1.f);
   tr::chunk_options opt;
   opt.timeout = 2000ms;
-  auto sender = std::async(std::launch::async, [&] { return tr::send_tensor(*p.a, p.a_to_b, h, src.data(), opt).has_value(); });
+  auto sender = std::async(std::launch::async, [&] {
+    return tr::send_tensor(*p.a, p.a_to_b, h, src.data(), opt).has_value();
+  });
   tr::tensor_header want = h;
   want.shape = {8, 4};
   std::vector<float> dst(32);
   auto got = tr::receive_tensor(*p.b, want, dst.data(), dst.size() * 4, opt);
   ASSERT_FALSE(got);
-  EXPECT_NE(got.error().message.find("shape [4,8], expected [8,4]"), std::string::npos) << got.error().message;
+  EXPECT_NE(got.error().message.find("shape [4,8], expected [8,4]"), std::string::npos)
+      << got.error().message;
   sender.get();
   EXPECT_EQ(p.b->live_ops(), 0u);
 }
@@ -308,7 +317,8 @@ TEST_P(EngineTest, ReceiverRefusesAHeaderItDidNotExpect) {
 INSTANTIATE_TEST_SUITE_P(Engines, EngineTest, ::testing::Values("inproc", "ucx", "ucx-tcp"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (auto& c : n) if (c == '-') c = '_';
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
                            return n;
                          });
 
@@ -384,7 +394,8 @@ TEST(UcxEngine, TheProgressThreadServesRmaWhileTheOwnerIsBusy) {
       EXPECT_EQ(st->state, tr::op_state::done) << st->failure.message;
       EXPECT_TRUE(std::equal(back.begin(), back.end(), target.begin() + target.size() / 4));
     } else {
-      EXPECT_EQ(st->state, tr::op_state::in_flight) << "the get completed without the target progressing";
+      EXPECT_EQ(st->state, tr::op_state::in_flight)
+          << "the get completed without the target progressing";
       // The owner comes back: its waits progress the worker and the get ends.
       std::atomic<bool> stop{false};
       auto owner = keep_waiting(**b, stop, 20ms);

@@ -20,7 +20,8 @@ std::string pattern_fnv(std::size_t n, std::uint64_t seed) {
   std::vector<std::uint8_t> v(n);
   troupe::test::fill_pattern(v, seed);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(troupe::transport::fnv1a64(v)));
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(troupe::transport::fnv1a64(v)));
   return buf;
 }
 
@@ -31,7 +32,8 @@ struct peers {
 
 // Starts two peers with the same engine options and connects them both ways.
 peers start(const std::vector<std::string>& args, const std::vector<std::string>& prefix_a = {},
-            const std::vector<std::string>& prefix_b = {}, const std::vector<std::string>& extra_a = {},
+            const std::vector<std::string>& prefix_b = {},
+            const std::vector<std::string>& extra_a = {},
             const std::vector<std::string>& extra_b = {}) {
   auto argv = [&](const std::vector<std::string>& prefix, const std::vector<std::string>& extra) {
     std::vector<std::string> v = prefix;
@@ -126,12 +128,15 @@ void killed_receiver(const std::vector<std::string>& args, bool stuck_allowed) {
   const auto t0 = std::chrono::steady_clock::now();
   p.b->kill();
   auto r = p.a->expect("error", 30000ms);
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   ASSERT_TRUE(r) << "the sender never reported the failure";
   EXPECT_TRUE(r->starts_with("error transfer 8: ")) << *r;
-  EXPECT_TRUE(r->find("timed out") != std::string::npos || r->find("failed") != std::string::npos) << *r;
+  EXPECT_TRUE(r->find("timed out") != std::string::npos || r->find("failed") != std::string::npos)
+      << *r;
   EXPECT_LT(took, troupe::test::scaled(10000ms)) << "the timeout is 3000 ms";
-  std::printf("sender's error after %lld ms: %s\n", static_cast<long long>(took.count()), r->c_str());
+  std::printf("sender's error after %lld ms: %s\n", static_cast<long long>(took.count()),
+              r->c_str());
   p.a->send_line("stats");
   auto st = p.a->expect("live_ops", 10000ms);
   ASSERT_TRUE(st);
@@ -147,7 +152,9 @@ void killed_receiver(const std::vector<std::string>& args, bool stuck_allowed) {
   }
 }
 
-TEST(Multiproc, KilledReceiverFailsTheTransferOverSharedMemory) { killed_receiver({"--timeout-ms", "3000"}, true); }
+TEST(Multiproc, KilledReceiverFailsTheTransferOverSharedMemory) {
+  killed_receiver({"--timeout-ms", "3000"}, true);
+}
 
 TEST(Multiproc, KilledReceiverFailsTheTransferOverTcp) {
   killed_receiver({"--tls", "tcp", "--net-devices", "lo", "--timeout-ms", "3000"}, false);
@@ -171,15 +178,19 @@ TEST(Multiproc, KilledSenderFailsTheReceiveClearly) {
 }
 
 // A ring all-reduce among processes: every rank gets the exact sum.
-void ring_of_processes(int n, const std::vector<std::string>& args, const std::vector<std::vector<std::string>>& prefix,
+void ring_of_processes(int n, const std::vector<std::string>& args,
+                       const std::vector<std::vector<std::string>>& prefix,
                        const std::vector<std::vector<std::string>>& extra) {
   std::vector<std::unique_ptr<child_process>> ps;
   std::vector<std::string> addrs;
   for (int i = 0; i < n; ++i) {
-    std::vector<std::string> argv = prefix.empty() ? std::vector<std::string>{} : prefix[static_cast<std::size_t>(i)];
+    std::vector<std::string> argv =
+        prefix.empty() ? std::vector<std::string>{} : prefix[static_cast<std::size_t>(i)];
     argv.push_back(TROUPE_TRANSPORT_PEER);
     argv.insert(argv.end(), args.begin(), args.end());
-    if (!extra.empty()) argv.insert(argv.end(), extra[static_cast<std::size_t>(i)].begin(), extra[static_cast<std::size_t>(i)].end());
+    if (!extra.empty())
+      argv.insert(argv.end(), extra[static_cast<std::size_t>(i)].begin(),
+                  extra[static_cast<std::size_t>(i)].end());
     ps.push_back(std::make_unique<child_process>("rank" + std::to_string(i), argv));
     auto a = ps.back()->expect("address ", 20000ms);
     ASSERT_TRUE(a && a->starts_with("address ")) << a.value_or("(nothing)");
@@ -187,7 +198,8 @@ void ring_of_processes(int n, const std::vector<std::string>& args, const std::v
   }
   std::vector<std::string> next(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    ps[static_cast<std::size_t>(i)]->send_line("connect " + addrs[static_cast<std::size_t>((i + 1) % n)]);
+    ps[static_cast<std::size_t>(i)]->send_line("connect " +
+                                               addrs[static_cast<std::size_t>((i + 1) % n)]);
     auto p = ps[static_cast<std::size_t>(i)]->expect("peer ", 20000ms);
     ASSERT_TRUE(p && p->starts_with("peer ")) << p.value_or("(nothing)");
     next[static_cast<std::size_t>(i)] = p->substr(5);
@@ -195,14 +207,17 @@ void ring_of_processes(int n, const std::vector<std::string>& args, const std::v
   const std::size_t count = 1000003;
   std::vector<float> want(count, 0.f);
   for (int r = 0; r < n; ++r)
-    for (std::size_t i = 0; i < count; ++i) want[i] += static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 201) - 100);
+    for (std::size_t i = 0; i < count; ++i)
+      want[i] += static_cast<float>(
+          static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 201) - 100);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%016llx",
-                static_cast<unsigned long long>(troupe::transport::fnv1a64(
-                    std::span(reinterpret_cast<const std::uint8_t*>(want.data()), want.size() * 4))));
+                static_cast<unsigned long long>(troupe::transport::fnv1a64(std::span(
+                    reinterpret_cast<const std::uint8_t*>(want.data()), want.size() * 4))));
   for (int i = 0; i < n; ++i) {
-    ps[static_cast<std::size_t>(i)]->send_line("allreduce " + next[static_cast<std::size_t>(i)] + " " + std::to_string(i) +
-                                               " " + std::to_string(n) + " " + std::to_string(count) + " 1");
+    ps[static_cast<std::size_t>(i)]->send_line("allreduce " + next[static_cast<std::size_t>(i)] +
+                                               " " + std::to_string(i) + " " + std::to_string(n) +
+                                               " " + std::to_string(count) + " 1");
   }
   for (int i = 0; i < n; ++i) {
     auto s = ps[static_cast<std::size_t>(i)]->expect("sum ", 60000ms);
@@ -211,11 +226,14 @@ void ring_of_processes(int n, const std::vector<std::string>& args, const std::v
   }
 }
 
-TEST(Multiproc, RingAllReduceOfThreeProcesses) { ring_of_processes(3, {"--timeout-ms", "20000"}, {}, {}); }
+TEST(Multiproc, RingAllReduceOfThreeProcesses) {
+  ring_of_processes(3, {"--timeout-ms", "20000"}, {}, {});
+}
 
 TEST(Multiproc, RingAllReduceBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(3);
   if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
-  ring_of_processes(2, {"--tls", "tcp", "--timeout-ms", "20000"}, {ns.exec_in(true), ns.exec_in(false)},
+  ring_of_processes(2, {"--tls", "tcp", "--timeout-ms", "20000"},
+                    {ns.exec_in(true), ns.exec_in(false)},
                     {{"--net-devices", ns.device(true)}, {"--net-devices", ns.device(false)}});
 }

@@ -50,7 +50,8 @@ TEST(Nccl, AGroupOfOneKeepsItsValues) {
 }
 
 TEST(Nccl, TwoGpusSumAndPass) {
-  if (tr::nccl_group::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << tr::nccl_group::device_count();
+  if (tr::nccl_group::device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << tr::nccl_group::device_count();
   auto id = tr::nccl_group::new_id();
   ASSERT_TRUE(id) << id.error().message;
   const std::size_t n = 1 << 20;
@@ -61,10 +62,12 @@ TEST(Nccl, TwoGpusSumAndPass) {
     auto buf = tr::device_buffer::alloc(r, n * 4);
     if (!buf) return buf.error().message;
     if (auto u = buf->upload(bytes_of(host)); !u) return u.error().message;
-    if (auto a = (*g)->all_reduce_sum(static_cast<float*>(buf->data()), n); !a) return a.error().message;
+    if (auto a = (*g)->all_reduce_sum(static_cast<float*>(buf->data()), n); !a)
+      return a.error().message;
     if (auto d = buf->download(bytes_of(host)); !d) return d.error().message;
     for (float x : host)
-      if (x != 3.f) return "rank " + std::to_string(r) + ": sum " + std::to_string(x) + ", expected 3";
+      if (x != 3.f)
+        return "rank " + std::to_string(r) + ": sum " + std::to_string(x) + ", expected 3";
     // Rank 0 sends its buffer (all 3s) to rank 1, which had zeroed its own.
     if (r == 1) {
       std::vector<float> zero(n, 0.f);

@@ -49,7 +49,8 @@ std::string hex(std::span<const std::uint8_t> b) {
 
 std::vector<std::uint8_t> unhex(const std::string& s) {
   std::vector<std::uint8_t> b;
-  for (std::size_t i = 0; i + 1 < s.size(); i += 2) b.push_back(static_cast<std::uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
+  for (std::size_t i = 0; i + 1 < s.size(); i += 2)
+    b.push_back(static_cast<std::uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
   return b;
 }
 
@@ -61,7 +62,9 @@ std::vector<std::int64_t> dims(const std::string& s) {
   return v;
 }
 
-void fill(std::vector<std::uint8_t>& v, std::uint64_t seed) { troupe::test::fill_pattern(v, seed); }
+void fill(std::vector<std::uint8_t>& v, std::uint64_t seed) {
+  troupe::test::fill_pattern(v, seed);
+}
 
 void say(const std::string& s) {
   std::fputs((s + "\n").c_str(), stdout);
@@ -69,7 +72,8 @@ void say(const std::string& s) {
 }
 
 std::string one_line(std::string s) {
-  for (auto& c : s) if (c == '\n') c = ' ';
+  for (auto& c : s)
+    if (c == '\n') c = ' ';
   return s;
 }
 
@@ -79,13 +83,20 @@ int main(int argc, char** argv) {
   tr::ucx_options opt;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--tls") opt.tls = v;
-    else if (k == "--net-devices") opt.net_devices = v;
-    else if (k == "--timeout-ms") opt.default_timeout = std::chrono::milliseconds(std::stoll(v));
-    else if (k == "--busy-poll") opt.sleep_when_idle = v != "1";
-    else if (k == "--peer-errors") opt.peer_errors = v == "1";
-    else if (k == "--progress-thread") opt.progress_thread = v == "1";
-    else if (k == "--spin-us") opt.spin_before_sleep = std::chrono::microseconds(std::stoll(v));
+    if (k == "--tls")
+      opt.tls = v;
+    else if (k == "--net-devices")
+      opt.net_devices = v;
+    else if (k == "--timeout-ms")
+      opt.default_timeout = std::chrono::milliseconds(std::stoll(v));
+    else if (k == "--busy-poll")
+      opt.sleep_when_idle = v != "1";
+    else if (k == "--peer-errors")
+      opt.peer_errors = v == "1";
+    else if (k == "--progress-thread")
+      opt.progress_thread = v == "1";
+    else if (k == "--spin-us")
+      opt.spin_before_sleep = std::chrono::microseconds(std::stoll(v));
   }
   auto engine = tr::ucx_engine::create(opt);
   if (!engine) {
@@ -168,7 +179,8 @@ int main(int argc, char** argv) {
         say("region " + hex(rr.key));
       } else if (cmd == "sum") {
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(tr::fnv1a64(exposed)));
+        std::snprintf(buf, sizeof buf, "%016llx",
+                      static_cast<unsigned long long>(tr::fnv1a64(exposed)));
         say(std::string("sum ") + buf);
       } else if (cmd == "put") {
         tr::peer_id peer = 0;
@@ -233,13 +245,15 @@ int main(int argc, char** argv) {
           ++done;
           if (posted < iters) post();
         }
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         for (auto h : live) e.release(h);
         if (!err.empty()) {
           say("error " + one_line(err));
         } else {
           char buf[64];
-          std::snprintf(buf, sizeof buf, "gbps %.4f", static_cast<double>(n) * static_cast<double>(iters) / secs / 1e9);
+          std::snprintf(buf, sizeof buf, "gbps %.4f",
+                        static_cast<double>(n) * static_cast<double>(iters) / secs / 1e9);
           say(buf);
         }
       } else if (cmd == "overlap" || cmd == "overlap_recv") {
@@ -273,7 +287,8 @@ int main(int argc, char** argv) {
         } else {
           volatile double sink = 0;
           auto compute = [&] {  // a fixed amount of FMA work, timed
-            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(compute_us);
+            const auto until =
+                std::chrono::steady_clock::now() + std::chrono::microseconds(compute_us);
             double acc = 1.0;
             while (std::chrono::steady_clock::now() < until) {
               for (int k = 0; k < 256; ++k) acc = acc * 1.0000001 + 1e-9;
@@ -306,7 +321,9 @@ int main(int argc, char** argv) {
             if (auto r = pending->finish(); !r) err = r.error().message;
           }
         }
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         char out[64];
         std::snprintf(out, sizeof out, "ms %.3f", ms);
         say(err.empty() ? std::string(out) : "error " + one_line(err));
@@ -320,19 +337,22 @@ int main(int argc, char** argv) {
         r.engine = &e;
         r.timeout = opt.default_timeout;
         std::vector<float> v(count);
-        for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r.rank) * 13) % 201) - 100);
+        for (std::size_t i = 0; i < count; ++i)
+          v[i] = static_cast<float>(
+              static_cast<int>((i * 7 + static_cast<std::size_t>(r.rank) * 13) % 201) - 100);
         auto res = tr::ring_allreduce_sum(r, v.data(), v.size(), id);
         char buf[32];
         std::snprintf(buf, sizeof buf, "%016llx",
-                      static_cast<unsigned long long>(tr::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 4))));
+                      static_cast<unsigned long long>(tr::fnv1a64(std::span(
+                          reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 4))));
         say(res ? std::string("sum ") + buf : "error " + one_line(res.error().message));
       } else if (cmd == "describe") {
         tr::peer_id peer = 0;
         in >> peer;
         say("lanes " + one_line(e.describe_peer(peer)) + (e.peer_errors() ? " (peer errors)" : ""));
       } else if (cmd == "stats") {
-        say("live_ops " + std::to_string(e.live_ops()) + " live_regions " + std::to_string(e.live_regions()) +
-            " stuck " + std::to_string(e.stuck_requests()));
+        say("live_ops " + std::to_string(e.live_ops()) + " live_regions " +
+            std::to_string(e.live_regions()) + " stuck " + std::to_string(e.stuck_requests()));
       } else if (cmd == "unexpose") {
         if (region) e.unexpose(region);
         region = 0;

@@ -65,14 +65,33 @@ TEST(WireValidation, TensorHeaderRoundTrips) {
 }
 
 TEST(WireValidation, InconsistentFieldsAreNamed) {
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.total_bytes += 2; })).find("disagrees with dtype and shape"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.chunk_count = 2; })).find("chunk_count 2 should be 3"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.chunk_bytes = 0; })).find("chunk size 0"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.shape = {3, -7, 64}; })).find("negative dimension"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.shape = {}; })).find("empty shape"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.type = static_cast<dtype>(42); })).find("unknown dtype 42"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.shape = std::vector<std::int64_t>(9, 1); })).find("rank 9"), std::string::npos);
-  EXPECT_NE(decode_error(tampered([](auto& h) { h.shape = {1ll << 40, 1ll << 40, 64}; })).find("overflows"), std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) {
+              h.total_bytes += 2;
+            })).find("disagrees with dtype and shape"),
+            std::string::npos);
+  EXPECT_NE(
+      decode_error(tampered([](auto& h) { h.chunk_count = 2; })).find("chunk_count 2 should be 3"),
+      std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) { h.chunk_bytes = 0; })).find("chunk size 0"),
+            std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) {
+              h.shape = {3, -7, 64};
+            })).find("negative dimension"),
+            std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) { h.shape = {}; })).find("empty shape"),
+            std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) {
+              h.type = static_cast<dtype>(42);
+            })).find("unknown dtype 42"),
+            std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) {
+              h.shape = std::vector<std::int64_t>(9, 1);
+            })).find("rank 9"),
+            std::string::npos);
+  EXPECT_NE(decode_error(tampered([](auto& h) {
+              h.shape = {1ll << 40, 1ll << 40, 64};
+            })).find("overflows"),
+            std::string::npos);
   tr::wire_limits small;
   small.max_total_bytes = 1000;
   auto r = tr::decode_tensor_header(tr::encode(sample_header()), small);
@@ -87,7 +106,8 @@ TEST(WireValidation, ReceiverExpectationsAreChecked) {
   want.type = dtype::f32;
   auto r = tr::check_expected(h, want);
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message.find("dtype f16, expected f32"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("dtype f16, expected f32"), std::string::npos)
+      << r.error().message;
   want = h;
   want.transfer_id = 5;
   EXPECT_FALSE(tr::check_expected(h, want));
@@ -133,10 +153,12 @@ TEST(WireValidation, RandomCorruptionNeverCrashes) {
   for (int i = 0; i < 20000; ++i) {
     auto b = (i % 2) ? good : good_kv;
     const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int f = 0; f < flips; ++f) b[rng() % b.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    for (int f = 0; f < flips; ++f)
+      b[rng() % b.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
     if (i % 7 == 0) b.resize(rng() % (b.size() + 1));
     if (i % 11 == 0) b.insert(b.end(), rng() % 64, static_cast<std::uint8_t>(rng()));
-    const bool ok = (i % 2) ? tr::decode_tensor_header(b).has_value() : tr::decode_kv_block_descriptor(b).has_value();
+    const bool ok = (i % 2) ? tr::decode_tensor_header(b).has_value()
+                            : tr::decode_kv_block_descriptor(b).has_value();
     refused += ok ? 0 : 1;
   }
   // Most corruptions are caught; the rest decoded into consistent values.
@@ -155,8 +177,10 @@ TEST(WireValidation, FramedBlobsCatchTruncationAndCorruption) {
   auto back = tr::unframe(0x11223344, blob, 100, "blob");
   ASSERT_TRUE(back);
   EXPECT_EQ(*back, body);
-  EXPECT_NE(tr::unframe(0x11223345, blob, 100, "blob").error().message.find("wrong magic"), std::string::npos);
-  EXPECT_NE(tr::unframe(0x11223344, blob, 5, "blob").error().message.find("exceeds"), std::string::npos);
+  EXPECT_NE(tr::unframe(0x11223345, blob, 100, "blob").error().message.find("wrong magic"),
+            std::string::npos);
+  EXPECT_NE(tr::unframe(0x11223344, blob, 5, "blob").error().message.find("exceeds"),
+            std::string::npos);
   for (std::size_t cut = 0; cut < blob.size(); ++cut) {
     EXPECT_FALSE(tr::unframe(0x11223344, std::span(blob.data(), cut), 100, "blob")) << cut;
   }
