@@ -1,14 +1,28 @@
 #pragma once
 
-#include <chrono>
+// The actors' side of the clock seam (actors/core/clock.hpp): a shell
+// hands its core the actor system's clock, so that under CAF's
+// test_coordinator (virtual time) the core and the shell's timers see the
+// same time.
+
+#include <caf/actor_clock.hpp>
+
+#include "actors/core/clock.hpp"
 
 namespace troupe::actors {
 
-using steady = std::chrono::steady_clock;
+using core::ms_between;
+using core::steady;
 
-/// Milliseconds from `a` to `b`.
-inline double ms_between(steady::time_point a, steady::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
+/// A core::clock reading a CAF actor clock (the system's, or a test
+/// coordinator's virtual one).
+class actor_clock_source final : public core::clock {
+ public:
+  explicit actor_clock_source(const caf::actor_clock& c) : clock_(&c) {}
+  core::time_point now() const override { return clock_->now(); }
+
+ private:
+  const caf::actor_clock* clock_;
+};
 
 }  // namespace troupe::actors

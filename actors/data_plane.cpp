@@ -86,6 +86,12 @@ bool data_plane::reachable(const std::string& key) const {
   return peers_.count(key) != 0;
 }
 
+kernels::result<tensor_ref> data_plane::send(const std::string& key, const std::string& device,
+                                             kernels::tensor t) {
+  if (key.empty()) return park(device, std::move(t));
+  return push(key, device, std::move(t));
+}
+
 tensor_ref data_plane::park(const std::string& device, kernels::tensor t) {
   return tensor_registry::local().put(device, std::move(t));
 }

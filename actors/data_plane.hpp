@@ -61,6 +61,12 @@ class data_plane {
   /// The engine's peer id of `key` (for collectives over the same engine).
   std::optional<transport::peer_id> peer(const std::string& key) const;
 
+  /// Hands `t` to a receiver in the process of `key`: "" (or this
+  /// process's own key) parks it here, zero copies; any other key pushes it
+  /// there. The one way actors send a tensor: nobody branches on where the
+  /// receiver is.
+  kernels::result<tensor_ref> send(const std::string& key, const std::string& device,
+                                   kernels::tensor t);
   /// Parks `t` for a receiver in this process.
   tensor_ref park(const std::string& device, kernels::tensor t);
   /// Sends `t` to the process `key` now (the transfer proceeds in the
@@ -110,5 +116,11 @@ namespace troupe::actors {
 /// socket the option is inherited by the connections it accepts. Call after
 /// publish / remote_actor. Returns how many sockets were changed.
 int enable_tcp_nodelay_everywhere();
+
+/// The data-plane key of `peer`'s process as seen from `self`'s: "" when it
+/// is the same process (data_plane::send parks the tensor then).
+inline std::string data_plane_key(const caf::node_id& self, const caf::node_id& peer) {
+  return peer == self ? std::string{} : to_string(peer);
+}
 
 }  // namespace troupe::actors

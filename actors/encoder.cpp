@@ -73,12 +73,10 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       continue;
     }
     encode_reply rep;
-    if (batch[i].dest.empty()) {
-      rep.embeddings = tensor_registry::local().put(res.device.name, std::move(*rows));
-    } else {
-      // The encoder was moved to another node than the scheduler's: the
-      // embeddings go back over the data plane.
-      auto ref = data_plane::local().push(batch[i].dest, res.device.name, std::move(*rows));
+    // An encoder moved to another node than the scheduler's sends the
+    // embeddings back over the data plane.
+    {
+      auto ref = data_plane::local().send(batch[i].dest, res.device.name, std::move(*rows));
       if (!ref) {
         batch[i].promise.deliver(make_error(
             error_code::peer_lost, "image embeddings to the scheduler: " + ref.error().message));
@@ -93,26 +91,26 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   }
 }
 
-/// Closes what is due in `bucket`; re-arms the timer for what is left.
+/// Closes what is due in `bucket` (core::decide_batch); re-arms the timer
+/// for what is left.
 void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std::int64_t bucket) {
   auto& q = self->state.buckets[bucket];
-  while (q.size() >= static_cast<std::size_t>(o.max_batch))
-    run_batch(self, res, bucket, static_cast<std::size_t>(o.max_batch));
-  if (q.empty()) return;
-  const double waited = ms_between(q.front().arrived, clock::now());
-  const bool due = waited >= o.max_wait_ms && (q.size() >= static_cast<std::size_t>(o.min_batch) ||
-                                               waited >= 4.0 * o.max_wait_ms);
-  if (due) {
-    run_batch(self, res, bucket, q.size());
+  for (;;) {
+    if (q.empty()) return;
+    const auto d = core::decide_batch(o, q.size(), q.front().arrived, clock::now());
+    if (d.close > 0) {
+      run_batch(self, res, bucket, d.close);
+      continue;
+    }
+    if (d.wake_at) {
+      const auto delay = std::max(core::duration::zero(), *d.wake_at - clock::now());
+      self->delayed_send(self,
+                         std::chrono::duration_cast<std::chrono::microseconds>(delay) +
+                             std::chrono::microseconds(100),
+                         flush_atom::value, bucket);
+    }
     return;
   }
-  const double wait_for = q.size() >= static_cast<std::size_t>(o.min_batch)
-                              ? o.max_wait_ms - waited
-                              : 4.0 * o.max_wait_ms - waited;
-  self->delayed_send(
-      self,
-      std::chrono::microseconds(static_cast<std::int64_t>(std::max(0.0, wait_for) * 1000) + 100),
-      flush_atom::value, bucket);
 }
 
 }  // namespace
@@ -158,7 +156,7 @@ encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) 
                                      "image embeddings from the encoder: " + t.error().message));
                       return;
                     }
-                    r.embeddings = tensor_registry::local().put("host", std::move(*t));
+                    r.embeddings = data_plane::local().park("host", std::move(*t));
                     rp.deliver(std::move(r));
                   },
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
@@ -179,9 +177,7 @@ encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) 
 
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res,
                             encoder_options opts) {
-  opts.max_batch = std::max(1, opts.max_batch);
-  opts.min_batch = std::clamp(opts.min_batch, 1, opts.max_batch);
-  opts.max_wait_ms = std::max(0, opts.max_wait_ms);
+  opts = core::sanitized(opts);
   auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res,
                  encoder_options o) -> encoder_actor::behavior_type {
     pin_current_thread(res->device.cores);

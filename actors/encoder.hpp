@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "actors/core/batching.hpp"
 #include "actors/device.hpp"
 #include "actors/device_spec.hpp"
 #include "actors/protocol.hpp"
@@ -11,16 +12,8 @@
 
 namespace troupe::actors {
 
-/// Dynamic batching of an encoder. A batch closes when it holds max_batch
-/// inputs, or once its oldest input has waited max_wait_ms and at least
-/// min_batch inputs wait (with fewer, it closes after 4 x max_wait_ms
-/// anyway, so nothing waits forever). Inputs with different token counts
-/// never share a batch (length buckets: no padding).
-struct encoder_options {
-  int max_batch = 8;
-  int min_batch = 1;
-  int max_wait_ms = 5;
-};
+/// Dynamic batching of an encoder (actors/core/batching.hpp).
+using encoder_options = core::batching_options;
 
 /// What a vision encoder runs on.
 struct encoder_resources {

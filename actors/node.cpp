@@ -116,7 +116,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         st.setup.remote_tail.reset();
         st.setup.tp_peers.clear();
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{},
+        self->send(st.setup.scheduler, pipeline_atom::value, std::vector<shard_actor>{},
                    std::vector<kv_store_actor>{});
         return;
       }
@@ -139,7 +139,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         kill_all(st.shards);
         kill_all(st.kv_stores);
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, std::vector<shard_actor>{},
+        self->send(st.setup.scheduler, pipeline_atom::value, std::vector<shard_actor>{},
                    std::vector<kv_store_actor>{});
         return;
       }
@@ -155,7 +155,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
           if (st.status.failed) return;
           spawn_pipeline(self);
           publish(self);
-          self->send(st.setup.scheduler, reset_atom::value, all_shards(st), all_kv_stores(st));
+          self->send(st.setup.scheduler, pipeline_atom::value, all_shards(st), all_kv_stores(st));
         };
         if (st.setup.tp_peers.empty()) {
           respawn();
@@ -164,7 +164,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
           // first step reaches them.
           auto left = std::make_shared<std::size_t>(st.setup.tp_peers.size());
           for (const auto& p : st.setup.tp_peers)
-            self->request(p.kv, caf::infinite, reset_atom::value)
+            self->request(p.kv, caf::infinite, clear_atom::value)
                 .then(
                     [left, respawn](std::int64_t) {
                       if (--*left == 0) respawn();
@@ -177,7 +177,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
                   st.status.restarts, st.setup.opts.max_restarts);
         spawn_encoder_actor(self);
         publish(self);
-        self->send(st.setup.scheduler, reset_atom::value, st.encoder);
+        self->send(st.setup.scheduler, encoder_atom::value, st.encoder);
       }
     });
     // The node stops: so does everything it spawned (the state is gone by
@@ -196,7 +196,7 @@ node_actor spawn_node(caf::actor_system& sys, node_setup setup) {
         });
     return {
         [=](stats_atom) { return self->state.status; },
-        [=](reset_atom, scheduler_actor& s) { self->state.setup.scheduler = std::move(s); },
+        [=](notify_atom, scheduler_actor& s) { self->state.setup.scheduler = std::move(s); },
     };
   };
   return sys.spawn(impl, std::move(setup));

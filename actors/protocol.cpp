@@ -2,36 +2,6 @@
 
 namespace troupe::actors {
 
-const char* to_string(error_code c) {
-  switch (c) {
-    case error_code::overloaded:
-      return "overloaded";
-    case error_code::duplicate_id:
-      return "duplicate request id";
-    case error_code::invalid_request:
-      return "invalid request";
-    case error_code::not_found:
-      return "not found";
-    case error_code::cancelled:
-      return "cancelled";
-    case error_code::deadline_exceeded:
-      return "deadline exceeded";
-    case error_code::kv_exhausted:
-      return "KV cache exhausted";
-    case error_code::stage_failed:
-      return "stage failed";
-    case error_code::version_mismatch:
-      return "protocol version mismatch";
-    case error_code::internal:
-      return "internal error";
-    case error_code::peer_lost:
-      return "peer lost";
-    case error_code::unavailable:
-      return "unavailable";
-  }
-  return "unknown error";
-}
-
 caf::error make_error(error_code code, std::string message) {
   return caf::error(static_cast<std::uint8_t>(code), error_category,
                     caf::make_message(std::move(message)));

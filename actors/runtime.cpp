@@ -284,7 +284,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   if (sopts.micro_batches < 1) sopts.micro_batches = cfg.stages;
   rt->scheduler_ =
       spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());
-  caf::anon_send(rt->node_, reset_atom::value, rt->scheduler_);
+  caf::anon_send(rt->node_, notify_atom::value, rt->scheduler_);
   return rt;
 }
 
@@ -334,118 +334,6 @@ std::string local_runtime::describe() const {
   }
   if (encoder_res_) s += ", vision encoder on " + encoder_res_->device.name;
   return s;
-}
-
-// -- client ------------------------------------------------------------------
-
-struct client::shared {
-  std::mutex mtx;
-  std::unordered_map<std::uint64_t, callbacks> cbs;
-};
-
-namespace {
-client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer,
-                                           std::shared_ptr<client::shared> sh) {
-  return {
-      [=](const token_event& e) {
-        std::function<void(const token_event&)> f;
-        {
-          std::lock_guard lock(sh->mtx);
-          auto it = sh->cbs.find(e.id);
-          if (it != sh->cbs.end()) f = it->second.on_token;
-        }
-        if (f) f(e);
-      },
-      [=](const finish_event& e) {
-        std::function<void(const finish_event&)> f;
-        {
-          std::lock_guard lock(sh->mtx);
-          auto it = sh->cbs.find(e.id);
-          if (it != sh->cbs.end()) {
-            f = std::move(it->second.on_finish);
-            sh->cbs.erase(it);
-          }
-        }
-        if (f) f(e);
-      },
-  };
-}
-}  // namespace
-
-client::client(caf::actor_system& sys, scheduler_actor scheduler)
-    : sys_(sys), scheduler_(std::move(scheduler)), shared_(std::make_shared<shared>()) {
-  sink_ = sys_.spawn(sink_impl, shared_);
-}
-
-client::~client() {
-  caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown);
-}
-
-std::uint64_t client::next_id() {
-  static std::atomic<std::uint64_t> next{1};
-  return next++;
-}
-
-std::expected<submit_ack, client::rejection> client::submit(generate_request req, callbacks cb) {
-  const auto id = req.id;
-  {
-    std::lock_guard lock(shared_->mtx);
-    shared_->cbs[id] = std::move(cb);
-  }
-  caf::scoped_actor self{sys_};
-  std::expected<submit_ack, rejection> out =
-      std::unexpected(rejection{error_code::internal, "no answer"});
-  self->request(scheduler_, caf::infinite, submit_atom::value, std::move(req), sink_)
-      .receive(
-          [&](submit_ack& a) { out = a; },
-          [&](caf::error& e) {
-            const auto code = troupe_code(e);
-            out = std::unexpected(rejection{
-                code ? static_cast<error_code>(code) : error_code::internal, describe(sys_, e)});
-          });
-  if (!out) {
-    std::lock_guard lock(shared_->mtx);
-    shared_->cbs.erase(id);
-  }
-  return out;
-}
-
-bool client::cancel(std::uint64_t id) {
-  caf::scoped_actor self{sys_};
-  bool found = false;
-  self->request(scheduler_, caf::infinite, cancel_atom::value, id)
-      .receive([&](bool b) { found = b; }, [&](caf::error&) {});
-  return found;
-}
-
-scheduler_stats client::stats() {
-  caf::scoped_actor self{sys_};
-  scheduler_stats s;
-  self->request(scheduler_, caf::infinite, stats_atom::value)
-      .receive([&](scheduler_stats& x) { s = x; }, [&](caf::error&) {});
-  return s;
-}
-
-std::expected<finish_event, client::rejection> client::run(
-    generate_request req, std::function<void(const token_event&)> on_token) {
-  struct waiter {
-    std::mutex m;
-    std::condition_variable cv;
-    std::optional<finish_event> done;
-  };
-  auto w = std::make_shared<waiter>();
-  callbacks cb;
-  cb.on_token = std::move(on_token);
-  cb.on_finish = [w](const finish_event& f) {
-    std::lock_guard lock(w->m);
-    w->done = f;
-    w->cv.notify_all();
-  };
-  auto ack = submit(std::move(req), std::move(cb));
-  if (!ack) return std::unexpected(ack.error());
-  std::unique_lock lock(w->m);
-  w->cv.wait(lock, [&] { return w->done.has_value(); });
-  return *w->done;
 }
 
 }  // namespace troupe::actors

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/client.hpp"
 #include "actors/device_spec.hpp"
 #include "actors/encoder.hpp"
 #include "actors/node.hpp"
@@ -77,48 +78,6 @@ class local_runtime {
   std::shared_ptr<node_handles> handles_ = std::make_shared<node_handles>();
   node_actor node_;
   scheduler_actor scheduler_;
-};
-
-/// Submit, stream, cancel: the one interface to a scheduler. Events arrive
-/// on the client's own actor thread through the callbacks given at submit.
-class client {
- public:
-  struct callbacks {
-    std::function<void(const token_event&)> on_token;
-    std::function<void(const finish_event&)> on_finish;
-  };
-
-  client(caf::actor_system& sys, scheduler_actor scheduler);
-  ~client();
-  client(const client&) = delete;
-  client& operator=(const client&) = delete;
-
-  /// Submits `req` (its id must be unique; see next_id()); the error is the
-  /// scheduler's (overloaded, invalid request, ...) as a readable message
-  /// with its code.
-  struct rejection {
-    error_code code = error_code::internal;
-    std::string message;
-  };
-  std::expected<submit_ack, rejection> submit(generate_request req, callbacks cb);
-  /// Cancels a request; false when it is unknown or already finished.
-  bool cancel(std::uint64_t id);
-  scheduler_stats stats();
-  /// A fresh request id (unique within this process).
-  static std::uint64_t next_id();
-
-  /// Submits and blocks until the request finishes (tokens are streamed to
-  /// `on_token` if given).
-  std::expected<finish_event, rejection> run(generate_request req,
-                                             std::function<void(const token_event&)> on_token = {});
-
-  struct shared;  ///< callbacks by request id, shared with the sink actor
-
- private:
-  caf::actor_system& sys_;
-  scheduler_actor scheduler_;
-  std::shared_ptr<shared> shared_;
-  client_sink_actor sink_;
 };
 
 }  // namespace troupe::actors

@@ -3,9 +3,12 @@
 // A pipeline stage: a shard actor (a range of decoder layers) and its
 // kv_store actor (the paged KV blocks of those layers) on one device. Both
 // run on detached threads pinned to the device's cores and share the
-// stage's KV cache under a mutex (same device, same process).
+// stage's KV cache under a mutex (same device, same process). This header
+// holds what a stage is and how it is built; the step's compute is in
+// actors/stage_compute.hpp, the actors in actors/shard_actor.hpp and
+// actors/kv_store_actor.hpp, tensor parallelism in actors/tp_group.hpp.
 
-#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,11 +16,13 @@
 
 #include "actors/device.hpp"
 #include "actors/device_spec.hpp"
+#include "actors/kv_store_actor.hpp"
 #include "actors/protocol.hpp"
+#include "actors/shard_actor.hpp"
+#include "actors/tp_group.hpp"
 #include "kernels/cpu/context.hpp"
 #include "models/kv_cache.hpp"
 #include "models/llama.hpp"
-#include "transport/collectives.hpp"
 
 namespace troupe::actors {
 
@@ -30,37 +35,6 @@ struct stage_kv {
   std::uint64_t generation = 0;  ///< bumped when a restarted pipeline takes over
 
   explicit stage_kv(models::kv_cache c) : cache(std::move(c)) {}
-};
-
-/// A tensor-parallel group as one rank sees it. Every rank holds slice
-/// `rank` of every layer of the stage and runs every step; the ranks' steps
-/// meet in the all-reduces over `ring` (to rank (rank + 1) % size). Rank 0
-/// is the group's face to the scheduler: its shard forwards each step to
-/// the other ranks' shards and answers once all agree; its KV store passes
-/// frees on to theirs. Embedding, norms and LM head are replicated and the
-/// all-reduce leaves every rank with the same bits, so every rank samples
-/// the same tokens (rank 0 checks).
-struct tp_group {
-  int rank = 0;
-  int size = 1;
-  transport::ring ring;                  ///< engine null until the ring is connected
-  std::vector<shard_actor> peer_shards;  ///< rank 0: ranks 1..size-1
-  std::vector<kv_store_actor> peer_kvs;  ///< rank 0: ranks 1..size-1
-  std::vector<std::string>
-      peer_keys;  ///< rank 0: their data-plane keys (image embeddings go there)
-  std::chrono::milliseconds reply_timeout{120000};
-  /// Set when a rank is gone: all-reduces in flight give up at once
-  /// (ring.abort points here).
-  std::atomic<bool> broken{false};
-  /// Set by the shard before each step (under the device lock): the
-  /// all-reduces of a step are numbered from its step number, the same on
-  /// every rank.
-  std::uint64_t step = 0;
-  std::uint32_t calls = 0;
-
-  /// The split to build this rank's model with (its all-reduce runs over
-  /// `ring`).
-  static models::tensor_split split_of(const std::shared_ptr<tp_group>& g);
 };
 
 /// What a stage's actors run on.
@@ -93,13 +67,5 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& 
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv);
-
-/// Spawns the shard of `res` (detached, pinned). `next` is the following
-/// stage's shard, or invalid for the last stage (which answers with logits).
-shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res,
-                        shard_actor next);
-
-/// Spawns the KV store of `res` (detached, pinned).
-kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_resources> res);
 
 }  // namespace troupe::actors

@@ -496,15 +496,16 @@ int run_submit(const cluster_args& a) {
       std::fwrite(e.text.data(), 1, e.text.size(), stdout);
       std::fflush(stdout);
     };
-  auto f = actors::run_job(*sys, *door, std::move(job), on_token);
+  actors::client client(*sys, *door);
+  auto f = client.run(std::move(job), on_token);
   if (!f) {
-    spdlog::error("submit: {}", f.error());
+    spdlog::error("submit: {}", f.error().message);
     return 1;
   }
   if (a.json) {
     json j{{"text", f->text},
            {"tokens", f->tokens},
-           {"finish_reason", f->reason},
+           {"finish_reason", actors::to_string(f->reason)},
            {"error", f->error},
            {"prompt_tokens", f->prompt_tokens},
            {"ttft_ms", f->ttft_ms},
@@ -516,7 +517,7 @@ int run_submit(const cluster_args& a) {
     if (!a.stream) std::printf("%s", f->text.c_str());
     std::printf("\n");
   }
-  if (f->reason == "error") {
+  if (f->reason == actors::finish_reason::error) {
     spdlog::error("submit: {}", f->error);
     return 1;
   }

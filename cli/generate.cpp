@@ -13,8 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include <caf/io/all.hpp>
-
 #include "actors/prompt.hpp"
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
@@ -43,9 +41,7 @@ struct generate_args {
   // Execution: the actor pipeline (devices, stages) or the plain loop.
   bool direct = false;
   std::string devices;
-  std::string remote_stage;           // HOST:PORT of a troupe worker serving the last layers
-  std::vector<std::string> tp_peers;  // HOST:PORT of tensor-parallel workers (ranks 1..K-1)
-  int stages = 1, micro_batches = 0, decode_steps = 16;
+  pipeline_flags pipeline;
   // Which sampling flags the user gave (the rest come from generation_config.json).
   bool set_temperature = false, set_top_k = false, set_top_p = false, set_min_p = false,
        set_repeat = false;
@@ -147,17 +143,12 @@ int run_generate(const generate_args& a) {
   const int threads = a.threads > 0
                           ? a.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto plan_r = parse_quant_flags(a.quant, a.overrides);
-  if (!plan_r) {
-    spdlog::error("{}", plan_r.error().message);
+  auto precision = parse_precision_flags(a.quant, a.overrides, a.kv_type);
+  if (!precision) {
+    spdlog::error("{}", precision.error().message);
     return 2;
   }
-  const quant_plan plan = *plan_r;
-  auto kv_type = parse_kv_type(a.kv_type);
-  if (!kv_type) {
-    spdlog::error("{}", kv_type.error().message);
-    return 2;
-  }
+  const quant_plan& plan = precision->plan;
   std::vector<actors::device_spec> devices;
   if (!a.direct) {
     std::string list = a.devices;
@@ -227,7 +218,7 @@ int run_generate(const generate_args& a) {
     return 2;
   }
   kv_options kv;
-  kv.type = *kv_type;
+  kv.type = precision->kv_type;
   kv.capacity_tokens = a.ctx_tokens;
 
   if (!a.direct) {
@@ -235,23 +226,13 @@ int run_generate(const generate_args& a) {
     // the scheduler in front, one client request.
     src->reset();
     caf::actor_system_config cfg;
-    actors::configure_runtime(cfg);
-    if (!a.remote_stage.empty() || !a.tp_peers.empty()) cfg.load<caf::io::middleman>();
+    configure_pipeline_system(cfg, a.pipeline);
     caf::actor_system sys{cfg};
-    actors::runtime_config rc;
-    rc.remote_tail = a.remote_stage;
-    rc.tp_peers = a.tp_peers;
-    rc.model = a.model;
-    rc.devices = devices;
-    rc.stages = a.stages;
-    rc.plan = plan;
-    rc.kv = kv;
+    auto rc = pipeline_config(a.pipeline, a.model, devices, plan, kv);
     // A single request may use the whole cache, as the direct loop does.
     rc.kv.capacity_tokens = std::max<std::int64_t>(
         kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
                                 (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
-    rc.scheduler.micro_batches = a.micro_batches;
-    rc.scheduler.max_decode_steps = a.decode_steps;
     auto rt = actors::local_runtime::start(sys, rc);
     if (!rt) {
       spdlog::error("{}", rt.error().message);
@@ -277,13 +258,13 @@ int run_generate(const generate_args& a) {
       spdlog::error("{}", fin.error().message);
       return 2;
     }
-    if (fin->reason == "error") {
+    if (fin->reason == actors::finish_reason::error) {
       spdlog::error("{}", fin->error);
       return 1;
     }
-    const char* why = fin->reason == "length" ? "max tokens"
-                      : fin->stop_string      ? "stop string"
-                                              : "stop token";
+    const char* why = fin->reason == actors::finish_reason::length ? "max tokens"
+                      : fin->stop_string                           ? "stop string"
+                                                                   : "stop token";
     const double prompt_s = (fin->ttft_ms - fin->encode_ms - fin->preprocess_ms) / 1e3;
     print_result(a, fin->text, *ids, fin->prompt_tokens, fin->tokens, why, images,
                  std::max(0.0, prompt_s), (fin->total_ms - fin->ttft_ms) / 1e3,
@@ -365,19 +346,19 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--devices", a->devices,
                   "Devices of the stages: cpu, cpu:N or cpu:A-B, comma-separated (stage i on "
                   "device i mod count)");
-  cmd->add_option("--stages", a->stages, "Pipeline stages (contiguous layer ranges)")
+  cmd->add_option("--stages", a->pipeline.stages, "Pipeline stages (contiguous layer ranges)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option(
-      "--remote-stage", a->remote_stage,
+      "--remote-stage", a->pipeline.remote_stage,
       "HOST:PORT of a `troupe worker` serving the last layers (pipeline across processes)");
-  cmd->add_option("--tp-peer", a->tp_peers,
+  cmd->add_option("--tp-peer", a->pipeline.tp_peers,
                   "HOST:PORT of a `troupe worker --tp-rank R --tp-size K` (repeat for each of "
                   "ranks 1..K-1): tensor "
                   "parallelism across processes, this process being rank 0");
-  cmd->add_option("--micro-batches", a->micro_batches,
+  cmd->add_option("--micro-batches", a->pipeline.micro_batches,
                   "Micro-batches in flight (default: the number of stages)")
       ->check(CLI::Range(0, 64));
-  cmd->add_option("--decode-steps", a->decode_steps,
+  cmd->add_option("--decode-steps", a->pipeline.decode_steps,
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized "
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));

@@ -1,5 +1,7 @@
 #include "cli/model_setup.hpp"
 
+#include <caf/io/all.hpp>
+
 namespace troupe::cli {
 
 kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
@@ -24,6 +26,16 @@ kernels::result<kernels::dtype> parse_kv_type(const std::string& name) {
   return *t;
 }
 
+kernels::result<precision_flags> parse_precision_flags(const std::string& quant,
+                                                       const std::vector<std::string>& overrides,
+                                                       const std::string& kv_type) {
+  auto plan = parse_quant_flags(quant, overrides);
+  if (!plan) return std::unexpected(plan.error());
+  auto kv = parse_kv_type(kv_type);
+  if (!kv) return std::unexpected(kv.error());
+  return precision_flags{std::move(*plan), *kv};
+}
+
 kernels::result<direct_model> load_direct_model(const models::weight_source& src,
                                                 const std::optional<models::llava_config>& llava,
                                                 const models::llama_config& text,
@@ -40,6 +52,28 @@ kernels::result<direct_model> load_direct_model(const models::weight_source& src
     m.plain = std::move(*r);
   }
   return m;
+}
+
+void configure_pipeline_system(caf::actor_system_config& cfg, const pipeline_flags& f) {
+  actors::configure_runtime(cfg);
+  if (!f.remote_stage.empty() || !f.tp_peers.empty()) cfg.load<caf::io::middleman>();
+}
+
+actors::runtime_config pipeline_config(const pipeline_flags& f, const std::string& model,
+                                       std::vector<actors::device_spec> devices,
+                                       const models::quant_plan& plan,
+                                       const models::kv_options& kv) {
+  actors::runtime_config rc;
+  rc.model = model;
+  rc.remote_tail = f.remote_stage;
+  rc.tp_peers = f.tp_peers;
+  rc.devices = std::move(devices);
+  rc.stages = f.stages;
+  rc.plan = plan;
+  rc.kv = kv;
+  rc.scheduler.micro_batches = f.micro_batches;
+  rc.scheduler.max_decode_steps = f.decode_steps;
+  return rc;
 }
 
 }  // namespace troupe::cli

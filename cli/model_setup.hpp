@@ -1,13 +1,15 @@
 #pragma once
 
 // What `troupe generate`, `run` and `bench` share: parsing the precision
-// flags and loading a model for the plain generation loop.
+// flags, loading a model for the plain generation loop, and setting up the
+// actor pipeline from the pipeline flags.
 
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "actors/runtime.hpp"
 #include "kernels/cpu/context.hpp"
 #include "models/llama.hpp"
 #include "models/llava.hpp"
@@ -24,6 +26,17 @@ kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
 /// --kv-type f32 | f16 | int8 (i8).
 kernels::result<kernels::dtype> parse_kv_type(const std::string& name);
 
+/// The precision flags: the weights' (--quant, --quant-override) and the KV
+/// cache's (--kv-type).
+struct precision_flags {
+  models::quant_plan plan;
+  kernels::dtype kv_type = kernels::dtype::f32;
+};
+/// parse_quant_flags, then parse_kv_type: the first error.
+kernels::result<precision_flags> parse_precision_flags(const std::string& quant,
+                                                       const std::vector<std::string>& overrides,
+                                                       const std::string& kv_type);
+
 /// A whole model for the plain loop: a LLaVA (vision + decoder) or a LLaMA.
 struct direct_model {
   std::unique_ptr<models::llava_model> llava;
@@ -37,5 +50,23 @@ kernels::result<direct_model> load_direct_model(const models::weight_source& src
                                                 const models::llama_config& text,
                                                 kernels::cpu::context& ctx,
                                                 const models::quant_plan& plan);
+
+/// The pipeline flags (--stages, --remote-stage, --tp-peer,
+/// --micro-batches, --decode-steps).
+struct pipeline_flags {
+  std::string remote_stage;           ///< HOST:PORT of a troupe worker serving the last layers
+  std::vector<std::string> tp_peers;  ///< HOST:PORT of tensor-parallel workers (ranks 1..K-1)
+  int stages = 1, micro_batches = 0, decode_steps = 16;
+};
+
+/// The runtime's CAF settings, and the middleman where a stage or a
+/// tensor-parallel rank runs in another process.
+void configure_pipeline_system(caf::actor_system_config& cfg, const pipeline_flags& f);
+
+/// The pipeline of `model` over `devices` as the flags say.
+actors::runtime_config pipeline_config(const pipeline_flags& f, const std::string& model,
+                                       std::vector<actors::device_spec> devices,
+                                       const models::quant_plan& plan,
+                                       const models::kv_options& kv);
 
 }  // namespace troupe::cli

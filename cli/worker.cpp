@@ -41,12 +41,10 @@ struct worker_args {
 
 int run_worker(const worker_args& a) {
   const std::string model = a.model.empty() ? bundled_model_path() : a.model;
-  auto plan = parse_quant_flags(a.quant, a.overrides);
-  auto kv_type = parse_kv_type(a.kv_type);
+  auto precision = parse_precision_flags(a.quant, a.overrides, a.kv_type);
   auto devs = actors::parse_devices(a.device);
-  if (!plan || !kv_type || !devs || devs->size() != 1) {
-    spdlog::error("worker: {}", !plan      ? plan.error().message
-                                : !kv_type ? kv_type.error().message
+  if (!precision || !devs || devs->size() != 1) {
+    spdlog::error("worker: {}", !precision ? precision.error().message
                                 : !devs    ? devs.error().message
                                            : "--device takes one device");
     return 2;
@@ -86,10 +84,10 @@ int run_worker(const worker_args& a) {
   }
   range.last = L;
   models::kv_options kv;
-  kv.type = *kv_type;
+  kv.type = precision->kv_type;
   kv.capacity_tokens = a.ctx_tokens;
-  auto res = actors::make_stage(actors::device_context::create(devs->front()), model, range, *plan,
-                                kv, group);
+  auto res = actors::make_stage(actors::device_context::create(devs->front()), model, range,
+                                precision->plan, kv, group);
   if (!res) {
     if (tp)
       spdlog::error("worker: tensor-parallel rank {} of {}: {}", a.tp_rank, a.tp_size,

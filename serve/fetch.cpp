@@ -100,6 +100,14 @@ std::string text_of(const sockaddr* sa) {
   return buf;
 }
 
+std::unexpected<fetch_error> fail(fetch_errc code, std::string message) {
+  return std::unexpected(fetch_error{code, std::move(message)});
+}
+
+std::unexpected<fetch_error> url_error(std::string message) {
+  return fail(fetch_errc::bad_url, std::move(message));
+}
+
 }  // namespace
 
 std::string non_public_reason(std::string_view ip) {
@@ -115,15 +123,14 @@ std::string non_public_reason(std::string_view ip) {
   return "'" + s.substr(0, 64) + "' is not a numeric IP address";
 }
 
-std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
+std::expected<url_parts, fetch_error> parse_http_url(std::string_view url) {
   url_parts p;
   const auto sep = url.find("://");
-  if (sep == std::string_view::npos) return std::unexpected("not a URL (no scheme)");
+  if (sep == std::string_view::npos) return url_error("not a URL (no scheme)");
   for (char c : url.substr(0, sep))
     p.scheme += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (p.scheme != "http" && p.scheme != "https")
-    return std::unexpected("the scheme '" + p.scheme.substr(0, 16) +
-                           "' is not fetched (http or https)");
+    return url_error("the scheme '" + p.scheme.substr(0, 16) + "' is not fetched (http or https)");
   auto rest = url.substr(sep + 3);
   const auto slash = rest.find_first_of("/?#");
   auto authority = rest.substr(0, slash);
@@ -131,15 +138,15 @@ std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
   if (p.path[0] != '/') p.path = "/" + p.path;
   if (const auto hash = p.path.find('#'); hash != std::string::npos) p.path.resize(hash);
   if (authority.find('@') != std::string_view::npos)
-    return std::unexpected("a user name or password in the URL");
+    return url_error("a user name or password in the URL");
   std::string_view port;
   if (!authority.empty() && authority[0] == '[') {
     const auto close = authority.find(']');
-    if (close == std::string_view::npos) return std::unexpected("an IPv6 address without ']'");
+    if (close == std::string_view::npos) return url_error("an IPv6 address without ']'");
     p.host = std::string(authority.substr(1, close - 1));
     auto after = authority.substr(close + 1);
     if (!after.empty()) {
-      if (after[0] != ':') return std::unexpected("text after the IPv6 address");
+      if (after[0] != ':') return url_error("text after the IPv6 address");
       port = after.substr(1);
     }
   } else {
@@ -147,30 +154,30 @@ std::expected<url_parts, std::string> parse_http_url(std::string_view url) {
     p.host = std::string(authority.substr(0, colon));
     if (colon != std::string_view::npos) port = authority.substr(colon + 1);
   }
-  if (p.host.empty()) return std::unexpected("no host in the URL");
+  if (p.host.empty()) return url_error("no host in the URL");
   for (char c : p.host)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
           c == '_'))
-      return std::unexpected(
+      return url_error(
           "a host name with a character other than letters, digits, '.', '-', '_' or ':'");
   p.port = p.scheme == "https" ? 443 : 80;
   if (!port.empty()) {
-    if (port.size() > 5) return std::unexpected("a bad port");
+    if (port.size() > 5) return url_error("a bad port");
     int v = 0;
     for (char c : port) {
-      if (!std::isdigit(static_cast<unsigned char>(c))) return std::unexpected("a bad port");
+      if (!std::isdigit(static_cast<unsigned char>(c))) return url_error("a bad port");
       v = v * 10 + (c - '0');
     }
-    if (v < 1 || v > 65535) return std::unexpected("a bad port");
+    if (v < 1 || v > 65535) return url_error("a bad port");
     p.port = v;
   }
   for (char c : p.path)
     if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
-      return std::unexpected("a space or control character in the path");
+      return url_error("a space or control character in the path");
   return p;
 }
 
-std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url,
+std::expected<std::vector<std::uint8_t>, fetch_error> fetch_image(std::string_view url,
                                                                   const fetch_options& opt) {
   auto p = parse_http_url(url);
   if (!p) return std::unexpected(p.error());
@@ -181,21 +188,22 @@ std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_vi
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (int rc = ::getaddrinfo(p->host.c_str(), nullptr, &hints, &res); rc != 0)
-    return std::unexpected("cannot resolve " + p->host + ": " + ::gai_strerror(rc));
+    return fail(fetch_errc::not_found, "cannot resolve " + p->host + ": " + ::gai_strerror(rc));
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, &::freeaddrinfo);
   std::string chosen;
   for (auto* a = res; a; a = a->ai_next) {
     const auto why = reason_of(a->ai_addr);
     if (!why.empty() && !opt.allow_private)
-      return std::unexpected("refused: " + p->host + " resolves to " + text_of(a->ai_addr) +
-                             ", a " + why + " address (only public addresses are fetched)");
+      return fail(fetch_errc::forbidden_address,
+                  "refused: " + p->host + " resolves to " + text_of(a->ai_addr) + ", a " + why +
+                      " address (only public addresses are fetched)");
     if (chosen.empty()) chosen = text_of(a->ai_addr);
   }
-  if (chosen.empty()) return std::unexpected("cannot resolve " + p->host);
+  if (chosen.empty()) return fail(fetch_errc::not_found, "cannot resolve " + p->host);
   httplib::Client cli(p->scheme + "://" +
                       (p->host.find(':') != std::string::npos ? "[" + p->host + "]" : p->host) +
                       ":" + std::to_string(p->port));
-  if (!cli.is_valid()) return std::unexpected("cannot make a client for " + p->host);
+  if (!cli.is_valid()) return fail(fetch_errc::io, "cannot make a client for " + p->host);
   cli.set_hostname_addr_map({{p->host, chosen}});
   cli.set_connection_timeout(opt.timeout_s, 0);
   cli.set_read_timeout(opt.timeout_s, 0);
@@ -226,17 +234,19 @@ std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_vi
         return true;
       });
   if (too_big)
-    return std::unexpected("the image at " + p->host + " is larger than " +
-                           std::to_string(opt.max_bytes >> 20) + " MiB");
+    return fail(fetch_errc::too_large, "the image at " + p->host + " is larger than " +
+                                           std::to_string(opt.max_bytes >> 20) + " MiB");
   if (late)
-    return std::unexpected("fetching from " + p->host + " took longer than " +
-                           std::to_string(opt.timeout_s) + " s");
+    return fail(fetch_errc::timeout, "fetching from " + p->host + " took longer than " +
+                                         std::to_string(opt.timeout_s) + " s");
   if (status >= 300 && status < 400)
-    return std::unexpected("the image URL redirects (redirects are not followed)");
+    return fail(fetch_errc::redirect, "the image URL redirects (redirects are not followed)");
   if (status != 0 && status != 200)
-    return std::unexpected("fetching from " + p->host + ": HTTP " + std::to_string(status));
-  if (!r) return std::unexpected("fetching from " + p->host + ": " + httplib::to_string(r.error()));
-  if (body.empty()) return std::unexpected("the image at " + p->host + " is empty");
+    return fail(fetch_errc::bad_status,
+                "fetching from " + p->host + ": HTTP " + std::to_string(status));
+  if (!r)
+    return fail(fetch_errc::io, "fetching from " + p->host + ": " + httplib::to_string(r.error()));
+  if (body.empty()) return fail(fetch_errc::empty, "the image at " + p->host + " is empty");
   return body;
 }
 

@@ -16,6 +16,25 @@
 
 namespace troupe::serve {
 
+/// Why a fetch failed: the code decides what the gateway answers (an HTTP
+/// status), the message says to the client what was refused.
+enum class fetch_errc : std::uint8_t {
+  bad_url,            ///< not an http(s) URL that is fetched (scheme, user name, host, port, path)
+  not_found,          ///< the host name does not resolve
+  forbidden_address,  ///< the host name resolves to an address that is not public
+  redirect,           ///< the server answers with a redirect (not followed)
+  bad_status,         ///< the server answers with a status other than 200
+  too_large,          ///< the body is over fetch_options::max_bytes
+  timeout,            ///< the transfer took longer than fetch_options::timeout_s
+  empty,              ///< the body is empty
+  io,                 ///< no connection, or the transfer broke off
+};
+
+struct fetch_error {
+  fetch_errc code = fetch_errc::io;
+  std::string message;
+};
+
 struct fetch_options {
   bool allow_private = false;  ///< for a trusted intranet (and the tests): skip the address check
   std::size_t max_bytes = 32u << 20;  ///< larger bodies are refused
@@ -32,10 +51,11 @@ struct url_parts {
   std::string scheme, host, path;
   int port = 0;
 };
-std::expected<url_parts, std::string> parse_http_url(std::string_view url);
+/// Errors have the code bad_url.
+std::expected<url_parts, fetch_error> parse_http_url(std::string_view url);
 
 /// GETs `url` under the rules above; the error says what was refused.
-std::expected<std::vector<std::uint8_t>, std::string> fetch_image(std::string_view url,
+std::expected<std::vector<std::uint8_t>, fetch_error> fetch_image(std::string_view url,
                                                                   const fetch_options& opt);
 
 }  // namespace troupe::serve

@@ -31,13 +31,32 @@ std::int64_t unix_now() {
       .count();
 }
 
+// The HTTP status for an image URL that could not be fetched: a body over
+// the limit is 413; the rest is the request's fault as far as the gateway
+// can tell.
+int status_of(fetch_errc code) {
+  switch (code) {
+    case fetch_errc::too_large:
+      return 413;
+    case fetch_errc::bad_url:
+    case fetch_errc::not_found:
+    case fetch_errc::forbidden_address:
+    case fetch_errc::redirect:
+    case fetch_errc::bad_status:
+    case fetch_errc::timeout:
+    case fetch_errc::empty:
+    case fetch_errc::io:
+      return 400;
+  }
+  return 400;
+}
+
 // What a request's sink thread hands to the HTTP thread.
 struct job_stream {
   std::mutex m;
   std::condition_variable cv;
-  std::deque<std::string> texts;  ///< token texts not yet sent
-  std::optional<actors::finish_event> done;
-  std::string gone;  ///< the head went away
+  std::deque<std::string> texts;             ///< token texts not yet sent
+  std::optional<actors::finish_event> done;  ///< set when ended
   bool ended = false;
   std::vector<double> gaps;  ///< seconds between tokens, per token
   steady::time_point last = steady::now();
@@ -61,6 +80,7 @@ class http_server : public httplib::Server {
 struct gateway::impl {
   caf::actor_system& sys;
   actors::frontdoor_actor door;
+  actors::client jobs;  ///< every job goes through it; it watches the head
   gateway_options opt;
   http_server http;
   std::shared_ptr<metrics> stats = std::make_shared<metrics>();
@@ -69,7 +89,7 @@ struct gateway::impl {
   std::mutex canary_mtx;
 
   impl(caf::actor_system& s, actors::frontdoor_actor d, gateway_options o)
-      : sys(s), door(std::move(d)), opt(std::move(o)) {}
+      : sys(s), door(d), jobs(s, std::move(d)), opt(std::move(o)) {}
 
   void reply_error(httplib::Response& res, const api_error& e) {
     stats->failed_http(e.status);
@@ -77,13 +97,17 @@ struct gateway::impl {
     res.set_content(error_json(e), "application/json");
   }
 
-  // A request that failed after it was accepted: the scheduler's message
-  // says whether the request was at fault (an image that does not decode).
-  api_error finish_error(const std::string& why) {
+  // A request that failed after it was accepted: its code says whether the
+  // request was at fault (an image that does not decode) or the head went
+  // away.
+  api_error finish_error(const actors::finish_event& f) {
     api_error e;
-    e.message = why;
-    if (why.rfind("invalid request", 0) == 0) {
+    e.message = f.error;
+    if (f.code == actors::error_code::invalid_request) {
       e.status = 400;
+    } else if (f.code == actors::error_code::unavailable) {
+      e.status = 503;
+      e.type = "server_error";
     } else {
       e.status = 500;
       e.type = "server_error";
@@ -111,37 +135,34 @@ struct gateway::impl {
   // Submits; the stream fills as events come.
   std::expected<std::shared_ptr<job_stream>, api_error> submit(actors::job_request job) {
     auto js = std::make_shared<job_stream>();
-    auto ok = actors::submit_job(
-        sys, door, std::move(job),
-        [js](const actors::token_event& e) {
-          std::lock_guard lock(js->m);
-          const auto now = steady::now();
-          if (js->any && !e.tokens.empty()) {
-            const double gap = std::chrono::duration<double>(now - js->last).count() /
-                               static_cast<double>(e.tokens.size());
-            for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
-          }
-          js->any = js->any || !e.tokens.empty();
-          js->last = now;
-          if (!e.text.empty()) js->texts.push_back(e.text);
-          js->cv.notify_all();
-        },
-        [js, stats = stats](std::optional<actors::finish_event> f, std::string why) {
-          // Every end is counted here, also of a request whose client left.
-          if (f) {
-            std::vector<double> gaps;
-            {
-              std::lock_guard lock(js->m);
-              gaps = js->gaps;
-            }
-            stats->finished(*f, gaps);
-          }
-          std::lock_guard lock(js->m);
-          js->done = std::move(f);
-          js->gone = std::move(why);
-          js->ended = true;
-          js->cv.notify_all();
-        });
+    actors::client::callbacks cb;
+    cb.on_token = [js](const actors::token_event& e) {
+      std::lock_guard lock(js->m);
+      const auto now = steady::now();
+      if (js->any && !e.tokens.empty()) {
+        const double gap = std::chrono::duration<double>(now - js->last).count() /
+                           static_cast<double>(e.tokens.size());
+        for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
+      }
+      js->any = js->any || !e.tokens.empty();
+      js->last = now;
+      if (!e.text.empty()) js->texts.push_back(e.text);
+      js->cv.notify_all();
+    };
+    cb.on_finish = [js, stats = stats](const actors::finish_event& f) {
+      // Every end is counted here, also of a request whose client left.
+      std::vector<double> gaps;
+      {
+        std::lock_guard lock(js->m);
+        gaps = js->gaps;
+      }
+      stats->finished(f, gaps);
+      std::lock_guard lock(js->m);
+      js->done = f;
+      js->ended = true;
+      js->cv.notify_all();
+    };
+    auto ok = jobs.submit(std::move(job), std::move(cb));
     if (!ok) {
       api_error e;
       e.message = ok.error().message;
@@ -175,9 +196,9 @@ struct gateway::impl {
       auto bytes = fetch_image(ri.url, f);
       if (!bytes) {
         api_error e;
-        e.message = ri.param + ": " + bytes.error();
+        e.message = ri.param + ": " + bytes.error().message;
         e.param = ri.param;
-        if (bytes.error().find("larger than") != std::string::npos) e.status = 413;
+        e.status = status_of(bytes.error().code);
         return reply_error(res, e);
       }
       r->job.images[ri.index].bytes = std::move(*bytes);
@@ -193,15 +214,8 @@ struct gateway::impl {
     if (!r->stream) {
       std::unique_lock lock(stream->m);
       stream->cv.wait(lock, [&] { return stream->ended; });
-      if (!stream->done) {
-        api_error e;
-        e.status = 503;
-        e.type = "server_error";
-        e.message = stream->gone;
-        return reply_error(res, e);
-      }
-      if (stream->done->reason == "error")
-        return reply_error(res, finish_error(stream->done->error));
+      if (stream->done->reason == actors::finish_reason::error)
+        return reply_error(res, finish_error(*stream->done));
       res.set_content(completion_json(*r, id, created, *stream->done), "application/json");
       return;
     }
@@ -226,26 +240,18 @@ struct gateway::impl {
           if (!sink.is_writable() ||
               (!text.empty() && !send(chunk_json(*request, id, created, text, "")))) {
             // The client went away: its request stops and frees its KV blocks.
-            if (!ended) actors::cancel_job(sys, door, job_id);
+            if (!ended) jobs.cancel(job_id);
             return false;
           }
           if (!ended) return true;
-          if (stream->done) {
-            if (stream->done->reason == "error") {
-              const auto e = finish_error(stream->done->error);
-              stats->failed_http(e.status);
-              send(error_json(e));
-            } else {
-              send(chunk_json(*request, id, created, "", finish_reason(stream->done->reason)));
-              if (request->include_usage)
-                send(chunk_json(*request, id, created, "", "", &*stream->done));
-            }
-          } else {
-            api_error e;
-            e.status = 503;
-            e.type = "server_error";
-            e.message = stream->gone;
+          if (stream->done->reason == actors::finish_reason::error) {
+            const auto e = finish_error(*stream->done);
+            stats->failed_http(e.status);
             send(error_json(e));
+          } else {
+            send(chunk_json(*request, id, created, "", finish_reason(stream->done->reason)));
+            if (request->include_usage)
+              send(chunk_json(*request, id, created, "", "", &*stream->done));
           }
           send("[DONE]");
           sink.done();
@@ -263,8 +269,8 @@ struct gateway::impl {
     j.prompt = "Hello";
     j.max_tokens = 1;
     j.ignore_eos = true;
-    auto f = actors::run_job(sys, door, j);
-    canary_ok = f && f->reason == "length" && f->tokens.size() == 1;
+    auto f = jobs.run(j);
+    canary_ok = f && f->reason == actors::finish_reason::length && f->tokens.size() == 1;
     return canary_ok;
   }
 };

@@ -57,7 +57,7 @@ metrics::metrics()
 
 void metrics::finished(const actors::finish_event& f, const std::vector<double>& gaps) {
   std::lock_guard lock(mtx_);
-  ++success_[f.reason];
+  ++success_[actors::to_string(f.reason)];
   prompt_tokens_ += static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.prompt_tokens));
   generation_tokens_ += f.tokens.size();
   preemptions_ += static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.preemptions));

@@ -262,10 +262,10 @@ std::expected<api_request, api_error> parse_completion_request(std::string_view 
   return r;
 }
 
-std::string finish_reason(const std::string& reason) {
-  if (reason == "length") return "length";
-  if (reason == "stop") return "stop";
-  return reason;  // cancelled, deadline, error
+std::string finish_reason(actors::finish_reason r) {
+  // "stop" and "length" are OpenAI's words too; cancelled, deadline and
+  // error have none and keep troupe's.
+  return actors::to_string(r);
 }
 
 namespace {

@@ -66,7 +66,7 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::strin
                                                                       std::size_t max_bytes);
 
 /// OpenAI's finish_reason for a troupe finish reason.
-std::string finish_reason(const std::string& troupe_reason);
+std::string finish_reason(actors::finish_reason r);
 
 /// A whole (non-streamed) response.
 std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,

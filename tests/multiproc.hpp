@@ -209,6 +209,12 @@ inline std::string run_setup(const std::vector<std::string>& steps) {
   return "";
 }
 
+/// What a test that needs network namespaces says when it cannot make them
+/// (scripts/test finds this line in the ctest log and reports the skip).
+inline std::string netns_skipped(const std::string& why) {
+  return "network-namespace test skipped: " + why;
+}
+
 /// Two network namespaces joined by a veth pair (10.77.N.1 and 10.77.N.2),
 /// removed on destruction: separate hosts on one machine. `ok()` is false
 /// where the user may not create them (`why()` says so).

@@ -83,13 +83,6 @@ double bandwidth_pass(cpu::context& ctx, const std::byte* buf, std::size_t bytes
   return static_cast<double>(lines * 4096) / (now_s() - t0) / 1e9;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double best(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Measurement helpers shared by the benchmarks: read bandwidth with the
-// project's fastest read loop, medians, the machine's load.
+// project's fastest read loop, medians (bench/common/stats.hpp), the
+// machine's load.
 
 #include <chrono>
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/stats.hpp"
 #include "kernels/cpu/context.hpp"
 
 namespace troupe::bench {
@@ -33,7 +35,6 @@ bw_buffer make_bw_buffer(kernels::cpu::context& ctx, std::size_t bytes);
 /// as the kernels do). Returns GB/s.
 double bandwidth_pass(kernels::cpu::context& ctx, const std::byte* buf, std::size_t bytes);
 
-double median(std::vector<double> v);
 double best(const std::vector<double>& v);
 /// The 1-minute load average, formatted: figures mean little on a busy machine.
 std::string load_average();

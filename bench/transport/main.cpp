@@ -23,9 +23,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "bench/common/stats.hpp"
 #include "tests/multiproc.hpp"
 
 using namespace std::chrono_literals;
+using troupe::bench::median;
 using troupe::test::child_process;
 
 namespace {
@@ -108,13 +110,6 @@ double perftest_gbps(const path& p, std::size_t size, std::size_t iters,
       return f[5] * 1048576.0 / 1e9;  // overall bandwidth, MB/s (2^20) -> GB/s
     }
   }
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // One table cell: the median ratio of the rounds, with their range.

@@ -92,7 +92,7 @@ TEST_F(kv_store_test, export_free_import_then_continue_bit_identically) {
                    EXPECT_EQ(troupe_code(e),
                              static_cast<std::uint8_t>(error_code::invalid_request));
                  });
-    self->request(store, caf::infinite, reset_atom::value)
+    self->request(store, caf::infinite, clear_atom::value)
         .receive([&](std::int64_t n) { EXPECT_EQ(n, 2); },
                  [&](caf::error& e) { FAIL() << describe(sys, e); });
     self->request(store, caf::infinite, usage_atom::value)

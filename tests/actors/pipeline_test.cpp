@@ -208,7 +208,8 @@ TEST_F(pipeline_test, one_request_matches_plain_generation_on_one_and_two_stages
       ASSERT_TRUE(f) << f.error().message;
       EXPECT_EQ(f->tokens, want) << stages << " stage(s): " << pc.text << " " << pc.image;
       EXPECT_EQ(streamed, f->tokens);
-      EXPECT_TRUE(f->reason == "stop" || f->reason == "length") << f->reason << " " << f->error;
+      EXPECT_TRUE(f->reason == finish_reason::stop || f->reason == finish_reason::length)
+          << to_string(f->reason) << " " << f->error;
     }
     expect_kv_free(*rt);
   }
@@ -250,7 +251,7 @@ TEST_F(pipeline_test, kv_exhaustion_completes_every_request_through_preemption) 
   std::int64_t preemptions = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i])
-        << "request " << i << ": " << got[i].reason << " " << got[i].error;
+        << "request " << i << ": " << to_string(got[i].reason) << " " << got[i].error;
     preemptions += got[i].preemptions;
   }
   EXPECT_GT(preemptions, 0) << "the test did not exhaust the KV cache";
@@ -346,7 +347,7 @@ TEST_F(pipeline_test, cancellation_frees_kv_blocks) {
   EXPECT_TRUE(c.cancel(id));
   std::unique_lock lock(m);
   cv.wait(lock, [&] { return fin.has_value(); });
-  EXPECT_EQ(fin->reason, "cancelled");
+  EXPECT_EQ(fin->reason, finish_reason::cancelled);
   EXPECT_LT(static_cast<std::int64_t>(fin->tokens.size()), 1000);
   lock.unlock();
   EXPECT_FALSE(c.cancel(id));
@@ -367,7 +368,7 @@ TEST_F(pipeline_test, bad_image_fails_its_request_with_a_clear_error_and_others_
   bad.images[0].name = "truncated.png";
   auto f = c.run(bad);
   ASSERT_TRUE(f);
-  EXPECT_EQ(f->reason, "error");
+  EXPECT_EQ(f->reason, finish_reason::error);
   EXPECT_NE(f->error.find("truncated.png"), std::string::npos) << f->error;
   auto ok = c.run(ref().request(good, client::next_id()));
   ASSERT_TRUE(ok);
@@ -400,7 +401,7 @@ TEST_F(pipeline_test, sliding_window_bounds_kv_over_a_long_generation) {
   auto req = ref().request(pc, client::next_id());
   auto f = c.run(req);
   ASSERT_TRUE(f) << f.error().message;
-  EXPECT_EQ(f->reason, "length") << f->error;
+  EXPECT_EQ(f->reason, finish_reason::length) << f->error;
   EXPECT_EQ(f->tokens.size(), 10000u);
   EXPECT_GT(c.stats().kv_peak_blocks, 0);
   // Bound: the window's blocks, a sink block and the block being written.
@@ -549,7 +550,7 @@ TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identicall
   killer.join();
   for (std::size_t i = 0; i < cases.size(); ++i)
     EXPECT_EQ(got[i].tokens, want[i])
-        << "request " << i << ": " << got[i].reason << " " << got[i].error;
+        << "request " << i << ": " << to_string(got[i].reason) << " " << got[i].error;
   caf::scoped_actor self{sys};
   self->request(rt->node(), caf::infinite, stats_atom::value)
       .receive([&](const node_status& s) { EXPECT_EQ(s.restarts, 1) << s.last_failure; },
@@ -597,7 +598,7 @@ TEST_F(pipeline_test, deadlines_end_requests_and_free_their_kv) {
   const double waited =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(f) << f.error().message;
-  EXPECT_EQ(f->reason, "deadline");
+  EXPECT_EQ(f->reason, finish_reason::deadline);
   EXPECT_GT(f->tokens.size(), 0u);
   EXPECT_LT(f->tokens.size(), 3500u);
   EXPECT_GE(waited, 150.0);

@@ -122,18 +122,18 @@ std::unique_ptr<job_run> start_jobs(client& c, int n, std::int64_t max_tokens, b
   auto r = std::make_unique<job_run>(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     r->threads.emplace_back([&c, run = r.get(), i, max_tokens, ignore_eos] {
-      auto f = actors::run_job(c.sys(), c.door(), job(i + 1, max_tokens, ignore_eos),
-                               [run, i](const actors::token_event& e) {
-                                 run->arrivals[static_cast<std::size_t>(i)].emplace_back(
-                                     steady::now(), static_cast<int>(e.tokens.size()));
-                                 run->streamed[static_cast<std::size_t>(i)] +=
-                                     static_cast<int>(e.tokens.size());
-                               });
+      auto f = actors::client(c.sys(), c.door())
+                   .run(job(i + 1, max_tokens, ignore_eos), [run, i](const actors::token_event& e) {
+                     run->arrivals[static_cast<std::size_t>(i)].emplace_back(
+                         steady::now(), static_cast<int>(e.tokens.size()));
+                     run->streamed[static_cast<std::size_t>(i)] +=
+                         static_cast<int>(e.tokens.size());
+                   });
       std::lock_guard lock(run->mtx);
       if (f)
         run->done[static_cast<std::size_t>(i)] = *f;
       else
-        run->errors[static_cast<std::size_t>(i)] = f.error();
+        run->errors[static_cast<std::size_t>(i)] = f.error().message;
     });
   return r;
 }
@@ -198,7 +198,7 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
   for (int i = 0; i < jobs; ++i) {
     const auto& d = run->done[static_cast<std::size_t>(i)];
     ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
-    EXPECT_EQ(d->reason, "length") << d->error;
+    EXPECT_EQ(d->reason, actors::finish_reason::length) << to_string(d->reason) << ": " << d->error;
     EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
         << "job " << i << " answered differently";
     recomputed += d->preemptions > 0;
@@ -231,9 +231,9 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
       20s);
   EXPECT_TRUE(back.has_value()) << victim << " did not rejoin";
   // And the cluster still answers.
-  auto f = actors::run_job(c.sys(), c.door(), job(2, 32, false));
-  ASSERT_TRUE(f.has_value()) << f.error();
-  EXPECT_EQ(f->reason, "stop");
+  auto f = actors::client(c.sys(), c.door()).run(job(2, 32, false));
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  EXPECT_EQ(f->reason, actors::finish_reason::stop) << to_string(f->reason) << ": " << f->error;
 }
 
 class ClusterLoopback : public ::testing::Test {
@@ -344,7 +344,7 @@ namespace {
 // started through the manifest's launch command; node `victim` gets `sig`.
 void netns_case(int subnet, const std::string& victim, int sig) {
   test::netns_bridge net(3, subnet);
-  if (!net.ok()) GTEST_SKIP() << net.why();
+  if (!net.ok()) GTEST_SKIP() << test::netns_skipped(net.why());
   const int vi = victim.back() - '0';
   auto cs = make_manifest("ns" + std::to_string(subnet), {net.host(0), net.host(1), net.host(2)},
                           "launch = \"ip netns exec " + net.prefix() +
@@ -457,7 +457,7 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   for (int i = 0; i < jobs; ++i) {
     const auto& d = run->done[static_cast<std::size_t>(i)];
     ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
-    EXPECT_EQ(d->reason, "length") << d->error;
+    EXPECT_EQ(d->reason, actors::finish_reason::length) << to_string(d->reason) << ": " << d->error;
     EXPECT_EQ(d->preemptions, 0) << "job " << i
                                  << " was recomputed: its KV did not move with the stage";
     const auto& want = ref->done[static_cast<std::size_t>(i)]->tokens;
@@ -496,8 +496,8 @@ TEST_F(ClusterLoopback, LiveMigrationOfEveryStageMidDecode) {
   }
   // A new image request runs on the moved pipeline (its embeddings now
   // travel from the head to the first stage on n1) with the same answer.
-  auto again = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
-  ASSERT_TRUE(again.has_value()) << again.error();
+  auto again = actors::client(c.sys(), c.door()).run(job(1, tokens, true));
+  ASSERT_TRUE(again.has_value()) << again.error().message;
   EXPECT_EQ(again->tokens, ref->done[0]->tokens);
 
   // Inter-token gaps: the median over the whole run and the longest gap
@@ -556,8 +556,8 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
   EXPECT_EQ(after->encoder.rfind("n1 ", 0), 0u) << after->encoder;
   EXPECT_EQ(after->migrations, 2);
   // And after the moves, through the encoder on n1.
-  auto again = actors::run_job(c.sys(), c.door(), job(3, tokens, true));
-  ASSERT_TRUE(again.has_value()) << again.error();
+  auto again = actors::client(c.sys(), c.door()).run(job(3, tokens, true));
+  ASSERT_TRUE(again.has_value()) << again.error().message;
   EXPECT_EQ(again->tokens, ref->done[2]->tokens);
   std::printf(
       "[ migrate ] vision encoder %s -> %s: loaded in %.0f ms, %.0f ms in all; %s -> %s: %.0f ms, "
@@ -676,7 +676,8 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
     for (int i = 0; i < jobs; ++i) {
       const auto& d = run->done[static_cast<std::size_t>(i)];
       ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
-      EXPECT_EQ(d->reason, "length") << d->error;
+      EXPECT_EQ(d->reason, actors::finish_reason::length)
+          << to_string(d->reason) << ": " << d->error;
       EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
           << "job " << i << " answered differently";
     }
@@ -695,8 +696,8 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
                 joined->predicted_step_ms_after, 100 * joined->predicted_gain,
                 s1->placement.c_str());
     // The new pipeline answers a new request as the old one did.
-    auto f = actors::run_job(c.sys(), c.door(), job(1, tokens, true));
-    ASSERT_TRUE(f.has_value()) << f.error();
+    auto f = actors::client(c.sys(), c.door()).run(job(1, tokens, true));
+    ASSERT_TRUE(f.has_value()) << f.error().message;
     EXPECT_EQ(f->tokens, ref->done[0]->tokens);
   }
   stop();

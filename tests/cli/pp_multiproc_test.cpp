@@ -116,7 +116,7 @@ TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessOverTcp) {
 
 TEST(CliPipelineAcrossProcesses, TokensEqualOneProcessBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(2);
-  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  if (!ns.ok()) GTEST_SKIP() << troupe::test::netns_skipped(ns.why());
   std::unique_ptr<child_process> w;
   const int port =
       start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)});
@@ -205,7 +205,7 @@ TEST(CliTensorParallelAcrossProcesses, GreedyAnswersEqualOneProcessOverSharedMem
 
 TEST(CliTensorParallelAcrossProcesses, GreedyAnswersEqualOneProcessBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(3);
-  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  if (!ns.ok()) GTEST_SKIP() << troupe::test::netns_skipped(ns.why());
   std::unique_ptr<child_process> w;
   const int port =
       start_worker(w, ns.exec_in(false), {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ns.device(false)},

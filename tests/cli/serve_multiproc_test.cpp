@@ -255,7 +255,8 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   // linter flags every name with a colon, as it flags vLLM's `vllm:` names;
   // that convention warning is the only finding allowed, and with the
   // prefix written `troupe_` the text passes every check.
-  if (test::shell("command -v promtool") != 0) GTEST_SKIP() << "promtool is not installed";
+  ASSERT_EQ(test::shell("command -v promtool"), 0)
+      << "promtool is missing: scripts/install-deps installs it (Debian's prometheus package)";
   const std::string file = cs_.dir + "/metrics.txt";
   std::ofstream(file) << after;
   EXPECT_EQ(test::shell("sed 's/troupe:/troupe_/g' " + file + " | promtool check metrics"), 0)

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -33,7 +34,7 @@ std::string read(const std::string& path) {
 
 void expect_error(std::string_view json, std::string_view config, const std::string& needle) {
   auto t = tokenizer::from_json(json, config, "t.json");
-  ASSERT_FALSE(t) << "accepted: " << json;
+  ASSERT_FALSE(t) << "accepted: " << json.substr(0, 300);
   EXPECT_NE(t.error().message.find(needle), std::string::npos) << "message: " << t.error().message;
   EXPECT_NE(t.error().message.find("t.json"), std::string::npos) << t.error().message;
 }
@@ -74,6 +75,69 @@ result<tokenizer> gguf_tokenizer(Edit edit) {
   auto g = gguf_file::open(f.path);
   if (!g) return std::unexpected(g.error());
   return tokenizer::from_gguf(*g);
+}
+
+// A tokenizer read from GGUF file bytes: the file's or the tokenizer's error.
+result<tokenizer> tokenizer_of_gguf_bytes(const std::string& bytes, const std::string& path) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  auto g = gguf_file::open(path);
+  if (!g) return std::unexpected(g.error());
+  return tokenizer::from_gguf(*g);
+}
+
+// Where the GGUF-encoded string `s` (u64 length, then its bytes) ends in
+// `bytes`: the offset of the field that follows it; npos when absent.
+std::size_t after_gguf_string(const std::string& bytes, const std::string& s) {
+  std::string enc(8, '\0');
+  const std::uint64_t n = s.size();
+  std::memcpy(enc.data(), &n, 8);
+  enc += s;
+  const std::size_t at = bytes.find(enc);
+  return at == std::string::npos ? at : at + enc.size();
+}
+
+// `text` with its only occurrence of `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  EXPECT_EQ(text.find(from, at + 1), std::string::npos) << from << " occurs twice";
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+// What a tokenizer that loaded must do whatever its file said: encode valid
+// UTF-8 into ids inside its vocabulary (or fail with a message), and stream
+// the same text decode() gives at once.
+void expect_usable(const tokenizer& t) {
+  auto ids = t.encode("Hello world \xF0\x9F\x98\x80 \xE4\xB8\xAD\xE6\x96\x87", true);
+  if (!ids) {
+    EXPECT_FALSE(ids.error().message.empty());
+    return;
+  }
+  for (token_id id : *ids) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(static_cast<std::size_t>(id), t.vocab_size());
+  }
+  const std::string text = t.decode(*ids);
+  if (unicode::find_invalid_utf8(text) != std::string::npos) return;
+  stream_decoder d(t);
+  std::string streamed;
+  for (token_id id : *ids) streamed += d.push(id);
+  streamed += d.finish();
+  EXPECT_EQ(streamed, text);
+}
+
+// One ASCII letter or digit of `text` (chosen by `rng`) replaced by another:
+// mostly still well-formed, so it reaches the checks past the syntax.
+template <class Rng>
+void swap_alnum(std::string& text, Rng& rng) {
+  static const std::string alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  for (int tries = 0; tries < 1000; ++tries) {
+    char& c = text[rng() % text.size()];
+    if (alnum.find(c) == std::string::npos) continue;
+    c = alnum[rng() % alnum.size()];
+    return;
+  }
 }
 
 }  // namespace
@@ -258,16 +322,87 @@ TEST(TokenizerValidation, InvalidInputsHaveDefinedBehaviour) {
   EXPECT_EQ(t->decode(*many), long_text);
 }
 
-// Random corruptions of a real tokenizer.json and GGUF: errors, no crash.
+// Targeted corruptions of real tokenizer files: each is rejected, and the
+// message names the file, the field and what is wrong with it.
+TEST(TokenizerValidation, CorruptedFieldsOfRealFilesAreNamed) {
+  const std::string dir = std::string(TROUPE_FIXTURES_DIR) + "/tokenizers/";
+  const std::string json = read(dir + "spm_bpe.tokenizer.json");
+  ASSERT_GT(json.size(), 1000u) << "missing " << dir << "spm_bpe.tokenizer.json";
+  ASSERT_TRUE(tokenizer::from_json(json, "", "t.json"));
+  expect_error(json.substr(0, json.size() / 2), "", "not a JSON object");
+  expect_error(replaced(json, R"("type":"BPE")", R"("type":"BPX")"), "",
+               R"(model type "BPX" is not supported)");
+  expect_error(replaced(json, R"("byte_fallback":true)", R"("byte_fallback":"true")"), "",
+               "model.byte_fallback must be true or false");
+  expect_error(replaced(json, R"("unk_token":"<unk>")", R"("unk_token":"<unq>")"), "",
+               R"(model.unk_token "<unq>" is not in the vocabulary)");
+  expect_error(replaced(json, R"("M":300)", R"("M":301)"), "", "two tokens");
+  expect_error(replaced(json, R"("merges":[[)", R"("merges":[["zq","xj"],[)"), "",
+               "not in the vocabulary");
+  expect_error(replaced(json, R"("ids":[1])", R"("ids":[99999])"), "", "99999");
+  expect_error(replaced(json, R"("start":1)", R"("start":-1)"), "", "start and stop");
+
+  const std::string gguf = read(dir + "llama3_bpe.gguf");
+  ASSERT_GT(gguf.size(), 1000u) << "missing " << dir << "llama3_bpe.gguf";
+  temp_file f;
+  const auto expect_gguf_error = [&](const std::string& what, const std::string& bytes,
+                                     const std::vector<std::string>& needles) {
+    auto t = tokenizer_of_gguf_bytes(bytes, f.path);
+    ASSERT_FALSE(t) << what << " was accepted";
+    const std::string& m = t.error().message;
+    EXPECT_EQ(m.rfind(f.path + ": ", 0), 0u) << what << ": " << m;
+    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << what << ": " << m;
+  };
+  ASSERT_TRUE(tokenizer_of_gguf_bytes(gguf, f.path));
+  std::string b = gguf;
+  b[0] = 'X';
+  expect_gguf_error("bad magic", b, {"bad magic"});
+  const std::size_t tokens = after_gguf_string(gguf, "tokenizer.ggml.tokens");
+  ASSERT_NE(tokens, std::string::npos);
+  expect_gguf_error("cut in the tokens", gguf.substr(0, tokens + 1000),
+                    {"tokenizer.ggml.tokens", "past the end of the file"});
+  // Values after their key: a u32 type, then the value (an array: u32
+  // element type, u64 count, elements).
+  b = gguf;
+  const std::uint64_t too_many = 1'000'000;
+  std::memcpy(b.data() + tokens + 8, &too_many, 8);
+  expect_gguf_error("token count past the end", b,
+                    {"tokenizer.ggml.tokens", "past the end of the file"});
+  const std::size_t bos = after_gguf_string(gguf, "tokenizer.ggml.bos_token_id");
+  ASSERT_NE(bos, std::string::npos);
+  b = gguf;
+  const std::uint32_t big_id = 70000;
+  std::memcpy(b.data() + bos + 4, &big_id, 4);
+  expect_gguf_error("bos id out of range", b, {"tokenizer.ggml.bos_token_id", "70000"});
+  const std::size_t types = after_gguf_string(gguf, "tokenizer.ggml.token_type");
+  ASSERT_NE(types, std::string::npos);
+  b = gguf;
+  const std::int32_t type_9 = 9;
+  std::memcpy(b.data() + types + 4 + 4 + 8, &type_9, 4);
+  expect_gguf_error("token type 9", b, {"tokenizer.ggml.token_type", "not a token type"});
+  expect_gguf_error("unknown model", replaced(gguf, "gpt2", "gpx2"), {"\"gpx2\""});
+}
+
+// Random corruptions of a real tokenizer.json and GGUF, of the syntax (any
+// byte, cuts, punctuation) and of the contents (a letter or digit swapped):
+// each is rejected with a message that names the file, or loads a
+// tokenizer that still encodes into its vocabulary and streams what it
+// decodes. Both outcomes occur, so both are checked.
 TEST(TokenizerValidation, MutatedFilesNeverCrash) {
   const std::string dir = std::string(TROUPE_FIXTURES_DIR) + "/tokenizers/";
   const std::string json = read(dir + "spm_bpe.tokenizer.json");
   const std::string gguf = read(dir + "llama3_bpe.gguf");
+  ASSERT_GT(json.size(), 1000u) << "missing " << dir << "spm_bpe.tokenizer.json";
+  ASSERT_GT(gguf.size(), 1000u) << "missing " << dir << "llama3_bpe.gguf";
   std::mt19937 rng(7);
-  int loaded = 0;
-  for (int trial = 0; trial < 150; ++trial) {
+  int json_loaded = 0, json_rejected = 0;
+  for (int trial = 0; trial < 300; ++trial) {
     std::string m = json;
     for (int k = 0; k < 1 + trial % 4; ++k) {
+      if (trial % 2) {
+        swap_alnum(m, rng);
+        continue;
+      }
       const std::size_t at = rng() % m.size();
       switch (rng() % 3) {
         case 0:
@@ -281,25 +416,45 @@ TEST(TokenizerValidation, MutatedFilesNeverCrash) {
           break;
       }
     }
+    SCOPED_TRACE("JSON trial " + std::to_string(trial));
     auto t = tokenizer::from_json(m, "", "mutated.json");
     if (t) {
-      ++loaded;
-      auto ids = t->encode("Hello world 😀 中文", true);
-      if (ids) (void)t->decode(*ids);
+      ++json_loaded;
+      expect_usable(*t);
+    } else {
+      ++json_rejected;
+      EXPECT_EQ(t.error().message.rfind("mutated.json: ", 0), 0u) << t.error().message;
+      EXPECT_GT(t.error().message.size(), 20u) << t.error().message;
     }
   }
-  for (int trial = 0; trial < 60; ++trial) {
+  int gguf_loaded = 0, gguf_rejected = 0;
+  temp_file f;
+  for (int trial = 0; trial < 120; ++trial) {
     std::string m = gguf;
-    for (int k = 0; k < 1 + trial % 3; ++k) m[rng() % m.size()] = static_cast<char>(rng());
-    temp_file f;
-    std::ofstream(f.path, std::ios::binary) << m;
-    auto g = gguf_file::open(f.path);
-    if (!g) continue;
-    auto t = tokenizer::from_gguf(*g);
+    for (int k = 0; k < 1 + trial % 3; ++k) {
+      if (trial % 2)
+        swap_alnum(m, rng);
+      else
+        m[rng() % m.size()] = static_cast<char>(rng());
+    }
+    SCOPED_TRACE("GGUF trial " + std::to_string(trial));
+    auto t = tokenizer_of_gguf_bytes(m, f.path);
+    if (m.compare(0, 4, gguf, 0, 4) != 0) {
+      ASSERT_FALSE(t) << "a file without the GGUF magic was accepted";
+      EXPECT_NE(t.error().message.find("bad magic"), std::string::npos) << t.error().message;
+    }
     if (t) {
-      auto ids = t->encode("Hello world 😀 中文", true);
-      if (ids) (void)t->decode(*ids);
+      ++gguf_loaded;
+      expect_usable(*t);
+    } else {
+      ++gguf_rejected;
+      EXPECT_EQ(t.error().message.rfind(f.path + ": ", 0), 0u) << t.error().message;
     }
   }
-  SUCCEED() << loaded << " mutated JSON files still loaded";
+  std::printf("mutated tokenizer.json: %d loaded, %d rejected; GGUF: %d loaded, %d rejected\n",
+              json_loaded, json_rejected, gguf_loaded, gguf_rejected);
+  EXPECT_GT(json_loaded, 0);
+  EXPECT_GT(json_rejected, 0);
+  EXPECT_GT(gguf_loaded, 0);
+  EXPECT_GT(gguf_rejected, 0);
 }

@@ -50,13 +50,13 @@ TEST(ImageFetch, AddressClasses) {
 
 TEST(ImageFetch, UrlParsing) {
   auto p = parse_http_url("HTTPS://Example.com:8443/a/b.png?x=1#frag");
-  ASSERT_TRUE(p) << p.error();
+  ASSERT_TRUE(p) << p.error().message;
   EXPECT_EQ(p->scheme, "https");
   EXPECT_EQ(p->host, "Example.com");
   EXPECT_EQ(p->port, 8443);
   EXPECT_EQ(p->path, "/a/b.png?x=1");
   auto v6 = parse_http_url("http://[::1]:81");
-  ASSERT_TRUE(v6) << v6.error();
+  ASSERT_TRUE(v6) << v6.error().message;
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->port, 81);
   EXPECT_EQ(v6->path, "/");
@@ -64,8 +64,11 @@ TEST(ImageFetch, UrlParsing) {
   for (const std::string bad :
        {"ftp://a/b", "file:///etc/passwd", "http://", "http://user:pw@host/x", "http://host:0/",
         "http://host:65536/", "http://host:12a/", "http://[::1/x", "http://ho st/x", "no scheme",
-        "http://host/a b", "gopher://x"})
-    EXPECT_FALSE(parse_http_url(bad)) << bad;
+        "http://host/a b", "gopher://x"}) {
+    auto r = parse_http_url(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().code, fetch_errc::bad_url) << bad;
+  }
 }
 
 class LocalImageServer : public ::testing::Test {
@@ -103,25 +106,34 @@ TEST_F(LocalImageServer, LoopbackIsRefusedUnlessPrivateHostsAreAllowed) {
   fetch_options o;
   auto refused = fetch_image(url("/img.png"), o);
   ASSERT_FALSE(refused);
-  EXPECT_NE(refused.error().find("loopback"), std::string::npos) << refused.error();
+  EXPECT_EQ(refused.error().code, fetch_errc::forbidden_address);
+  EXPECT_NE(refused.error().message.find("loopback"), std::string::npos) << refused.error().message;
   auto by_name = fetch_image("http://localhost:" + std::to_string(port_) + "/img.png", o);
   ASSERT_FALSE(by_name);
-  EXPECT_NE(by_name.error().find("refused"), std::string::npos) << by_name.error();
+  EXPECT_EQ(by_name.error().code, fetch_errc::forbidden_address);
+  EXPECT_NE(by_name.error().message.find("refused"), std::string::npos) << by_name.error().message;
 
   o.allow_private = true;
   auto got = fetch_image(url("/img.png"), o);
-  ASSERT_TRUE(got) << got.error();
+  ASSERT_TRUE(got) << got.error().message;
   EXPECT_EQ(std::string(got->begin(), got->end()), image_);
   auto missing = fetch_image(url("/nothing.png"), o);
   ASSERT_FALSE(missing);
-  EXPECT_NE(missing.error().find("HTTP 404"), std::string::npos) << missing.error();
+  EXPECT_EQ(missing.error().code, fetch_errc::bad_status);
+  EXPECT_NE(missing.error().message.find("HTTP 404"), std::string::npos) << missing.error().message;
   auto moved = fetch_image(url("/moved"), o);
   ASSERT_FALSE(moved);
-  EXPECT_NE(moved.error().find("redirect"), std::string::npos) << moved.error();
+  EXPECT_EQ(moved.error().code, fetch_errc::redirect);
+  EXPECT_NE(moved.error().message.find("redirect"), std::string::npos) << moved.error().message;
   o.max_bytes = 1u << 20;
   auto big = fetch_image(url("/big.png"), o);
   ASSERT_FALSE(big);
-  EXPECT_NE(big.error().find("larger than 1 MiB"), std::string::npos) << big.error();
+  EXPECT_EQ(big.error().code, fetch_errc::too_large);
+  EXPECT_NE(big.error().message.find("larger than 1 MiB"), std::string::npos)
+      << big.error().message;
+  auto bad_url = fetch_image("http://127.0.0.1:0/img.png", o);
+  ASSERT_FALSE(bad_url);
+  EXPECT_EQ(bad_url.error().code, fetch_errc::bad_url);
 }
 
 }  // namespace

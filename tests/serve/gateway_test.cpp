@@ -3,12 +3,14 @@
 // backlog of 5; while nothing accepts (here: before serve() runs, as on a
 // busy machine where the accept thread is not scheduled) only ~6
 // handshakes complete and the other clients' SYNs are dropped and retried
-// a second later, or time out.
+// a second later, or time out. And image URLs that cannot be fetched are
+// answered with the status their error code maps to.
 #include "serve/gateway.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -16,6 +18,9 @@
 
 #include <caf/all.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -73,6 +78,77 @@ TEST(Gateway, ABurstOfClientsIsQueuedWhileNothingAccepts) {
   // sits in the listen queue.
   const int n = 64;
   EXPECT_EQ(connections_completed(gw.port(), n, std::chrono::milliseconds(500)), n);
+}
+
+// A gateway with remote images on (private hosts allowed: the image server
+// is on loopback) and no cluster behind it: a fetch fails before any job is
+// submitted.
+class RemoteImages : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    images_.Get("/big.png", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(2u << 20, 'x'), "image/png");
+    });
+    image_port_ = images_.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(image_port_, 0);
+    image_thread_ = std::thread([this] { images_.listen_after_bind(); });
+    troupe::serve::gateway_options opt;
+    opt.port = 0;
+    opt.limits.remote_images = true;
+    opt.limits.max_image_bytes = 1u << 20;
+    opt.fetch.allow_private = true;
+    gw_ = std::make_unique<troupe::serve::gateway>(sys_, troupe::actors::frontdoor_actor{}, opt);
+    std::string why;
+    ASSERT_TRUE(gw_->bind(why)) << why;
+    serve_thread_ = std::thread([this] { gw_->serve(); });
+    for (int i = 0; i < 500 && !images_.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  void TearDown() override {
+    // Both servers have answered by now (or never started: nothing to stop).
+    if (gw_) gw_->stop();
+    if (serve_thread_.joinable()) serve_thread_.join();
+    images_.stop();
+    if (image_thread_.joinable()) image_thread_.join();
+  }
+  // POSTs a chat completion with one image part.
+  httplib::Result post(const std::string& image_url) {
+    const nlohmann::json body{
+        {"messages",
+         nlohmann::json::array(
+             {{{"role", "user"},
+               {"content", nlohmann::json::array({{{"type", "text"}, {"text", "What?"}},
+                                                  {{"type", "image_url"},
+                                                   {"image_url", {{"url", image_url}}}}})}}})}};
+    httplib::Client c("127.0.0.1", gw_->port());
+    return c.Post("/v1/chat/completions", body.dump(), "application/json");
+  }
+  std::string image_url(const std::string& path) const {
+    return "http://127.0.0.1:" + std::to_string(image_port_) + path;
+  }
+
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_{cfg_};
+  httplib::Server images_;
+  int image_port_ = 0;
+  std::thread image_thread_;
+  std::unique_ptr<troupe::serve::gateway> gw_;
+  std::thread serve_thread_;
+};
+
+TEST_F(RemoteImages, FetchErrorsAnswerTheStatusOfTheirCode) {
+  auto big = post(image_url("/big.png"));
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413) << big->body;
+  EXPECT_NE(big->body.find("larger than 1 MiB"), std::string::npos) << big->body;
+  auto missing = post(image_url("/nothing.png"));
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 400) << missing->body;
+  EXPECT_NE(missing->body.find("HTTP 404"), std::string::npos) << missing->body;
+  auto bad_port = post("http://127.0.0.1:0/x.png");
+  ASSERT_TRUE(bad_port);
+  EXPECT_EQ(bad_port->status, 400) << bad_port->body;
+  EXPECT_NE(bad_port->body.find("a bad port"), std::string::npos) << bad_port->body;
 }
 
 }  // namespace

@@ -173,7 +173,7 @@ TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
   r.chat = true;
   r.model = "m";
   troupe::actors::finish_event f;
-  f.reason = "length";
+  f.reason = troupe::actors::finish_reason::length;
   f.text = "ab";
   f.tokens = {1, 2};
   f.prompt_tokens = 5;

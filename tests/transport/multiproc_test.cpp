@@ -109,7 +109,7 @@ TEST(Multiproc, TensorAndPutOverTcpOnLoopback) {
 
 TEST(Multiproc, TensorAndPutBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(1);
-  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  if (!ns.ok()) GTEST_SKIP() << troupe::test::netns_skipped(ns.why());
   auto p = start({"--tls", "tcp", "--timeout-ms", "20000"}, ns.exec_in(true), ns.exec_in(false),
                  {"--net-devices", ns.device(true)}, {"--net-devices", ns.device(false)});
   tensor_and_put(p);
@@ -232,7 +232,7 @@ TEST(Multiproc, RingAllReduceOfThreeProcesses) {
 
 TEST(Multiproc, RingAllReduceBetweenNetworkNamespaces) {
   troupe::test::netns_pair ns(3);
-  if (!ns.ok()) GTEST_SKIP() << "separate-host test skipped: " << ns.why();
+  if (!ns.ok()) GTEST_SKIP() << troupe::test::netns_skipped(ns.why());
   ring_of_processes(2, {"--tls", "tcp", "--timeout-ms", "20000"},
                     {ns.exec_in(true), ns.exec_in(false)},
                     {{"--net-devices", ns.device(true)}, {"--net-devices", ns.device(false)}});

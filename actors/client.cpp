@@ -1,0 +1,210 @@
+#include "actors/client.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <unordered_map>
+
+namespace troupe::actors {
+
+struct client::shared {
+  std::mutex mtx;
+  std::unordered_map<std::uint64_t, callbacks> cbs;
+  std::optional<std::string> gone;  ///< the target went away: why
+};
+
+namespace {
+
+/// A finish event for a request whose target went away.
+finish_event gone_event(std::uint64_t id, const std::string& why) {
+  finish_event f;
+  f.id = id;
+  f.reason = finish_reason::error;
+  f.code = error_code::unavailable;
+  f.error = why;
+  return f;
+}
+
+client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer self,
+                                           std::shared_ptr<client::shared> sh,
+                                           caf::actor_addr target, std::string what) {
+  if (target) self->monitor(target);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != target) return;
+    const std::string why = what + " went away (" + self->system().render(dm.reason) + ")";
+    std::unordered_map<std::uint64_t, client::callbacks> open;
+    {
+      std::lock_guard lock(sh->mtx);
+      sh->gone = why;
+      open.swap(sh->cbs);
+    }
+    for (auto& [id, cb] : open)
+      if (cb.on_finish) cb.on_finish(gone_event(id, why));
+  });
+  return {
+      [=](const token_event& e) {
+        std::function<void(const token_event&)> f;
+        {
+          std::lock_guard lock(sh->mtx);
+          auto it = sh->cbs.find(e.id);
+          if (it != sh->cbs.end()) f = it->second.on_token;
+        }
+        if (f) f(e);
+      },
+      [=](const finish_event& e) {
+        std::function<void(const finish_event&)> f;
+        {
+          std::lock_guard lock(sh->mtx);
+          auto it = sh->cbs.find(e.id);
+          if (it != sh->cbs.end()) {
+            f = std::move(it->second.on_finish);
+            sh->cbs.erase(it);
+          }
+        }
+        if (f) f(e);
+      },
+  };
+}
+
+}  // namespace
+
+client::client(caf::actor_system& sys, scheduler_actor scheduler)
+    : sys_(sys), target_(scheduler), shared_(std::make_shared<shared>()) {
+  if (!scheduler) shared_->gone = "no scheduler to submit to";
+  sink_ = sys_.spawn(sink_impl, shared_, scheduler.address(), std::string("the scheduler"));
+}
+
+client::client(caf::actor_system& sys, frontdoor_actor door)
+    : sys_(sys), target_(door), shared_(std::make_shared<shared>()) {
+  if (!door) shared_->gone = "no door of a cluster to submit to";
+  sink_ = sys_.spawn(sink_impl, shared_, door.address(), std::string("the head"));
+}
+
+client::~client() {
+  caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown);
+}
+
+std::uint64_t client::next_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next++;
+}
+
+std::uint64_t random_job_id() {
+  static std::mutex mtx;
+  static std::mt19937_64 gen{std::random_device{}()};
+  std::lock_guard lock(mtx);
+  std::uint64_t id = 0;
+  while (id == 0) id = gen();
+  return id;
+}
+
+template <class Request>
+std::expected<submit_ack, client::rejection> client::submit_to(Request req, callbacks cb) {
+  const auto id = req.id;
+  {
+    std::lock_guard lock(shared_->mtx);
+    if (shared_->gone) return std::unexpected(rejection{error_code::unavailable, *shared_->gone});
+    shared_->cbs[id] = std::move(cb);
+  }
+  std::expected<submit_ack, rejection> out =
+      std::unexpected(rejection{error_code::internal, "no answer"});
+  caf::scoped_actor self{sys_};
+  auto on_ack = [&](submit_ack& a) { out = a; };
+  auto on_error = [&](caf::error& e) {
+    const auto code = troupe_code(e);
+    out = std::unexpected(
+        rejection{code ? static_cast<error_code>(code) : error_code::internal, describe(sys_, e)});
+  };
+  if constexpr (std::is_same_v<Request, generate_request>)
+    self->request(std::get<scheduler_actor>(target_), caf::infinite, submit_atom::value,
+                  std::move(req), sink_)
+        .receive(on_ack, on_error);
+  else
+    self->request(std::get<frontdoor_actor>(target_), caf::infinite, submit_atom::value,
+                  std::move(req), sink_)
+        .receive(on_ack, on_error);
+  if (!out) {
+    std::lock_guard lock(shared_->mtx);
+    shared_->cbs.erase(id);
+  }
+  return out;
+}
+
+std::expected<submit_ack, client::rejection> client::submit(generate_request req, callbacks cb) {
+  if (!std::holds_alternative<scheduler_actor>(target_))
+    return std::unexpected(
+        rejection{error_code::invalid_request, "a cluster's door takes jobs, not requests"});
+  return submit_to(std::move(req), std::move(cb));
+}
+
+std::expected<submit_ack, client::rejection> client::submit(job_request job, callbacks cb) {
+  if (!std::holds_alternative<frontdoor_actor>(target_))
+    return std::unexpected(
+        rejection{error_code::invalid_request, "a scheduler takes requests, not jobs"});
+  return submit_to(std::move(job), std::move(cb));
+}
+
+template <class Request>
+std::expected<finish_event, client::rejection> client::run_to(
+    Request req, std::function<void(const token_event&)> on_token) {
+  struct waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<finish_event> done;
+  };
+  auto w = std::make_shared<waiter>();
+  callbacks cb;
+  cb.on_token = std::move(on_token);
+  cb.on_finish = [w](const finish_event& f) {
+    std::lock_guard lock(w->m);
+    w->done = f;
+    w->cv.notify_all();
+  };
+  auto ack = submit(std::move(req), std::move(cb));
+  if (!ack) return std::unexpected(ack.error());
+  std::unique_lock lock(w->m);
+  w->cv.wait(lock, [&] { return w->done.has_value(); });
+  return *w->done;
+}
+
+std::expected<finish_event, client::rejection> client::run(
+    generate_request req, std::function<void(const token_event&)> on_token) {
+  return run_to(std::move(req), std::move(on_token));
+}
+
+std::expected<finish_event, client::rejection> client::run(
+    job_request job, std::function<void(const token_event&)> on_token) {
+  return run_to(std::move(job), std::move(on_token));
+}
+
+bool client::cancel(std::uint64_t id) {
+  {
+    std::lock_guard lock(shared_->mtx);
+    if (shared_->gone) return false;
+  }
+  caf::scoped_actor self{sys_};
+  bool found = false;
+  auto on_answer = [&](bool b) { found = b; };
+  auto on_error = [](caf::error&) {};
+  std::visit(
+      [&](const auto& target) {
+        self->request(target, std::chrono::seconds(10), cancel_atom::value, id)
+            .receive(on_answer, on_error);
+      },
+      target_);
+  return found;
+}
+
+scheduler_stats client::stats() {
+  scheduler_stats s;
+  if (auto* sched = std::get_if<scheduler_actor>(&target_)) {
+    caf::scoped_actor self{sys_};
+    self->request(*sched, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](scheduler_stats& x) { s = x; }, [](caf::error&) {});
+  }
+  return s;
+}
+
+}  // namespace troupe::actors

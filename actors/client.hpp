@@ -1,0 +1,77 @@
+#pragma once
+
+// The one client of troupe's actors: submit, stream, cancel, for a
+// scheduler in this process (`troupe generate`, `troupe bench`) and for a
+// cluster's door (`troupe submit`, the HTTP gateway) alike. Events arrive
+// on the client's own actor thread through the callbacks given at submit.
+// The client watches its target: when the scheduler or the head goes away,
+// every request still open ends at once with an `unavailable` error
+// (nothing waits forever), and later submits are refused.
+
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "actors/protocol.hpp"
+
+namespace troupe::actors {
+
+class client {
+ public:
+  struct callbacks {
+    std::function<void(const token_event&)> on_token;
+    /// Called exactly once per accepted request.
+    std::function<void(const finish_event&)> on_finish;
+  };
+  /// Why a request was not accepted: its code (overloaded, unavailable,
+  /// invalid request, ...) and the readable message.
+  struct rejection {
+    error_code code = error_code::internal;
+    std::string message;
+  };
+
+  client(caf::actor_system& sys, scheduler_actor scheduler);
+  client(caf::actor_system& sys, frontdoor_actor door);
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  /// Submits a request to a scheduler (its id must be unique: next_id()).
+  std::expected<submit_ack, rejection> submit(generate_request req, callbacks cb);
+  /// Submits a job to a cluster's door (id: random_job_id()).
+  std::expected<submit_ack, rejection> submit(job_request job, callbacks cb);
+  /// Submits and blocks until the request ends (tokens go to `on_token`).
+  std::expected<finish_event, rejection> run(generate_request req,
+                                             std::function<void(const token_event&)> on_token = {});
+  std::expected<finish_event, rejection> run(job_request job,
+                                             std::function<void(const token_event&)> on_token = {});
+  /// Cancels a request; false when it is unknown or already finished.
+  bool cancel(std::uint64_t id);
+  /// The scheduler's counters (a scheduler target only; empty otherwise).
+  scheduler_stats stats();
+
+  /// A fresh request id (unique within this process).
+  static std::uint64_t next_id();
+
+  struct shared;  ///< callbacks by request id, shared with the sink actor
+
+ private:
+  template <class Request>
+  std::expected<submit_ack, rejection> submit_to(Request req, callbacks cb);
+  template <class Request>
+  std::expected<finish_event, rejection> run_to(Request req,
+                                                std::function<void(const token_event&)> on_token);
+
+  caf::actor_system& sys_;
+  std::variant<scheduler_actor, frontdoor_actor> target_;
+  std::shared_ptr<shared> shared_;
+  client_sink_actor sink_;
+};
+
+/// A random job id (a cluster's scheduler refuses a duplicate).
+std::uint64_t random_job_id();
+
+}  // namespace troupe::actors

@@ -1,0 +1,596 @@
+#include "actors/core/scheduler_core.hpp"
+
+#include <algorithm>
+#include <span>
+
+namespace troupe::actors::core {
+
+struct scheduler_core::request {
+  std::uint64_t id = 0;
+  models::sampling_params params;     // stop_checker points at them: the request never moves
+  std::vector<std::int32_t> tokens;   // expanded prompt, then generated tokens appended
+  std::vector<std::int64_t> history;  // the same as int64 (repetition penalty)
+  std::int64_t prompt_len = 0;
+  std::vector<std::int32_t> generated;
+  std::string text;
+  std::int64_t images_pending = 0;
+  std::uint64_t draws = 0;  // the sampler's draw counter (the last stage samples)
+  std::optional<models::stop_checker> stop;
+  std::optional<models::stream_decoder> decoder;
+  phase ph = phase::encoding;
+  std::int64_t seq = 0;       // KV sequence id of the current admission (0 = none)
+  std::int64_t computed = 0;  // tokens in the KV cache of every stage
+  bool in_flight = false;
+  bool cancelled = false;                           // ends when its step returns ...
+  finish_reason end_as = finish_reason::cancelled;  // ... as this
+  core_error end_error;
+  std::int64_t preemptions = 0;
+  std::uint64_t admit_order = 0;
+  time_point submitted, admitted, first_token;
+  bool has_first = false;
+  std::optional<time_point> deadline;
+  bool stop_string = false;
+};
+
+namespace {
+
+/// Adds the time the core's own work took to the counters when it goes.
+struct own_work {
+  scheduler_stats& stats;
+  const clock& clk;
+  time_point t0 = clk.now();
+  ~own_work() { stats.scheduler_ms += ms_between(t0, clk.now()); }
+};
+
+std::int64_t count_of(std::int32_t token, std::span<const std::int32_t> tokens) {
+  return std::count(tokens.begin(), tokens.end(), token);
+}
+
+}  // namespace
+
+scheduler_core::scheduler_core(model_frontend model, scheduler_options opts, int stages,
+                               const clock& clk)
+    : model_(std::move(model)),
+      opts_(std::move(opts)),
+      stages_(stages),
+      auto_micro_batches_(opts_.micro_batches < 1),
+      clock_(&clk),
+      books_(opts_.kv, opts_.kv_blocks) {
+  if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);
+  stats_.kv_total_blocks = opts_.kv_blocks;
+}
+
+scheduler_core::~scheduler_core() = default;
+
+scheduler_core::request* scheduler_core::find(std::uint64_t id) {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+std::int64_t scheduler_core::running() const {
+  std::int64_t n = 0;
+  for (const auto& [id, r] : requests_) n += r->ph == phase::running;
+  return n;
+}
+
+// -- admission -------------------------------------------------------------------------------
+
+std::expected<std::int64_t, core_error> scheduler_core::submit(
+    std::uint64_t id, const std::function<std::expected<request_spec, core_error>()>& prepare) {
+  auto refuse = [&](error_code code, std::string why) {
+    ++stats_.rejected;
+    return std::unexpected(core_error{code, std::move(why)});
+  };
+  if (!failed_.empty()) return std::unexpected(core_error{error_code::stage_failed, failed_});
+  if (id == 0)
+    return std::unexpected(core_error{error_code::invalid_request, "request id 0 is reserved"});
+  if (!seen_ids_.insert(id).second)
+    return refuse(error_code::duplicate_id,
+                  "request " + std::to_string(id) + " was already submitted");
+  if (queued_ >= opts_.queue_limit)
+    return refuse(error_code::overloaded, "the queue holds " + std::to_string(queued_) +
+                                              " requests (limit " +
+                                              std::to_string(opts_.queue_limit) + "); retry later");
+  auto spec = prepare();
+  if (!spec) return refuse(spec.error().code, spec.error().message);
+  auto& q = *spec;
+  if (auto v = q.params.validate(); !v)
+    return refuse(error_code::invalid_request, v.error().message);
+  if (q.tokens.empty())
+    return refuse(error_code::invalid_request, "the prompt encodes to no tokens");
+  for (auto t : q.tokens)
+    if (t < 0 || t >= model_.vocab)
+      return refuse(error_code::invalid_request,
+                    "prompt token " + std::to_string(t) + " outside the vocabulary");
+  if (q.images > 0 && model_.image_token < 0)
+    return refuse(error_code::invalid_request,
+                  "this model has no vision encoder; the request has images");
+  const auto total = static_cast<std::int64_t>(q.tokens.size()) + q.params.max_tokens;
+  if (!books_.fits_alone(total))
+    return refuse(error_code::kv_exhausted,
+                  "prompt (" + std::to_string(q.tokens.size()) + " tokens) plus max_tokens (" +
+                      std::to_string(q.params.max_tokens) + ") need " +
+                      std::to_string(books_.blocks_for(total - 1, total)) +
+                      " KV blocks; a stage has " + std::to_string(books_.total()));
+  if (auto s = models::sampler::create(q.params); !s)
+    return refuse(error_code::invalid_request, s.error().message);
+
+  auto r = std::make_unique<request>();
+  r->id = id;
+  r->params = std::move(q.params);
+  r->tokens = std::move(q.tokens);
+  r->history.assign(r->tokens.begin(), r->tokens.end());
+  r->prompt_len = static_cast<std::int64_t>(r->tokens.size());
+  r->stop.emplace(r->params);
+  r->decoder.emplace(*model_.tok, true);
+  r->submitted = clock_->now();
+  if (q.deadline_ms > 0) r->deadline = r->submitted + std::chrono::milliseconds(q.deadline_ms);
+  r->images_pending = q.images;
+  r->ph = q.images > 0 ? phase::encoding : phase::waiting;
+  ++stats_.accepted;
+  ++queued_;
+  const auto ahead = queued_ - 1;
+  if (r->ph == phase::waiting) waiting_.push_back(id);
+  requests_.emplace(id, std::move(r));
+  return ahead;
+}
+
+bool scheduler_core::image_ready(std::uint64_t id) {
+  auto* r = find(id);
+  if (!r || r->ph != phase::encoding) return false;
+  if (--r->images_pending > 0 || r->cancelled) return false;
+  r->ph = phase::waiting;
+  waiting_.push_back(id);
+  return true;
+}
+
+core_events scheduler_core::fail(std::uint64_t id, error_code code, std::string why) {
+  core_events out;
+  auto* r = find(id);
+  if (!r) return out;
+  if (r->in_flight) {
+    r->cancelled = true;
+    r->end_as = finish_reason::error;
+    r->end_error = {code, std::move(why)};
+  } else {
+    finish(id, finish_reason::error, {code, std::move(why)}, out);
+  }
+  return out;
+}
+
+std::optional<core_events> scheduler_core::cancel(std::uint64_t id) {
+  auto* r = find(id);
+  if (!r) return std::nullopt;
+  core_events out;
+  if (r->in_flight)
+    r->cancelled = true;  // ends (and frees its KV) when its step returns
+  else
+    finish(id, finish_reason::cancelled, {}, out);
+  return out;
+}
+
+void scheduler_core::release_kv(request& r, core_events& out) {
+  if (r.seq == 0) return;
+  const std::int64_t blocks = books_.release(r.seq);
+  const std::int64_t seq = r.seq;
+  r.seq = 0;
+  r.computed = 0;
+  // Stalled: the stores are being replaced, and the reset clears the books.
+  if (!stalled_) out.push_back(kv_release{seq, blocks, epoch_});
+}
+
+void scheduler_core::kv_freed(std::int64_t blocks, std::uint64_t epoch) {
+  if (epoch == epoch_) books_.freed(blocks);
+}
+
+void scheduler_core::finish(std::uint64_t id, finish_reason reason, core_error error,
+                            core_events& out) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  auto& r = *it->second;
+  if (r.ph != phase::running) --queued_;
+  if (r.ph == phase::waiting)
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  release_kv(r, out);
+  const auto now = clock_->now();
+  request_done f;
+  f.id = id;
+  f.reason = reason;
+  f.code = error.code;
+  f.error = std::move(error.message);
+  f.tokens = r.generated;
+  f.text = r.text;
+  f.prompt_tokens = r.prompt_len;
+  f.preemptions = r.preemptions;
+  f.queue_ms = r.ph == phase::running || r.admit_order ? ms_between(r.submitted, r.admitted)
+                                                       : ms_between(r.submitted, now);
+  f.ttft_ms = r.has_first ? ms_between(r.submitted, r.first_token) : 0;
+  f.total_ms = ms_between(r.submitted, now);
+  f.stop_string = r.stop_string;
+  ++stats_.finished;
+  stats_.prompt_tokens += r.prompt_len;
+  stats_.generated_tokens += static_cast<std::int64_t>(r.generated.size());
+  out.push_back(std::move(f));
+  requests_.erase(it);
+}
+
+void scheduler_core::fail_all(const core_error& why, core_events& out) {
+  std::vector<std::uint64_t> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  for (auto id : ids) finish(id, finish_reason::error, why, out);
+}
+
+void scheduler_core::preempt(request& r, core_events& out) {
+  release_kv(r, out);
+  r.ph = phase::waiting;
+  ++r.preemptions;
+  ++stats_.preemptions;
+  ++queued_;
+  waiting_.push_front(r.id);
+}
+
+// -- time ------------------------------------------------------------------------------------
+
+void scheduler_core::check_deadlines(core_events& out) {
+  const auto now = clock_->now();
+  std::vector<std::uint64_t> late;
+  for (auto& [id, r] : requests_)
+    if (r->deadline && now >= *r->deadline && !r->cancelled) late.push_back(id);
+  for (auto id : late) {
+    auto& r = *requests_[id];
+    if (r.in_flight) {
+      r.cancelled = true;  // ends when its step returns
+      r.end_as = finish_reason::deadline;
+    } else {
+      finish(id, finish_reason::deadline, {}, out);
+    }
+  }
+}
+
+core_events scheduler_core::tick() {
+  core_events out;
+  if (stalled_ && stalled_epoch_ == epoch_ && clock_->now() - stalled_since_ >= opts_.stall_limit) {
+    const std::string why =
+        "a stage's peer process was lost and no restored pipeline came within " +
+        std::to_string(
+            std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_limit).count()) +
+        " s";
+    failed_ = why;
+    fail_all({error_code::peer_lost, why}, out);
+    failed_.clear();
+    stalled_ = false;
+  }
+  check_deadlines(out);
+  return out;
+}
+
+std::optional<time_point> scheduler_core::next_wakeup() const {
+  std::optional<time_point> t;
+  auto earlier = [&](time_point x) {
+    if (!t || x < *t) t = x;
+  };
+  for (const auto& [id, r] : requests_)
+    if (r->deadline && !r->cancelled) earlier(*r->deadline);
+  if (stalled_) earlier(stalled_since_ + opts_.stall_limit);
+  return t;
+}
+
+// -- steps -----------------------------------------------------------------------------------
+
+void scheduler_core::step_left(time_point now) {
+  if (steps_.empty()) stats_.in_flight_ms += ms_between(busy_since_, now);
+}
+
+/// Puts the next chunk of `r` into the step if its KV blocks can be booked.
+bool scheduler_core::add_to_step(request& r, std::int64_t& budget, step_plan& plan,
+                                 in_flight_step& fl) {
+  const std::int64_t remaining = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
+  const std::int64_t chunk = std::min({remaining, opts_.prefill_chunk, budget});
+  if (chunk <= 0) return false;
+  if (!books_.reserve(r.seq, r.computed, r.computed + chunk)) return false;
+  planned_seq w;
+  w.id = r.id;
+  w.seq = r.seq;
+  w.start = r.computed;
+  w.tokens.assign(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + chunk);
+  if (model_.image_token >= 0)
+    w.image_rows_before = count_of(model_.image_token, std::span(r.tokens).first(r.computed));
+  budget -= chunk;
+  w.sample = r.computed + chunk == static_cast<std::int64_t>(r.tokens.size());
+  if (w.sample) {
+    w.params = r.params;
+    w.draws = r.draws;
+    w.max_new = 1;
+    if (r.params.repetition_penalty != 1.0) w.history = r.history;
+  }
+  fl.max_new.push_back(w.sample ? 1 : 0);
+  plan.seqs.push_back(std::move(w));
+  fl.ids.push_back(r.id);
+  fl.chunk.push_back(chunk);
+  r.in_flight = true;
+  return true;
+}
+
+/// Multi-step decode: when the batch only decodes (one token per sequence,
+/// every one sampling, no image rows) on a one-stage pipeline, lets the
+/// shard run as many passes as fit in multi_step_ms, each sequence up to
+/// its max_tokens, with KV blocks booked for every token it may add (a
+/// sequence whose blocks do not fit stays at one).
+void scheduler_core::plan_multi_step(step_plan& plan, in_flight_step& fl) {
+  fl.decode_only = true;
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const auto& s = plan.seqs[i];
+    const bool images = model_.image_token >= 0 && count_of(model_.image_token, s.tokens) > 0;
+    if (fl.chunk[i] != 1 || !s.sample || images) fl.decode_only = false;
+  }
+  if (!fl.decode_only || stages_ != 1 || opts_.max_decode_steps <= 1 || pass_ms_ <= 0) return;
+  const auto k = static_cast<std::int64_t>(
+      std::clamp(opts_.multi_step_ms / pass_ms_, 1.0, static_cast<double>(opts_.max_decode_steps)));
+  if (k <= 1) return;
+  std::int64_t most = 1;
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    auto& r = *requests_[fl.ids[i]];
+    const auto left = r.params.max_tokens - static_cast<std::int64_t>(r.generated.size());
+    const auto want = std::clamp<std::int64_t>(left, 1, k);
+    if (want <= 1 || !books_.reserve(r.seq, r.computed, r.computed + want)) continue;
+    plan.seqs[i].max_new = want;
+    fl.max_new[i] = want;
+    most = std::max(most, want);
+  }
+  plan.decode_steps = static_cast<std::int32_t>(most);
+}
+
+std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
+  const own_work timing{stats_, *clock_};
+  if (paused_ || stalled_ || stages_ < 1) return std::nullopt;
+  if (static_cast<int>(steps_.size()) >= opts_.micro_batches) return std::nullopt;
+  const auto& o = opts_;
+  // Candidates: running requests not in flight (oldest admission first).
+  std::vector<request*> running;
+  std::int64_t active = 0;
+  for (auto& [id, r] : requests_) {
+    if (r->ph != phase::running) continue;
+    ++active;
+    if (!r->in_flight) running.push_back(r.get());
+  }
+  std::sort(running.begin(), running.end(),
+            [](const request* a, const request* b) { return a->admit_order < b->admit_order; });
+  // Split the active sequences evenly over the micro-batches so that all
+  // stages have work.
+  const std::int64_t cap_seqs = std::max<std::int64_t>(
+      1, (active + static_cast<std::int64_t>(waiting_.size()) + o.micro_batches - 1) /
+             o.micro_batches);
+  // With several micro-batches in flight the pipeline runs at the pace of
+  // its largest: aim each one at an even share of the work there is (the
+  // tokens waiting to run plus those in flight), so that a prompt arriving
+  // next to a few decode tokens is split over the micro-batches instead of
+  // making one of them large and leaving the other stages idle. One
+  // micro-batch: the whole budget.
+  std::int64_t budget = o.token_budget;
+  if (o.micro_batches > 1 && o.balance_micro_batches) {
+    std::int64_t work = 0;
+    auto left = [](const request& r) {
+      return std::max<std::int64_t>(1, static_cast<std::int64_t>(r.tokens.size()) - r.computed);
+    };
+    for (auto* r : running) work += left(*r);
+    for (auto id : waiting_) work += left(*requests_[id]);
+    for (const auto& [step, f] : steps_)
+      for (auto c : f.chunk) work += c;
+    const std::int64_t share = (work + o.micro_batches - 1) / o.micro_batches;
+    budget =
+        std::clamp<std::int64_t>(share, std::min<std::int64_t>(32, o.token_budget), o.token_budget);
+  }
+  step_plan plan;
+  in_flight_step fl;
+  for (auto* r : running) {
+    if (static_cast<std::int64_t>(plan.seqs.size()) >= cap_seqs || budget <= 0) break;
+    if (add_to_step(*r, budget, plan, fl)) continue;
+    // Out of KV blocks: preempt the youngest running request that is not
+    // in flight (possibly this one) and try again later.
+    request* victim = nullptr;
+    for (auto* c : running)
+      if (!c->in_flight && (!victim || c->admit_order > victim->admit_order)) victim = c;
+    if (victim) {
+      preempt(*victim, out);
+      if (victim == r) continue;
+    }
+    break;
+  }
+  // Admissions (FCFS) while KV blocks and the running cap allow.
+  std::int64_t n_running = active;
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<std::int64_t>(plan.seqs.size()) < cap_seqs && n_running < o.max_running) {
+    auto& r = *requests_[waiting_.front()];
+    // Admit only if the request's first chunk fits.
+    r.seq = next_seq_++;
+    if (!add_to_step(r, budget, plan, fl)) {
+      r.seq = 0;
+      break;
+    }
+    waiting_.pop_front();
+    --queued_;
+    r.ph = phase::running;
+    if (!r.admit_order) r.admitted = clock_->now();
+    r.admit_order = ++admit_counter_;
+    ++n_running;
+  }
+  if (plan.seqs.empty()) return std::nullopt;
+  plan_multi_step(plan, fl);
+  plan.step = next_step_++;
+  fl.sent = clock_->now();
+  if (steps_.empty()) busy_since_ = fl.sent;
+  steps_.emplace(plan.step, std::move(fl));
+  ++stats_.steps;
+  return plan;
+}
+
+void scheduler_core::apply_sampled(request& r, const std::vector<std::int32_t>& sampled,
+                                   time_point now, core_events& out) {
+  if (!r.has_first) {
+    r.has_first = true;
+    r.first_token = now;
+  }
+  tokens_out ev{r.id, {}, {}};
+  auto reason = models::stop_reason::none;
+  for (auto tok : sampled) {  // tokens past a stop are dropped (the KV goes with the request)
+    ++r.draws;
+    r.tokens.push_back(tok);
+    r.history.push_back(tok);
+    r.generated.push_back(tok);
+    ev.tokens.push_back(tok);
+    ++stats_.tokens_out;
+    ev.text += r.stop->feed(tok, r.decoder->push(tok));
+    reason = r.stop->reason();
+    if (reason != models::stop_reason::none) break;
+  }
+  if (reason != models::stop_reason::none && reason != models::stop_reason::stop_string)
+    ev.text += r.stop->flush();
+  r.text += ev.text;
+  out.push_back(std::move(ev));
+  r.stop_string = reason == models::stop_reason::stop_string;
+  if (reason != models::stop_reason::none)
+    finish(r.id,
+           reason == models::stop_reason::max_tokens ? finish_reason::length : finish_reason::stop,
+           {}, out);
+}
+
+core_events scheduler_core::step_done(std::uint64_t step, const step_result& res) {
+  core_events out;
+  auto node = steps_.extract(step);
+  if (node.empty()) return out;
+  auto& fl = node.mapped();
+  {
+    const auto back = clock_->now();
+    step_left(back);
+    stats_.round_trip_ms += ms_between(fl.sent, back);
+    stats_.compute_ms += std::max(0.0, res.compute_ms);
+    auto& per = stats_.stage_compute_ms;
+    if (per.size() < res.stage_ms.size() && res.stage_ms.size() <= 1024)
+      per.resize(res.stage_ms.size());
+    for (std::size_t i = 0; i < res.stage_ms.size() && i < per.size(); ++i)
+      per[i] += std::max(0.0, res.stage_ms[i]);
+    for (auto c : fl.chunk) stats_.step_rows += c;
+    for (const auto& s : res.sampled)
+      stats_.step_rows += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.size()) - 1);
+  }
+  const own_work timing{stats_, *clock_};
+  bool valid = res.sampled.size() == fl.ids.size();
+  for (std::size_t i = 0; valid && i < fl.ids.size(); ++i) {
+    const auto n = static_cast<std::int64_t>(res.sampled[i].size());
+    valid = fl.max_new[i] == 0 ? n == 0 : n >= 1 && n <= fl.max_new[i];
+    for (auto t : res.sampled[i]) valid = valid && t >= 0 && t < model_.vocab;
+  }
+  if (!valid) {
+    const std::string why = "the last stage's sampled tokens do not match the step";
+    for (auto id : fl.ids)
+      if (auto* r = find(id)) {
+        r->in_flight = false;
+        finish(id, finish_reason::error, {error_code::internal, why}, out);
+      }
+    return out;
+  }
+  if (fl.decode_only && res.passes >= 1 && res.compute_ms > 0) {
+    const double per_pass = res.compute_ms / res.passes;
+    pass_ms_ = pass_ms_ <= 0 ? per_pass : 0.8 * pass_ms_ + 0.2 * per_pass;
+  }
+  const auto now = clock_->now();
+  for (std::size_t i = 0; i < fl.ids.size(); ++i) {
+    auto* r = find(fl.ids[i]);
+    if (!r) continue;
+    const auto& sampled = res.sampled[i];
+    r->in_flight = false;
+    // Each pass after the first put the previous sampled token in the KV.
+    r->computed +=
+        fl.chunk[i] + std::max<std::int64_t>(0, static_cast<std::int64_t>(sampled.size()) - 1);
+    books_.settle(r->seq, r->computed);  // a window frees what it no longer needs
+    if (r->cancelled) {
+      finish(r->id, r->end_as, r->end_error, out);
+      continue;
+    }
+    if (sampled.empty()) continue;  // mid-prefill
+    apply_sampled(*r, sampled, now, out);
+  }
+  check_deadlines(out);
+  return out;
+}
+
+core_events scheduler_core::step_failed(std::uint64_t step, step_failure kind,
+                                        const std::string& why) {
+  core_events out;
+  auto node = steps_.extract(step);
+  if (node.empty()) return out;
+  step_left(clock_->now());
+  if (kind == step_failure::refused) {
+    // The stage refused or failed this step: that would happen again.
+    for (auto id : node.mapped().ids)
+      if (auto* r = find(id)) {
+        r->in_flight = false;
+        finish(id, finish_reason::error, {error_code::stage_failed, why}, out);
+      }
+    return out;
+  }
+  // A stage is gone (crashed, killed): plan no steps until the pipeline is
+  // reset; the requests then recompute. Nobody may restore it (a transfer
+  // failed, every process alive): tick fails them after stall_limit.
+  if (!stalled_) {
+    stalled_epoch_ = epoch_;
+    stalled_since_ = clock_->now();
+  }
+  stalled_ = true;
+  for (auto id : node.mapped().ids)
+    if (auto* r = find(id)) r->in_flight = false;
+  return out;
+}
+
+// -- the pipeline ----------------------------------------------------------------------------
+
+core_events scheduler_core::reset(int stages) {
+  core_events out;
+  ++epoch_;
+  if (!steps_.empty()) {
+    steps_.clear();
+    step_left(clock_->now());
+  }
+  stalled_ = false;
+  books_.clear();
+  stages_ = stages;
+  if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);
+  std::vector<request*> running;
+  for (auto& [id, r] : requests_) {
+    r->in_flight = false;
+    r->seq = 0;
+    r->computed = 0;
+    if (r->ph == phase::running) running.push_back(r.get());
+  }
+  std::sort(running.begin(), running.end(),
+            [](const request* a, const request* b) { return a->admit_order > b->admit_order; });
+  for (auto* r : running)
+    preempt(*r, out);  // youngest first to the front: the oldest ends up first
+  std::vector<std::uint64_t> cancelled;
+  for (auto& [id, r] : requests_)
+    if (r->cancelled) cancelled.push_back(id);
+  for (auto id : cancelled) {
+    auto& r = *requests_[id];
+    finish(id, r.end_as, r.end_error, out);
+  }
+  if (stages_ < 1) {
+    failed_ =
+        "the node gave up on the pipeline (a stage failed more often than allowed, or a remote "
+        "stage is gone; the node logs why)";
+    fail_all({error_code::stage_failed, failed_}, out);
+  }
+  return out;
+}
+
+scheduler_stats scheduler_core::stats() const {
+  auto s = stats_;
+  s.queued = queued_;
+  s.running = static_cast<std::int64_t>(requests_.size()) - queued_;
+  s.kv_used_blocks = books_.used();
+  s.kv_peak_blocks = books_.peak();
+  s.stages = stages_;
+  if (!steps_.empty()) s.in_flight_ms += ms_between(busy_since_, clock_->now());
+  return s;
+}
+
+}  // namespace troupe::actors::core

@@ -1,0 +1,275 @@
+#pragma once
+
+// The scheduler's decisions as plain code (vLLM's schedule() ->
+// SchedulerOutput / update_from_output()): which requests are admitted,
+// what each pipeline step carries, what a step's output means for every
+// request, when a request ends and why. No CAF, no threads, no timers:
+// the time comes from the injected clock, and `next_wakeup` says when the
+// core next needs a `tick`. The actor in actors/scheduler.cpp is its
+// shell: it tokenizes, encodes images, sends the planned steps to the
+// first stage, frees KV on the stores and streams the events to clients.
+//
+// A request moves encoding -> waiting -> running; a preempted one (out of
+// KV blocks, or a pipeline reset) goes back to the front of the queue and
+// recomputes its prompt and generated tokens when admitted again (the
+// kernels are batch- and chunking-invariant, so its tokens do not change).
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <expected>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "actors/core/clock.hpp"
+#include "actors/core/errors.hpp"
+#include "actors/core/kv_books.hpp"
+#include "actors/core/scheduler_stats.hpp"
+#include "models/kv_cache.hpp"
+#include "models/sampling.hpp"
+#include "models/tokenizer.hpp"
+
+namespace troupe::actors::core {
+
+/// What the scheduler knows of the model besides its stages.
+struct model_frontend {
+  std::shared_ptr<const models::tokenizer> tok;
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
+  std::int32_t image_token = -1;  ///< -1: a text-only model
+  std::int64_t tokens_per_image = 0;
+};
+
+/// Admission and batching policy.
+struct scheduler_options {
+  std::int64_t queue_limit = 64;     ///< requests waiting for admission (encoding included)
+  std::int64_t max_running = 64;     ///< sequences with KV at once
+  std::int64_t token_budget = 512;   ///< tokens per micro-batch (prefill chunks + decode tokens)
+  std::int64_t prefill_chunk = 512;  ///< prompt tokens per sequence per step
+  int micro_batches = 1;  ///< micro-batches in flight (the pipeline's depth); 0: one per stage,
+                          ///< following re-placements
+  /// With several micro-batches: size each to an even share of the work
+  /// (tokens waiting plus in flight) instead of filling it to token_budget.
+  bool balance_micro_batches = true;
+  /// Multi-step decode (one stage only): a step of decode tokens alone runs
+  /// up to this many passes on the shard, which samples and feeds the tokens
+  /// back itself, so the round trip to the scheduler is paid once per step.
+  /// 1 turns it off.
+  int max_decode_steps = 16;
+  /// ... as many passes as fit in this many milliseconds (by the measured
+  /// time of a pass), so that a waiting request is admitted, and tokens reach
+  /// the clients, at least this often. Long steps (a big model) get 1.
+  double multi_step_ms = 2.0;
+  models::kv_options kv;       ///< the stages' KV layout (block accounting)
+  std::int64_t kv_blocks = 0;  ///< blocks per stage (the smallest stage's pool)
+  /// How long a pipeline that lost a peer may wait for its restoration
+  /// before its requests fail.
+  std::chrono::milliseconds stall_limit{60000};
+};
+
+/// A request as the core takes it: the prompt already tokenized, with
+/// every image's placeholder expanded to the image's rows.
+struct request_spec {
+  std::vector<std::int32_t> tokens;
+  models::sampling_params params;
+  std::int64_t deadline_ms = 0;  ///< 0: none; else after submission
+  std::int64_t images = 0;       ///< images being encoded: it waits for image_ready
+};
+
+/// One sequence's part of a planned step.
+struct planned_seq {
+  std::uint64_t id = 0;              ///< the request
+  std::int64_t seq = 0;              ///< its KV sequence (the same on every stage)
+  std::int64_t start = 0;            ///< tokens already in its KV cache
+  std::vector<std::int32_t> tokens;  ///< the tokens this step puts through
+  /// Image tokens before `start` (the image rows this chunk starts after).
+  std::int64_t image_rows_before = 0;
+  bool sample = false;  ///< the last stage samples (the chunk ends the known tokens)
+  models::sampling_params params;
+  std::uint64_t draws = 0;            ///< the sampler's draw counter
+  std::int64_t max_new = 0;           ///< tokens it may sample (more than 1: multi-step decode)
+  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a repetition penalty
+};
+
+/// One micro-batch for the pipeline.
+struct step_plan {
+  std::uint64_t step = 0;
+  std::vector<planned_seq> seqs;
+  std::int32_t decode_steps = 1;  ///< multi-step decode passes (one stage only)
+};
+
+/// What came back from the last stage.
+struct step_result {
+  std::vector<std::vector<std::int32_t>> sampled;  ///< per planned sequence
+  double compute_ms = 0;
+  std::vector<double> stage_ms;
+  std::int32_t passes = 1;
+};
+
+/// Why a step did not come back.
+enum class step_failure : std::uint8_t {
+  refused,    ///< a stage refused or failed it: it would fail again, its requests end
+  peer_lost,  ///< a stage is gone: wait for the pipeline's reset, then recompute
+};
+
+/// New tokens of a request, and the text now safe to show.
+struct tokens_out {
+  std::uint64_t id = 0;
+  std::vector<std::int32_t> tokens;
+  std::string text;
+};
+
+/// A request ended.
+struct request_done {
+  std::uint64_t id = 0;
+  finish_reason reason = finish_reason::stop;
+  error_code code = error_code::internal;  ///< with finish_reason::error: whose fault, what kind
+  std::string error;                       ///< with finish_reason::error: what went wrong
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t preemptions = 0;
+  double queue_ms = 0;
+  double ttft_ms = 0;
+  double total_ms = 0;
+  bool stop_string = false;
+};
+
+/// A sequence's KV blocks are to be freed on every stage's store; the
+/// shell calls kv_freed(blocks, epoch) once all have.
+struct kv_release {
+  std::int64_t seq = 0;
+  std::int64_t blocks = 0;
+  std::uint64_t epoch = 0;
+};
+
+using core_event = std::variant<tokens_out, request_done, kv_release>;
+using core_events = std::vector<core_event>;
+
+class scheduler_core {
+ public:
+  /// `stages`: the pipeline's length now (0: none yet).
+  scheduler_core(model_frontend model, scheduler_options opts, int stages, const clock& clk);
+  ~scheduler_core();
+  scheduler_core(const scheduler_core&) = delete;
+  scheduler_core& operator=(const scheduler_core&) = delete;
+
+  // -- admission ---------------------------------------------------------------
+
+  /// Admits request `id` into the queue, or says why not. `prepare` turns
+  /// the request into tokens (tokenizing, expanding images); it runs only
+  /// after the cheap checks (a failed pipeline, id 0 or a duplicate, a
+  /// full queue) passed. Returns the number of requests queued ahead.
+  std::expected<std::int64_t, core_error> submit(
+      std::uint64_t id, const std::function<std::expected<request_spec, core_error>()>& prepare);
+  /// One of a request's images is encoded; true when it now waits for
+  /// admission (its last image).
+  bool image_ready(std::uint64_t id);
+  /// Ends a request with an error: now, or when its step returns.
+  core_events fail(std::uint64_t id, error_code code, std::string why);
+  /// Cancels a request (now, or when its step returns); nullopt when it is
+  /// not known (any more).
+  std::optional<core_events> cancel(std::uint64_t id);
+
+  // -- steps -------------------------------------------------------------------
+
+  /// The next micro-batch to send to the first stage, or none (the
+  /// pipeline is full, paused or stalled, or there is nothing to do). Call
+  /// until it returns none. Requests it preempts (out of KV blocks) give
+  /// their blocks back through `out`.
+  std::optional<step_plan> plan_step(core_events& out);
+  /// A step's output came back.
+  core_events step_done(std::uint64_t step, const step_result& out);
+  /// A step failed.
+  core_events step_failed(std::uint64_t step, step_failure kind, const std::string& why);
+
+  // -- the pipeline ----------------------------------------------------------------
+
+  /// Every stage was replaced (`stages` of them; 0: the node gave up). All
+  /// KV is gone: running requests go back to the queue's front, oldest
+  /// first, and recompute; steps still out are forgotten.
+  core_events reset(int stages);
+  /// The stores freed blocks of an earlier kv_release.
+  void kv_freed(std::int64_t blocks, std::uint64_t epoch);
+  /// Live migration: plan no more steps until resume.
+  void pause() { paused_ = true; }
+  void resume() { paused_ = false; }
+  bool paused() const { return paused_; }
+
+  // -- time ------------------------------------------------------------------------
+
+  /// Deadlines and the stall limit, as of the clock's now.
+  core_events tick();
+  /// When tick next has something to do (the earliest deadline, the stall
+  /// limit), if ever.
+  std::optional<time_point> next_wakeup() const;
+
+  // -- what it holds -------------------------------------------------------------------
+
+  std::size_t steps_in_flight() const { return steps_.size(); }
+  std::int64_t running() const;
+  std::int64_t queued() const { return queued_; }
+  bool knows(std::uint64_t id) const { return requests_.contains(id); }
+  bool stalled() const { return stalled_; }
+  std::uint64_t epoch() const { return epoch_; }
+  int micro_batches() const { return opts_.micro_batches; }
+  const kv_books& books() const { return books_; }
+  /// Counters, with the gauges (queued, running, KV, in flight) as of now.
+  scheduler_stats stats() const;
+
+ private:
+  enum class phase : std::uint8_t { encoding, waiting, running };
+  struct request;
+  struct in_flight_step {
+    std::vector<std::uint64_t> ids;
+    std::vector<std::int64_t> chunk;
+    std::vector<std::int64_t> max_new;  ///< per sequence: tokens it may sample (0: none)
+    bool decode_only = false;           ///< every sequence decodes one token (no prefill)
+    time_point sent;
+  };
+
+  request* find(std::uint64_t id);
+  void finish(std::uint64_t id, finish_reason reason, core_error error, core_events& out);
+  void release_kv(request& r, core_events& out);
+  void preempt(request& r, core_events& out);
+  void check_deadlines(core_events& out);
+  bool add_to_step(request& r, std::int64_t& budget, step_plan& plan, in_flight_step& fl);
+  void plan_multi_step(step_plan& plan, in_flight_step& fl);
+  void apply_sampled(request& r, const std::vector<std::int32_t>& sampled, time_point now,
+                     core_events& out);
+  void step_left(time_point now);
+  void fail_all(const core_error& why, core_events& out);
+
+  model_frontend model_;
+  scheduler_options opts_;
+  int stages_ = 0;
+  bool auto_micro_batches_ = false;
+  const clock* clock_;
+  kv_books books_;
+
+  std::map<std::uint64_t, std::unique_ptr<request>> requests_;
+  std::set<std::uint64_t> seen_ids_;
+  std::deque<std::uint64_t> waiting_;  ///< FCFS; preempted requests go to the front
+  std::int64_t queued_ = 0;            ///< encoding + waiting
+  std::int64_t next_seq_ = 1;
+  std::uint64_t next_step_ = 1;
+  std::uint64_t admit_counter_ = 0;
+  std::map<std::uint64_t, in_flight_step> steps_;
+  scheduler_stats stats_;
+  double pass_ms_ = 0;       ///< measured time of one decode pass (multi-step sizing); 0 = not yet
+  std::uint64_t epoch_ = 0;  ///< bumped by every reset
+  bool stalled_ = false;     ///< a stage is gone: wait for the reset
+  std::uint64_t stalled_epoch_ = 0;
+  time_point stalled_since_{};
+  std::string failed_;  ///< the pipeline was given up on: why
+  bool paused_ = false;
+  time_point busy_since_{};  ///< since when a step has been in flight
+};
+
+}  // namespace troupe::actors::core

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace troupe::actors::core {
+
+/// Scheduler counters.
+struct scheduler_stats {
+  std::int64_t queued = 0;
+  std::int64_t running = 0;
+  std::int64_t accepted = 0;
+  std::int64_t rejected = 0;
+  std::int64_t finished = 0;
+  std::int64_t preemptions = 0;
+  std::int64_t steps = 0;
+  std::int64_t kv_total_blocks = 0;
+  std::int64_t kv_used_blocks = 0;
+  std::int64_t kv_peak_blocks = 0;
+  std::int64_t prompt_tokens = 0;     ///< of finished requests
+  std::int64_t generated_tokens = 0;  ///< of finished requests
+  std::int64_t tokens_out = 0;        ///< every token streamed so far, finished or not
+  // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
+  // turns two samples into a breakdown).
+  std::int64_t stages = 0;     ///< stages in the pipeline now
+  std::int64_t step_rows = 0;  ///< tokens put through the stages: prompt chunks and decode passes
+  double round_trip_ms = 0;    ///< over steps: sent to the first stage until its output is back
+  double compute_ms = 0;       ///< over steps: the stages' compute, summed over the stages
+  std::vector<double> stage_compute_ms;  ///< the same per stage (index = position in the pipeline)
+  double in_flight_ms = 0;               ///< wall time with at least one step in flight
+  double scheduler_ms = 0;  ///< the scheduler's own work: building steps, handling outputs
+  bool operator==(const scheduler_stats&) const = default;
+};
+
+}  // namespace troupe::actors::core

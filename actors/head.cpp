@@ -1,0 +1,588 @@
+#include "actors/head.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "actors/gatekeeper.hpp"
+#include "actors/head_placement.hpp"
+#include "actors/head_state.hpp"
+#include "actors/head_status.hpp"
+#include "actors/log.hpp"
+#include "actors/migration.hpp"
+#include "models/weights.hpp"
+
+namespace troupe::actors {
+
+namespace head_detail {
+
+using namespace std::chrono_literals;
+
+void event(head_ptr self, const std::string& what, bool warn) {
+  self->state.last_event = what;
+  if (warn)
+    logging::of("head").warn("{}", what);
+  else
+    logging::of("head").info("{}", what);
+}
+
+std::shared_ptr<void> loading_on(head_ptr self, const std::string& node) {
+  ++self->state.rt[node].loading;
+  // The guard lives in the request's handlers, which run in the actor.
+  return std::shared_ptr<void>(nullptr, [self, node](void*) {
+    auto it = self->state.rt.find(node);
+    if (it != self->state.rt.end() && it->second.loading > 0) --it->second.loading;
+  });
+}
+
+namespace {
+
+bool from_this_process(head_ptr self) {
+  const auto& s = self->current_sender();
+  return s && s->node() == self->node();
+}
+
+void start_join(head_ptr self, const std::string& name) {
+  auto& st = self->state;
+  auto& r = st.rt[name];
+  if (r.joining) return;
+  r.joining = true;
+  const auto core = caf::actor_cast<head_core_actor>(self);
+  self->system().spawn<caf::detached>([core, m = st.cfg.node.m, me = st.cfg.node.name, name,
+                                       timeout = st.cfg.node.timeout](caf::blocking_actor* b) {
+    auto pass =
+        join_node(b->system(), m, me, name, std::min(timeout, std::chrono::milliseconds(5000)));
+    if (pass)
+      b->send(core, joined_atom::value, name, *pass);
+    else
+      b->send(core, joined_atom::value, name, pass.error());
+  });
+}
+
+void on_lost(head_ptr self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  auto& r = st.rt[name];
+  if (r.agent) self->demonitor(r.agent.address());
+  r.agent = node_agent_actor{};
+  {
+    auto& reg = joined_nodes();
+    std::lock_guard lock(reg.mtx);
+    reg.ids.erase(name);
+  }
+  const auto* m = st.members->find(name);
+  st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
+  event(self, "node " + name + " lost: " + why, true);
+  const bool held =
+      std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
+  if ((held || st.placing) && !st.draining) {
+    st.lost_at = steady::now();
+    replace(self, "node " + name + " lost");
+  }
+}
+
+void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_handles> handles) {
+  auto& st = self->state;
+  if (epoch != st.epoch) return;
+  std::vector<shard_actor> shards;
+  std::vector<kv_store_actor> kvs;
+  for (const auto& h : handles) {
+    shards.push_back(h.shard);
+    kvs.push_back(h.kv);
+  }
+  auto done = [self, epoch, shards, kvs, handles](std::int64_t blocks) {
+    auto& st = self->state;
+    if (epoch != st.epoch) return;
+    st.handles = handles;
+    st.placing = false;
+    st.placement_ok = true;
+    if (!st.scheduler) {
+      auto sopts = st.cfg.scheduler;
+      sopts.kv = st.cfg.node.kv;
+      sopts.kv_blocks = blocks;
+      st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+    } else {
+      self->send(st.scheduler, pipeline_atom::value, shards, kvs);
+    }
+    st.ready = true;
+    std::string how =
+        "placed " + cluster::describe(st.plan) + " (placement " + std::to_string(epoch) + ")";
+    if (st.lost_at) {
+      st.resume_ms = ms_since(*st.lost_at);
+      ++st.replacements;
+      st.actor_restarts += static_cast<std::int64_t>(st.plan.size());
+      st.lost_at.reset();
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; requests resume %.0f ms after the loss", st.resume_ms);
+      how += buf;
+    }
+    event(self, how);
+    decision_applied(self, st.placing_decision);
+    st.placing_decision.reset();
+    st.rebalancing = false;
+    if (st.resume_after_placement) {
+      st.resume_after_placement = false;
+      self->send(st.scheduler,
+                 resume_atom::value);  // after the reset: the requests recompute on the new stages
+    }
+    if (!st.want_encoder_on.empty() && st.encoder && st.want_encoder_on != encoder_node(self)) {
+      const auto to = st.want_encoder_on;
+      self->request(caf::actor_cast<frontdoor_actor>(self), std::chrono::minutes(10),
+                    migrate_atom::value, migrate_request{"vision", to})
+          .then([](const migrate_report&) {},
+                [self, to](caf::error& e) {
+                  event(self,
+                        "moving the vision encoder to " + to + ": " + describe(self->system(), e),
+                        true);
+                });
+    }
+    st.want_encoder_on.clear();
+    heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
+  };
+  if (st.scheduler) {
+    done(0);
+    return;
+  }
+  self->request(kvs.front(), st.cfg.node.timeout, usage_atom::value)
+      .then([done](const kv_usage_info& u) { done(u.total_blocks); },
+            [self, epoch](caf::error& e) {
+              if (epoch != self->state.epoch) return;
+              self->state.placing = false;
+              event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e),
+                    true);
+            });
+}
+
+// Every 10 s while requests come: one line with the load and the token rates.
+void stats_line(head_ptr self) {
+  auto& st = self->state;
+  if (!st.scheduler || steady::now() - st.last_stats_line < std::chrono::seconds(10)) return;
+  const auto since = st.last_stats_line;
+  st.last_stats_line = steady::now();
+  self->request(st.scheduler, 5s, stats_atom::value)
+      .then(
+          [self, since](const scheduler_stats& s) {
+            auto& st = self->state;
+            const auto& p = st.last_stats;
+            const double secs = std::chrono::duration<double>(steady::now() - since).count();
+            if (s.accepted != p.accepted || s.running > 0 || s.queued > 0) {
+              std::int64_t used = 0, total = 0;
+              for (const auto& [name, r] : st.rt) {
+                used += r.report.kv_used_blocks;
+                total += r.report.kv_total_blocks;
+              }
+              logging::of("head").info(
+                  "{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, "
+                  "generation {:.1f} tokens/s; "
+                  "{} finished",
+                  s.running, s.queued,
+                  total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0,
+                  used, total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
+                  static_cast<double>(s.generated_tokens - p.generated_tokens) / secs, s.finished);
+            }
+            st.last_stats = s;
+          },
+          [](caf::error&) {});
+}
+
+}  // namespace
+
+void replace(head_ptr self, const std::string& trigger,
+             std::optional<std::vector<cluster::stage_slot>> forced) {
+  auto& st = self->state;
+  if (st.draining) return;
+  const auto epoch = ++st.epoch;
+  const auto plan = forced ? std::move(*forced) : choose_slots(self, trigger);
+  if (plan.empty()) {
+    st.placing = false;
+    event(self, "no node can hold the model now (the head is not up)", true);
+    return;
+  }
+  st.placing = true;
+  // Nodes left out of the new plan let go of what they hold.
+  for (auto& [name, r] : st.rt) {
+    const bool in =
+        std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
+    if (!in && r.agent)
+      self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
+          .then([](std::int32_t) {}, [](caf::error&) {});
+  }
+  st.plan = plan;
+  st.stages_total = static_cast<std::int32_t>(plan.size());
+  st.stages_loaded = 0;
+  event(self, "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
+  auto handles = std::make_shared<std::vector<stage_handles>>(plan.size());
+  auto load = std::make_shared<std::function<void(std::size_t)>>();
+  *load = [self, epoch, plan, handles, load](std::size_t i) {
+    auto& st = self->state;
+    if (epoch != st.epoch) return;
+    const auto& slot = plan[i];
+    auto agent = st.rt[slot.node].agent;
+    auto fail = [self, epoch, slot](const std::string& why) {
+      auto& st = self->state;
+      if (epoch != st.epoch) return;
+      st.placing = false;
+      st.placement_ok = false;
+      event(self,
+            "placing layers [" + std::to_string(slot.first_layer) + "," +
+                std::to_string(slot.last_layer) + ") on " + slot.node + " failed: " + why +
+                "; trying again",
+            true);
+      if (!st.retry_queued) {
+        st.retry_queued = true;
+        self->delayed_send(self, 500ms, tick_atom::value);
+      }
+    };
+    if (!agent) return fail("the node is not up");
+    stage_order o;
+    o.first_layer = slot.first_layer;
+    o.last_layer = slot.last_layer;
+    o.embed = i == 0;
+    o.head = i + 1 == plan.size();
+    o.epoch = epoch;
+    if (i + 1 < plan.size()) {
+      o.has_next = true;
+      o.next = (*handles)[i + 1];
+      o.next_node = plan[i + 1].node;
+    }
+    auto busy = loading_on(self, slot.node);
+    self->request(agent, st.cfg.node.timeout, load_atom::value, o)
+        .then(
+            [self, epoch, handles, load, i, slot, n = plan.size(), busy](stage_handles& h) {
+              if (epoch != self->state.epoch) return;
+              ++self->state.stages_loaded;
+              event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," +
+                              std::to_string(slot.last_layer) + ") on " + slot.node + " (" +
+                              std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
+              (*handles)[i] = std::move(h);
+              if (i == 0) {
+                auto& st = self->state;
+                auto own = st.rt[st.cfg.node.name].agent;
+                if (slot.node != st.cfg.node.name && own) {
+                  // The first stage is off the head: the scheduler's image
+                  // embeddings reach it over the data plane.
+                  self->request(own, st.cfg.node.timeout, connect_atom::value, (*handles)[0],
+                                slot.node)
+                      .then(
+                          [self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
+                          [self, epoch, slot](caf::error& e) {
+                            auto& st = self->state;
+                            if (epoch != st.epoch) return;
+                            st.placing = false;
+                            st.placement_ok = false;
+                            event(self,
+                                  "connecting the head to " + slot.node + ": " +
+                                      describe(self->system(), e) + "; trying again",
+                                  true);
+                            if (!st.retry_queued) {
+                              st.retry_queued = true;
+                              self->delayed_send(self, 500ms, tick_atom::value);
+                            }
+                          });
+                } else {
+                  finish_placement(self, epoch, *handles);
+                }
+                *load = nullptr;  // breaks the cycle
+              } else {
+                (*load)(i - 1);
+              }
+            },
+            [self, fail, busy](caf::error& e) { fail(describe(self->system(), e)); });
+  };
+  (*load)(plan.size() - 1);
+}
+
+void heartbeat(head_ptr self) {
+  auto& st = self->state;
+  const auto now = steady::now();
+  stats_line(self);
+  // The head's own node is this process; a node loading weights for the
+  // head is busy, its connection up (a drop is noticed as such).
+  for (const auto& [name, r] : st.rt)
+    if (r.agent && (name == st.cfg.node.name || r.loading > 0)) {
+      const auto* m = st.members->find(name);
+      if (m &&
+          (m->state == cluster::member_state::up || m->state == cluster::member_state::suspect))
+        st.members->heard(name, now);
+    }
+  for (auto& t : st.members->tick(now)) {
+    if (t.to == cluster::member_state::lost)
+      on_lost(self, t.name, t.why);
+    else
+      event(self, "node " + t.name + " " + cluster::to_string(t.to) + ": " + t.why, true);
+  }
+  for (const auto& name : st.members->due_for_join(now))
+    if (name != st.cfg.node.name) start_join(self, name);
+  for (auto& [name, r] : st.rt) {
+    if (!r.agent) continue;
+    const auto* m = st.members->find(name);
+    if (!m || (m->state != cluster::member_state::up && m->state != cluster::member_state::suspect))
+      continue;
+    self->request(r.agent, st.members->options().lost_after, ping_atom::value)
+        .then(
+            [self, name, agent = r.agent](node_report& rep) {
+              auto& st = self->state;
+              auto& r = st.rt[name];
+              if (r.agent != agent) return;  // an answer from before a loss
+              r.report = std::move(rep);
+              if (auto t = st.members->heard(name, steady::now()))
+                event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
+              measure_link(self, name);
+            },
+            [](caf::error&) {});  // silence is what tick() measures
+  }
+  if (st.scheduler)
+    self->request(st.scheduler, 5s, stats_atom::value)
+        .then(
+            [self](const scheduler_stats& s) {
+              const auto now = steady::now();
+              self->state.tokens.add(now, s.tokens_out);
+              auto& q = self->state.stat_samples;
+              q.emplace_back(now, s);
+              while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
+            },
+            [](caf::error&) {});
+  measure_decisions(self);
+  policy_tick(self);
+  // The first placement: once every node is up and measured (or, after the
+  // grace period, whoever is).
+  if (!st.ready && !st.placing && !st.draining) {
+    const auto usable = st.members->usable();
+    const bool grace_over = steady::now() - st.started > st.cfg.startup_grace;
+    if ((usable.size() == st.cfg.node.m.nodes.size() && (measured_all(self) || !st.auto_place)) ||
+        (grace_over && !usable.empty()))
+      replace(self, "start");
+  }
+}
+
+}  // namespace head_detail
+
+kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg,
+                                            node_agent_actor own) {
+  using namespace head_detail;
+  const auto& m = cfg.node.m;
+  if (m.parallelism.tensor_parallel > 1)
+    return kernels::make_error(kernels::errc::unsupported_op,
+                               m.path + ": parallelism.tensor_parallel = " +
+                                   std::to_string(m.parallelism.tensor_parallel) +
+                                   ": the cluster places pipeline stages only so far "
+                                   "(tensor parallelism runs with troupe worker --tp-rank)");
+  auto prompt = load_prompt_setup(cfg.node.model);
+  if (!prompt) return std::unexpected(prompt.error());
+  model_frontend fe;
+  fe.tok = prompt->tok;
+  fe.vocab = prompt->text.vocab_size;
+  fe.hidden = prompt->text.hidden_size;
+  std::shared_ptr<encoder_resources> enc;
+  if (prompt->llava) {
+    fe.image_token = static_cast<std::int32_t>(prompt->llava->image_token_index);
+    fe.tokens_per_image = prompt->llava->tokens_per_image();
+    auto e = make_vision_encoder(context_for(cfg.node.device), cfg.node.model, cfg.node.plan);
+    if (!e) return std::unexpected(e.error());
+    enc = std::move(*e);
+  }
+  std::vector<std::string> names;
+  for (const auto& n : m.nodes) names.push_back(n.name);
+  auto impl = [](head_ptr self, head_config cfg, prompt_setup prompt, model_frontend fe,
+                 std::shared_ptr<encoder_resources> enc, node_agent_actor own,
+                 std::vector<std::string> names) -> head_core_actor::behavior_type {
+    auto& st = self->state;
+    st.cfg = std::move(cfg);
+    st.layers = static_cast<int>(prompt.text.num_layers);
+    st.prompt = std::make_shared<const prompt_setup>(std::move(prompt));
+    st.frontend = std::move(fe);
+    st.members.emplace(std::move(names), st.cfg.membership);
+    st.auto_place = st.cfg.node.m.parallelism.pipeline_stages == 0;
+    {
+      // The planner's view of the model: its shapes, and the format the
+      // stages will hold the decoder's weights in.
+      auto mp = model_profile_of(st.prompt->text, st.prompt->llava, st.cfg.node.m.model.kv_type);
+      if (mp)
+        st.model_prof = std::move(*mp);
+      else
+        logging::of("head").warn("placement: the model's profile: {}; stages are split evenly",
+                                 mp.error());
+      if (auto src = models::weight_source::open(st.cfg.node.model)) {
+        if (auto w = (*src)->get("layers.0.down_proj"))
+          st.precision = precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type()));
+      }
+      const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);
+      st.work.batch = static_cast<int>(batch);
+      st.work.context_tokens =
+          static_cast<int>(std::max<std::int64_t>(16, st.cfg.node.m.model.ctx_tokens / batch));
+      st.work.overhead_bytes = 64.0 * 1024 * 1024;
+      const auto& pe = st.cfg.node.m.placement;
+      st.policy_opt.gain_threshold = pe.gain_threshold;
+      st.policy_opt.cooldown = std::chrono::duration_cast<placement::duration>(
+          std::chrono::duration<double>(pe.cooldown_s));
+      st.policy_opt.memory_pressure = pe.memory_pressure;
+      st.policy_opt.load_half_life = std::chrono::duration_cast<placement::duration>(
+          std::chrono::duration<double>(pe.load_half_life_s));
+      st.policy_opt.planner.preferred = st.precision;
+      st.policy_opt.planner.min_precision = st.precision;
+      st.policy_opt.planner.allow_tensor_parallel = false;
+    }
+    if (enc) {
+      st.encoder = spawn_encoder(self->system(), enc, st.cfg.encoder);
+      st.encoder_where = st.cfg.node.name + " " + enc->device.name;
+    }
+    st.rt[st.cfg.node.name].agent = own;
+    st.members->joined(st.cfg.node.name, steady::now());
+    self->set_exit_handler([self](caf::exit_msg& em) {
+      // The scheduler and the encoder go with the head.
+      auto& st = self->state;
+      if (st.scheduler) self->send_exit(st.scheduler, em.reason);
+      if (st.encoder) self->send_exit(st.encoder, em.reason);
+      self->quit(em.reason);
+    });
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      for (auto& [name, r] : st.rt) {
+        if (!r.agent || r.agent.address() != dm.source) continue;
+        if (auto t = st.members->gone(
+                name, "its connection closed (" + self->system().render(dm.reason) + ")"))
+          on_lost(self, name, t->why);
+        return;
+      }
+    });
+    self->send(self, tick_atom::value);
+    return {
+        [=](submit_atom, job_request& job, client_sink_actor& sink) -> caf::result<submit_ack> {
+          auto& st = self->state;
+          if (st.draining)
+            return make_error(error_code::unavailable, "the cluster is shutting down");
+          if (!st.scheduler)
+            return make_error(error_code::unavailable,
+                              "the cluster is not ready yet: it is placing the model (troupe "
+                              "status shows progress)");
+          if (job.images.size() > 16)
+            return make_error(error_code::invalid_request, "at most 16 images per job");
+          if (st.rendering >= st.cfg.max_rendering)
+            return make_error(error_code::overloaded,
+                              std::to_string(st.rendering) +
+                                  " jobs are having their prompts prepared; retry later");
+          // The prompt is rendered on a worker thread of its own: the head
+          // keeps answering heartbeats and other jobs meanwhile.
+          ++st.rendering;
+          auto rp = self->make_response_promise<submit_ack>();
+          auto worker = spawn_prompt_worker(self->system(), st.prompt, st.cfg.render);
+          self->request(worker, caf::infinite, render_atom::value, std::move(job))
+              .then(
+                  [=](generate_request& req) mutable {
+                    auto& st = self->state;
+                    --st.rendering;
+                    if (!st.scheduler) {
+                      rp.deliver(make_error(error_code::unavailable,
+                                            "the cluster stopped serving while the prompt was "
+                                            "prepared"));
+                      return;
+                    }
+                    self->request(st.scheduler, caf::infinite, submit_atom::value, std::move(req),
+                                  sink)
+                        .then([=](submit_ack& a) mutable { rp.deliver(a); },
+                              [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                  },
+                  [=](caf::error& e) mutable {
+                    --self->state.rendering;
+                    rp.deliver(std::move(e));
+                  });
+          return rp;
+        },
+        [=](cancel_atom, std::uint64_t id) -> caf::result<bool> {
+          if (!self->state.scheduler) return false;
+          return self->delegate(self->state.scheduler, cancel_atom::value, id);
+        },
+        [=](status_atom) -> caf::result<cluster_status> {
+          auto rp = self->make_response_promise<cluster_status>();
+          auto s = status_of(self);
+          if (!self->state.scheduler) {
+            rp.deliver(std::move(s));
+            return rp;
+          }
+          self->request(self->state.scheduler, 5s, stats_atom::value)
+              .then(
+                  [rp, s](const scheduler_stats& x) mutable {
+                    s.scheduler = x;
+                    rp.deliver(std::move(s));
+                  },
+                  [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
+          return rp;
+        },
+        [=](migrate_atom, const migrate_request& req) -> caf::result<migrate_report> {
+          return start_migration(self, req);
+        },
+        [=](down_atom) -> caf::result<bool> {
+          auto& st = self->state;
+          auto rp = self->make_response_promise<bool>();
+          st.drain_waiters.push_back(rp);
+          if (!st.draining) {
+            st.draining = true;
+            st.drain_since = steady::now();
+            event(self, "draining: refusing new jobs, finishing the accepted ones");
+          }
+          check_drain(self);
+          return rp;
+        },
+        [=](tick_atom) {
+          if (!from_this_process(self)) return;
+          auto& st = self->state;
+          st.retry_queued = false;
+          if (steady::now() - st.last_heartbeat >= st.members->options().heartbeat_every) {
+            st.last_heartbeat = steady::now();
+            heartbeat(self);
+            check_drain(self);
+            self->delayed_send(self, st.members->options().heartbeat_every, tick_atom::value);
+          }
+          if (!st.placing && !st.draining && st.ready) {
+            // A placement that failed: try again with whoever is up.
+            const bool complete =
+                !st.plan.empty() && std::all_of(st.plan.begin(), st.plan.end(), [&](const auto& s) {
+                  const auto* m = st.members->find(s.node);
+                  return m && m->state != cluster::member_state::lost;
+                });
+            if (!complete || !st.placement_ok) replace(self);
+          }
+        },
+        [=](joined_atom, const std::string& name, gate_pass& pass) {
+          if (!from_this_process(self)) return;
+          auto& st = self->state;
+          auto& r = st.rt[name];
+          r.joining = false;
+          if (!pass.agent) {
+            r.why = "its gatekeeper handed out no agent";
+            return;
+          }
+          r.agent = pass.agent;
+          r.why.clear();
+          self->monitor(r.agent);
+          {
+            auto& reg = joined_nodes();
+            std::lock_guard lock(reg.mtx);
+            reg.ids[name] = r.agent->node();
+          }
+          auto t = st.members->joined(name, steady::now());
+          event(self, "node " + name + " " + t.why);
+          if (st.auto_place && st.ready &&
+              std::find(st.joined_since.begin(), st.joined_since.end(), name) ==
+                  st.joined_since.end())
+            st.joined_since.push_back(name);  // the policy looks again once it is measured
+          // What it may still hold from before it was lost is stale.
+          self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
+              .then([](std::int32_t) {}, [](caf::error&) {});
+        },
+        [=](joined_atom, const std::string& name, const std::string& why) {
+          if (!from_this_process(self)) return;
+          auto& r = self->state.rt[name];
+          r.joining = false;
+          r.why = why;
+          logging::of("head").debug("joining {}: {}", name, why);
+        },
+    };
+  };
+  auto core = sys.spawn(impl, std::move(cfg), std::move(*prompt), std::move(fe), std::move(enc),
+                        std::move(own), std::move(names));
+  return caf::actor_cast<frontdoor_actor>(core);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,138 @@
+#pragma once
+
+// The head's state and what its files share (head.cpp, head_placement.cpp,
+// migration.cpp, head_status.cpp). Internal to them, not for use elsewhere.
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/cluster_common.hpp"
+#include "actors/head.hpp"
+#include "actors/placement_control.hpp"
+#include "actors/prompt.hpp"
+#include "actors/prompt_worker.hpp"
+#include "actors/protocol.hpp"
+#include "actors/scheduler.hpp"
+#include "cluster/membership.hpp"
+
+namespace troupe::actors::head_detail {
+
+using cluster_detail::context_for;
+using cluster_detail::joined_nodes;
+using cluster_detail::ms_since;
+
+using head_core_actor =
+    frontdoor_actor::extend<caf::reacts_to<tick_atom>,
+                            caf::reacts_to<joined_atom, std::string, gate_pass>,
+                            caf::reacts_to<joined_atom, std::string, std::string>>;
+
+struct member_rt {
+  node_agent_actor agent;
+  node_report report;
+  bool joining = false;  ///< a join attempt is under way
+  std::string why;       ///< the last failed join's reason
+  int loading = 0;       ///< loads asked of it and not answered: its agent is busy, not gone
+};
+
+struct head_state {
+  head_config cfg;
+  std::shared_ptr<const prompt_setup> prompt;  // shared with the prompt workers
+  std::int64_t rendering = 0;                  // jobs with a prompt worker now
+  model_frontend frontend;
+  int layers = 0;
+  std::optional<cluster::membership> members;
+  std::map<std::string, member_rt> rt;
+  scheduler_actor scheduler;
+  encoder_actor encoder;
+  std::string encoder_where;
+  std::vector<cluster::stage_slot> plan;
+  std::uint64_t epoch = 0;
+  bool placing = false, ready = false, draining = false, retry_queued = false, placement_ok = false;
+  std::int64_t replacements = 0;
+  std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
+  std::int64_t migrations = 0;
+  std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
+  std::vector<stage_handles> handles;                ///< the placed stages' actors, in order
+  bool migrating = false;                            ///< one live migration at a time
+  /// What it is doing (troupe migrate's progress bar) and how far, 0 to 1;
+  /// a stage's migration sets both from its phases (migration.cpp).
+  std::string migration_phase;
+  double migration_done = 0;
+  std::string encoder_owner;  ///< the node whose agent spawned the encoder ("": the head did)
+  /// Node names by CAF node id (data-plane link labels), kept after a loss.
+  std::map<std::string, std::string> node_names;
+  std::string last_event;
+  double detect_ms = -1, resume_ms = -1;
+  std::optional<steady::time_point> lost_at;
+  steady::time_point started = steady::now(), last_heartbeat;
+  std::vector<caf::typed_response_promise<bool>> drain_waiters;
+  steady::time_point last_stats_line = steady::now();
+  scheduler_stats last_stats;
+  steady::time_point drain_since;
+  bool drain_checking = false;
+
+  // -- placement (actors/placement_control.hpp) --
+  bool auto_place = false;  ///< pipeline_stages = "auto": the planner places and re-plans
+  std::optional<placement::model_profile> model_prof;
+  placement::precision precision = placement::precision::f32;
+  placement::workload work;
+  placement::policy_options policy_opt;
+  placement::policy_state policy;
+  struct link_state {
+    bool measuring = false, done = false;
+    caf::node_id of;  ///< the node incarnation it was measured to
+    placement::link_profile link;
+  };
+  std::map<std::string, link_state> links;  ///< head <-> node, by node
+  std::vector<placement_decision> decisions;
+  struct pending_measure {
+    std::size_t index;
+    steady::time_point applied;
+    /// Requests the scheduler had accepted when it took effect: once as
+    /// many have finished, those that were running then (and recomputed
+    /// after a re-split) are done.
+    std::int64_t accepted = -1;
+    std::optional<steady::time_point> settled;
+  };
+  std::vector<pending_measure> to_measure;
+  token_rate tokens;
+  /// The scheduler's counters at each heartbeat, the last minute of them
+  /// (status: where the pipeline's time went).
+  std::deque<std::pair<steady::time_point, scheduler_stats>> stat_samples;
+  std::vector<std::string>
+      joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
+  steady::time_point next_policy = steady::now();
+  bool rebalancing = false;  ///< a decision's moves are under way
+  std::optional<std::size_t>
+      placing_decision;         ///< the decision the placement under way carries out
+  std::string want_encoder_on;  ///< the planner's node for the encoder, moved there after placing
+  bool resume_after_placement = false;  ///< a re-split paused the scheduler
+};
+
+using head_ptr = head_core_actor::stateful_pointer<head_state>;
+
+// -- head.cpp -----------------------------------------------------------------
+
+// Records `what` as the last event (`troupe status` shows it) and logs it.
+void event(head_ptr self, const std::string& what, bool warn = false);
+
+// Counts a load under way on `node` until the returned guard goes: a node
+// agent busy loading weights (seconds, for a big model) does not answer
+// heartbeats, and is not lost for that while its connection holds.
+std::shared_ptr<void> loading_on(head_ptr self, const std::string& node);
+
+// Places the model afresh (a new placement epoch): `forced` stages, or
+// those choose_slots picks for `trigger`.
+void replace(head_ptr self, const std::string& trigger = "retry",
+             std::optional<std::vector<cluster::stage_slot>> forced = std::nullopt);
+
+// One heartbeat (every heartbeat_every, and after a placement or a
+// migration): membership, the nodes' reports, the measurements, the
+// policy, and the first placement once the nodes are up.
+void heartbeat(head_ptr self);
+
+}  // namespace troupe::actors::head_detail

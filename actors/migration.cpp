@@ -1,0 +1,601 @@
+#include "actors/migration.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "actors/core/migration_phases.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/encoder.hpp"
+#include "actors/log.hpp"
+
+namespace troupe::actors::head_detail {
+
+namespace {
+
+struct migration {
+  migrate_report rep;
+  caf::typed_response_promise<migrate_report> rp;
+  core::migration_phases phases;  ///< where it is (what `troupe status` shows)
+  std::size_t index = 0;
+  std::uint64_t epoch = 0;
+  stage_handles old_h, new_h;
+  cluster::stage_slot slot;
+  std::string target, dest_key;
+  std::map<std::int64_t, std::int64_t> copied;  ///< sequence -> tokens copied to the new store
+  std::int64_t block_size = 16;
+  steady::time_point t0, pause_sent;
+  bool paused = false;  ///< the scheduler holds its steps for it
+  std::int64_t round_bytes = 0;
+};
+using migration_ptr = std::shared_ptr<migration>;
+
+// What `troupe status` and `troupe migrate`'s progress bar say for the
+// phase `m` is in.
+std::string phase_text(const migration& m) {
+  switch (m.phases.current()) {
+    case core::migration_phase::loading:
+      return "loading " + m.rep.what + " on " + m.target;
+    case core::migration_phase::kv_rounds:
+      return "copying KV, round " + std::to_string(m.phases.kv_rounds()) + " (decoding goes on)";
+    case core::migration_phase::paused:
+    case core::migration_phase::verifying:
+    case core::migration_phase::switching:
+    case core::migration_phase::dropping:
+      return "steps held: the last KV delta, then the switch";
+    case core::migration_phase::done:
+    case core::migration_phase::failed:
+      break;
+  }
+  return {};
+}
+
+// Shows the phase `m` is in (while it runs; once it ended, the status
+// shows no migration).
+void show_phase(head_ptr self, const migration& m) {
+  if (m.phases.finished()) return;
+  auto& st = self->state;
+  st.migration_phase = phase_text(m);
+  st.migration_done = m.phases.progress();
+}
+
+// Moves `m` on to phase `to` and shows it. The code below takes only legal
+// steps: one the machine refuses is a bug, logged, and the migration goes
+// on as before.
+void enter(head_ptr self, migration& m, core::migration_phase to) {
+  if (auto r = m.phases.advance(to); !r) {
+    logging::of("head").error("migrating {}: {}", m.rep.what, r.error().message);
+    return;
+  }
+  show_phase(self, m);
+}
+
+void migration_fail(head_ptr self, const migration_ptr& m, const std::string& why) {
+  if (m->phases.finished()) return;
+  enter(self, *m, core::migration_phase::failed);
+  auto& st = self->state;
+  st.migrating = false;
+  if (m->paused && st.scheduler) self->send(st.scheduler, resume_atom::value);  // resume as it was
+  // The new actors (if any) go; the old ones kept serving.
+  if (m->new_h.shard && st.epoch == m->epoch) {
+    auto it = st.rt.find(m->target);
+    if (it != st.rt.end() && it->second.agent && !(m->target == m->slot.node))
+      self->request(it->second.agent, st.cfg.node.timeout, drop_stage_atom::value,
+                    m->slot.first_layer)
+          .then([](std::int32_t) {}, [](caf::error&) {});
+  }
+  event(self, "migrating " + m->rep.what + " to " + m->target + " failed: " + why, true);
+  m->rp.deliver(make_error(error_code::stage_failed, "migration of " + m->rep.what + ": " + why));
+}
+
+bool migration_stale(head_ptr self, const migration_ptr& m) {
+  if (m->phases.finished()) return true;
+  if (self->state.epoch != m->epoch) {
+    migration_fail(self, m, "the cluster was placed again meanwhile (a node was lost)");
+    return true;
+  }
+  return false;
+}
+
+/// One round: every sequence of the old store whose length differs from
+/// what was copied goes (whole the first time, its changed blocks after).
+/// In the final round, sequences that ended are dropped from the new store.
+void migration_round(head_ptr self, migration_ptr m, bool final, std::function<void()> next) {
+  auto& st = self->state;
+  self->request(m->old_h.kv, st.cfg.node.timeout, list_atom::value)
+      .then(
+          [self, m, final, next](const std::vector<std::int64_t>& pairs) {
+            if (migration_stale(self, m)) return;
+            auto& st = self->state;
+            std::map<std::int64_t, std::int64_t> now;
+            for (std::size_t i = 0; i + 1 < pairs.size(); i += 2) now[pairs[i]] = pairs[i + 1];
+            if (final) {
+              std::vector<std::int64_t> gone;
+              for (auto it = m->copied.begin(); it != m->copied.end();) {
+                if (now.count(it->first)) {
+                  ++it;
+                  continue;
+                }
+                gone.push_back(it->first);
+                it = m->copied.erase(it);
+              }
+              if (!gone.empty())
+                self->request(m->new_h.kv, st.cfg.node.timeout, free_atom::value, gone)
+                    .then([](std::int64_t) {}, [](caf::error&) {});
+            }
+            struct todo {
+              std::int64_t seq;
+              std::int32_t from;
+            };
+            std::vector<todo> work;
+            for (const auto& [seq, len] : now) {
+              auto it = m->copied.find(seq);
+              if (it != m->copied.end() && it->second == len) continue;
+              std::int32_t from = 0;
+              if (it != m->copied.end() && it->second < len)
+                from = static_cast<std::int32_t>(it->second / m->block_size);
+              work.push_back({seq, from});
+            }
+            m->round_bytes = 0;
+            if (work.empty()) {
+              next();
+              return;
+            }
+            auto pending = std::make_shared<std::size_t>(work.size());
+            auto failed = std::make_shared<std::string>();
+            auto one_done = [self, m, pending, failed, next] {
+              if (--*pending > 0) return;
+              if (migration_stale(self, m)) return;
+              if (!failed->empty()) return migration_fail(self, m, *failed);
+              next();
+            };
+            const auto timeout = st.cfg.node.timeout;
+            for (const auto& w : work) {
+              auto copy = std::make_shared<std::function<void(std::int32_t)>>();
+              *copy = [self, m, w, timeout, one_done, failed, copy](std::int32_t from) {
+                self->request(m->old_h.kv, timeout, push_kv_atom::value, w.seq, from, m->dest_key)
+                    .then(
+                        [self, m, w, timeout, one_done, failed, copy, from](kv_export& x) {
+                          const auto len = x.length;
+                          self->request(m->new_h.kv, timeout, merge_kv_atom::value, std::move(x),
+                                        from)
+                              .then(
+                                  [m, w, len, one_done, copy](std::int64_t bytes) {
+                                    m->copied[w.seq] = len;
+                                    m->round_bytes += bytes;
+                                    m->rep.kv_bytes += bytes;
+                                    *copy = nullptr;
+                                    one_done();
+                                  },
+                                  [self, m, one_done, failed, copy, from](caf::error& e) {
+                                    // A delta the store cannot take (a cache with a window):
+                                    // the whole sequence instead.
+                                    if (from > 0) return (*copy)(0);
+                                    *failed = "KV import: " + describe(self->system(), e);
+                                    *copy = nullptr;
+                                    one_done();
+                                  });
+                        },
+                        [self, m, w, one_done, failed, copy](caf::error& e) {
+                          // A sequence that ended meanwhile has nothing to copy.
+                          if (troupe_code(e) != static_cast<std::uint8_t>(error_code::not_found))
+                            *failed = "KV export: " + describe(self->system(), e);
+                          m->copied.erase(w.seq);
+                          *copy = nullptr;
+                          one_done();
+                        });
+              };
+              (*copy)(w.from);
+            }
+          },
+          [self, m](caf::error& e) {
+            if (!migration_stale(self, m))
+              migration_fail(self, m,
+                             "listing the old store's sequences: " + describe(self->system(), e));
+          });
+}
+
+void migration_switch(head_ptr self, migration_ptr m) {
+  enter(self, *m, core::migration_phase::switching);
+  auto& st = self->state;
+  auto resume = [self, m] {
+    if (migration_stale(self, m)) return;
+    auto& st = self->state;
+    self->send(st.scheduler, reroute_atom::value, static_cast<std::int32_t>(m->index),
+               m->new_h.shard, m->new_h.kv);
+    m->rep.pause_ms = ms_since(m->pause_sent);
+    m->paused = false;
+    // The old actors go; the head's books follow the new ones.
+    st.handles[m->index] = m->new_h;
+    st.plan[m->index].node = m->target;
+    ++st.migrations;
+    enter(self, *m, core::migration_phase::dropping);
+    auto it = st.rt.find(m->slot.node);
+    auto finish = [self, m](bool dropped) {
+      auto& st = self->state;
+      enter(self, *m, core::migration_phase::done);
+      st.migrating = false;
+      m->rep.total_ms = ms_since(m->t0);
+      m->rep.sequences = static_cast<std::int64_t>(m->copied.size());
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "migrated %s from %s to %s: pause %.1f ms, %lld sequences, %.2f MiB of KV in "
+                    "%d rounds + %.3f MiB in "
+                    "the pause, load %.0f ms, %.0f ms in all%s",
+                    m->rep.what.c_str(), m->rep.from.c_str(), m->rep.to.c_str(), m->rep.pause_ms,
+                    static_cast<long long>(m->rep.sequences),
+                    static_cast<double>(m->rep.kv_bytes) / (1 << 20), m->rep.rounds,
+                    static_cast<double>(m->rep.final_kv_bytes) / (1 << 20), m->rep.load_ms,
+                    m->rep.total_ms,
+                    dropped ? "" : " (the old node did not confirm dropping its stage)");
+      event(self, buf);
+      m->rp.deliver(m->rep);
+      heartbeat(self);
+    };
+    if (it == st.rt.end() || !it->second.agent) return finish(false);
+    self->request(it->second.agent, st.cfg.node.timeout, drop_stage_atom::value,
+                  m->slot.first_layer)
+        .then([finish](std::int32_t) { finish(true); }, [finish](caf::error&) { finish(false); });
+  };
+  if (m->index == 0) return resume();
+  // The stage before forwards to the new shard from now on.
+  const auto& prev = st.plan[m->index - 1];
+  auto it = st.rt.find(prev.node);
+  if (it == st.rt.end() || !it->second.agent)
+    return migration_fail(self, m, "the node of the stage before is not up");
+  self->request(it->second.agent, st.cfg.node.timeout, relink_atom::value,
+                static_cast<std::int32_t>(prev.first_layer), m->new_h, m->target)
+      .then([resume](bool) { resume(); },
+            [self, m](caf::error& e) {
+              migration_fail(self, m,
+                             "re-routing the stage before: " + describe(self->system(), e));
+            });
+}
+
+// Debugging aid (TROUPE_MIGRATE_VERIFY=1, stage 0 on the head): before the
+// switch, every sequence's KV is exported whole from the old and the new
+// store to the head and compared byte for byte.
+void migration_verify_now(head_ptr self, migration_ptr m);
+void migration_pause(head_ptr self, migration_ptr m);
+void migration_verify(head_ptr self, migration_ptr m) {
+  enter(self, *m, core::migration_phase::verifying);
+  auto& st = self->state;
+  auto a = st.rt[m->slot.node].agent;
+  auto b = st.rt[m->target].agent;
+  self->request(a, st.cfg.node.timeout, connect_atom::value, st.handles[0], st.cfg.node.name)
+      .then(
+          [self, m, b](bool) {
+            auto& st = self->state;
+            self->request(b, st.cfg.node.timeout, connect_atom::value, st.handles[0],
+                          st.cfg.node.name)
+                .then([self, m](bool) { migration_verify_now(self, m); },
+                      [self, m](caf::error&) { migration_verify_now(self, m); });
+          },
+          [self, m](caf::error&) { migration_verify_now(self, m); });
+}
+
+void migration_verify_now(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  const auto head_key = to_string(self->node());
+  auto pending = std::make_shared<std::size_t>(m->copied.size());
+  auto bad = std::make_shared<std::int64_t>(0);
+  if (m->copied.empty()) return migration_switch(self, m);
+  for (const auto& [seq, len] : m->copied) {
+    auto got = std::make_shared<std::vector<std::optional<std::vector<std::byte>>>>(2);
+    auto finish = [self, m, pending, bad, got, seq = seq]() {
+      if ((*got)[0] && (*got)[1] && *(*got)[0] != *(*got)[1]) {
+        ++*bad;
+        const auto& a = *(*got)[0];
+        const auto& b = *(*got)[1];
+        std::size_t i = 0;
+        while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+        logging::of("head").error("verify: sequence {} KV differs at byte {} of {} / {}", seq, i,
+                                  a.size(), b.size());
+      }
+      if (--*pending == 0) {
+        logging::of("head").warn("verify: {} of {} sequences differ", *bad, m->copied.size());
+        migration_switch(self, m);
+      }
+    };
+    auto step = std::make_shared<int>(2);
+    for (int w = 0; w < 2; ++w) {
+      auto kv = w == 0 ? m->old_h.kv : m->new_h.kv;
+      self->request(kv, st.cfg.node.timeout, push_kv_atom::value, seq, std::int32_t{0}, head_key)
+          .then(
+              [self, got, w, step, finish](kv_export& x) {
+                auto t = data_plane::local().take(x.data, *kernels::memory_pool::create());
+                if (t) {
+                  const auto* p = static_cast<const std::byte*>(t->data());
+                  (*got)[static_cast<std::size_t>(w)] = std::vector<std::byte>(p, p + t->nbytes());
+                }
+                if (--*step == 0) finish();
+              },
+              [step, finish](caf::error&) {
+                if (--*step == 0) finish();
+              });
+    }
+  }
+}
+
+void migration_pause(head_ptr self, migration_ptr m) {
+  auto& st = self->state;
+  m->pause_sent = steady::now();
+  m->paused = true;
+  enter(self, *m, core::migration_phase::paused);
+  self->request(st.scheduler, st.cfg.node.timeout, pause_atom::value)
+      .then(
+          [self, m](std::int64_t) {
+            if (migration_stale(self, m)) return;
+            const auto before = m->rep.kv_bytes;
+            migration_round(self, m, true, [self, m, before] {
+              m->rep.final_kv_bytes = m->rep.kv_bytes - before;
+              if (std::getenv("TROUPE_MIGRATE_VERIFY")) return migration_verify(self, m);
+              migration_switch(self, m);
+            });
+          },
+          [self, m](caf::error& e) {
+            if (!migration_stale(self, m))
+              migration_fail(self, m, "pausing the scheduler: " + describe(self->system(), e));
+          });
+}
+
+/// Live rounds until a round moves little (an eighth of the first round's
+/// bytes, or one block per sequence), at most 4; then the pause.
+void migration_live_rounds(head_ptr self, migration_ptr m, std::int64_t first_round_bytes) {
+  enter(self, *m, core::migration_phase::kv_rounds);
+  migration_round(self, m, false, [self, m, first_round_bytes] {
+    ++m->rep.rounds;
+    const auto first = m->rep.rounds == 1 ? m->round_bytes : first_round_bytes;
+    const bool small = m->rep.rounds > 1 && m->round_bytes <= std::max<std::int64_t>(first / 8, 0);
+    if (m->rep.rounds >= 4 || small || m->copied.empty()) return migration_pause(self, m);
+    migration_live_rounds(self, m, first);
+  });
+}
+
+/// Moves the vision encoder: the target spawns one (from its own model
+/// files) and connects its data plane to the head; the scheduler sends new
+/// images there; the old encoder encodes what it holds (flush, then a reply
+/// that comes after it) and stops.
+/// Why node `to` cannot take a migrated actor (not in the manifest, not
+/// up), if it cannot.
+std::optional<caf::error> target_refusal(const head_state& st, const std::string& to) {
+  const auto* mem = st.members->find(to);
+  if (!mem)
+    return make_error(error_code::invalid_request,
+                      "no node '" + to.substr(0, 64) + "' in the manifest");
+  if (mem->state != cluster::member_state::up)
+    return make_error(error_code::unavailable, "node " + to + " is not up");
+  return std::nullopt;
+}
+
+caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate_request& req) {
+  auto& st = self->state;
+  auto refuse = [](error_code c, const std::string& why) {
+    return caf::result<migrate_report>(make_error(c, why));
+  };
+  if (!st.encoder) return refuse(error_code::invalid_request, "this model has no vision encoder");
+  if (auto why = target_refusal(st, req.to)) return caf::result<migrate_report>(std::move(*why));
+  const std::string from = st.encoder_where.substr(0, st.encoder_where.find(' '));
+  if (from == req.to)
+    return refuse(error_code::invalid_request, "the vision encoder already runs on " + req.to);
+  auto target = st.rt[req.to].agent;
+  if (!target) return refuse(error_code::unavailable, "node " + req.to + " is not joined");
+  auto rp = self->make_response_promise<migrate_report>();
+  auto rep = std::make_shared<migrate_report>();
+  rep->what = "vision encoder";
+  rep->from = from;
+  rep->to = req.to;
+  st.migrating = true;
+  st.migration_phase = "loading the vision encoder on " + req.to;
+  st.migration_done = 0.1;
+  event(self, "migrating the vision encoder from " + from + " to " + req.to);
+  const auto t0 = steady::now();
+  auto fail = [self, rp, rep](const std::string& why) mutable {
+    self->state.migrating = false;
+    event(self, "migrating the vision encoder to " + rep->to + " failed: " + why, true);
+    rp.deliver(make_error(error_code::stage_failed, "migration of the vision encoder: " + why));
+  };
+  auto busy = loading_on(self, req.to);
+  self->request(target, st.cfg.node.timeout, load_enc_atom::value, encoder_kind::vision,
+                data_plane::local().address())
+      .then(
+          [self, rp, rep, t0, fail, busy](encoder_actor& fresh) mutable {
+            auto& st = self->state;
+            rep->load_ms = ms_since(t0);
+            auto old = st.encoder;
+            // New images go to the new encoder from now on (no pause: the
+            // scheduler only switches where it sends).
+            // An encoder in another process is reached through a relay here,
+            // which receives the embeddings off the scheduler's thread.
+            st.encoder =
+                fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
+            st.encoder_where =
+                rep->to + " " +
+                (st.rt[rep->to].report.devices.empty() ? std::string("cpu")
+                                                       : st.rt[rep->to].report.devices);
+            const auto owner = st.encoder_owner;
+            st.encoder_owner = rep->to;
+            auto finish = [self, rp, rep, t0]() mutable {
+              auto& st = self->state;
+              st.migrating = false;
+              ++st.migrations;
+              rep->total_ms = ms_since(t0);
+              char buf[200];
+              std::snprintf(buf, sizeof buf,
+                            "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms "
+                            "in all, no pause",
+                            rep->from.c_str(), rep->to.c_str(), rep->load_ms, rep->total_ms);
+              event(self, buf);
+              rp.deliver(*rep);
+            };
+            // Once nothing more can reach the old one, it stops.
+            auto retire = [self, old, owner, finish]() mutable {
+              auto& st = self->state;
+              if (owner.empty()) {
+                caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
+              } else {
+                if (auto a = st.rt[owner].agent)
+                  self->request(a, st.cfg.node.timeout, drop_enc_atom::value, encoder_kind::vision)
+                      .then([](std::int32_t) {}, [](caf::error&) {});
+                if (owner != st.cfg.node.name)
+                  caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
+              }
+              finish();
+            };
+            // The scheduler switches and drains the old encoder itself (its
+            // own encode requests are ordered before its flush), answering
+            // once the old one has answered all of them.
+            if (st.scheduler) {
+              self->request(st.scheduler, st.cfg.node.timeout, handover_atom::value, st.encoder,
+                            true)
+                  .then([retire](bool) mutable { retire(); },
+                        [retire](caf::error&) mutable { retire(); });
+            } else {
+              retire();
+            }
+          },
+          [self, fail, busy](caf::error& e) mutable {
+            fail("loading on the target: " + describe(self->system(), e));
+          });
+  return rp;
+}
+
+/// Which stage `shard` names: "2", "stage2" or "[a,b)" as status prints it.
+std::optional<std::size_t> stage_named(const std::vector<cluster::stage_slot>& plan,
+                                       const std::string& shard) {
+  std::string s = shard;
+  if (s.rfind("stage", 0) == 0) s = s.substr(5);
+  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      s.size() < 6) {
+    const auto i = static_cast<std::size_t>(std::stoi(s));
+    if (i < plan.size()) return i;
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    if (shard == "[" + std::to_string(plan[i].first_layer) + "," +
+                     std::to_string(plan[i].last_layer) + ")" ||
+        shard == "layers [" + std::to_string(plan[i].first_layer) + "," +
+                     std::to_string(plan[i].last_layer) + ")")
+      return i;
+  return std::nullopt;
+}
+
+}  // namespace
+
+caf::result<migrate_report> start_migration(head_ptr self, const migrate_request& req) {
+  auto& st = self->state;
+  auto refuse = [](error_code c, const std::string& why) {
+    return caf::result<migrate_report>(make_error(c, why));
+  };
+  if (!st.ready || st.placing || !st.scheduler)
+    return refuse(error_code::unavailable, "the model is not placed yet");
+  if (st.draining) return refuse(error_code::unavailable, "the cluster is shutting down");
+  if (st.migrating) return refuse(error_code::unavailable, "another migration is under way");
+  if (req.shard == "vision" || req.shard == "encoder") return start_encoder_migration(self, req);
+  const auto idx = stage_named(st.plan, req.shard);
+  if (!idx)
+    return refuse(error_code::invalid_request,
+                  "no stage '" + req.shard.substr(0, 64) + "' in the placement " +
+                      cluster::describe(st.plan) + " (give an index from 0 or a range as printed)");
+  if (st.handles.size() != st.plan.size())
+    return refuse(error_code::unavailable, "the placement's actors are not known yet");
+  if (auto why = target_refusal(st, req.to)) return caf::result<migrate_report>(std::move(*why));
+  const auto& slot = st.plan[*idx];
+  if (slot.node == req.to)
+    return refuse(error_code::invalid_request,
+                  "stage " + std::to_string(*idx) + " already runs on " + req.to);
+  auto target = st.rt[req.to].agent;
+  auto source = st.rt[slot.node].agent;
+  if (!target || !source)
+    return refuse(error_code::unavailable,
+                  "node " + (!target ? req.to : slot.node) + " is not joined");
+
+  auto m = std::make_shared<migration>();
+  m->rp = self->make_response_promise<migrate_report>();
+  m->index = *idx;
+  m->epoch = st.epoch;
+  m->old_h = st.handles[*idx];
+  m->slot = slot;
+  m->target = req.to;
+  m->block_size = std::max(1, st.cfg.node.kv.block_size);
+  m->t0 = steady::now();
+  m->rep.what =
+      "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")";
+  m->rep.from = slot.node;
+  m->rep.to = req.to;
+  st.migrating = true;
+  show_phase(self, *m);  // loading
+  event(self, "migrating " + m->rep.what + " from " + slot.node + " to " + req.to);
+
+  stage_order o;
+  o.first_layer = slot.first_layer;
+  o.last_layer = slot.last_layer;
+  o.embed = *idx == 0;
+  o.head = *idx + 1 == st.plan.size();
+  o.epoch = st.epoch;
+  if (*idx + 1 < st.plan.size()) {
+    o.has_next = true;
+    o.next = st.handles[*idx + 1];
+    o.next_node = st.plan[*idx + 1].node;
+  }
+  const auto t_load = steady::now();
+  auto busy = loading_on(self, req.to);
+  self->request(target, st.cfg.node.timeout, load_atom::value, o)
+      .then(
+          [self, m, t_load, source, busy](stage_handles& h) {
+            m->new_h = std::move(h);
+            if (migration_stale(self, m)) return;
+            m->rep.load_ms = ms_since(t_load);
+            m->dest_key = to_string(m->new_h.shard->node());
+            auto& st = self->state;
+            // The old stage's node pushes the KV to the target, and for
+            // the first stage the head's scheduler pushes image embeddings.
+            auto connected = [self, m] {
+              if (migration_stale(self, m)) return;
+              auto& st = self->state;
+              self->request(m->new_h.kv, st.cfg.node.timeout, usage_atom::value)
+                  .then(
+                      [self, m](const kv_usage_info& u) {
+                        m->block_size = std::max<std::int64_t>(1, u.block_size);
+                        migration_live_rounds(self, m, 0);
+                      },
+                      [self, m](caf::error& e) {
+                        migration_fail(self, m, "the new KV store: " + describe(self->system(), e));
+                      });
+            };
+            self->request(source, st.cfg.node.timeout, connect_atom::value, m->new_h, m->target)
+                .then(
+                    [self, m, connected](bool) {
+                      auto& st = self->state;
+                      auto own = st.rt[st.cfg.node.name].agent;
+                      if (m->index != 0 || !own || m->target == st.cfg.node.name)
+                        return connected();
+                      self->request(own, st.cfg.node.timeout, connect_atom::value, m->new_h,
+                                    m->target)
+                          .then([connected](bool) { connected(); },
+                                [self, m](caf::error& e) {
+                                  migration_fail(self, m,
+                                                 "connecting the head to " + m->target + ": " +
+                                                     describe(self->system(), e));
+                                });
+                    },
+                    [self, m](caf::error& e) {
+                      migration_fail(self, m,
+                                     "connecting " + m->slot.node + " to " + m->target + ": " +
+                                         describe(self->system(), e));
+                    });
+          },
+          [self, m, busy](caf::error& e) {
+            if (!migration_stale(self, m))
+              migration_fail(self, m,
+                             "loading on " + m->target + ": " + describe(self->system(), e));
+          });
+  return m->rp;
+}
+
+}  // namespace troupe::actors::head_detail

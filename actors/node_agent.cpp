@@ -1,0 +1,314 @@
+#include "actors/node_agent.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "actors/cluster_common.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/device_probe.hpp"
+#include "actors/encoder.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/log.hpp"
+#include "actors/stage.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using cluster_detail::context_for;
+using cluster_detail::joined_nodes;
+using cluster_detail::ms_since;
+
+std::int64_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  std::int64_t pages = 0, resident = 0;
+  if (!(f >> pages >> resident)) return 0;
+  return resident * static_cast<std::int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+std::string gib(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
+
+struct held_stage {
+  std::shared_ptr<stage_resources> res;
+  shard_actor shard;
+  kv_store_actor kv;
+  models::kv_usage usage;  ///< last read (heartbeat reports)
+};
+
+struct agent_state {
+  node_config cfg;
+  std::vector<held_stage> stages;
+  encoder_actor encoder;  ///< a vision encoder moved here (live migration)
+  std::uint64_t epoch = 0;
+  std::string failure;
+  device_probe probe;                  ///< measured at start
+  std::unique_ptr<foreign_load> load;  ///< sampled at each heartbeat
+};
+
+using agent_ptr = node_agent_actor::stateful_pointer<agent_state>;
+
+void drop_stages(agent_ptr self) {
+  auto& st = self->state;
+  for (auto& h : st.stages) {
+    self->demonitor(h.shard.address());
+    self->demonitor(h.kv.address());
+    caf::anon_send_exit(h.shard, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(h.kv, caf::exit_reason::user_shutdown);
+  }
+  st.stages.clear();
+  st.failure.clear();
+}
+
+/// Makes the stage that follows reachable from this node: joins its node
+/// (once) and connects the data plane to it. An error names `what`.
+caf::error connect_next(agent_ptr self, const std::string& what, const stage_handles& next,
+                        const std::string& next_node) {
+  const auto& c = self->state.cfg;
+  if (!next.shard)
+    return make_error(error_code::invalid_request, what + ": the next stage has no shard");
+  if (next_node == c.name) return {};
+  const auto nid = next.shard->node();
+  bool known = false;
+  {
+    auto& r = joined_nodes();
+    std::lock_guard lock(r.mtx);
+    auto it = r.ids.find(next_node);
+    known = it != r.ids.end() && it->second == nid;
+  }
+  if (!known) {
+    auto pass = join_node(self->system(), c.m, c.name, next_node, c.timeout);
+    if (!pass)
+      return make_error(error_code::stage_failed,
+                        what + ": joining the next stage's node: " + pass.error());
+    if (!pass->agent || pass->agent->node() != nid)
+      return make_error(error_code::stage_failed, what + ": node " + next_node +
+                                                      " restarted since the head placed its stage");
+    auto& r = joined_nodes();
+    std::lock_guard lock(r.mtx);
+    r.ids[next_node] = nid;
+  }
+  if (auto r = data_plane::local().connect(to_string(nid), next.engine_address); !r)
+    return make_error(error_code::stage_failed,
+                      what + ": data plane to node " + next_node + ": " + r.error().message);
+  return {};
+}
+
+caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
+  auto& st = self->state;
+  const auto& c = st.cfg;
+  const std::string what = "node " + c.name + ", layers [" + std::to_string(o.first_layer) + "," +
+                           std::to_string(o.last_layer) + ")";
+  if (o.epoch < st.epoch)
+    return make_error(error_code::invalid_request, what + ": placement " + std::to_string(o.epoch) +
+                                                       " is older than this node's " +
+                                                       std::to_string(st.epoch));
+  if (o.epoch > st.epoch) {
+    drop_stages(self);  // a new placement: what the old one left goes
+    st.epoch = o.epoch;
+  }
+  if (o.first_layer < 0 || o.last_layer <= o.first_layer)
+    return make_error(error_code::invalid_request, what + ": an empty or negative layer range");
+  auto& dp = data_plane::local();
+  if (o.has_next) {
+    if (auto e = connect_next(self, what, o.next, o.next_node)) return e;
+  }
+  models::layer_range range;
+  range.first = o.first_layer;
+  range.last = o.last_layer;
+  range.embed = o.embed;
+  range.head = o.head;
+  const auto t0 = steady::now();
+  auto res = make_stage(context_for(c.device), c.model, range, c.plan, c.kv);
+  if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
+  if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
+    return make_error(error_code::stage_failed,
+                      what + ": the node now uses " + gib(resident_bytes()) +
+                          ", over its memory limit of " + gib(c.memory_limit) + " (manifest)");
+  auto shard = spawn_shard(self->system(), *res, o.has_next ? o.next.shard : shard_actor{});
+  auto kv = spawn_kv_store(self->system(), *res);
+  self->monitor(shard);
+  self->monitor(kv);
+  st.stages.push_back({*res, shard, kv, {}});
+  logging::of("agent").info(
+      "node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name,
+      o.first_layer, o.last_layer, c.device.name, o.epoch, ms_since(t0));
+  return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
+}
+
+node_report report_of(agent_ptr self) {
+  auto& st = self->state;
+  node_report r;
+  r.node = st.cfg.name;
+  r.devices = st.cfg.device.name;
+  r.epoch = st.epoch;
+  r.rss_bytes = resident_bytes();
+  r.memory_limit = st.cfg.memory_limit;
+  r.failure = st.failure;
+  r.probe = st.probe;
+  r.load = st.load ? st.load->sample() : 0.0;
+  r.engine_address = data_plane::local().address();
+  for (auto& h : st.stages) {
+    const auto range = h.res->model->range();
+    if (!r.stages.empty()) r.stages += ", ";
+    r.stages += "layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+    // A step holds the KV store's lock for its whole length (hundreds of
+    // ms for a big model, back to back): the heartbeat answer does not
+    // wait behind it, and reports the usage it last saw.
+    std::unique_lock lock(h.res->kv->mtx, std::try_to_lock);
+    if (lock.owns_lock()) h.usage = h.res->kv->cache.usage();
+    const auto& u = h.usage;
+    r.kv_total_blocks += u.total_blocks;
+    r.kv_used_blocks += u.total_blocks - u.free_blocks;
+    r.kv_tokens += u.tokens;
+    r.weight_bytes += static_cast<std::int64_t>(h.res->model->bytes_per_token());
+  }
+  for (const auto& [peer, bytes] : data_plane::local().bytes_sent()) {
+    r.link_peers.push_back(peer);
+    r.link_bytes.push_back(static_cast<std::int64_t>(bytes));
+  }
+  return r;
+}
+
+}  // namespace
+
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
+  auto impl = [](agent_ptr self, node_config cfg) -> node_agent_actor::behavior_type {
+    self->state.cfg = std::move(cfg);
+    {
+      auto& st = self->state;
+      st.probe = measure_device(*context_for(st.cfg.device), st.cfg.memory_limit);
+      st.load = std::make_unique<foreign_load>(st.cfg.device.cores);
+      logging::of("agent").info(
+          "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 "
+          "{:.1f} GB/s; GEMM (16 rows) "
+          "f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 {:.1f} GFLOP/s; {:.2f} GiB for troupe",
+          st.cfg.name, st.probe.device, st.probe.probe_ms, st.probe.gemv_f32 / 1e9,
+          st.probe.gemv_f16 / 1e9, st.probe.gemv_q8_0 / 1e9, st.probe.gemv_q4_0 / 1e9,
+          st.probe.gemm_f32 / 1e9, st.probe.gemm_f16 / 1e9, st.probe.gemm_q8_0 / 1e9,
+          st.probe.gemm_q4_0 / 1e9, static_cast<double>(st.probe.memory_bytes) / (1 << 30));
+    }
+    self->set_exit_handler([self](caf::exit_msg& em) {
+      drop_stages(self);  // the stage actors go with the agent
+      if (self->state.encoder)
+        caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
+      self->quit(em.reason);
+    });
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      for (const auto& h : st.stages)
+        if (h.shard.address() == dm.source || h.kv.address() == dm.source)
+          st.failure = "a stage actor stopped: " + self->system().render(dm.reason);
+    });
+    return {
+        [=](load_atom, const stage_order& o) { return load_stage(self, o); },
+        [=](drop_atom) {
+          const auto n = static_cast<std::int32_t>(self->state.stages.size());
+          drop_stages(self);
+          return n;
+        },
+        [=](ping_atom) { return report_of(self); },
+        [=](relink_atom, std::int32_t first, const stage_handles& next,
+            const std::string& next_node) -> caf::result<bool> {
+          auto& st = self->state;
+          const std::string what =
+              "node " + st.cfg.name + ", re-routing layers from " + std::to_string(first);
+          auto it = std::find_if(st.stages.begin(), st.stages.end(), [&](const held_stage& h) {
+            return h.res->model->range().first == first;
+          });
+          if (it == st.stages.end())
+            return make_error(error_code::not_found, what + ": no such stage here");
+          if (auto e = connect_next(self, what, next, next_node)) return e;
+          auto rp = self->make_response_promise<bool>();
+          self->request(it->shard, st.cfg.timeout, forward_atom::value,
+                        caf::actor_cast<caf::strong_actor_ptr>(next.shard))
+              .then([rp](bool ok) mutable { rp.deliver(ok); },
+                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        },
+        [=](connect_atom, const stage_handles& to, const std::string& name) -> caf::result<bool> {
+          if (auto e = connect_next(
+                  self, "node " + self->state.cfg.name + ", connecting to " + name, to, name))
+            return e;
+          return true;
+        },
+        [=](load_enc_atom, encoder_kind what,
+            const std::vector<std::uint8_t>& head_address) -> caf::result<encoder_actor> {
+          auto& st = self->state;
+          if (what != encoder_kind::vision)
+            return make_error(error_code::invalid_request,
+                              "no encoder of kind " + std::to_string(static_cast<int>(what)));
+          const auto& sender = self->current_sender();
+          if (!sender) return make_error(error_code::invalid_request, "an anonymous encoder order");
+          if (sender->node() != self->node()) {
+            if (auto r = data_plane::local().connect(to_string(sender->node()), head_address); !r)
+              return make_error(
+                  error_code::stage_failed,
+                  "node " + st.cfg.name + ", data plane to the head: " + r.error().message);
+          }
+          if (st.encoder) return st.encoder;
+          const auto t0 = steady::now();
+          auto enc = make_vision_encoder(context_for(st.cfg.device), st.cfg.model, st.cfg.plan);
+          if (!enc)
+            return make_error(error_code::stage_failed,
+                              "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
+          st.encoder = spawn_encoder(self->system(), *enc, encoder_options{});
+          logging::of("agent").info("node {}: runs the vision encoder on {} (loaded in {:.0f} ms)",
+                                    st.cfg.name, st.cfg.device.name, ms_since(t0));
+          return st.encoder;
+        },
+        [=](drop_enc_atom, encoder_kind what) -> std::int32_t {
+          auto& st = self->state;
+          if (what != encoder_kind::vision || !st.encoder) return 0;
+          caf::anon_send_exit(st.encoder, caf::exit_reason::user_shutdown);
+          st.encoder = encoder_actor{};
+          return 1;
+        },
+        [=](drop_stage_atom, std::int32_t first) -> std::int32_t {
+          auto& st = self->state;
+          std::int32_t n = 0;
+          for (auto it = st.stages.begin(); it != st.stages.end();) {
+            if (it->res->model->range().first != first) {
+              ++it;
+              continue;
+            }
+            self->demonitor(it->shard.address());
+            self->demonitor(it->kv.address());
+            caf::anon_send_exit(it->shard, caf::exit_reason::user_shutdown);
+            caf::anon_send_exit(it->kv, caf::exit_reason::user_shutdown);
+            it = st.stages.erase(it);
+            ++n;
+          }
+          logging::of("agent").info("node {}: let go of the stage at layer {} (migrated)",
+                                    st.cfg.name, first);
+          return n;
+        },
+        [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
+          auto& st = self->state;
+          auto t = data_plane::local().take(ref, context_for(st.cfg.device)->ctx->memory());
+          if (!t)
+            return make_error(error_code::stage_failed,
+                              "node " + st.cfg.name + ", link probe: " + t.error().message);
+          return static_cast<std::int64_t>(t->nbytes());
+        },
+        [=](down_atom) {
+          logging::of("agent").info("node {}: told to stop", self->state.cfg.name);
+          drop_stages(self);
+          ::kill(::getpid(), SIGTERM);  // the main thread waits for it
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(cfg));
+}
+
+}  // namespace troupe::actors

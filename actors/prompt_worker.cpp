@@ -1,0 +1,49 @@
+#include "actors/prompt_worker.hpp"
+
+namespace troupe::actors {
+
+std::expected<generate_request, caf::error> request_of(const prompt_setup& setup,
+                                                       const prompt_renderer& render,
+                                                       job_request job) {
+  prompt_input in;
+  in.prompt = job.prompt;
+  in.system = job.system;
+  in.images = static_cast<int>(job.images.size());
+  in.chat = job.chat;
+  for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images});
+  auto ids = render ? render(setup, in) : render_prompt(setup, in);
+  if (!ids) return std::unexpected(make_error(error_code::invalid_request, ids.error().message));
+  generate_request req;
+  req.id = job.id;
+  req.prompt_tokens = std::move(*ids);
+  req.images = std::move(job.images);
+  req.params = default_sampling(setup, job.max_tokens);
+  if (job.has_temperature) req.params.temperature = job.temperature;
+  if (job.has_top_p) req.params.top_p = job.top_p;
+  req.params.seed = job.seed;
+  req.params.stop_strings = std::move(job.stop_strings);
+  if (job.ignore_eos) req.params.stop_token_ids.clear();
+  if (auto v = req.params.validate(); !v)
+    return std::unexpected(make_error(error_code::invalid_request, v.error().message));
+  req.deadline_ms = job.deadline_ms;
+  return req;
+}
+
+prompt_worker_actor spawn_prompt_worker(caf::actor_system& sys,
+                                        std::shared_ptr<const prompt_setup> setup,
+                                        prompt_renderer render) {
+  auto impl = [](prompt_worker_actor::pointer self, std::shared_ptr<const prompt_setup> setup,
+                 prompt_renderer render) -> prompt_worker_actor::behavior_type {
+    return {
+        [=](render_atom, job_request& job) -> caf::result<generate_request> {
+          self->quit();
+          auto req = request_of(*setup, render, std::move(job));
+          if (!req) return std::move(req.error());
+          return std::move(*req);
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(setup), std::move(render));
+}
+
+}  // namespace troupe::actors

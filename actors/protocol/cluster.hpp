@@ -1,0 +1,329 @@
+#pragma once
+
+// The cluster's messages: the gatekeeper's handshake, the head's orders to
+// nodes and their reports, jobs from clients, status and migration, and
+// the typed interfaces of the node agent, the door and the gatekeeper.
+// Part of actors/protocol.hpp.
+
+#include "actors/protocol/messages.hpp"
+
+namespace troupe::actors {
+
+// -- the cluster's gatekeeper ---------------------------------------------------
+
+/// A node introducing itself to another node's gatekeeper: its name, its
+/// protocol version, its certificate and its signature over the challenge
+/// the gatekeeper gave this connection (cluster::verify_identity).
+struct gate_hello {
+  std::string node;
+  std::uint32_t version = 0;
+  std::string certificate_pem;
+  std::vector<std::uint8_t> signature;
+  bool operator==(const gate_hello&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, gate_hello& x) {
+  return f(caf::meta::type_name("gate_hello"), x.node, x.version, x.certificate_pem, x.signature);
+}
+
+// -- the cluster -----------------------------------------------------------------
+
+/// The head's order to a node: hold decoder layers [first, last) of the
+/// cluster's model for placement `epoch`. `next` is the following stage
+/// (has_next false for the last one, which samples); `next_node` names its
+/// node, which this node joins first (control and data plane) when it is
+/// another one.
+struct stage_order {
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  bool embed = false;
+  bool head = false;
+  std::uint64_t epoch = 0;
+  bool has_next = false;
+  stage_handles next;
+  std::string next_node;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, stage_order& x) {
+  return f(caf::meta::type_name("stage_order"), x.first_layer, x.last_layer, x.embed, x.head,
+           x.epoch, x.has_next, x.next, x.next_node);
+}
+
+/// A node's device as the node measured it when it started (placement's
+/// device profile): GEMV weight bandwidth per format with the kernels the
+/// stages run, GEMM throughput, and the memory troupe may use.
+struct device_probe {
+  std::string device;      ///< "cpu:0-0"
+  std::int32_t cores = 0;  ///< worker threads (0: not measured)
+  double gemv_f32 = 0, gemv_f16 = 0, gemv_q8_0 = 0, gemv_q4_0 = 0;  ///< weight bytes/s, one token
+  /// Matrix-multiply FLOP/s per weight format, 16 rows (a decode batch).
+  double gemm_f32 = 0, gemm_f16 = 0, gemm_q8_0 = 0, gemm_q4_0 = 0;
+  std::int64_t memory_bytes =
+      0;  ///< the manifest's limit (else available memory) less the node's own use at start
+  double probe_ms = 0;  ///< how long measuring took
+  bool operator==(const device_probe&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, device_probe& x) {
+  return f(caf::meta::type_name("device_probe"), x.device, x.cores, x.gemv_f32, x.gemv_f16,
+           x.gemv_q8_0, x.gemv_q4_0, x.gemm_f32, x.gemm_f16, x.gemm_q8_0, x.gemm_q4_0,
+           x.memory_bytes, x.probe_ms);
+}
+
+/// What a node reports to the head's heartbeat.
+struct node_report {
+  std::string node;
+  std::string devices;            ///< "cpu:0-0 (2 GiB)"
+  std::string stages;             ///< "layers [0,2) on cpu:0-0" or empty
+  std::uint64_t epoch = 0;        ///< placement its stages belong to
+  std::int64_t rss_bytes = 0;     ///< the node process's resident memory
+  std::int64_t weight_bytes = 0;  ///< weights its stages hold
+  std::int64_t memory_limit = 0;  ///< the manifest's limit (0: none)
+  std::int64_t kv_used_blocks = 0;
+  std::int64_t kv_total_blocks = 0;
+  std::int64_t kv_tokens = 0;  ///< tokens held in its KV caches
+  std::string failure;         ///< a stage actor that stopped abnormally
+  /// Data-plane bytes this process pushed, per peer process (keyed by the
+  /// peer's CAF node id; the head names them).
+  std::vector<std::string> link_peers;
+  std::vector<std::int64_t> link_bytes;
+  device_probe probe;  ///< measured at the node's start
+  /// Share of its device's cores busy with work other than this node's,
+  /// since the last report, in [0, 1].
+  double load = 0;
+  std::vector<std::uint8_t> engine_address;  ///< its data plane's address
+  bool operator==(const node_report&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, node_report& x) {
+  return f(caf::meta::type_name("node_report"), x.node, x.devices, x.stages, x.epoch, x.rss_bytes,
+           x.weight_bytes, x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens,
+           x.failure, x.link_peers, x.link_bytes, x.probe, x.load, x.engine_address);
+}
+
+/// A node's agent, handed to the head in the gatekeeper's pass: it loads
+/// and drops the stages the head places on the node, answers heartbeats,
+/// and stops the node.
+using node_agent_actor = caf::typed_actor<
+    caf::replies_to<load_atom, stage_order>::with<stage_handles>,
+    caf::replies_to<drop_atom>::with<std::int32_t>, caf::replies_to<ping_atom>::with<node_report>,
+    caf::reacts_to<down_atom>,
+    // Live migration: the stage starting at this layer forwards to
+    // `next` (on node `name`) from now on.
+    caf::replies_to<relink_atom, std::int32_t, stage_handles, std::string>::with<bool>,
+    // Live migration: makes the node of `handles` (named) reachable over
+    // the data plane from this one.
+    caf::replies_to<connect_atom, stage_handles, std::string>::with<bool>,
+    // Drops the stage starting at this layer (the others stay).
+    caf::replies_to<drop_stage_atom, std::int32_t>::with<std::int32_t>,
+    // Live migration of an encoder: spawns it here ("vision") and
+    // connects the data plane to the sender (the head) at this engine
+    // address, where its embeddings go.
+    caf::replies_to<load_enc_atom, encoder_kind, std::vector<std::uint8_t>>::with<encoder_actor>,
+    // Stops the encoder spawned here.
+    caf::replies_to<drop_enc_atom, encoder_kind>::with<std::int32_t>,
+    // Link measurement: receives a tensor the head pushed over the
+    // data plane and answers its size in bytes.
+    caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>>;
+
+/// One message of a chat (OpenAI's messages): its role, text and how many
+/// of the job's images belong to it (in order).
+struct chat_turn {
+  std::string role;
+  std::string content;
+  std::int32_t images = 0;
+  bool operator==(const chat_turn&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, chat_turn& x) {
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.images);
+}
+
+/// A job as a client submits it: the user's prompt (the head applies the
+/// model's chat template when there are images or `chat` is set), its
+/// images and sampling. `id` is the client's (random; unique per cluster).
+struct job_request {
+  std::uint64_t id = 0;
+  std::string prompt;
+  std::string system;
+  std::vector<image_data> images;
+  bool chat = false;
+  bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
+  bool has_temperature = false;  ///< else the model's generation_config decides
+  double temperature = 0.0;
+  std::int64_t max_tokens = 128;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop_strings;
+  std::int64_t deadline_ms = 0;
+  /// A whole chat instead of prompt/system (always through the template).
+  std::vector<chat_turn> turns;
+  bool has_top_p = false;
+  double top_p = 1.0;
+  bool operator==(const job_request&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, job_request& x) {
+  return f(caf::meta::type_name("job_request"), x.id, x.prompt, x.system, x.images, x.chat,
+           x.ignore_eos, x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings,
+           x.deadline_ms, x.turns, x.has_top_p, x.top_p);
+}
+
+/// One node as the head sees it.
+struct member_view {
+  std::string name;
+  std::string host;
+  std::int32_t port = 0;
+  std::string state;         ///< joining | up | suspect | lost
+  double last_seen_ms = -1;  ///< since its last heartbeat answer (-1: never)
+  std::int64_t joins = 0;    ///< times it (re)joined
+  node_report report;        ///< its last heartbeat answer
+  bool operator==(const member_view&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, member_view& x) {
+  return f(caf::meta::type_name("member_view"), x.name, x.host, x.port, x.state, x.last_seen_ms,
+           x.joins, x.report);
+}
+
+/// One placement decision of the head, with what it predicted and what it
+/// measured (`troupe status`). Throughputs are generated tokens per second
+/// over the window before the decision and a window after it settled; -1
+/// until measured.
+struct placement_decision {
+  double at_s = 0;      ///< seconds since the head started
+  std::string trigger;  ///< "start", "node n2 joined", "load", "memory", "node n1 lost"
+  std::string action;   ///< what was done ("stay" when nothing moved)
+  std::string plan;     ///< the plan in force afterwards
+  double predicted_step_ms_before = -1, predicted_step_ms_after = -1;
+  double predicted_gain = 0;  ///< throughput: before step / after step - 1
+  double measured_tps_before = -1, measured_tps_after = -1;
+  std::string state;  ///< "measuring", "measured", "applied", "failed: ..."
+  bool operator==(const placement_decision&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, placement_decision& x) {
+  return f(caf::meta::type_name("placement_decision"), x.at_s, x.trigger, x.action, x.plan,
+           x.predicted_step_ms_before, x.predicted_step_ms_after, x.predicted_gain,
+           x.measured_tps_before, x.measured_tps_after, x.state);
+}
+
+/// The cluster as the head sees it (`troupe status`).
+struct cluster_status {
+  std::string cluster;
+  std::string head;
+  bool ready = false;       ///< the model is placed and the scheduler runs
+  bool draining = false;    ///< `troupe down` is under way
+  std::uint64_t epoch = 0;  ///< placements so far
+  std::string placement;    ///< "node0 [0,2) -> node1 [2,4)"
+  std::string encoder;      ///< where the vision encoder runs
+  std::vector<member_view> nodes;
+  scheduler_stats scheduler;
+  std::int64_t replacements = 0;  ///< re-placements after a node loss
+  std::string last_event;
+  double detect_ms = -1;            ///< last loss: last heartbeat answer to "lost"
+  double resume_ms = -1;            ///< last loss: "lost" to the new pipeline running
+  std::int64_t actor_restarts = 0;  ///< stage actors spawned again after a loss
+  std::int64_t migrations = 0;      ///< live shard migrations done
+  std::string migration;            ///< the live migration under way ("" when none): its phase
+  double migration_done = 0;        ///< its progress, 0 to 1
+  std::int32_t stages_total = 0;    ///< stages of the placement under way (or done)
+  std::int32_t stages_loaded = 0;   ///< of those, loaded so far
+  /// Data-plane bytes sent per link, "from->to" by node name.
+  std::vector<std::string> links;
+  std::vector<std::int64_t> link_bytes;
+  /// The planner's view (pipeline_stages = "auto"): the plan in force with
+  /// its predicted stage times, and every decision so far.
+  std::string plan_detail;
+  std::vector<placement_decision> decisions;
+  /// Where the pipeline's time went over the last ~10 s (measured;
+  /// pipeline_stats.hpp), "" before there are two samples.
+  std::string pipeline_detail;
+  bool operator==(const cluster_status&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, cluster_status& x) {
+  return f(caf::meta::type_name("cluster_status"), x.cluster, x.head, x.ready, x.draining, x.epoch,
+           x.placement, x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms,
+           x.resume_ms, x.actor_restarts, x.migrations, x.migration, x.migration_done,
+           x.stages_total, x.stages_loaded, x.links, x.link_bytes, x.plan_detail, x.decisions,
+           x.pipeline_detail);
+}
+
+/// `troupe migrate`: what to move where. `shard` is a stage index
+/// ("1", "stage1"), a layer range as `troupe status` prints it ("[1,2)")
+/// or "vision" (the encoder); `to` is a node name.
+struct migrate_request {
+  std::string shard;
+  std::string to;
+  bool operator==(const migrate_request&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, migrate_request& x) {
+  return f(caf::meta::type_name("migrate_request"), x.shard, x.to);
+}
+
+/// What a migration did and what it cost.
+struct migrate_report {
+  std::string what;         ///< "layers [1,2)" or "vision encoder"
+  std::string from, to;     ///< node names
+  double total_ms = 0;      ///< the request to the old actor's stop
+  double load_ms = 0;       ///< the new actor's weights loaded (target's own files)
+  double pause_ms = 0;      ///< steps held: pause to resume
+  std::int32_t rounds = 0;  ///< KV copy rounds while decoding went on (the final delta not counted)
+  std::int64_t sequences = 0;       ///< sequences whose KV moved
+  std::int64_t kv_bytes = 0;        ///< KV bytes copied, all rounds
+  std::int64_t final_kv_bytes = 0;  ///< of those, copied during the pause
+  std::int64_t weight_bytes = 0;    ///< weights the new actor holds
+  bool operator==(const migrate_report&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, migrate_report& x) {
+  return f(caf::meta::type_name("migrate_report"), x.what, x.from, x.to, x.total_ms, x.load_ms,
+           x.pause_ms, x.rounds, x.sequences, x.kv_bytes, x.final_kv_bytes, x.weight_bytes);
+}
+
+/// The head's door for clients (handed out in the gatekeeper's pass to a
+/// holder of the cluster's client certificate).
+using frontdoor_actor =
+    caf::typed_actor<caf::replies_to<submit_atom, job_request, client_sink_actor>::with<submit_ack>,
+                     caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
+                     caf::replies_to<status_atom>::with<cluster_status>,
+                     caf::replies_to<down_atom>::with<bool>,
+                     caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>>;
+
+/// The gatekeeper's answer once the caller proved who it is: to another
+/// node, the node's agent; to a client, the head's door.
+struct gate_pass {
+  std::string cluster;
+  std::string node;  ///< the gatekeeper's node
+  std::uint32_t version = 0;
+  node_agent_actor agent;
+  frontdoor_actor door;
+  bool operator==(const gate_pass&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, gate_pass& x) {
+  return f(caf::meta::type_name("gate_pass"), x.cluster, x.node, x.version, x.agent, x.door);
+}
+
+/// The one actor a node publishes (over mutual TLS): it hands out a fresh
+/// challenge per connecting node, and a pass (later: the node's actor
+/// handles) only to a node of the manifest that signed that challenge with
+/// the key of its certificate, speaking this protocol version.
+using gatekeeper_actor =
+    caf::typed_actor<caf::replies_to<challenge_atom>::with<std::vector<std::uint8_t>>,
+                     caf::replies_to<hello_atom, gate_hello>::with<gate_pass>>;
+
+}  // namespace troupe::actors

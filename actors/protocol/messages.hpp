@@ -1,0 +1,392 @@
+#pragma once
+
+// Requests, their streams, pipeline steps, KV and encoder messages, and the
+// typed interfaces of the actors that exchange them. Part of
+// actors/protocol.hpp.
+
+#include "actors/protocol/base.hpp"
+
+namespace troupe::actors {
+
+// -- messages -----------------------------------------------------------------
+
+/// Names a tensor held by the data plane: where it lives, what it is, and
+/// the transfer that delivers it. transfer_id 0 = no tensor.
+struct tensor_ref {
+  std::string device;
+  std::uint8_t dtype = 0;  ///< kernels::dtype
+  std::vector<std::int64_t> shape;
+  std::uint64_t transfer_id = 0;
+  bool empty() const { return transfer_id == 0; }
+  bool operator==(const tensor_ref&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, tensor_ref& x) {
+  return f(caf::meta::type_name("tensor_ref"), x.device, x.dtype, x.shape, x.transfer_id);
+}
+
+/// One encoded image (PNG or JPEG file bytes) of a request.
+struct image_data {
+  std::string name;  ///< for error messages (a file name)
+  std::vector<std::uint8_t> bytes;
+  bool operator==(const image_data&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, image_data& x) {
+  return f(caf::meta::type_name("image_data"), x.name, x.bytes);
+}
+
+/// A generation request as the scheduler receives it.
+struct generate_request {
+  std::uint64_t id = 0;                     ///< unique per scheduler; never runs twice
+  std::string prompt;                       ///< final prompt text (chat template already applied)
+  std::vector<std::int32_t> prompt_tokens;  ///< used instead of `prompt` when not empty
+  std::vector<image_data> images;           ///< one per <image> in the prompt
+  models::sampling_params params;
+  std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
+};
+
+template <class I>
+typename I::result_type inspect(I& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
+           x.params, x.deadline_ms);
+}
+
+/// Admission answer to a submit.
+struct submit_ack {
+  std::uint64_t id = 0;
+  std::int64_t queued = 0;  ///< requests waiting ahead of this one
+  bool operator==(const submit_ack&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, submit_ack& x) {
+  return f(caf::meta::type_name("submit_ack"), x.id, x.queued);
+}
+
+/// Newly generated tokens and the text now safe to show.
+struct token_event {
+  std::uint64_t id = 0;
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  bool operator==(const token_event&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text);
+}
+
+/// The end of a request: why it ended and what it produced.
+struct finish_event {
+  std::uint64_t id = 0;
+  finish_reason reason = finish_reason::stop;
+  /// With reason == error: what kind of failure (invalid_request: the
+  /// request's fault, e.g. an image that does not decode; else the server's).
+  error_code code = error_code::internal;
+  std::string error;  ///< message when reason == error
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t preemptions = 0;
+  double queue_ms = 0;       ///< submission to admission
+  double ttft_ms = 0;        ///< submission to first token
+  double total_ms = 0;       ///< submission to end
+  bool stop_string = false;  ///< reason == stop because of a stop string (not a stop token)
+  double preprocess_ms = 0;  ///< image decoding and preprocessing (all images)
+  double encode_ms = 0;      ///< vision encoder batches this request's images were in
+  bool operator==(const finish_event&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, finish_event& x) {
+  return f(caf::meta::type_name("finish_event"), x.id, x.reason, x.code, x.error, x.tokens, x.text,
+           x.prompt_tokens, x.preemptions, x.queue_ms, x.ttft_ms, x.total_ms, x.stop_string,
+           x.preprocess_ms, x.encode_ms);
+}
+
+/// How the last stage picks a sequence's next tokens: it samples on its own
+/// device, so logits never leave it.
+struct sample_work {
+  models::sampling_params params;  ///< the request's (stop_token_ids end a multi-step run early)
+  std::uint64_t draws = 0;         ///< the sampler's draw counter at the first token sampled here
+  std::int64_t max_new = 1;  ///< tokens it may sample in this step (more than 1: multi-step decode)
+  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a repetition penalty
+  bool operator==(const sample_work& o) const {
+    const auto& a = params;
+    const auto& b = o.params;
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+           a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty && a.seed == b.seed &&
+           a.max_tokens == b.max_tokens && a.stop_token_ids == b.stop_token_ids &&
+           a.stop_strings == b.stop_strings && draws == o.draws && max_new == o.max_new &&
+           history == o.history;
+  }
+};
+
+template <class I>
+typename I::result_type inspect(I& f, sample_work& x) {
+  return f(caf::meta::type_name("sample_work"), x.params, x.draws, x.max_new, x.history);
+}
+
+/// One sequence's part of a pipeline step.
+struct seq_work {
+  std::int64_t seq = 0;              ///< scheduler's sequence id (same on every stage)
+  std::int64_t start = 0;            ///< tokens already in the sequence's KV cache
+  std::vector<std::int32_t> tokens;  ///< new tokens
+  bool all_logits = false;
+  std::int32_t embed_token = -1;  ///< tokens equal to it take rows of `embeddings`
+  tensor_ref embeddings;          ///< f32 [count(embed_token), hidden]
+  bool sample = false;            ///< the last stage samples its next token(s) (see `sampling`)
+  sample_work sampling;
+  bool operator==(const seq_work&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, seq_work& x) {
+  return f(caf::meta::type_name("seq_work"), x.seq, x.start, x.tokens, x.all_logits, x.embed_token,
+           x.embeddings, x.sample, x.sampling);
+}
+
+/// A step for one stage: the sequences and, past the first stage, the
+/// previous stage's activations.
+struct step_batch {
+  std::uint64_t step = 0;
+  std::vector<seq_work> seqs;
+  tensor_ref hidden;             ///< f32 [tokens, hidden] (none for the first stage)
+  double compute_ms = 0;         ///< accumulated over the stages so far
+  std::vector<double> stage_ms;  ///< each stage's own part of compute_ms, in pipeline order
+  /// Multi-step decode: a stage that is the whole model (embedding and head)
+  /// runs up to this many steps, feeding each sampled token back in, before
+  /// it answers; every sequence must then sample, with a one-token input
+  /// and no embeddings. Other stages refuse more than 1. It saves the round
+  /// trip to the scheduler per token where steps are short (vLLM's
+  /// multi-step scheduling).
+  std::int32_t decode_steps = 1;
+  bool return_logits = true;  ///< the last stage also returns the logits rows
+  bool operator==(const step_batch&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, step_batch& x) {
+  return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.stage_ms,
+           x.decode_steps, x.return_logits);
+}
+
+/// What the last stage returns: per sequence the tokens it sampled (empty
+/// for a sequence that did not sample) and, when asked, the logits rows
+/// (per sequence its last token, or all tokens when all_logits; of the
+/// step's first pass).
+struct step_output {
+  std::uint64_t step = 0;
+  tensor_ref logits;
+  double compute_ms = 0;
+  std::vector<double> stage_ms;  ///< each stage's part of compute_ms, in pipeline order
+  std::vector<std::vector<std::int32_t>> sampled;
+  std::int32_t passes = 1;  ///< decode passes run (multi-step)
+  bool operator==(const step_output&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, step_output& x) {
+  return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms, x.stage_ms,
+           x.sampled, x.passes);
+}
+
+/// What a shard holds.
+struct shard_info {
+  std::string device;
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  bool embed = false;
+  bool head = false;
+  std::int64_t hidden = 0;
+  std::int64_t vocab = 0;
+  bool operator==(const shard_info&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, shard_info& x) {
+  return f(caf::meta::type_name("shard_info"), x.device, x.first_layer, x.last_layer, x.embed,
+           x.head, x.hidden, x.vocab);
+}
+
+/// A KV store's occupancy.
+struct kv_usage_info {
+  std::string device;
+  std::int64_t block_size = 0;
+  std::int64_t total_blocks = 0;
+  std::int64_t free_blocks = 0;
+  std::int64_t sequences = 0;
+  std::int64_t tokens = 0;
+  bool operator==(const kv_usage_info&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, kv_usage_info& x) {
+  return f(caf::meta::type_name("kv_usage_info"), x.device, x.block_size, x.total_blocks,
+           x.free_blocks, x.sequences, x.tokens);
+}
+
+/// A sequence's KV blocks exported to host memory (swap or migration):
+/// metadata here, the bytes behind `data`.
+struct kv_export {
+  std::int64_t seq = 0;
+  std::int64_t length = 0;
+  std::vector<std::int32_t> live;  ///< block positions that hold data
+  tensor_ref data;                 ///< u8 [bytes]
+  bool operator==(const kv_export&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, kv_export& x) {
+  return f(caf::meta::type_name("kv_export"), x.seq, x.length, x.live, x.data);
+}
+
+/// The kinds of modality encoder (the audio encoder comes next).
+enum class encoder_kind : std::uint8_t { vision = 0 };
+inline const char* to_string(encoder_kind k) {
+  return k == encoder_kind::vision ? "vision" : "?";
+}
+
+/// An image to encode.
+struct encode_request {
+  std::uint64_t request = 0;  ///< for logs and errors
+  image_data image;
+  bool operator==(const encode_request&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, encode_request& x) {
+  return f(caf::meta::type_name("encode_request"), x.request, x.image);
+}
+
+/// An encoded image: projected features, ready for the first decoder stage.
+struct encode_reply {
+  tensor_ref embeddings;  ///< f32 [tokens, hidden]
+  double preprocess_ms = 0;
+  double encode_ms = 0;
+  std::int64_t batch = 0;  ///< size of the batch it was encoded in
+  bool operator==(const encode_reply&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, encode_reply& x) {
+  return f(caf::meta::type_name("encode_reply"), x.embeddings, x.preprocess_ms, x.encode_ms,
+           x.batch);
+}
+
+/// A node's supervision report.
+struct node_status {
+  std::int64_t restarts = 0;  ///< pipeline restarts so far
+  bool failed = false;        ///< the restart limit was hit: the node gave up
+  std::string last_failure;
+  bool operator==(const node_status&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, node_status& x) {
+  return f(caf::meta::type_name("node_status"), x.restarts, x.failed, x.last_failure);
+}
+
+// -- typed actor interfaces ----------------------------------------------------
+
+/// Receives a request's stream (the scheduler sends these to the submitter).
+using client_sink_actor =
+    caf::typed_actor<caf::reacts_to<token_event>, caf::reacts_to<finish_event>>;
+
+/// A contiguous range of decoder layers on one device. A non-last stage
+/// forwards the step to the next stage; the last one answers with logits.
+using shard_actor =
+    caf::typed_actor<caf::replies_to<step_atom, step_batch>::with<step_output>,
+                     caf::replies_to<info_atom>::with<shard_info>,
+                     caf::replies_to<version_atom>::with<std::uint32_t>,
+                     // Live migration: forward steps to this shard (a shard_actor) from now on.
+                     caf::replies_to<forward_atom, caf::strong_actor_ptr>::with<bool>>;
+
+/// The paged KV blocks of one shard's layers, on the shard's device.
+using kv_store_actor = caf::typed_actor<
+    caf::replies_to<usage_atom>::with<kv_usage_info>,
+    caf::replies_to<free_atom, std::vector<std::int64_t>>::with<std::int64_t>,
+    caf::replies_to<export_atom, std::int64_t>::with<kv_export>,
+    caf::replies_to<import_atom, kv_export>::with<std::int64_t>,
+    caf::replies_to<clear_atom>::with<std::int64_t>,
+    // Live migration: the sequences held, as (id, length) pairs flattened.
+    caf::replies_to<list_atom>::with<std::vector<std::int64_t>>,
+    // A sequence's blocks from a first block on, pushed to the process
+    // whose data-plane key is given ("" or this one's: parked here).
+    caf::replies_to<push_kv_atom, std::int64_t, std::int32_t, std::string>::with<kv_export>,
+    // Such an export: a new sequence (first block 0) or a delta
+    // (import_tail) of one already here.
+    caf::replies_to<merge_kv_atom, kv_export, std::int32_t>::with<std::int64_t>>;
+
+/// A modality encoder (vision now) with dynamic, length-bucketed batching.
+using encoder_actor =
+    caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
+                     caf::reacts_to<flush_atom, std::int64_t>,
+                     caf::replies_to<version_atom>::with<std::uint32_t>>;
+
+/// Admission, continuous batching and streaming for one model.
+using scheduler_actor = caf::typed_actor<
+    caf::replies_to<submit_atom, generate_request, client_sink_actor>::with<submit_ack>,
+    caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
+    caf::replies_to<stats_atom>::with<scheduler_stats>,
+    caf::replies_to<version_atom>::with<std::uint32_t>, caf::reacts_to<tick_atom>,
+    // From the node: the pipeline was restarted (every stage's KV is gone;
+    // running requests recompute) or, with no stages, given up on.
+    caf::reacts_to<pipeline_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,
+    // From the node: the vision encoder was replaced.
+    caf::reacts_to<encoder_atom, encoder_actor>,
+    // Live migration: use this encoder from now on; with `true`, the old
+    // one is flushed and the answer comes once it has answered every
+    // request sent to it.
+    caf::replies_to<handover_atom, encoder_actor, bool>::with<bool>,
+    // Live migration: stop issuing steps; the answer (the running count)
+    // comes once no step is in flight.
+    caf::replies_to<pause_atom>::with<std::int64_t>,
+    // Stage i is now this shard and KV store; steps resume.
+    caf::reacts_to<reroute_atom, std::int32_t, shard_actor, kv_store_actor>,
+    // Resume without a change (a migration that gave up).
+    caf::reacts_to<resume_atom>>;
+
+/// Supervises one node's actors: restarts the pipeline when a stage or KV
+/// store dies (up to a limit, then gives up and fails the requests).
+using node_actor =
+    caf::typed_actor<caf::replies_to<stats_atom>::with<node_status>,
+                     caf::reacts_to<notify_atom, scheduler_actor>>;  ///< whom to tell about
+                                                                     ///< restarts
+
+/// A stage served by another process (`troupe worker`): its shard and KV
+/// store, the layers it holds, and that process's transfer-engine address
+/// (activations for the shard are pushed there). A tensor-parallel rank
+/// (tp_size > 1) holds slice tp_rank of every layer in [first, last).
+struct stage_handles {
+  shard_actor shard;
+  kv_store_actor kv;
+  std::int32_t first_layer = 0;
+  std::int32_t last_layer = 0;
+  std::vector<std::uint8_t> engine_address;
+  std::int32_t tp_rank = 0;
+  std::int32_t tp_size = 1;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, stage_handles& x) {
+  return f(caf::meta::type_name("stage_handles"), x.shard, x.kv, x.first_layer, x.last_layer,
+           x.engine_address, x.tp_rank, x.tp_size);
+}
+
+/// The engine addresses of a tensor-parallel group's ranks, in rank order:
+/// each rank connects its all-reduce ring to rank (r + 1) % size.
+using tp_ring_addresses = std::vector<std::vector<std::uint8_t>>;
+
+/// Hosts a stage for other processes (published by `troupe worker`). A
+/// tensor-parallel rank also takes its group's ring (tp_atom; answers its
+/// rank once connected).
+using stage_host_actor =
+    caf::typed_actor<caf::replies_to<stage_atom>::with<stage_handles>,
+                     caf::replies_to<tp_atom, tp_ring_addresses>::with<std::int32_t>,
+                     caf::replies_to<version_atom>::with<std::uint32_t>>;
+
+}  // namespace troupe::actors

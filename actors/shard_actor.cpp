@@ -1,0 +1,165 @@
+#include "actors/shard_actor.hpp"
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/clock.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/stage.hpp"
+#include "actors/stage_compute.hpp"
+#include "actors/tensor_registry.hpp"
+#include "actors/tp_group.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using kernels::errc;
+using stage_detail::forward_step;
+using stage_detail::forwarder_impl;
+using stage_detail::tp_forwarder;
+using stage_detail::tp_join;
+using stage_detail::tp_joins;
+
+struct shard_state {
+  std::uint64_t steps = 0;
+  /// Rank 0 of a tensor-parallel group: the steps waiting for other ranks.
+  /// Their response promises hold this actor; keeping them here (and only
+  /// weak references in the response handlers) lets them go with the state
+  /// when the actor stops with replies outstanding.
+  tp_joins joins;
+  shard_actor next;  ///< the following stage (invalid on the last); live migration re-points it
+};
+
+/// The step's answer: directly, or (delegated) through rank 0's join of
+/// its group.
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
+                                const std::shared_ptr<tp_join>& j, caf::error e) {
+  if (!j) return e;
+  j->settle(std::move(e));
+  self->state.joins.forget_if_done(j);
+  return caf::delegated<step_output>{};
+}
+caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
+                                const std::shared_ptr<tp_join>& j, step_output o) {
+  if (!j) return o;
+  j->own = std::move(o);
+  j->maybe_deliver();
+  self->state.joins.forget_if_done(j);
+  return caf::delegated<step_output>{};
+}
+
+}  // namespace
+
+shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources> res,
+                        shard_actor next) {
+  auto impl = [](shard_actor::stateful_pointer<shard_state> self,
+                 std::shared_ptr<stage_resources> res,
+                 shard_actor next) -> shard_actor::behavior_type {
+    pin_current_thread(res->device.cores);
+    self->state.next = next;
+    std::vector<tp_forwarder> forwarders;
+    if (res->tp) {
+      for (const auto& p : res->tp->peer_shards)
+        forwarders.push_back(self->system().spawn(forwarder_impl, p));
+      self->attach_functor([forwarders] {
+        for (const auto& f : forwarders) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
+      });
+    }
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard lock(res->kv->mtx);
+      generation = res->kv->generation;
+    }
+    return {
+        [=](step_atom, step_batch& b) -> caf::result<step_output> {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto fail = [&](const std::string& why) {
+            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            return make_error(error_code::stage_failed,
+                              res->device.name + " layers [" +
+                                  std::to_string(res->model->range().first) + ", " +
+                                  std::to_string(res->model->range().last) + "): " + why);
+          };
+          // A peer process is gone: the step may run again on a restored
+          // pipeline (the scheduler waits for it), unlike a failed step.
+          auto lost = [&](const std::string& why) {
+            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            return make_error(error_code::peer_lost,
+                              res->device.name + " layers [" +
+                                  std::to_string(res->model->range().first) + ", " +
+                                  std::to_string(res->model->range().last) + "): " + why);
+          };
+          if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
+          // Rank 0 of a tensor-parallel group: the other ranks run the same
+          // step at the same time (their all-reduces meet ours).
+          std::shared_ptr<tp_join> join;
+          if (res->tp && !res->tp->peer_shards.empty()) {
+            auto j = forward_step(self, self->state.joins, *res, b, forwarders);
+            if (!j) return fail(j.error().message);
+            join = std::move(*j);
+          }
+          std::unique_lock device_lock(
+              res->dev->run);  // the device's team is ours until the step is done
+          if (res->tp) {
+            res->tp->step = b.step;
+            res->tp->calls = 0;
+          }
+          auto out = run_stage(*res, b, generation);
+          ++self->state.steps;
+          // The previous stage's process is gone, or this shard was replaced.
+          if (!out &&
+              (out.error().code == errc::io_error || out.error().code == errc::device_unavailable))
+            return answer(self, join, lost(out.error().message));
+          if (!out) return answer(self, join, fail(out.error().message));
+          if (res->model->range().head) {
+            step_output o;
+            o.step = b.step;
+            if (auto s = sample_and_continue(*res, b, *out, generation, o); !s)
+              return answer(self, join, fail(s.error().message));
+            if (b.return_logits)
+              o.logits = data_plane::local().park(res->device.name, std::move(*out));
+            const double own = ms_between(t0, steady::now());
+            o.compute_ms = b.compute_ms + own;
+            o.stage_ms = std::move(b.stage_ms);
+            o.stage_ms.push_back(own);
+            return answer(self, join, std::move(o));
+          }
+          const double own = ms_between(t0, steady::now());
+          b.compute_ms += own;
+          b.stage_ms.push_back(own);
+          const auto& next = self->state.next;
+          if (!next) return fail("a stage without the head has no next stage to forward to");
+          // In another process, the activations go now, over the transfer
+          // engine, while this message travels.
+          auto ref = data_plane::local().send(data_plane_key(self->node(), next->node()),
+                                              res->device.name, std::move(*out));
+          if (!ref) return lost("activations to the next stage: " + ref.error().message);
+          b.hidden = std::move(*ref);
+          for (auto& w : b.seqs) w.embeddings = {};
+          return self->delegate(next, step_atom::value, std::move(b));
+        },
+        [=](info_atom) {
+          const auto r = res->model->range();
+          const auto& c = res->model->config();
+          return shard_info{res->device.name, r.first,       r.last,      r.embed,
+                            r.head,           c.hidden_size, c.vocab_size};
+        },
+        [](version_atom) { return protocol_version; },
+        [=](forward_atom, caf::strong_actor_ptr p) -> caf::result<bool> {
+          if (res->model->range().head)
+            return make_error(error_code::invalid_request, "the last stage forwards to no one");
+          auto n = caf::actor_cast<shard_actor>(p);
+          if (!n) return make_error(error_code::invalid_request, "route to an invalid shard");
+          self->state.next = std::move(n);
+          return true;
+        },
+    };
+  };
+  return sys.spawn<caf::detached>(impl, std::move(res), std::move(next));
+}
+
+}  // namespace troupe::actors

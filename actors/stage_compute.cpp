@@ -1,0 +1,190 @@
+#include "actors/stage_compute.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/data_plane.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+using kernels::errc;
+using kernels::tensor;
+
+}  // namespace
+
+kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation) {
+  const auto& model = *res.model;
+  const auto range = model.range();
+  std::vector<models::step_input> inputs(b.seqs.size());
+  std::vector<tensor> embeds(b.seqs.size());
+  tensor x;
+  if (!range.embed) {
+    if (b.hidden.empty())
+      return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
+    auto h = data_plane::local().take(b.hidden, res.ctx->memory());
+    if (!h)
+      return kernels::make_error(errc::io_error,
+                                 "activations from the previous stage: " + h.error().message);
+    x = std::move(*h);
+  }
+  std::lock_guard lock(res.kv->mtx);
+  auto& kv = *res.kv;
+  if (kv.generation != generation)
+    // The node restarted the pipeline while this step waited: the scheduler
+    // resets onto the new one and runs it again there (not a failed step).
+    return kernels::make_error(errc::device_unavailable,
+                               "this shard was replaced by a restarted pipeline");
+  // Resolve sequences: a sequence starts with start == 0; every later step
+  // must agree with the cache on where it continues.
+  std::vector<std::int64_t> created;
+  auto undo = [&] {
+    for (auto s : created) {
+      kv.cache.release(kv.local[s]);
+      kv.local.erase(s);
+    }
+  };
+  for (std::size_t i = 0; i < b.seqs.size(); ++i) {
+    auto& w = b.seqs[i];
+    auto it = kv.local.find(w.seq);
+    if (it == kv.local.end()) {
+      if (w.start != 0) {
+        undo();
+        return kernels::make_error(errc::invalid_argument,
+                                   "sequence " + std::to_string(w.seq) +
+                                       " is not on this stage but the step continues it at " +
+                                       std::to_string(w.start));
+      }
+      it = kv.local.emplace(w.seq, kv.cache.add_sequence()).first;
+      created.push_back(w.seq);
+    } else if (kv.cache.length(it->second) != w.start) {
+      undo();
+      return kernels::make_error(errc::invalid_argument,
+                                 "sequence " + std::to_string(w.seq) + " holds " +
+                                     std::to_string(kv.cache.length(it->second)) +
+                                     " tokens on this stage but the step continues it at " +
+                                     std::to_string(w.start));
+    }
+    inputs[i].seq = it->second;
+    inputs[i].tokens = w.tokens;
+    inputs[i].all_logits = w.all_logits;
+    if (!w.embeddings.empty()) {
+      auto e = data_plane::local().take(w.embeddings, res.ctx->memory());
+      if (!e) {
+        undo();
+        return std::unexpected(e.error());
+      }
+      embeds[i] = std::move(*e);
+      inputs[i].embed_token = w.embed_token;
+      inputs[i].embeddings = std::span<const float>(
+          embeds[i].data_as<float>(), static_cast<std::size_t>(embeds[i].shape().numel()));
+    }
+  }
+  auto& ctx = *res.ctx;
+  if (range.embed) {
+    auto e = model.embed(ctx, inputs);
+    if (!e) {
+      undo();
+      return std::unexpected(e.error());
+    }
+    x = std::move(*e);
+  }
+  if (auto r = model.run_layers(ctx, kv.cache, inputs, x, res.attention); !r) {
+    undo();
+    return std::unexpected(r.error());
+  }
+  if (range.head) return model.head(ctx, inputs, x);
+  return x;
+}
+
+kernels::result<void> check_multi_step(const stage_resources& res, const step_batch& b) {
+  if (b.decode_steps <= 1) return {};
+  const auto range = res.model->range();
+  if (!range.embed || !range.head)
+    return kernels::make_error(errc::invalid_argument,
+                               "multi-step decode needs a stage that holds the whole model");
+  for (const auto& w : b.seqs)
+    if (!w.sample || w.tokens.size() != 1 || !w.embeddings.empty() || w.all_logits ||
+        w.sampling.max_new < 1)
+      return kernels::make_error(errc::invalid_argument,
+                                 "multi-step decode of sequence " + std::to_string(w.seq) +
+                                     ": every sequence must sample from a one-token input");
+  return {};
+}
+
+kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, const tensor& logits,
+                                          std::uint64_t generation, step_output& o) {
+  const auto vocab = res.model->config().vocab_size;
+  const auto n = b.seqs.size();
+  o.sampled.assign(n, {});
+  std::vector<std::optional<models::sampler>> samplers(n);
+  // Samples sequence idx[k] from row rows[k] of `l`, the sequences in
+  // parallel on the stage's workers (each sampler and output is its own).
+  std::vector<std::size_t> idx;
+  std::vector<std::int64_t> rows;
+  auto sample_all = [&](const tensor& l) {
+    res.ctx->pool().parallel_for(
+        static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
+          for (auto k = lo; k < hi; ++k) {
+            const auto i = idx[static_cast<std::size_t>(k)];
+            auto& w = b.seqs[i];
+            const std::span<const float> r(l.row_as<float>(rows[static_cast<std::size_t>(k)]),
+                                           static_cast<std::size_t>(vocab));
+            const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
+            o.sampled[i].push_back(tok);
+            if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
+          }
+        });
+  };
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& w = b.seqs[i];
+    row += w.all_logits ? static_cast<std::int64_t>(w.tokens.size()) : 1;
+    if (!w.sample) continue;
+    auto s = models::sampler::resume(w.sampling.params, w.sampling.draws);
+    if (!s) return std::unexpected(s.error());
+    samplers[i].emplace(std::move(*s));
+    idx.push_back(i);
+    rows.push_back(row - 1);
+  }
+  if (row != logits.shape()[0])
+    return kernels::make_error(errc::internal, "the head returned " +
+                                                   std::to_string(logits.shape()[0]) +
+                                                   " logits rows for " + std::to_string(row));
+  sample_all(logits);
+  auto stopped = [&](std::size_t i) {
+    const auto& ids = b.seqs[i].sampling.params.stop_token_ids;
+    return std::find(ids.begin(), ids.end(), o.sampled[i].back()) != ids.end();
+  };
+  for (std::int32_t pass = 1; pass < b.decode_steps; ++pass) {
+    step_batch nb;
+    nb.step = b.step;
+    idx.clear();
+    rows.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& w = b.seqs[i];
+      const auto have = static_cast<std::int64_t>(o.sampled[i].size());
+      if (have >= w.sampling.max_new || stopped(i)) continue;
+      seq_work x;
+      x.seq = w.seq;
+      x.start = w.start + static_cast<std::int64_t>(w.tokens.size()) + have - 1;
+      x.tokens = {o.sampled[i].back()};
+      nb.seqs.push_back(std::move(x));
+      rows.push_back(static_cast<std::int64_t>(idx.size()));
+      idx.push_back(i);
+    }
+    if (idx.empty()) break;
+    auto out = run_stage(res, nb, generation);
+    if (!out) return std::unexpected(out.error());
+    sample_all(*out);
+    ++o.passes;
+  }
+  return {};
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,35 @@
+#pragma once
+
+// The compute of one step on a stage's resources, without an actor. The
+// caller holds the device (res.dev->run) around run_stage and
+// sample_and_continue; they take the stage's KV lock themselves.
+// `generation` is the KV cache's generation the caller started with: the
+// step of a shard that a restarted pipeline replaced fails with
+// errc::device_unavailable.
+
+#include <cstdint>
+
+#include "actors/protocol.hpp"
+#include "actors/stage.hpp"
+#include "kernels/tensor.hpp"
+
+namespace troupe::actors {
+
+/// Runs this stage's part of a step; returns the activations (or logits on
+/// the last stage).
+kernels::result<kernels::tensor> run_stage(stage_resources& res, step_batch& b,
+                                           std::uint64_t generation);
+
+/// Checks a multi-step batch: only a whole-model stage runs one, and every
+/// sequence must sample from a one-token input without embeddings.
+kernels::result<void> check_multi_step(const stage_resources& res, const step_batch& b);
+
+/// On the last stage: samples the sequences that ask for it from `logits`
+/// (the first pass), then, for a multi-step batch, runs the further passes,
+/// each feeding the tokens just sampled back in, until every sequence has
+/// its max_new tokens or sampled a stop token. Fills `o.sampled`.
+kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b,
+                                          const kernels::tensor& logits, std::uint64_t generation,
+                                          step_output& o);
+
+}  // namespace troupe::actors

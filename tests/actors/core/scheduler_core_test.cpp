@@ -1,0 +1,513 @@
+// The scheduler's pure core under a manual clock: admission, batching,
+// chunked prefill, preemption, deadlines, cancellation and stall recovery,
+// with no actors, threads or processes.
+#include "actors/core/scheduler_core.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace troupe::actors::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::shared_ptr<const models::tokenizer> bundled_tokenizer() {
+  static auto tok = [] {
+    auto t = models::tokenizer::load(std::string(TROUPE_FIXTURES_DIR) +
+                                     "/../../assets/tiny-llava-shapes/tokenizer.json");
+    EXPECT_TRUE(t) << (t ? "" : t.error().message);
+    return t ? std::make_shared<const models::tokenizer>(std::move(*t)) : nullptr;
+  }();
+  return tok;
+}
+
+scheduler_options small_options() {
+  scheduler_options o;
+  o.queue_limit = 8;
+  o.max_running = 8;
+  o.token_budget = 64;
+  o.prefill_chunk = 64;
+  o.micro_batches = 1;
+  o.max_decode_steps = 1;
+  o.kv.block_size = 4;
+  o.kv_blocks = 64;
+  o.stall_limit = 60s;
+  return o;
+}
+
+/// A core, its manual clock and every event it produced.
+struct harness {
+  manual_clock clk;
+  scheduler_core core;
+  core_events events;
+
+  explicit harness(scheduler_options o = small_options(), int stages = 1,
+                   std::int32_t image_token = -1)
+      : core(model_frontend{bundled_tokenizer(), 397, 32, image_token, 3}, o, stages, clk) {}
+
+  std::expected<std::int64_t, core_error> submit(std::uint64_t id, std::int64_t prompt,
+                                                 std::int64_t max_tokens,
+                                                 std::int64_t deadline_ms = 0) {
+    return core.submit(id, [&]() -> std::expected<request_spec, core_error> {
+      request_spec s;
+      s.tokens.resize(static_cast<std::size_t>(prompt));
+      std::iota(s.tokens.begin(), s.tokens.end(), 10);
+      s.params.max_tokens = max_tokens;
+      s.deadline_ms = deadline_ms;
+      return s;
+    });
+  }
+  std::optional<step_plan> plan() { return core.plan_step(events); }
+  void take(core_events ev) {
+    for (auto& e : ev) events.push_back(std::move(e));
+  }
+  /// Answers a step: every sampling sequence gets `token`.
+  void answer(const step_plan& p, std::int32_t token = 42) {
+    step_result r;
+    for (const auto& s : p.seqs)
+      r.sampled.push_back(s.sample ? std::vector<std::int32_t>{token}
+                                   : std::vector<std::int32_t>{});
+    take(core.step_done(p.step, r));
+  }
+  std::vector<request_done> done() const {
+    std::vector<request_done> d;
+    for (const auto& e : events)
+      if (auto* x = std::get_if<request_done>(&e)) d.push_back(*x);
+    return d;
+  }
+  std::int64_t released_blocks() const {
+    std::int64_t n = 0;
+    for (const auto& e : events)
+      if (auto* x = std::get_if<kv_release>(&e)) n += x->blocks;
+    return n;
+  }
+  /// Confirms every kv_release so far (the stores freed the blocks).
+  void confirm_frees() {
+    for (const auto& e : events)
+      if (auto* x = std::get_if<kv_release>(&e)) core.kv_freed(x->blocks, x->epoch);
+    std::erase_if(events,
+                  [](const core_event& e) { return std::holds_alternative<kv_release>(e); });
+  }
+};
+
+// -- admission -------------------------------------------------------------------------------
+
+TEST(SchedulerCore, AdmissionRefusesPastTheQueueLimitWithOverloaded) {
+  auto o = small_options();
+  o.queue_limit = 2;
+  harness h(o);
+  ASSERT_EQ(h.submit(1, 4, 2).value(), 0);
+  ASSERT_EQ(h.submit(2, 4, 2).value(), 1);
+  auto third = h.submit(3, 4, 2);
+  ASSERT_FALSE(third);
+  EXPECT_EQ(third.error().code, error_code::overloaded);
+  EXPECT_NE(third.error().message.find("limit 2"), std::string::npos) << third.error().message;
+  EXPECT_EQ(h.core.stats().rejected, 1);
+  EXPECT_EQ(h.core.queued(), 2);
+  // Once one is admitted (no longer queued), another fits.
+  ASSERT_TRUE(h.plan());
+  EXPECT_TRUE(h.submit(4, 4, 2));
+}
+
+TEST(SchedulerCore, AdmissionNamesEachRefusal) {
+  harness h;
+  EXPECT_EQ(h.submit(0, 4, 2).error().code, error_code::invalid_request);
+  ASSERT_TRUE(h.submit(7, 4, 2));
+  EXPECT_EQ(h.submit(7, 4, 2).error().code, error_code::duplicate_id);
+  // 64 blocks of 4 tokens hold 256 tokens: 200 + 100 never fits.
+  auto big = h.submit(8, 200, 100);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().code, error_code::kv_exhausted);
+  EXPECT_NE(big.error().message.find("need 75 KV blocks; a stage has 64"), std::string::npos)
+      << big.error().message;
+  auto outside = h.core.submit(9, [] {
+    request_spec s;
+    s.tokens = {5, 397};
+    return std::expected<request_spec, core_error>(s);
+  });
+  ASSERT_FALSE(outside);
+  EXPECT_NE(outside.error().message.find("prompt token 397 outside the vocabulary"),
+            std::string::npos);
+  auto prep = h.core.submit(10, [] {
+    return std::expected<request_spec, core_error>(
+        std::unexpected(core_error{error_code::invalid_request, "prompt: bad UTF-8"}));
+  });
+  ASSERT_FALSE(prep);
+  EXPECT_EQ(prep.error().message, "prompt: bad UTF-8");
+  auto images = h.core.submit(11, [] {
+    request_spec s;
+    s.tokens = {5};
+    s.images = 1;
+    return std::expected<request_spec, core_error>(s);
+  });
+  ASSERT_FALSE(images);
+  EXPECT_NE(images.error().message.find("no vision encoder"), std::string::npos);
+  EXPECT_EQ(h.core.stats().rejected, 5);  // id 0 is not counted: it is not a request
+  EXPECT_EQ(h.core.queued(), 1);
+}
+
+TEST(SchedulerCore, ARequestWithImagesWaitsForItsLastImage) {
+  harness h(small_options(), 1, /*image_token=*/3);
+  ASSERT_TRUE(h.core.submit(1, [] {
+    request_spec s;
+    s.tokens = {5, 3, 3, 3, 3, 3, 3, 6};  // two images of 3 rows
+    s.images = 2;
+    s.params.max_tokens = 1;
+    return std::expected<request_spec, core_error>(s);
+  }));
+  EXPECT_FALSE(h.plan());
+  EXPECT_FALSE(h.core.image_ready(1));
+  EXPECT_FALSE(h.plan());
+  EXPECT_TRUE(h.core.image_ready(1));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->seqs.at(0).image_rows_before, 0);
+  EXPECT_EQ(p->seqs.at(0).tokens.size(), 8u);
+}
+
+// -- batching --------------------------------------------------------------------------------
+
+TEST(SchedulerCore, TheTokenBudgetCapsAStepAndChunksThePrefill) {
+  auto o = small_options();
+  o.token_budget = 16;
+  o.prefill_chunk = 6;
+  harness h(o);
+  ASSERT_TRUE(h.submit(1, 14, 1));
+  std::vector<std::int64_t> starts, sizes;
+  std::vector<bool> sampled;
+  while (auto p = h.plan()) {
+    ASSERT_EQ(p->seqs.size(), 1u);
+    starts.push_back(p->seqs[0].start);
+    sizes.push_back(static_cast<std::int64_t>(p->seqs[0].tokens.size()));
+    sampled.push_back(p->seqs[0].sample);
+    EXPECT_FALSE(h.plan()) << "one micro-batch in flight at most";
+    h.answer(*p);
+    if (!h.done().empty()) break;
+  }
+  EXPECT_EQ(starts, (std::vector<std::int64_t>{0, 6, 12}));
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{6, 6, 2}));
+  EXPECT_EQ(sampled, (std::vector<bool>{false, false, true}));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::length);
+  EXPECT_EQ(h.done()[0].tokens, (std::vector<std::int32_t>{42}));
+}
+
+TEST(SchedulerCore, MicroBatchesSplitTheSequencesEvenly) {
+  auto o = small_options();
+  o.micro_batches = 2;
+  o.balance_micro_batches = false;
+  harness h(o, 2);
+  for (std::uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(h.submit(id, 5, 3));
+  auto a = h.plan();
+  auto b = h.plan();
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(h.plan()) << "two micro-batches in flight fill a two-deep pipeline";
+  EXPECT_EQ(a->seqs.size(), 2u);
+  EXPECT_EQ(b->seqs.size(), 2u);
+  EXPECT_EQ(h.core.steps_in_flight(), 2u);
+  h.answer(*a);
+  auto c = h.plan();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->seqs.size(), 2u);
+  EXPECT_EQ(c->seqs[0].id, a->seqs[0].id) << "the returned micro-batch decodes next";
+  EXPECT_EQ(c->seqs[0].start, 5);
+}
+
+TEST(SchedulerCore, BalancedMicroBatchesShareAPromptsTokens) {
+  auto o = small_options();
+  o.micro_batches = 2;
+  o.token_budget = 64;
+  harness h(o, 2);
+  ASSERT_TRUE(h.submit(1, 100, 1));
+  auto a = h.plan();
+  ASSERT_TRUE(a);
+  // An even share of the 100 tokens waiting: 50, not the whole budget.
+  EXPECT_EQ(a->seqs.at(0).tokens.size(), 50u);
+}
+
+TEST(SchedulerCore, MultiStepDecodeRunsAsManyPassesAsFitTheTime) {
+  auto o = small_options();
+  o.max_decode_steps = 8;
+  o.multi_step_ms = 2.0;
+  harness h(o, 1);
+  ASSERT_TRUE(h.submit(1, 4, 20));
+  auto prefill = h.plan();
+  ASSERT_TRUE(prefill);
+  EXPECT_EQ(prefill->decode_steps, 1);
+  h.answer(*prefill);
+  auto first = h.plan();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->decode_steps, 1) << "no pass measured yet";
+  step_result r;
+  r.sampled = {{43}};
+  r.compute_ms = 0.5;  // one pass: 0.5 ms, so 4 fit in 2 ms
+  h.take(h.core.step_done(first->step, r));
+  auto multi = h.plan();
+  ASSERT_TRUE(multi);
+  EXPECT_EQ(multi->decode_steps, 4);
+  EXPECT_EQ(multi->seqs.at(0).max_new, 4);
+  // A second stage turns it off.
+  harness two(o, 2);
+  EXPECT_EQ(two.core.micro_batches(), 1);
+}
+
+// -- KV blocks and preemption ---------------------------------------------------------------
+
+TEST(SchedulerCore, OutOfBlocksPreemptsTheYoungestAndItRecomputesFirst) {
+  auto o = small_options();
+  o.kv_blocks = 6;  // 24 tokens
+  o.token_budget = 64;
+  harness h(o);
+  ASSERT_TRUE(h.submit(1, 8, 12));  // 2 blocks now, up to 5
+  ASSERT_TRUE(h.submit(2, 8, 12));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->seqs.size(), 2u);
+  h.answer(*p);
+  EXPECT_EQ(h.core.books().used(), 4) << "8 tokens in the cache: 2 blocks each";
+  // Decode until both cannot grow: planning preempts the younger (2), and
+  // that step waits for its blocks to come back.
+  for (int i = 0; i < 8; ++i) {
+    auto q = h.plan();
+    if (!q) break;
+    EXPECT_EQ(q->seqs.size(), 2u);
+    h.answer(*q);
+  }
+  EXPECT_EQ(h.core.stats().preemptions, 1);
+  EXPECT_EQ(h.core.queued(), 1);
+  EXPECT_EQ(h.core.running(), 1);
+  // Request 1 keeps decoding alone until it ends, then 2 recomputes from the
+  // start: its prompt and the tokens it already generated.
+  std::optional<std::int64_t> restart;
+  for (int i = 0; i < 40 && h.done().size() < 2; ++i) {
+    auto q = h.plan();
+    if (!q) {
+      h.confirm_frees();
+      continue;
+    }
+    for (const auto& s : q->seqs)
+      if (s.id == 2 && s.start == 0) restart = static_cast<std::int64_t>(s.tokens.size());
+    h.answer(*q);
+    h.confirm_frees();
+  }
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_EQ(h.done()[0].id, 1u);
+  EXPECT_EQ(h.done()[1].preemptions, 1);
+  ASSERT_TRUE(restart);
+  EXPECT_GT(*restart, 8) << "the recompute carries the generated tokens too";
+  EXPECT_EQ(h.done()[1].tokens.size(), 12u);
+  EXPECT_EQ(h.core.books().used(), 0);
+}
+
+TEST(SchedulerCore, BlocksAreNotFreeUntilTheStoresFreedThem) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 8, 1));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.answer(*p);
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.released_blocks(), 2);
+  EXPECT_EQ(h.core.books().used(), 2) << "pending until the stores confirm";
+  h.confirm_frees();
+  EXPECT_EQ(h.core.books().used(), 0);
+}
+
+// -- deadlines and cancellation ---------------------------------------------------------------
+
+TEST(SchedulerCore, ADeadlineEndsAWaitingRequestAtItsTime) {
+  auto o = small_options();
+  harness h(o, 0);  // no pipeline yet: it waits
+  ASSERT_TRUE(h.submit(1, 4, 4, /*deadline_ms=*/100));
+  ASSERT_TRUE(h.core.next_wakeup());
+  EXPECT_EQ(*h.core.next_wakeup() - h.clk.now(), std::chrono::milliseconds(100));
+  h.clk.advance(99ms);
+  h.take(h.core.tick());
+  EXPECT_TRUE(h.done().empty());
+  h.clk.advance(1ms);
+  h.take(h.core.tick());
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::deadline);
+  EXPECT_DOUBLE_EQ(h.done()[0].total_ms, 100.0);
+  EXPECT_FALSE(h.core.next_wakeup());
+}
+
+TEST(SchedulerCore, ADeadlineInFlightEndsWhenItsStepReturns) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 50, 100));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.clk.advance(150ms);
+  h.take(h.core.tick());
+  EXPECT_TRUE(h.done().empty()) << "in flight: it ends with its step";
+  h.answer(*p);
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::deadline);
+  EXPECT_TRUE(h.done()[0].tokens.empty()) << "the step's token is not streamed";
+  EXPECT_EQ(h.released_blocks(), 1);
+}
+
+TEST(SchedulerCore, CancellationEndsAtOnceOrWhenTheStepReturns) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 5));
+  ASSERT_TRUE(h.submit(2, 4, 5));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(h.submit(3, 4, 5));  // waiting
+  auto waiting = h.core.cancel(3);
+  ASSERT_TRUE(waiting);
+  h.take(*waiting);
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::cancelled);
+  auto running = h.core.cancel(1);
+  ASSERT_TRUE(running);
+  EXPECT_TRUE(running->empty());
+  h.answer(*p);
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_EQ(h.done()[1].id, 1u);
+  EXPECT_EQ(h.done()[1].reason, finish_reason::cancelled);
+  EXPECT_FALSE(h.core.cancel(1)) << "unknown once ended";
+  EXPECT_FALSE(h.core.cancel(99));
+  EXPECT_TRUE(h.core.knows(2));
+}
+
+// -- failures and recovery ------------------------------------------------------------------
+
+TEST(SchedulerCore, ALostPeerStallsUntilTheResetThenRequestsRecompute) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 6, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.answer(*p);
+  auto q = h.plan();
+  ASSERT_TRUE(q);
+  h.take(h.core.step_failed(q->step, step_failure::peer_lost, "peer lost"));
+  EXPECT_TRUE(h.core.stalled());
+  EXPECT_TRUE(h.done().empty());
+  EXPECT_FALSE(h.plan()) << "no steps into a broken pipeline";
+  h.clk.advance(10s);
+  h.take(h.core.reset(2));
+  EXPECT_FALSE(h.core.stalled());
+  EXPECT_EQ(h.core.books().used(), 0);
+  auto again = h.plan();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->seqs.at(0).start, 0) << "its KV is gone: it recomputes";
+  EXPECT_EQ(again->seqs.at(0).tokens.size(), 7u) << "prompt and the token it already had";
+  EXPECT_EQ(again->seqs.at(0).draws, 1u) << "the sampler continues where it was";
+}
+
+TEST(SchedulerCore, AStallPastTheLimitFailsEveryRequest) {
+  auto o = small_options();
+  o.stall_limit = 5s;
+  harness h(o);
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  ASSERT_TRUE(h.submit(2, 4, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.take(h.core.step_failed(p->step, step_failure::peer_lost, "peer lost"));
+  ASSERT_TRUE(h.core.next_wakeup());
+  EXPECT_EQ(*h.core.next_wakeup() - h.clk.now(), std::chrono::milliseconds(5000));
+  h.clk.advance(4999ms);
+  h.take(h.core.tick());
+  EXPECT_TRUE(h.done().empty());
+  h.clk.advance(1ms);
+  h.take(h.core.tick());
+  ASSERT_EQ(h.done().size(), 2u);
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::error);
+    EXPECT_EQ(d.code, error_code::peer_lost);
+    EXPECT_NE(d.error.find("within 5 s"), std::string::npos) << d.error;
+  }
+  EXPECT_TRUE(h.submit(3, 4, 3)) << "new requests are taken again";
+}
+
+TEST(SchedulerCore, ARefusedStepEndsItsRequestsWithTheError) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.take(h.core.step_failed(p->step, step_failure::refused, "stage failed: out of memory"));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::error);
+  EXPECT_EQ(h.done()[0].error, "stage failed: out of memory");
+  EXPECT_EQ(h.done()[0].code, error_code::stage_failed);
+  EXPECT_FALSE(h.core.stalled());
+}
+
+TEST(SchedulerCore, AGivenUpPipelineFailsEverythingAndRefusesNewWork) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  ASSERT_TRUE(h.submit(2, 4, 3));
+  ASSERT_TRUE(h.plan());
+  h.take(h.core.reset(0));
+  ASSERT_EQ(h.done().size(), 2u);
+  auto later = h.submit(3, 4, 3);
+  ASSERT_FALSE(later);
+  EXPECT_EQ(later.error().code, error_code::stage_failed);
+}
+
+TEST(SchedulerCore, AFailureEndsARequestWithItsCodeWhenItsStepReturns) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  ASSERT_TRUE(h.submit(2, 4, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(h.submit(3, 4, 3));
+  h.take(h.core.fail(3, error_code::invalid_request, "image 1: not a PNG or JPEG"));
+  ASSERT_EQ(h.done().size(), 1u) << "not in flight: at once";
+  EXPECT_EQ(h.done()[0].code, error_code::invalid_request);
+  EXPECT_TRUE(h.core.fail(1, error_code::internal, "image rows").empty()) << "in flight: later";
+  h.answer(*p);
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_EQ(h.done()[1].id, 1u);
+  EXPECT_EQ(h.done()[1].reason, finish_reason::error);
+  EXPECT_EQ(h.done()[1].error, "image rows");
+  EXPECT_TRUE(h.done()[1].tokens.empty()) << "its step's token is not streamed";
+  EXPECT_TRUE(h.core.knows(2));
+}
+
+TEST(SchedulerCore, OutputThatDoesNotMatchTheStepFailsItsRequests) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  step_result r;
+  r.sampled = {{500}};  // outside the vocabulary
+  h.take(h.core.step_done(p->step, r));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::error);
+}
+
+TEST(SchedulerCore, StopTokensEndTheRequestAndTimesComeFromTheClock) {
+  harness h;
+  ASSERT_TRUE(h.core.submit(1, [] {
+    request_spec s;
+    s.tokens = {10, 11, 12};
+    s.params.max_tokens = 10;
+    s.params.stop_token_ids = {77};
+    return std::expected<request_spec, core_error>(s);
+  }));
+  h.clk.advance(5ms);
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.clk.advance(20ms);
+  h.answer(*p, 50);
+  auto q = h.plan();
+  ASSERT_TRUE(q);
+  h.clk.advance(10ms);
+  h.answer(*q, 77);
+  ASSERT_EQ(h.done().size(), 1u);
+  const auto d = h.done()[0];
+  EXPECT_EQ(d.reason, finish_reason::stop);
+  EXPECT_EQ(d.tokens, (std::vector<std::int32_t>{50, 77}));
+  EXPECT_DOUBLE_EQ(d.queue_ms, 5.0);
+  EXPECT_DOUBLE_EQ(d.ttft_ms, 25.0);
+  EXPECT_DOUBLE_EQ(d.total_ms, 35.0);
+  const auto s = h.core.stats();
+  EXPECT_DOUBLE_EQ(s.round_trip_ms, 30.0);
+  EXPECT_DOUBLE_EQ(s.in_flight_ms, 30.0);
+  EXPECT_EQ(s.tokens_out, 2);
+}
+
+}  // namespace
+}  // namespace troupe::actors::core

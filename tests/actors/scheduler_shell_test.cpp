@@ -1,0 +1,177 @@
+// The scheduler actor (the shell of core::scheduler_core) under CAF's
+// test_coordinator: one thread, messages delivered when the test runs
+// them, and virtual time that moves only when the test advances it. The
+// deadline and stall timers fire through the shell's delayed messages, so
+// these tests check the wiring between the core's next_wakeup and CAF's
+// clock in milliseconds of real time.
+#include <gtest/gtest.h>
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include <memory>
+
+#include "actors/protocol.hpp"
+#include "actors/scheduler.hpp"
+
+namespace troupe::actors {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::shared_ptr<const models::tokenizer> bundled_tokenizer() {
+  static auto tok = [] {
+    auto t = models::tokenizer::load(std::string(TROUPE_FIXTURES_DIR) +
+                                     "/../../assets/tiny-llava-shapes/tokenizer.json");
+    EXPECT_TRUE(t) << (t ? "" : t.error().message);
+    return t ? std::make_shared<const models::tokenizer>(std::move(*t)) : nullptr;
+  }();
+  return tok;
+}
+
+/// What a client sink received.
+struct received {
+  std::vector<token_event> tokens;
+  std::vector<finish_event> finished;
+};
+
+/// How the fake stage answers a step.
+enum class stage_mode { answer, peer_lost };
+
+struct fixture {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::scheduler::test_coordinator* sched = nullptr;
+  std::shared_ptr<received> got = std::make_shared<received>();
+  client_sink_actor sink;
+  std::shared_ptr<std::int64_t> steps = std::make_shared<std::int64_t>(0);
+
+  fixture() {
+    register_protocol(cfg);
+    cfg.set("scheduler.policy", caf::atom("testing"));
+    cfg.set("logger.file-verbosity", caf::atom("quiet"));
+    sys = std::make_unique<caf::actor_system>(cfg);
+    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
+    sched->clock().current_time += std::chrono::hours(1);
+    auto g = got;
+    sink = sys->spawn([g]() -> client_sink_actor::behavior_type {
+      return {[g](token_event& e) { g->tokens.push_back(std::move(e)); },
+              [g](finish_event& f) { g->finished.push_back(std::move(f)); }};
+    });
+  }
+  ~fixture() {
+    sched->run();
+    caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+    sched->run();
+  }
+
+  shard_actor stage(stage_mode mode) {
+    auto n = steps;
+    return sys->spawn([mode, n]() -> shard_actor::behavior_type {
+      return {
+          [mode, n](step_atom, step_batch& b) -> caf::result<step_output> {
+            ++*n;
+            if (mode == stage_mode::peer_lost)
+              return make_error(error_code::peer_lost, "the stage's process is gone");
+            step_output o;
+            o.step = b.step;
+            for (const auto& s : b.seqs)
+              o.sampled.push_back(s.sample ? std::vector<std::int32_t>{42}
+                                           : std::vector<std::int32_t>{});
+            return o;
+          },
+          [](info_atom) { return shard_info{}; },
+          [](version_atom) { return protocol_version; },
+          [](forward_atom, caf::strong_actor_ptr) { return true; },
+      };
+    });
+  }
+
+  scheduler_actor scheduler(std::vector<shard_actor> stages) {
+    scheduler_options o;
+    o.kv.block_size = 16;
+    o.kv_blocks = 64;
+    o.max_decode_steps = 1;
+    return spawn_scheduler(*sys, model_frontend{bundled_tokenizer(), 397, 32, -1, 0}, o,
+                           std::move(stages), {}, {});
+  }
+
+  void submit(const scheduler_actor& s, std::uint64_t id, std::int64_t max_tokens,
+              std::int64_t deadline_ms = 0) {
+    generate_request r;
+    r.id = id;
+    r.prompt_tokens = {10, 11, 12, 13};
+    r.params.max_tokens = max_tokens;
+    r.deadline_ms = deadline_ms;
+    caf::anon_send(s, submit_atom::value, std::move(r), sink);
+    sched->run();
+  }
+  /// Moves virtual time on and delivers what became due.
+  void advance(caf::timespan d) {
+    sched->clock().advance_time(d);
+    sched->run();
+  }
+};
+
+TEST(SchedulerShell, StreamsARequestToItsEnd) {
+  fixture f;
+  auto s = f.scheduler({f.stage(stage_mode::answer)});
+  f.submit(s, 1, 3);
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::length);
+  EXPECT_EQ(f.got->finished[0].tokens, (std::vector<std::int32_t>{42, 42, 42}));
+  EXPECT_EQ(f.got->tokens.size(), 3u);
+  EXPECT_EQ(*f.steps, 3);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST(SchedulerShell, ADeadlineFiresOnTheActorClock) {
+  fixture f;
+  auto s = f.scheduler({});  // no pipeline yet: the request waits
+  f.submit(s, 1, 3, /*deadline_ms=*/500);
+  EXPECT_TRUE(f.got->finished.empty());
+  f.advance(499ms);
+  EXPECT_TRUE(f.got->finished.empty()) << "not before its time";
+  f.advance(3ms);
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::deadline);
+  EXPECT_GE(f.got->finished[0].total_ms, 500.0);
+  EXPECT_LT(f.got->finished[0].total_ms, 510.0) << "virtual time, not the wall clock";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST(SchedulerShell, AStalledPipelineFailsItsRequestsAfterTheLimit) {
+  fixture f;
+  auto s = f.scheduler({f.stage(stage_mode::peer_lost)});
+  f.submit(s, 1, 3);
+  f.submit(s, 2, 3);
+  EXPECT_TRUE(f.got->finished.empty()) << "a lost peer is waited for";
+  f.advance(59s);
+  EXPECT_TRUE(f.got->finished.empty());
+  f.advance(2s);
+  ASSERT_EQ(f.got->finished.size(), 2u);
+  for (const auto& fin : f.got->finished) {
+    EXPECT_EQ(fin.reason, finish_reason::error);
+    EXPECT_NE(fin.error.find("no restored pipeline came within 60 s"), std::string::npos)
+        << fin.error;
+  }
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST(SchedulerShell, AResetBeforeTheLimitRecomputesOnTheNewPipeline) {
+  fixture f;
+  auto s = f.scheduler({f.stage(stage_mode::peer_lost)});
+  f.submit(s, 1, 2);
+  f.advance(10s);
+  caf::anon_send(s, pipeline_atom::value, std::vector<shard_actor>{f.stage(stage_mode::answer)},
+                 std::vector<kv_store_actor>{});
+  f.sched->run();
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::length);
+  EXPECT_EQ(f.got->finished[0].preemptions, 1);
+  f.advance(120s);
+  EXPECT_EQ(f.got->finished.size(), 1u) << "the stall timer of the old pipeline does nothing";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace troupe::actors
