@@ -9,7 +9,6 @@
 
 #include "actors/clock.hpp"
 #include "actors/data_plane.hpp"
-#include "actors/tensor_registry.hpp"
 
 namespace troupe::actors {
 

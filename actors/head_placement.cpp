@@ -226,8 +226,8 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, const std::string& 
   auto& st = self->state;
   const auto usable = st.members->usable();
   auto fixed = [&] {
-    return cluster::place_pipeline(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable,
-                                   st.cfg.node.m.head);
+    return fixed_slots(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable,
+                       st.cfg.node.m.head);
   };
   if (!st.auto_place || !st.model_prof ||
       std::find(usable.begin(), usable.end(), st.cfg.node.m.head) == usable.end())

@@ -52,14 +52,15 @@ cluster_status status_of(head_ptr self) {
     v.host = n.host;
     v.port = n.port;
     if (const auto* m = st.members->find(n.name)) {
-      v.state = cluster::to_string(m->state);
+      v.state = m->state;
       v.last_seen_ms = m->last_seen ? ms_since(*m->last_seen) : -1;
       v.joins = m->joins;
     }
     auto it = st.rt.find(n.name);
     if (it != st.rt.end()) {
       v.report = it->second.report;
-      if (v.state != "up" && v.state != "suspect" && !it->second.why.empty())
+      if (v.state != cluster::member_state::up && v.state != cluster::member_state::suspect &&
+          !it->second.why.empty())
         v.report.failure = it->second.why;
     }
     s.nodes.push_back(std::move(v));

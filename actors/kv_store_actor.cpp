@@ -10,7 +10,6 @@
 
 #include "actors/data_plane.hpp"
 #include "actors/stage.hpp"
-#include "actors/tensor_registry.hpp"
 
 namespace troupe::actors {
 
@@ -69,7 +68,7 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
 std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv_export& x,
                                                   std::int32_t from_block, bool replace) {
   if (res.tp && res.tp->size > 1) {
-    tensor_registry::local().drop(x.data);
+    data_plane::local().drop(x.data);
     return std::unexpected(
         make_error(error_code::invalid_request,
                    "moving the KV of a tensor-parallel stage is not supported yet"));

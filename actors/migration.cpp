@@ -401,8 +401,8 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
     rp.deliver(make_error(error_code::stage_failed, "migration of the vision encoder: " + why));
   };
   auto busy = loading_on(self, req.to);
-  self->request(target, st.cfg.node.timeout, load_enc_atom::value, encoder_kind::vision,
-                data_plane::local().address())
+  self->request(target, st.cfg.node.timeout, load_enc_atom::value,
+                encoder_order{encoder_kind::vision, data_plane::local().address()})
       .then(
           [self, rp, rep, t0, fail, busy](encoder_actor& fresh) mutable {
             auto& st = self->state;
@@ -440,7 +440,8 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
                 caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
               } else {
                 if (auto a = st.rt[owner].agent)
-                  self->request(a, st.cfg.node.timeout, drop_enc_atom::value, encoder_kind::vision)
+                  self->request(a, st.cfg.node.timeout, drop_enc_atom::value,
+                                encoder_order{encoder_kind::vision, {}})
                       .then([](std::int32_t) {}, [](caf::error&) {});
                 if (owner != st.cfg.node.name)
                   caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay

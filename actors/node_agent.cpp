@@ -242,12 +242,12 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
             return e;
           return true;
         },
-        [=](load_enc_atom, encoder_kind what,
-            const std::vector<std::uint8_t>& head_address) -> caf::result<encoder_actor> {
+        [=](load_enc_atom, const encoder_order& order) -> caf::result<encoder_actor> {
           auto& st = self->state;
-          if (what != encoder_kind::vision)
+          if (order.kind != encoder_kind::vision)
             return make_error(error_code::invalid_request,
-                              "no encoder of kind " + std::to_string(static_cast<int>(what)));
+                              "no encoder of kind " + std::to_string(static_cast<int>(order.kind)));
+          const auto& head_address = order.head_address;
           const auto& sender = self->current_sender();
           if (!sender) return make_error(error_code::invalid_request, "an anonymous encoder order");
           if (sender->node() != self->node()) {
@@ -267,9 +267,9 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
                                     st.cfg.name, st.cfg.device.name, ms_since(t0));
           return st.encoder;
         },
-        [=](drop_enc_atom, encoder_kind what) -> std::int32_t {
+        [=](drop_enc_atom, const encoder_order& order) -> std::int32_t {
           auto& st = self->state;
-          if (what != encoder_kind::vision || !st.encoder) return 0;
+          if (order.kind != encoder_kind::vision || !st.encoder) return 0;
           caf::anon_send_exit(st.encoder, caf::exit_reason::user_shutdown);
           st.encoder = encoder_actor{};
           return 1;

@@ -102,6 +102,21 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
   return c;
 }
 
+std::vector<cluster::stage_slot> fixed_slots(int layers, int stages,
+                                             const std::vector<std::string>& usable,
+                                             const std::string& head) {
+  if (std::find(usable.begin(), usable.end(), head) == usable.end()) return {};
+  std::vector<std::string> order{head};
+  for (const auto& n : usable)
+    if (n != head) order.push_back(n);
+  const int nodes = static_cast<int>(order.size());
+  std::vector<cluster::stage_slot> out;
+  const auto ranges = placement::even_split(layers, std::min(stages > 0 ? stages : nodes, nodes));
+  for (std::size_t s = 0; s < ranges.size(); ++s)
+    out.push_back({order[s], ranges[s].first, ranges[s].second});
+  return out;
+}
+
 placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p,
                                                              const placement::cluster_profile& c) {
   std::vector<cluster::stage_slot> out;

@@ -52,6 +52,16 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
 
 /// The stages of a plan as the cluster loads them (node by device id).
 /// Errors on a tensor-parallel stage or a device no node owns.
+/// The fixed rule over nodes (`pipeline_stages = N`; 0: one stage per
+/// usable node): placement::even_split over the first usable nodes in
+/// manifest order, the head's first (it runs the scheduler and the vision
+/// encoder, so the first stage's inputs stay local); fewer nodes than
+/// stages: as many stages as nodes. Empty when no node is usable or the
+/// head is not.
+std::vector<cluster::stage_slot> fixed_slots(int layers, int stages,
+                                             const std::vector<std::string>& usable,
+                                             const std::string& head);
+
 placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p,
                                                              const placement::cluster_profile& c);
 

@@ -62,6 +62,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<placement_decision>("troupe::placement_decision");
   cfg.add_message_type<std::vector<placement_decision>>("troupe::placement_decisions");
   cfg.add_message_type<node_report>("troupe::node_report");
+  cfg.add_message_type<encoder_order>("troupe::encoder_order");
   cfg.add_message_type<node_agent_actor>("troupe::node_agent_actor");
   cfg.add_message_type<chat_turn>("troupe::chat_turn");
   cfg.add_message_type<std::vector<chat_turn>>("troupe::chat_turns");

@@ -3,7 +3,7 @@
 // Every message and every typed actor interface of troupe's runtime, in one
 // place. Messages are small control structs; tensors never travel inside
 // them: a message carries a `tensor_ref` that names a buffer held by the
-// data plane (in one process: actors/tensor_registry.hpp).
+// data plane (actors/data_plane.hpp: parked in this process, pushed to others).
 //
 // Bump `protocol_version` whenever a message's fields or an interface change.
 //

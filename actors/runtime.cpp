@@ -14,6 +14,7 @@
 #include "actors/prompt.hpp"
 #include "models/llava_config.hpp"
 #include "models/weights.hpp"
+#include "placement/planner.hpp"
 #include "transport/ucx_engine.hpp"
 
 namespace troupe::actors {
@@ -225,10 +226,11 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   };
   // Stages, each on its device.
   std::int64_t blocks = std::numeric_limits<std::int64_t>::max();
+  const auto ranges = placement::even_split(L, cfg.stages);  // cfg.stages <= L: checked above
   for (int s = 0; s < cfg.stages; ++s) {
     models::layer_range range;
-    range.first = s * L / cfg.stages;
-    range.last = (s + 1) * L / cfg.stages;
+    range.first = ranges[static_cast<std::size_t>(s)].first;
+    range.last = ranges[static_cast<std::size_t>(s)].second;
     range.embed = s == 0;
     range.head = s == cfg.stages - 1 && !rt->remote_tail_;
     const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];

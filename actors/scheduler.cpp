@@ -10,7 +10,6 @@
 #include "actors/clock.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/log.hpp"
-#include "actors/tensor_registry.hpp"
 #include "models/llava.hpp"
 
 // The scheduler actor is the shell of core::scheduler_core: the core
@@ -179,7 +178,7 @@ step_batch to_message(self_ptr self, core::step_plan& plan, core::core_events& o
 }
 
 void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
-  if (!out.logits.empty()) tensor_registry::local().drop(out.logits);
+  if (!out.logits.empty()) data_plane::local().drop(out.logits);
   core::step_result res;
   res.sampled = std::move(out.sampled);
   res.compute_ms = out.compute_ms;
@@ -272,7 +271,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::vector<image_data> imag
         .then(
             [=](encode_reply& rep) {
               auto& st = self->state;
-              auto emb = tensor_registry::local().take(rep.embeddings);
+              auto emb = data_plane::local().take(rep.embeddings, *st.pool);
               auto it = st.requests.find(id);
               if (it == st.requests.end()) return;
               if (!emb || emb->shape().ndim != 2 || emb->shape()[0] != st.model.tokens_per_image ||

@@ -10,7 +10,6 @@
 #include "actors/data_plane.hpp"
 #include "actors/stage.hpp"
 #include "actors/stage_compute.hpp"
-#include "actors/tensor_registry.hpp"
 #include "actors/tp_group.hpp"
 
 namespace troupe::actors {
@@ -78,7 +77,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
         [=](step_atom, step_batch& b) -> caf::result<step_output> {
           const auto t0 = std::chrono::steady_clock::now();
           auto fail = [&](const std::string& why) {
-            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            for (auto& w : b.seqs) data_plane::local().drop(w.embeddings);
             return make_error(error_code::stage_failed,
                               res->device.name + " layers [" +
                                   std::to_string(res->model->range().first) + ", " +
@@ -87,7 +86,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           // A peer process is gone: the step may run again on a restored
           // pipeline (the scheduler waits for it), unlike a failed step.
           auto lost = [&](const std::string& why) {
-            for (auto& w : b.seqs) tensor_registry::local().drop(w.embeddings);
+            for (auto& w : b.seqs) data_plane::local().drop(w.embeddings);
             return make_error(error_code::peer_lost,
                               res->device.name + " layers [" +
                                   std::to_string(res->model->range().first) + ", " +

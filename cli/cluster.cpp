@@ -73,7 +73,7 @@ json status_json(const actors::cluster_status& s) {
   for (const auto& n : s.nodes)
     nodes.push_back({{"name", n.name},
                      {"address", n.host + ":" + std::to_string(n.port)},
-                     {"state", n.state},
+                     {"state", cluster::to_string(n.state)},
                      {"last_seen_ms", n.last_seen_ms},
                      {"joins", n.joins},
                      {"devices", n.report.devices},
@@ -159,7 +159,7 @@ void print_status(const actors::cluster_status& s) {
     const auto kv = std::to_string(n.report.kv_used_blocks) + "/" +
                     std::to_string(n.report.kv_total_blocks) + " blocks";
     std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", n.name.c_str(), addr.c_str(),
-                n.state.c_str(), n.report.devices.c_str(),
+                cluster::to_string(n.state), n.report.devices.c_str(),
                 n.report.stages.empty() ? "-" : n.report.stages.c_str(),
                 n.report.rss_bytes ? mib(n.report.rss_bytes).c_str() : "-", kv.c_str(),
                 n.report.failure.c_str());
@@ -334,8 +334,9 @@ int run_up(const cluster_args& a) {
         why = s.error();
         door.reset();
       } else {
-        const auto up = std::count_if(s->nodes.begin(), s->nodes.end(),
-                                      [](const auto& n) { return n.state == "up"; });
+        const auto up = std::count_if(s->nodes.begin(), s->nodes.end(), [](const auto& n) {
+          return n.state == cluster::member_state::up;
+        });
         char buf[512];
         std::snprintf(buf, sizeof buf, "troupe: %.1f s: %zd/%zu nodes up; %s",
                       std::chrono::duration<double>(steady::now() - t0).count(),

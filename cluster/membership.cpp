@@ -112,21 +112,6 @@ std::vector<std::string> membership::usable() const {
   return out;
 }
 
-std::vector<stage_slot> place_pipeline(int layers, int stages,
-                                       const std::vector<std::string>& usable,
-                                       const std::string& head) {
-  if (layers < 1 || std::find(usable.begin(), usable.end(), head) == usable.end()) return {};
-  std::vector<std::string> order{head};
-  for (const auto& n : usable)
-    if (n != head) order.push_back(n);
-  int k = stages > 0 ? stages : static_cast<int>(order.size());
-  k = std::min({k, static_cast<int>(order.size()), layers});
-  std::vector<stage_slot> plan;
-  for (int s = 0; s < k; ++s)
-    plan.push_back({order[static_cast<std::size_t>(s)], s * layers / k, (s + 1) * layers / k});
-  return plan;
-}
-
 std::string describe(const std::vector<stage_slot>& plan) {
   std::string s;
   for (const auto& p : plan) {

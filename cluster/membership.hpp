@@ -84,15 +84,6 @@ struct stage_slot {
   int last_layer = 0;
 };
 
-/// The simple placement rule: `stages` (0: one per usable node) contiguous,
-/// even layer ranges over the first usable nodes in manifest order, the
-/// head's first (it runs the scheduler and the vision encoder, so the first
-/// stage's inputs stay local). Fewer nodes than stages: as many stages as
-/// nodes. Empty when no node is usable or the head is not.
-std::vector<stage_slot> place_pipeline(int layers, int stages,
-                                       const std::vector<std::string>& usable,
-                                       const std::string& head);
-
 /// "node0 [0,2) -> node1 [2,4)".
 std::string describe(const std::vector<stage_slot>& plan);
 

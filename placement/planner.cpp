@@ -570,4 +570,12 @@ result<replan_estimate> replan_gain(const plan& current, const cluster_profile& 
   return e;
 }
 
+std::vector<std::pair<int, int>> even_split(int layers, int parts) {
+  std::vector<std::pair<int, int>> out;
+  if (layers < 1 || parts < 1) return out;
+  parts = std::min(parts, layers);
+  for (int s = 0; s < parts; ++s) out.emplace_back(s * layers / parts, (s + 1) * layers / parts);
+  return out;
+}
+
 }  // namespace troupe::placement

@@ -111,6 +111,12 @@ struct plan {
   std::string describe() const;
 };
 
+/// The fixed rule (a manifest's `pipeline_stages = N`, `troupe generate
+/// --stages N`): `parts` contiguous layer ranges [first, last) of as even a
+/// size as the layers allow (part s holds [s*L/parts, (s+1)*L/parts)).
+/// Empty when layers < 1 or parts < 1; at most `layers` parts.
+std::vector<std::pair<int, int>> even_split(int layers, int parts);
+
 /// The best plan the planner finds for `model` on `cluster` under `w`
 /// (see the top of this file), or an error naming what does not fit or
 /// which input is invalid.

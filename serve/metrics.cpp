@@ -108,8 +108,8 @@ std::string metrics::render(const actors::cluster_status* s) const {
              std::to_string(s->link_bytes[i]) + "\n";
     head(out, "troupe:node_up", "gauge", "1 while the node is up (answers heartbeats), else 0.");
     for (const auto& n : s->nodes)
-      out +=
-          "troupe:node_up{node=\"" + escape(n.name) + "\"} " + (n.state == "up" ? "1" : "0") + "\n";
+      out += "troupe:node_up{node=\"" + escape(n.name) + "\"} " +
+             (n.state == cluster::member_state::up ? "1" : "0") + "\n";
     head(out, "troupe:node_resident_memory_bytes", "gauge",
          "Resident memory of each node process.");
     for (const auto& n : s->nodes)

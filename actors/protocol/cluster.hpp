@@ -6,6 +6,7 @@
 // Part of actors/protocol.hpp.
 
 #include "actors/protocol/messages.hpp"
+#include "cluster/membership.hpp"
 
 namespace troupe::actors {
 
@@ -105,6 +106,18 @@ typename I::result_type inspect(I& f, node_report& x) {
            x.failure, x.link_peers, x.link_bytes, x.probe, x.load, x.engine_address);
 }
 
+/// The head's order to run (or stop) a modality encoder on a node.
+struct encoder_order {
+  encoder_kind kind = encoder_kind::vision;
+  std::vector<std::uint8_t> head_address;  ///< load: the head's data-plane address
+  bool operator==(const encoder_order&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, encoder_order& x) {
+  return f(caf::meta::type_name("encoder_order"), x.kind, x.head_address);
+}
+
 /// A node's agent, handed to the head in the gatekeeper's pass: it loads
 /// and drops the stages the head places on the node, answers heartbeats,
 /// and stops the node.
@@ -120,12 +133,12 @@ using node_agent_actor = caf::typed_actor<
     caf::replies_to<connect_atom, stage_handles, std::string>::with<bool>,
     // Drops the stage starting at this layer (the others stay).
     caf::replies_to<drop_stage_atom, std::int32_t>::with<std::int32_t>,
-    // Live migration of an encoder: spawns it here ("vision") and
-    // connects the data plane to the sender (the head) at this engine
-    // address, where its embeddings go.
-    caf::replies_to<load_enc_atom, encoder_kind, std::vector<std::uint8_t>>::with<encoder_actor>,
-    // Stops the encoder spawned here.
-    caf::replies_to<drop_enc_atom, encoder_kind>::with<std::int32_t>,
+    // Live migration of an encoder: spawns one of the order's kind here
+    // and connects the data plane to the sender (the head) at the order's
+    // engine address, where its embeddings go.
+    caf::replies_to<load_enc_atom, encoder_order>::with<encoder_actor>,
+    // Stops the encoder of that kind spawned here.
+    caf::replies_to<drop_enc_atom, encoder_order>::with<std::int32_t>,
     // Link measurement: receives a tensor the head pushed over the
     // data plane and answers its size in bytes.
     caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>>;
@@ -179,7 +192,7 @@ struct member_view {
   std::string name;
   std::string host;
   std::int32_t port = 0;
-  std::string state;         ///< joining | up | suspect | lost
+  cluster::member_state state = cluster::member_state::joining;
   double last_seen_ms = -1;  ///< since its last heartbeat answer (-1: never)
   std::int64_t joins = 0;    ///< times it (re)joined
   node_report report;        ///< its last heartbeat answer

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <thread>
 
 #include "actors/tensor_registry.hpp"
+#include "transport/fault_engine.hpp"
 #include "transport/inproc_engine.hpp"
 
 namespace troupe::actors {
@@ -114,6 +116,54 @@ TEST_F(two_processes, AShapeMismatchBetweenRefAndTransferIsRefused) {
   ASSERT_FALSE(got);
   EXPECT_NE(got.error().message.find("shape [3,5], expected [5,3]"), std::string::npos)
       << got.error().message;
+}
+
+// The same two processes with faults on a's engine (transport/fault_engine):
+// a push whose transfer fails or is cut short is counted as failed, and
+// the receiver gets a clear error, never a wrong tensor; the next push is
+// not affected.
+TEST(DataPlaneFaults, AFailedOrTruncatedPushFailsCleanlyAndTheNextOneArrives) {
+  using transport::fault_kind;
+  using transport::op_kind;
+  auto pool = kernels::memory_pool::create();
+  data_plane a, b;
+  auto opt = data_plane::activation_chunks();
+  opt.chunk_bytes = 4096;
+  opt.timeout = 300ms;
+  auto faults = std::make_shared<transport::fault_engine>(
+      std::make_shared<transport::inproc_engine>(300ms), 300ms);
+  a.attach(faults, opt);
+  b.attach(std::make_shared<transport::inproc_engine>(300ms), opt);
+  ASSERT_TRUE(a.connect("b", b.address()));
+  ASSERT_TRUE(b.connect("a", a.address()));
+  auto tensor = [&](float first) {
+    auto t = kernels::tensor::empty(*pool, kernels::dtype::f32, {8, 300});
+    EXPECT_TRUE(t);
+    std::iota(t->data_as<float>(), t->data_as<float>() + 2400, first);
+    return *t;
+  };
+  // Push 1: its header send fails, so the push is refused at once. Push 2:
+  // its first data chunk is cut; the receiver refuses what arrives.
+  faults->inject({.kind = op_kind::send, .nth = 1, .what = fault_kind::fail});
+  faults->inject({.kind = op_kind::send, .nth = 3, .what = fault_kind::truncate, .bytes = 10});
+  auto refused = a.push("b", "cpu", tensor(1.f));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("injected fault"), std::string::npos)
+      << refused.error().message;
+  auto cut = a.push("b", "cpu", tensor(1.f));
+  ASSERT_TRUE(cut) << "the push starts; its transfer fails later";
+  auto got_cut = b.take(*cut, *pool);
+  ASSERT_FALSE(got_cut) << "a cut transfer was taken as the tensor";
+  EXPECT_NE(got_cut.error().message.find("has 10 bytes"), std::string::npos)
+      << got_cut.error().message;
+  for (int k = 0; k < 200 && a.pushes_in_flight() > 0; ++k) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(a.pushes_in_flight(), 0u);
+  EXPECT_EQ(faults->injected(), 2u);
+  auto ok = a.push("b", "cpu", tensor(7.f));
+  ASSERT_TRUE(ok);
+  auto got = b.take(*ok, *pool);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(got->data_as<float>()[2399], 7.f + 2399);
 }
 
 }  // namespace

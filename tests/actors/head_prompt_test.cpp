@@ -135,7 +135,7 @@ TEST(HeadPrompt, ABlockedPromptHoldsNeitherHeartbeatsNorOtherJobs) {
   EXPECT_EQ(streamed->load(), 6);
   ASSERT_TRUE(s) << "the head did not answer while a prompt was rendered: " << s.error();
   ASSERT_EQ(s->nodes.size(), 1u);
-  EXPECT_EQ(s->nodes[0].state, "up");
+  EXPECT_EQ(s->nodes[0].state, cluster::member_state::up);
   EXPECT_GE(s->nodes[0].last_seen_ms, 0.0);
   EXPECT_LT(s->nodes[0].last_seen_ms, 1200.0) << "heartbeats were not answered in time";
 

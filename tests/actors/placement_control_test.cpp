@@ -15,6 +15,7 @@
 #include "actors/device_probe.hpp"
 #include "actors/placement_control.hpp"
 #include "actors/prompt.hpp"
+#include "placement/planner.hpp"
 
 namespace {
 
@@ -231,6 +232,47 @@ TEST(DeviceProbe, ForeignLoadSeesAnotherProcessSpinning) {
   // count as foreign work too.
   EXPECT_GT(load, 0.5);
   EXPECT_LE(load, 1.0);
+}
+
+TEST(FixedSlots, EvenStagesHeadFirst) {
+  auto p = fixed_slots(4, 3, {"n1", "n0", "n2"}, "n0");
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(cluster::describe(p), "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
+  // Fewer nodes than stages: one stage per node; auto: one per node.
+  EXPECT_EQ(cluster::describe(fixed_slots(4, 3, {"n0", "n2"}, "n0")), "n0 [0,2) -> n2 [2,4)");
+  EXPECT_EQ(cluster::describe(fixed_slots(22, 0, {"n0", "n1"}, "n0")), "n0 [0,11) -> n1 [11,22)");
+  EXPECT_EQ(cluster::describe(fixed_slots(2, 0, {"n0", "n1", "n2"}, "n0")), "n0 [0,1) -> n1 [1,2)");
+  // Every layer is covered exactly once.
+  auto q = fixed_slots(7, 3, {"a", "b", "c"}, "a");
+  int next = 0;
+  for (const auto& s : q) {
+    EXPECT_EQ(s.first_layer, next);
+    EXPECT_GT(s.last_layer, s.first_layer);
+    next = s.last_layer;
+  }
+  EXPECT_EQ(next, 7);
+  // Without the head nothing is placed.
+  EXPECT_TRUE(fixed_slots(4, 3, {"n1", "n2"}, "n0").empty());
+  EXPECT_TRUE(fixed_slots(0, 3, {"n0"}, "n0").empty());
+}
+
+TEST(FixedSlots, EvenSplitCoversEveryLayerOnce) {
+  for (int layers = 1; layers <= 40; ++layers)
+    for (int parts = 1; parts <= 12; ++parts) {
+      const auto r = placement::even_split(layers, parts);
+      ASSERT_EQ(static_cast<int>(r.size()), std::min(layers, parts));
+      int next = 0, smallest = layers, largest = 0;
+      for (const auto& [first, last] : r) {
+        EXPECT_EQ(first, next);
+        smallest = std::min(smallest, last - first);
+        largest = std::max(largest, last - first);
+        next = last;
+      }
+      EXPECT_EQ(next, layers);
+      EXPECT_LE(largest - smallest, 1) << layers << " layers in " << parts;
+    }
+  EXPECT_TRUE(placement::even_split(0, 3).empty());
+  EXPECT_TRUE(placement::even_split(5, 0).empty());
 }
 
 }  // namespace

@@ -367,7 +367,7 @@ member_view make(tag<member_view>, const actors_for_handles& h) {
   return {.name = "n1",
           .host = "10.78.1.2",
           .port = 4242,
-          .state = "suspect",
+          .state = cluster::member_state::suspect,
           .last_seen_ms = 250.5,
           .joins = 2,
           .report = make(tag<node_report>{}, h)};
@@ -408,6 +408,10 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {
   return handle<frontdoor_actor>(h.b);
+}
+
+encoder_order make(tag<encoder_order>, const actors_for_handles&) {
+  return {.kind = encoder_kind::vision, .head_address = {9, 8, 7}};
 }
 
 migrate_request make(tag<migrate_request>, const actors_for_handles&) {
@@ -467,17 +471,16 @@ struct type_list {
   static std::set<std::type_index> indexes() { return {std::type_index(typeid(Ts))...}; }
 };
 
-using messages =
-    type_list<tensor_ref, image_data, models::sampling_params, generate_request, submit_ack,
-              token_event, finish_event, sample_work, seq_work, step_batch, step_output, shard_info,
-              kv_usage_info, kv_export, encode_request, encode_reply, scheduler_stats,
-              std::vector<std::int64_t>, node_status, client_sink_actor, shard_actor,
-              kv_store_actor, encoder_actor, std::vector<shard_actor>, std::vector<kv_store_actor>,
-              stage_handles, stage_host_actor, std::vector<std::uint8_t>, tp_ring_addresses,
-              gate_hello, gate_pass, gatekeeper_actor, stage_order, device_probe,
-              placement_decision, std::vector<placement_decision>, node_report, node_agent_actor,
-              chat_turn, std::vector<chat_turn>, job_request, member_view, std::vector<member_view>,
-              cluster_status, frontdoor_actor, migrate_request, migrate_report>;
+using messages = type_list<
+    tensor_ref, image_data, models::sampling_params, generate_request, submit_ack, token_event,
+    finish_event, sample_work, seq_work, step_batch, step_output, shard_info, kv_usage_info,
+    kv_export, encode_request, encode_reply, scheduler_stats, std::vector<std::int64_t>,
+    node_status, client_sink_actor, shard_actor, kv_store_actor, encoder_actor,
+    std::vector<shard_actor>, std::vector<kv_store_actor>, stage_handles, stage_host_actor,
+    std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass, gatekeeper_actor,
+    stage_order, device_probe, placement_decision, std::vector<placement_decision>, node_report,
+    encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>, job_request, member_view,
+    std::vector<member_view>, cluster_status, frontdoor_actor, migrate_request, migrate_report>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

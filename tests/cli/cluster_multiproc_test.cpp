@@ -167,7 +167,7 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
   ASSERT_TRUE(before.has_value());
   const auto* v = c.member(*before, victim);
   ASSERT_NE(v, nullptr);
-  ASSERT_EQ(v->state, "up");
+  ASSERT_EQ(v->state, cluster::member_state::up);
   ASSERT_FALSE(v->report.stages.empty()) << "the victim holds no stage: " << before->placement;
   ASSERT_NE(before->placement.find(victim), std::string::npos) << before->placement;
 
@@ -187,7 +187,7 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
   auto detect = c.wait_for(
       [&](const actors::cluster_status& s) {
         const auto* m = c.member(s, victim);
-        return m && m->state == "lost";
+        return m && m->state == cluster::member_state::lost;
       },
       15s);
   ASSERT_TRUE(detect.has_value()) << "the head did not notice the loss of " << victim;
@@ -226,7 +226,7 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
   auto back = c.wait_for(
       [&](const actors::cluster_status& s) {
         const auto* m = c.member(s, victim);
-        return m && m->state == "up" && m->joins >= 2;
+        return m && m->state == cluster::member_state::up && m->joins >= 2;
       },
       20s);
   EXPECT_TRUE(back.has_value()) << victim << " did not rejoin";

@@ -60,26 +60,4 @@ TEST(Membership, AClosedConnectionIsLostAtOnce) {
   EXPECT_FALSE(m.gone("nobody", "x").has_value());
 }
 
-TEST(Placement, EvenStagesHeadFirst) {
-  auto p = place_pipeline(4, 3, {"n1", "n0", "n2"}, "n0");
-  ASSERT_EQ(p.size(), 3u);
-  EXPECT_EQ(describe(p), "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
-  // Fewer nodes than stages: one stage per node; auto: one per node.
-  EXPECT_EQ(describe(place_pipeline(4, 3, {"n0", "n2"}, "n0")), "n0 [0,2) -> n2 [2,4)");
-  EXPECT_EQ(describe(place_pipeline(22, 0, {"n0", "n1"}, "n0")), "n0 [0,11) -> n1 [11,22)");
-  EXPECT_EQ(describe(place_pipeline(2, 0, {"n0", "n1", "n2"}, "n0")), "n0 [0,1) -> n1 [1,2)");
-  // Every layer is covered exactly once.
-  auto q = place_pipeline(7, 3, {"a", "b", "c"}, "a");
-  int next = 0;
-  for (const auto& s : q) {
-    EXPECT_EQ(s.first_layer, next);
-    EXPECT_GT(s.last_layer, s.first_layer);
-    next = s.last_layer;
-  }
-  EXPECT_EQ(next, 7);
-  // Without the head nothing is placed.
-  EXPECT_TRUE(place_pipeline(4, 3, {"n1", "n2"}, "n0").empty());
-  EXPECT_TRUE(place_pipeline(0, 3, {"n0"}, "n0").empty());
-}
-
 }  // namespace
