@@ -14,6 +14,8 @@ TEST(Batching, AFullBucketClosesAtOnce) {
   auto d = decide_batch(o, 9, clk.now(), clk.now());
   EXPECT_EQ(d.close, 4u) << "one full batch at a time";
   EXPECT_FALSE(d.wake_at);
+  EXPECT_EQ(decide_batch(o, 4, clk.now(), clk.now()).close, 4u) << "exactly full";
+  EXPECT_EQ(decide_batch(o, 3, clk.now(), clk.now()).close, 0u) << "not full, not waited";
 }
 
 TEST(Batching, EnoughInputsCloseAfterMaxWait) {

@@ -214,6 +214,49 @@ TEST(SchedulerCore, MicroBatchesSplitTheSequencesEvenly) {
   EXPECT_EQ(c->seqs[0].start, 5);
 }
 
+TEST(SchedulerCore, AFullPipelineTakesNoNewStepUntilOneReturns) {
+  harness h;  // one micro-batch
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  auto a = h.plan();
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(h.submit(2, 4, 3));
+  EXPECT_FALSE(h.plan()) << "request 2 waits: the one micro-batch is in flight";
+  h.answer(*a);
+  auto b = h.plan();
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->seqs.size(), 2u) << "the decode of 1 and the prefill of 2 share the next step";
+  EXPECT_EQ(b->seqs[0].id, 1u);
+  EXPECT_EQ(b->seqs[1].id, 2u);
+}
+
+TEST(SchedulerCore, ASlidingWindowKeepsTheBooksBounded) {
+  auto o = small_options();
+  o.kv.window = 8;
+  o.kv.sinks = 0;
+  o.kv_blocks = 12;
+  harness h(o);
+  ASSERT_TRUE(h.submit(1, 4, 60));  // 64 tokens: 16 blocks without the window
+  std::int64_t most = 0, generated = 0;
+  for (int i = 0; i < 80 && h.done().empty(); ++i) {
+    auto p = h.plan();
+    ASSERT_TRUE(p) << "step " << i;
+    h.answer(*p);
+    ++generated;
+    most = std::max(most, h.core.books().used());
+    if (h.done().empty()) {
+      // What every stage's cache holds now: the prompt and the tokens
+      // generated before the last one (that one enters with the next step).
+      const auto in_cache = 4 + generated - 1;
+      EXPECT_EQ(h.core.books().used(), models::kv_cache::blocks_held(o.kv, in_cache, in_cache))
+          << "after step " << i;
+    }
+  }
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::length);
+  EXPECT_EQ(h.done()[0].tokens.size(), 60u);
+  EXPECT_LE(most, 4) << "the window's blocks are given back after every step";
+}
+
 TEST(SchedulerCore, BalancedMicroBatchesShareAPromptsTokens) {
   auto o = small_options();
   o.micro_batches = 2;
@@ -394,6 +437,13 @@ TEST(SchedulerCore, ALostPeerStallsUntilTheResetThenRequestsRecompute) {
   EXPECT_EQ(again->seqs.at(0).start, 0) << "its KV is gone: it recomputes";
   EXPECT_EQ(again->seqs.at(0).tokens.size(), 7u) << "prompt and the token it already had";
   EXPECT_EQ(again->seqs.at(0).draws, 1u) << "the sampler continues where it was";
+  EXPECT_GT(again->seqs.at(0).seq, p->seqs.at(0).seq) << "a new KV sequence on the new stages";
+  h.answer(*again);
+  auto last = h.plan();
+  ASSERT_TRUE(last);
+  h.answer(*last);
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].preemptions, 1) << "the reset counts as a preemption";
 }
 
 TEST(SchedulerCore, AStallPastTheLimitFailsEveryRequest) {
