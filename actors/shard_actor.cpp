@@ -76,22 +76,20 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
     return {
         [=](step_atom, step_batch& b) -> caf::result<step_output> {
           const auto t0 = std::chrono::steady_clock::now();
-          auto fail = [&](const std::string& why) {
+          // The step ends with an error: its image rows are dropped, and the
+          // message names this stage.
+          auto end_with = [&](error_code code, const std::string& why) {
             for (auto& w : b.seqs) data_plane::local().drop(w.embeddings);
-            return make_error(error_code::stage_failed,
-                              res->device.name + " layers [" +
-                                  std::to_string(res->model->range().first) + ", " +
-                                  std::to_string(res->model->range().last) + "): " + why);
+            return make_error(code, res->device.name + " layers [" +
+                                        std::to_string(res->model->range().first) + ", " +
+                                        std::to_string(res->model->range().last) + "): " + why);
+          };
+          auto fail = [&](const std::string& why) {
+            return end_with(error_code::stage_failed, why);
           };
           // A peer process is gone: the step may run again on a restored
           // pipeline (the scheduler waits for it), unlike a failed step.
-          auto lost = [&](const std::string& why) {
-            for (auto& w : b.seqs) data_plane::local().drop(w.embeddings);
-            return make_error(error_code::peer_lost,
-                              res->device.name + " layers [" +
-                                  std::to_string(res->model->range().first) + ", " +
-                                  std::to_string(res->model->range().last) + "): " + why);
-          };
+          auto lost = [&](const std::string& why) { return end_with(error_code::peer_lost, why); };
           if (auto c = check_multi_step(*res, b); !c) return fail(c.error().message);
           // Rank 0 of a tensor-parallel group: the other ranks run the same
           // step at the same time (their all-reduces meet ours).

@@ -12,21 +12,14 @@
 
 #include "actors/protocol.hpp"
 #include "actors/scheduler.hpp"
+#include "tests/actors/core/test_tokenizer.hpp"
 
 namespace troupe::actors {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<const models::tokenizer> bundled_tokenizer() {
-  static auto tok = [] {
-    auto t = models::tokenizer::load(std::string(TROUPE_FIXTURES_DIR) +
-                                     "/../../assets/tiny-llava-shapes/tokenizer.json");
-    EXPECT_TRUE(t) << (t ? "" : t.error().message);
-    return t ? std::make_shared<const models::tokenizer>(std::move(*t)) : nullptr;
-  }();
-  return tok;
-}
+using test::bundled_tokenizer;
 
 /// What a client sink received.
 struct received {

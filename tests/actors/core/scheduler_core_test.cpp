@@ -6,21 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include "tests/actors/core/test_tokenizer.hpp"
 
 namespace troupe::actors::core {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<const models::tokenizer> bundled_tokenizer() {
-  static auto tok = [] {
-    auto t = models::tokenizer::load(std::string(TROUPE_FIXTURES_DIR) +
-                                     "/../../assets/tiny-llava-shapes/tokenizer.json");
-    EXPECT_TRUE(t) << (t ? "" : t.error().message);
-    return t ? std::make_shared<const models::tokenizer>(std::move(*t)) : nullptr;
-  }();
-  return tok;
-}
+using test::bundled_tokenizer;
 
 scheduler_options small_options() {
   scheduler_options o;
