@@ -5,7 +5,7 @@
 #   pipeline_stages.txt   the decoder split into 2 stages in one process
 #   pp_worker.txt         2 stages across processes (troupe worker --first-layer)
 #   tp_worker.txt         tensor parallelism across processes (troupe worker --tp-rank)
-#   cluster_migrate.txt   a 3-node cluster; stage 1 moved live while 4 jobs decode
+#   cluster_migrate.txt   a 3-node cluster; stage 1 moved live while 4 jobs of 1,800 tokens decode
 #   cluster_failover.txt  a 3-node cluster; node2 killed (SIGKILL) while 4 jobs decode
 #                         (both check that the jobs were still decoding after the action)
 # One line per request: its token ids. Greedy decoding, the bundled tiny LLaVA.
@@ -71,11 +71,11 @@ cluster_run() {  # NAME ACTION...: 4 jobs decode while ACTION runs
   "$troupe" up "$work/cluster.toml" --detach --timeout 120 >"$work/up.log" 2>&1
   local jobs=()
   for i in 0 1 2 3; do
-    "$troupe" submit "$work/cluster.toml" --json --temperature 0 --ignore-eos -n 1200 \
+    "$troupe" submit "$work/cluster.toml" --json --temperature 0 --ignore-eos -n 1800 \
       --image "$img1" -p "${prompts[$i]}" >"$work/$name.$i.json" 2>>"$work/log" &
     jobs+=($!)
   done
-  sleep 1
+  sleep 0.5
   "$@"
   # The action must have come while the jobs decoded, or it proved nothing.
   local running=0
@@ -84,6 +84,7 @@ cluster_run() {  # NAME ACTION...: 4 jobs decode while ACTION runs
     echo "$name: every job had ended before the action finished" >&2
     exit 1
   fi
+  echo "$name: $running of 4 jobs still decoding after the action" >&2
   for j in "${jobs[@]}"; do wait "$j"; done
   for i in 0 1 2 3; do tokens <"$work/$name.$i.json"; done >"$out/$name.txt"
   "$troupe" down "$work/cluster.toml" --timeout 60 >/dev/null 2>&1 || true
