@@ -25,11 +25,30 @@
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
 #include "cluster/manifest.hpp"
+#include "transport/fault_engine.hpp"
 #include "transport/ucx_engine.hpp"
 
 namespace troupe::cli {
 
 namespace {
+
+/// The fault rules TROUPE_DATA_PLANE_FAULTS gives node `name` ("NODE=RULES"
+/// entries separated by ';'); none when it names other nodes only.
+transport::result<std::vector<transport::fault_rule>> faults_for(std::string_view env,
+                                                                 const std::string& name) {
+  while (!env.empty()) {
+    const auto end = env.find(';');
+    const auto entry = env.substr(0, end);
+    const auto eq = entry.find('=');
+    if (eq == std::string_view::npos)
+      return kernels::make_error(kernels::errc::invalid_argument,
+                                 "expected NODE=RULES entries separated by ';'");
+    if (entry.substr(0, eq) == name) return transport::parse_fault_rules(entry.substr(eq + 1));
+    if (end == std::string_view::npos) break;
+    env.remove_prefix(end + 1);
+  }
+  return std::vector<transport::fault_rule>{};
+}
 
 struct node_args {
   std::string manifest, name, ping;
@@ -79,8 +98,25 @@ int run_node(const node_args& a) {
     spdlog::error("node {}: {}", a.name, engine.error().message);
     return 1;
   }
-  actors::data_plane::local().attach(
-      std::shared_ptr<transport::transfer_engine>(std::move(*engine)));
+  std::shared_ptr<transport::transfer_engine> plane(std::move(*engine));
+  // A testing aid: TROUPE_DATA_PLANE_FAULTS="NODE=RULES;NODE=RULES" wraps
+  // this node's engine in transport::fault_engine with its RULES
+  // (transport/fault_engine.hpp), for tests of migration and failover.
+  if (const char* env = std::getenv("TROUPE_DATA_PLANE_FAULTS")) {
+    auto rules = faults_for(env, a.name);
+    if (!rules) {
+      spdlog::error("node {}: TROUPE_DATA_PLANE_FAULTS: {}", a.name, rules.error().message);
+      return 2;
+    }
+    if (!rules->empty()) {
+      auto faulty = std::make_shared<transport::fault_engine>(plane);
+      for (const auto& r : *rules) faulty->inject(r);
+      plane = std::move(faulty);
+      spdlog::warn("node {}: {} data-plane fault rule(s) injected (a testing aid)", a.name,
+                   rules->size());
+    }
+  }
+  actors::data_plane::local().attach(std::move(plane));
 
   caf::actor_system sys{cfg};
   auto agent = actors::spawn_node_agent(sys, *nc);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "transport/engine.hpp"
@@ -30,11 +31,19 @@ enum class fault_kind : std::uint8_t { fail, drop, delay, truncate };
 
 struct fault_rule {
   op_kind kind = op_kind::send;  ///< which operations
+  std::size_t min_bytes = 0;     ///< ... of at least this size (smaller ones are not counted)
   std::uint64_t nth = 0;         ///< the n-th of them from 1 (0: every one)
   fault_kind what = fault_kind::fail;
   std::chrono::milliseconds delay{0};  ///< delay
   std::size_t bytes = 0;               ///< truncate: bytes left
 };
+
+/// Rules from text, for a process started by a test (`troupe node` reads
+/// TROUPE_DATA_PLANE_FAULTS): comma-separated `KIND:NTH:WHAT[:ARG][:min=BYTES]`
+/// with KIND send|recv|put|get, NTH a count from 1 or 0 for every one,
+/// WHAT fail|drop|delay|truncate, ARG the delay in ms or the bytes kept.
+/// Example: "send:1:fail:min=65536" fails the first send of 64 KiB or more.
+result<std::vector<fault_rule>> parse_fault_rules(std::string_view text);
 
 class fault_engine final : public transfer_engine {
  public:
@@ -82,7 +91,7 @@ class fault_engine final : public transfer_engine {
   std::chrono::milliseconds default_timeout_;
   mutable std::mutex mtx_;
   std::vector<fault_rule> rules_;
-  std::map<op_kind, std::uint64_t> seen_;
+  std::map<std::ptrdiff_t, std::uint64_t> seen_;  ///< per rule: operations it could pick
   std::map<op_handle, op> ops_;
   op_handle next_ = 1;
   std::size_t injected_ = 0;

@@ -107,5 +107,38 @@ TEST(FaultEngine, ATruncatedChunkIsRefusedByTheTensorReceiver) {
   EXPECT_EQ(p.a->live_ops(), 0u);
 }
 
+TEST(FaultEngine, RulesFromTextAndTheirRefusals) {
+  auto r = parse_fault_rules("send:1:fail:min=65536,put:0:delay:25,send:3:truncate:100");
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, op_kind::send);
+  EXPECT_EQ((*r)[0].min_bytes, 65536u);
+  EXPECT_EQ((*r)[0].what, fault_kind::fail);
+  EXPECT_EQ((*r)[1].kind, op_kind::put);
+  EXPECT_EQ((*r)[1].nth, 0u);
+  EXPECT_EQ((*r)[1].delay, 25ms);
+  EXPECT_EQ((*r)[2].bytes, 100u);
+  EXPECT_TRUE(parse_fault_rules("")->empty());
+  for (const char* bad :
+       {"send", "send:1", "poke:1:fail", "send:x:fail", "send:1:melt", "send:1:delay",
+        "send:1:fail:5", "send:1:fail:min=x", "send:1:truncate:9:min=1:7", "send:-1:fail"}) {
+    auto e = parse_fault_rules(bad);
+    ASSERT_FALSE(e) << bad;
+    EXPECT_NE(e.error().message.find("fault rule"), std::string::npos) << e.error().message;
+  }
+}
+
+TEST(FaultEngine, AMinimumSizePicksOnlyLargeOperations) {
+  faulty_pair p;
+  p.a->inject({.kind = op_kind::send, .min_bytes = 1024, .nth = 1, .what = fault_kind::fail});
+  auto [s1, r1] = p.exchange(1, 64);
+  EXPECT_TRUE(s1 && r1) << "small: not picked, not counted";
+  auto [s2, r2] = p.exchange(2, 4096, 200ms);
+  EXPECT_FALSE(s2) << "the first large one fails";
+  auto [s3, r3] = p.exchange(3, 4096);
+  EXPECT_TRUE(s3 && r3);
+  EXPECT_EQ(p.a->injected(), 1u);
+}
+
 }  // namespace
 }  // namespace troupe::transport

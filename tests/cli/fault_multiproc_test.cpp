@@ -1,0 +1,81 @@
+// Live migration with a fault on the data plane (transport::fault_engine
+// under the head's node, through TROUPE_DATA_PLANE_FAULTS): stage 1 moves
+// from n1 to n0 while 4 jobs decode, and the head's first data-plane
+// receive, the first KV copy, fails. The migration must fail cleanly (the
+// stage stays on n1 and keeps serving, nothing is recomputed), every job
+// must end with the tokens of a run without the attempt, and a second
+// attempt, without the fault, must move the stage.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "tests/cli/cluster_harness.hpp"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::test::cluster_harness;
+
+/// The fixture's cluster with fault rules in its nodes' environment.
+class ClusterWithFaults : public ClusterLoopback {
+ protected:
+  void up_with_faults(const std::string& name, const std::string& faults) {
+    ::setenv("TROUPE_DATA_PLANE_FAULTS", faults.c_str(), 1);
+    up(name);
+    ::unsetenv("TROUPE_DATA_PLANE_FAULTS");
+  }
+};
+
+TEST_F(ClusterWithFaults, AMigrationWhoseKvCopyFailsLeavesTheStageServing) {
+  // n0 receives nothing over the data plane until a stage moves there.
+  up_with_faults("kvfault", "n0=recv:1:fail");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 4;
+  constexpr std::int64_t tokens = 500;
+  auto ref = start_jobs(c, jobs, tokens, true);
+  join(*ref);
+  for (int i = 0; i < jobs; ++i)
+    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
+        << ref->errors[static_cast<std::size_t>(i)];
+  auto before = c.status();
+  ASSERT_TRUE(before.has_value());
+  ASSERT_EQ(before->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
+
+  auto run = start_jobs(c, jobs, tokens, true);
+  const auto t0 = steady::now();
+  auto decoding = [&] {
+    for (auto& s : run->streamed)
+      if (s < 20 || s > tokens / 3) return false;
+    return true;
+  };
+  while (ms_since(t0) < 60000 && !decoding()) std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(decoding()) << "the jobs are not all mid-decode";
+  auto failed = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"1", "n0"}, 60s);
+  ASSERT_FALSE(failed.has_value()) << "the migration went through a failed KV copy";
+  std::printf("[ fault ] the migration failed: %s\n", failed.error().c_str());
+  auto mid = c.status();
+  ASSERT_TRUE(mid.has_value());
+  EXPECT_EQ(mid->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)") << "the stage moved anyway";
+  EXPECT_EQ(mid->migrations, 0);
+
+  // The fault was the first receive only: the same move now goes through.
+  auto moved = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"1", "n0"}, 60s);
+  ASSERT_TRUE(moved.has_value()) << moved.error();
+  EXPECT_EQ(moved->to, "n0");
+  join(*run);
+  for (int i = 0; i < jobs; ++i) {
+    const auto& d = run->done[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+    EXPECT_EQ(d->reason, actors::finish_reason::length) << to_string(d->reason) << ": " << d->error;
+    EXPECT_EQ(d->preemptions, 0) << "job " << i << " was recomputed";
+    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+        << "job " << i << " answered differently";
+  }
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->placement, "n0 [0,1) -> n0 [1,2) -> n2 [2,4)");
+  EXPECT_EQ(after->migrations, 1);
+}
+
+}  // namespace
