@@ -74,9 +74,10 @@ std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv
                    "moving the KV of a tensor-parallel stage is not supported yet"));
   }
   auto data = data_plane::local().take(x.data, migration_pool());
-  if (!data)
+  if (!data)  // a transfer that failed on the way is the link's fault, a bad ref the sender's
     return std::unexpected(
-        make_error(error_code::invalid_request,
+        make_error(data.error().code == kernels::errc::io_error ? error_code::peer_lost
+                                                                : error_code::invalid_request,
                    "KV of sequence " + std::to_string(x.seq) + ": " + data.error().message));
   std::lock_guard lock(res.kv->mtx);
   auto& kv = *res.kv;

@@ -54,6 +54,8 @@ TEST_F(ClusterWithFaults, AMigrationWhoseKvCopyFailsLeavesTheStageServing) {
   auto failed = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"1", "n0"}, 60s);
   ASSERT_FALSE(failed.has_value()) << "the migration went through a failed KV copy";
   std::printf("[ fault ] the migration failed: %s\n", failed.error().c_str());
+  EXPECT_NE(failed.error().find("peer lost"), std::string::npos)
+      << "a failed transfer is the link's fault, not the request's";
   auto mid = c.status();
   ASSERT_TRUE(mid.has_value());
   EXPECT_EQ(mid->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)") << "the stage moved anyway";
