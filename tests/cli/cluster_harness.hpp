@@ -128,6 +128,29 @@ inline void join(job_run& r) {
   for (auto& t : r.threads) t.join();
 }
 
+/// Runs jobs 1..n to their end: the answers of a run without failures or
+/// moves (a job that did not end fails the test).
+inline std::unique_ptr<job_run> reference_run(client& c, int n, std::int64_t max_tokens) {
+  auto ref = start_jobs(c, n, max_tokens, true);
+  join(*ref);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i)
+    EXPECT_TRUE(ref->done[i].has_value()) << ref->errors[i];
+  return ref;
+}
+
+/// Waits until every job of `run` has streamed between `lo` and `hi`
+/// tokens; whether they all had within a minute.
+inline bool wait_mid_decode(job_run& run, int lo, int hi) {
+  auto within = [&] {
+    for (auto& s : run.streamed)
+      if (s < lo || s > hi) return false;
+    return true;
+  };
+  const auto t0 = steady::now();
+  while (ms_since(t0) < 60000 && !within()) std::this_thread::sleep_for(2ms);
+  return within();
+}
+
 class ClusterLoopback : public ::testing::Test {
  protected:
   void up(const std::string& name) {

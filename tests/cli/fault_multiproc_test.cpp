@@ -33,24 +33,14 @@ TEST_F(ClusterWithFaults, AMigrationWhoseKvCopyFailsLeavesTheStageServing) {
   ASSERT_TRUE(c.ok());
   constexpr int jobs = 4;
   constexpr std::int64_t tokens = 500;
-  auto ref = start_jobs(c, jobs, tokens, true);
-  join(*ref);
-  for (int i = 0; i < jobs; ++i)
-    ASSERT_TRUE(ref->done[static_cast<std::size_t>(i)].has_value())
-        << ref->errors[static_cast<std::size_t>(i)];
+  auto ref = reference_run(c, jobs, tokens);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   auto before = c.status();
   ASSERT_TRUE(before.has_value());
   ASSERT_EQ(before->placement, "n0 [0,1) -> n1 [1,2) -> n2 [2,4)");
 
   auto run = start_jobs(c, jobs, tokens, true);
-  const auto t0 = steady::now();
-  auto decoding = [&] {
-    for (auto& s : run->streamed)
-      if (s < 20 || s > tokens / 3) return false;
-    return true;
-  };
-  while (ms_since(t0) < 60000 && !decoding()) std::this_thread::sleep_for(2ms);
-  ASSERT_TRUE(decoding()) << "the jobs are not all mid-decode";
+  ASSERT_TRUE(wait_mid_decode(*run, 20, tokens / 3)) << "the jobs are not all mid-decode";
   auto failed = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"1", "n0"}, 60s);
   ASSERT_FALSE(failed.has_value()) << "the migration went through a failed KV copy";
   std::printf("[ fault ] the migration failed: %s\n", failed.error().c_str());
