@@ -4,7 +4,8 @@
 // time from a `clock` they are given and never sleep or set timers; they
 // say when they next need to run (`next_wakeup`) and their actor shells
 // arrange it (CAF's delayed_send, or a test coordinator's virtual time).
-// Tests drive a `manual_clock` and step it forward by hand.
+// The runtime hands its cores the actor system's clock (actors/clock.hpp);
+// tests drive a `manual_clock` and step it forward by hand.
 
 #include <chrono>
 
@@ -25,9 +26,6 @@ class clock {
   virtual ~clock() = default;
   virtual time_point now() const = 0;
 };
-
-/// std::chrono::steady_clock: what the runtime uses.
-const clock& system_clock();
 
 /// A clock that moves only when told to: for tests.
 class manual_clock final : public clock {

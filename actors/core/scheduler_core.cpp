@@ -293,7 +293,9 @@ bool scheduler_core::add_to_step(request& r, std::int64_t& budget, step_plan& pl
   w.seq = r.seq;
   w.start = r.computed;
   w.tokens.assign(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + chunk);
-  if (model_.image_token >= 0)
+  // Image rows before the chunk: counted only for a chunk that holds image
+  // tokens (decode steps of long sequences would count them every step).
+  if (model_.image_token >= 0 && count_of(model_.image_token, w.tokens) > 0)
     w.image_rows_before = count_of(model_.image_token, std::span(r.tokens).first(r.computed));
   budget -= chunk;
   w.sample = r.computed + chunk == static_cast<std::int64_t>(r.tokens.size());

@@ -88,7 +88,8 @@ struct planned_seq {
   std::int64_t seq = 0;              ///< its KV sequence (the same on every stage)
   std::int64_t start = 0;            ///< tokens already in its KV cache
   std::vector<std::int32_t> tokens;  ///< the tokens this step puts through
-  /// Image tokens before `start` (the image rows this chunk starts after).
+  /// Image tokens before `start` (the image rows this chunk starts after);
+  /// set only when `tokens` holds image tokens.
   std::int64_t image_rows_before = 0;
   bool sample = false;  ///< the last stage samples (the chunk ends the known tokens)
   models::sampling_params params;
