@@ -7,12 +7,12 @@ joined_registry& joined_nodes() {
   return r;
 }
 
-std::shared_ptr<device_context> context_for(const device_spec& d) {
+std::shared_ptr<kernels::device> device_for(const device_spec& d) {
   static std::mutex mtx;
-  static std::map<std::string, std::shared_ptr<device_context>> contexts;
+  static std::map<std::string, std::shared_ptr<kernels::device>> devices;
   std::lock_guard lock(mtx);
-  auto& c = contexts[d.name];
-  if (!c) c = device_context::create(d);
+  auto& c = devices[d.name];
+  if (!c) c = open_device(d);
   return c;
 }
 

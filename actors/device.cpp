@@ -1,17 +1,16 @@
 #include "actors/device.hpp"
 
-#include <thread>
+#include "kernels/cpu/cpu_device.hpp"
 
 namespace troupe::actors {
 
-std::shared_ptr<device_context> device_context::create(const device_spec& spec) {
-  auto d = std::make_shared<device_context>();
-  d->spec = spec;
-  const int threads = spec.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
-                                         : static_cast<int>(spec.cores.size());
-  d->ctx =
-      std::shared_ptr<kernels::cpu::context>(kernels::cpu::context::create(threads, spec.cores));
-  return d;
+std::shared_ptr<kernels::device> open_device(const device_spec& spec) {
+  kernels::cpu::cpu_device_options o;
+  o.name = spec.name;
+  o.cores = spec.cores;
+  o.check_cores = false;  // parse_devices checked them against the affinity mask
+  auto d = kernels::cpu::cpu_device::create(o);
+  return std::shared_ptr<kernels::device>(std::move(*d));  // cannot fail without the check
 }
 
 }  // namespace troupe::actors

@@ -1,27 +1,22 @@
 #pragma once
 
-// One device's compute, shared by every actor placed on it: the worker team
-// pinned to its cores (and its memory pool), and the lock that hands the
-// team to one actor at a time, for a shard's step or an encoder's batch.
-// Two teams on the same cores would oversubscribe them, each spinning while
+// The device an actor computes on, opened from its manifest name. Every
+// actor placed on a device shares one kernels::device (its worker team
+// pinned to its cores, its memory pool, and the run lock that hands the
+// team to one actor at a time, for a shard's step or an encoder's batch):
+// two teams on the same cores would oversubscribe them, each spinning while
 // the other needs the core.
 
 #include <memory>
-#include <mutex>
 
 #include "actors/device_spec.hpp"
-#include "kernels/cpu/context.hpp"
+#include "kernels/device.hpp"
 
 namespace troupe::actors {
 
-struct device_context {
-  device_spec spec;
-  std::shared_ptr<kernels::cpu::context> ctx;
-  std::mutex run;  ///< held while an actor computes on the device
-
-  /// A team of one worker per core of `spec` (every hardware thread for
-  /// plain "cpu"), pinned when the device names its cores.
-  static std::shared_ptr<device_context> create(const device_spec& spec);
-};
+/// A device for `spec`: one worker per core of the spec, pinned (every
+/// hardware thread, unpinned, for plain "cpu"). The spec was checked by
+/// parse_devices; only CPU devices are opened until a GPU backend exists.
+std::shared_ptr<kernels::device> open_device(const device_spec& spec);
 
 }  // namespace troupe::actors

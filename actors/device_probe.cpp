@@ -60,45 +60,45 @@ std::int64_t available_memory() {
 // Weight bytes per second of y = x w^T for one token, rotating through
 // copies of the matrix so that the total exceeds the caches; the best of a
 // few passes (the others met other work on the cores).
-double gemv_rate(kernels::cpu::context& ctx, kernels::weight_format f, const kernels::tensor& wf,
+double gemv_rate(kernels::device& dev, kernels::weight_format f, const kernels::tensor& wf,
                  const kernels::tensor& x, kernels::tensor& y, std::size_t rotate_bytes) {
-  auto wq = kernels::quantize(ctx.memory(), wf, f, 32);
+  auto wq = kernels::quantize(dev.memory(), wf, f, 32);
   if (!wq) return 0;
-  auto first = kernels::packed_matrix::pack(ctx, *wq);
+  auto first = dev.prepare(*wq);
   if (!first) return 0;
-  std::vector<kernels::packed_matrix> mats{*first};
+  std::vector<kernels::matrix> mats{*first};
   std::size_t total = first->bytes();
   while (total < rotate_bytes) {
-    auto c = first->clone(ctx);
+    auto c = dev.prepare(*wq);  // a copy in new memory
     if (!c) break;
     total += c->bytes();
     mats.push_back(std::move(*c));
   }
-  for (const auto& m : mats) (void)kernels::matmul(ctx, x, m, y);  // warm-up
+  for (const auto& m : mats) (void)dev.matmul(x, m, y);  // warm-up
   return best_rate(
       [&] {
         const auto t0 = clock_type::now();
         for (const auto& m : mats)
-          if (!kernels::matmul(ctx, x, m, y)) return 0.0;
+          if (!dev.matmul(x, m, y)) return 0.0;
         return static_cast<double>(total) / std::max(1e-9, seconds_since(t0));
       },
       4, 0.03);
 }
 
-double gemm_rate(kernels::cpu::context& ctx, kernels::weight_format f, const kernels::tensor& wf) {
-  auto w = kernels::quantize(ctx.memory(), wf, f, 32);
+double gemm_rate(kernels::device& dev, kernels::weight_format f, const kernels::tensor& wf) {
+  auto w = kernels::quantize(dev.memory(), wf, f, 32);
   if (!w) return 0;
-  auto p = kernels::packed_matrix::pack(ctx, *w);
+  auto p = dev.prepare(*w);
   if (!p) return 0;
   const std::int64_t m = 16, n = wf.dim(0), k = wf.dim(1);
-  auto x = kernels::tensor::zeros(ctx.memory(), kernels::dtype::f32, {m, k});
-  auto y = kernels::tensor::empty(ctx.memory(), kernels::dtype::f32, {m, n});
+  auto x = kernels::tensor::zeros(dev.memory(), kernels::dtype::f32, {m, k});
+  auto y = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {m, n});
   if (!x || !y) return 0;
-  (void)kernels::matmul(ctx, *x, *p, *y);
+  (void)dev.matmul(*x, *p, *y);
   return best_rate(
       [&] {
         const auto t0 = clock_type::now();
-        if (!kernels::matmul(ctx, *x, *p, *y)) return 0.0;
+        if (!dev.matmul(*x, *p, *y)) return 0.0;
         return 2.0 * static_cast<double>(m * n * k) / std::max(1e-9, seconds_since(t0));
       },
       3, 0.02);
@@ -106,21 +106,21 @@ double gemm_rate(kernels::cpu::context& ctx, kernels::weight_format f, const ker
 
 }  // namespace
 
-device_probe measure_device(device_context& d, std::int64_t memory_limit) {
+device_probe measure_device(kernels::device& d, std::int64_t memory_limit) {
   device_probe p;
-  p.device = d.spec.name;
+  p.device = d.info().name;
   const auto t0 = clock_type::now();
   const std::int64_t own = resident_now();
   const std::int64_t cap = memory_limit > 0 ? memory_limit : available_memory() + own;
   p.memory_bytes = std::max<std::int64_t>(0, cap - own);
   {
-    std::lock_guard lock(d.run);
-    auto& ctx = *d.ctx;
-    p.cores = ctx.threads();
+    std::lock_guard lock(d.run_lock());
+    auto& dev = d;
+    p.cores = d.info().cores;
     const std::int64_t n = 1024, k = 1024;
-    auto wf = kernels::tensor::empty(ctx.memory(), kernels::dtype::f32, {n, k});
-    auto x = kernels::tensor::empty(ctx.memory(), kernels::dtype::f32, {1, k});
-    auto y = kernels::tensor::empty(ctx.memory(), kernels::dtype::f32, {1, n});
+    auto wf = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {n, k});
+    auto x = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {1, k});
+    auto y = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {1, n});
     if (wf && x && y) {
       std::mt19937 gen(7);
       std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -130,19 +130,19 @@ device_probe measure_device(device_context& d, std::int64_t memory_limit) {
       // pass stays a few ms at tens of GB/s. A big shared L3 may still
       // hold it; the stages' weights of a small model sit there too.
       const std::size_t rotate = std::size_t{32} << 20;
-      p.gemv_f32 = gemv_rate(ctx, kernels::weight_format::f32, *wf, *x, *y, rotate);
-      p.gemv_f16 = gemv_rate(ctx, kernels::weight_format::f16, *wf, *x, *y, rotate / 2);
-      p.gemv_q8_0 = gemv_rate(ctx, kernels::weight_format::q8_0, *wf, *x, *y, rotate / 4);
-      p.gemv_q4_0 = gemv_rate(ctx, kernels::weight_format::q4_0, *wf, *x, *y, rotate / 8);
-      p.gemm_f32 = gemm_rate(ctx, kernels::weight_format::f32, *wf);
-      p.gemm_f16 = gemm_rate(ctx, kernels::weight_format::f16, *wf);
-      p.gemm_q8_0 = gemm_rate(ctx, kernels::weight_format::q8_0, *wf);
-      p.gemm_q4_0 = gemm_rate(ctx, kernels::weight_format::q4_0, *wf);
+      p.gemv_f32 = gemv_rate(dev, kernels::weight_format::f32, *wf, *x, *y, rotate);
+      p.gemv_f16 = gemv_rate(dev, kernels::weight_format::f16, *wf, *x, *y, rotate / 2);
+      p.gemv_q8_0 = gemv_rate(dev, kernels::weight_format::q8_0, *wf, *x, *y, rotate / 4);
+      p.gemv_q4_0 = gemv_rate(dev, kernels::weight_format::q4_0, *wf, *x, *y, rotate / 8);
+      p.gemm_f32 = gemm_rate(dev, kernels::weight_format::f32, *wf);
+      p.gemm_f16 = gemm_rate(dev, kernels::weight_format::f16, *wf);
+      p.gemm_q8_0 = gemm_rate(dev, kernels::weight_format::q8_0, *wf);
+      p.gemm_q4_0 = gemm_rate(dev, kernels::weight_format::q4_0, *wf);
     }
     wf = {};
     x = {};
     y = {};
-    ctx.memory().trim();  // the copies were the probe's, not the stages'
+    dev.memory().trim();  // the copies were the probe's, not the stages'
   }
   p.probe_ms = seconds_since(t0) * 1e3;
   return p;

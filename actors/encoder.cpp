@@ -45,15 +45,15 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   const std::int64_t side = res.model->image_size(), C = res.model->channels();
   const auto t0 = clock::now();
   std::unique_lock device_lock(
-      res.dev->run);  // the device's team is ours until the batch is encoded
-  auto pix = tensor::empty(res.ctx->memory(), kernels::dtype::f32,
+      res.dev->run_lock());  // the device's team is ours until the batch is encoded
+  auto pix = tensor::empty(res.dev->memory(), kernels::dtype::f32,
                            {static_cast<std::int64_t>(n), C, side, side});
   kernels::result<tensor> out = pix ? kernels::result<tensor>{} : std::unexpected(pix.error());
   if (pix) {
     for (std::size_t i = 0; i < n; ++i)
       std::copy(batch[i].pixels.begin(), batch[i].pixels.end(),
                 pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
-    out = res.model->encode_images(*res.ctx, *pix);
+    out = res.model->encode_images(*res.dev, *pix);
   }
   device_lock.unlock();
   const double encode_ms = ms_between(t0, clock::now());
@@ -115,15 +115,14 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
 }  // namespace
 
 kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
-    std::shared_ptr<device_context> device, const std::string& path,
+    const device_spec& spec, std::shared_ptr<kernels::device> device, const std::string& path,
     const models::quant_plan& plan) {
   auto res = std::make_shared<encoder_resources>();
-  res->device = device->spec;
-  res->ctx = device->ctx;
+  res->device = spec;
   res->dev = std::move(device);
   auto m = [&] {  // loading packs on the device's team: hold it, as make_stage does
-    std::lock_guard device_lock(res->dev->run);
-    return models::llava_model::load(path, *res->ctx, plan);
+    std::lock_guard device_lock(res->dev->run_lock());
+    return models::llava_model::load(path, *res->dev, plan);
   }();
   if (!m) return std::unexpected(m.error());
   res->model = std::move(*m);

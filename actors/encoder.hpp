@@ -6,7 +6,6 @@
 #include "actors/device.hpp"
 #include "actors/device_spec.hpp"
 #include "actors/protocol.hpp"
-#include "kernels/cpu/context.hpp"
 #include "models/image_processor.hpp"
 #include "models/llava.hpp"
 
@@ -17,10 +16,8 @@ using encoder_options = core::batching_options;
 
 /// What a vision encoder runs on.
 struct encoder_resources {
-  device_spec device;
-  std::shared_ptr<device_context>
-      dev;  ///< the device's team and lock (shared with its other actors)
-  std::shared_ptr<kernels::cpu::context> ctx;  ///< dev->ctx
+  device_spec device;                    ///< as the manifest names it
+  std::shared_ptr<kernels::device> dev;  ///< its compute (shared with its other actors)
   std::shared_ptr<const models::llava_model> model;
   models::image_processor_config preprocessor;
   models::image_limits limits;
@@ -28,7 +25,7 @@ struct encoder_resources {
 
 /// Loads the vision tower and projector of the LLaVA folder `path` on `device`.
 kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
-    std::shared_ptr<device_context> device, const std::string& path,
+    const device_spec& spec, std::shared_ptr<kernels::device> device, const std::string& path,
     const models::quant_plan& plan);
 
 /// Spawns the encoder (detached, pinned): decodes and preprocesses each

@@ -92,7 +92,7 @@ void link_round(head_ptr self, std::shared_ptr<link_run> run) {
             run->rtt_s =
                 std::min(run->rtt_s, std::chrono::duration<double>(steady::now() - t0).count());
             auto& st = self->state;
-            auto t = kernels::tensor::zeros(context_for(st.cfg.node.device)->ctx->memory(),
+            auto t = kernels::tensor::zeros(device_for(st.cfg.node.device)->memory(),
                                             kernels::dtype::f32, {std::int64_t{2} << 20});
             if (!t) return finish(t.error().message);
             const auto t1 = steady::now();

@@ -21,7 +21,7 @@
 
 namespace troupe::actors::head_detail {
 
-using cluster_detail::context_for;
+using cluster_detail::device_for;
 using cluster_detail::joined_nodes;
 using cluster_detail::ms_since;
 

@@ -22,7 +22,7 @@ namespace troupe::actors {
 
 namespace {
 
-using cluster_detail::context_for;
+using cluster_detail::device_for;
 using cluster_detail::joined_nodes;
 using cluster_detail::ms_since;
 
@@ -129,7 +129,7 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   range.embed = o.embed;
   range.head = o.head;
   const auto t0 = steady::now();
-  auto res = make_stage(context_for(c.device), c.model, range, c.plan, c.kv);
+  auto res = make_stage(c.device, device_for(c.device), c.model, range, c.plan, c.kv);
   if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
   if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
     return make_error(error_code::stage_failed,
@@ -187,7 +187,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
     self->state.cfg = std::move(cfg);
     {
       auto& st = self->state;
-      st.probe = measure_device(*context_for(st.cfg.device), st.cfg.memory_limit);
+      st.probe = measure_device(*device_for(st.cfg.device), st.cfg.memory_limit);
       st.load = std::make_unique<foreign_load>(st.cfg.device.cores);
       logging::of("agent").info(
           "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 "
@@ -258,7 +258,8 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           }
           if (st.encoder) return st.encoder;
           const auto t0 = steady::now();
-          auto enc = make_vision_encoder(context_for(st.cfg.device), st.cfg.model, st.cfg.plan);
+          auto enc = make_vision_encoder(st.cfg.device, device_for(st.cfg.device), st.cfg.model,
+                                         st.cfg.plan);
           if (!enc)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
@@ -295,7 +296,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         },
         [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
           auto& st = self->state;
-          auto t = data_plane::local().take(ref, context_for(st.cfg.device)->ctx->memory());
+          auto t = data_plane::local().take(ref, device_for(st.cfg.device)->memory());
           if (!t)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", link probe: " + t.error().message);

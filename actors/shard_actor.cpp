@@ -100,7 +100,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             join = std::move(*j);
           }
           std::unique_lock device_lock(
-              res->dev->run);  // the device's team is ours until the step is done
+              res->dev->run_lock());  // the device's team is ours until the step is done
           if (res->tp) {
             res->tp->step = b.step;
             res->tp->calls = 0;

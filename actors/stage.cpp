@@ -38,19 +38,16 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& 
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv) {
-  return make_stage(device_context::create(device), path, range, plan, kv);
+  return make_stage(device, open_device(device), path, range, plan, kv);
 }
 
-kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<device_context> device,
-                                                             const std::string& path,
-                                                             const models::layer_range& range,
-                                                             const models::quant_plan& plan,
-                                                             const models::kv_options& kv,
-                                                             std::shared_ptr<tp_group> tp) {
+kernels::result<std::shared_ptr<stage_resources>> make_stage(
+    const device_spec& spec, std::shared_ptr<kernels::device> device, const std::string& path,
+    const models::layer_range& range, const models::quant_plan& plan, const models::kv_options& kv,
+    std::shared_ptr<tp_group> tp) {
   auto res = std::make_shared<stage_resources>();
   res->tp = tp;
-  res->device = device->spec;
-  res->ctx = device->ctx;
+  res->device = spec;
   res->dev = std::move(device);
   auto src = models::weight_source::open(path);
   if (!src) return std::unexpected(src.error());
@@ -63,12 +60,12 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(std::shared_ptr<dev
   // team (one loop at a time) would mix the two loops' ranges: wrong
   // activations or packed weights, or a crash.
   auto model = [&] {
-    std::lock_guard device_lock(res->dev->run);
-    return models::llama_model::build(**src, *cfg, *res->ctx, plan, range,
+    std::lock_guard device_lock(res->dev->run_lock());
+    return models::llama_model::build(**src, *cfg, *res->dev, plan, range,
                                       tp ? tp_group::split_of(tp) : models::tensor_split{});
   }();
   if (!model) return std::unexpected(model.error());
-  auto cache = (*model)->make_cache(res->ctx->memory(), kv);
+  auto cache = (*model)->make_cache(res->dev->memory(), kv);
   if (!cache) return std::unexpected(cache.error());
   res->model = std::move(*model);
   res->kv = std::make_shared<stage_kv>(std::move(*cache));

@@ -20,7 +20,6 @@
 #include "actors/protocol.hpp"
 #include "actors/shard_actor.hpp"
 #include "actors/tp_group.hpp"
-#include "kernels/cpu/context.hpp"
 #include "models/kv_cache.hpp"
 #include "models/llama.hpp"
 
@@ -39,10 +38,8 @@ struct stage_kv {
 
 /// What a stage's actors run on.
 struct stage_resources {
-  device_spec device;
-  std::shared_ptr<device_context>
-      dev;  ///< the device's team and lock (shared with its other actors)
-  std::shared_ptr<kernels::cpu::context> ctx;        ///< dev->ctx
+  device_spec device;                                ///< as the manifest names it
+  std::shared_ptr<kernels::device> dev;              ///< its compute (shared with its other actors)
   std::shared_ptr<const models::llama_model> model;  ///< this stage's layers
   std::shared_ptr<stage_kv> kv;
   kernels::attention_options attention;
@@ -58,7 +55,7 @@ kernels::result<models::llama_config> model_text_config(const std::string& path)
 /// rank tp->rank of a tensor-parallel group: it holds that slice of each
 /// layer (and a KV cache of its KV heads only).
 kernels::result<std::shared_ptr<stage_resources>> make_stage(
-    std::shared_ptr<device_context> device, const std::string& path,
+    const device_spec& spec, std::shared_ptr<kernels::device> device, const std::string& path,
     const models::layer_range& range, const models::quant_plan& plan, const models::kv_options& kv,
     std::shared_ptr<tp_group> tp = nullptr);
 /// The same on a device of its own.

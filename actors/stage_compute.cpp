@@ -27,7 +27,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   if (!range.embed) {
     if (b.hidden.empty())
       return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
-    auto h = data_plane::local().take(b.hidden, res.ctx->memory());
+    auto h = data_plane::local().take(b.hidden, res.dev->memory());
     if (!h)
       return kernels::make_error(errc::io_error,
                                  "activations from the previous stage: " + h.error().message);
@@ -74,7 +74,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
     inputs[i].tokens = w.tokens;
     inputs[i].all_logits = w.all_logits;
     if (!w.embeddings.empty()) {
-      auto e = data_plane::local().take(w.embeddings, res.ctx->memory());
+      auto e = data_plane::local().take(w.embeddings, res.dev->memory());
       if (!e) {
         undo();
         return std::unexpected(e.error());
@@ -85,20 +85,20 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
           embeds[i].data_as<float>(), static_cast<std::size_t>(embeds[i].shape().numel()));
     }
   }
-  auto& ctx = *res.ctx;
+  auto& dev = *res.dev;
   if (range.embed) {
-    auto e = model.embed(ctx, inputs);
+    auto e = model.embed(dev, inputs);
     if (!e) {
       undo();
       return std::unexpected(e.error());
     }
     x = std::move(*e);
   }
-  if (auto r = model.run_layers(ctx, kv.cache, inputs, x, res.attention); !r) {
+  if (auto r = model.run_layers(dev, kv.cache, inputs, x, res.attention); !r) {
     undo();
     return std::unexpected(r.error());
   }
-  if (range.head) return model.head(ctx, inputs, x);
+  if (range.head) return model.head(dev, inputs, x);
   return x;
 }
 
@@ -128,7 +128,7 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   std::vector<std::size_t> idx;
   std::vector<std::int64_t> rows;
   auto sample_all = [&](const tensor& l) {
-    res.ctx->pool().parallel_for(
+    res.dev->host_parallel_for(
         static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
           for (auto k = lo; k < hi; ++k) {
             const auto i = idx[static_cast<std::size_t>(k)];

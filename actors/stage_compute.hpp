@@ -1,7 +1,7 @@
 #pragma once
 
 // The compute of one step on a stage's resources, without an actor. The
-// caller holds the device (res.dev->run) around run_stage and
+// caller holds the device (res.dev->run_lock()) around run_stage and
 // sample_and_continue; they take the stage's KV lock themselves.
 // `generation` is the KV cache's generation the caller started with: the
 // step of a shard that a restarted pipeline replaced fails with

@@ -91,7 +91,7 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(
   for (std::size_t i = 0; i < b.seqs.size(); ++i) {
     auto& ref = b.seqs[i].embeddings;
     if (ref.empty()) continue;
-    auto t = dp.take(ref, res.ctx->memory());
+    auto t = dp.take(ref, res.dev->memory());
     if (!t) return std::unexpected(t.error());
     for (std::size_t p = 0; p < copies.size(); ++p) {
       auto r = dp.push(g.peer_keys[p], res.device.name, *t);  // shares the buffer; read-only

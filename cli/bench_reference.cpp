@@ -15,9 +15,7 @@ kernels::result<reference_figures> measure_reference(
     const std::vector<work_item>& items, const models::sampling_params& params,
     const models::kv_options& kv, int max_level) {
   using namespace troupe::models;
-  const int threads = device.cores.empty() ? static_cast<int>(std::thread::hardware_concurrency())
-                                           : static_cast<int>(device.cores.size());
-  auto ctx = kernels::cpu::context::create(threads, device.cores);
+  auto ctx = actors::open_device(device);  // as the runtime opens it
   auto text = lcfg            ? kernels::result<llama_config>(lcfg->text)
               : src.is_gguf() ? llama_config_from_gguf(*src.gguf())
                               : load_llama_config(dir + "/config.json");

@@ -17,7 +17,7 @@
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
-#include "kernels/cpu/context.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/chat_template.hpp"
 #include "models/generate.hpp"
 #include "models/image.hpp"
@@ -274,7 +274,7 @@ int run_generate(const generate_args& a) {
 
   // --direct: the plain generation loop in this thread (the reference the
   // actor path is checked against).
-  auto ctx = kernels::cpu::context::create(threads);
+  auto ctx = kernels::cpu::cpu_device::with_threads(threads);
   auto loaded = load_direct_model(**src, lcfg, *text_cfg, *ctx, plan);
   if (!loaded) {
     spdlog::error("{}", loaded.error().message);

@@ -39,15 +39,15 @@ kernels::result<precision_flags> parse_precision_flags(const std::string& quant,
 kernels::result<direct_model> load_direct_model(const models::weight_source& src,
                                                 const std::optional<models::llava_config>& llava,
                                                 const models::llama_config& text,
-                                                kernels::cpu::context& ctx,
+                                                kernels::device& dev,
                                                 const models::quant_plan& plan) {
   direct_model m;
   if (llava) {
-    auto r = models::llava_model::build(src, *llava, ctx, plan);
+    auto r = models::llava_model::build(src, *llava, dev, plan);
     if (!r) return std::unexpected(r.error());
     m.llava = std::move(*r);
   } else {
-    auto r = models::llama_model::build(src, text, ctx, plan);
+    auto r = models::llama_model::build(src, text, dev, plan);
     if (!r) return std::unexpected(r.error());
     m.plain = std::move(*r);
   }

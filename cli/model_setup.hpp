@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "actors/runtime.hpp"
-#include "kernels/cpu/context.hpp"
+#include "kernels/device.hpp"
 #include "models/llama.hpp"
 #include "models/llava.hpp"
 #include "models/llava_config.hpp"
@@ -48,7 +48,7 @@ struct direct_model {
 kernels::result<direct_model> load_direct_model(const models::weight_source& src,
                                                 const std::optional<models::llava_config>& llava,
                                                 const models::llama_config& text,
-                                                kernels::cpu::context& ctx,
+                                                kernels::device& dev,
                                                 const models::quant_plan& plan);
 
 /// The pipeline flags (--stages, --remote-stage, --tp-peer,

@@ -86,7 +86,7 @@ int run_worker(const worker_args& a) {
   models::kv_options kv;
   kv.type = precision->kv_type;
   kv.capacity_tokens = a.ctx_tokens;
-  auto res = actors::make_stage(actors::device_context::create(devs->front()), model, range,
+  auto res = actors::make_stage(devs->front(), actors::open_device(devs->front()), model, range,
                                 precision->plan, kv, group);
   if (!res) {
     if (tp)

@@ -1,9 +1,5 @@
 #include "kernels/device.hpp"
 
-#include <sched.h>
-#include <unistd.h>
-
-#include <fstream>
 #include <set>
 #include <string>
 
@@ -24,65 +20,31 @@ std::string_view to_string(device_kind k) {
   return "unknown";
 }
 
-namespace cpu {
-
-std::vector<int> allowed_cores() {
-  std::vector<int> out;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.push_back(c);
-  }
-  if (out.empty()) out.push_back(0);
-  return out;
-}
-
-namespace {
-std::uint64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
-}
-}  // namespace
-
-result<std::unique_ptr<cpu_device>> cpu_device::create(int index, std::vector<int> cores,
-                                                       std::uint64_t memory_limit_bytes) {
-  if (cores.empty())
-    return make_error(errc::invalid_argument, "a CPU device needs at least one core");
-  const auto allowed = allowed_cores();
-  const std::set<int> allowed_set(allowed.begin(), allowed.end());
-  std::set<int> seen;
-  for (int c : cores) {
-    if (!allowed_set.count(c))
-      return make_error(errc::invalid_argument,
-                        "core " + std::to_string(c) + " is not available to this process");
-    if (!seen.insert(c).second)
-      return make_error(errc::invalid_argument, "core " + std::to_string(c) + " listed twice");
-  }
-  std::unique_ptr<cpu_device> dev(new cpu_device());
-  dev->info_.name = index == 0 ? "cpu" : "cpu:" + std::to_string(index);
-  dev->info_.kind = device_kind::cpu;
-  dev->info_.index = index;
-  dev->info_.cores = static_cast<int>(cores.size());
-  dev->info_.memory_bytes = memory_limit_bytes ? memory_limit_bytes : physical_memory_bytes();
-  dev->ctx_ = context::create(static_cast<int>(cores.size()), cores, memory_limit_bytes);
-  dev->info_.detail = std::string(to_string(dev->ctx_->level()));
-  return dev;
-}
-
-bool cpu_device::supports(op_kind op, dtype t) const {
+std::string_view to_string(op_kind op) {
   switch (op) {
     case op_kind::matmul:
+      return "matmul";
     case op_kind::embedding:
-      return t != dtype::i32 && t != dtype::u8;
+      return "embedding";
+    case op_kind::rms_norm:
+      return "rms_norm";
+    case op_kind::layer_norm:
+      return "layer_norm";
+    case op_kind::rope:
+      return "rope";
+    case op_kind::activation:
+      return "activation";
+    case op_kind::softmax:
+      return "softmax";
+    case op_kind::add:
+      return "add";
     case op_kind::attention:
-      return t == dtype::f32 || t == dtype::f16 || t == dtype::i8;
-    default:
-      return t == dtype::f32;
+      return "attention";
+    case op_kind::conv2d_patch:
+      return "conv2d_patch";
   }
+  return "unknown";
 }
-
-}  // namespace cpu
 
 result<std::unique_ptr<device_registry>> device_registry::discover(const registry_options& opts) {
   auto reg = std::make_unique<device_registry>();
@@ -94,7 +56,14 @@ result<std::unique_ptr<device_registry>> device_registry::discover(const registr
       if (!used.insert(c).second)
         return make_error(errc::invalid_argument,
                           "core " + std::to_string(c) + " is in two CPU devices");
-    auto dev = cpu::cpu_device::create(static_cast<int>(i), sets[i], opts.cpu_memory_limit_bytes);
+    cpu::cpu_device_options o;
+    o.index = static_cast<int>(i);
+    o.name = i == 0 ? "cpu" : "cpu:" + std::to_string(i);
+    o.cores = sets[i];
+    o.memory_limit_bytes = opts.cpu_memory_limit_bytes;
+    if (o.cores.empty())
+      return make_error(errc::invalid_argument, "a CPU device needs at least one core");
+    auto dev = cpu::cpu_device::create(o);
     if (!dev) return std::unexpected(dev.error());
     reg->devices_.push_back(std::move(*dev));
   }

@@ -1,12 +1,32 @@
 #pragma once
 
+// The compute seam: the one device abstraction that models/ and actors/
+// take. A registry discovers devices; a device allocates its buffers, says
+// which ops it runs for which dtype (supports), prepares weights into its
+// own form (a matrix packed for the CPU kernels, resident in device memory
+// for a GPU) and runs every op a model needs. The CPU backend
+// (kernels/cpu/cpu_device.hpp) runs the kernels of kernels/ops.hpp,
+// matmul.hpp and attention.hpp on its pinned worker team; a GPU backend
+// adds a class beside it, and nothing above kernels/ changes.
+//
+// Shaped after ggml-backend (registry -> device -> buffers -> supports_op),
+// with the ops as virtual calls rather than a graph: the models here are
+// written as op sequences, and one virtual call per op costs nothing next
+// to the op.
+
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kernels/attention.hpp"
 #include "kernels/memory_pool.hpp"
+#include "kernels/ops.hpp"
+#include "kernels/quant.hpp"
 #include "kernels/status.hpp"
 #include "kernels/tensor.hpp"
 
@@ -17,7 +37,7 @@ std::string_view to_string(device_kind k);
 
 /// What a device is and what it offers.
 struct device_info {
-  std::string name;  ///< "cpu", "cpu:1", "cuda:0"
+  std::string name;  ///< "cpu", "cpu:1", "cpu:0-3", "cuda:0"
   device_kind kind = device_kind::cpu;
   int index = 0;
   std::uint64_t memory_bytes = 0;  ///< usable memory (limit for CPU devices)
@@ -26,7 +46,7 @@ struct device_info {
 };
 
 /// Operations a backend may or may not implement. A backend without an op
-/// reports it unsupported; callers fall back to another device.
+/// reports it unsupported; callers place the work on another device.
 enum class op_kind : std::uint8_t {
   matmul,
   embedding,
@@ -39,19 +59,138 @@ enum class op_kind : std::uint8_t {
   attention,
   conv2d_patch,
 };
+std::string_view to_string(op_kind op);
 
-/// A compute device: allocates buffers and answers capability queries.
-/// Kernels take the concrete backend context (e.g. cpu::context) obtained
-/// from it.
+class device;
+
+/// A weight matrix [rows = N outputs, cols = K inputs] prepared by a device
+/// for its matmul. Cheap to copy (the prepared bytes are shared). Any device
+/// of the backend that prepared it may use it (CPU devices share host
+/// memory); another backend's matmul refuses it.
+class matrix {
+ public:
+  matrix() = default;
+  matrix(device_kind backend, std::shared_ptr<const void> impl, std::int64_t rows,
+         std::int64_t cols, weight_format format, std::size_t bytes)
+      : backend_(backend),
+        impl_(std::move(impl)),
+        rows_(rows),
+        cols_(cols),
+        format_(format),
+        bytes_(bytes) {}
+
+  std::int64_t rows() const { return rows_; }
+  std::int64_t cols() const { return cols_; }
+  weight_format format() const { return format_; }
+  /// Bytes a full pass over the prepared form streams.
+  std::size_t bytes() const { return bytes_; }
+  bool empty() const { return impl_ == nullptr; }
+  device_kind backend() const { return backend_; }
+  /// The backend's own form (only the backend that made it knows its type).
+  const void* impl() const { return impl_.get(); }
+
+ private:
+  device_kind backend_ = device_kind::cpu;
+  std::shared_ptr<const void> impl_;
+  std::int64_t rows_ = 0, cols_ = 0;
+  weight_format format_ = weight_format::f32;
+  std::size_t bytes_ = 0;
+};
+
+/// A CLIP/ViT patch embedding (conv2d, stride = kernel = patch, plus bias)
+/// prepared by a device. Shared like `matrix`.
+class patch_conv {
+ public:
+  patch_conv() = default;
+  patch_conv(device_kind backend, std::shared_ptr<void> impl, std::int64_t hidden,
+             std::int64_t channels, std::int64_t patch)
+      : backend_(backend),
+        impl_(std::move(impl)),
+        hidden_(hidden),
+        channels_(channels),
+        patch_(patch) {}
+
+  std::int64_t hidden() const { return hidden_; }
+  std::int64_t channels() const { return channels_; }
+  std::int64_t patch() const { return patch_; }
+  bool empty() const { return impl_ == nullptr; }
+  device_kind backend() const { return backend_; }
+  void* impl() const { return impl_.get(); }
+
+ private:
+  device_kind backend_ = device_kind::cpu;
+  std::shared_ptr<void> impl_;
+  std::int64_t hidden_ = 0, channels_ = 0, patch_ = 0;
+};
+
+/// A compute device. Every op validates its arguments and returns an error
+/// instead of crashing; the contracts (shapes, dtypes, what may alias, the
+/// fixed arithmetic order that makes results batch- and thread-invariant)
+/// are those documented beside the CPU kernels in kernels/ops.hpp,
+/// kernels/matmul.hpp and kernels/attention.hpp; every backend keeps them.
+/// Tensors passed to a device's ops live in memory from its `memory()`.
 class device {
  public:
   virtual ~device() = default;
   virtual const device_info& info() const = 0;
-  virtual result<buffer_ptr> allocate(std::size_t bytes) = 0;
   /// Whether `op` runs here with weights (or data) of dtype `t`.
   virtual bool supports(op_kind op, dtype t) const = 0;
-  /// Pool that backs `allocate` (host-visible devices only; null otherwise).
-  virtual memory_pool* host_pool() { return nullptr; }
+
+  // --- memory ---
+  /// The pool this device's tensors come from (host memory for CPU devices).
+  virtual memory_pool& memory() = 0;
+  result<buffer_ptr> allocate(std::size_t bytes) { return memory().allocate(bytes); }
+  /// Whether the device's memory is directly addressable by host code (CPU
+  /// devices: yes). Code that reads or writes tensor bytes itself (image
+  /// patches, sampling) needs it.
+  virtual bool host_visible() const = 0;
+
+  // --- weights ---
+  /// `w` (validated) in this device's form for `matmul`.
+  virtual result<matrix> prepare(const weight_matrix& w) = 0;
+  /// A patch embedding from `weight` f32 [hidden, channels, patch, patch]
+  /// and `bias` f32 [hidden] (both copied).
+  virtual result<patch_conv> prepare_patch_conv(const tensor& weight, const tensor& bias) = 0;
+
+  // --- ops ---
+  virtual result<void> matmul(const tensor& x, const matrix& w, tensor& y) = 0;
+  virtual result<void> embedding(const weight_matrix& table, const tensor& ids,
+                                 const tensor& out) = 0;
+  virtual result<void> rms_norm(const tensor& x, const tensor& weight, float eps,
+                                const tensor& out) = 0;
+  virtual result<void> layer_norm(const tensor& x, const tensor& weight, const tensor& bias,
+                                  float eps, const tensor& out) = 0;
+  virtual result<void> rope(const tensor& x, std::span<const std::int32_t> positions,
+                            const rope_params& params, const tensor& out) = 0;
+  virtual result<void> silu(const tensor& x, const tensor& out) = 0;
+  virtual result<void> gelu(const tensor& x, gelu_kind kind, const tensor& out) = 0;
+  virtual result<void> swiglu(const tensor& gate, const tensor& up, const tensor& out) = 0;
+  virtual result<void> softmax(const tensor& x, const tensor& out, float scale = 1.0f) = 0;
+  virtual result<void> add(const tensor& a, const tensor& b, const tensor& out) = 0;
+  virtual result<void> attention(const tensor& q, const tensor& k, const tensor& v,
+                                 const tensor& out, const attention_options& opt,
+                                 std::int64_t q_start = -1) = 0;
+  virtual result<void> attention_paged(const paged_kv_cache& cache,
+                                       std::span<const attention_sequence> seqs,
+                                       const attention_options& opt) = 0;
+  /// input f32 [batch, channels, H, W] -> out f32 [batch, patches, hidden].
+  virtual result<void> run_patch_conv(const patch_conv& conv, const tensor& input,
+                                      const tensor& out) = 0;
+
+  // --- host work beside the device ---
+  /// Runs fn(begin, end, worker) over [0, n) on the device's host workers
+  /// (sampling the rows of a logits tensor, say); returns when all are done.
+  virtual void host_parallel_for(
+      std::int64_t n, std::int64_t grain,
+      const std::function<void(std::int64_t, std::int64_t, int)>& fn) = 0;
+
+  /// Held by the actor computing on the device (a shard's step, an
+  /// encoder's batch): actors placed on one device take turns, because two
+  /// at once would oversubscribe its cores (or streams).
+  std::mutex& run_lock() { return run_; }
+
+ private:
+  std::mutex run_;
 };
 
 /// Options for discovering devices.

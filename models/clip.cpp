@@ -36,24 +36,24 @@ void add_bias(tensor& y, const tensor& b) {
 
 }  // namespace
 
-result<void> linear_layer::run(kernels::cpu::context& ctx, const tensor& x, tensor& y) const {
-  TRY(kernels::matmul(ctx, x, weight, y));
+result<void> linear_layer::run(kernels::device& dev, const tensor& x, tensor& y) const {
+  TRY(dev.matmul(x, weight, y));
   if (!bias.empty_view()) add_bias(y, bias);
   return {};
 }
 
-result<tensor> load_f32(kernels::cpu::context& ctx, const weight_source& src,
-                        const std::string& name, const kernels::shape_t& shape) {
+result<tensor> load_f32(kernels::device& dev, const weight_source& src, const std::string& name,
+                        const kernels::shape_t& shape) {
   auto t = src.get(name);
   if (!t) return std::unexpected(t.error());
   if (!(t->shape() == shape))
     return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
                                               "' has shape " + t->shape().to_string() +
                                               ", the config implies " + shape.to_string());
-  return named(to_f32(ctx.memory(), *t), src.file_name(name));
+  return named(to_f32(dev.memory(), *t), src.file_name(name));
 }
 
-result<linear_layer> load_linear(kernels::cpu::context& ctx, const weight_source& src,
+result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                  const quant_plan& plan, const std::string& name, std::int64_t rows,
                                  std::int64_t cols, bool bias) {
   auto t = src.get(name);
@@ -63,15 +63,15 @@ result<linear_layer> load_linear(kernels::cpu::context& ctx, const weight_source
                                               "' has shape " + t->shape().to_string() +
                                               ", the config implies [" + std::to_string(rows) +
                                               ", " + std::to_string(cols) + "]");
-  auto w = named(convert_weight(ctx.memory(), *t, plan.choose(name, t->type()), plan.int4_group),
+  auto w = named(convert_weight(dev.memory(), *t, plan.choose(name, t->type()), plan.int4_group),
                  src.file_name(name));
   if (!w) return std::unexpected(w.error());
   linear_layer l;
-  auto packed = named(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
+  auto packed = named(dev.prepare(*w), src.file_name(name));
   if (!packed) return std::unexpected(packed.error());
   l.weight = std::move(*packed);
   if (bias) {
-    auto b = load_f32(ctx, src, name + ".bias", {rows});
+    auto b = load_f32(dev, src, name + ".bias", {rows});
     if (!b) return std::unexpected(b.error());
     l.bias = std::move(*b);
   }
@@ -81,7 +81,7 @@ result<linear_layer> load_linear(kernels::cpu::context& ctx, const weight_source
 result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight_source& src,
                                                                     const clip_vision_config& cfg,
                                                                     std::int64_t layers,
-                                                                    kernels::cpu::context& ctx,
+                                                                    kernels::device& dev,
                                                                     const quant_plan& plan) {
   if (auto r = cfg.validate(src.path() + " vision_config"); !r) return std::unexpected(r.error());
   if (layers < 0 || layers > cfg.num_layers)
@@ -91,12 +91,12 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
   std::unique_ptr<clip_vision_tower> m(new clip_vision_tower());
   m->cfg_ = cfg;
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size, P = cfg.patch_size;
-  auto patch = load_f32(ctx, src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
+  auto patch = load_f32(dev, src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
   if (!patch) return std::unexpected(patch.error());
-  auto zero_bias = tensor::zeros(ctx.memory(), dtype::f32, {D});
+  auto zero_bias = tensor::zeros(dev.memory(), dtype::f32, {D});
   if (!zero_bias) return std::unexpected(zero_bias.error());
-  auto conv = named(kernels::patch_embedding::create(*patch, *zero_bias),
-                    src.file_name("vision.patch_embedding"));
+  auto conv =
+      named(dev.prepare_patch_conv(*patch, *zero_bias), src.file_name("vision.patch_embedding"));
   if (!conv) return std::unexpected(conv.error());
   m->patch_ = std::move(*conv);
   {  // the same weights as a matrix over patches flattened (channel, row, column)
@@ -106,8 +106,7 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
     auto flat = patch->reshape({w.rows, w.cols});
     if (!flat) return std::unexpected(flat.error());
     w.data = std::move(*flat);
-    auto packed =
-        named(kernels::packed_matrix::pack(ctx, w), src.file_name("vision.patch_embedding"));
+    auto packed = named(dev.prepare(w), src.file_name("vision.patch_embedding"));
     if (!packed) return std::unexpected(packed.error());
     m->patch_matrix_ = std::move(*packed);
   }
@@ -121,7 +120,7 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
         vec{"vision.position_embedding", &m->position_embedding_, {cfg.num_patches() + 1, D}},
         vec{"vision.pre_norm", &m->pre_norm_w_, {D}},
         vec{"vision.pre_norm.bias", &m->pre_norm_b_, {D}}}) {
-    auto t = load_f32(ctx, src, name, shape);
+    auto t = load_f32(dev, src, name, shape);
     if (!t) return std::unexpected(t.error());
     *out = std::move(*t);
   }
@@ -136,14 +135,14 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
     for (auto& [name, out, rows, cols] :
          {mat{"q_proj", &L.q, D, D}, mat{"k_proj", &L.k, D, D}, mat{"v_proj", &L.v, D, D},
           mat{"o_proj", &L.o, D, D}, mat{"fc1", &L.fc1, F, D}, mat{"fc2", &L.fc2, D, F}}) {
-      auto w = load_linear(ctx, src, plan, p + name, rows, cols, true);
+      auto w = load_linear(dev, src, plan, p + name, rows, cols, true);
       if (!w) return std::unexpected(w.error());
       *out = std::move(*w);
     }
     for (auto& [name, out, shape] :
          {vec{"norm1", &L.norm1_w, {D}}, vec{"norm1.bias", &L.norm1_b, {D}},
           vec{"norm2", &L.norm2_w, {D}}, vec{"norm2.bias", &L.norm2_b, {D}}}) {
-      auto t = load_f32(ctx, src, p + name, shape);
+      auto t = load_f32(dev, src, p + name, shape);
       if (!t) return std::unexpected(t.error());
       *out = std::move(*t);
     }
@@ -162,7 +161,7 @@ std::string clip_vision_tower::describe() const {
   return s;
 }
 
-result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor& q, const tensor& k,
+result<void> clip_vision_tower::attend(kernels::device& dev, const tensor& q, const tensor& k,
                                        const tensor& v, tensor& out, std::int64_t images,
                                        const clip_options& opts,
                                        kernels::paged_kv_cache* cache) const {
@@ -180,7 +179,7 @@ result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor&
       auto q3 = heads(q, n), k3 = heads(k, n), v3 = heads(v, n), o3 = heads(out, n);
       if (!q3 || !k3 || !v3 || !o3)
         return std::unexpected(!q3 ? q3.error() : !k3 ? k3.error() : !v3 ? v3.error() : o3.error());
-      TRY(kernels::attention(ctx, *q3, *k3, *v3, *o3, opts.attention));
+      TRY(dev.attention(*q3, *k3, *v3, *o3, opts.attention));
     }
     return {};
   }
@@ -203,10 +202,10 @@ result<void> clip_vision_tower::attend(kernels::cpu::context& ctx, const tensor&
     s.kv_len = T;
     s.block_table = table;
   }
-  return kernels::attention_paged(ctx, *cache, seqs, opts.attention);
+  return dev.attention_paged(*cache, seqs, opts.attention);
 }
 
-result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tensor& pixels,
+result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pixels,
                                           const clip_options& opts) const {
   const std::int64_t S = cfg_.image_size, C = cfg_.num_channels;
   if (pixels.type() != dtype::f32 || pixels.ndim() != 4 || !pixels.is_contiguous() ||
@@ -225,7 +224,7 @@ result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tens
   }
   if (opts.attention.top_k >= 0 && (opts.kv_block_size < 1 || opts.kv_block_size > 4096))
     return make_error(errc::invalid_argument, "clip_options.kv_block_size must be in [1, 4096]");
-  auto& pool = ctx.memory();
+  auto& pool = dev.memory();
   const std::int64_t N = pixels.dim(0), T = positions(), D = cfg_.hidden_size;
   const std::int64_t F = cfg_.intermediate_size, P = cfg_.num_patches();
   if (N > (std::int64_t{1} << 31) / T)
@@ -240,7 +239,7 @@ result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tens
   for (auto* t : {&patches, &x, &h, &q, &k, &v, &att, &proj, &f})
     if (!*t) return std::unexpected(t->error());
   if (opts.onednn_patch_embedding) {
-    TRY(patch_->run(ctx, pixels, *patches));
+    TRY(dev.run_patch_conv(patch_, pixels, *patches));
   } else {
     // Gather each patch as a row (channel, row, column order), then one matmul.
     const std::int64_t ps = cfg_.patch_size, side = cfg_.patches_per_side(), K = C * ps * ps;
@@ -259,7 +258,7 @@ result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tens
         }
     auto flat = patches->reshape({N * P, D});
     if (!flat) return std::unexpected(flat.error());
-    TRY(kernels::matmul(ctx, *rows_in, patch_matrix_, *flat));
+    TRY(dev.matmul(*rows_in, patch_matrix_, *flat));
   }
   // embeddings = cat(class, patches) + position_embedding
   const float* cls = class_embedding_.data_as<float>();
@@ -271,7 +270,7 @@ result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tens
       for (std::int64_t c = 0; c < D; ++c) dst[c] = src[c] + pos[c];
     }
   const auto eps = static_cast<float>(cfg_.layer_norm_eps);
-  TRY(kernels::layer_norm(ctx, *x, pre_norm_w_, pre_norm_b_, eps, *x));
+  TRY(dev.layer_norm(*x, pre_norm_w_, pre_norm_b_, eps, *x));
 
   std::optional<kernels::paged_kv_cache> cache;
   if (opts.attention.top_k >= 0) {
@@ -287,18 +286,18 @@ result<tensor> clip_vision_tower::forward(kernels::cpu::context& ctx, const tens
     cache = std::move(*made);
   }
   for (const auto& L : layers_) {
-    TRY(kernels::layer_norm(ctx, *x, L.norm1_w, L.norm1_b, eps, *h));
-    TRY(L.q.run(ctx, *h, *q));
-    TRY(L.k.run(ctx, *h, *k));
-    TRY(L.v.run(ctx, *h, *v));
-    TRY(attend(ctx, *q, *k, *v, *att, N, opts, cache ? &*cache : nullptr));
-    TRY(L.o.run(ctx, *att, *proj));
-    TRY(kernels::add(ctx, *x, *proj, *x));
-    TRY(kernels::layer_norm(ctx, *x, L.norm2_w, L.norm2_b, eps, *h));
-    TRY(L.fc1.run(ctx, *h, *f));
-    TRY(kernels::gelu(ctx, *f, cfg_.activation, *f));
-    TRY(L.fc2.run(ctx, *f, *proj));
-    TRY(kernels::add(ctx, *x, *proj, *x));
+    TRY(dev.layer_norm(*x, L.norm1_w, L.norm1_b, eps, *h));
+    TRY(L.q.run(dev, *h, *q));
+    TRY(L.k.run(dev, *h, *k));
+    TRY(L.v.run(dev, *h, *v));
+    TRY(attend(dev, *q, *k, *v, *att, N, opts, cache ? &*cache : nullptr));
+    TRY(L.o.run(dev, *att, *proj));
+    TRY(dev.add(*x, *proj, *x));
+    TRY(dev.layer_norm(*x, L.norm2_w, L.norm2_b, eps, *h));
+    TRY(L.fc1.run(dev, *h, *f));
+    TRY(dev.gelu(*f, cfg_.activation, *f));
+    TRY(L.fc2.run(dev, *f, *proj));
+    TRY(dev.add(*x, *proj, *x));
   }
   return x->reshape({N, T, D});
 }

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
-#include "kernels/cpu/context.hpp"
+#include "kernels/device.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/ops.hpp"
 #include "models/llava_config.hpp"
@@ -17,23 +17,23 @@ namespace troupe::models {
 /// A linear layer y = x W^T (+ b): the weight packed once, the bias f32
 /// (empty when the layer has none).
 struct linear_layer {
-  kernels::packed_matrix weight;
+  kernels::matrix weight;
   kernels::tensor bias;
 
   std::int64_t in_features() const { return weight.cols(); }
   std::int64_t out_features() const { return weight.rows(); }
   /// x f32 [rows, in] -> y f32 [rows, out] (y dense, not overlapping x).
-  result<void> run(kernels::cpu::context& ctx, const kernels::tensor& x, kernels::tensor& y) const;
+  result<void> run(kernels::device& dev, const kernels::tensor& x, kernels::tensor& y) const;
 };
 
 /// Loads canonical matrix `name` (shape [rows, cols], converted as `plan`
 /// chooses) and, with `bias`, the f32 vector `name.bias` [rows].
-result<linear_layer> load_linear(kernels::cpu::context& ctx, const weight_source& src,
+result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                  const quant_plan& plan, const std::string& name, std::int64_t rows,
                                  std::int64_t cols, bool bias);
 
 /// Loads canonical tensor `name` as a dense f32 copy of exactly `shape`.
-result<kernels::tensor> load_f32(kernels::cpu::context& ctx, const weight_source& src,
+result<kernels::tensor> load_f32(kernels::device& dev, const weight_source& src,
                                  const std::string& name, const kernels::shape_t& shape);
 
 /// How the vision tower attends.
@@ -69,8 +69,7 @@ class clip_vision_tower {
   /// embeddings, norms and biases stay f32.
   static result<std::unique_ptr<clip_vision_tower>> build(const weight_source& src,
                                                           const clip_vision_config& cfg,
-                                                          std::int64_t layers,
-                                                          kernels::cpu::context& ctx,
+                                                          std::int64_t layers, kernels::device& dev,
                                                           const quant_plan& plan);
 
   const clip_vision_config& config() const { return cfg_; }
@@ -82,7 +81,7 @@ class clip_vision_tower {
   /// pixel_values f32 [N, channels, image_size, image_size] (contiguous,
   /// finite) -> hidden_states[layers()] f32 [N, positions(), hidden]: row 0
   /// of each image is the class token, then the patches in row-major order.
-  result<kernels::tensor> forward(kernels::cpu::context& ctx, const kernels::tensor& pixel_values,
+  result<kernels::tensor> forward(kernels::device& dev, const kernels::tensor& pixel_values,
                                   const clip_options& opts = {}) const;
 
   /// Summary of the precision of each kind of tensor.
@@ -94,16 +93,15 @@ class clip_vision_tower {
     kernels::tensor norm1_w, norm1_b, norm2_w, norm2_b;
   };
   clip_vision_tower() = default;
-  result<void> attend(kernels::cpu::context& ctx, const kernels::tensor& q,
-                      const kernels::tensor& k, const kernels::tensor& v, kernels::tensor& out,
-                      std::int64_t images, const clip_options& opts,
-                      kernels::paged_kv_cache* cache) const;
+  result<void> attend(kernels::device& dev, const kernels::tensor& q, const kernels::tensor& k,
+                      const kernels::tensor& v, kernels::tensor& out, std::int64_t images,
+                      const clip_options& opts, kernels::paged_kv_cache* cache) const;
 
   clip_vision_config cfg_;
-  std::unique_ptr<kernels::patch_embedding> patch_;
-  kernels::packed_matrix patch_matrix_;  // [hidden, channels * patch * patch]
-  kernels::tensor class_embedding_;      // [hidden]
-  kernels::tensor position_embedding_;   // [positions, hidden]
+  kernels::patch_conv patch_;
+  kernels::matrix patch_matrix_;        // [hidden, channels * patch * patch]
+  kernels::tensor class_embedding_;     // [hidden]
+  kernels::tensor position_embedding_;  // [positions, hidden]
   kernels::tensor pre_norm_w_, pre_norm_b_;
   std::vector<layer> layers_;
 };

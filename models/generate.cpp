@@ -12,9 +12,8 @@ double now_s() {
 }  // namespace
 
 result<std::vector<generation_result>> generate_batch(
-    kernels::cpu::context& ctx, const llama_model& model,
-    const std::vector<generation_request>& requests, std::vector<piece_fn> pieces,
-    const text_fn& on_text, const generate_options& opts) {
+    kernels::device& dev, const llama_model& model, const std::vector<generation_request>& requests,
+    std::vector<piece_fn> pieces, const text_fn& on_text, const generate_options& opts) {
   if (requests.empty()) return std::vector<generation_result>{};
   if (pieces.size() != requests.size())
     return make_error(errc::invalid_argument, "one piece decoder per request");
@@ -48,7 +47,7 @@ result<std::vector<generation_result>> generate_batch(
   kv_options kvo = opts.kv;
   kvo.capacity_tokens = std::max(
       kvo.capacity_tokens, need + kvo.block_size * static_cast<std::int64_t>(requests.size()));
-  auto cache = model.make_cache(ctx.memory(), kvo);
+  auto cache = model.make_cache(dev.memory(), kvo);
   if (!cache) return std::unexpected(cache.error());
 
   struct state {
@@ -102,7 +101,7 @@ result<std::vector<generation_result>> generate_batch(
       who.push_back(i);
     }
     if (inputs.empty()) break;
-    auto logits = model.forward(ctx, *cache, inputs, opts.attention);
+    auto logits = model.forward(dev, *cache, inputs, opts.attention);
     if (!logits) return std::unexpected(logits.error());
     for (std::size_t j = 0; j < who.size(); ++j) {
       const std::size_t i = who[j];

@@ -48,8 +48,7 @@ struct generate_options {
 /// A request's tokens do not depend on the others (batch-invariant kernels,
 /// per-request random streams). `pieces[i]` decodes request i's tokens.
 result<std::vector<generation_result>> generate_batch(
-    kernels::cpu::context& ctx, const llama_model& model,
-    const std::vector<generation_request>& requests, std::vector<piece_fn> pieces,
-    const text_fn& on_text, const generate_options& opts = {});
+    kernels::device& dev, const llama_model& model, const std::vector<generation_request>& requests,
+    std::vector<piece_fn> pieces, const text_fn& on_text, const generate_options& opts = {});
 
 }  // namespace troupe::models

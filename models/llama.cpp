@@ -49,8 +49,7 @@ result<layer_range> resolve_range(const llama_config& cfg, const layer_range& ra
 }  // namespace
 
 result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
-                                                       kernels::cpu::context& ctx,
-                                                       const quant_plan& plan,
+                                                       kernels::device& dev, const quant_plan& plan,
                                                        const layer_range& range,
                                                        const tensor_split& split) {
   auto src = weight_source::open(path);
@@ -66,12 +65,12 @@ result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
     cfg = load_llama_config(dir + "/config.json");
   }
   if (!cfg) return std::unexpected(cfg.error());
-  return build(**src, *cfg, ctx, plan, range, split);
+  return build(**src, *cfg, dev, plan, range, split);
 }
 
 result<std::unique_ptr<llama_model>> llama_model::build(
-    const weight_source& src, const llama_config& cfg, kernels::cpu::context& ctx,
-    const quant_plan& plan, const layer_range& range, const tensor_split& split) {
+    const weight_source& src, const llama_config& cfg, kernels::device& dev, const quant_plan& plan,
+    const layer_range& range, const tensor_split& split) {
   auto resolved = resolve_range(cfg, range);
   if (!resolved)
     return make_error(resolved.error().code, src.path() + ": " + resolved.error().message);
@@ -96,7 +95,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
   m->nh_ = cfg.num_heads / split.size;
   m->nkv_ = cfg.num_kv_heads / split.size;
   m->ffn_ = cfg.intermediate_size / split.size;
-  auto& pool = ctx.memory();
+  auto& pool = dev.memory();
   const std::int64_t H = cfg.hidden_size, D = cfg.head_dim;
   auto expect_shape = [&](const std::string& name, const tensor& t, std::int64_t rows,
                           std::int64_t cols) -> result<void> {
@@ -116,16 +115,15 @@ result<std::unique_ptr<llama_model>> llama_model::build(
                  src.file_name(name));
   };
   auto packed = [&](const std::string& name, std::int64_t rows,
-                    std::int64_t cols) -> result<kernels::packed_matrix> {
+                    std::int64_t cols) -> result<kernels::matrix> {
     auto w = matrix(name, rows, cols);
     if (!w) return std::unexpected(w.error());
-    return check(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
+    return check(dev.prepare(*w), src.file_name(name));
   };
   // This rank's slice of a [rows, cols] matrix: rows [r0, r0 + nr) and
   // columns [c0, c0 + nc) (columns in whole quantization blocks).
   auto sliced = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t r0,
-                    std::int64_t nr, std::int64_t c0,
-                    std::int64_t nc) -> result<kernels::packed_matrix> {
+                    std::int64_t nr, std::int64_t c0, std::int64_t nc) -> result<kernels::matrix> {
     if (split.size == 1) return packed(name, rows, cols);
     auto t = src.get(name);
     if (!t) return std::unexpected(t.error());
@@ -150,7 +148,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     auto w = check(convert_weight(pool, *part, plan.choose(name, t->type()), plan.int4_group),
                    src.file_name(name));
     if (!w) return std::unexpected(w.error());
-    return check(kernels::packed_matrix::pack(ctx, *w), src.file_name(name));
+    return check(dev.prepare(*w), src.file_name(name));
   };
   auto vec = [&](const std::string& name, std::int64_t n) -> result<tensor> {
     auto t = src.get(name);
@@ -172,7 +170,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     layer L;
     struct mat {
       const char* name;
-      kernels::packed_matrix* out;
+      kernels::matrix* out;
       std::int64_t rows, cols, r0, nr, c0, nc;  // full shape, this rank's slice
     };
     const std::int64_t k = split.rank, NHl = m->nh_, NKVl = m->nkv_, Fl = m->ffn_;
@@ -342,15 +340,14 @@ result<void> commit_step(kv_cache& cache, std::span<const step_input> inputs,
     if (auto r_ = (expr); !r_) return std::unexpected(r_.error()); \
   } while (0)
 
-result<tensor> llama_model::embed(kernels::cpu::context& ctx,
-                                  std::span<const step_input> inputs) const {
+result<tensor> llama_model::embed(kernels::device& dev, std::span<const step_input> inputs) const {
   if (!range_.embed)
     return make_error(errc::invalid_argument,
                       "embed: this stage does not hold the embedding table");
   auto T = check_inputs(inputs, true);
   if (!T) return std::unexpected(T.error());
   const std::int64_t H = cfg_.hidden_size;
-  auto& pool = ctx.memory();
+  auto& pool = dev.memory();
   auto ids = tensor::empty(pool, dtype::i32, {*T});
   auto x = tensor::empty(pool, dtype::f32, {*T, H});
   if (!ids) return std::unexpected(ids.error());
@@ -358,7 +355,7 @@ result<tensor> llama_model::embed(kernels::cpu::context& ctx,
   std::int64_t at = 0;
   for (const auto& in : inputs)
     for (auto t : in.tokens) ids->data_as<std::int32_t>()[at++] = t;
-  TRY(kernels::embedding(ctx, embed_, *ids, *x));
+  TRY(dev.embedding(embed_, *ids, *x));
   at = 0;
   for (const auto& in : inputs) {  // input embeddings replace table rows
     if (in.embed_token >= 0) {
@@ -375,7 +372,7 @@ result<tensor> llama_model::embed(kernels::cpu::context& ctx,
 }
 
 result<llama_model::step_plan> llama_model::layers_step(
-    kernels::cpu::context& ctx, kv_cache& cache, std::span<const step_input> inputs, tensor& x,
+    kernels::device& dev, kv_cache& cache, std::span<const step_input> inputs, tensor& x,
     const kernels::attention_options& attn_in) const {
   if (cache.layers() != static_cast<int>(layers_.size()))
     return make_error(errc::invalid_argument, "the KV cache has " + std::to_string(cache.layers()) +
@@ -418,7 +415,7 @@ result<llama_model::step_plan> llama_model::layers_step(
         !r)
       return std::unexpected(r.error());
 
-  auto& pool = ctx.memory();
+  auto& pool = dev.memory();
   auto alloc = [&](std::int64_t rows, std::int64_t cols) {
     return tensor::empty(pool, dtype::f32, {rows, cols});
   };
@@ -441,12 +438,12 @@ result<llama_model::step_plan> llama_model::layers_step(
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const auto& L = layers_[l];
     auto& kv = cache.layer(static_cast<int>(l));
-    TRY(kernels::rms_norm(ctx, x, L.input_norm, eps, *h));
-    TRY(kernels::matmul(ctx, *h, L.q, *q));
-    TRY(kernels::matmul(ctx, *h, L.k, *k));
-    TRY(kernels::matmul(ctx, *h, L.v, *v));
-    TRY(kernels::rope(ctx, *q3, std::span<const std::int32_t>(positions), rope_, *q3));
-    TRY(kernels::rope(ctx, *k3, std::span<const std::int32_t>(positions), rope_, *k3));
+    TRY(dev.rms_norm(x, L.input_norm, eps, *h));
+    TRY(dev.matmul(*h, L.q, *q));
+    TRY(dev.matmul(*h, L.k, *k));
+    TRY(dev.matmul(*h, L.v, *v));
+    TRY(dev.rope(*q3, std::span<const std::int32_t>(positions), rope_, *q3));
+    TRY(dev.rope(*k3, std::span<const std::int32_t>(positions), rope_, *k3));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const auto n = static_cast<std::int64_t>(inputs[i].tokens.size());
       auto ks = k3->slice_rows(offset[i], n);
@@ -461,30 +458,30 @@ result<llama_model::step_plan> llama_model::layers_step(
       seqs[i].kv_len = start[i] + n;
       seqs[i].block_table = cache.block_table(inputs[i].seq);
     }
-    TRY(kernels::attention_paged(ctx, kv, seqs, attn));
-    TRY(kernels::matmul(ctx, *att, L.o, *proj));
+    TRY(dev.attention_paged(kv, seqs, attn));
+    TRY(dev.matmul(*att, L.o, *proj));
     if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the heads' partial sums
-    TRY(kernels::add(ctx, x, *proj, x));
-    TRY(kernels::rms_norm(ctx, x, L.post_norm, eps, *h));
-    TRY(kernels::matmul(ctx, *h, L.gate, *g));
-    TRY(kernels::matmul(ctx, *h, L.up, *u));
-    TRY(kernels::swiglu(ctx, *g, *u, *g));
-    TRY(kernels::matmul(ctx, *g, L.down, *proj));
+    TRY(dev.add(x, *proj, x));
+    TRY(dev.rms_norm(x, L.post_norm, eps, *h));
+    TRY(dev.matmul(*h, L.gate, *g));
+    TRY(dev.matmul(*h, L.up, *u));
+    TRY(dev.swiglu(*g, *u, *g));
+    TRY(dev.matmul(*g, L.down, *proj));
     if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the FFN slices' partial sums
-    TRY(kernels::add(ctx, x, *proj, x));
+    TRY(dev.add(x, *proj, x));
   }
   return plan;
 }
 
-result<void> llama_model::run_layers(kernels::cpu::context& ctx, kv_cache& cache,
+result<void> llama_model::run_layers(kernels::device& dev, kv_cache& cache,
                                      std::span<const step_input> inputs, tensor& x,
                                      const kernels::attention_options& attn) const {
-  auto plan = layers_step(ctx, cache, inputs, x, attn);
+  auto plan = layers_step(dev, cache, inputs, x, attn);
   if (!plan) return std::unexpected(plan.error());
   return commit_step(cache, inputs, plan->start);
 }
 
-result<tensor> llama_model::head(kernels::cpu::context& ctx, std::span<const step_input> inputs,
+result<tensor> llama_model::head(kernels::device& dev, std::span<const step_input> inputs,
                                  const tensor& x) const {
   if (!range_.head)
     return make_error(errc::invalid_argument,
@@ -497,7 +494,7 @@ result<tensor> llama_model::head(kernels::cpu::context& ctx, std::span<const ste
   for (const auto& in : inputs)
     n_logits += in.all_logits ? static_cast<std::int64_t>(in.tokens.size()) : 1;
   // Final norm and LM head on the rows that need logits.
-  auto& pool = ctx.memory();
+  auto& pool = dev.memory();
   auto sel = tensor::empty(pool, dtype::f32, {n_logits, H});
   auto logits = tensor::empty(pool, dtype::f32, {n_logits, V});
   if (!sel) return std::unexpected(sel.error());
@@ -510,27 +507,27 @@ result<tensor> llama_model::head(kernels::cpu::context& ctx, std::span<const ste
     offset += n;
   }
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
-  TRY(kernels::rms_norm(ctx, *sel, norm_, eps, *sel));
-  TRY(kernels::matmul(ctx, *sel, lm_head_, *logits));
+  TRY(dev.rms_norm(*sel, norm_, eps, *sel));
+  TRY(dev.matmul(*sel, lm_head_, *logits));
   return logits;
 }
 
 #undef TRY
 
-result<tensor> llama_model::forward(kernels::cpu::context& ctx, kv_cache& cache,
+result<tensor> llama_model::forward(kernels::device& dev, kv_cache& cache,
                                     std::span<const step_input> inputs,
                                     const kernels::attention_options& attn) const {
   if (!is_full())
     return make_error(errc::invalid_argument,
                       "forward needs the whole decoder; this model holds a stage (" + describe() +
                           "): use embed, run_layers and head");
-  auto x = embed(ctx, inputs);
+  auto x = embed(dev, inputs);
   if (!x) return std::unexpected(x.error());
   // The cache is committed only once the logits exist, so that an error
   // anywhere leaves every sequence's length as it was.
-  auto plan = layers_step(ctx, cache, inputs, *x, attn);
+  auto plan = layers_step(dev, cache, inputs, *x, attn);
   if (!plan) return std::unexpected(plan.error());
-  auto logits = head(ctx, inputs, *x);
+  auto logits = head(dev, inputs, *x);
   if (!logits) return std::unexpected(logits.error());
   if (auto r = commit_step(cache, inputs, plan->start); !r) return std::unexpected(r.error());
   return logits;

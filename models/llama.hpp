@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
-#include "kernels/cpu/context.hpp"
+#include "kernels/device.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/ops.hpp"
 #include "models/kv_cache.hpp"
@@ -65,8 +65,7 @@ class llama_model {
  public:
   /// Loads a Hugging Face folder or GGUF file, converting weights per `plan`;
   /// only the weights `range` needs are read.
-  static result<std::unique_ptr<llama_model>> load(const std::string& path,
-                                                   kernels::cpu::context& ctx,
+  static result<std::unique_ptr<llama_model>> load(const std::string& path, kernels::device& dev,
                                                    const quant_plan& plan = {},
                                                    const layer_range& range = {},
                                                    const tensor_split& split = {});
@@ -76,9 +75,11 @@ class llama_model {
   /// the config (first < 0, last > num_layers, first >= last, an embedding
   /// on a stage that does not start at layer 0, a head on one that does not
   /// end at the last layer) is invalid_argument.
-  static result<std::unique_ptr<llama_model>> build(
-      const weight_source& src, const llama_config& cfg, kernels::cpu::context& ctx,
-      const quant_plan& plan, const layer_range& range = {}, const tensor_split& split = {});
+  static result<std::unique_ptr<llama_model>> build(const weight_source& src,
+                                                    const llama_config& cfg, kernels::device& dev,
+                                                    const quant_plan& plan,
+                                                    const layer_range& range = {},
+                                                    const tensor_split& split = {});
 
   const llama_config& config() const { return cfg_; }
   /// The part of the decoder held, with `last` resolved (never -1).
@@ -93,7 +94,7 @@ class llama_model {
   /// [n, vocab]: for each input in order, one row per token when
   /// all_logits, else one row (its last token). Needs a full range.
   /// On error no sequence's cache length changes.
-  result<kernels::tensor> forward(kernels::cpu::context& ctx, kv_cache& cache,
+  result<kernels::tensor> forward(kernels::device& dev, kv_cache& cache,
                                   std::span<const step_input> inputs,
                                   const kernels::attention_options& attn = {}) const;
 
@@ -101,21 +102,19 @@ class llama_model {
   /// [T, hidden] with T the inputs' tokens in order (embedding-table rows,
   /// replaced by the inputs' own embeddings at their embed_token). Checks the
   /// tokens and embeddings; needs the embedding table. Changes no cache.
-  result<kernels::tensor> embed(kernels::cpu::context& ctx,
-                                std::span<const step_input> inputs) const;
+  result<kernels::tensor> embed(kernels::device& dev, std::span<const step_input> inputs) const;
   /// Runs the held layers over `x` (f32 [T, hidden], contiguous) in place:
   /// reserves room in `cache` (which must have exactly the held layers),
   /// appends the step's keys and values and commits the new lengths. The
   /// inputs' tokens give the per-sequence counts (their ids are checked
   /// against the vocabulary; embeddings are not used). On error no
   /// sequence's cache length changes.
-  result<void> run_layers(kernels::cpu::context& ctx, kv_cache& cache,
-                          std::span<const step_input> inputs, kernels::tensor& x,
-                          const kernels::attention_options& attn = {}) const;
+  result<void> run_layers(kernels::device& dev, kv_cache& cache, std::span<const step_input> inputs,
+                          kernels::tensor& x, const kernels::attention_options& attn = {}) const;
   /// The last stage's part of a step: final norm and LM head over the rows
   /// of `x` (f32 [T, hidden], the output of run_layers) that need logits;
   /// returns them as forward does. Needs the head.
-  result<kernels::tensor> head(kernels::cpu::context& ctx, std::span<const step_input> inputs,
+  result<kernels::tensor> head(kernels::device& dev, std::span<const step_input> inputs,
                                const kernels::tensor& x) const;
 
   /// Bytes of weights read per decoded token by what this model holds (its
@@ -128,7 +127,7 @@ class llama_model {
 
  private:
   struct layer {
-    kernels::packed_matrix q, k, v, o, gate, up, down;
+    kernels::matrix q, k, v, o, gate, up, down;
     kernels::tensor input_norm, post_norm;
   };
   // Per-step layout after checking the inputs against the cache.
@@ -137,7 +136,7 @@ class llama_model {
   };
   llama_model() = default;
   result<std::int64_t> check_inputs(std::span<const step_input> inputs, bool embeddings) const;
-  result<step_plan> layers_step(kernels::cpu::context& ctx, kv_cache& cache,
+  result<step_plan> layers_step(kernels::device& dev, kv_cache& cache,
                                 std::span<const step_input> inputs, kernels::tensor& x,
                                 const kernels::attention_options& attn) const;
 
@@ -146,7 +145,7 @@ class llama_model {
   tensor_split split_;
   std::int64_t nh_ = 0, nkv_ = 0, ffn_ = 0;  // this rank's heads, KV heads, FFN width
   kernels::weight_matrix embed_;
-  kernels::packed_matrix lm_head_;
+  kernels::matrix lm_head_;
   kernels::tensor norm_;
   std::vector<layer> layers_;
   kernels::rope_params rope_;

@@ -38,7 +38,7 @@ result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32
 }
 
 result<std::unique_ptr<llava_model>> llava_model::load(const std::string& path,
-                                                       kernels::cpu::context& ctx,
+                                                       kernels::device& dev,
                                                        const quant_plan& plan) {
   std::string dir = path;
   struct stat st {};
@@ -53,27 +53,27 @@ result<std::unique_ptr<llava_model>> llava_model::load(const std::string& path,
   if ((*src)->is_gguf())
     return make_error(errc::unsupported_op,
                       path + ": LLaVA loads from a Hugging Face folder, not GGUF");
-  return build(**src, *cfg, ctx, plan);
+  return build(**src, *cfg, dev, plan);
 }
 
 result<std::unique_ptr<llava_model>> llava_model::build(const weight_source& src,
                                                         const llava_config& cfg,
-                                                        kernels::cpu::context& ctx,
+                                                        kernels::device& dev,
                                                         const quant_plan& plan) {
   if (auto r = cfg.validate(src.path()); !r) return std::unexpected(r.error());
   std::unique_ptr<llava_model> m(new llava_model());
   m->cfg_ = cfg;
-  auto vision = clip_vision_tower::build(src, cfg.vision, cfg.vision_layers_used(), ctx, plan);
+  auto vision = clip_vision_tower::build(src, cfg.vision, cfg.vision_layers_used(), dev, plan);
   if (!vision) return std::unexpected(vision.error());
   m->vision_ = std::move(*vision);
   const std::int64_t Dv = cfg.vision.hidden_size, Dt = cfg.text.hidden_size;
-  auto p1 = load_linear(ctx, src, plan, "projector.linear_1", Dt, Dv, cfg.projector_bias);
+  auto p1 = load_linear(dev, src, plan, "projector.linear_1", Dt, Dv, cfg.projector_bias);
   if (!p1) return std::unexpected(p1.error());
-  auto p2 = load_linear(ctx, src, plan, "projector.linear_2", Dt, Dt, cfg.projector_bias);
+  auto p2 = load_linear(dev, src, plan, "projector.linear_2", Dt, Dt, cfg.projector_bias);
   if (!p2) return std::unexpected(p2.error());
   m->proj1_ = std::move(*p1);
   m->proj2_ = std::move(*p2);
-  auto text = llama_model::build(src, cfg.text, ctx, plan);
+  auto text = llama_model::build(src, cfg.text, dev, plan);
   if (!text) return std::unexpected(text.error());
   m->text_ = std::move(*text);
   spdlog::debug("loaded {}: {}", src.path(), m->describe());
@@ -86,13 +86,13 @@ std::string llava_model::describe() const {
          std::string(kernels::to_string(proj2_.weight.format())) + "; text " + text_->describe();
 }
 
-result<tensor> llava_model::vision_features(kernels::cpu::context& ctx, const tensor& pixels,
+result<tensor> llava_model::vision_features(kernels::device& dev, const tensor& pixels,
                                             const clip_options& opts) const {
-  auto hidden = vision_->forward(ctx, pixels, opts);
+  auto hidden = vision_->forward(dev, pixels, opts);
   if (!hidden) return std::unexpected(hidden.error());
   const std::int64_t N = hidden->dim(0), T = hidden->dim(1), D = hidden->dim(2);
   if (cfg_.select == vision_select::full) return hidden->reshape({N * T, D});
-  auto out = tensor::empty(ctx.memory(), dtype::f32, {N * (T - 1), D});
+  auto out = tensor::empty(dev.memory(), dtype::f32, {N * (T - 1), D});
   if (!out) return std::unexpected(out.error());
   for (std::int64_t n = 0; n < N; ++n)
     std::memcpy(out->row_as<float>(n * (T - 1)), hidden->row_as<float>(n * T + 1),
@@ -100,29 +100,28 @@ result<tensor> llava_model::vision_features(kernels::cpu::context& ctx, const te
   return out;
 }
 
-result<tensor> llava_model::project(kernels::cpu::context& ctx, const tensor& features) const {
+result<tensor> llava_model::project(kernels::device& dev, const tensor& features) const {
   const std::int64_t Dv = cfg_.vision.hidden_size, Dt = cfg_.text.hidden_size;
   if (features.type() != dtype::f32 || features.ndim() != 2 || !features.is_contiguous() ||
       features.dim(1) != Dv || features.dim(0) < 1)
     return make_error(errc::shape_mismatch, "projector input must be f32 [rows >= 1, " +
                                                 std::to_string(Dv) + "], got " +
                                                 features.shape().to_string());
-  auto h = tensor::empty(ctx.memory(), dtype::f32, {features.dim(0), Dt});
-  auto out = tensor::empty(ctx.memory(), dtype::f32, {features.dim(0), Dt});
+  auto h = tensor::empty(dev.memory(), dtype::f32, {features.dim(0), Dt});
+  auto out = tensor::empty(dev.memory(), dtype::f32, {features.dim(0), Dt});
   if (!h) return std::unexpected(h.error());
   if (!out) return std::unexpected(out.error());
-  if (auto r = proj1_.run(ctx, features, *h); !r) return std::unexpected(r.error());
-  if (auto r = kernels::gelu(ctx, *h, cfg_.projector_activation, *h); !r)
-    return std::unexpected(r.error());
-  if (auto r = proj2_.run(ctx, *h, *out); !r) return std::unexpected(r.error());
+  if (auto r = proj1_.run(dev, features, *h); !r) return std::unexpected(r.error());
+  if (auto r = dev.gelu(*h, cfg_.projector_activation, *h); !r) return std::unexpected(r.error());
+  if (auto r = proj2_.run(dev, *h, *out); !r) return std::unexpected(r.error());
   return out;
 }
 
-result<tensor> llava_model::encode_images(kernels::cpu::context& ctx, const tensor& pixels,
+result<tensor> llava_model::encode_images(kernels::device& dev, const tensor& pixels,
                                           const clip_options& opts) const {
-  auto f = vision_features(ctx, pixels, opts);
+  auto f = vision_features(dev, pixels, opts);
   if (!f) return std::unexpected(f.error());
-  return project(ctx, *f);
+  return project(dev, *f);
 }
 
 result<std::vector<std::int32_t>> llava_model::expand_image_tokens(
@@ -130,9 +129,8 @@ result<std::vector<std::int32_t>> llava_model::expand_image_tokens(
   return models::expand_image_tokens(ids, image_token(), tokens_per_image(), n_images);
 }
 
-result<llava_prompt> llava_model::prepare(kernels::cpu::context& ctx,
-                                          std::span<const std::int32_t> ids, const tensor& pixels,
-                                          const clip_options& opts) const {
+result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                                          const tensor& pixels, const clip_options& opts) const {
   const std::int64_t n_images = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
   if (n_images < 0)
     return make_error(errc::shape_mismatch,
@@ -145,7 +143,7 @@ result<llava_prompt> llava_model::prepare(kernels::cpu::context& ctx,
   if (!tokens) return std::unexpected(tokens.error());
   p.tokens = std::move(*tokens);
   if (n_images > 0) {
-    auto emb = encode_images(ctx, pixels, opts);
+    auto emb = encode_images(dev, pixels, opts);
     if (!emb) return std::unexpected(emb.error());
     p.image_embeds.assign(emb->data_as<float>(), emb->data_as<float>() + emb->numel());
   }

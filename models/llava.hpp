@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/context.hpp"
+#include "kernels/device.hpp"
 #include "models/clip.hpp"
 #include "models/llama.hpp"
 #include "models/llava_config.hpp"
@@ -40,13 +40,11 @@ class llava_model {
   /// Loads a Hugging Face folder (config.json + safetensors), converting
   /// matrices per `plan` (component patterns "vision.*", "projector.*",
   /// "text.*"; see quant_plan).
-  static result<std::unique_ptr<llava_model>> load(const std::string& path,
-                                                   kernels::cpu::context& ctx,
+  static result<std::unique_ptr<llava_model>> load(const std::string& path, kernels::device& dev,
                                                    const quant_plan& plan = {});
   /// Builds from an open source and a parsed config.
   static result<std::unique_ptr<llava_model>> build(const weight_source& src,
-                                                    const llava_config& cfg,
-                                                    kernels::cpu::context& ctx,
+                                                    const llava_config& cfg, kernels::device& dev,
                                                     const quant_plan& plan);
 
   const llava_config& config() const { return cfg_; }
@@ -61,18 +59,15 @@ class llava_model {
 
   /// The selected vision features: hidden_states[vision_feature_layer] with
   /// the select strategy applied, f32 [N * tokens_per_image, vision hidden].
-  result<kernels::tensor> vision_features(kernels::cpu::context& ctx,
-                                          const kernels::tensor& pixel_values,
+  result<kernels::tensor> vision_features(kernels::device& dev, const kernels::tensor& pixel_values,
                                           const clip_options& opts = {}) const;
   /// The projector: f32 [rows, vision hidden] -> f32 [rows, text hidden].
-  result<kernels::tensor> project(kernels::cpu::context& ctx,
-                                  const kernels::tensor& features) const;
+  result<kernels::tensor> project(kernels::device& dev, const kernels::tensor& features) const;
   /// vision_features then project: pixel_values f32 [N, 3, H, W] ->
   /// f32 [N * tokens_per_image, text hidden], image n at rows
   /// [n * tokens_per_image, (n + 1) * tokens_per_image). Each image's rows
   /// are bit-identical whatever its batch-mates.
-  result<kernels::tensor> encode_images(kernels::cpu::context& ctx,
-                                        const kernels::tensor& pixel_values,
+  result<kernels::tensor> encode_images(kernels::device& dev, const kernels::tensor& pixel_values,
                                         const clip_options& opts = {}) const;
   /// expand_image_tokens with this model's image token and tokens per image.
   result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
@@ -80,7 +75,7 @@ class llava_model {
   /// Expands `ids` (one image token per image, in order) and encodes
   /// `pixel_values` (one image per image token; N = 0 is allowed when `ids`
   /// hold no image token: pass an empty tensor).
-  result<llava_prompt> prepare(kernels::cpu::context& ctx, std::span<const std::int32_t> ids,
+  result<llava_prompt> prepare(kernels::device& dev, std::span<const std::int32_t> ids,
                                const kernels::tensor& pixel_values,
                                const clip_options& opts = {}) const;
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/context.hpp"
+#include "kernels/memory_pool.hpp"
 #include "kernels/quant.hpp"
 #include "models/gguf.hpp"
 #include "models/safetensors.hpp"

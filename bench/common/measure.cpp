@@ -58,6 +58,14 @@ std::unique_ptr<cpu::context> make_ctx(int threads) {
   return cpu::context::create(threads, first_cores(threads));
 }
 
+std::unique_ptr<cpu::cpu_device> make_device(int threads) {
+  cpu::cpu_device_options o;
+  o.name = "bench";
+  o.cores = first_cores(threads);
+  o.check_cores = false;
+  return std::move(*cpu::cpu_device::create(o));
+}
+
 bw_buffer make_bw_buffer(cpu::context& ctx, std::size_t bytes) {
   bw_buffer b;
   auto buf = ctx.memory().allocate(bytes);

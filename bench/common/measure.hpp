@@ -11,6 +11,7 @@
 
 #include "bench/common/stats.hpp"
 #include "kernels/cpu/context.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 
 namespace troupe::bench {
 
@@ -20,6 +21,8 @@ inline double now_s() {
 
 /// A context of `threads` workers pinned to the first cores this process may use.
 std::unique_ptr<kernels::cpu::context> make_ctx(int threads);
+/// The same cores as a device, for benchmarks that run a model.
+std::unique_ptr<kernels::cpu::cpu_device> make_device(int threads);
 
 /// A buffer for bandwidth passes (allocated from the context's pool and
 /// written once, so its pages exist).

@@ -165,9 +165,10 @@ int main(int argc, char** argv) {
       "%-6s %-3s %9s %9s %8s %8s %6s | %10s %9s %8s | llama.cpp 2t: decode  frac  prefill\n",
       "format", "thr", "GB/token", "decode", "limit", "frac", "", "prefill", "GOP/s", "/u8s8");
   for (int threads : opt.threads) {
-    auto ctx = make_ctx(threads);
-    const double u8s8 = onednn_u8s8_gops(*ctx, opt.quick ? 1 : 5);
-    auto bw = make_bw_buffer(*ctx, opt.quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30));
+    auto dev = make_device(threads);
+    auto& ctx = dev->ctx();  // the CPU kernels beside the model: oneDNN and the bandwidth pass
+    const double u8s8 = onednn_u8s8_gops(ctx, opt.quick ? 1 : 5);
+    auto bw = make_bw_buffer(ctx, opt.quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30));
     if (!bw.storage) return 1;
     for (const auto& fname : opt.formats) {
       auto fmt = k::weight_format_from_string(fname);
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      auto model = models::llama_model::load(path, *ctx);
+      auto model = models::llama_model::load(path, *dev);
       if (!model) {
         std::fprintf(stderr, "%s\n", model.error().message.c_str());
         return 1;
@@ -196,25 +197,25 @@ int main(int argc, char** argv) {
       std::vector<double> prefill_tps, decode_tps, fractions, limits;
       for (int r = 0; r < opt.runs; ++r) {
         auto cache = m.make_cache(
-            ctx->memory(),
+            dev->memory(),
             models::kv_options{.block_size = 16, .capacity_tokens = opt.prompt + opt.gen + 16});
         if (!cache) return 1;
         const auto s = cache->add_sequence();
         const auto prompt =
             random_tokens(opt.prompt, static_cast<std::uint32_t>(r + 1), cfg.vocab_size);
         double t0 = now_s();
-        auto logits = m.forward(*ctx, *cache, std::vector<models::step_input>{{s, prompt, false}});
+        auto logits = m.forward(*dev, *cache, std::vector<models::step_input>{{s, prompt, false}});
         if (!logits) {
           std::fprintf(stderr, "%s\n", logits.error().message.c_str());
           return 1;
         }
         prefill_tps.push_back(opt.prompt / (now_s() - t0));
-        const double gbps = bandwidth_pass(*ctx, bw.data(), bw.bytes);
+        const double gbps = bandwidth_pass(ctx, bw.data(), bw.bytes);
         std::int32_t tok = 300;
         t0 = now_s();
         for (int g = 0; g < opt.gen; ++g) {
           std::vector<std::int32_t> one{tok};
-          auto l = m.forward(*ctx, *cache, std::vector<models::step_input>{{s, one, false}});
+          auto l = m.forward(*dev, *cache, std::vector<models::step_input>{{s, one, false}});
           if (!l) return 1;
           tok = static_cast<std::int32_t>(259 + (g * 7919) % 30000);
         }

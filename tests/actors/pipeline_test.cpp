@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "actor_test.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 
 #include <atomic>
 #include <condition_variable>
@@ -44,7 +45,7 @@ struct prompt_case {
 class reference {
  public:
   reference() {
-    ctx_ = kernels::cpu::context::create(2);
+    ctx_ = kernels::cpu::cpu_device::with_threads(2);
     auto m = models::llava_model::load(model_dir, *ctx_);
     EXPECT_TRUE(m) << (m ? "" : m.error().message);
     model_ = std::move(*m);
@@ -108,7 +109,7 @@ class reference {
   }
 
  private:
-  std::unique_ptr<kernels::cpu::context> ctx_;
+  std::unique_ptr<kernels::cpu::cpu_device> ctx_;
   std::unique_ptr<models::llava_model> model_;
   std::optional<models::tokenizer> tok_;
   models::image_processor_config pre_;

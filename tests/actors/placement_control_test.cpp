@@ -196,7 +196,7 @@ TEST(DeviceProbe, MeasuresRatesAndMemoryOnItsTeam) {
   device_spec spec;
   spec.name = "cpu:0-0";
   spec.cores = {0};
-  auto d = device_context::create(spec);
+  auto d = open_device(spec);
   const auto p = measure_device(*d, std::int64_t{1} << 30);
   EXPECT_EQ(p.device, "cpu:0-0");
   EXPECT_EQ(p.cores, 1);

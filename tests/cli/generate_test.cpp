@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "run_cli.hpp"
 
 #include <algorithm>
@@ -59,7 +60,7 @@ TEST(CliGenerate, JsonTokensEqualTheSameRequestInAMixedBatch) {
   EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
 
   // The same request among others, in this process, one thread.
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto m = llama_model::load(model, *ctx);
   ASSERT_TRUE(m);
   auto g = gguf_file::open(model);

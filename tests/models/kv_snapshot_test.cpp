@@ -16,6 +16,7 @@
 
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/llama.hpp"
 #include "models/random_model.hpp"
 #include "step_script.hpp"
@@ -110,7 +111,7 @@ std::string* KvSnapshot::path_ = nullptr;
 // exported, released and imported (into `other` if given, which then runs
 // that sequence's later steps). Returns each step's logits, concatenated,
 // in the order of the script's items.
-std::vector<float> run_script(k::cpu::context& ctx, const llama_model& m, kv_cache& cache,
+std::vector<float> run_script(k::device& ctx, const llama_model& m, kv_cache& cache,
                               kv_cache* other, const std::vector<test::scripted_sequence>& seqs,
                               const std::vector<test::scripted_step>& steps, int swap_at,
                               std::size_t victim) {
@@ -195,7 +196,7 @@ std::vector<float> run_script(k::cpu::context& ctx, const llama_model& m, kv_cac
 }  // namespace
 
 TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m) << m.error().message;
   const auto seqs = test::make_sequences(vocab, 64, {11, 26, 7}, 14, 9, 5);

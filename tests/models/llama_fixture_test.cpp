@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../kernels/fixture_reader.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "logit_agreement.hpp"
 #include "models/generate.hpp"
 #include "models/llama.hpp"
@@ -53,7 +54,7 @@ reference load_reference(const std::string& name) {
 }
 
 // All-position logits of `tokens` through a fresh cache.
-std::vector<float> run(k::cpu::context& ctx, const llama_model& m,
+std::vector<float> run(k::device& ctx, const llama_model& m,
                        const std::vector<std::int32_t>& tokens) {
   auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 16, .capacity_tokens = 256});
   EXPECT_TRUE(cache);
@@ -83,7 +84,7 @@ double worst_relative_error(const std::vector<float>& got, const std::vector<flo
 using test::agreement;
 
 // compare_logits() over every reference sequence, the KL averaged per position.
-agreement compare_all(k::cpu::context& ctx, const llama_model& m, const reference& ref,
+agreement compare_all(k::device& ctx, const llama_model& m, const reference& ref,
                       const std::function<std::vector<float>(std::size_t)>& want, double margin) {
   agreement total;
   std::size_t n = 0;
@@ -99,7 +100,7 @@ agreement compare_all(k::cpu::context& ctx, const llama_model& m, const referenc
   return total;
 }
 
-std::unique_ptr<llama_model> load(k::cpu::context& ctx, const std::string& path,
+std::unique_ptr<llama_model> load(k::device& ctx, const std::string& path,
                                   const char* quant = nullptr) {
   quant_plan plan;
   if (quant) plan.default_format = *k::weight_format_from_string(quant);
@@ -114,7 +115,7 @@ class LlamaFidelity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlamaFidelity, F32MatchesTransformersFromHfAndGguf) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto hf = load(*ctx, dir(GetParam()));
   auto gg = load(*ctx, dir(GetParam()) + "/model-f32.gguf");
   ASSERT_TRUE(hf && gg);
@@ -136,7 +137,7 @@ TEST_P(LlamaFidelity, F32MatchesTransformersFromHfAndGguf) {
 
 TEST_P(LlamaFidelity, GreedyGenerationMatchesTransformers) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   for (const std::string& path : {dir(GetParam()), dir(GetParam()) + "/model-f32.gguf"}) {
     auto m = load(*ctx, path);
     ASSERT_TRUE(m);
@@ -175,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, LlamaFidelity, ::testing::Values("odd", "l
 // dequantized weights.
 TEST(LlamaFidelityQuant, KlAndTop1PerFormat) {
   const auto ref = load_reference("llama3");
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   struct fmt {
     const char* quant;
     const char* file;
@@ -220,7 +221,7 @@ TEST(LlamaFidelityQuant, KlAndTop1PerFormat) {
 TEST(LlamaFidelityQuant, BlockFormatsMatchTransformersOnDequantizedWeights) {
   const auto ref = load_reference("llama3");
   const auto deq = test::load_fixture(dir("llama3") + "/reference-dequant.bin");
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   for (const char* fmt : {"q8_0", "q4_0"}) {
     auto m = load(*ctx, dir("llama3") + "/model-" + fmt + ".gguf");
     ASSERT_TRUE(m);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/llama.hpp"
 #include "models/llava_config.hpp"
 #include "step_script.hpp"
@@ -32,10 +33,10 @@ const std::string bundled = std::string(TROUPE_FIXTURES_DIR) + "/../../assets/ti
 
 /// Makes a model holding `range` in `ctx`.
 using loader_fn =
-    std::function<result<std::unique_ptr<llama_model>>(k::cpu::context&, const layer_range&)>;
+    std::function<result<std::unique_ptr<llama_model>>(k::device&, const layer_range&)>;
 
 loader_fn from_path(const std::string& path, const char* quant = nullptr) {
-  return [path, quant](k::cpu::context& ctx, const layer_range& range) {
+  return [path, quant](k::device& ctx, const layer_range& range) {
     quant_plan plan;
     if (quant) plan.default_format = *k::weight_format_from_string(quant);
     return llama_model::load(path, ctx, plan, range);
@@ -44,8 +45,7 @@ loader_fn from_path(const std::string& path, const char* quant = nullptr) {
 
 // The decoder of a LLaVA folder, built as a plain llama (as llava_model does).
 loader_fn llava_text(const std::string& dir) {
-  return [dir](k::cpu::context& ctx,
-               const layer_range& range) -> result<std::unique_ptr<llama_model>> {
+  return [dir](k::device& ctx, const layer_range& range) -> result<std::unique_ptr<llama_model>> {
     auto cfg = load_llava_config(dir + "/config.json");
     if (!cfg) return std::unexpected(cfg.error());
     auto src = weight_source::open(dir);
@@ -55,7 +55,7 @@ loader_fn llava_text(const std::string& dir) {
 }
 
 struct stage {
-  std::unique_ptr<k::cpu::context> ctx;
+  std::unique_ptr<k::cpu::cpu_device> ctx;
   std::unique_ptr<llama_model> model;
   std::optional<kv_cache> cache;
 };
@@ -66,7 +66,7 @@ std::vector<stage> make_stages(const loader_fn& load, const std::vector<int>& bo
   std::vector<stage> out;
   for (std::size_t i = 0; i + 1 < bounds.size(); ++i) {
     stage s;
-    s.ctx = k::cpu::context::create(1);
+    s.ctx = k::cpu::cpu_device::with_threads(1);
     layer_range r;
     r.first = bounds[i];
     r.last = bounds[i + 1];
@@ -216,7 +216,7 @@ TEST(LlamaStages, StagesHoldOnlyTheirWeights) {
   for (const auto& [name, layers] : {std::pair<std::string, int>{"odd", 2}, {"llama3", 3}}) {
     SCOPED_TRACE(name);
     const auto load = from_path(fixture(name));
-    auto whole_ctx = k::cpu::context::create(1);
+    auto whole_ctx = k::cpu::cpu_device::with_threads(1);
     auto whole = load(*whole_ctx, {});
     ASSERT_TRUE(whole) << whole.error().message;
     EXPECT_EQ((*whole)->range().first, 0);
@@ -225,7 +225,7 @@ TEST(LlamaStages, StagesHoldOnlyTheirWeights) {
     const std::vector<layer_range> parts{{0, 1, true, false}, {1, layers, false, true}};
     std::size_t bytes = 0, per_token = 0;
     for (const auto& r : parts) {
-      auto ctx = k::cpu::context::create(1);
+      auto ctx = k::cpu::cpu_device::with_threads(1);
       auto m = load(*ctx, r);
       ASSERT_TRUE(m) << m.error().message;
       EXPECT_FALSE((*m)->is_full());

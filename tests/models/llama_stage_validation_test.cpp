@@ -13,6 +13,7 @@
 
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/llama.hpp"
 #include "models/random_model.hpp"
 
@@ -43,7 +44,7 @@ std::string* LlamaStageValidation::path_ = nullptr;
 }  // namespace
 
 TEST_F(LlamaStageValidation, RangesThatDoNotFitAreErrors) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   const std::vector<std::pair<const char*, layer_range>> bad{
       {"negative first", {-1, -1, true, true}},
       {"last beyond the layers", {0, 3, true, true}},
@@ -69,7 +70,7 @@ TEST_F(LlamaStageValidation, RangesThatDoNotFitAreErrors) {
 }
 
 TEST_F(LlamaStageValidation, StagesRefuseWhatTheyDoNotHold) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto first = llama_model::load(*path_, *ctx, {}, {0, 1, true, false});
   auto last = llama_model::load(*path_, *ctx, {}, {1, 2, false, true});
   auto whole = llama_model::load(*path_, *ctx);
@@ -121,7 +122,7 @@ TEST_F(LlamaStageValidation, StagesRefuseWhatTheyDoNotHold) {
 }
 
 TEST_F(LlamaStageValidation, BadHiddenStatesAndStepsChangeNoCache) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto first = llama_model::load(*path_, *ctx, {}, {0, 1, true, false});
   auto last = llama_model::load(*path_, *ctx, {}, {1, 2, false, true});
   ASSERT_TRUE(first && last);

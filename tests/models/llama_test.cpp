@@ -5,6 +5,7 @@
 
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -41,7 +42,7 @@ std::vector<std::int32_t> tokens(int n, int seed, int vocab) {
 
 // Logits of `seq` (last token of each chunk) when fed in chunks of `chunk`,
 // optionally with a companion sequence in every step.
-std::vector<std::vector<float>> run(k::cpu::context& ctx, const llama_model& m,
+std::vector<std::vector<float>> run(k::device& ctx, const llama_model& m,
                                     const std::vector<std::int32_t>& seq, int chunk,
                                     bool companion) {
   auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 8, .capacity_tokens = 512});
@@ -84,7 +85,7 @@ std::string* LlamaTest::path_ = nullptr;
 }  // namespace
 
 TEST_F(LlamaTest, LoadsAndDescribes) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m) << m.error().message;
   EXPECT_EQ((*m)->config().num_layers, 2);
@@ -96,8 +97,8 @@ TEST_F(LlamaTest, LoadsAndDescribes) {
 TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
   for (const char* quant : {"f32", "q8_0", "q4_0", "int8", "f16"}) {
     SCOPED_TRACE(quant);
-    auto ctx2 = k::cpu::context::create(2);
-    auto ctx1 = k::cpu::context::create(1);
+    auto ctx2 = k::cpu::cpu_device::with_threads(2);
+    auto ctx1 = k::cpu::cpu_device::with_threads(1);
     quant_plan plan;
     plan.default_format = *k::weight_format_from_string(quant);
     auto m = llama_model::load(*path_, *ctx2, plan);
@@ -127,7 +128,7 @@ TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
 }
 
 TEST_F(LlamaTest, SlidingWindowCacheFreesBlocksAndMatchesWindowedAttention) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
   const auto seq = tokens(60, 9, vocab);
@@ -156,7 +157,7 @@ TEST_F(LlamaTest, SlidingWindowCacheFreesBlocksAndMatchesWindowedAttention) {
 }
 
 TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
   std::vector<generation_request> reqs;
@@ -190,7 +191,7 @@ TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
 }
 
 TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
   auto cache = (*m)->make_cache(ctx->memory(), kv_options{.block_size = 8, .capacity_tokens = 16});
@@ -215,7 +216,7 @@ TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
 }
 
 TEST_F(LlamaTest, F16AndInt8KvStayCloseToF32) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
   const auto seq = tokens(40, 4, vocab);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../kernels/fixture_reader.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "logit_agreement.hpp"
 #include "models/generate.hpp"
 #include "models/llava.hpp"
@@ -71,8 +72,7 @@ reference load_reference(const std::string& name) {
 }
 
 // pixel_values of the chosen reference images, as a tensor [n, 3, S, S].
-k::tensor pixels_of(k::cpu::context& ctx, const reference& ref,
-                    const std::vector<std::int64_t>& which) {
+k::tensor pixels_of(k::device& ctx, const reference& ref, const std::vector<std::int64_t>& which) {
   const std::int64_t C = ref.pixel_dims[1], H = ref.pixel_dims[2], W = ref.pixel_dims[3];
   const std::int64_t per = C * H * W;
   auto t = k::tensor::empty(ctx.memory(), k::dtype::f32,
@@ -117,7 +117,7 @@ double logits_error(const std::vector<float>& got, const std::vector<float>& wan
 }
 
 // Teacher-forced logits of a prepared prompt, fed in chunks of `chunk`.
-std::vector<float> run(k::cpu::context& ctx, const llava_model& m, const llava_prompt& p,
+std::vector<float> run(k::device& ctx, const llava_model& m, const llava_prompt& p,
                        std::size_t chunk = 1 << 20) {
   const auto& lm = m.language_model();
   auto cache = lm.make_cache(ctx.memory(), kv_options{.block_size = 16, .capacity_tokens = 512});
@@ -142,7 +142,7 @@ std::vector<float> run(k::cpu::context& ctx, const llava_model& m, const llava_p
   return out;
 }
 
-std::unique_ptr<llava_model> load(k::cpu::context& ctx, const std::string& name,
+std::unique_ptr<llava_model> load(k::device& ctx, const std::string& name,
                                   const quant_plan& plan = {}) {
   // "bundled": the committed tiny LLaVA (assets/), references made by
   // tools/make_llava_fixtures.py --model assets/tiny-llava-shapes.
@@ -172,7 +172,7 @@ class LlavaFidelity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlavaFidelity, VisionFeaturesAndProjectorMatchTransformers) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   EXPECT_EQ(m->tokens_per_image(), ref.tokens_per_image);
@@ -199,7 +199,7 @@ TEST_P(LlavaFidelity, VisionFeaturesAndProjectorMatchTransformers) {
 
 TEST_P(LlavaFidelity, LogitsMatchTransformers) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   for (std::size_t p = 0; p < ref.prompts.size(); ++p) {
@@ -216,8 +216,8 @@ TEST_P(LlavaFidelity, LogitsMatchTransformers) {
 
 TEST_P(LlavaFidelity, ImagesBatchedOrAloneAndAnyThreadCountAreBitIdentical) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
-  auto ctx1 = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
+  auto ctx1 = k::cpu::cpu_device::with_threads(1);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   auto both = m->encode_images(*ctx, pixels_of(*ctx, ref, {0, 1}));
@@ -242,7 +242,7 @@ TEST_P(LlavaFidelity, ImagesBatchedOrAloneAndAnyThreadCountAreBitIdentical) {
 
 TEST_P(LlavaFidelity, ChunkBoundariesInsideImageTokensChangeNothing) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   const auto& pr = ref.prompts[0];
@@ -256,7 +256,7 @@ TEST_P(LlavaFidelity, ChunkBoundariesInsideImageTokensChangeNothing) {
 
 TEST_P(LlavaFidelity, ImagePromptsInOneStepMatchAlone) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   std::vector<llava_prompt> prompts;
@@ -289,7 +289,7 @@ TEST_P(LlavaFidelity, ImagePromptsInOneStepMatchAlone) {
 
 TEST_P(LlavaFidelity, GreedyGenerationMatchesTransformers) {
   const auto ref = load_reference(GetParam());
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = load(*ctx, GetParam());
   ASSERT_TRUE(m);
   std::vector<generation_request> reqs;
@@ -339,7 +339,7 @@ TEST_P(LlavaFidelity, MixedPrecisionComponentsMatchDequantizedReference) {
     GTEST_SKIP() << "mixed precision is checked on the random-weight fixtures";
   const auto ref = load_reference(GetParam());
   const auto mixed = test::load_fixture(dir(GetParam()) + "/reference-mixed.bin");
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   const bool q4 = GetParam() == "full";
   auto m =
       load(*ctx, GetParam(), mixed_plan(q4 ? k::weight_format::q4_0 : k::weight_format::int8_sym));
@@ -404,7 +404,7 @@ TEST_P(LlavaFidelity, RepeatedEncodesAreIdentical) {
   const auto ref = load_reference(GetParam());
   for (const bool onednn : {false, true})
     for (int threads : {1, 2}) {
-      auto ctx = k::cpu::context::create(threads);
+      auto ctx = k::cpu::cpu_device::with_threads(threads);
       auto m = load(*ctx, GetParam());
       ASSERT_TRUE(m);
       clip_options opts;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../kernels/fixture_reader.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/llava.hpp"
 
 using namespace troupe;
@@ -42,7 +43,7 @@ constexpr const char* sparse_llava15 = R"({
   "vocab_size": 32064
 })";
 
-k::tensor pixels(k::cpu::context& ctx, std::int64_t n, std::int64_t size, float seed) {
+k::tensor pixels(k::device& ctx, std::int64_t n, std::int64_t size, float seed) {
   auto t = k::tensor::empty(ctx.memory(), k::dtype::f32, {n, 3, size, size});
   EXPECT_TRUE(t);
   for (std::int64_t i = 0; i < t->numel(); ++i)
@@ -184,7 +185,7 @@ TEST(Llava, CanonicalNamesOfEveryComponent) {
 // the table's own rows they must give the same logits bit for bit, and
 // other rows must change them.
 TEST(Llava, DecoderInputEmbeddingsReplaceTableRows) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llava_model::load(dir("odd"), *ctx);
   ASSERT_TRUE(m) << m.error().message;
   const auto& lm = (*m)->language_model();
@@ -224,7 +225,7 @@ TEST(Llava, DecoderInputEmbeddingsReplaceTableRows) {
 // vision tower they keep every image independent of its batch-mates, and
 // sparse attention keeping every block equals causal dense attention.
 TEST(Llava, VisionTowerWindowedAndSparseAttention) {
-  auto ctx = k::cpu::context::create(2);
+  auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llava_model::load(dir("odd"), *ctx);
   ASSERT_TRUE(m) << m.error().message;
   const auto& tower = (*m)->vision_tower();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../temp_path.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/generate.hpp"
 #include "models/llava.hpp"
 #include "models/safetensors.hpp"
@@ -106,7 +107,7 @@ entry& find(std::vector<entry>& t, const std::string& name) {
 
 // The load error for a checkpoint, "" if it loaded.
 std::string load_error(const std::string& path, const quant_plan& plan = {}) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto m = llava_model::load(path, *ctx, plan);
   return m ? std::string() : m.error().message;
 }
@@ -268,7 +269,7 @@ TEST(LlavaValidation, MissingOrMisshapedTensorsNameTheTensor) {
 }
 
 TEST(LlavaValidation, ProjectorWithoutBiasAndNewerTensorNames) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto ref = llava_model::load(fixture_dir(), *ctx);
   ASSERT_TRUE(ref);
   // transformers >= 4.52 names: model.{vision_tower,multi_modal_projector,language_model}.
@@ -305,7 +306,7 @@ TEST(LlavaValidation, ProjectorWithoutBiasAndNewerTensorNames) {
 }
 
 TEST(LlavaValidation, ImageCountsPixelValuesAndEmbeddingsAreChecked) {
-  auto ctx = k::cpu::context::create(1);
+  auto ctx = k::cpu::cpu_device::with_threads(1);
   auto loaded = llava_model::load(fixture_dir(), *ctx);
   ASSERT_TRUE(loaded);
   const auto& m = **loaded;

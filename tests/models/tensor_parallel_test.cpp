@@ -10,6 +10,7 @@
 
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
+#include "kernels/cpu/cpu_device.hpp"
 #include "models/llama.hpp"
 #include "models/llava_config.hpp"
 #include "models/random_model.hpp"
@@ -59,7 +60,7 @@ std::vector<std::int32_t> tokens(int n, int salt, std::int64_t vocab) {
 }
 
 // Logits of two sequences (all tokens) from a model.
-result<tensor> logits_of(const llama_model& m, kernels::cpu::context& ctx,
+result<tensor> logits_of(const llama_model& m, kernels::device& ctx,
                          const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
   auto cache = m.make_cache(ctx.memory(), kv_options{});
   if (!cache) return std::unexpected(cache.error());
@@ -75,7 +76,7 @@ result<tensor> logits_of(const llama_model& m, kernels::cpu::context& ctx,
 }
 
 void compare_with_one_process(const std::string& path, const quant_plan& plan, std::int64_t vocab) {
-  auto ctx = kernels::cpu::context::create(1);
+  auto ctx = kernels::cpu::cpu_device::with_threads(1);
   auto full = llama_model::load(path, *ctx, plan);
   ASSERT_TRUE(full) << full.error().message;
   const auto a = tokens(9, 1, vocab), b = tokens(4, 2, vocab);
@@ -83,8 +84,8 @@ void compare_with_one_process(const std::string& path, const quant_plan& plan, s
   ASSERT_TRUE(want) << want.error().message;
 
   two_ranks g;
-  std::vector<std::shared_ptr<kernels::cpu::context>> ctxs{kernels::cpu::context::create(1),
-                                                           kernels::cpu::context::create(1)};
+  std::vector<std::shared_ptr<kernels::cpu::cpu_device>> ctxs{
+      kernels::cpu::cpu_device::with_threads(1), kernels::cpu::cpu_device::with_threads(1)};
   std::vector<std::unique_ptr<llama_model>> ranks;
   for (int r = 0; r < 2; ++r) {
     auto m = llama_model::load(path, *ctxs[static_cast<std::size_t>(r)], plan, {}, g.split(r));
@@ -141,7 +142,7 @@ TEST(TensorParallel, BundledModelGreedyTokensAreTheSame) {
   // The bundled LLaVA's decoder on a text prompt: 20 greedy tokens.
   const std::string dir = TROUPE_BUNDLED_MODEL;
   auto greedy = [&](const llama_model& m,
-                    kernels::cpu::context& ctx) -> result<std::vector<std::int32_t>> {
+                    kernels::device& ctx) -> result<std::vector<std::int32_t>> {
     auto cache = m.make_cache(ctx.memory(), kv_options{});
     if (!cache) return std::unexpected(cache.error());
     const auto s = cache->add_sequence();
@@ -166,15 +167,15 @@ TEST(TensorParallel, BundledModelGreedyTokensAreTheSame) {
   ASSERT_TRUE(text);
   auto cfg = parse_llava_config(*text, dir + "/config.json");
   ASSERT_TRUE(cfg) << cfg.error().message;
-  auto ctx = kernels::cpu::context::create(1);
+  auto ctx = kernels::cpu::cpu_device::with_threads(1);
   auto full = llama_model::build(**src, cfg->text, *ctx, {});
   ASSERT_TRUE(full) << full.error().message;
   auto want = greedy(**full, *ctx);
   ASSERT_TRUE(want) << want.error().message;
 
   two_ranks g;
-  std::vector<std::shared_ptr<kernels::cpu::context>> ctxs{kernels::cpu::context::create(1),
-                                                           kernels::cpu::context::create(1)};
+  std::vector<std::shared_ptr<kernels::cpu::cpu_device>> ctxs{
+      kernels::cpu::cpu_device::with_threads(1), kernels::cpu::cpu_device::with_threads(1)};
   std::vector<std::unique_ptr<llama_model>> ranks;
   for (int r = 0; r < 2; ++r) {
     auto m = llama_model::build(**src, cfg->text, *ctxs[static_cast<std::size_t>(r)], {}, {},
@@ -197,7 +198,7 @@ TEST(TensorParallel, SplitsThatDoNotDivideAreRefused) {
   spec.format = kernels::weight_format::f32;
   const auto path = test::temp_path("tp_bad.gguf");
   ASSERT_TRUE(write_random_gguf(path, spec));
-  auto ctx = kernels::cpu::context::create(1);
+  auto ctx = kernels::cpu::cpu_device::with_threads(1);
   tensor_split s;
   s.size = 3;  // 4 heads, 2 KV heads
   s.all_reduce = [](tensor&) -> result<void> { return {}; };
