@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "actors/clock.hpp"
 #include "actors/data_plane.hpp"
@@ -22,13 +23,24 @@ struct pending_input {
   caf::typed_response_promise<encode_reply> promise;
   clock::time_point arrived;
   double preprocess_ms = 0;
-  std::string dest;  ///< the requester's data-plane key when it is another process ("" here)
+  std::uint64_t request = 0;
+  std::int32_t index = 0;
+  caf::actor_addr owner;  ///< who asked (its requests' rows go when it does)
+};
+
+/// A request's encoded images, held until the requester forgets them (or
+/// goes down): image index -> f32 [tokens, hidden].
+struct held_images {
+  std::map<std::int32_t, tensor> rows;
+  caf::actor_addr owner;
 };
 
 struct encoder_state {
   // Length buckets: token count -> inputs waiting, oldest first.
   std::map<std::int64_t, std::deque<pending_input>> buckets;
   std::uint64_t batches = 0;
+  std::map<std::uint64_t, held_images> held;
+  std::set<caf::actor_addr> watched;  ///< requesters monitored
 };
 
 using self_ptr = encoder_actor::stateful_pointer<encoder_state>;
@@ -71,18 +83,14 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       batch[i].promise.deliver(make_error(error_code::internal, rows.error().message));
       continue;
     }
+    // Held here until the scheduler has the first stage take them (rows,
+    // below), chunk by chunk: they go from here to the first stage only.
     encode_reply rep;
-    // An encoder moved to another node than the scheduler's sends the
-    // embeddings back over the data plane.
-    {
-      auto ref = data_plane::local().send(batch[i].dest, res.device.name, std::move(*rows));
-      if (!ref) {
-        batch[i].promise.deliver(make_error(
-            error_code::peer_lost, "image embeddings to the scheduler: " + ref.error().message));
-        continue;
-      }
-      rep.embeddings = std::move(*ref);
-    }
+    rep.rows = rows->dim(0);
+    rep.hidden = rows->dim(1);
+    auto& h = self->state.held[batch[i].request];
+    h.owner = batch[i].owner;
+    h.rows[batch[i].index] = std::move(*rows);
     rep.preprocess_ms = batch[i].preprocess_ms;
     rep.encode_ms = encode_ms;
     rep.batch = static_cast<std::int64_t>(n);
@@ -112,6 +120,52 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
   }
 }
 
+/// Rows [first_row, first_row + rows) of request `q.request`'s held images
+/// (image k holds rows [k * T, (k + 1) * T)), sent to the process `q.dest`:
+/// a view of one image's rows, or a gather across images.
+caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
+                                  const image_rows_request& q) {
+  const auto it = self->state.held.find(q.request);
+  if (it == self->state.held.end())
+    return make_error(error_code::not_found,
+                      "no image rows of request " + std::to_string(q.request) + " are held here");
+  const std::int64_t T = res.model->tokens_per_image();
+  if (q.rows < 1 || q.first_row < 0 ||
+      q.first_row > std::numeric_limits<std::int64_t>::max() - q.rows)
+    return make_error(error_code::invalid_request, "image rows: a bad row range");
+  const auto first = q.first_row / T, last = (q.first_row + q.rows - 1) / T;
+  std::vector<const tensor*> images;
+  for (auto k = first; k <= last; ++k) {
+    auto at = k <= std::numeric_limits<std::int32_t>::max()
+                  ? it->second.rows.find(static_cast<std::int32_t>(k))
+                  : it->second.rows.end();
+    if (at == it->second.rows.end())
+      return make_error(error_code::not_found, "image " + std::to_string(k) + " of request " +
+                                                   std::to_string(q.request) + " is not held here");
+    images.push_back(&at->second);
+  }
+  kernels::result<tensor> t = kernels::make_error(kernels::errc::internal, "no rows");
+  if (first == last) {
+    t = images.front()->slice_rows(q.first_row % T, q.rows);
+  } else {
+    const std::int64_t H = images.front()->dim(1);
+    t = tensor::empty(res.dev->memory(), kernels::dtype::f32, {q.rows, H});
+    if (t)
+      for (std::int64_t r = 0; r < q.rows; ++r) {
+        const auto row = q.first_row + r;
+        std::copy_n(images[static_cast<std::size_t>(row / T - first)]->row_as<float>(row % T), H,
+                    t->row_as<float>(r));
+      }
+  }
+  if (!t) return make_error(error_code::internal, "image rows: " + t.error().message);
+  auto ref = data_plane::local().send(q.dest == to_string(self->node()) ? std::string{} : q.dest,
+                                      res.device.name, std::move(*t));
+  if (!ref)
+    return make_error(error_code::peer_lost,
+                      "image rows to the first stage: " + ref.error().message);
+  return std::move(*ref);
+}
+
 }  // namespace
 
 kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
@@ -135,58 +189,28 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
   return res;
 }
 
-encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote) {
-  auto impl = [](encoder_actor::pointer self,
-                 encoder_actor remote) -> encoder_actor::behavior_type {
-    auto pool = kernels::memory_pool::create();
-    return {
-        [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
-          auto rp = self->make_response_promise<encode_reply>();
-          self->request(remote, caf::infinite, encode_atom::value, std::move(req))
-              .then(
-                  [rp, pool](encode_reply& r) mutable {
-                    // Received on this actor's own thread (it waits for the
-                    // transfer), then parked here for the scheduler.
-                    auto t = data_plane::local().take(r.embeddings, *pool);
-                    if (!t) {
-                      rp.deliver(
-                          make_error(error_code::peer_lost,
-                                     "image embeddings from the encoder: " + t.error().message));
-                      return;
-                    }
-                    r.embeddings = data_plane::local().park("host", std::move(*t));
-                    rp.deliver(std::move(r));
-                  },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-          return rp;
-        },
-        [=](flush_atom, std::int64_t bucket) { self->send(remote, flush_atom::value, bucket); },
-        [=](version_atom) -> caf::result<std::uint32_t> {
-          auto rp = self->make_response_promise<std::uint32_t>();
-          self->request(remote, caf::infinite, version_atom::value)
-              .then([rp](std::uint32_t v) mutable { rp.deliver(v); },
-                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-          return rp;
-        },
-    };
-  };
-  return sys.spawn<caf::detached>(impl, std::move(remote));
-}
-
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res,
                             encoder_options opts) {
   opts = core::sanitized(opts);
   auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res,
                  encoder_options o) -> encoder_actor::behavior_type {
     pin_current_thread(res->device.cores);
+    // A requester that goes away forgets nothing: its requests' rows go
+    // with it.
+    self->set_down_handler([=](caf::down_msg& dm) {
+      auto& st = self->state;
+      st.watched.erase(dm.source);
+      for (auto it = st.held.begin(); it != st.held.end();)
+        it = it->second.owner == dm.source ? st.held.erase(it) : std::next(it);
+    });
     return {
         [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
           const auto t0 = clock::now();
-          // The requester's process (before make_response_promise takes the
-          // sender out of the current message).
+          // The requester (before make_response_promise takes the sender
+          // out of the current message): its requests' rows are held here.
           const auto& sender = self->current_sender();
-          std::string dest =
-              sender && sender->node() != self->node() ? to_string(sender->node()) : std::string{};
+          const auto owner = caf::actor_cast<caf::actor_addr>(sender);
+          if (sender && self->state.watched.insert(owner).second) self->monitor(sender);
           const std::string name = req.image.name.empty()
                                        ? "image of request " + std::to_string(req.request)
                                        : req.image.name;
@@ -208,7 +232,7 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           auto promise = self->make_response_promise<encode_reply>();
           auto& q = self->state.buckets[bucket];
           q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()),
-                       std::move(dest)});
+                       req.request, req.index, owner});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {
@@ -223,6 +247,8 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           for (auto& [b, q] : self->state.buckets)
             while (!q.empty()) run_batch(self, *res, b, static_cast<std::size_t>(o.max_batch));
         },
+        [=](rows_atom, const image_rows_request& q) { return send_rows(self, *res, q); },
+        [=](forget_atom, std::uint64_t request) { self->state.held.erase(request); },
         [](version_atom) { return protocol_version; },
     };
   };

@@ -30,16 +30,11 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
 
 /// Spawns the encoder (detached, pinned): decodes and preprocesses each
 /// image on arrival, batches them, runs the vision tower + projector and
-/// answers each request with its embeddings (kept on the encoder's device,
-/// handed over by tensor_ref).
+/// answers each request with the embeddings' shape. It holds the rows (on
+/// its device) until the requester forgets the request or goes down, and
+/// sends a chunk's rows straight to the first stage's process when asked
+/// (rows_atom): they never pass through the scheduler.
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_resources> res,
                             encoder_options opts);
-
-/// Stands in this process for an encoder in another one (a live migration
-/// moved it): passes requests on and receives each reply's embeddings over
-/// the data plane on its own thread, so the scheduler never waits on a
-/// transfer; they reach the scheduler parked here, as a local encoder's
-/// would. Stopping the relay stops the remote encoder's link to it only.
-encoder_actor spawn_encoder_relay(caf::actor_system& sys, encoder_actor remote);
 
 }  // namespace troupe::actors

@@ -258,22 +258,23 @@ void replace(head_ptr self, const std::string& trigger,
               (*handles)[i] = std::move(h);
               if (i == 0) {
                 auto& st = self->state;
-                auto own = st.rt[st.cfg.node.name].agent;
-                if (slot.node != st.cfg.node.name && own) {
-                  // The first stage is off the head: the scheduler's image
-                  // embeddings reach it over the data plane.
+                const auto enc_node = encoder_node(self);
+                auto own = st.rt[enc_node].agent;
+                if (slot.node != enc_node && own) {
+                  // The first stage is off the encoder's node: the encoder
+                  // sends it image rows over the data plane.
                   self->request(own, st.cfg.node.timeout, connect_atom::value, (*handles)[0],
                                 slot.node)
                       .then(
                           [self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
-                          [self, epoch, slot](caf::error& e) {
+                          [self, epoch, slot, enc_node](caf::error& e) {
                             auto& st = self->state;
                             if (epoch != st.epoch) return;
                             st.placing = false;
                             st.placement_ok = false;
                             event(self,
-                                  "connecting the head to " + slot.node + ": " +
-                                      describe(self->system(), e) + "; trying again",
+                                  "connecting " + enc_node + " (the encoder) to " + slot.node +
+                                      ": " + describe(self->system(), e) + "; trying again",
                                   true);
                             if (!st.retry_queued) {
                               st.retry_queued = true;

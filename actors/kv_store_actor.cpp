@@ -160,6 +160,9 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
           return kv.cache.free_blocks() - before;
         },
         [=](export_atom, std::int64_t seq) { return export_kv(self, *res, seq, 0, {}); },
+        [=](discard_atom, const tensor_ref& ref) {
+          (void)data_plane::local().take(ref, migration_pool());  // received, then dropped
+        },
         [=](import_atom, const kv_export& x) -> caf::result<std::int64_t> {
           auto r = import_kv(*res, x, 0, false);
           if (!r) return std::move(r.error());

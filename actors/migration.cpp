@@ -12,6 +12,7 @@
 #include "actors/core/migration_phases.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/encoder.hpp"
+#include "actors/head_placement.hpp"
 #include "actors/log.hpp"
 
 namespace troupe::actors::head_detail {
@@ -404,61 +405,73 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
   self->request(target, st.cfg.node.timeout, load_enc_atom::value,
                 encoder_order{encoder_kind::vision, data_plane::local().address()})
       .then(
-          [self, rp, rep, t0, fail, busy](encoder_actor& fresh) mutable {
-            auto& st = self->state;
-            rep->load_ms = ms_since(t0);
-            auto old = st.encoder;
-            // New images go to the new encoder from now on (no pause: the
-            // scheduler only switches where it sends).
-            // An encoder in another process is reached through a relay here,
-            // which receives the embeddings off the scheduler's thread.
-            st.encoder =
-                fresh->node() == self->node() ? fresh : spawn_encoder_relay(self->system(), fresh);
-            st.encoder_where =
-                rep->to + " " +
-                (st.rt[rep->to].report.devices.empty() ? std::string("cpu")
-                                                       : st.rt[rep->to].report.devices);
-            const auto owner = st.encoder_owner;
-            st.encoder_owner = rep->to;
-            auto finish = [self, rp, rep, t0]() mutable {
+          [self, rp, rep, t0, fail, busy, target](encoder_actor& fresh) mutable {
+            auto switch_over = [self, rp, rep, t0, fail, busy](encoder_actor fresh) mutable {
               auto& st = self->state;
-              st.migrating = false;
-              ++st.migrations;
-              rep->total_ms = ms_since(t0);
-              char buf[200];
-              std::snprintf(buf, sizeof buf,
-                            "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms "
-                            "in all, no pause",
-                            rep->from.c_str(), rep->to.c_str(), rep->load_ms, rep->total_ms);
-              event(self, buf);
-              rp.deliver(*rep);
-            };
-            // Once nothing more can reach the old one, it stops.
-            auto retire = [self, old, owner, finish]() mutable {
-              auto& st = self->state;
-              if (owner.empty()) {
-                caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
+              rep->load_ms = ms_since(t0);
+              auto old = st.encoder;
+              // New images go to the new encoder from now on (no pause: the
+              // scheduler only switches where it sends).
+              // Wherever it runs, it sends image rows straight to the first
+              // stage's process when the scheduler asks: nothing passes here.
+              st.encoder = fresh;
+              st.encoder_where =
+                  rep->to + " " +
+                  (st.rt[rep->to].report.devices.empty() ? std::string("cpu")
+                                                         : st.rt[rep->to].report.devices);
+              const auto owner = st.encoder_owner;
+              st.encoder_owner = rep->to;
+              auto finish = [self, rp, rep, t0]() mutable {
+                auto& st = self->state;
+                st.migrating = false;
+                ++st.migrations;
+                rep->total_ms = ms_since(t0);
+                char buf[200];
+                std::snprintf(
+                    buf, sizeof buf,
+                    "migrated the vision encoder from %s to %s: loaded in %.0f ms, %.0f ms "
+                    "in all, no pause",
+                    rep->from.c_str(), rep->to.c_str(), rep->load_ms, rep->total_ms);
+                event(self, buf);
+                rp.deliver(*rep);
+              };
+              // Once nothing more can reach the old one, it stops.
+              auto retire = [self, old, owner, finish]() mutable {
+                auto& st = self->state;
+                if (owner.empty()) {
+                  caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // the head spawned it
+                } else {
+                  if (auto a = st.rt[owner].agent)
+                    self->request(a, st.cfg.node.timeout, drop_enc_atom::value,
+                                  encoder_order{encoder_kind::vision, {}})
+                        .then([](std::int32_t) {}, [](caf::error&) {});
+                }
+                finish();
+              };
+              // The scheduler switches and drains the old encoder itself (its
+              // own encode requests are ordered before its flush), answering
+              // once the old one has answered all of them.
+              if (st.scheduler) {
+                self->request(st.scheduler, st.cfg.node.timeout, handover_atom::value, st.encoder,
+                              true)
+                    .then([retire](bool) mutable { retire(); },
+                          [retire](caf::error&) mutable { retire(); });
               } else {
-                if (auto a = st.rt[owner].agent)
-                  self->request(a, st.cfg.node.timeout, drop_enc_atom::value,
-                                encoder_order{encoder_kind::vision, {}})
-                      .then([](std::int32_t) {}, [](caf::error&) {});
-                if (owner != st.cfg.node.name)
-                  caf::anon_send_exit(old, caf::exit_reason::user_shutdown);  // its relay
+                retire();
               }
-              finish();
             };
-            // The scheduler switches and drains the old encoder itself (its
-            // own encode requests are ordered before its flush), answering
-            // once the old one has answered all of them.
-            if (st.scheduler) {
-              self->request(st.scheduler, st.cfg.node.timeout, handover_atom::value, st.encoder,
-                            true)
-                  .then([retire](bool) mutable { retire(); },
-                        [retire](caf::error&) mutable { retire(); });
-            } else {
-              retire();
-            }
+            // The new encoder sends image rows to the first stage's process:
+            // its node reaches that one first.
+            auto& st = self->state;
+            const auto first =
+                st.plan.empty() || st.handles.empty() ? std::string{} : st.plan[0].node;
+            if (first.empty() || first == rep->to) return switch_over(fresh);
+            self->request(target, st.cfg.node.timeout, connect_atom::value, st.handles[0], first)
+                .then([switch_over, fresh](bool) mutable { switch_over(fresh); },
+                      [self, fail, first](caf::error& e) mutable {
+                        fail("connecting it to " + first +
+                             " (the first stage): " + describe(self->system(), e));
+                      });
           },
           [self, fail, busy](caf::error& e) mutable {
             fail("loading on the target: " + describe(self->system(), e));
@@ -573,15 +586,17 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
                 .then(
                     [self, m, connected](bool) {
                       auto& st = self->state;
-                      auto own = st.rt[st.cfg.node.name].agent;
-                      if (m->index != 0 || !own || m->target == st.cfg.node.name)
-                        return connected();
+                      // A new first stage gets image rows from the encoder.
+                      const auto enc_node = encoder_node(self);
+                      auto own = st.rt[enc_node].agent;
+                      if (m->index != 0 || !own || m->target == enc_node) return connected();
                       self->request(own, st.cfg.node.timeout, connect_atom::value, m->new_h,
                                     m->target)
                           .then([connected](bool) { connected(); },
-                                [self, m](caf::error& e) {
+                                [self, m, enc_node](caf::error& e) {
                                   migration_fail(self, m,
-                                                 "connecting the head to " + m->target + ": " +
+                                                 "connecting " + enc_node + " (the encoder) to " +
+                                                     m->target + ": " +
                                                      describe(self->system(), e));
                                 });
                     },

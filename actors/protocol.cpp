@@ -41,6 +41,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<kv_export>("troupe::kv_export");
   cfg.add_message_type<encode_request>("troupe::encode_request");
   cfg.add_message_type<encode_reply>("troupe::encode_reply");
+  cfg.add_message_type<image_rows_request>("troupe::image_rows_request");
   cfg.add_message_type<scheduler_stats>("troupe::scheduler_stats");
   cfg.add_message_type<std::vector<std::int64_t>>("troupe::i64_vector");
   cfg.add_message_type<node_status>("troupe::node_status");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <optional>
 
@@ -15,8 +16,13 @@
 // The scheduler actor is the shell of core::scheduler_core: the core
 // decides (admission, steps, what outputs mean, when requests end); the
 // shell tokenizes, has images encoded, turns planned steps into messages
-// to the first stage (with image rows), frees KV on the stores, streams
-// the core's events to the clients and sets the core's timer.
+// to the first stage, frees KV on the stores, streams the core's events to
+// the clients and sets the core's timer.
+//
+// Image rows never pass through here: the encoder holds a request's rows
+// until the request ends, and for each step that needs some the shell asks
+// it to send them straight to the first stage's process (rows_atom); the
+// step goes out once they are there, in planning order.
 
 namespace troupe::actors {
 
@@ -27,8 +33,26 @@ using kernels::tensor;
 /// What the shell keeps of a request besides the core's state.
 struct shell_request {
   client_sink_actor client;
-  std::vector<tensor> image_rows;  // per image: the encoder's f32 [tokens_per_image, hidden]
+  std::vector<image_data> images;  // kept to encode again if their holder is gone
+  encoder_actor holder;            // the encoder holding the rows
+  std::size_t encoded = 0;         // images encoded (this round)
   double preprocess_ms = 0, encode_ms = 0;
+};
+
+/// The rows one sequence of a step needs: `here` image rows of request
+/// `id` after the first `before`.
+struct rows_fetch {
+  std::size_t index = 0;  // of the sequence in the step
+  std::uint64_t id = 0;
+  std::int64_t before = 0, here = 0;
+};
+
+/// A planned step on its way to the first stage, waiting for image rows.
+struct outgoing_step {
+  std::uint64_t step = 0;
+  step_batch batch;
+  std::size_t waiting = 0;     // rows not yet at the first stage
+  kv_store_actor first_store;  // the first stage's store when planned
 };
 
 struct scheduler_state {
@@ -42,6 +66,8 @@ struct scheduler_state {
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
   std::optional<core::time_point> timer_at;  // the earliest tick already on its way
+  std::deque<outgoing_step> outbox;          // planned, in order, not yet sent
+  std::uint64_t epoch = 0;                   // pipelines so far (a reset voids the outbox)
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -103,6 +129,7 @@ void emit(self_ptr self, core::core_events events) {
       f.preprocess_ms = it->second.preprocess_ms;
       f.encode_ms = it->second.encode_ms;
       self->send(it->second.client, std::move(f));
+      if (it->second.holder) self->send(it->second.holder, forget_atom::value, d->id);
       st.requests.erase(it);
     } else if (auto* k = std::get_if<core::kv_release>(&ev)) {
       free_kv(self, *k);
@@ -110,31 +137,9 @@ void emit(self_ptr self, core::core_events events) {
   }
 }
 
-/// The image rows of a chunk that starts after `before` image rows and
-/// holds `here` of them: a view of one image's buffer, or a gather across
-/// images.
-kernels::result<tensor> image_rows_of(scheduler_state& st, const shell_request& r,
-                                      std::int64_t before, std::int64_t here) {
-  const std::int64_t H = st.model.hidden, per = st.model.tokens_per_image;
-  const auto first = before / per, last = (before + here - 1) / per;
-  if (last >= static_cast<std::int64_t>(r.image_rows.size()))
-    return kernels::make_error(kernels::errc::invalid_argument,
-                               "more image tokens than encoded images");
-  if (first == last)
-    return r.image_rows[static_cast<std::size_t>(first)].slice_rows(before % per, here);
-  auto t = tensor::empty(*st.pool, kernels::dtype::f32, {here, H});
-  if (!t) return t;
-  for (std::int64_t k = 0; k < here; ++k) {
-    const std::int64_t row = before + k;
-    const auto& src = r.image_rows[static_cast<std::size_t>(row / per)];
-    std::copy_n(src.row_as<float>(row % per), H, t->row_as<float>(k));
-  }
-  return t;
-}
-
-/// A planned step as the first stage's message. A request whose image
-/// rows cannot be handed over fails (when its step returns).
-step_batch to_message(self_ptr self, core::step_plan& plan, core::core_events& out) {
+/// A planned step as the first stage's message, and the image rows its
+/// sequences need (fetched from the encoder before it goes).
+step_batch to_message(self_ptr self, core::step_plan& plan, std::vector<rows_fetch>& fetches) {
   auto& st = self->state;
   step_batch batch;
   batch.step = plan.step;
@@ -154,24 +159,8 @@ step_batch to_message(self_ptr self, core::step_plan& plan, core::core_events& o
     }
     const auto img = st.model.image_token;
     const auto here = img >= 0 ? std::count(w.tokens.begin(), w.tokens.end(), img) : 0;
-    auto rit = st.requests.find(p.id);
-    if (here > 0 && rit != st.requests.end()) {
-      auto rows = image_rows_of(st, rit->second, p.image_rows_before, here);
-      // The first stage may run in another process (moved there by a live
-      // migration): the rows go over the data plane then.
-      kernels::result<tensor_ref> ref =
-          rows ? data_plane::local().send(data_plane_key(self->node(), st.stages.front()->node()),
-                                          "host", std::move(*rows))
-               : std::unexpected(rows.error());
-      if (ref) {
-        w.embed_token = img;
-        w.embeddings = std::move(*ref);
-      } else {
-        auto failed = st.core->fail(p.id, error_code::internal,
-                                    "image rows for the first stage: " + ref.error().message);
-        out.insert(out.end(), failed.begin(), failed.end());
-      }
-    }
+    if (here > 0 && st.requests.count(p.id))
+      fetches.push_back({batch.seqs.size(), p.id, p.image_rows_before, here});
     batch.seqs.push_back(std::move(w));
   }
   return batch;
@@ -213,18 +202,121 @@ void arm_timer(self_ptr self) {
       tick_atom::value);
 }
 
-/// Sends every step the core plans, answers a pause once nothing is in
-/// flight and keeps the timer set.
+/// Sends the steps at the head of the outbox whose image rows are at the
+/// first stage, in planning order.
+void send_ready(self_ptr self) {
+  auto& st = self->state;
+  while (!st.outbox.empty() && st.outbox.front().waiting == 0) {
+    auto o = std::move(st.outbox.front());
+    st.outbox.pop_front();
+    const auto step = o.step;
+    self->request(st.stages.front(), caf::infinite, step_atom::value, std::move(o.batch))
+        .then([=](step_output& out) { on_step_output(self, step, out); },
+              [=](caf::error& e) { on_step_error(self, step, e); });
+  }
+}
+
+/// Rows sent to a first stage that no step will bring there (the step was
+/// voided by a pipeline reset): its process takes and drops them.
+void discard(const kv_store_actor& store, const tensor_ref& ref) {
+  if (store)
+    caf::anon_send(store, discard_atom::value, ref);
+  else
+    data_plane::local().drop(ref);  // one process, no stores: parked here
+}
+
+/// The answer to a rows fetch: the rows' ref, or none (the request failed;
+/// its sequence goes without them and is dropped when the step returns).
+void settle(self_ptr self, std::uint64_t epoch, std::uint64_t step, const rows_fetch& f,
+            std::optional<tensor_ref> ref, const kv_store_actor& store) {
+  auto& st = self->state;
+  auto it = std::find_if(st.outbox.begin(), st.outbox.end(),
+                         [&](const outgoing_step& o) { return o.step == step; });
+  if (epoch != st.epoch || it == st.outbox.end()) {
+    if (ref) discard(store, *ref);
+    return;
+  }
+  if (ref) {
+    auto& w = it->batch.seqs[f.index];
+    w.embed_token = st.model.image_token;
+    w.embeddings = std::move(*ref);
+  }
+  --it->waiting;
+  send_ready(self);
+}
+
+void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again);
+
+/// How long the encoder holding a request's rows may take to send them
+/// before they are encoded again elsewhere (a holder on a node that went
+/// away answers nothing).
+constexpr auto rows_timeout = std::chrono::seconds(30);
+constexpr int max_encodes = 3;
+
+/// Has the encoder holding request f.id's rows send those of `f` to the
+/// first stage's process. If none holds them any more (the encoder moved,
+/// or was lost), the images are encoded again on the current encoder (a
+/// few times at most: encoders moving back to back).
+void fetch_rows(self_ptr self, std::uint64_t step, rows_fetch f, int encodes_left) {
+  auto& st = self->state;
+  const auto epoch = st.epoch;
+  const auto store = st.kv_stores.empty() ? kv_store_actor{} : st.kv_stores.front();
+  auto it = st.requests.find(f.id);
+  if (it == st.requests.end()) return settle(self, epoch, step, f, std::nullopt, store);
+  auto give_up = [=](error_code code, const std::string& why) {
+    auto& st = self->state;
+    emit(self, st.core->fail(f.id, code, "image rows for the first stage: " + why));
+    settle(self, epoch, step, f, std::nullopt, store);
+  };
+  auto encode_again = [=] {
+    encode_images(self, f.id, [=] { fetch_rows(self, step, f, encodes_left - 1); });
+  };
+  if (!it->second.holder) {
+    if (encodes_left > 0 && st.encoder) return encode_again();
+    return give_up(error_code::internal, "no encoder holds them");
+  }
+  image_rows_request q{f.id, f.before, f.here, to_string(st.stages.front()->node())};
+  self->request(it->second.holder, rows_timeout, rows_atom::value, std::move(q))
+      .then([=](tensor_ref& ref) { settle(self, epoch, step, f, std::move(ref), store); },
+            [=](caf::error& e) {
+              auto& st = self->state;
+              if (epoch != st.epoch) return;  // the step is void anyway
+              if (encodes_left > 0 && st.requests.count(f.id) && st.encoder) {
+                logging::of("scheduler")
+                    .warn("image rows of request {}: {}; encoding its images again", f.id,
+                          describe(self->system(), e));
+                return encode_again();
+              }
+              const auto code = troupe_code(e);
+              give_up(code ? static_cast<error_code>(code) : error_code::internal,
+                      describe(self->system(), e));
+            });
+}
+
+/// The encoder changed: rows held by another one are encoded again on the
+/// new one when a step needs them (the old one stops).
+void forget_holders(scheduler_state& st, const encoder_actor& old) {
+  for (auto& [id, r] : st.requests)
+    if (r.holder && (!old || r.holder == old)) r.holder = encoder_actor{};
+}
+
+/// Sends every step the core plans (through the outbox, once its image
+/// rows are at the first stage), answers a pause once nothing is in flight
+/// and keeps the timer set.
 void pump(self_ptr self) {
   auto& st = self->state;
   core::core_events out;
   while (auto plan = st.core->plan_step(out)) {
-    const auto step = plan->step;
-    auto batch = to_message(self, *plan, out);
-    self->request(st.stages.front(), caf::infinite, step_atom::value, std::move(batch))
-        .then([=](step_output& o) { on_step_output(self, step, o); },
-              [=](caf::error& e) { on_step_error(self, step, e); });
+    std::vector<rows_fetch> fetches;
+    outgoing_step o;
+    o.step = plan->step;
+    o.batch = to_message(self, *plan, fetches);
+    o.waiting = fetches.size();
+    o.first_store = st.kv_stores.empty() ? kv_store_actor{} : st.kv_stores.front();
+    st.outbox.push_back(std::move(o));
+    for (const auto& f : fetches) fetch_rows(self, plan->step, f, max_encodes);
   }
+  send_ready(self);
   emit(self, std::move(out));
   if (st.core->paused() && st.core->steps_in_flight() == 0) {
     for (auto& w : st.pause_waiters) w.deliver(st.core->running());
@@ -260,37 +352,58 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   return spec;
 }
 
-/// Sends a request's images to the encoder; each row block comes back to
-/// the shell and, with the last one, the request may be admitted.
-void encode_images(self_ptr self, std::uint64_t id, std::vector<image_data> images) {
+/// Sends a request's images to the encoder, which keeps their rows. The
+/// first time (`again` empty) each encoded image counts towards the
+/// request's admission; encoding again (the holder is gone), `again` runs
+/// once every image has answered, whatever the answers.
+void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again) {
   auto& st = self->state;
-  st.requests[id].image_rows.resize(images.size());
-  for (std::size_t k = 0; k < images.size(); ++k) {
-    encode_request er{id, std::move(images[k])};
-    self->request(st.encoder, caf::infinite, encode_atom::value, std::move(er))
+  auto rit = st.requests.find(id);
+  if (rit == st.requests.end()) {
+    if (again) again();
+    return;
+  }
+  const auto enc = st.encoder;
+  rit->second.holder = encoder_actor{};
+  rit->second.encoded = 0;
+  const auto n = rit->second.images.size();
+  auto left = std::make_shared<std::size_t>(n);
+  auto answered = [self, again, left] {
+    if (--*left == 0 && again) again();
+    pump(self);
+  };
+  for (std::size_t k = 0; k < n; ++k) {
+    encode_request er{id, static_cast<std::int32_t>(k), rit->second.images[k]};
+    self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
             [=](encode_reply& rep) {
               auto& st = self->state;
-              auto emb = data_plane::local().take(rep.embeddings, *st.pool);
               auto it = st.requests.find(id);
-              if (it == st.requests.end()) return;
-              if (!emb || emb->shape().ndim != 2 || emb->shape()[0] != st.model.tokens_per_image ||
-                  emb->shape()[1] != st.model.hidden) {
+              if (it == st.requests.end()) {  // ended meanwhile: the encoder may let go
+                self->send(enc, forget_atom::value, id);
+                return answered();
+              }
+              if (rep.rows != st.model.tokens_per_image || rep.hidden != st.model.hidden) {
                 emit(self, st.core->fail(id, error_code::internal,
                                          "the encoder's output does not match the model"));
-                return;
+                return answered();
               }
-              it->second.image_rows[k] = std::move(*emb);
-              it->second.preprocess_ms += rep.preprocess_ms;
-              it->second.encode_ms += rep.encode_ms;
-              if (st.core->image_ready(id)) pump(self);
+              if (!again) {
+                it->second.preprocess_ms += rep.preprocess_ms;
+                it->second.encode_ms += rep.encode_ms;
+              }
+              // An encoder replaced meanwhile stops: what it holds goes with it.
+              if (++it->second.encoded == it->second.images.size() && enc == st.encoder)
+                it->second.holder = enc;
+              if (!again) st.core->image_ready(id);
+              answered();
             },
             [=](caf::error& e) {
               const auto code = troupe_code(e);
               emit(self, self->state.core->fail(
                              id, code ? static_cast<error_code>(code) : error_code::internal,
                              describe(self->system(), e)));
-              pump(self);
+              answered();
             });
   }
 }
@@ -321,8 +434,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           if (!ahead) return make_error(ahead.error().code, ahead.error().message);
           st.requests[id].client = std::move(client);
           if (n_images > 0) {
+            st.requests[id].images = std::move(images);
             if (st.encoder)
-              encode_images(self, id, std::move(images));
+              encode_images(self, id, nullptr);
             else
               emit(self, st.core->fail(id, error_code::invalid_request, "no encoder for images"));
           }
@@ -346,14 +460,28 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
         [=](pipeline_atom, std::vector<shard_actor>& stages,
             std::vector<kv_store_actor>& kv_stores) {
           auto& st = self->state;
+          // Steps still waiting for image rows are void with the old
+          // pipeline; rows already sent to its first stage are dropped there.
+          ++st.epoch;
+          for (auto& o : st.outbox)
+            for (auto& w : o.batch.seqs)
+              if (!w.embeddings.empty()) discard(o.first_store, w.embeddings);
+          st.outbox.clear();
           st.stages = std::move(stages);
           st.kv_stores = std::move(kv_stores);
           emit(self, st.core->reset(static_cast<int>(st.stages.size())));
           pump(self);
         },
-        [=](encoder_atom, encoder_actor& e) { self->state.encoder = std::move(e); },
+        [=](encoder_atom, encoder_actor& e) {
+          // A new encoder after a restart: the old one and its rows are gone.
+          forget_holders(self->state, encoder_actor{});
+          self->state.encoder = std::move(e);
+        },
         [=](handover_atom, encoder_actor& e, bool drain) -> caf::result<bool> {
           auto old = std::exchange(self->state.encoder, std::move(e));
+          // Steps sent from now on fetch no rows from the old encoder, which
+          // stops once drained: their images are encoded again on the new one.
+          forget_holders(self->state, old);
           if (!drain || !old) return true;
           auto rp = self->make_response_promise<bool>();
           self->send(old, flush_atom::value, std::int64_t{-1});

@@ -20,7 +20,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 14;
+inline constexpr std::uint32_t protocol_version = 15;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -69,6 +69,9 @@ using connect_atom = caf::atom_constant<caf::atom("connect")>;       ///< agent:
 using drop_stage_atom = caf::atom_constant<caf::atom("dropstage")>;  ///< agent: one stage
 using load_enc_atom = caf::atom_constant<caf::atom("loadenc")>;      ///< agent: spawn an encoder
 using drop_enc_atom = caf::atom_constant<caf::atom("dropenc")>;      ///< agent: stop an encoder
+using rows_atom = caf::atom_constant<caf::atom("rows")>;             ///< encoder: send image rows
+using forget_atom = caf::atom_constant<caf::atom("forget")>;         ///< encoder: drop held rows
+using discard_atom = caf::atom_constant<caf::atom("discard")>;       ///< KV store: take, throw away
 
 // -- errors -------------------------------------------------------------------
 

@@ -250,21 +250,26 @@ inline const char* to_string(encoder_kind k) {
   return k == encoder_kind::vision ? "vision" : "?";
 }
 
-/// An image to encode.
+/// An image to encode: image `index` of request `request`. The encoder
+/// keeps its rows until the request is forgotten, and sends them (or a
+/// chunk's part of them) straight to the first stage's process when asked.
 struct encode_request {
-  std::uint64_t request = 0;  ///< for logs and errors
+  std::uint64_t request = 0;
+  std::int32_t index = 0;  ///< the image's place among the request's images
   image_data image;
   bool operator==(const encode_request&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, encode_request& x) {
-  return f(caf::meta::type_name("encode_request"), x.request, x.image);
+  return f(caf::meta::type_name("encode_request"), x.request, x.index, x.image);
 }
 
-/// An encoded image: projected features, ready for the first decoder stage.
+/// An image encoded and held by the encoder: projected features of
+/// [rows, hidden], ready for the first decoder stage.
 struct encode_reply {
-  tensor_ref embeddings;  ///< f32 [tokens, hidden]
+  std::int64_t rows = 0;
+  std::int64_t hidden = 0;
   double preprocess_ms = 0;
   double encode_ms = 0;
   std::int64_t batch = 0;  ///< size of the batch it was encoded in
@@ -273,8 +278,25 @@ struct encode_reply {
 
 template <class I>
 typename I::result_type inspect(I& f, encode_reply& x) {
-  return f(caf::meta::type_name("encode_reply"), x.embeddings, x.preprocess_ms, x.encode_ms,
+  return f(caf::meta::type_name("encode_reply"), x.rows, x.hidden, x.preprocess_ms, x.encode_ms,
            x.batch);
+}
+
+/// Rows [first_row, first_row + rows) of a request's images, taken in
+/// order (image k holds rows [k * tokens_per_image, (k + 1) *
+/// tokens_per_image)), sent to the process whose data-plane key is `dest`
+/// (the first stage's; the encoder's own key or "" parks them there).
+struct image_rows_request {
+  std::uint64_t request = 0;
+  std::int64_t first_row = 0;
+  std::int64_t rows = 0;
+  std::string dest;
+  bool operator==(const image_rows_request&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, image_rows_request& x) {
+  return f(caf::meta::type_name("image_rows_request"), x.request, x.first_row, x.rows, x.dest);
 }
 
 /// A node's supervision report.
@@ -319,11 +341,16 @@ using kv_store_actor = caf::typed_actor<
     caf::replies_to<push_kv_atom, std::int64_t, std::int32_t, std::string>::with<kv_export>,
     // Such an export: a new sequence (first block 0) or a delta
     // (import_tail) of one already here.
-    caf::replies_to<merge_kv_atom, kv_export, std::int32_t>::with<std::int64_t>>;
+    caf::replies_to<merge_kv_atom, kv_export, std::int32_t>::with<std::int64_t>,
+    // A tensor sent to this process that no step will take (image rows of
+    // a step the scheduler dropped): received and thrown away.
+    caf::reacts_to<discard_atom, tensor_ref>>;
 
 /// A modality encoder (vision now) with dynamic, length-bucketed batching.
 using encoder_actor =
     caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
+                     caf::replies_to<rows_atom, image_rows_request>::with<tensor_ref>,
+                     caf::reacts_to<forget_atom, std::uint64_t>,
                      caf::reacts_to<flush_atom, std::int64_t>,
                      caf::replies_to<version_atom>::with<std::uint32_t>>;
 

@@ -165,11 +165,15 @@ kv_export make(tag<kv_export>, const actors_for_handles&) {
 }
 
 encode_request make(tag<encode_request>, const actors_for_handles&) {
-  return {.request = 4, .image = {"x.png", {1, 2, 3}}};
+  return {.request = 4, .index = 2, .image = {"x.png", {1, 2, 3}}};
 }
 
 encode_reply make(tag<encode_reply>, const actors_for_handles&) {
-  return {.embeddings = a_ref(12), .preprocess_ms = 0.25, .encode_ms = 1.75, .batch = 4};
+  return {.rows = 576, .hidden = 4096, .preprocess_ms = 0.25, .encode_ms = 1.75, .batch = 4};
+}
+
+image_rows_request make(tag<image_rows_request>, const actors_for_handles&) {
+  return {.request = 9, .first_row = 500, .rows = 100, .dest = "node-b"};
 }
 
 scheduler_stats make(tag<scheduler_stats>, const actors_for_handles&) {
@@ -471,16 +475,18 @@ struct type_list {
   static std::set<std::type_index> indexes() { return {std::type_index(typeid(Ts))...}; }
 };
 
-using messages = type_list<
-    tensor_ref, image_data, models::sampling_params, generate_request, submit_ack, token_event,
-    finish_event, sample_work, seq_work, step_batch, step_output, shard_info, kv_usage_info,
-    kv_export, encode_request, encode_reply, scheduler_stats, std::vector<std::int64_t>,
-    node_status, client_sink_actor, shard_actor, kv_store_actor, encoder_actor,
-    std::vector<shard_actor>, std::vector<kv_store_actor>, stage_handles, stage_host_actor,
-    std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass, gatekeeper_actor,
-    stage_order, device_probe, placement_decision, std::vector<placement_decision>, node_report,
-    encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>, job_request, member_view,
-    std::vector<member_view>, cluster_status, frontdoor_actor, migrate_request, migrate_report>;
+using messages =
+    type_list<tensor_ref, image_data, models::sampling_params, generate_request, submit_ack,
+              token_event, finish_event, sample_work, seq_work, step_batch, step_output, shard_info,
+              kv_usage_info, kv_export, encode_request, encode_reply, image_rows_request,
+              scheduler_stats, std::vector<std::int64_t>, node_status, client_sink_actor,
+              shard_actor, kv_store_actor, encoder_actor, std::vector<shard_actor>,
+              std::vector<kv_store_actor>, stage_handles, stage_host_actor,
+              std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass, gatekeeper_actor,
+              stage_order, device_probe, placement_decision, std::vector<placement_decision>,
+              node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
+              job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
+              migrate_request, migrate_report>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -10,6 +10,7 @@
 
 #include <memory>
 
+#include "actors/data_plane.hpp"
 #include "actors/protocol.hpp"
 #include "actors/scheduler.hpp"
 #include "tests/actors/core/test_tokenizer.hpp"
@@ -163,6 +164,151 @@ TEST(SchedulerShell, AResetBeforeTheLimitRecomputesOnTheNewPipeline) {
   EXPECT_EQ(f.got->finished[0].preemptions, 1);
   f.advance(120s);
   EXPECT_EQ(f.got->finished.size(), 1u) << "the stall timer of the old pipeline does nothing";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+// Images: the encoder holds each request's rows and sends a step's rows
+// to the first stage when the shell asks; the rows never pass through the
+// shell. A fake encoder numbers its rows (row r of a request carries r), so
+// the stage can check it got every row once, in order, chunk by chunk.
+struct image_log {
+  int encodes = 0, rows_requests = 0, lose = 0;  // lose: rows requests answered "not held"
+  std::vector<std::uint64_t> forgotten;
+  std::vector<float> rows_seen;     // at the stage, in step order
+  std::vector<std::int64_t> chunk;  // image tokens per chunk, and rows with them (checked)
+  int mismatches = 0;
+};
+
+constexpr std::int32_t image_token = 5;
+constexpr std::int64_t per_image = 6, hidden = 32;
+
+encoder_actor fake_encoder(caf::actor_system& sys, std::shared_ptr<image_log> log) {
+  return sys.spawn([log]() -> encoder_actor::behavior_type {
+    auto pool = kernels::memory_pool::create();
+    return {
+        [log](encode_atom, const encode_request&) {
+          ++log->encodes;
+          return encode_reply{per_image, hidden, 0.5, 1.0, 1};
+        },
+        [log, pool](rows_atom, const image_rows_request& q) -> caf::result<tensor_ref> {
+          ++log->rows_requests;
+          if (log->lose > 0) {
+            --log->lose;
+            return make_error(error_code::not_found, "not held here");
+          }
+          auto t = kernels::tensor::empty(*pool, kernels::dtype::f32, {q.rows, hidden});
+          if (!t) return make_error(error_code::internal, t.error().message);
+          for (std::int64_t r = 0; r < q.rows; ++r)
+            std::fill_n(t->row_as<float>(r), hidden, static_cast<float>(q.first_row + r));
+          return data_plane::local().park("encoder", std::move(*t));
+        },
+        [log](forget_atom, std::uint64_t id) { log->forgotten.push_back(id); },
+        [](flush_atom, std::int64_t) {},
+        [](version_atom) { return protocol_version; },
+    };
+  });
+}
+
+shard_actor image_stage(caf::actor_system& sys, std::shared_ptr<image_log> log) {
+  return sys.spawn([log]() -> shard_actor::behavior_type {
+    auto pool = kernels::memory_pool::create();
+    return {
+        [log, pool](step_atom, step_batch& b) -> caf::result<step_output> {
+          step_output o;
+          o.step = b.step;
+          for (const auto& w : b.seqs) {
+            const auto images = std::count(w.tokens.begin(), w.tokens.end(), image_token);
+            if (images > 0) {
+              log->chunk.push_back(images);
+              auto t = data_plane::local().take(w.embeddings, *pool);
+              if (!t || w.embed_token != image_token || t->dim(0) != images) {
+                ++log->mismatches;
+              } else {
+                for (std::int64_t r = 0; r < t->dim(0); ++r)
+                  log->rows_seen.push_back(t->row_as<float>(r)[0]);
+              }
+            }
+            o.sampled.push_back(w.sample ? std::vector<std::int32_t>{42}
+                                         : std::vector<std::int32_t>{});
+          }
+          return o;
+        },
+        [](info_atom) { return shard_info{}; },
+        [](version_atom) { return protocol_version; },
+        [](forward_atom, caf::strong_actor_ptr) { return true; },
+    };
+  });
+}
+
+struct image_fixture : fixture {
+  std::shared_ptr<image_log> log = std::make_shared<image_log>();
+
+  scheduler_actor scheduler() {
+    scheduler_options o;
+    o.kv.block_size = 16;
+    o.kv_blocks = 64;
+    o.max_decode_steps = 1;
+    o.prefill_chunk = 4;  // the 15 prompt tokens in 4 chunks; two cross an image's edge
+    return spawn_scheduler(*sys,
+                           model_frontend{bundled_tokenizer(), 397, hidden, image_token, per_image},
+                           o, {image_stage(*sys, log)}, {}, fake_encoder(*sys, log));
+  }
+  void submit_images(const scheduler_actor& s, std::uint64_t id) {
+    generate_request r;
+    r.id = id;
+    r.prompt_tokens = {10, image_token, 11, image_token, 12};
+    r.images = {{"a.png", {1}}, {"b.png", {2}}};
+    r.params.max_tokens = 2;
+    caf::anon_send(s, submit_atom::value, std::move(r), sink);
+    sched->run();
+  }
+};
+
+std::vector<float> every_row() {
+  std::vector<float> v;
+  for (std::int64_t r = 0; r < 2 * per_image; ++r) v.push_back(static_cast<float>(r));
+  return v;
+}
+
+TEST(SchedulerShell, ImageRowsGoFromTheEncoderToTheFirstStageChunkByChunk) {
+  image_fixture f;
+  auto s = f.scheduler();
+  f.submit_images(s, 7);
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::length) << f.got->finished[0].error;
+  EXPECT_EQ(f.log->encodes, 2);
+  EXPECT_EQ(f.log->mismatches, 0);
+  EXPECT_EQ(f.log->rows_seen, every_row()) << "every image row once, in order";
+  EXPECT_EQ(f.log->chunk, (std::vector<std::int64_t>{3, 3, 4, 2}));
+  EXPECT_EQ(f.log->rows_requests, 4) << "one rows request per chunk with image tokens";
+  EXPECT_EQ(f.log->forgotten, (std::vector<std::uint64_t>{7})) << "the encoder lets go at the end";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST(SchedulerShell, RowsTheEncoderNoLongerHoldsAreEncodedAgain) {
+  image_fixture f;
+  f.log->lose = 1;  // the first chunk's rows: "not held here" (an encoder that restarted)
+  auto s = f.scheduler();
+  f.submit_images(s, 8);
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::length) << f.got->finished[0].error;
+  EXPECT_EQ(f.log->encodes, 4) << "both images encoded again";
+  EXPECT_EQ(f.log->rows_seen, every_row());
+  EXPECT_EQ(f.log->mismatches, 0);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST(SchedulerShell, RowsAnEncoderKeepsLosingFailTheRequestWithTheReason) {
+  image_fixture f;
+  f.log->lose = 100;
+  auto s = f.scheduler();
+  f.submit_images(s, 9);
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::error);
+  EXPECT_EQ(f.got->finished[0].code, error_code::not_found);
+  EXPECT_NE(f.got->finished[0].error.find("not held here"), std::string::npos)
+      << f.got->finished[0].error;
+  EXPECT_EQ(f.log->encodes, 2 + 2 * 3) << "encoded again a few times, then given up";
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
 }
 

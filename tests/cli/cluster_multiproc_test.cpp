@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -28,6 +29,7 @@
 #include "cluster/launcher.hpp"
 #include "cluster_harness.hpp"
 #include "cluster_manifest.hpp"
+#include "models/llava_config.hpp"
 #include "run_cli.hpp"
 #include "tests/multiproc.hpp"
 
@@ -420,6 +422,65 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
       "%.0f ms\n",
       to_n2->from.c_str(), to_n2->to.c_str(), to_n2->load_ms, to_n2->total_ms, to_n1->from.c_str(),
       to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
+}
+
+// Image rows go from the encoder to the first stage's process directly:
+// with the first stage moved to n2 and the encoder to n1, an image request
+// moves its rows over n1 -> n2 only, and nothing passes through the head
+// (n0), where the scheduler runs. Activations cross n2 -> n1 (stage 0 to 1)
+// and n1 -> n2 (stage 1 to 2) in equal amounts, so n1 -> n2 carries exactly
+// the image rows more than n2 -> n1. Before, the rows went n1 -> n0 (to the
+// scheduler) and then n0 -> n2: two hops.
+TEST_F(ClusterLoopback, ImageRowsGoFromTheEncoderToTheFirstStageDirectly) {
+  up("hops");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr std::int64_t tokens = 8;
+  auto want = actors::client(c.sys(), c.door()).run(job(2, tokens, true));
+  ASSERT_TRUE(want.has_value()) << want.error().message;
+  for (const auto& [shard, to] :
+       std::vector<std::pair<std::string, std::string>>{{"0", "n2"}, {"vision", "n1"}}) {
+    auto rep = actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{shard, to}, 60s);
+    ASSERT_TRUE(rep.has_value()) << shard << " -> " << to << ": " << rep.error();
+  }
+  // Link counters as the nodes last reported them, once two reports agree.
+  auto settled_links = [&]() -> std::map<std::string, std::int64_t> {
+    std::map<std::string, std::int64_t> last;
+    for (int i = 0; i < 20; ++i) {
+      std::this_thread::sleep_for(700ms);  // beyond a heartbeat (500 ms)
+      auto s = c.status();
+      if (!s) continue;
+      std::map<std::string, std::int64_t> now;
+      for (std::size_t k = 0; k < s->links.size() && k < s->link_bytes.size(); ++k)
+        now[s->links[k]] = s->link_bytes[k];
+      if (i > 0 && now == last) return now;
+      last = std::move(now);
+    }
+    ADD_FAILURE() << "the link counters did not settle";
+    return last;
+  };
+  const auto before = settled_links();
+  auto got = actors::client(c.sys(), c.door()).run(job(2, tokens, true));
+  ASSERT_TRUE(got.has_value()) << got.error().message;
+  EXPECT_EQ(got->tokens, want->tokens);
+  const auto after = settled_links();
+  auto delta = [&](const std::string& link) {
+    const auto a = after.count(link) ? after.at(link) : 0;
+    const auto b = before.count(link) ? before.at(link) : 0;
+    return a - b;
+  };
+  auto cfg = models::load_llava_config(std::string(TROUPE_FIXTURES_DIR) +
+                                       "/../../assets/tiny-llava-shapes/config.json");
+  ASSERT_TRUE(cfg) << cfg.error().message;
+  const std::int64_t rows_bytes = cfg->tokens_per_image() * cfg->text.hidden_size * 4;
+  for (const auto* link : {"n0->n1", "n0->n2", "n1->n0", "n2->n0"})
+    EXPECT_EQ(delta(link), 0) << link << ": the head took part in the request's data";
+  EXPECT_GT(delta("n2->n1"), 0) << "no activations from the first stage";
+  EXPECT_EQ(delta("n1->n2") - delta("n2->n1"), rows_bytes)
+      << "n1->n2 " << delta("n1->n2") << " bytes, n2->n1 " << delta("n2->n1") << " bytes";
+  std::printf("[ hops ] image rows %lld bytes: n1->n2 %lld, n2->n1 %lld, through n0 0\n",
+              static_cast<long long>(rows_bytes), static_cast<long long>(delta("n1->n2")),
+              static_cast<long long>(delta("n2->n1")));
 }
 
 // Placement: with pipeline_stages = "auto" the head places by the planner
