@@ -175,8 +175,12 @@ void scheduler_core::release_kv(request& r, core_events& out) {
   const std::int64_t seq = r.seq;
   r.seq = 0;
   r.computed = 0;
-  // Stalled: the stores are being replaced, and the reset clears the books.
-  if (!stalled_) out.push_back(kv_release{seq, blocks, epoch_});
+  // Stalled: the stores may be being replaced (a reset clears the books
+  // and drops these); a retry on the same stores sends them then.
+  if (stalled_)
+    stall_releases_.push_back(kv_release{seq, blocks, epoch_});
+  else
+    out.push_back(kv_release{seq, blocks, epoch_});
 }
 
 void scheduler_core::kv_freed(std::int64_t blocks, std::uint64_t epoch) {
@@ -249,16 +253,44 @@ void scheduler_core::check_deadlines(core_events& out) {
 
 core_events scheduler_core::tick() {
   core_events out;
-  if (stalled_ && stalled_epoch_ == epoch_ && clock_->now() - stalled_since_ >= opts_.stall_limit) {
+  if (stalled_ && stalled_epoch_ == epoch_ && clock_->now() - stall_began_ < opts_.stall_limit &&
+      clock_->now() - stalled_since_ >= opts_.stall_retry) {
+    // No reset came: every stage is alive and a transfer was lost. The
+    // failed steps' requests free their KV (on every stage: some had taken
+    // the step, some not) and recompute from the queue's front.
+    stalled_ = false;
+    for (auto& rel : stall_releases_) out.push_back(rel);
+    stall_releases_.clear();
+    std::vector<request*> victims;
+    for (auto id : stall_victims_)
+      if (auto* r = find(id); r && !r->in_flight && r->ph == phase::running &&
+                              std::find(victims.begin(), victims.end(), r) == victims.end())
+        victims.push_back(r);
+    stall_victims_.clear();
+    std::sort(victims.begin(), victims.end(),
+              [](const request* a, const request* b) { return a->admit_order > b->admit_order; });
+    for (auto* r : victims) {
+      if (r->cancelled)
+        finish(r->id, r->end_as, r->end_error, out);
+      else
+        preempt(*r, out);
+    }
+  }
+  if (stalled_ && stalled_epoch_ == epoch_ && clock_->now() - stall_began_ >= opts_.stall_limit) {
     const std::string why =
         "a stage's peer process was lost and no restored pipeline came within " +
         std::to_string(
             std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_limit).count()) +
         " s";
+    // The frees go out (stores still alive take them; gone ones fail them).
+    stalled_ = false;
+    for (auto& rel : stall_releases_) out.push_back(rel);
+    stall_releases_.clear();
+    stall_victims_.clear();
+    stall_open_ = false;
     failed_ = why;
     fail_all({error_code::peer_lost, why}, out);
     failed_.clear();
-    stalled_ = false;
   }
   check_deadlines(out);
   return out;
@@ -271,7 +303,10 @@ std::optional<time_point> scheduler_core::next_wakeup() const {
   };
   for (const auto& [id, r] : requests_)
     if (r->deadline && !r->cancelled) earlier(*r->deadline);
-  if (stalled_) earlier(stalled_since_ + opts_.stall_limit);
+  if (stalled_) {
+    earlier(stall_began_ + opts_.stall_limit);
+    earlier(stalled_since_ + opts_.stall_retry);
+  }
   return t;
 }
 
@@ -460,6 +495,7 @@ core_events scheduler_core::step_done(std::uint64_t step, const step_result& res
   core_events out;
   auto node = steps_.extract(step);
   if (node.empty()) return out;
+  if (!stalled_) stall_open_ = false;  // the pipeline carries steps again
   auto& fl = node.mapped();
   {
     const auto back = clock_->now();
@@ -538,9 +574,16 @@ core_events scheduler_core::step_failed(std::uint64_t step, step_failure kind,
     stalled_epoch_ = epoch_;
     stalled_since_ = clock_->now();
   }
+  if (!stall_open_) {
+    stall_open_ = true;
+    stall_began_ = clock_->now();
+  }
   stalled_ = true;
   for (auto id : node.mapped().ids)
-    if (auto* r = find(id)) r->in_flight = false;
+    if (auto* r = find(id)) {
+      r->in_flight = false;
+      stall_victims_.push_back(id);
+    }
   return out;
 }
 
@@ -554,6 +597,9 @@ core_events scheduler_core::reset(int stages) {
     step_left(clock_->now());
   }
   stalled_ = false;
+  stall_open_ = false;
+  stall_victims_.clear();
+  stall_releases_.clear();
   books_.clear();
   stages_ = stages;
   if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);

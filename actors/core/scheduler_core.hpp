@@ -69,8 +69,13 @@ struct scheduler_options {
   models::kv_options kv;       ///< the stages' KV layout (block accounting)
   std::int64_t kv_blocks = 0;  ///< blocks per stage (the smallest stage's pool)
   /// How long a pipeline that lost a peer may wait for its restoration
-  /// before its requests fail.
+  /// before its requests fail (counted from the first failed step).
   std::chrono::milliseconds stall_limit{60000};
+  /// A stall that no reset ends within this long was a lost transfer, not
+  /// a lost process (a lost node is declared in 2.5 s and its pipeline
+  /// reset): the requests of the failed steps give their KV back and
+  /// recompute on the same stages. A retry that fails again stalls again.
+  std::chrono::milliseconds stall_retry{5000};
 };
 
 /// A request as the core takes it: the prompt already tokenized, with
@@ -187,7 +192,8 @@ class scheduler_core {
   std::optional<step_plan> plan_step(core_events& out);
   /// A step's output came back.
   core_events step_done(std::uint64_t step, const step_result& out);
-  /// A step failed.
+  /// A step failed. A lost peer stalls the pipeline until a reset (or,
+  /// after stall_retry, tick recomputes the failed steps' requests).
   core_events step_failed(std::uint64_t step, step_failure kind, const std::string& why);
 
   // -- the pipeline ----------------------------------------------------------------
@@ -268,7 +274,11 @@ class scheduler_core {
   bool stalled_ = false;     ///< a stage is gone: wait for the reset
   std::uint64_t stalled_epoch_ = 0;
   time_point stalled_since_{};
-  std::string failed_;  ///< the pipeline was given up on: why
+  bool stall_open_ = false;   ///< from a failed step until a step comes back or a reset
+  time_point stall_began_{};  ///< the first failure of the open stall (stall_limit counts)
+  std::vector<std::uint64_t> stall_victims_;  ///< requests of steps that failed while stalled
+  std::vector<kv_release> stall_releases_;    ///< frees held back while stalled
+  std::string failed_;                        ///< the pipeline was given up on: why
   bool paused_ = false;
   time_point busy_since_{};  ///< since when a step has been in flight
 };

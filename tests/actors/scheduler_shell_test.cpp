@@ -139,8 +139,10 @@ TEST(SchedulerShell, AStalledPipelineFailsItsRequestsAfterTheLimit) {
   f.submit(s, 1, 3);
   f.submit(s, 2, 3);
   EXPECT_TRUE(f.got->finished.empty()) << "a lost peer is waited for";
+  const auto sent = *f.steps;
   f.advance(59s);
   EXPECT_TRUE(f.got->finished.empty());
+  EXPECT_GT(*f.steps, sent) << "no reset came: the requests were tried again on the same stages";
   f.advance(2s);
   ASSERT_EQ(f.got->finished.size(), 2u);
   for (const auto& fin : f.got->finished) {
@@ -155,7 +157,7 @@ TEST(SchedulerShell, AResetBeforeTheLimitRecomputesOnTheNewPipeline) {
   fixture f;
   auto s = f.scheduler({f.stage(stage_mode::peer_lost)});
   f.submit(s, 1, 2);
-  f.advance(10s);
+  f.advance(4s);  // within the retry window (5 s): the reset comes first
   caf::anon_send(s, pipeline_atom::value, std::vector<shard_actor>{f.stage(stage_mode::answer)},
                  std::vector<kv_store_actor>{});
   f.sched->run();

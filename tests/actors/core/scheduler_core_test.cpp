@@ -464,6 +464,87 @@ TEST(SchedulerCore, AStallPastTheLimitFailsEveryRequest) {
   EXPECT_TRUE(h.submit(3, 4, 3)) << "new requests are taken again";
 }
 
+// A step failed with a lost peer, but no reset comes: every process is
+// alive and a transfer was lost. After stall_retry the failed step's
+// requests free their KV on the stages and recompute there.
+TEST(SchedulerCore, AStallThatNoResetEndsIsRetriedOnTheSameStages) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 6, 3));
+  ASSERT_TRUE(h.submit(2, 5, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.answer(*p);
+  auto q = h.plan();
+  ASSERT_TRUE(q);
+  ASSERT_EQ(q->seqs.size(), 2u);
+  h.take(h.core.step_failed(q->step, step_failure::peer_lost, "activations: transfer failed"));
+  EXPECT_TRUE(h.core.stalled());
+  ASSERT_TRUE(h.core.next_wakeup());
+  EXPECT_EQ(*h.core.next_wakeup() - h.clk.now(), std::chrono::milliseconds(5000));
+  h.clk.advance(4999ms);
+  h.take(h.core.tick());
+  EXPECT_TRUE(h.core.stalled()) << "a reset may still come";
+  EXPECT_EQ(h.released_blocks(), 0);
+  h.clk.advance(1ms);
+  h.take(h.core.tick());
+  EXPECT_FALSE(h.core.stalled());
+  EXPECT_TRUE(h.done().empty()) << "nothing fails";
+  std::vector<std::int64_t> freed;
+  for (const auto& e : h.events)
+    if (auto* x = std::get_if<kv_release>(&e)) freed.push_back(x->seq);
+  std::sort(freed.begin(), freed.end());
+  std::vector<std::int64_t> old{q->seqs[0].seq, q->seqs[1].seq};
+  std::sort(old.begin(), old.end());
+  EXPECT_EQ(freed, old) << "both sequences' KV is freed on every stage";
+  h.confirm_frees();
+  auto again = h.plan();
+  ASSERT_TRUE(again);
+  ASSERT_EQ(again->seqs.size(), 2u);
+  for (const auto& s : again->seqs) {
+    EXPECT_EQ(s.start, 0) << "it recomputes";
+    EXPECT_EQ(s.draws, 1u) << "the sampler continues where it was";
+  }
+  h.answer(*again);
+  while (auto n = h.plan()) h.answer(*n);
+  ASSERT_EQ(h.done().size(), 2u);
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::length);
+    EXPECT_EQ(d.tokens, (std::vector<std::int32_t>{42, 42, 42}));
+    EXPECT_EQ(d.preemptions, 1);
+  }
+  h.confirm_frees();
+  EXPECT_EQ(h.core.books().used(), 0) << "every block came back";
+}
+
+// Retries that fail again stall again; the limit counts from the first
+// failure, so a link that stays broken still ends the requests.
+TEST(SchedulerCore, RetriesThatFailAgainEndAtTheStallLimit) {
+  auto o = small_options();
+  o.stall_limit = 12s;
+  harness h(o);
+  ASSERT_TRUE(h.submit(1, 4, 3));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.take(h.core.step_failed(p->step, step_failure::peer_lost, "transfer failed"));
+  for (int retry = 0; retry < 2; ++retry) {
+    h.clk.advance(5s);
+    h.take(h.core.tick());
+    auto q = h.plan();
+    ASSERT_TRUE(q) << "retry " << retry;
+    EXPECT_EQ(q->seqs.at(0).start, 0);
+    h.take(h.core.step_failed(q->step, step_failure::peer_lost, "transfer failed"));
+  }
+  EXPECT_TRUE(h.done().empty());
+  h.clk.advance(1999ms);
+  h.take(h.core.tick());
+  EXPECT_TRUE(h.done().empty());
+  h.clk.advance(1ms);
+  h.take(h.core.tick());
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].code, error_code::peer_lost);
+  EXPECT_EQ(h.done()[0].preemptions, 2);
+}
+
 TEST(SchedulerCore, ARefusedStepEndsItsRequestsWithTheError) {
   harness h;
   ASSERT_TRUE(h.submit(1, 4, 3));
