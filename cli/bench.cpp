@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "cli/commands.hpp"
+#include "models/mapped_file.hpp"
 
 namespace troupe::cli {
 
@@ -114,8 +115,12 @@ void print_level_table(const std::vector<level_result>& results, double base,
 }
 
 std::vector<std::uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
+  auto bytes = models::read_file_bytes(path, std::uint64_t{256} << 20);
+  if (!bytes) {
+    spdlog::error("{}", bytes.error().message);  // the requests with it fail as bad images
+    return {};
+  }
+  return std::move(*bytes);
 }
 
 std::vector<std::string> image_files_in(const std::string& dir) {

@@ -29,6 +29,7 @@
 #include "cli/progress.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/launcher.hpp"
+#include "models/mapped_file.hpp"
 
 namespace troupe::cli {
 
@@ -466,21 +467,14 @@ int run_submit(const cluster_args& a) {
   job.seed = a.seed;
   constexpr std::uintmax_t max_image = 32u << 20;
   for (const auto& f : a.images) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(f, ec);
-    if (ec) {
-      spdlog::error("submit: --image {}: {}", f, ec.message());
+    auto bytes = models::read_file_bytes(f, max_image);
+    if (!bytes) {
+      spdlog::error("submit: --image {}", bytes.error().message);
       return 2;
     }
-    if (size > max_image) {
-      spdlog::error("submit: --image {}: {} bytes, over the {} MiB limit", f, size,
-                    max_image >> 20);
-      return 2;
-    }
-    std::ifstream in(f, std::ios::binary);
     actors::image_data img;
     img.name = std::filesystem::path(f).filename().string();
-    img.bytes.assign(std::istreambuf_iterator<char>(in), {});
+    img.bytes = std::move(*bytes);
     job.images.push_back(std::move(img));
   }
   caf::actor_system_config cfg;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "actors/prompt.hpp"
@@ -24,6 +25,7 @@
 #include "models/image_processor.hpp"
 #include "models/llama.hpp"
 #include "models/llava.hpp"
+#include "models/mapped_file.hpp"
 #include "models/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -243,17 +245,25 @@ int run_generate(const generate_args& a) {
     req.prompt_tokens = *ids;
     req.params = params;
     for (const auto& f : a.images) {
-      std::ifstream in(f, std::ios::binary);
-      if (!in) {
-        spdlog::error("{}: cannot open the image file", f);
+      auto bytes = models::read_file_bytes(f, std::uint64_t{256} << 20);
+      if (!bytes) {
+        spdlog::error("--image {}", bytes.error().message);
         return 1;
       }
-      req.images.push_back({f, std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), {})});
+      req.images.push_back({f, std::move(*bytes)});
     }
-    print_text(a, text);
+    // The prompt is echoed with the first token, not before: a request
+    // that fails prints its error alone.
+    bool echoed = false;
+    auto echo = [&] {
+      if (!std::exchange(echoed, true)) print_text(a, text);
+    };
     actors::client client(sys, (*rt)->scheduler());
-    auto fin =
-        client.run(std::move(req), [&](const actors::token_event& e) { print_text(a, e.text); });
+    auto fin = client.run(std::move(req), [&](const actors::token_event& e) {
+      echo();
+      print_text(a, e.text);
+    });
+    if (fin && fin->reason != actors::finish_reason::error) echo();
     if (!fin) {
       spdlog::error("{}", fin.error().message);
       return 2;
@@ -321,10 +331,18 @@ int run_generate(const generate_args& a) {
   piece_fn piece = [dec](std::int32_t id) { return dec->push(id); };
   generate_options opts;
   opts.kv = kv;
-  print_text(a, text);
+  bool echoed = false;  // the prompt goes out with the first token (see above)
+  auto echo = [&] {
+    if (!std::exchange(echoed, true)) print_text(a, text);
+  };
   auto out = generate_batch(
-      *ctx, model, {req}, {piece}, [&](std::size_t, const std::string& t) { print_text(a, t); },
+      *ctx, model, {req}, {piece},
+      [&](std::size_t, const std::string& t) {
+        echo();
+        print_text(a, t);
+      },
       opts);
+  if (out) echo();
   if (!out) {
     spdlog::error("generation failed: {}", out.error().message);
     return 1;

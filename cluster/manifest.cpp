@@ -323,12 +323,19 @@ std::optional<std::uint64_t> parse_bytes(std::string_view s) {
 }
 
 std::expected<manifest, manifest_error> load_manifest(const std::string& path) {
+  constexpr std::size_t cap = 1u << 20;
+  // A device or a pipe (a symlink to /dev/zero, say) never ends: only
+  // regular files are read, and never more than the cap.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    return std::unexpected(manifest_error{{path + ": not a regular file; not a manifest"}});
   std::ifstream f(path, std::ios::binary);
   if (!f) return std::unexpected(manifest_error{{path + ": cannot read the manifest"}});
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  if (text.size() > (1u << 20))
+  std::string text(cap + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > cap)
     return std::unexpected(manifest_error{{path + ": larger than 1 MiB; not a manifest"}});
   return parse_manifest(text, path);
 }

@@ -11,7 +11,8 @@
 namespace troupe::models {
 
 result<std::shared_ptr<mapped_file>> mapped_file::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a pipe would otherwise block the open until a writer came.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return make_error(errc::io_error, path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -61,6 +62,19 @@ bool byte_reader::skip(std::size_t n) {
   if (n > remaining()) return false;
   pos_ += n;
   return true;
+}
+
+result<std::vector<std::uint8_t>> read_file_bytes(const std::string& path,
+                                                  std::uint64_t max_bytes) {
+  auto f = mapped_file::open(path);
+  if (!f) return std::unexpected(f.error());
+  const auto b = (*f)->bytes();
+  if (b.size() > max_bytes)
+    return make_error(errc::invalid_argument, path + ": " + std::to_string(b.size()) +
+                                                  " bytes, over the limit of " +
+                                                  std::to_string(max_bytes));
+  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
+  return std::vector<std::uint8_t>(p, p + b.size());
 }
 
 }  // namespace troupe::models

@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/status.hpp"
 
@@ -58,5 +59,10 @@ class byte_reader {
   std::span<const std::byte> data_;
   std::size_t pos_ = 0;
 };
+
+/// The bytes of the regular file `path`, at most `max_bytes` (a directory,
+/// a device or a pipe is refused, and a larger file, with its size): for
+/// inputs a user names, such as an image on the command line.
+result<std::vector<std::uint8_t>> read_file_bytes(const std::string& path, std::uint64_t max_bytes);
 
 }  // namespace troupe::models

@@ -330,7 +330,11 @@ gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_o
     res.status = why.empty() ? 200 : 503;
     res.set_content(why.empty() ? "ready\n" : "not ready: " + why + "\n", "text/plain");
   });
-  h.Get("/metrics", [d](const httplib::Request&, httplib::Response& res) {
+  // Behind the API key when one is set (Prometheus sends it as a bearer
+  // token): the figures tell who uses the cluster how much. /live and
+  // /ready stay open for health checks.
+  h.Get("/metrics", [d](const httplib::Request& req, httplib::Response& res) {
+    if (!d->authorized(req, res)) return;
     auto s = d->status();
     res.set_content(d->stats->render(s ? &*s : nullptr), "text/plain; version=0.0.4");
   });

@@ -92,9 +92,66 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
   return std::nullopt;
 }
 
-std::expected<json, api_error> parse_json(std::string_view body) {
-  auto j = json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded()) return std::unexpected(bad("the body is not valid JSON"));
+/// nlohmann's DOM builder behind a gate: the parse stops, before the value
+/// is built, once arrays and objects nest deeper than `max_depth` or the
+/// body holds more than `max_values` values (a 40 MB body of nested
+/// brackets would otherwise cost gigabytes).
+class bounded_dom final : public nlohmann::json_sax<json> {
+ public:
+  bounded_dom(json& out, std::size_t max_depth, std::size_t max_values)
+      : dom_(out, false), max_depth_(max_depth), max_values_(max_values) {}
+  /// Why the parse stopped early ("" when it did not).
+  const std::string& over() const { return over_; }
+
+  bool null() override { return value() && dom_.null(); }
+  bool boolean(bool v) override { return value() && dom_.boolean(v); }
+  bool number_integer(number_integer_t v) override { return value() && dom_.number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) override { return value() && dom_.number_unsigned(v); }
+  bool number_float(number_float_t v, const string_t& s) override {
+    return value() && dom_.number_float(v, s);
+  }
+  bool string(string_t& v) override { return value() && dom_.string(v); }
+  bool binary(binary_t& v) override { return value() && dom_.binary(v); }
+  bool start_object(std::size_t n) override { return enter() && dom_.start_object(n); }
+  bool key(string_t& k) override { return dom_.key(k); }
+  bool end_object() override {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) override { return enter() && dom_.start_array(n); }
+  bool end_array() override {
+    --depth_;
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t at, const std::string& token,
+                   const nlohmann::detail::exception& e) override {
+    return dom_.parse_error(at, token, e);
+  }
+
+ private:
+  bool value() {
+    if (++values_ <= max_values_) return true;
+    over_ = "the body holds more than " + std::to_string(max_values_) + " JSON values";
+    return false;
+  }
+  bool enter() {
+    if (!value()) return false;
+    if (++depth_ <= max_depth_) return true;
+    over_ = "the body's JSON nests deeper than " + std::to_string(max_depth_) + " levels";
+    return false;
+  }
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::size_t depth_ = 0, values_ = 0;
+  std::size_t max_depth_, max_values_;
+  std::string over_;
+};
+
+std::expected<json, api_error> parse_json(std::string_view body, const request_limits& limits) {
+  json j;
+  bounded_dom sax(j, limits.max_json_depth, limits.max_json_values);
+  const bool ok = json::sax_parse(body.begin(), body.end(), &sax);
+  if (!sax.over().empty()) return std::unexpected(bad(sax.over()));
+  if (!ok || j.is_discarded()) return std::unexpected(bad("the body is not valid JSON"));
   if (!j.is_object()) return std::unexpected(bad("the body must be a JSON object"));
   return j;
 }
@@ -145,7 +202,7 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::strin
 
 std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits) {
-  auto j = parse_json(body);
+  auto j = parse_json(body, limits);
   if (!j) return std::unexpected(j.error());
   api_request r;
   r.chat = true;
@@ -245,7 +302,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
 
 std::expected<api_request, api_error> parse_completion_request(std::string_view body,
                                                                const request_limits& limits) {
-  auto j = parse_json(body);
+  auto j = parse_json(body, limits);
   if (!j) return std::unexpected(j.error());
   api_request r;
   r.chat = false;

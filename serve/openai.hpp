@@ -35,6 +35,11 @@ struct request_limits {
   std::size_t max_text_bytes = 1u << 20;
   std::int64_t max_tokens = 1 << 16;
   std::size_t max_stops = 16;
+  /// The body's JSON, checked while it is parsed (before a value is built
+  /// past them): arrays and objects nested this deep at most, and this many
+  /// values in all. A chat request nests about 6 deep.
+  std::size_t max_json_depth = 32;
+  std::size_t max_json_values = 1u << 20;
   /// http(s) image URLs are accepted (and left for the gateway to fetch);
   /// off: only data: URLs.
   bool remote_images = false;

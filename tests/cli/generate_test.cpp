@@ -112,6 +112,30 @@ TEST(CliGenerate, BadInputFailsWithAMessage) {
   }
 }
 
+// Inputs a user names that are not what they claim: a directory or a device
+// given as --image used to abort the process (an uncaught ios_failure); a
+// file that is no image fails the request, and the prompt is not echoed
+// before the error (it used to be).
+TEST(CliGenerate, ImagesThatAreNoImagesFailWithAMessage) {
+  const auto dir = std::filesystem::temp_directory_path() / "troupe-image-dir";
+  std::filesystem::create_directories(dir);
+  for (const std::string& bad : {dir.string(), std::string("/dev/zero")}) {
+    auto r = troupe_cli("generate --image " + bad + " -p 'Describe the image.' -n 4");
+    EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("not a regular file"), std::string::npos) << r.out;
+  }
+  const auto text = dir / "notes.png";
+  std::ofstream(text) << "these are notes, not a PNG";
+  auto r = troupe_cli("generate --image " + text.string() + " -p 'Describe the image.' -n 4");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("notes.png"), std::string::npos) << r.out;
+  auto out = troupe_cli("generate --image " + text.string() + " -p 'Describe the image.' -n 4",
+                        /*merge_stderr=*/false);
+  EXPECT_EQ(out.out.find("Describe the image."), std::string::npos)
+      << "the prompt was echoed before the error: " << out.out;
+  std::filesystem::remove_all(dir);
+}
+
 // A Hugging Face folder (config.json + safetensors + tokenizer.json): the
 // llama3 fidelity checkpoint with a byte-level tokenizer of exactly its 257
 // ids (256 byte tokens and one special end token), written here.

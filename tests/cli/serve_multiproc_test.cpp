@@ -112,7 +112,10 @@ class Gateway : public ::testing::Test {
                 (key.empty() ? "" : "-H 'Authorization: Bearer " + key + "' ") + "--data-binary @" +
                 body_file(j) + " " + url_ + path);
   }
-  std::string metrics() { return curl(url_ + "/metrics").body; }
+  // /metrics needs the key like the API (a scrape without it gets a 401).
+  std::string metrics() {
+    return curl("-H 'Authorization: Bearer sk-test' " + url_ + "/metrics").body;
+  }
 
   test::cluster_setup cs_;
   bool started_ = false;
@@ -128,6 +131,7 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   auto ready = curl(url_ + "/ready");
   EXPECT_EQ(ready.status, 200) << ready.body;
   EXPECT_EQ(curl(url_ + "/live").status, 200);
+  EXPECT_EQ(curl(url_ + "/metrics").status, 401) << "the figures without the key";
   const auto before = metrics();
   ASSERT_EQ(metric(before, "troupe:generation_tokens_total"), 0) << before;
 

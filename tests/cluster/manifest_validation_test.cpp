@@ -3,6 +3,7 @@
 #include "cluster/manifest.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -236,6 +237,18 @@ TEST(Manifest, UnreadableAndOversizedFilesFailCleanly) {
   std::remove(big.c_str());
   ASSERT_FALSE(m);
   EXPECT_NE(joined(m.error()).find("larger than 1 MiB"), std::string::npos);
+  // A symlink to a device that never ends (it used to hang `up` and grow
+  // `status` to 4 GB): refused without reading.
+  const std::string zero = troupe::test::temp_path("zero.toml");
+  std::remove(zero.c_str());
+  ASSERT_EQ(::symlink("/dev/zero", zero.c_str()), 0);
+  m = load_manifest(zero);
+  std::remove(zero.c_str());
+  ASSERT_FALSE(m);
+  EXPECT_NE(joined(m.error()).find("not a regular file"), std::string::npos) << joined(m.error());
+  m = load_manifest("/dev/zero");
+  ASSERT_FALSE(m);
+  EXPECT_NE(joined(m.error()).find("not a regular file"), std::string::npos);
   // Binary garbage is a TOML error, not a crash.
   std::string junk;
   for (int i = 0; i < 4096; ++i) junk.push_back(static_cast<char>((i * 131 + 7) % 256));

@@ -80,6 +80,38 @@ TEST(Gateway, ABurstOfClientsIsQueuedWhileNothingAccepts) {
   EXPECT_EQ(connections_completed(gw.port(), n, std::chrono::milliseconds(500)), n);
 }
 
+// With an API key, /metrics needs it as well (it tells who uses the
+// cluster how much); the health checks stay open.
+TEST(Gateway, MetricsNeedTheApiKeyWhenOneIsSet) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  troupe::serve::gateway_options opt;
+  opt.host = "127.0.0.1";
+  opt.port = 0;
+  opt.api_key = "sk-test";
+  troupe::serve::gateway gw(sys, troupe::actors::frontdoor_actor{}, opt);
+  std::string why;
+  ASSERT_TRUE(gw.bind(why)) << why;
+  std::thread t([&] { gw.serve(); });
+  httplib::Client c("127.0.0.1", gw.port());
+  auto anon = c.Get("/metrics");
+  ASSERT_TRUE(anon);
+  EXPECT_EQ(anon->status, 401) << anon->body;
+  EXPECT_NE(anon->body.find("invalid_api_key"), std::string::npos) << anon->body;
+  auto wrong = c.Get("/metrics", {{"Authorization", "Bearer sk-other"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto keyed = c.Get("/metrics", {{"Authorization", "Bearer sk-test"}});
+  ASSERT_TRUE(keyed);
+  EXPECT_EQ(keyed->status, 200) << keyed->body;
+  EXPECT_NE(keyed->body.find("troupe"), std::string::npos) << keyed->body;
+  auto live = c.Get("/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+  gw.stop();
+  t.join();
+}
+
 // A gateway with remote images on (private hosts allowed: the image server
 // is on loopback) and no cluster behind it: a fetch fails before any job is
 // submitted.
