@@ -259,7 +259,7 @@ core_events scheduler_core::tick() {
     // failed steps' requests free their KV (on every stage: some had taken
     // the step, some not) and recompute from the queue's front.
     stalled_ = false;
-    for (auto& rel : stall_releases_) out.push_back(rel);
+    for (const auto& rel : stall_releases_) out.emplace_back(std::in_place_type<kv_release>, rel);
     stall_releases_.clear();
     std::vector<request*> victims;
     for (auto id : stall_victims_)
@@ -284,7 +284,7 @@ core_events scheduler_core::tick() {
         " s";
     // The frees go out (stores still alive take them; gone ones fail them).
     stalled_ = false;
-    for (auto& rel : stall_releases_) out.push_back(rel);
+    for (const auto& rel : stall_releases_) out.emplace_back(std::in_place_type<kv_release>, rel);
     stall_releases_.clear();
     stall_victims_.clear();
     stall_open_ = false;
