@@ -106,17 +106,16 @@ double gemm_rate(kernels::device& dev, kernels::weight_format f, const kernels::
 
 }  // namespace
 
-device_probe measure_device(kernels::device& d, std::int64_t memory_limit) {
+device_probe measure_device(kernels::device& dev, std::int64_t memory_limit) {
   device_probe p;
-  p.device = d.info().name;
+  p.device = dev.info().name;
   const auto t0 = clock_type::now();
   const std::int64_t own = resident_now();
   const std::int64_t cap = memory_limit > 0 ? memory_limit : available_memory() + own;
   p.memory_bytes = std::max<std::int64_t>(0, cap - own);
   {
-    std::lock_guard lock(d.run_lock());
-    auto& dev = d;
-    p.cores = d.info().cores;
+    std::lock_guard lock(dev.run_lock());
+    p.cores = dev.info().cores;
     const std::int64_t n = 1024, k = 1024;
     auto wf = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {n, k});
     auto x = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {1, k});

@@ -17,7 +17,7 @@ namespace troupe::actors {
 /// Measures `d` on its own worker team, holding its lock (~0.1-0.3 s).
 /// `memory_limit` is the manifest's (0: the machine's available memory);
 /// the node's resident memory now is subtracted from it.
-device_probe measure_device(kernels::device& d, std::int64_t memory_limit);
+device_probe measure_device(kernels::device& dev, std::int64_t memory_limit);
 
 /// CPU time on a set of cores not spent by this process, as a share of
 /// those cores' time since the previous sample (/proc/stat per core,

@@ -62,7 +62,6 @@ struct scheduler_state {
   std::vector<shard_actor> stages;
   std::vector<kv_store_actor> kv_stores;
   encoder_actor encoder;
-  std::shared_ptr<kernels::memory_pool> pool = kernels::memory_pool::create();
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
   std::optional<core::time_point> timer_at;  // the earliest tick already on its way

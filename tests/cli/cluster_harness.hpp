@@ -138,6 +138,22 @@ inline std::unique_ptr<job_run> reference_run(client& c, int n, std::int64_t max
   return ref;
 }
 
+/// Checks that every job of `run` ended by length with the tokens of the
+/// same job in `ref`; returns how many were recomputed (preempted).
+inline int expect_same_answers(const job_run& run, const job_run& ref) {
+  int recomputed = 0;
+  for (std::size_t i = 0; i < run.done.size(); ++i) {
+    const auto& d = run.done[i];
+    EXPECT_TRUE(d.has_value()) << "job " << i << ": " << run.errors[i];
+    if (!d) continue;
+    EXPECT_EQ(d->reason, actors::finish_reason::length) << to_string(d->reason) << ": " << d->error;
+    EXPECT_TRUE(ref.done[i].has_value() && d->tokens == ref.done[i]->tokens)
+        << "job " << i << " answered differently";
+    recomputed += d->preemptions > 0;
+  }
+  return recomputed;
+}
+
 /// Waits until every job of `run` has streamed between `lo` and `hi`
 /// tokens; whether they all had within a minute.
 inline bool wait_mid_decode(job_run& run, int lo, int hi) {

@@ -95,15 +95,7 @@ void failure_case(const cluster_setup& cs, const std::string& victim,
   const double detect_ms = ms_since(killed);
   join(*run);
   const double all_done_ms = ms_since(killed);
-  int recomputed = 0;
-  for (int i = 0; i < jobs; ++i) {
-    const auto& d = run->done[static_cast<std::size_t>(i)];
-    ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
-    EXPECT_EQ(d->reason, actors::finish_reason::length) << to_string(d->reason) << ": " << d->error;
-    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
-        << "job " << i << " answered differently";
-    recomputed += d->preemptions > 0;
-  }
+  const int recomputed = expect_same_answers(*run, *ref);
   EXPECT_GE(recomputed, 4);
   auto after = c.status();
   ASSERT_TRUE(after.has_value());
