@@ -24,6 +24,7 @@
 #include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
+#include "cluster/certs.hpp"
 #include "cluster/manifest.hpp"
 #include "transport/fault_engine.hpp"
 #include "transport/ucx_engine.hpp"
@@ -90,9 +91,27 @@ int run_node(const node_args& a) {
   }
   // The data plane: activations between stages go over UCX, to peers whose
   // addresses came over the authenticated control plane.
+  // Only holders of the cluster's data-plane key get to speak UCP to this
+  // process (transport/ucx_gate.hpp), and UCX's TCP transport listens on
+  // the interface of the manifest's address only, unless the manifest
+  // names the devices itself.
   transport::ucx_options uo;
   uo.tls = m->transport.tls;
   uo.net_devices = m->transport.net_devices;
+  if (uo.net_devices.empty()) {
+    auto dev = transport::net_device_for_host(me->host);
+    if (!dev) {
+      spdlog::error("node {}: refusing to start: the data plane: {}", a.name, dev.error().message);
+      return 1;
+    }
+    uo.net_devices = *dev;
+  }
+  auto key = cluster::read_data_plane_key(*m);
+  if (!key) {
+    spdlog::error("node {}: refusing to start: {}", a.name, key.error());
+    return 1;
+  }
+  uo.access_key = *key;
   auto engine = transport::ucx_engine::create(uo);
   if (!engine) {
     spdlog::error("node {}: {}", a.name, engine.error().message);

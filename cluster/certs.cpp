@@ -237,7 +237,64 @@ std::expected<std::vector<std::string>, std::string> ensure_certificates(const m
       return std::unexpected(w.error());
     wrote.push_back(f.certificate);
   }
+  if (const auto key_path = data_plane_key_file(m); !fs::exists(key_path)) {
+    std::array<std::uint8_t, 32> key{};
+    if (RAND_bytes(key.data(), static_cast<int>(key.size())) != 1)
+      return std::unexpected(ssl_error("no randomness for the data-plane key"));
+    static const char* digits = "0123456789abcdef";
+    std::string text;
+    for (auto b : key) {
+      text += digits[b >> 4];
+      text += digits[b & 15];
+    }
+    text += '\n';
+    if (auto w = write_pem(key_path, true,
+                           [&](BIO* b) {
+                             return BIO_write(b, text.data(), static_cast<int>(text.size())) ==
+                                    static_cast<int>(text.size());
+                           });
+        !w)
+      return std::unexpected(w.error());
+    wrote.push_back(key_path);
+  }
   return wrote;
+}
+
+std::string data_plane_key_file(const manifest& m) {
+  return (fs::path(m.certs_dir) / "dataplane.key").string();
+}
+
+std::expected<std::array<std::uint8_t, 32>, std::string> read_data_plane_key(const manifest& m) {
+  const std::string path = data_plane_key_file(m);
+  const std::string remedy = " (make it with `troupe certs " + m.path + "`)";
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) return std::unexpected("missing " + path + remedy);
+  if (!fs::is_regular_file(st)) return std::unexpected(path + " is not a regular file");
+  if ((st.permissions() & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none)
+    return std::unexpected(path + " is readable by others than its owner (chmod 600 it)");
+  if (fs::file_size(path, ec) > 1024 || ec)
+    return std::unexpected(path + " is not a data-plane key (too large)");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::unexpected("cannot read " + path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto b = text.find_first_not_of(" \t\r\n");
+  const auto e = text.find_last_not_of(" \t\r\n");
+  std::array<std::uint8_t, 32> key{};
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (b == std::string::npos || e - b + 1 != 2 * key.size())
+    return std::unexpected(path + " is not a data-plane key (64 hex digits)");
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    const int hi = nib(text[b + 2 * i]), lo = nib(text[b + 2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::unexpected(path + " is not a data-plane key (64 hex digits)");
+    key[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return key;
 }
 
 std::expected<node_tls_files, std::string> check_node_certificate(const manifest& m,

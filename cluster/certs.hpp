@@ -10,9 +10,13 @@
 // Layout of the directory:
 //   ca.pem, ca.key          the cluster CA (key 0600)
 //   NODE.pem, NODE.key      each node's certificate and key (key 0600)
+//   dataplane.key           32 random bytes (hex, 0600): the data plane's
+//                           gate key (transport/ucx_gate.hpp); every node
+//                           needs it, clients do not
 // Files are written to a temporary name and renamed: caf_openssl re-reads
 // them per connection, and a half-written file would abort it.
 
+#include <array>
 #include <cstdint>
 #include <expected>
 #include <span>
@@ -37,9 +41,10 @@ struct node_tls_files {
 /// The files node `node` uses (they may not exist yet).
 node_tls_files tls_files(const manifest& m, const std::string& node);
 
-/// Creates what is missing: the CA (once; an existing CA is kept) and a
+/// Creates what is missing: the CA (once; an existing CA is kept), a
 /// certificate for every node of the manifest that has none, valid for
-/// `days`, and the client certificate. Returns the files it wrote.
+/// `days`, the client certificate and the data-plane key. Returns the files
+/// it wrote.
 std::expected<std::vector<std::string>, std::string> ensure_certificates(const manifest& m,
                                                                          int days = 825);
 
@@ -74,6 +79,13 @@ std::expected<void, std::string> verify_identity(const std::string& ca_path,
                                                  const std::string& node,
                                                  std::span<const std::uint8_t> challenge,
                                                  const identity_proof& proof);
+
+/// The data-plane key file of the cluster (it may not exist yet).
+std::string data_plane_key_file(const manifest& m);
+
+/// Reads the data-plane key: a regular file of at most 1 KiB holding 64 hex
+/// digits, readable by its owner only. A node refuses to start without it.
+std::expected<std::array<std::uint8_t, 32>, std::string> read_data_plane_key(const manifest& m);
 
 /// The subject CN of a PEM certificate file.
 std::expected<std::string, std::string> certificate_common_name(const std::string& pem_path);

@@ -1,5 +1,9 @@
 #include "transport/ucx_engine.hpp"
 
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
@@ -424,6 +428,43 @@ void route_ucx_log() {
 
 }  // namespace
 
+result<std::string> net_device_for_host(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0)
+    return make_error(errc::invalid_argument,
+                      "cannot resolve '" + host + "': " + ::gai_strerror(rc));
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) {
+    ::freeaddrinfo(found);
+    return make_error(errc::io_error, "cannot list this machine's network interfaces");
+  }
+  std::string name;
+  for (addrinfo* a = found; a && name.empty(); a = a->ai_next) {
+    for (ifaddrs* i = ifs; i && name.empty(); i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != a->ai_addr->sa_family) continue;
+      if (a->ai_family == AF_INET) {
+        const auto* x = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+        const auto* y = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+        if (x->sin_addr.s_addr == y->sin_addr.s_addr) name = i->ifa_name;
+      } else if (a->ai_family == AF_INET6) {
+        const auto* x = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+        const auto* y = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+        if (std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0) name = i->ifa_name;
+      }
+    }
+  }
+  ::freeifaddrs(ifs);
+  ::freeaddrinfo(found);
+  if (name.empty())
+    return make_error(errc::invalid_argument,
+                      "no network interface of this machine has the address of '" + host +
+                          "' (set [transport] net_devices in the manifest to choose one)");
+  return name;
+}
+
 ucx_engine::ucx_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 ucx_engine::~ucx_engine() = default;
 
@@ -440,6 +481,12 @@ result<std::unique_ptr<ucx_engine>> ucx_engine::create(const ucx_options& option
   }
   if (options.default_timeout.count() <= 0)
     return make_error(errc::invalid_argument, "ucx: default_timeout must be positive");
+  // The gate goes up before the worker exists: UCX's TCP listener accepts
+  // from the moment the worker is made.
+  if (options.access_key && !arm_ucx_gate(*options.access_key))
+    return make_error(errc::invalid_argument,
+                      "ucx: the data-plane gate cannot be armed (another key is armed in this "
+                      "process, or libucs was not found)");
   p->peer_mode = options.peer_errors.value_or(!tls_has_shm(options.tls));
 
   ucp_config_t* config = nullptr;

@@ -29,12 +29,17 @@
 #include <string>
 
 #include "transport/engine.hpp"
+#include "transport/ucx_gate.hpp"
 
 namespace troupe::transport {
 
 struct ucx_options {
   std::string tls;          ///< UCX_TLS for this engine ("" = UCX's default / the environment)
   std::string net_devices;  ///< UCX_NET_DEVICES ("" = default)
+  /// The cluster's data-plane key: arms the process's gate in front of
+  /// UCX's TCP transport (transport/ucx_gate.hpp), so only peers holding
+  /// it can connect. Unset: no gate (tests of the transport itself).
+  std::optional<data_plane_key> access_key;
   /// UCP_ERR_HANDLING_MODE_PEER; unset: on when `tls` names no shared
   /// memory transport.
   std::optional<bool> peer_errors;
@@ -57,6 +62,12 @@ struct ucx_options {
   /// slept through piecemeal, and an idle wait sleeps after this long.
   std::chrono::microseconds spin_before_sleep{1000};
 };
+
+/// The network interface that carries `host` (a name or an address of
+/// this machine), for UCX_NET_DEVICES: "lo" for 127.0.0.1. UCX's TCP
+/// transport then listens on that interface's address only. An error when
+/// no interface of this machine has that address.
+result<std::string> net_device_for_host(const std::string& host);
 
 class ucx_engine final : public transfer_engine {
  public:

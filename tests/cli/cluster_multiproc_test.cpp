@@ -32,6 +32,7 @@
 #include "models/llava_config.hpp"
 #include "run_cli.hpp"
 #include "tests/multiproc.hpp"
+#include "tests/transport/listening_ports.hpp"
 
 namespace {
 
@@ -169,6 +170,49 @@ TEST_F(ClusterLoopback, UpSubmitStatusDown) {
   auto again = test::troupe_cli("up " + cs_.manifest + " --detach");
   EXPECT_EQ(again.exit_code, 1) << again.out;
   EXPECT_NE(again.out.find("already running"), std::string::npos) << again.out;
+}
+
+// A stranger on the host aims plain UCP at every listener of every node
+// while jobs decode (transport/ucx_gate.hpp): the nodes drop it before UCP
+// reads a byte, nothing is lost, and each node listens on loopback only
+// (the manifest's address; UCX's TCP transport included).
+TEST_F(ClusterLoopback, StrangersOnTheDataPlaneAreDroppedAndEveryListenerIsOnLoopback) {
+  up("rogue");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 3;
+  constexpr std::int64_t tokens = 48;
+  auto ref = reference_run(c, jobs, tokens);
+  std::string attack;
+  for (const char* n : {"n0", "n1", "n2"}) {
+    const pid_t pid = pid_of(n);
+    ASSERT_GT(pid, 0) << n;
+    const auto addrs = test::listening_addresses(pid);
+    EXPECT_GE(addrs.size(), 2u) << n << ": its control plane and UCX's TCP listener";
+    for (const auto& a : addrs) {
+      EXPECT_TRUE(a.starts_with("127.")) << n << " listens on " << a;
+      attack += std::string(TROUPE_ROGUE_UCX) + " " + a.substr(a.rfind(':') + 1) +
+                " 16 65536 >/dev/null 2>&1 & ";
+    }
+  }
+  auto run = start_jobs(c, jobs, tokens, true);
+  ASSERT_TRUE(wait_mid_decode(*run, 2, 40));
+  EXPECT_EQ(std::system((attack + "wait").c_str()), 0);
+  join(*run);
+  for (const char* n : {"n0", "n1", "n2"})
+    EXPECT_TRUE(cluster::process_alive(pid_of(n))) << "the stranger killed " << n;
+  expect_same_answers(*run, *ref);
+  auto st = c.status();
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->replacements, 0) << "a node was lost to the stranger";
+  // The nodes said so: their gate refused the connections.
+  int refusing = 0;
+  for (const auto& n : cluster::read_launched(m_)) {
+    std::ifstream f(n.log);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    refusing += text.find("data plane: refused a TCP connection") != std::string::npos;
+  }
+  EXPECT_EQ(refusing, 3) << "not every node logged a refusal";
 }
 
 TEST_F(ClusterLoopback, SigkillOfAStageNodeMidDecode) {

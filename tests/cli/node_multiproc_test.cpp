@@ -75,6 +75,19 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
   EXPECT_NE(r.out.find("refusing to start: missing " + root + "/ours/certs/n2.key"),
             std::string::npos)
       << r.out;
+  // Nor one without the data-plane key, or with one others can read.
+  ASSERT_EQ(troupe_cli("certs " + ours).exit_code, 0);  // n2's key again
+  fs::permissions(root + "/ours/certs/dataplane.key", fs::perms::others_read,
+                  fs::perm_options::add);
+  r = troupe_cli("node --manifest " + ours + " --name n2");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("dataplane.key is readable by others"), std::string::npos) << r.out;
+  fs::remove(root + "/ours/certs/dataplane.key");
+  r = troupe_cli("node --manifest " + ours + " --name n2");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("refusing to start: missing " + root + "/ours/certs/dataplane.key"),
+            std::string::npos)
+      << r.out;
   // Nor does a name the manifest does not know.
   r = troupe_cli("node --manifest " + ours + " --name n9");
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -58,7 +58,7 @@ TEST_F(Certs, OneCaAndOneCertificatePerNodeThatOpensslVerifies) {
   const auto m = make(root + "/one", "one");
   auto wrote = ensure_certificates(m);
   ASSERT_TRUE(wrote) << wrote.error();
-  EXPECT_EQ(wrote->size(), 5u);  // ca.pem + 3 nodes + the client
+  EXPECT_EQ(wrote->size(), 6u);  // ca.pem + 3 nodes + the client + the data-plane key
   for (const char* n : {"a", "b", "c", client_identity}) {
     auto ok = check_node_certificate(m, n);
     ASSERT_TRUE(ok) << ok.error();
@@ -75,6 +75,8 @@ TEST_F(Certs, OneCaAndOneCertificatePerNodeThatOpensslVerifies) {
   struct stat st {};
   ASSERT_EQ(::stat((m.certs_dir + "/ca.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(data_plane_key_file(m).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "the data-plane key is readable by others";
   // The address is in the certificate (IP for an address, DNS for a name).
   const auto b = slurp(tls_files(m, "b").certificate), c = slurp(tls_files(m, "c").certificate);
   EXPECT_EQ(std::system(("openssl x509 -noout -text -in " + tls_files(m, "b").certificate +
@@ -100,6 +102,42 @@ TEST_F(Certs, RunningAgainKeepsTheCaAndAddsOnlyWhatIsMissing) {
   EXPECT_EQ(slurp(m.certs_dir + "/ca.pem"), ca);
   EXPECT_EQ(slurp(tls_files(m, "a").certificate), a);
   EXPECT_TRUE(check_node_certificate(m, "b"));
+}
+
+TEST_F(Certs, EachClusterHasItsOwnDataPlaneKeyAndBadKeyFilesAreRefused) {
+  const auto one = make(root + "/one", "one"), two = make(root + "/two", "two");
+  ASSERT_TRUE(ensure_certificates(one));
+  ASSERT_TRUE(ensure_certificates(two));
+  auto k1 = read_data_plane_key(one), k2 = read_data_plane_key(two);
+  ASSERT_TRUE(k1) << k1.error();
+  ASSERT_TRUE(k2) << k2.error();
+  EXPECT_NE(*k1, *k2);
+  EXPECT_NE(*k1, (std::array<std::uint8_t, 32>{}));
+  // Running again keeps it.
+  ASSERT_TRUE(ensure_certificates(one));
+  EXPECT_EQ(read_data_plane_key(one).value_or(std::array<std::uint8_t, 32>{}), *k1);
+  const auto path = data_plane_key_file(one);
+  auto refused = [&](const std::string& why) {
+    auto r = read_data_plane_key(one);
+    EXPECT_FALSE(r) << why;
+    if (!r) {
+      EXPECT_NE(r.error().find(path), std::string::npos) << r.error();
+    }
+  };
+  ::chmod(path.c_str(), 0644);
+  refused("readable by others");
+  { std::ofstream(path, std::ios::trunc) << "abc\n"; }
+  ::chmod(path.c_str(), 0600);
+  refused("too short");
+  { std::ofstream(path, std::ios::trunc) << std::string(64, 'z') << "\n"; }
+  refused("not hex");
+  fs::remove(path);
+  fs::create_directory(path);
+  refused("a directory");
+  fs::remove(path);
+  refused("missing");
+  ASSERT_TRUE(ensure_certificates(one));  // made again (a new key)
+  EXPECT_TRUE(read_data_plane_key(one));
 }
 
 TEST_F(Certs, StrangersAndWrongFilesAreRefused) {

@@ -4,9 +4,12 @@
 // hosts), and a peer killed mid-transfer.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
+#include <thread>
 
 #include "tests/multiproc.hpp"
+#include "tests/transport/listening_ports.hpp"
 #include "tests/transport/pattern.hpp"
 #include "transport/framing.hpp"
 
@@ -105,6 +108,71 @@ TEST(Multiproc, TensorAndPutOverSharedMemory) {
 TEST(Multiproc, TensorAndPutOverTcpOnLoopback) {
   auto p = start({"--tls", "tcp", "--net-devices", "lo", "--timeout-ms", "20000"});
   tensor_and_put(p);
+}
+
+// The data-plane gate (transport/ucx_gate.hpp): peers holding the key talk
+// over TCP as before; a plain UCP client without it, aimed at every
+// listener of a peer, is dropped before UCP reads its messages (without the
+// gate it crashes the peer: a rendezvous RTS carries a raw pointer).
+constexpr const char* key_a = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+constexpr const char* key_b = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+std::string gate_line(child_process& p) {
+  p.send_line("gate");
+  return p.expect("admitted ", 10000ms).value_or("(no answer)");
+}
+
+// "admitted A refused R proved P" -> {A, R, P}
+std::array<unsigned long, 3> gate_counts(const std::string& line) {
+  std::array<unsigned long, 3> v{};
+  std::sscanf(line.c_str(), "admitted %lu refused %lu proved %lu", &v[0], &v[1], &v[2]);
+  return v;
+}
+
+TEST(Multiproc, AStrangerCannotSpeakUcpToAGatedPeer) {
+  auto p = start({"--tls", "tcp", "--net-devices", "lo", "--timeout-ms", "8000", "--key", key_a});
+  tensor_and_put(p);
+  const auto before = gate_counts(gate_line(*p.b));
+  EXPECT_GE(before[0], 1u) << "b admitted no gated connection";
+  EXPECT_GE(before[2], 1u) << "b proved no outgoing connection";
+  const auto ports = troupe::test::listening_ports(p.b->pid());
+  ASSERT_FALSE(ports.empty()) << "peer b listens on nothing";
+  // b waits for a transfer whose header tag the rogue uses.
+  p.b->send_line("recv 7 f32 4,1024 4096 0");
+  for (unsigned port : ports) {
+    child_process rogue("rogue", {TROUPE_ROGUE_UCX, std::to_string(port), "10", "65536"});
+    auto said = rogue.expect("rogue: posted", 30000ms);
+    EXPECT_TRUE(said) << "the rogue never got to send to port " << port;
+    rogue.wait_exit(10000ms);
+  }
+  auto waited = p.b->expect("", 30000ms);  // the receive times out: nothing reached it
+  ASSERT_TRUE(waited) << "peer b did not answer";
+  EXPECT_TRUE(waited->starts_with("error transfer 7")) << *waited;
+  EXPECT_EQ(p.b->wait_exit(500ms), "still running") << "the stranger crashed peer b";
+  // The rogues have exited: their connections end and are counted.
+  auto after = gate_counts(gate_line(*p.b));
+  for (int i = 0; i < 50 && after[1] <= before[1]; ++i) {
+    std::this_thread::sleep_for(100ms);
+    after = gate_counts(gate_line(*p.b));
+  }
+  EXPECT_GT(after[1], before[1]) << "b refused nothing";
+  // Both peers still work.
+  tensor_and_put(p);
+}
+
+TEST(Multiproc, PeersWithDifferentKeysDoNotConnect) {
+  auto p = start({"--tls", "tcp", "--net-devices", "lo", "--timeout-ms", "3000"}, {}, {},
+                 {"--key", key_a}, {"--key", key_b});
+  ASSERT_FALSE(p.a_to_b.empty());
+  p.b->send_line("recv 7 f32 4,1024 4096");
+  p.a->send_line("send " + p.a_to_b + " 7 f32 4,1024 4096 3");
+  auto sent = p.a->expect("", 30000ms);
+  ASSERT_TRUE(sent) << "the sender gave no answer";
+  EXPECT_TRUE(sent->starts_with("error")) << *sent;
+  auto got = p.b->expect("", 30000ms);
+  ASSERT_TRUE(got) << "the receiver gave no answer";
+  EXPECT_TRUE(got->starts_with("error")) << *got;
+  EXPECT_GE(gate_counts(gate_line(*p.b))[1], 1u) << "b refused nothing";
 }
 
 TEST(Multiproc, TensorAndPutBetweenNetworkNamespaces) {

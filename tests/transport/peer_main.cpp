@@ -15,8 +15,11 @@
 //   allreduce NEXT RANK SIZE COUNT ID   -> sum FNV (ring all-reduce; NEXT = peer id of rank+1)
 //   describe PEER                       -> lanes TEXT (the transports UCX chose)
 //   stats                               -> live_ops N live_regions M stuck K
+//   gate                                -> admitted A refused R proved P (transport/ucx_gate.hpp)
 //   quit
 //
+// Options: --tls, --net-devices, --timeout-ms, --busy-poll, --peer-errors,
+// --progress-thread, --spin-us, --key HEX (arms the data-plane gate).
 // DIMS is comma-separated; the sent data is a pattern from SEED
 // (tests/transport/pattern.hpp), so the parent can compute the expected checksum.
 #include <algorithm>
@@ -97,6 +100,16 @@ int main(int argc, char** argv) {
       opt.progress_thread = v == "1";
     else if (k == "--spin-us")
       opt.spin_before_sleep = std::chrono::microseconds(std::stoll(v));
+    else if (k == "--key") {  // the data-plane key (64 hex digits): arms the gate
+      const auto b = unhex(v);
+      if (b.size() != 32) {
+        say("error --key needs 64 hex digits");
+        return 2;
+      }
+      tr::data_plane_key key{};
+      std::copy(b.begin(), b.end(), key.begin());
+      opt.access_key = key;
+    }
   }
   auto engine = tr::ucx_engine::create(opt);
   if (!engine) {
@@ -353,6 +366,10 @@ int main(int argc, char** argv) {
       } else if (cmd == "stats") {
         say("live_ops " + std::to_string(e.live_ops()) + " live_regions " +
             std::to_string(e.live_regions()) + " stuck " + std::to_string(e.stuck_requests()));
+      } else if (cmd == "gate") {
+        const auto g = tr::ucx_gate_stats();
+        say("admitted " + std::to_string(g.admitted) + " refused " + std::to_string(g.refused) +
+            " proved " + std::to_string(g.proved));
       } else if (cmd == "unexpose") {
         if (region) e.unexpose(region);
         region = 0;
