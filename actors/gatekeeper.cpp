@@ -3,15 +3,26 @@
 
 #include <spdlog/spdlog.h>
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <sys/socket.h>
 
+#include <atomic>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
+#include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 
+#include "actors/control_guard.hpp"
 #include "cluster/certs.hpp"
+#include "transport/ucx_gate.hpp"
 
 // caf_openssl 0.17 calls SSL_read/SSL_write/SSL_connect/SSL_accept on the
 // middleman's thread without clearing that thread's OpenSSL error queue
@@ -22,18 +33,123 @@
 // other node's connection. These wrappers (the executable's definitions
 // win over libssl's for libcaf_openssl's calls) clear the queue before
 // each call, as OpenSSL's documentation requires.
+//
+// Once the control guard is armed (configure_cluster_tls), they also bound
+// what a connection costs before CAF sees it (actors/control_guard.hpp):
+// SSL_read follows the decrypted stream's BASP framing and fails the read
+// that completes a header announcing too much, before CAF allocates it;
+// SSL_accept's success ends the connection's handshake deadline; accepted
+// sockets over the per-address or total caps of unfinished handshakes are
+// closed before CAF sees them (transport/ucx_gate.cpp's accept wrapper
+// asks), and a reaper shuts down those past their deadline.
 namespace {
+
 template <class F>
 F real_ssl(const char* name) {
   return reinterpret_cast<F>(::dlsym(RTLD_NEXT, name));
 }
+
+struct control_guard_state {
+  std::mutex mtx;
+  std::atomic<bool> armed{false};
+  std::atomic<std::uint64_t> budget{0};
+  std::unordered_map<const SSL*, std::unique_ptr<troupe::actors::basp_stream_guard>> streams;
+  troupe::actors::connection_admission admission;
+  std::uint64_t refused_connections = 0, refused_messages = 0, expired = 0;
+  std::chrono::steady_clock::time_point last_log{};
+  std::uint64_t unlogged = 0;
+};
+
+control_guard_state& guard() {
+  static auto* g = new control_guard_state;  // never destroyed: sockets close during exit
+  return *g;
+}
+
+// Under g.mtx: at most one line a second.
+template <typename... A>
+void guard_log(control_guard_state& g, fmt::format_string<A...> f, A&&... a) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - g.last_log < std::chrono::seconds(1)) {
+    ++g.unlogged;
+    return;
+  }
+  g.last_log = now;
+  spdlog::warn("control plane: {} ({} more since the last report)",
+               fmt::format(f, std::forward<A>(a)...), g.unlogged);
+  g.unlogged = 0;
+}
+
+bool called_from(const void* caller, const char* library) {
+  Dl_info info{};
+  return caller && ::dladdr(caller, &info) != 0 && info.dli_fname &&
+         std::strstr(info.dli_fname, library) != nullptr;
+}
+
+std::string peer_address(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (a.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in&>(a).sin_addr, ip, sizeof ip);
+  else if (a.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6&>(a).sin6_addr, ip, sizeof ip);
+  return ip;
+}
+
+bool on_accept(int fd, const void* caller) {
+  if (!called_from(caller, "libcaf_io")) return true;
+  auto& g = guard();
+  const std::string from = peer_address(fd);
+  std::lock_guard lk(g.mtx);
+  const auto v = g.admission.accepted(fd, from, std::chrono::steady_clock::now());
+  if (v == troupe::actors::connection_admission::verdict::admit) return true;
+  ++g.refused_connections;
+  guard_log(g, "refused a connection from {}: {}", from, troupe::actors::to_string(v));
+  return false;
+}
+
+void on_close(int fd) {
+  auto& g = guard();
+  std::lock_guard lk(g.mtx);
+  g.admission.closed(fd);
+}
+
+void reap_handshakes() {
+  auto& g = guard();
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    std::lock_guard lk(g.mtx);
+    for (int fd : g.admission.overdue(std::chrono::steady_clock::now())) {
+      ++g.expired;
+      guard_log(g, "closed a connection from {} that did not finish its TLS handshake in {} ms",
+                peer_address(fd), g.admission.caps().handshake_deadline.count());
+      ::shutdown(fd, SHUT_RDWR);  // CAF reads end-of-file and closes it
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
 int SSL_read(SSL* s, void* buf, int num) {
   static auto real = real_ssl<int (*)(SSL*, void*, int)>("SSL_read");
   ERR_clear_error();
-  return real(s, buf, num);
+  const int n = real(s, buf, num);
+  auto& g = guard();
+  if (n <= 0 || !g.armed.load(std::memory_order_acquire)) return n;
+  std::lock_guard lk(g.mtx);
+  auto& st = g.streams[s];
+  if (!st) st = std::make_unique<troupe::actors::basp_stream_guard>(&g.budget);
+  if (auto why =
+          st->feed(std::span(static_cast<const std::uint8_t*>(buf), static_cast<std::size_t>(n)))) {
+    ++g.refused_messages;
+    guard_log(g, "closed a connection from {}: {}", peer_address(SSL_get_fd(s)), *why);
+    // SSL_get_error then says SSL_ERROR_SSL and CAF closes the connection.
+    ERR_raise(ERR_LIB_SSL, SSL_R_EXCESSIVE_MESSAGE_SIZE);
+    return -1;
+  }
+  return n;
 }
 int SSL_write(SSL* s, const void* buf, int num) {
   static auto real = real_ssl<int (*)(SSL*, const void*, int)>("SSL_write");
@@ -48,7 +164,22 @@ int SSL_connect(SSL* s) {
 int SSL_accept(SSL* s) {
   static auto real = real_ssl<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
-  return real(s);
+  const int r = real(s);
+  if (r == 1 && guard().armed.load(std::memory_order_acquire)) {
+    auto& g = guard();
+    std::lock_guard lk(g.mtx);
+    g.admission.authenticated(SSL_get_fd(s));
+  }
+  return r;
+}
+void SSL_free(SSL* s) {
+  static auto real = real_ssl<void (*)(SSL*)>("SSL_free");
+  if (s && guard().armed.load(std::memory_order_acquire)) {
+    auto& g = guard();
+    std::lock_guard lk(g.mtx);
+    g.streams.erase(s);
+  }
+  real(s);
 }
 }
 
@@ -135,11 +266,27 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
   return sys.spawn(impl, m, self_node, std::move(agent), std::move(door));
 }
 
+void arm_control_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    guard().armed.store(true, std::memory_order_release);
+    transport::set_socket_observers(&on_accept, &on_close);
+    std::thread(reap_handshakes).detach();
+  });
+}
+
+control_guard_counters control_guard_stats() {
+  auto& g = guard();
+  std::lock_guard lk(g.mtx);
+  return {g.refused_connections, g.refused_messages, g.expired, g.admission.pending()};
+}
+
 std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg,
                                                        const cluster::manifest& m,
                                                        const std::string& node) {
   auto files = cluster::check_node_certificate(m, node);
   if (!files) return std::unexpected(files.error());
+  arm_control_guard();
   cfg.load<caf::io::middleman>();
   cfg.load<caf::openssl::manager>();
   cfg.set("openssl.certificate", files->certificate);

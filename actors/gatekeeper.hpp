@@ -25,6 +25,20 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
                                   const std::string& self_node, node_agent_actor agent = {},
                                   frontdoor_actor door = {});
 
+/// Arms the control plane's guard in this process (actors/control_guard.hpp:
+/// BASP lengths bounded before CAF allocates, unfinished TLS handshakes
+/// capped per address and in all, and shut down after their deadline).
+/// configure_cluster_tls calls it.
+void arm_control_guard();
+
+struct control_guard_counters {
+  std::uint64_t refused_connections = 0;  ///< over the caps of unfinished handshakes
+  std::uint64_t refused_messages = 0;     ///< headers announcing too much
+  std::uint64_t expired_handshakes = 0;   ///< shut down past their deadline
+  std::size_t pending_handshakes = 0;
+};
+control_guard_counters control_guard_stats();
+
 /// Configures `cfg` for mutual TLS as node `node` of `m` (certificate, key
 /// and CA from the manifest's certificate directory, checked first: a node
 /// refuses to run without them, since caf_openssl would otherwise fall back

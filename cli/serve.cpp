@@ -87,8 +87,11 @@ command_runner add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", a->model_name, "The model's name in the API");
-  cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (larger: 413)")
-      ->check(CLI::Range(1, 1024));
+  // A job travels to the head as one control-plane message, at most 128 MiB
+  // (actors/control_guard.hpp): 96 MiB of body leaves room for it.
+  cmd->add_option("--max-body-mib", a->max_body_mib,
+                  "Largest request body, MiB, 1 to 96 (larger: 413)")
+      ->check(CLI::Range(1, 96));
   cmd->add_flag(
       "--allow-remote-images", a->remote_images,
       "Fetch http(s) image URLs (only from public addresses; off: base64 data: URLs only)");

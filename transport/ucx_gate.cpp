@@ -108,6 +108,9 @@ struct gate_state {
   const void* ucs_base = nullptr;  // where libucs is loaded (its calls are gated)
 };
 
+std::atomic<accept_observer> other_accepts{nullptr};
+std::atomic<close_observer> other_closes{nullptr};
+
 gate_state& gate() {
   static gate_state* g = new gate_state;  // never destroyed: sockets close during exit
   return *g;
@@ -371,6 +374,11 @@ bool arm_ucx_gate(const data_plane_key& key) {
   return true;
 }
 
+void set_socket_observers(accept_observer on_accept, close_observer on_close) {
+  other_accepts.store(on_accept);
+  other_closes.store(on_close);
+}
+
 bool ucx_gate_armed() {
   return gate().armed.load(std::memory_order_acquire);
 }
@@ -383,11 +391,31 @@ ucx_gate_counters ucx_gate_stats() {
 
 }  // namespace troupe::transport
 
+namespace {
+
+using namespace troupe::transport;
+
+// An accepted socket: UCX's go to the gate, the others to the observer.
+int after_accept(int r, const void* caller) {
+  if (r < 0) return r;
+  const int saved = errno;
+  if (gate().armed.load(std::memory_order_acquire) && from_ucs(caller)) {
+    note_new_socket(r, fd_state::server_pending, caller);
+  } else if (auto on = other_accepts.load(); on && !on(r, caller)) {
+    static auto real_close = next_symbol<close_fn>("close");
+    real_close(r);
+    errno = EAGAIN;  // as if nobody had been waiting
+    return -1;
+  }
+  errno = saved;
+  return r;
+}
+
+}  // namespace
+
 // --- the socket calls, as libucs sees them -----------------------------------
 // Everything else in the process passes straight through (one atomic load
 // when no gated handshake is open).
-
-using namespace troupe::transport;
 
 extern "C" {
 
@@ -404,17 +432,13 @@ int connect(int fd, const sockaddr* addr, socklen_t len) {
 int accept(int fd, sockaddr* addr, socklen_t* len) {
   const void* caller = __builtin_return_address(0);
   static auto real = next_symbol<accept_fn>("accept");
-  const int r = real(fd, addr, len);
-  note_new_socket(r, fd_state::server_pending, caller);
-  return r;
+  return after_accept(real(fd, addr, len), caller);
 }
 
 int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   const void* caller = __builtin_return_address(0);
   static auto real = next_symbol<accept4_fn>("accept4");
-  const int r = real(fd, addr, len, flags);
-  note_new_socket(r, fd_state::server_pending, caller);
-  return r;
+  return after_accept(real(fd, addr, len, flags), caller);
 }
 
 ssize_t recv(int fd, void* buf, size_t n, int flags) {
@@ -444,6 +468,7 @@ ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
 
 int close(int fd) {
   static auto real = next_symbol<close_fn>("close");
+  if (auto on = other_closes.load(); on) on(fd);
   auto& g = gate();
   if (g.tracked.load(std::memory_order_acquire) != 0) {
     std::lock_guard lk(g.mtx);

@@ -74,4 +74,14 @@ gate_verdict check_gate_proof(const data_plane_key& key, std::span<const std::ui
                               const sockaddr_storage& client, const sockaddr_storage& server,
                               std::int64_t now_unix_seconds);
 
+/// The same wrappers serve the control plane's guard
+/// (actors/control_guard.hpp): every socket accepted by a caller other
+/// than libucs is shown to the accept observer (with the caller's return
+/// address), which may refuse it (it is then closed before the caller sees
+/// it, and the caller gets EAGAIN); every close is shown to the close
+/// observer. Set once, before sockets are accepted.
+using accept_observer = bool (*)(int fd, const void* caller);
+using close_observer = void (*)(int fd);
+void set_socket_observers(accept_observer on_accept, close_observer on_close);
+
 }  // namespace troupe::transport
