@@ -17,11 +17,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "actors/control_guard.hpp"
 #include "cluster/certs.hpp"
+#include "cluster/head_lease.hpp"
 #include "transport/ucx_gate.hpp"
 
 // caf_openssl 0.17 calls SSL_read/SSL_write/SSL_connect/SSL_accept on the
@@ -196,10 +198,13 @@ struct gatekeeper_state {
     clock_type::time_point issued;
   };
   std::map<caf::node_id, pending> challenges;  // one per connecting node
+  std::set<std::string> verified_heads;        // node ids seen at the head's address
 };
 
 constexpr std::size_t max_pending = 1024;
 constexpr auto challenge_lifetime = 60s;
+// How long checking a head's address may take (connecting there).
+constexpr auto head_check_limit = 3s;
 
 }  // namespace
 
@@ -258,12 +263,77 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
             logging::of("gatekeeper").debug("{}: a client came in", me);
             return gate_pass{m.name, me, protocol_version, node_agent_actor{}, door};
           }
-          logging::of("gatekeeper").info("{}: node {} joined", me, h.node);
-          return gate_pass{m.name, me, protocol_version, agent, frontdoor_actor{}};
+          const gate_pass pass{m.name, me, protocol_version, agent, frontdoor_actor{}};
+          if (h.node != m.head) {
+            logging::of("gatekeeper").info("{}: node {} joined", me, h.node);
+            return pass;
+          }
+          // The head: the process at the manifest's head address, with a
+          // term no lower than the lease's (cluster/head_lease.hpp).
+          const std::string caller = to_string(sender->node());
+          auto grant = [me, caller, term = h.term]() -> caf::error {
+            auto& l = cluster::local_head_lease();
+            std::lock_guard lk(l.mtx);
+            const auto before = l.lease.term();
+            const auto v = l.lease.offer(caller, term);
+            if (v != cluster::head_lease::verdict::granted) {
+              const std::string why = std::string(cluster::to_string(v)) + " (term " +
+                                      std::to_string(before) + "; this head's is " +
+                                      std::to_string(term) + "): it must step down";
+              logging::of("gatekeeper").warn("{}: refused a head: {}", me, why);
+              return make_error(error_code::not_the_head, why);
+            }
+            logging::of("gatekeeper").info("{}: the head joined (term {})", me, term);
+            return {};
+          };
+          if (self->state.verified_heads.count(caller)) {
+            if (auto e = grant()) return e;
+            return pass;
+          }
+          const auto* head = m.node(m.head);
+          const std::string at = head->host + ":" + std::to_string(head->port);
+          auto checker = self->system().spawn<caf::detached>(
+              [host = head->host, port = head->port](caf::event_based_actor* c) -> caf::behavior {
+                return {[=](ping_atom) -> caf::result<std::string> {
+                  c->quit();
+                  auto gk = caf::openssl::remote_actor<gatekeeper_actor>(
+                      c->system(), host, static_cast<std::uint16_t>(port));
+                  if (!gk)
+                    return make_error(error_code::not_the_head, c->system().render(gk.error()));
+                  return to_string(gk->node());
+                }};
+              });
+          auto rp = self->make_response_promise<gate_pass>();
+          self->request(checker, head_check_limit, ping_atom::value)
+              .then(
+                  [self, rp, caller, at, me, grant, pass](std::string& there) mutable {
+                    if (there != caller) {
+                      const std::string why =
+                          "a process holding the head's certificate, but "
+                          "not the one at the head's address " +
+                          at + ": it must step down";
+                      logging::of("gatekeeper").warn("{}: refused a head: {}", me, why);
+                      rp.deliver(make_error(error_code::not_the_head, why));
+                      return;
+                    }
+                    self->state.verified_heads.insert(caller);
+                    if (auto e = grant())
+                      rp.deliver(std::move(e));
+                    else
+                      rp.deliver(pass);
+                  },
+                  [rp, at, me](caf::error& e) mutable {
+                    const std::string why = "the head's address " + at +
+                                            " did not answer as the head: " + caf::to_string(e);
+                    logging::of("gatekeeper").warn("{}: refused a head: {}", me, why);
+                    rp.deliver(make_error(error_code::not_the_head, why));
+                  });
+          return rp;
         },
     };
   };
-  return sys.spawn(impl, m, self_node, std::move(agent), std::move(door));
+  // Detached: checking a head's address makes a connection.
+  return sys.spawn<caf::detached>(impl, m, self_node, std::move(agent), std::move(door));
 }
 
 void arm_control_guard() {
@@ -305,7 +375,8 @@ std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config&
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
                                                 const std::string& self_node,
                                                 const std::string& target,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                std::uint64_t term) {
   const auto* t = m.node(target);
   if (!t) return std::unexpected("'" + target + "' is not a node of " + m.path);
   auto gk = caf::openssl::remote_actor<gatekeeper_actor>(sys, t->host,
@@ -326,8 +397,9 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
   auto proof = cluster::prove_identity(cluster::tls_files(m, self_node), challenge);
   if (!proof) return std::unexpected(proof.error());
   std::optional<gate_pass> pass;
-  self->request(*gk, caf::duration{timeout}, hello_atom::value,
-                gate_hello{self_node, protocol_version, proof->certificate_pem, proof->signature})
+  self->request(
+          *gk, caf::duration{timeout}, hello_atom::value,
+          gate_hello{self_node, protocol_version, proof->certificate_pem, proof->signature, term})
       .receive([&](gate_pass& p) { pass = std::move(p); },
                [&](caf::error& e) { why = describe(sys, e); });
   if (!pass) return std::unexpected("node " + target + " refused: " + why);

@@ -49,10 +49,14 @@ std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config&
                                                        const std::string& node);
 
 /// Connects (over TLS) to node `target`'s gatekeeper as node `self_node`
-/// (or as cluster::client_identity) and passes its handshake.
+/// (or as cluster::client_identity) and passes its handshake. The head
+/// passes its `term` (cluster/head_lease.hpp); a node refuses a head that
+/// is not the process at the manifest's head address, or whose term is
+/// lower than the one it follows (error_code::not_the_head).
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
                                                 const std::string& self_node,
                                                 const std::string& target,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                std::uint64_t term = 0);
 
 }  // namespace troupe::actors

@@ -1,6 +1,10 @@
 #include "actors/head.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -51,14 +55,28 @@ void start_join(head_ptr self, const std::string& name) {
   r.joining = true;
   const auto core = caf::actor_cast<head_core_actor>(self);
   self->system().spawn<caf::detached>([core, m = st.cfg.node.m, me = st.cfg.node.name, name,
-                                       timeout = st.cfg.node.timeout](caf::blocking_actor* b) {
-    auto pass =
-        join_node(b->system(), m, me, name, std::min(timeout, std::chrono::milliseconds(5000)));
+                                       timeout = st.cfg.node.timeout,
+                                       term = st.cfg.term](caf::blocking_actor* b) {
+    auto pass = join_node(b->system(), m, me, name,
+                          std::min(timeout, std::chrono::milliseconds(5000)), term);
     if (pass)
       b->send(core, joined_atom::value, name, *pass);
     else
       b->send(core, joined_atom::value, name, pass.error());
   });
+}
+
+/// A node follows a head of a higher term (this one was stopped, or cut
+/// off, while another took over): this head steps down. Its process stops;
+/// the nodes are the newer head's.
+void step_down(head_ptr self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  if (st.stepped_down) return;
+  st.stepped_down = true;
+  st.draining = true;
+  logging::of("head").error("head {} (term {}) steps down: node {} refused it: {}",
+                            st.cfg.node.name, st.cfg.term, name, why);
+  ::kill(::getpid(), SIGTERM);  // the main thread waits for it
 }
 
 void on_lost(head_ptr self, const std::string& name, const std::string& why) {
@@ -331,7 +349,11 @@ void heartbeat(head_ptr self) {
                 event(self, "node " + name + " " + cluster::to_string(t->to) + ": " + t->why);
               measure_link(self, name);
             },
-            [](caf::error&) {});  // silence is what tick() measures
+            [self, name](caf::error& e) {
+              // Silence is what tick() measures; a refusal is an answer.
+              if (troupe_code(e) == static_cast<std::uint8_t>(error_code::not_the_head))
+                step_down(self, name, describe(self->system(), e));
+            });
   }
   if (st.scheduler)
     self->request(st.scheduler, 5s, stats_atom::value)
@@ -362,6 +384,10 @@ void heartbeat(head_ptr self) {
 kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg,
                                             node_agent_actor own) {
   using namespace head_detail;
+  if (cfg.term == 0)
+    cfg.term = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count());
   const auto& m = cfg.node.m;
   if (m.parallelism.tensor_parallel > 1)
     return kernels::make_error(kernels::errc::unsupported_op,
@@ -579,6 +605,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           r.joining = false;
           r.why = why;
           logging::of("head").debug("joining {}: {}", name, why);
+          if (why.find("must step down") != std::string::npos) step_down(self, name, why);
         },
     };
   };

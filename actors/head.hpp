@@ -44,6 +44,9 @@ struct head_config {
   prompt_renderer render;
   /// Jobs being rendered at once; past it, jobs are refused as overloaded.
   std::int64_t max_rendering = 64;
+  /// The head's term (cluster/head_lease.hpp); 0: its start time in
+  /// milliseconds since the epoch, so a later head has a higher one.
+  std::uint64_t term = 0;
 };
 
 /// The head: its door (also the actor that runs membership and placement).

@@ -52,6 +52,7 @@ struct head_state {
   std::vector<cluster::stage_slot> plan;
   std::uint64_t epoch = 0;
   bool placing = false, ready = false, draining = false, retry_queued = false, placement_ok = false;
+  bool stepped_down = false;  // a node follows a newer head (step_down)
   std::int64_t replacements = 0;
   std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
   std::int64_t migrations = 0;

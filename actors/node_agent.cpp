@@ -17,6 +17,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/log.hpp"
 #include "actors/stage.hpp"
+#include "cluster/head_lease.hpp"
 
 namespace troupe::actors {
 
@@ -180,6 +181,20 @@ node_report report_of(agent_ptr self) {
   return r;
 }
 
+/// Orders come from the head that holds this node's lease
+/// (cluster/head_lease.hpp), or from this process (the head's own node).
+caf::error refuse_unless_head(agent_ptr self) {
+  const auto& s = self->current_sender();
+  if (!s) return make_error(error_code::not_the_head, "an order without a sender");
+  if (s->node() == self->node()) return {};
+  auto& l = cluster::local_head_lease();
+  std::lock_guard lk(l.mtx);
+  if (l.lease.holds(to_string(s->node()))) return {};
+  return make_error(error_code::not_the_head,
+                    "node " + self->state.cfg.name + " takes orders from the head of term " +
+                        std::to_string(l.lease.term()) + " only: this sender must step down");
+}
+
 }  // namespace
 
 node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
@@ -211,15 +226,23 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           st.failure = "a stage actor stopped: " + self->system().render(dm.reason);
     });
     return {
-        [=](load_atom, const stage_order& o) { return load_stage(self, o); },
-        [=](drop_atom) {
+        [=](load_atom, const stage_order& o) -> caf::result<stage_handles> {
+          if (auto e = refuse_unless_head(self)) return e;
+          return load_stage(self, o);
+        },
+        [=](drop_atom) -> caf::result<std::int32_t> {
+          if (auto e = refuse_unless_head(self)) return e;
           const auto n = static_cast<std::int32_t>(self->state.stages.size());
           drop_stages(self);
           return n;
         },
-        [=](ping_atom) { return report_of(self); },
+        [=](ping_atom) -> caf::result<node_report> {
+          if (auto e = refuse_unless_head(self)) return e;
+          return report_of(self);
+        },
         [=](relink_atom, std::int32_t first, const stage_handles& next,
             const std::string& next_node) -> caf::result<bool> {
+          if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
           const std::string what =
               "node " + st.cfg.name + ", re-routing layers from " + std::to_string(first);
@@ -237,12 +260,14 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           return rp;
         },
         [=](connect_atom, const stage_handles& to, const std::string& name) -> caf::result<bool> {
+          if (auto e = refuse_unless_head(self)) return e;
           if (auto e = connect_next(
                   self, "node " + self->state.cfg.name + ", connecting to " + name, to, name))
             return e;
           return true;
         },
         [=](load_enc_atom, const encoder_order& order) -> caf::result<encoder_actor> {
+          if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
           if (order.kind != encoder_kind::vision)
             return make_error(error_code::invalid_request,
@@ -268,14 +293,16 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
                                     st.cfg.name, st.cfg.device.name, ms_since(t0));
           return st.encoder;
         },
-        [=](drop_enc_atom, const encoder_order& order) -> std::int32_t {
+        [=](drop_enc_atom, const encoder_order& order) -> caf::result<std::int32_t> {
+          if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
           if (order.kind != encoder_kind::vision || !st.encoder) return 0;
           caf::anon_send_exit(st.encoder, caf::exit_reason::user_shutdown);
           st.encoder = encoder_actor{};
           return 1;
         },
-        [=](drop_stage_atom, std::int32_t first) -> std::int32_t {
+        [=](drop_stage_atom, std::int32_t first) -> caf::result<std::int32_t> {
+          if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
           std::int32_t n = 0;
           for (auto it = st.stages.begin(); it != st.stages.end();) {
@@ -295,6 +322,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           return n;
         },
         [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
+          if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
           auto t = data_plane::local().take(ref, device_for(st.cfg.device)->memory());
           if (!t)
@@ -303,6 +331,11 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           return static_cast<std::int64_t>(t->nbytes());
         },
         [=](down_atom) {
+          if (auto e = refuse_unless_head(self)) {
+            logging::of("agent").warn("node {}: ignored a stop: {}", self->state.cfg.name,
+                                      describe(self->system(), e));
+            return;
+          }
           logging::of("agent").info("node {}: told to stop", self->state.cfg.name);
           drop_stages(self);
           ::kill(::getpid(), SIGTERM);  // the main thread waits for it

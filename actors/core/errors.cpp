@@ -28,6 +28,8 @@ const char* to_string(error_code c) {
       return "peer lost";
     case error_code::unavailable:
       return "unavailable";
+    case error_code::not_the_head:
+      return "not the head";
   }
   return "unknown error";
 }

@@ -25,7 +25,8 @@ enum class error_code : std::uint8_t {
   internal,
   peer_lost,  ///< a stage's peer process is gone mid-step: the step may run again once the pipeline
               ///< is restored
-  unavailable,  ///< the cluster is not serving now (placing the model, or shutting down)
+  unavailable,   ///< the cluster is not serving now (placing the model, or shutting down)
+  not_the_head,  ///< a node refused an order: another head (a higher term) holds it
 };
 const char* to_string(error_code c);
 

@@ -20,12 +20,15 @@ struct gate_hello {
   std::uint32_t version = 0;
   std::string certificate_pem;
   std::vector<std::uint8_t> signature;
+  /// The head's term (cluster/head_lease.hpp); 0 from other nodes.
+  std::uint64_t term = 0;
   bool operator==(const gate_hello&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, gate_hello& x) {
-  return f(caf::meta::type_name("gate_hello"), x.node, x.version, x.certificate_pem, x.signature);
+  return f(caf::meta::type_name("gate_hello"), x.node, x.version, x.certificate_pem, x.signature,
+           x.term);
 }
 
 // -- the cluster -----------------------------------------------------------------

@@ -216,3 +216,48 @@ TEST_F(ClusterLoopback, AThousandHalfOpenConnectionsCostTheHeadLittleAndAreClose
       "%.1f -> %.1f MiB; worst heartbeat age %.0f ms, worst status %.0f ms\n",
       flood, closed_early, closed_late, before, during, worst_seen_ms, worst_status_ms);
 }
+
+// A second head (cluster/head_lease.hpp): a process holding the head's
+// certificate, started at another port, joins no node; it steps down and
+// the cluster goes on under its head.
+TEST_F(ClusterLoopback, ARogueHeadAtAnotherAddressIsRefusedAndStepsDown) {
+  up("rogue-head");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto before = c.status();
+  ASSERT_TRUE(before.has_value());
+  // The same manifest (same certificates) with the head at another port.
+  std::ifstream in(cs_.manifest);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "port = " + std::to_string(cs_.ports[0]);
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, from.size(), "port = " + std::to_string(test::free_port()));
+  const std::string rogue_manifest = cs_.dir + "/rogue.toml";
+  std::ofstream(rogue_manifest) << text;
+  test::child_process rogue("rogue-head",
+                            {TROUPE_CLI, "node", "--manifest", rogue_manifest, "--name", "n0"});
+  // It is refused by both nodes and stops by itself.
+  const auto ended = rogue.wait_exit(60s);
+  EXPECT_NE(ended, "still running") << "the rogue head did not step down";
+  int refusing = 0;
+  for (const auto& n : cluster::read_launched(m_)) {
+    if (n.node == m_.head) continue;
+    std::ifstream f(n.log);
+    const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    refusing += log.find(
+                    "refused a head: a process holding the head's certificate, but not the "
+                    "one at the head's address") != std::string::npos;
+  }
+  EXPECT_EQ(refusing, 2) << "not every node refused the rogue";
+  // The cluster is as it was and answers.
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->placement, before->placement);
+  EXPECT_EQ(after->epoch, before->epoch) << "somebody placed the model again";
+  for (const auto& n : after->nodes)
+    EXPECT_EQ(n.state, cluster::member_state::up) << n.name << " is " << to_string(n.state);
+  auto f = actors::client(c.sys(), c.door()).run(job(3, 8, true));
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  EXPECT_EQ(f->reason, actors::finish_reason::length);
+}
