@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,8 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
           key);
     job.max_tokens = n;
   }
+  // Not given: the default, but never past the server's limit.
+  job.max_tokens = std::min(job.max_tokens, limits.max_tokens);
   auto number = [&](const char* key, double lo, double hi, double& out,
                     bool& set) -> std::optional<api_error> {
     auto it = j.find(key);

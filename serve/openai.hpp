@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/protocol.hpp"
+#include "actors/protocol/jobs.hpp"
 
 namespace troupe::serve {
 

@@ -146,42 +146,10 @@ using node_agent_actor = caf::typed_actor<
     // data plane and answers its size in bytes.
     caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>>;
 
-/// One message of a chat (OpenAI's messages): its role, text and how many
-/// of the job's images belong to it (in order).
-struct chat_turn {
-  std::string role;
-  std::string content;
-  std::int32_t images = 0;
-  bool operator==(const chat_turn&) const = default;
-};
-
 template <class I>
 typename I::result_type inspect(I& f, chat_turn& x) {
   return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.images);
 }
-
-/// A job as a client submits it: the user's prompt (the head applies the
-/// model's chat template when there are images or `chat` is set), its
-/// images and sampling. `id` is the client's (random; unique per cluster).
-struct job_request {
-  std::uint64_t id = 0;
-  std::string prompt;
-  std::string system;
-  std::vector<image_data> images;
-  bool chat = false;
-  bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
-  bool has_temperature = false;  ///< else the model's generation_config decides
-  double temperature = 0.0;
-  std::int64_t max_tokens = 128;
-  std::uint64_t seed = 0;
-  std::vector<std::string> stop_strings;
-  std::int64_t deadline_ms = 0;
-  /// A whole chat instead of prompt/system (always through the template).
-  std::vector<chat_turn> turns;
-  bool has_top_p = false;
-  double top_p = 1.0;
-  bool operator==(const job_request&) const = default;
-};
 
 template <class I>
 typename I::result_type inspect(I& f, job_request& x) {

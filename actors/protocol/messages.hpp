@@ -5,6 +5,7 @@
 // actors/protocol.hpp.
 
 #include "actors/protocol/base.hpp"
+#include "actors/protocol/jobs.hpp"
 
 namespace troupe::actors {
 
@@ -25,13 +26,6 @@ template <class I>
 typename I::result_type inspect(I& f, tensor_ref& x) {
   return f(caf::meta::type_name("tensor_ref"), x.device, x.dtype, x.shape, x.transfer_id);
 }
-
-/// One encoded image (PNG or JPEG file bytes) of a request.
-struct image_data {
-  std::string name;  ///< for error messages (a file name)
-  std::vector<std::uint8_t> bytes;
-  bool operator==(const image_data&) const = default;
-};
 
 template <class I>
 typename I::result_type inspect(I& f, image_data& x) {
@@ -78,27 +72,6 @@ template <class I>
 typename I::result_type inspect(I& f, token_event& x) {
   return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text);
 }
-
-/// The end of a request: why it ended and what it produced.
-struct finish_event {
-  std::uint64_t id = 0;
-  finish_reason reason = finish_reason::stop;
-  /// With reason == error: what kind of failure (invalid_request: the
-  /// request's fault, e.g. an image that does not decode; else the server's).
-  error_code code = error_code::internal;
-  std::string error;  ///< message when reason == error
-  std::vector<std::int32_t> tokens;
-  std::string text;
-  std::int64_t prompt_tokens = 0;
-  std::int64_t preemptions = 0;
-  double queue_ms = 0;       ///< submission to admission
-  double ttft_ms = 0;        ///< submission to first token
-  double total_ms = 0;       ///< submission to end
-  bool stop_string = false;  ///< reason == stop because of a stop string (not a stop token)
-  double preprocess_ms = 0;  ///< image decoding and preprocessing (all images)
-  double encode_ms = 0;      ///< vision encoder batches this request's images were in
-  bool operator==(const finish_event&) const = default;
-};
 
 template <class I>
 typename I::result_type inspect(I& f, finish_event& x) {

@@ -121,6 +121,20 @@ TEST(OpenAiParse, LimitsAreEnforced) {
   ASSERT_TRUE(c);
   EXPECT_FALSE(c->chat);
   EXPECT_EQ(c->job.max_tokens, 3);
+  // Without max_tokens the default never passes the server's limit (the
+  // gateway fuzzer found a chat defaulting to 128 under a limit of 64).
+  l = {};
+  l.max_tokens = 64;
+  auto d = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})", l);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->job.max_tokens, 64);
+  d = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->job.max_tokens, troupe::actors::job_request{}.max_tokens);
+  l.max_tokens = 8;
+  c = parse_completion_request(R"({"prompt":"Once"})", l);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->job.max_tokens, 8);
 }
 
 // The body's JSON is bounded while it is parsed: brackets nested past the

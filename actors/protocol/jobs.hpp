@@ -1,0 +1,80 @@
+#pragma once
+
+// The job a client submits and the end it gets back, as plain structs
+// (no CAF: serve/openai.cpp and its fuzz target use them). Their inspect
+// functions, and everything else of the protocol, are in
+// actors/protocol/messages.hpp and cluster.hpp.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/core/errors.hpp"
+
+namespace troupe::actors {
+
+using core::error_code;
+using core::finish_reason;
+using core::to_string;
+
+/// One encoded image (PNG or JPEG file bytes) of a request.
+struct image_data {
+  std::string name;  ///< for error messages (a file name)
+  std::vector<std::uint8_t> bytes;
+  bool operator==(const image_data&) const = default;
+};
+
+/// One message of a chat (OpenAI's messages): its role, text and how many
+/// of the job's images belong to it (in order).
+struct chat_turn {
+  std::string role;
+  std::string content;
+  std::int32_t images = 0;
+  bool operator==(const chat_turn&) const = default;
+};
+
+/// A job as a client submits it: the user's prompt (the head applies the
+/// model's chat template when there are images or `chat` is set), its
+/// images and sampling. `id` is the client's (random; unique per cluster).
+struct job_request {
+  std::uint64_t id = 0;
+  std::string prompt;
+  std::string system;
+  std::vector<image_data> images;
+  bool chat = false;
+  bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
+  bool has_temperature = false;  ///< else the model's generation_config decides
+  double temperature = 0.0;
+  std::int64_t max_tokens = 128;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop_strings;
+  std::int64_t deadline_ms = 0;
+  /// A whole chat instead of prompt/system (always through the template).
+  std::vector<chat_turn> turns;
+  bool has_top_p = false;
+  double top_p = 1.0;
+  bool operator==(const job_request&) const = default;
+};
+
+/// The end of a request: why it ended and what it produced.
+struct finish_event {
+  std::uint64_t id = 0;
+  finish_reason reason = finish_reason::stop;
+  /// With reason == error: what kind of failure (invalid_request: the
+  /// request's fault, e.g. an image that does not decode; else the server's).
+  error_code code = error_code::internal;
+  std::string error;  ///< message when reason == error
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t preemptions = 0;
+  double queue_ms = 0;       ///< submission to admission
+  double ttft_ms = 0;        ///< submission to first token
+  double total_ms = 0;       ///< submission to end
+  bool stop_string = false;  ///< reason == stop because of a stop string (not a stop token)
+  double preprocess_ms = 0;  ///< image decoding and preprocessing (all images)
+  double encode_ms = 0;      ///< vision encoder batches this request's images were in
+  bool operator==(const finish_event&) const = default;
+};
+
+}  // namespace troupe::actors
