@@ -10,6 +10,11 @@ if(TROUPE_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer>)
   target_link_options(troupe_options INTERFACE -fsanitize=address,undefined)
 endif()
+if(TROUPE_TSAN)
+  target_compile_options(troupe_options INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
+  target_link_options(troupe_options INTERFACE -fsanitize=thread)
+endif()
 
 # Sources named *_avx2.cpp / *_avx512.cpp get the ISA flags for that file
 # only; the runtime dispatcher picks them after checking cpuid.
