@@ -240,6 +240,11 @@ result<void> tokenizer_impl::finish() {
   if (all_tokens.empty())
     return make_error(errc::corrupt_data, source + ": the vocabulary is empty");
   const vocab_map& model_vocab = model == model_type::bpe ? bpe.vocab : spm.vocab;
+  // Added (special) tokens alone cannot encode text: every character would
+  // be dropped and generation would print nothing.
+  if (model_vocab.empty())
+    return make_error(errc::corrupt_data,
+                      source + ": the model's vocabulary is empty (only added tokens)");
   auto& bytes = model == model_type::bpe ? bpe.byte_tokens : spm.byte_tokens;
   bytes.fill(-1);
   for (int b = 0; b < 256; ++b) {

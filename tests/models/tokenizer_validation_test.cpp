@@ -159,6 +159,10 @@ TEST(TokenizerValidation, MalformedTokenizerJson) {
   expect_error(R"({"model": {"type": "Unigram", "vocab": []}})", "", "Unigram");
   expect_error(R"({"model": {"type": "BPE", "vocab": [1, 2]}})", "", "model.vocab");
   expect_error(R"({"model": {"type": "BPE", "vocab": {}}})", "", "empty");
+  // Only added tokens (the report's file: it loaded and printed nothing).
+  expect_error(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
+      "added_tokens": [{"id": 0, "content": "<s>", "special": true}]})",
+               "", "the model's vocabulary is empty");
   expect_error(tiny(R"(, "d": "5")"), "", "integer id");
   expect_error(tiny(R"(, "d": -1)"), "", "outside");
   expect_error(tiny(R"(, "d": 4294967296)"), "", "outside");
