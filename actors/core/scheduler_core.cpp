@@ -84,9 +84,14 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   if (!failed_.empty()) return std::unexpected(core_error{error_code::stage_failed, failed_});
   if (id == 0)
     return std::unexpected(core_error{error_code::invalid_request, "request id 0 is reserved"});
-  if (!seen_ids_.insert(id).second)
+  if (requests_.count(id) || !seen_ids_.insert(id).second)
     return refuse(error_code::duplicate_id,
                   "request " + std::to_string(id) + " was already submitted");
+  seen_order_.push_back(id);
+  while (seen_order_.size() > std::max<std::size_t>(opts_.remembered_ids, 1)) {
+    seen_ids_.erase(seen_order_.front());
+    seen_order_.pop_front();
+  }
   if (queued_ >= opts_.queue_limit)
     return refuse(error_code::overloaded, "the queue holds " + std::to_string(queued_) +
                                               " requests (limit " +

@@ -71,6 +71,10 @@ struct scheduler_options {
   /// How long a pipeline that lost a peer may wait for its restoration
   /// before its requests fail (counted from the first failed step).
   std::chrono::milliseconds stall_limit{60000};
+  /// Ids of ended requests remembered to refuse a duplicate (a request
+  /// still running is always known); the oldest are forgotten past this,
+  /// so the scheduler's memory does not grow with every request served.
+  std::size_t remembered_ids = 1 << 16;
   /// A stall that no reset ends within this long was a lost transfer, not
   /// a lost process (a lost node is declared in 2.5 s and its pipeline
   /// reset): the requests of the failed steps give their KV back and
@@ -261,9 +265,10 @@ class scheduler_core {
   kv_books books_;
 
   std::map<std::uint64_t, std::unique_ptr<request>> requests_;
-  std::set<std::uint64_t> seen_ids_;
-  std::deque<std::uint64_t> waiting_;  ///< FCFS; preempted requests go to the front
-  std::int64_t queued_ = 0;            ///< encoding + waiting
+  std::set<std::uint64_t> seen_ids_;      ///< the last `remembered_ids` submitted
+  std::deque<std::uint64_t> seen_order_;  ///< the same, oldest first
+  std::deque<std::uint64_t> waiting_;     ///< FCFS; preempted requests go to the front
+  std::int64_t queued_ = 0;               ///< encoding + waiting
   std::int64_t next_seq_ = 1;
   std::uint64_t next_step_ = 1;
   std::uint64_t admit_counter_ = 0;
