@@ -16,6 +16,7 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -227,19 +228,28 @@ void note_new_socket(int fd, fd_state s, const void* caller) {
   errno = saved;
 }
 
+// Under g.mtx: an untracked fd passes (false); a refused one is answered
+// with a reset (true, `out` set); otherwise `found` is its record.
+std::optional<bool> lookup(gate_state& g, int fd, tracked_fd*& found, ssize_t& out) {
+  auto it = g.fds.find(fd);
+  if (it == g.fds.end()) return false;
+  if (it->second.state == fd_state::refused) {
+    out = -1;
+    errno = ECONNRESET;
+    return true;
+  }
+  found = &it->second;
+  return std::nullopt;
+}
+
 // Before recv on a gated fd: true with `out` set when the gate answers
 // instead of the socket.
 bool gate_recv(int fd, ssize_t& out) {
   auto& g = gate();
   std::lock_guard lk(g.mtx);
-  auto it = g.fds.find(fd);
-  if (it == g.fds.end()) return false;
-  tracked_fd& t = it->second;
-  if (t.state == fd_state::refused) {
-    out = -1;
-    errno = ECONNRESET;
-    return true;
-  }
+  tracked_fd* found = nullptr;
+  if (auto answered = lookup(g, fd, found, out)) return *answered;
+  tracked_fd& t = *found;
   if (t.state != fd_state::server_pending) return false;
   while (t.have < gate_proof_bytes) {
     const ssize_t n =
@@ -281,14 +291,9 @@ bool gate_recv(int fd, ssize_t& out) {
 bool gate_send(int fd, ssize_t& out) {
   auto& g = gate();
   std::lock_guard lk(g.mtx);
-  auto it = g.fds.find(fd);
-  if (it == g.fds.end()) return false;
-  tracked_fd& t = it->second;
-  if (t.state == fd_state::refused) {
-    out = -1;
-    errno = ECONNRESET;
-    return true;
-  }
+  tracked_fd* found = nullptr;
+  if (auto answered = lookup(g, fd, found, out)) return *answered;
+  tracked_fd& t = *found;
   if (t.state != fd_state::client_pending) return false;
   if (!t.built) {
     sockaddr_storage local{}, peer{};
