@@ -64,12 +64,10 @@ connection_admission::verdict connection_admission::accepted(int fd, const std::
                                                              clock::time_point now) {
   closed(fd);  // a reused descriptor number is a new connection
   if (pending_.size() >= limits_.total) return verdict::refuse_total;
-  auto& n = per_address_[address];
-  if (n >= limits_.per_address) {
-    if (n == 0) per_address_.erase(address);
+  const auto from = per_address_.find(address);
+  if ((from == per_address_.end() ? 0 : from->second) >= limits_.per_address)
     return verdict::refuse_address;
-  }
-  ++n;
+  ++per_address_[address];
   pending_.emplace(fd, entry{address, now, false});
   return verdict::admit;
 }

@@ -217,15 +217,19 @@ void untrack(gate_state& g, int fd) {
   }
 }
 
-void note_new_socket(int fd, fd_state s, const void* caller) {
+// A socket just opened by `caller`: when the gate is armed and the caller
+// is libucs, gated if it is IPv4/IPv6. Returns whether it was libucs's.
+bool note_new_socket(int fd, fd_state s, const void* caller) {
   auto& g = gate();
-  if (fd < 0 || !g.armed.load(std::memory_order_acquire)) return;
+  if (fd < 0 || !g.armed.load(std::memory_order_acquire)) return false;
   const int saved = errno;
-  if (from_ucs(caller) && inet_socket(fd)) {
+  const bool ucs = from_ucs(caller);
+  if (ucs && inet_socket(fd)) {
     std::lock_guard lk(g.mtx);
     track(g, fd, s);
   }
   errno = saved;
+  return ucs;
 }
 
 // Under g.mtx: an untracked fd passes (false); a refused one is answered
@@ -404,13 +408,13 @@ using namespace troupe::transport;
 int after_accept(int r, const void* caller) {
   if (r < 0) return r;
   const int saved = errno;
-  if (gate().armed.load(std::memory_order_acquire) && from_ucs(caller)) {
-    note_new_socket(r, fd_state::server_pending, caller);
-  } else if (auto on = other_accepts.load(); on && !on(r, caller)) {
-    static auto real_close = next_symbol<close_fn>("close");
-    real_close(r);
-    errno = EAGAIN;  // as if nobody had been waiting
-    return -1;
+  if (!note_new_socket(r, fd_state::server_pending, caller)) {
+    if (auto on = other_accepts.load(); on && !on(r, caller)) {
+      static auto real_close = next_symbol<close_fn>("close");
+      real_close(r);
+      errno = EAGAIN;  // as if nobody had been waiting
+      return -1;
+    }
   }
   errno = saved;
   return r;
