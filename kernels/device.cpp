@@ -1,5 +1,6 @@
 #include "kernels/device.hpp"
 
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -44,6 +45,36 @@ std::string_view to_string(op_kind op) {
       return "conv2d_patch";
   }
   return "unknown";
+}
+
+namespace {
+
+result<void> check_copy(const tensor& t, std::size_t bytes, const char* what) {
+  if (t.empty_view() || !t.is_contiguous())
+    return make_error(errc::invalid_argument, std::string(what) + ": the tensor is not dense");
+  if (t.nbytes() != bytes)
+    return make_error(errc::invalid_argument, std::string(what) + ": " + std::to_string(bytes) +
+                                                  " bytes for a tensor of " +
+                                                  std::to_string(t.nbytes()));
+  return {};
+}
+
+}  // namespace
+
+result<void> device::write(const tensor& dst, std::span<const std::byte> src) {
+  if (auto r = check_copy(dst, src.size(), "write"); !r) return r;
+  if (!host_visible())
+    return make_error(errc::unsupported_op, "write: " + info().name + " needs its own copy");
+  if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+  return {};
+}
+
+result<void> device::read(const tensor& src, std::span<std::byte> dst) {
+  if (auto r = check_copy(src, dst.size(), "read"); !r) return r;
+  if (!host_visible())
+    return make_error(errc::unsupported_op, "read: " + info().name + " needs its own copy");
+  if (!dst.empty()) std::memcpy(dst.data(), src.data(), dst.size());
+  return {};
 }
 
 result<std::unique_ptr<device_registry>> device_registry::discover(const registry_options& opts) {

@@ -135,6 +135,8 @@ class device {
   virtual const device_info& info() const = 0;
   /// Whether `op` runs here with weights (or data) of dtype `t`.
   virtual bool supports(op_kind op, dtype t) const = 0;
+  /// Whether `op` (matmul, embedding) runs here on weights stored in `f`.
+  virtual bool supports(op_kind op, weight_format f) const = 0;
 
   // --- memory ---
   /// The pool this device's tensors come from (host memory for CPU devices).
@@ -144,6 +146,12 @@ class device {
   /// devices: yes). Code that reads or writes tensor bytes itself (image
   /// patches, sampling) needs it.
   virtual bool host_visible() const = 0;
+  /// Copies `src` into the dense tensor `dst` (of this device's memory), or
+  /// the dense tensor `src` out to host memory `dst`; the byte counts must
+  /// equal the tensor's. For host-visible devices a memcpy; a GPU backend
+  /// copies through its stream and returns when the bytes are there.
+  virtual result<void> write(const tensor& dst, std::span<const std::byte> src);
+  virtual result<void> read(const tensor& src, std::span<std::byte> dst);
 
   // --- weights ---
   /// `w` (validated) in this device's form for `matmul`.

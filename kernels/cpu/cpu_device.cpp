@@ -92,6 +92,11 @@ bool cpu_device::supports(op_kind op, dtype t) const {
   }
 }
 
+bool cpu_device::supports(op_kind op, weight_format) const {
+  // Every storage format has a packed matmul and a dequantizing embedding.
+  return op == op_kind::matmul || op == op_kind::embedding;
+}
+
 result<matrix> cpu_device::prepare(const weight_matrix& w) {
   auto p = packed_matrix::pack(*ctx_, w);
   if (!p) return std::unexpected(p.error());

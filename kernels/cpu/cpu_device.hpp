@@ -32,6 +32,7 @@ class cpu_device final : public device {
 
   const device_info& info() const override { return info_; }
   bool supports(op_kind op, dtype t) const override;
+  bool supports(op_kind op, weight_format f) const override;
   memory_pool& memory() override { return ctx_->memory(); }
   bool host_visible() const override { return true; }
 
