@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_device.hpp"
+#include "kernels/cuda/cuda_device.hpp"
 #include "kernels/cuda/probe.hpp"
 
 namespace troupe::kernels {
@@ -77,6 +78,55 @@ result<void> device::read(const tensor& src, std::span<std::byte> dst) {
   return {};
 }
 
+result<void> device::copy(const tensor& src, const tensor& dst) {
+  if (auto r = check_copy(dst, src.nbytes(), "copy"); !r) return r;
+  if (auto r = check_copy(src, src.nbytes(), "copy"); !r) return r;
+  if (!host_visible())
+    return make_error(errc::unsupported_op, "copy: " + info().name + " needs its own copy");
+  if (src.nbytes()) std::memmove(dst.data(), src.data(), src.nbytes());
+  return {};
+}
+
+result<void> device::fill_zero(const tensor& t) {
+  if (auto r = check_copy(t, t.nbytes(), "fill_zero"); !r) return r;
+  if (!host_visible())
+    return make_error(errc::unsupported_op, "fill_zero: " + info().name + " needs its own fill");
+  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+  return {};
+}
+
+result<paged_kv_cache> create_paged_kv_cache(device& dev, const kv_cache_config& config) {
+  if (dev.host_visible()) return paged_kv_cache::create(dev.memory(), config);
+  paged_kv_cache cache;
+  cache.config = config;
+  // The shapes are those validate() checks; it runs first on the config
+  // alone (no tensor yet) through a cache with no parts.
+  if (config.n_blocks <= 0 || config.n_kv_heads <= 0 || config.head_dim <= 0 ||
+      config.block_size <= 0)
+    return make_error(errc::invalid_argument, "kv cache config: sizes must be positive");
+  auto part = [&](tensor& t, dtype type, shape_t shape) -> result<void> {
+    auto made = tensor::empty(dev.memory(), type, shape);
+    if (!made) return std::unexpected(made.error());
+    t = std::move(*made);
+    return dev.fill_zero(t);
+  };
+  const shape_t data{config.n_blocks, config.n_kv_heads, config.block_size, config.head_dim};
+  if (auto r = part(cache.k, config.type, data); !r) return std::unexpected(r.error());
+  if (auto r = part(cache.v, config.type, data); !r) return std::unexpected(r.error());
+  if (config.type == dtype::i8) {
+    const shape_t scales{config.n_blocks, config.n_kv_heads, config.block_size};
+    if (auto r = part(cache.k_scales, dtype::f32, scales); !r) return std::unexpected(r.error());
+    if (auto r = part(cache.v_scales, dtype::f32, scales); !r) return std::unexpected(r.error());
+  }
+  if (config.summaries)
+    if (auto r = part(cache.k_summary, dtype::f32,
+                      {config.n_blocks, config.n_kv_heads, 2, config.head_dim});
+        !r)
+      return std::unexpected(r.error());
+  if (auto r = cache.validate(); !r) return std::unexpected(r.error());
+  return cache;
+}
+
 result<std::unique_ptr<device_registry>> device_registry::discover(const registry_options& opts) {
   auto reg = std::make_unique<device_registry>();
   std::vector<std::vector<int>> sets = opts.cpu_core_sets;
@@ -101,8 +151,16 @@ result<std::unique_ptr<device_registry>> device_registry::discover(const registr
   if (opts.probe_cuda) {
     auto probe = cuda::probe();
     reg->cuda_status_ = probe.status;
-    // CUDA compute backends arrive with the data-plane work; the probe
-    // records what is present so placement can see it.
+    for (const auto& gpu : probe.gpus) {
+      cuda::cuda_device_options o;
+      o.index = gpu.index;
+      auto dev = cuda::make_device(o);
+      if (!dev) {
+        reg->cuda_status_ = "cuda:" + std::to_string(gpu.index) + ": " + dev.error().message;
+        continue;
+      }
+      reg->devices_.push_back(std::move(*dev));
+    }
   } else {
     reg->cuda_status_ = "not probed";
   }

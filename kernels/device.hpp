@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "kernels/kv_layout.hpp"
 #include "kernels/memory_pool.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/quant.hpp"
@@ -152,6 +153,11 @@ class device {
   /// copies through its stream and returns when the bytes are there.
   virtual result<void> write(const tensor& dst, std::span<const std::byte> src);
   virtual result<void> read(const tensor& src, std::span<std::byte> dst);
+  /// dst = src: two dense tensors of this device's memory with the same
+  /// byte count (rows gathered into a batch, say). Not overlapping.
+  virtual result<void> copy(const tensor& src, const tensor& dst);
+  /// Sets every byte of the dense tensor `t` (of this device) to zero.
+  virtual result<void> fill_zero(const tensor& t);
 
   // --- weights ---
   /// `w` (validated) in this device's form for `matmul`.
@@ -178,6 +184,11 @@ class device {
   virtual result<void> attention(const tensor& q, const tensor& k, const tensor& v,
                                  const tensor& out, const attention_options& opt,
                                  std::int64_t q_start = -1) = 0;
+  /// Stores the keys and values of k.dim(0) tokens at positions [start,
+  /// start + n) of the sequence with `block_table` in `cache` (a cache in
+  /// this device's memory), as kernels::append_kv defines it.
+  virtual result<void> append_kv(paged_kv_cache& cache, std::span<const std::int32_t> block_table,
+                                 std::int64_t start, const tensor& k, const tensor& v) = 0;
   virtual result<void> attention_paged(const paged_kv_cache& cache,
                                        std::span<const attention_sequence> seqs,
                                        const attention_options& opt) = 0;
@@ -200,6 +211,10 @@ class device {
  private:
   std::mutex run_;
 };
+
+/// A zero-filled paged KV cache with `config`'s shape in `dev`'s memory
+/// (paged_kv_cache::create for a host-visible device).
+result<paged_kv_cache> create_paged_kv_cache(device& dev, const kv_cache_config& config);
 
 /// Options for discovering devices.
 struct registry_options {

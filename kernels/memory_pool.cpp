@@ -18,8 +18,17 @@ class memory_pool::pooled_buffer : public buffer {
   std::shared_ptr<memory_pool> pool_;
 };
 
+block_allocator block_allocator::host() {
+  return {[](std::size_t bytes) { return std::aligned_alloc(tensor_alignment, bytes); },
+          [](void* p) { std::free(p); }, true};
+}
+
 std::shared_ptr<memory_pool> memory_pool::create(std::size_t limit_bytes) {
-  return std::shared_ptr<memory_pool>(new memory_pool(limit_bytes));
+  return create(limit_bytes, block_allocator::host());
+}
+
+std::shared_ptr<memory_pool> memory_pool::create(std::size_t limit_bytes, block_allocator blocks) {
+  return std::shared_ptr<memory_pool>(new memory_pool(limit_bytes, std::move(blocks)));
 }
 
 memory_pool::~memory_pool() {
@@ -53,7 +62,7 @@ result<buffer_ptr> memory_pool::allocate(std::size_t bytes) {
       if (limit_bytes_ != 0 && stats_.bytes_in_use + stats_.bytes_cached + cls > limit_bytes_) {
         // Drop cached blocks of other sizes before giving up.
         for (auto& [c, list] : free_) {
-          for (void* p : list) std::free(p);
+          for (void* p : list) blocks_.release(p);
           stats_.bytes_cached -= c * list.size();
           list.clear();
         }
@@ -63,7 +72,7 @@ result<buffer_ptr> memory_pool::allocate(std::size_t bytes) {
                                 " bytes reached (" + std::to_string(stats_.bytes_in_use) +
                                 " in use, " + std::to_string(bytes) + " requested)");
       }
-      data = std::aligned_alloc(tensor_alignment, cls);
+      data = blocks_.allocate(cls);
       if (data == nullptr)
         return make_error(errc::out_of_memory,
                           "out of memory allocating " + std::to_string(cls) + " bytes");
@@ -84,7 +93,7 @@ void memory_pool::give_back(void* data, std::size_t size_class) {
 void memory_pool::trim() {
   std::lock_guard<std::mutex> guard(mtx_);
   for (auto& [c, list] : free_) {
-    for (void* p : list) std::free(p);
+    for (void* p : list) blocks_.release(p);
     stats_.bytes_cached -= c * list.size();
     list.clear();
   }

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,9 +33,21 @@ class buffer {
 
 using buffer_ptr = std::shared_ptr<buffer>;
 
-/// A size-class pool of 64-byte aligned host allocations. Released buffers
-/// go back to a free list of their size class and are handed out again, so a
-/// steady-state decode loop allocates nothing. Thread-safe.
+/// Where a pool's blocks come from: host memory (64-byte aligned) unless a
+/// device backend gives its own (device memory through its runtime; the
+/// blocks are then not addressable by host code).
+struct block_allocator {
+  /// A block of `bytes`, or nullptr when there is no memory.
+  std::function<void*(std::size_t bytes)> allocate;
+  std::function<void(void*)> release;
+  /// Whether host code may read and write the blocks.
+  bool host_accessible = true;
+  static block_allocator host();
+};
+
+/// A size-class pool of allocations. Released buffers go back to a free
+/// list of their size class and are handed out again, so a steady-state
+/// decode loop allocates nothing. Thread-safe.
 class memory_pool : public std::enable_shared_from_this<memory_pool> {
  public:
   struct stats {
@@ -46,6 +59,8 @@ class memory_pool : public std::enable_shared_from_this<memory_pool> {
 
   /// `limit_bytes` caps bytes in use plus cached (0 = no limit).
   static std::shared_ptr<memory_pool> create(std::size_t limit_bytes = 0);
+  /// A pool whose blocks come from `blocks`.
+  static std::shared_ptr<memory_pool> create(std::size_t limit_bytes, block_allocator blocks);
   ~memory_pool();
 
   result<buffer_ptr> allocate(std::size_t bytes);
@@ -53,14 +68,18 @@ class memory_pool : public std::enable_shared_from_this<memory_pool> {
   void trim();
   stats snapshot() const;
   std::size_t limit_bytes() const { return limit_bytes_; }
+  /// Whether host code may touch this pool's memory (false for a GPU's).
+  bool host_accessible() const { return blocks_.host_accessible; }
 
  private:
-  explicit memory_pool(std::size_t limit_bytes) : limit_bytes_(limit_bytes) {}
+  memory_pool(std::size_t limit_bytes, block_allocator blocks)
+      : limit_bytes_(limit_bytes), blocks_(std::move(blocks)) {}
   class pooled_buffer;
   void give_back(void* data, std::size_t size_class);
   static std::size_t size_class_of(std::size_t bytes);
 
   std::size_t limit_bytes_;
+  block_allocator blocks_;
   mutable std::mutex mtx_;
   std::map<std::size_t, std::vector<void*>> free_;
   stats stats_;

@@ -76,6 +76,10 @@ result<tensor> tensor::empty(memory_pool& pool, dtype t, shape_t shape) {
 }
 
 result<tensor> tensor::zeros(memory_pool& pool, dtype t, shape_t shape) {
+  if (!pool.host_accessible())
+    return make_error(errc::unsupported_op,
+                      "zeros: the pool's memory is a device's, not the host's (fill it through "
+                      "the device)");
   auto out = empty(pool, t, shape);
   if (out) std::memset(out->data(), 0, out->nbytes());
   return out;

@@ -194,7 +194,7 @@ result<void> clip_vision_tower::attend(kernels::device& dev, const tensor& q, co
     auto q3 = heads(q, n), k3 = heads(k, n), v3 = heads(v, n), o3 = heads(out, n);
     if (!q3 || !k3 || !v3 || !o3)
       return std::unexpected(!q3 ? q3.error() : !k3 ? k3.error() : !v3 ? v3.error() : o3.error());
-    TRY(kernels::append_kv(*cache, table, 0, *k3, *v3));
+    TRY(dev.append_kv(*cache, table, 0, *k3, *v3));
     auto& s = seqs[static_cast<std::size_t>(n)];
     s.q = *q3;
     s.out = *o3;

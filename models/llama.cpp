@@ -95,7 +95,12 @@ result<std::unique_ptr<llama_model>> llama_model::build(
   m->nh_ = cfg.num_heads / split.size;
   m->nkv_ = cfg.num_kv_heads / split.size;
   m->ffn_ = cfg.intermediate_size / split.size;
-  auto& pool = dev.memory();
+  // Weights are converted in host memory: the device's own pool where the
+  // device is the host (a CPU device counts them against its limit), else
+  // a host pool of the model's, and `prepare` (or `to_device`) gives the
+  // device its copy.
+  if (!dev.host_visible()) m->host_pool_ = kernels::memory_pool::create();
+  auto& pool = dev.host_visible() ? dev.memory() : *m->host_pool_;
   const std::int64_t H = cfg.hidden_size, D = cfg.head_dim;
   auto expect_shape = [&](const std::string& name, const tensor& t, std::int64_t rows,
                           std::int64_t cols) -> result<void> {
@@ -157,7 +162,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
       return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
                                                 "' has shape " + t->shape().to_string() +
                                                 ", expected [" + std::to_string(n) + "]");
-    return to_f32(pool, *t);
+    return to_f32(dev, *t);
   };
 
   if (m->range_.embed) {
@@ -352,17 +357,23 @@ result<tensor> llama_model::embed(kernels::device& dev, std::span<const step_inp
   auto x = tensor::empty(pool, dtype::f32, {*T, H});
   if (!ids) return std::unexpected(ids.error());
   if (!x) return std::unexpected(x.error());
-  std::int64_t at = 0;
-  for (const auto& in : inputs)
-    for (auto t : in.tokens) ids->data_as<std::int32_t>()[at++] = t;
+  // Host data reaches the device's memory through write (a GPU's memory is
+  // not addressable from here).
+  std::vector<std::int32_t> host_ids;
+  host_ids.reserve(static_cast<std::size_t>(*T));
+  for (const auto& in : inputs) host_ids.insert(host_ids.end(), in.tokens.begin(), in.tokens.end());
+  TRY(dev.write(*ids, std::as_bytes(std::span<const std::int32_t>(host_ids))));
   TRY(dev.embedding(embed_, *ids, *x));
-  at = 0;
+  std::int64_t at = 0;
   for (const auto& in : inputs) {  // input embeddings replace table rows
     if (in.embed_token >= 0) {
       const float* e = in.embeddings.data();
       for (std::size_t j = 0; j < in.tokens.size(); ++j)
         if (in.tokens[j] == in.embed_token) {
-          std::copy_n(e, H, x->row_as<float>(at + static_cast<std::int64_t>(j)));
+          auto row = x->slice_rows(at + static_cast<std::int64_t>(j), 1);
+          if (!row) return std::unexpected(row.error());
+          TRY(dev.write(*row,
+                        std::as_bytes(std::span<const float>(e, static_cast<std::size_t>(H)))));
           e += H;
         }
     }
@@ -451,7 +462,7 @@ result<llama_model::step_plan> llama_model::layers_step(
       auto qs = q3->slice_rows(offset[i], n);
       auto os = att3->slice_rows(offset[i], n);
       if (!ks || !vs || !qs || !os) return make_error(errc::internal, "slice failed");
-      TRY(kernels::append_kv(kv, cache.block_table(inputs[i].seq), start[i], *ks, *vs));
+      TRY(dev.append_kv(kv, cache.block_table(inputs[i].seq), start[i], *ks, *vs));
       seqs[i].q = *qs;
       seqs[i].out = *os;
       seqs[i].q_start = start[i];
@@ -502,8 +513,12 @@ result<tensor> llama_model::head(kernels::device& dev, std::span<const step_inpu
   std::int64_t row = 0, offset = 0;
   for (const auto& in : inputs) {
     const auto n = static_cast<std::int64_t>(in.tokens.size());
-    for (std::int64_t j = in.all_logits ? 0 : n - 1; j < n; ++j, ++row)
-      std::copy_n(x.row_as<float>(offset + j), H, sel->row_as<float>(row));
+    for (std::int64_t j = in.all_logits ? 0 : n - 1; j < n; ++j, ++row) {
+      auto from = x.slice_rows(offset + j, 1);
+      auto to = sel->slice_rows(row, 1);
+      if (!from || !to) return make_error(errc::internal, "slice failed");
+      TRY(dev.copy(*from, *to));
+    }
     offset += n;
   }
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);

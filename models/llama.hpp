@@ -145,6 +145,8 @@ class llama_model {
   tensor_split split_;
   std::int64_t nh_ = 0, nkv_ = 0, ffn_ = 0;  // this rank's heads, KV heads, FFN width
   kernels::weight_matrix embed_;
+  /// Host memory for converted weights when the device's is not the host's.
+  std::shared_ptr<kernels::memory_pool> host_pool_;
   kernels::matrix lm_head_;
   kernels::tensor norm_;
   std::vector<layer> layers_;

@@ -226,6 +226,18 @@ result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor
   return out->reshape(stored.shape());
 }
 
+result<kernels::tensor> to_f32(kernels::device& dev, const kernels::tensor& stored) {
+  if (dev.host_visible()) return to_f32(dev.memory(), stored);
+  auto host = to_f32(*kernels::memory_pool::create(), stored);
+  if (!host) return host;
+  auto out = kernels::tensor::empty(dev.memory(), dtype::f32, host->shape());
+  if (!out) return out;
+  auto bytes =
+      std::span<const std::byte>(static_cast<const std::byte*>(host->data()), host->nbytes());
+  if (auto r = dev.write(*out, bytes); !r) return std::unexpected(r.error());
+  return out;
+}
+
 result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool,
                                               const kernels::tensor& stored, weight_format format,
                                               int int4_group) {

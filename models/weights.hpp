@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.hpp"
 #include "kernels/memory_pool.hpp"
 #include "kernels/quant.hpp"
 #include "models/gguf.hpp"
@@ -74,5 +75,7 @@ result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool,
 
 /// Converts a stored 1-D tensor (norm weights) to a dense f32 copy.
 result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor& stored);
+/// The same copy in `dev`'s memory (converted on the host, then written).
+result<kernels::tensor> to_f32(kernels::device& dev, const kernels::tensor& stored);
 
 }  // namespace troupe::models

@@ -134,6 +134,9 @@ void update_summary(const paged_kv_cache& cache, std::int64_t block, int head, s
 // pages: blocks are read in scattered order, and with 4 KiB pages a long
 // context overflows the TLB (one miss per block).
 result<tensor> zeros_huge(memory_pool& pool, dtype t, const shape_t& shape) {
+  if (!pool.host_accessible())
+    return make_error(errc::unsupported_op,
+                      "a paged cache in a device's memory is made by create_paged_kv_cache");
   auto out = tensor::empty(pool, t, shape);
   if (!out) return out;
   constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;

@@ -167,6 +167,11 @@ result<void> cpu_device::attention(const tensor& q, const tensor& k, const tenso
   return kernels::attention(*ctx_, q, k, v, out, opt, q_start);
 }
 
+result<void> cpu_device::append_kv(paged_kv_cache& cache, std::span<const std::int32_t> block_table,
+                                   std::int64_t start, const tensor& k, const tensor& v) {
+  return kernels::append_kv(cache, block_table, start, k, v);
+}
+
 result<void> cpu_device::attention_paged(const paged_kv_cache& cache,
                                          std::span<const attention_sequence> seqs,
                                          const attention_options& opt) {

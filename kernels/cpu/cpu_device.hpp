@@ -54,6 +54,8 @@ class cpu_device final : public device {
   result<void> add(const tensor& a, const tensor& b, const tensor& out) override;
   result<void> attention(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
                          const attention_options& opt, std::int64_t q_start = -1) override;
+  result<void> append_kv(paged_kv_cache& cache, std::span<const std::int32_t> block_table,
+                         std::int64_t start, const tensor& k, const tensor& v) override;
   result<void> attention_paged(const paged_kv_cache& cache,
                                std::span<const attention_sequence> seqs,
                                const attention_options& opt) override;

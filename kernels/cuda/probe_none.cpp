@@ -9,3 +9,13 @@ probe_result probe() {
 }
 
 }  // namespace troupe::kernels::cuda
+
+#include "kernels/cuda/cuda_device.hpp"
+
+namespace troupe::kernels::cuda {
+
+result<std::unique_ptr<device>> make_device(const cuda_device_options&) {
+  return make_error(errc::device_unavailable, "troupe was built without CUDA");
+}
+
+}  // namespace troupe::kernels::cuda

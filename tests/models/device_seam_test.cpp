@@ -40,6 +40,9 @@ class counting_device final : public k::device {
   bool supports(k::op_kind op, k::dtype t) const override {
     return op != refuse && inner_->supports(op, t);
   }
+  bool supports(k::op_kind op, k::weight_format f) const override {
+    return op != refuse && inner_->supports(op, f);
+  }
   k::memory_pool& memory() override { return inner_->memory(); }
   bool host_visible() const override { return true; }
   k::result<k::matrix> prepare(const k::weight_matrix& w) override {
@@ -105,6 +108,11 @@ class counting_device final : public k::device {
                                   const k::attention_options& o) override {
     if (auto r = count(k::op_kind::attention); !r) return r;
     return inner_->attention_paged(c, s, o);
+  }
+  k::result<void> append_kv(k::paged_kv_cache& c, std::span<const std::int32_t> table,
+                            std::int64_t start, const k::tensor& key,
+                            const k::tensor& value) override {
+    return inner_->append_kv(c, table, start, key, value);
   }
   k::result<void> run_patch_conv(const k::patch_conv& c, const k::tensor& in,
                                  const k::tensor& out) override {
