@@ -1,8 +1,10 @@
 #include "models/random_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #include "models/gguf.hpp"
@@ -29,7 +31,28 @@ llama_config tinyllama_shape() {
   return c;
 }
 
+llama_config llama2_7b_shape() {
+  llama_config c = tinyllama_shape();
+  c.hidden_size = 4096;
+  c.intermediate_size = 11008;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 32;
+  c.head_dim = 128;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
 namespace {
+
+// splitmix64: the seed of one matrix row from (model seed, matrix, row), so
+// a row's values do not depend on which thread made it or when.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (x ^ (x >> 31)) | 1;  // xorshift needs a non-zero state
+}
 
 // A fast deterministic normal generator (xorshift + Box-Muller, float).
 struct normal_gen {
@@ -113,32 +136,48 @@ result<void> write_random_gguf(const std::string& path, const random_model_spec&
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
 
-  std::vector<float> row;
+  const int threads = spec.threads > 0
+                          ? spec.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::uint64_t matrix_index = 0;
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) -> result<void> {
     auto rb = kernels::row_bytes(mat_type, cols);
     if (!rb) return std::unexpected(rb.error());
     auto& buf = storage.emplace_back(static_cast<std::size_t>(rows) * *rb);
-    row.resize(static_cast<std::size_t>(cols));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (auto& v : row) v = spec.stddev * gen();
-      std::byte* dst = buf.data() + static_cast<std::size_t>(r) * *rb;
-      switch (mat_type) {
-        case dtype::f32:
-          std::memcpy(dst, row.data(), *rb);
-          break;
-        case dtype::f16:
-          for (std::int64_t j = 0; j < cols; ++j)
-            reinterpret_cast<kernels::f16*>(dst)[j] =
-                kernels::to_f16(row[static_cast<std::size_t>(j)]);
-          break;
-        case dtype::q8_0:
-          kernels::quantize_row_q8_0(row.data(), reinterpret_cast<kernels::block_q8_0*>(dst), cols);
-          break;
-        default:
-          kernels::quantize_row_q4_0(row.data(), reinterpret_cast<kernels::block_q4_0*>(dst), cols);
-          break;
+    const std::uint64_t m = matrix_index++;
+    // Rows in parallel, each from its own seed: the same bytes for any
+    // thread count (a 7B model is ~7e9 normals).
+    auto fill = [&, m](std::int64_t r0, std::int64_t r1) {
+      std::vector<float> row(static_cast<std::size_t>(cols));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        normal_gen gen{mix(spec.seed ^ mix((m << 32) + static_cast<std::uint64_t>(r)))};
+        for (auto& v : row) v = spec.stddev * gen();
+        std::byte* dst = buf.data() + static_cast<std::size_t>(r) * *rb;
+        switch (mat_type) {
+          case dtype::f32:
+            std::memcpy(dst, row.data(), *rb);
+            break;
+          case dtype::f16:
+            for (std::int64_t j = 0; j < cols; ++j)
+              reinterpret_cast<kernels::f16*>(dst)[j] =
+                  kernels::to_f16(row[static_cast<std::size_t>(j)]);
+            break;
+          case dtype::q8_0:
+            kernels::quantize_row_q8_0(row.data(), reinterpret_cast<kernels::block_q8_0*>(dst),
+                                       cols);
+            break;
+          default:
+            kernels::quantize_row_q4_0(row.data(), reinterpret_cast<kernels::block_q4_0*>(dst),
+                                       cols);
+            break;
+        }
       }
-    }
+    };
+    const std::int64_t n = std::min<std::int64_t>(threads, rows);
+    std::vector<std::thread> team;
+    for (std::int64_t t = 1; t < n; ++t) team.emplace_back(fill, rows * t / n, rows * (t + 1) / n);
+    fill(0, n > 0 ? rows / n : rows);
+    for (auto& t : team) t.join();
     return w.add_tensor(name, mat_type, {rows, cols}, buf);
   };
   auto norm = [&](const std::string& name) -> result<void> {
