@@ -48,9 +48,7 @@ std::string_view to_string(op_kind op) {
   return "unknown";
 }
 
-namespace {
-
-result<void> check_copy(const tensor& t, std::size_t bytes, const char* what) {
+result<void> device::check_dense(const tensor& t, std::size_t bytes, const char* what) {
   if (t.empty_view() || !t.is_contiguous())
     return make_error(errc::invalid_argument, std::string(what) + ": the tensor is not dense");
   if (t.nbytes() != bytes)
@@ -60,10 +58,8 @@ result<void> check_copy(const tensor& t, std::size_t bytes, const char* what) {
   return {};
 }
 
-}  // namespace
-
 result<void> device::write(const tensor& dst, std::span<const std::byte> src) {
-  if (auto r = check_copy(dst, src.size(), "write"); !r) return r;
+  if (auto r = check_dense(dst, src.size(), "write"); !r) return r;
   if (!host_visible())
     return make_error(errc::unsupported_op, "write: " + info().name + " needs its own copy");
   if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
@@ -71,7 +67,7 @@ result<void> device::write(const tensor& dst, std::span<const std::byte> src) {
 }
 
 result<void> device::read(const tensor& src, std::span<std::byte> dst) {
-  if (auto r = check_copy(src, dst.size(), "read"); !r) return r;
+  if (auto r = check_dense(src, dst.size(), "read"); !r) return r;
   if (!host_visible())
     return make_error(errc::unsupported_op, "read: " + info().name + " needs its own copy");
   if (!dst.empty()) std::memcpy(dst.data(), src.data(), dst.size());
@@ -79,8 +75,8 @@ result<void> device::read(const tensor& src, std::span<std::byte> dst) {
 }
 
 result<void> device::copy(const tensor& src, const tensor& dst) {
-  if (auto r = check_copy(dst, src.nbytes(), "copy"); !r) return r;
-  if (auto r = check_copy(src, src.nbytes(), "copy"); !r) return r;
+  if (auto r = check_dense(dst, src.nbytes(), "copy"); !r) return r;
+  if (auto r = check_dense(src, src.nbytes(), "copy"); !r) return r;
   if (!host_visible())
     return make_error(errc::unsupported_op, "copy: " + info().name + " needs its own copy");
   if (src.nbytes()) std::memmove(dst.data(), src.data(), src.nbytes());
@@ -88,7 +84,7 @@ result<void> device::copy(const tensor& src, const tensor& dst) {
 }
 
 result<void> device::fill_zero(const tensor& t) {
-  if (auto r = check_copy(t, t.nbytes(), "fill_zero"); !r) return r;
+  if (auto r = check_dense(t, t.nbytes(), "fill_zero"); !r) return r;
   if (!host_visible())
     return make_error(errc::unsupported_op, "fill_zero: " + info().name + " needs its own fill");
   if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());

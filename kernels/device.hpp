@@ -208,6 +208,10 @@ class device {
   /// at once would oversubscribe its cores (or streams).
   std::mutex& run_lock() { return run_; }
 
+ protected:
+  /// `t` is a dense tensor of `bytes` bytes (what write/read/copy need).
+  static result<void> check_dense(const tensor& t, std::size_t bytes, const char* what);
+
  private:
   std::mutex run_;
 };

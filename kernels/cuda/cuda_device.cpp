@@ -117,13 +117,13 @@ class cuda_device final : public device {
 
   result<void> write(const tensor& dst, std::span<const std::byte> src) override {
     if (auto r = use(); !r) return r;
-    if (auto r = dense(dst, src.size(), "write"); !r) return r;
+    if (auto r = check_dense(dst, src.size(), "write"); !r) return r;
     if (src.empty()) return {};
     return cuda_ok(launch::copy_to_device(stream_, dst.data(), src.data(), src.size()), "write");
   }
   result<void> read(const tensor& src, std::span<std::byte> dst) override {
     if (auto r = use(); !r) return r;
-    if (auto r = dense(src, dst.size(), "read"); !r) return r;
+    if (auto r = check_dense(src, dst.size(), "read"); !r) return r;
     if (dst.empty()) return {};
     return cuda_ok(launch::copy_to_host(stream_, dst.data(), src.data(), dst.size()), "read");
   }
@@ -351,15 +351,15 @@ class cuda_device final : public device {
 
   result<void> copy(const tensor& src, const tensor& dst) override {
     if (auto r = use(); !r) return r;
-    if (auto r = dense(dst, src.nbytes(), "copy"); !r) return r;
-    if (auto r = dense(src, src.nbytes(), "copy"); !r) return r;
+    if (auto r = check_dense(dst, src.nbytes(), "copy"); !r) return r;
+    if (auto r = check_dense(src, src.nbytes(), "copy"); !r) return r;
     if (src.nbytes() == 0) return {};
     return cuda_ok(launch::copy_on_device(stream_, dst.data(), src.data(), src.nbytes()), "copy");
   }
 
   result<void> fill_zero(const tensor& t) override {
     if (auto r = use(); !r) return r;
-    if (auto r = dense(t, t.nbytes(), "fill_zero"); !r) return r;
+    if (auto r = check_dense(t, t.nbytes(), "fill_zero"); !r) return r;
     if (t.nbytes() == 0) return {};
     return cuda_ok(launch::fill_zero(stream_, t.data(), t.nbytes()), "fill_zero");
   }
@@ -520,16 +520,6 @@ class cuda_device final : public device {
   result<void> use() { return cuda_ok(launch::bind(index_), info_.name); }
 
   result<void> synchronize(const char* what) { return cuda_ok(launch::synchronize(stream_), what); }
-
-  static result<void> dense(const tensor& t, std::size_t bytes, const char* what) {
-    if (t.empty_view() || !t.is_contiguous())
-      return make_error(errc::invalid_argument, std::string(what) + ": the tensor is not dense");
-    if (t.nbytes() != bytes)
-      return make_error(errc::invalid_argument, std::string(what) + ": " + std::to_string(bytes) +
-                                                    " bytes for a tensor of " +
-                                                    std::to_string(t.nbytes()));
-    return {};
-  }
 
   static result<void> check_eps(float eps, const char* what) {
     if (!(eps >= 0.0f) || !std::isfinite(eps))

@@ -542,36 +542,15 @@ const char* matmul(void* stream, const float* x, std::int64_t m, const weight_vi
   if (m == 0 || w.rows == 0) return nullptr;
   if (w.cols == 0)
     return check(cudaMemsetAsync(y, 0, sizeof(float) * m * w.rows, as_stream(stream)));
-  const auto s = as_stream(stream);
-  switch (w.format) {
-    case wfmt::f32:
-      launch_matmul<wfmt::f32>(s, x, m, w, y);
-      break;
-    case wfmt::f16:
-      launch_matmul<wfmt::f16>(s, x, m, w, y);
-      break;
-    case wfmt::bf16:
-      launch_matmul<wfmt::bf16>(s, x, m, w, y);
-      break;
-    case wfmt::int8_sym:
-      launch_matmul<wfmt::int8_sym>(s, x, m, w, y);
-      break;
-    case wfmt::int8_asym:
-      launch_matmul<wfmt::int8_asym>(s, x, m, w, y);
-      break;
-    case wfmt::int4_sym:
-      launch_matmul<wfmt::int4_sym>(s, x, m, w, y);
-      break;
-    case wfmt::int4_asym:
-      launch_matmul<wfmt::int4_asym>(s, x, m, w, y);
-      break;
-    case wfmt::q8_0:
-      launch_matmul<wfmt::q8_0>(s, x, m, w, y);
-      break;
-    case wfmt::q4_0:
-      launch_matmul<wfmt::q4_0>(s, x, m, w, y);
-      break;
-  }
+  // One instantiation per format, in wfmt's order.
+  using launcher = void (*)(cudaStream_t, const float*, std::int64_t, const weight_view&, float*);
+  static constexpr launcher by_format[] = {
+      launch_matmul<wfmt::f32>,       launch_matmul<wfmt::f16>,       launch_matmul<wfmt::bf16>,
+      launch_matmul<wfmt::int8_sym>,  launch_matmul<wfmt::int8_asym>, launch_matmul<wfmt::int4_sym>,
+      launch_matmul<wfmt::int4_asym>, launch_matmul<wfmt::q8_0>,      launch_matmul<wfmt::q4_0>};
+  const auto f = static_cast<std::size_t>(w.format);
+  if (f >= sizeof by_format / sizeof by_format[0]) return "unknown weight format";
+  by_format[f](as_stream(stream), x, m, w, y);
   return launched();
 }
 

@@ -18,39 +18,14 @@
 #include "kernels/cpu/context.hpp"
 #include "kernels/half.hpp"
 #include "kernels/kv_layout.hpp"
+#include "tests/kernels/kv_reference.hpp"
 
 using namespace troupe::kernels;
 
+using troupe::test::as_stored;
+using troupe::test::randn;
+
 namespace {
-
-std::vector<float> randn(std::mt19937& rng, std::size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> out(n);
-  for (auto& x : out) x = dist(rng);
-  return out;
-}
-
-// What the cache holds after storing x, computed independently of the kernel
-// code: f16 round-to-nearest-even; int8 symmetric, scale max|x|/127 per token
-// and head.
-std::vector<float> as_stored(const std::vector<float>& x, dtype t, int d) {
-  std::vector<float> out(x.size());
-  for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(d); ++r) {
-    const float* src = x.data() + r * d;
-    float* dst = out.data() + r * d;
-    if (t == dtype::f32) {
-      std::copy(src, src + d, dst);
-    } else if (t == dtype::f16) {
-      for (int c = 0; c < d; ++c) dst[c] = to_f32(to_f16(src[c]));
-    } else {
-      float amax = 0;
-      for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(src[c]));
-      const float s = amax / 127.0f;
-      for (int c = 0; c < d; ++c) dst[c] = s > 0 ? std::nearbyint(src[c] / s) * s : 0.0f;
-    }
-  }
-  return out;
-}
 
 struct sequence {
   int n_kv = 0;

@@ -25,8 +25,12 @@
 #include "kernels/half.hpp"
 #include "kernels/kv_layout.hpp"
 #include "kernels/quant.hpp"
+#include "tests/kernels/kv_reference.hpp"
 
 using namespace troupe::kernels;
+
+using troupe::test::as_stored;
+using troupe::test::randn;
 
 namespace {
 
@@ -34,13 +38,6 @@ constexpr double float_limit = 1e-7;
 constexpr double quant_limit = 5e-4;
 
 // --- data to and from a device ---------------------------------------------
-
-std::vector<float> randn(std::mt19937& rng, std::size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 template <class T>
 tensor upload_as(device& dev, dtype t, const std::vector<T>& v, shape_t s) {
@@ -480,28 +477,6 @@ op_case attention_case(std::string type, dtype kv, attention_options opt, std::i
                           o.ref);
             return o;
           }};
-}
-
-// What a paged cache holds after storing x (kernels/kv_layout.hpp): f16
-// round-to-nearest-even; int8 symmetric, scale max|x| / 127 per token and
-// head.
-std::vector<float> as_stored(const std::vector<float>& x, dtype t, int d) {
-  std::vector<float> out(x.size());
-  for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(d); ++r) {
-    const float* src = x.data() + r * static_cast<std::size_t>(d);
-    float* dst = out.data() + r * static_cast<std::size_t>(d);
-    if (t == dtype::f32) {
-      std::copy(src, src + d, dst);
-    } else if (t == dtype::f16) {
-      for (int c = 0; c < d; ++c) dst[c] = to_f32(to_f16(src[c]));
-    } else {
-      float amax = 0;
-      for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(src[c]));
-      const float s = amax / 127.0f;
-      for (int c = 0; c < d; ++c) dst[c] = s > 0 ? std::nearbyint(src[c] / s) * s : 0.0f;
-    }
-  }
-  return out;
 }
 
 // Two sequences in one call over a paged cache: one decoding a token, one
