@@ -89,6 +89,7 @@ class matrix {
   device_kind backend() const { return backend_; }
   /// The backend's own form (only the backend that made it knows its type).
   const void* impl() const { return impl_.get(); }
+  const std::shared_ptr<const void>& impl_shared() const { return impl_; }
 
  private:
   device_kind backend_ = device_kind::cpu;

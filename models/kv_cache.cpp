@@ -2,12 +2,32 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace troupe::models {
 
 result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_kv_heads,
                                   int head_dim, const kv_options& opts) {
+  return create_with(
+      [&pool](const kernels::kv_cache_config& cfg) {
+        return kernels::paged_kv_cache::create(pool, cfg);
+      },
+      layers, n_kv_heads, head_dim, opts);
+}
+
+result<kv_cache> kv_cache::create(kernels::device& dev, int layers, int n_kv_heads, int head_dim,
+                                  const kv_options& opts) {
+  return create_with(
+      [&dev](const kernels::kv_cache_config& cfg) {
+        return kernels::create_paged_kv_cache(dev, cfg);
+      },
+      layers, n_kv_heads, head_dim, opts);
+}
+
+result<kv_cache> kv_cache::create_with(
+    const std::function<result<kernels::paged_kv_cache>(const kernels::kv_cache_config&)>& make,
+    int layers, int n_kv_heads, int head_dim, const kv_options& opts) {
   if (layers < 1 || n_kv_heads < 1 || head_dim < 1)
     return make_error(errc::invalid_argument, "bad KV cache shape");
   if (opts.block_size < 1 || opts.block_size > 4096)
@@ -28,7 +48,7 @@ result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_
   cfg.n_blocks = c.n_blocks_;
   cfg.summaries = opts.summaries;
   for (int l = 0; l < layers; ++l) {
-    auto layer = kernels::paged_kv_cache::create(pool, cfg);
+    auto layer = make(cfg);
     if (!layer) return std::unexpected(layer.error());
     c.layers_.push_back(std::move(*layer));
   }

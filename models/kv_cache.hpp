@@ -1,10 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/device.hpp"
 #include "kernels/kv_layout.hpp"
 #include "models/mapped_file.hpp"
 
@@ -69,6 +71,10 @@ class kv_cache {
  public:
   static result<kv_cache> create(kernels::memory_pool& pool, int layers, int n_kv_heads,
                                  int head_dim, const kv_options& opts);
+  /// The same in `dev`'s memory (kernels::create_paged_kv_cache), for a
+  /// device whose memory host code cannot touch.
+  static result<kv_cache> create(kernels::device& dev, int layers, int n_kv_heads, int head_dim,
+                                 const kv_options& opts);
 
   seq_id add_sequence();
   /// Frees the sequence's blocks.
@@ -127,6 +133,9 @@ class kv_cache {
   std::int64_t total_blocks() const { return n_blocks_ - 1; }
 
  private:
+  static result<kv_cache> create_with(
+      const std::function<result<kernels::paged_kv_cache>(const kernels::kv_cache_config&)>& make,
+      int layers, int n_kv_heads, int head_dim, const kv_options& opts);
   struct sequence {
     std::vector<std::int32_t> table;
     std::int64_t length = 0;

@@ -245,6 +245,11 @@ result<kv_cache> llama_model::make_cache(kernels::memory_pool& pool, const kv_op
                           static_cast<int>(cfg_.head_dim), opts);
 }
 
+result<kv_cache> llama_model::make_cache(kernels::device& dev, const kv_options& opts) const {
+  return kv_cache::create(dev, static_cast<int>(layers_.size()), static_cast<int>(nkv_),
+                          static_cast<int>(cfg_.head_dim), opts);
+}
+
 bool llama_model::is_full() const {
   return range_.first == 0 && range_.last == cfg_.num_layers && range_.embed && range_.head;
 }

@@ -89,6 +89,9 @@ class llama_model {
   /// A KV cache for the layers this model holds (cache layer 0 = layer
   /// range().first).
   result<kv_cache> make_cache(kernels::memory_pool& pool, const kv_options& opts) const;
+  /// The cache in `dev`'s memory (for any device; required where host code
+  /// cannot touch the device's memory).
+  result<kv_cache> make_cache(kernels::device& dev, const kv_options& opts) const;
 
   /// Runs one step: embed, run_layers and head. Returns f32 logits
   /// [n, vocab]: for each input in order, one row per token when

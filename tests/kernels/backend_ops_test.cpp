@@ -26,6 +26,7 @@
 #include "kernels/kv_layout.hpp"
 #include "kernels/quant.hpp"
 #include "tests/kernels/kv_reference.hpp"
+#include "tests/remote_memory_device.hpp"
 
 using namespace troupe::kernels;
 
@@ -705,13 +706,24 @@ device_registry& registry() {
   return *reg;
 }
 
+// Every device the registry finds, and a CPU device whose memory host code
+// cannot touch (tests/remote_memory_device.hpp): the cases reach a device's
+// memory only through the seam, as they must for a GPU.
+std::vector<device*> devices() {
+  static troupe::test::remote_memory_device remote;
+  std::vector<device*> out;
+  for (const auto& d : registry().devices()) out.push_back(d.get());
+  out.push_back(&remote);
+  return out;
+}
+
 class Conformance : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(Conformance, MatchesTheReferenceOnEveryDevice) {
   static const auto cases = all_cases();
   const auto& c = cases[GetParam()];
   SCOPED_TRACE(c.op + " " + c.type);
-  for (const auto& d : registry().devices()) {
+  for (device* d : devices()) {
     std::mt19937 rng(1234 + static_cast<unsigned>(GetParam()));
     SCOPED_TRACE(d->info().name);
     auto o = c.run(*d, rng);

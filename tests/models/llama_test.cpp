@@ -3,6 +3,7 @@
 // bit-identical), generation through the batch loop, and error paths.
 #include <gtest/gtest.h>
 
+#include "../remote_memory_device.hpp"
 #include "../temp_path.hpp"
 #include "../tiny_model.hpp"
 #include "kernels/cpu/cpu_device.hpp"
@@ -45,7 +46,7 @@ std::vector<std::int32_t> tokens(int n, int seed, int vocab) {
 std::vector<std::vector<float>> run(k::device& ctx, const llama_model& m,
                                     const std::vector<std::int32_t>& seq, int chunk,
                                     bool companion) {
-  auto cache = m.make_cache(ctx.memory(), kv_options{.block_size = 8, .capacity_tokens = 512});
+  auto cache = m.make_cache(ctx, kv_options{.block_size = 8, .capacity_tokens = 512});
   EXPECT_TRUE(cache);
   const seq_id a = cache->add_sequence(), b = cache->add_sequence();
   const auto other = tokens(23, 5, vocab);
@@ -62,9 +63,13 @@ std::vector<std::vector<float>> run(k::device& ctx, const llama_model& m,
     auto logits = m.forward(ctx, *cache, in);
     EXPECT_TRUE(logits) << logits.error().message;
     const std::int64_t first_row = companion && in.size() == 2 ? 1 : 0;
+    // Through the device: its memory may not be the host's.
+    std::vector<float> all(static_cast<std::size_t>(logits->numel()));
+    EXPECT_TRUE(ctx.read(*logits, std::as_writable_bytes(std::span<float>(all))));
+    const auto V = static_cast<std::size_t>(m.config().vocab_size);
     for (std::size_t j = 0; j < n; ++j) {
-      const float* r = logits->row_as<float>(first_row + static_cast<std::int64_t>(j));
-      out.emplace_back(r, r + m.config().vocab_size);
+      const float* r = all.data() + (static_cast<std::size_t>(first_row) + j) * V;
+      out.emplace_back(r, r + V);
     }
     pos += n;
   }
@@ -124,6 +129,29 @@ TEST_F(LlamaTest, LogitsAreBatchChunkAndThreadInvariant) {
       mag += std::fabs(v);
     }
     EXPECT_GT(mag, 0.1);
+  }
+}
+
+// The model on a device whose memory host code cannot touch (as a GPU's):
+// everything it does goes through the seam, and the bits are the CPU's.
+TEST_F(LlamaTest, OnADeviceWhoseMemoryIsNotTheHostsTheBitsAreTheCpus) {
+  for (const char* quant : {"f32", "q8_0", "q4_0"}) {
+    SCOPED_TRACE(quant);
+    auto cpu = k::cpu::cpu_device::with_threads(2);
+    troupe::test::remote_memory_device remote(2);
+    quant_plan plan;
+    plan.default_format = *k::weight_format_from_string(quant);
+    auto on_cpu = llama_model::load(*path_, *cpu, plan);
+    auto on_remote = llama_model::load(*path_, remote, plan);
+    ASSERT_TRUE(on_cpu) << on_cpu.error().message;
+    ASSERT_TRUE(on_remote) << on_remote.error().message;
+    const auto seq = tokens(40, 4, vocab);
+    const auto ref = run(*cpu, **on_cpu, seq, 16, true);
+    const auto got = run(remote, **on_remote, seq, 16, true);
+    ASSERT_EQ(got.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      ASSERT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * sizeof(float)), 0)
+          << "position " << i;
   }
 }
 
