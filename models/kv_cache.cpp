@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 
 namespace troupe::models {
@@ -18,11 +20,13 @@ result<kv_cache> kv_cache::create(kernels::memory_pool& pool, int layers, int n_
 
 result<kv_cache> kv_cache::create(kernels::device& dev, int layers, int n_kv_heads, int head_dim,
                                   const kv_options& opts) {
-  return create_with(
+  auto c = create_with(
       [&dev](const kernels::kv_cache_config& cfg) {
         return kernels::create_paged_kv_cache(dev, cfg);
       },
       layers, n_kv_heads, head_dim, opts);
+  if (c && !dev.host_visible()) c->dev_ = &dev;
+  return c;
 }
 
 result<kv_cache> kv_cache::create_with(
@@ -219,17 +223,26 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
   const std::int64_t used_in_last = seq.length - (entries - 1) * B;
   const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * kernels::block_bytes(c.type);
   std::byte* out = snap.data.data();
+  std::vector<std::byte> scratch[4];
   for (const auto& layer : layers_) {
     for (auto index : snap.live) {
       const auto id = static_cast<std::size_t>(seq.table[static_cast<std::size_t>(index)]);
       const std::size_t used = index == entries - 1 ? static_cast<std::size_t>(used_in_last)
                                                     : static_cast<std::size_t>(B);
-      const std::byte* parts[4] = {layer.k.data_as<const std::byte>() + id * p.data_bytes,
-                                   layer.v.data_as<const std::byte>() + id * p.data_bytes, nullptr,
-                                   nullptr};
-      if (p.scale_bytes != 0) {
-        parts[2] = layer.k_scales.data_as<const std::byte>() + id * p.scale_bytes;
-        parts[3] = layer.v_scales.data_as<const std::byte>() + id * p.scale_bytes;
+      const std::byte* parts[4] = {nullptr, nullptr, nullptr, nullptr};
+      const kernels::tensor* whole[4] = {&layer.k, &layer.v, &layer.k_scales, &layer.v_scales};
+      for (int part = 0; part < (p.scale_bytes != 0 ? 4 : 2); ++part) {
+        const std::size_t bytes = part < 2 ? p.data_bytes : p.scale_bytes;
+        if (dev_ == nullptr) {
+          parts[part] = whole[part]->data_as<const std::byte>() + id * bytes;
+          continue;
+        }
+        // The block's part out of device memory first.
+        auto block = whole[part]->slice_rows(static_cast<std::int64_t>(id), 1);
+        if (!block) return std::unexpected(block.error());
+        scratch[part].resize(bytes);
+        if (auto r = dev_->read(*block, scratch[part]); !r) return std::unexpected(r.error());
+        parts[part] = scratch[part].data();
       }
       for (int part = 0; part < 4; ++part) {
         if (parts[part] == nullptr) continue;
@@ -247,14 +260,65 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
   return snap;
 }
 
+/// copy_blocks_in for a cache in a device's memory: each part of a block
+/// is written through the device, and the block's key summary is rebuilt in
+/// a one-block host cache (the same kernel as on the host) and written too.
+static result<void> copy_blocks_to_device(std::vector<kernels::paged_kv_cache>& layers,
+                                          kernels::device& dev,
+                                          const std::vector<std::int32_t>& table,
+                                          const kv_snapshot& snap, const block_parts& p) {
+  const std::int64_t B = snap.block_size;
+  const std::byte* in = snap.data.data();
+  std::shared_ptr<kernels::memory_pool> host;
+  std::optional<kernels::paged_kv_cache> one;  // a host cache of one block
+  for (auto& layer : layers) {
+    kernels::tensor* whole[4] = {&layer.k, &layer.v, &layer.k_scales, &layer.v_scales};
+    for (auto index : snap.live) {
+      const auto id = static_cast<std::int64_t>(table[static_cast<std::size_t>(index)]);
+      const std::byte* parts[4] = {nullptr, nullptr, nullptr, nullptr};
+      for (int part = 0; part < (p.scale_bytes != 0 ? 4 : 2); ++part) {
+        const std::size_t bytes = part < 2 ? p.data_bytes : p.scale_bytes;
+        auto block = whole[part]->slice_rows(id, 1);
+        if (!block) return std::unexpected(block.error());
+        if (auto r = dev.write(*block, std::span<const std::byte>(in, bytes)); !r) return r;
+        parts[part] = in;
+        in += bytes;
+      }
+      if (!layer.has_summaries()) continue;
+      if (!one) {
+        auto cfg = layer.config;
+        cfg.n_blocks = 1;
+        host = kernels::memory_pool::create();
+        auto made = kernels::paged_kv_cache::create(*host, cfg);
+        if (!made) return std::unexpected(made.error());
+        one = std::move(*made);
+      }
+      std::memcpy(one->k.data(), parts[0], p.data_bytes);
+      if (p.scale_bytes != 0) std::memcpy(one->k_scales.data(), parts[2], p.scale_bytes);
+      const std::int32_t zero[1] = {0};
+      const std::int64_t used = std::min<std::int64_t>(B, snap.length - std::int64_t{index} * B);
+      if (auto r = kernels::build_kv_summaries(*one, zero, used); !r) return r;
+      auto summary = layer.k_summary.slice_rows(id, 1);
+      if (!summary) return std::unexpected(summary.error());
+      if (auto r = dev.write(*summary, std::span<const std::byte>(
+                                           static_cast<const std::byte*>(one->k_summary.data()),
+                                           one->k_summary.nbytes()));
+          !r)
+        return r;
+    }
+  }
+  return {};
+}
+
 /// Copies a snapshot's blocks into the blocks `table` maps its live
 /// indices to, every layer, and rebuilds their key summaries (over each
 /// block's used slots, as appending them one by one would have left them).
 static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers,
-                                   const std::vector<std::int32_t>& table, const kv_snapshot& snap,
-                                   const block_parts& p) {
+                                   kernels::device* dev, const std::vector<std::int32_t>& table,
+                                   const kv_snapshot& snap, const block_parts& p) {
   const std::int64_t B = snap.block_size;
   const std::byte* in = snap.data.data();
+  if (dev != nullptr) return copy_blocks_to_device(layers, *dev, table, snap, p);
   for (auto& layer : layers) {
     for (auto index : snap.live) {
       const auto id = static_cast<std::size_t>(table[static_cast<std::size_t>(index)]);
@@ -353,7 +417,7 @@ result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
     for (auto index = snap.live.rbegin(); index != snap.live.rend(); ++index)
       free_.push_back(seq.table[static_cast<std::size_t>(*index)]);
   };
-  if (auto r = copy_blocks_in(layers_, seq.table, snap, p); !r) {
+  if (auto r = copy_blocks_in(layers_, dev_, seq.table, snap, p); !r) {
     give_back();
     return std::unexpected(r.error());
   }
@@ -410,7 +474,8 @@ result<void> kv_cache::import_tail(seq_id s, const kv_snapshot& snap, std::int32
     seq.table.push_back(free_.back());
     free_.pop_back();
   }
-  if (auto r = copy_blocks_in(layers_, seq.table, snap, p); !r) return std::unexpected(r.error());
+  if (auto r = copy_blocks_in(layers_, dev_, seq.table, snap, p); !r)
+    return std::unexpected(r.error());
   seq.length = snap.length;
   return {};
 }

@@ -141,6 +141,9 @@ class kv_cache {
     std::int64_t length = 0;
   };
   std::vector<kernels::paged_kv_cache> layers_;
+  /// The device whose memory holds the layers when host code cannot touch
+  /// it (export and import then copy through it); null otherwise.
+  kernels::device* dev_ = nullptr;
   std::vector<std::int32_t> free_;
   std::unordered_map<seq_id, sequence> seqs_;
   kv_options opts_;

@@ -7,6 +7,8 @@
 // and summaries; a snapshot never carries another sequence's stale slots.
 #include <gtest/gtest.h>
 
+#include "tests/remote_memory_device.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -150,7 +152,13 @@ std::vector<float> run_script(k::device& ctx, const llama_model& m, kv_cache& ca
       const std::int64_t rows = seqs[item.seq].all_logits ? item.count : 1;
       const k::tensor& t = where[j] ? *b : *a;
       std::int64_t& r = where[j] ? rb : ra;
-      out.insert(out.end(), t.row_as<float>(r), t.row_as<float>(r) + rows * vocab);
+      // Through the device: its memory may not be the host's.
+      auto part = t.slice_rows(r, rows);
+      EXPECT_TRUE(part.has_value());
+      if (!part) return {};
+      std::vector<float> host(static_cast<std::size_t>(part->numel()));
+      EXPECT_TRUE(ctx.read(*part, std::as_writable_bytes(std::span<float>(host))));
+      out.insert(out.end(), host.begin(), host.end());
       r += rows;
     }
     if (static_cast<int>(step) == swap_at) {
@@ -195,9 +203,14 @@ std::vector<float> run_script(k::device& ctx, const llama_model& m, kv_cache& ca
 
 }  // namespace
 
-TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
-  auto ctx = k::cpu::cpu_device::with_threads(1);
-  auto m = llama_model::load(*path_, *ctx);
+namespace {
+
+// Swapping each sequence out and back (into the same cache or another) at
+// a step mid-prefill or mid-decode gives the logits of a run without swaps,
+// bit for bit, for every KV dtype, with and without a window.
+void swap_out_and_in(k::device& dev, const std::string& path) {
+  auto* ctx = &dev;
+  auto m = llama_model::load(path, *ctx);
   ASSERT_TRUE(m) << m.error().message;
   const auto seqs = test::make_sequences(vocab, 64, {11, 26, 7}, 14, 9, 5);
   const auto steps = test::make_schedule(seqs, 8);
@@ -210,7 +223,7 @@ TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
                             .window = window,
                             .sinks = window ? 3 : 0};
       SCOPED_TRACE(std::string(k::to_string(type)) + " window " + std::to_string(window));
-      auto ref_cache = (*m)->make_cache(ctx->memory(), opts);
+      auto ref_cache = (*m)->make_cache(*ctx, opts);
       ASSERT_TRUE(ref_cache);
       const auto want = run_script(*ctx, **m, *ref_cache, nullptr, seqs, steps, -1, 0);
       ASSERT_FALSE(want.empty());
@@ -221,8 +234,8 @@ TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
           const int swap_at = (victim + elsewhere) % 2 == 0 ? 2 : 7;
           SCOPED_TRACE("victim " + std::to_string(victim) + " after step " +
                        std::to_string(swap_at) + (elsewhere ? " into another cache" : ""));
-          auto cache = (*m)->make_cache(ctx->memory(), opts);
-          auto other = (*m)->make_cache(ctx->memory(), opts);
+          auto cache = (*m)->make_cache(*ctx, opts);
+          auto other = (*m)->make_cache(*ctx, opts);
           ASSERT_TRUE(cache && other);
           const auto got = run_script(*ctx, **m, *cache, elsewhere ? &*other : nullptr, seqs, steps,
                                       swap_at, victim);
@@ -230,6 +243,21 @@ TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
           EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
         }
     }
+}
+
+}  // namespace
+
+TEST_F(KvSnapshot, SwapOutAndInKeepsLogitsBitIdentical) {
+  auto cpu = k::cpu::cpu_device::with_threads(1);
+  swap_out_and_in(*cpu, *path_);
+}
+
+// The same where host code cannot touch the cache's memory (as a GPU's):
+// export reads blocks and import writes them, summaries included, through
+// the device.
+TEST_F(KvSnapshot, SwapOutAndInThroughADeviceWhoseMemoryIsNotTheHosts) {
+  troupe::test::remote_memory_device remote(1);
+  swap_out_and_in(remote, *path_);
 }
 
 TEST(KvSnapshotBlocks, ImportCopiesDataAndRebuildsSummaries) {
