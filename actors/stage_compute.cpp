@@ -127,19 +127,23 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   // parallel on the stage's workers (each sampler and output is its own).
   std::vector<std::size_t> idx;
   std::vector<std::int64_t> rows;
-  auto sample_all = [&](const tensor& l) {
+  std::vector<std::byte> host_logits;  // where host code cannot read the device's memory
+  auto sample_all = [&](const tensor& on_device) -> kernels::result<void> {
+    auto l = kernels::host_view(*res.dev, on_device, host_logits);
+    if (!l) return std::unexpected(l.error());
     res.dev->host_parallel_for(
         static_cast<std::int64_t>(idx.size()), 1, [&](std::int64_t lo, std::int64_t hi, int) {
           for (auto k = lo; k < hi; ++k) {
             const auto i = idx[static_cast<std::size_t>(k)];
             auto& w = b.seqs[i];
-            const std::span<const float> r(l.row_as<float>(rows[static_cast<std::size_t>(k)]),
+            const std::span<const float> r(l->row_as<float>(rows[static_cast<std::size_t>(k)]),
                                            static_cast<std::size_t>(vocab));
             const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
             o.sampled[i].push_back(tok);
             if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
           }
         });
+    return {};
   };
   std::int64_t row = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -156,7 +160,7 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
     return kernels::make_error(errc::internal, "the head returned " +
                                                    std::to_string(logits.shape()[0]) +
                                                    " logits rows for " + std::to_string(row));
-  sample_all(logits);
+  if (auto r = sample_all(logits); !r) return r;
   auto stopped = [&](std::size_t i) {
     const auto& ids = b.seqs[i].sampling.params.stop_token_ids;
     return std::find(ids.begin(), ids.end(), o.sampled[i].back()) != ids.end();
@@ -181,7 +185,7 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
     if (idx.empty()) break;
     auto out = run_stage(res, nb, generation);
     if (!out) return std::unexpected(out.error());
-    sample_all(*out);
+    if (auto r = sample_all(*out); !r) return r;
     ++o.passes;
   }
   return {};

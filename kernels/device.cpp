@@ -91,6 +91,15 @@ result<void> device::fill_zero(const tensor& t) {
   return {};
 }
 
+result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& keep) {
+  if (dev.host_visible()) return t;
+  if (t.empty_view() || !t.is_contiguous())
+    return make_error(errc::invalid_argument, "host_view: the tensor is not dense");
+  keep.resize(t.nbytes());
+  if (auto r = dev.read(t, keep); !r) return std::unexpected(r.error());
+  return tensor::view(keep.data(), t.type(), t.shape());
+}
+
 result<paged_kv_cache> create_paged_kv_cache(device& dev, const kv_cache_config& config) {
   if (dev.host_visible()) return paged_kv_cache::create(dev.memory(), config);
   paged_kv_cache cache;

@@ -217,6 +217,11 @@ class device {
   std::mutex run_;
 };
 
+/// `t` (dense, of `dev`) as host memory: `t` itself where host code can
+/// read the device's memory, else a copy read through the device into
+/// `keep`, which must outlive the returned view.
+result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& keep);
+
 /// A zero-filled paged KV cache with `config`'s shape in `dev`'s memory
 /// (paged_kv_cache::create for a host-visible device).
 result<paged_kv_cache> create_paged_kv_cache(device& dev, const kv_cache_config& config);

@@ -47,7 +47,8 @@ result<std::vector<generation_result>> generate_batch(
   kv_options kvo = opts.kv;
   kvo.capacity_tokens = std::max(
       kvo.capacity_tokens, need + kvo.block_size * static_cast<std::int64_t>(requests.size()));
-  auto cache = model.make_cache(dev.memory(), kvo);
+  auto cache = model.make_cache(dev, kvo);
+  std::vector<std::byte> logits_host;  // the logits where host code cannot read the device's
   if (!cache) return std::unexpected(cache.error());
 
   struct state {
@@ -101,7 +102,9 @@ result<std::vector<generation_result>> generate_batch(
       who.push_back(i);
     }
     if (inputs.empty()) break;
-    auto logits = model.forward(dev, *cache, inputs, opts.attention);
+    auto on_device = model.forward(dev, *cache, inputs, opts.attention);
+    if (!on_device) return std::unexpected(on_device.error());
+    auto logits = kernels::host_view(dev, *on_device, logits_host);
     if (!logits) return std::unexpected(logits.error());
     for (std::size_t j = 0; j < who.size(); ++j) {
       const std::size_t i = who[j];

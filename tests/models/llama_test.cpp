@@ -188,6 +188,9 @@ TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
   auto ctx = k::cpu::cpu_device::with_threads(2);
   auto m = llama_model::load(*path_, *ctx);
   ASSERT_TRUE(m);
+  troupe::test::remote_memory_device remote(2);
+  auto on_remote = llama_model::load(*path_, remote);
+  ASSERT_TRUE(on_remote) << on_remote.error().message;
   std::vector<generation_request> reqs;
   for (int i = 0; i < 4; ++i) {
     generation_request r;
@@ -216,6 +219,14 @@ TEST_F(LlamaTest, BatchedGenerationEqualsSingleRequests) {
     EXPECT_EQ((*together)[i].tokens.size(), static_cast<std::size_t>(reqs[i].params.max_tokens));
     EXPECT_EQ((*together)[i].reason, stop_reason::max_tokens);
   }
+  // The same generation where host code cannot touch the device's memory
+  // (the logits are read through it): the same tokens.
+  opts.prefill_chunk = 4;
+  auto remote_run = generate_batch(remote, **on_remote, reqs,
+                                   std::vector<piece_fn>(reqs.size(), piece), nullptr, opts);
+  ASSERT_TRUE(remote_run) << remote_run.error().message;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ((*remote_run)[i].tokens, (*together)[i].tokens) << "request " << i;
 }
 
 TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
