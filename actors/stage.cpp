@@ -33,6 +33,13 @@ kernels::result<models::llama_config> model_text_config(const std::string& path)
   return text_config(**src, path);
 }
 
+stage_resources::~stage_resources() {
+  model.reset();
+  kv.reset();
+  tp.reset();
+  if (dev) dev->memory().trim();
+}
+
 kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& device,
                                                              const std::string& path,
                                                              const models::layer_range& range,

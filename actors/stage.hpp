@@ -44,6 +44,15 @@ struct stage_resources {
   std::shared_ptr<stage_kv> kv;
   kernels::attention_options attention;
   std::shared_ptr<tp_group> tp;  ///< null: not tensor-parallel
+
+  stage_resources() = default;
+  stage_resources(const stage_resources&) = delete;
+  stage_resources& operator=(const stage_resources&) = delete;
+  /// Releases the layers and the cache, then gives the device pool's
+  /// cached blocks back to the system: a node whose stages are re-placed
+  /// again and again (losses, rejoins, migrations) would otherwise keep the
+  /// union of every placement's buffers.
+  ~stage_resources();
 };
 
 /// The decoder config of a LLaMA/LLaVA folder or a GGUF file.

@@ -1,6 +1,8 @@
 #include "kernels/memory_pool.hpp"
 
+#include <malloc.h>
 #include <bit>
+
 #include <cstdlib>
 #include <string>
 
@@ -92,11 +94,16 @@ void memory_pool::give_back(void* data, std::size_t size_class) {
 
 void memory_pool::trim() {
   std::lock_guard<std::mutex> guard(mtx_);
+  bool released = false;
   for (auto& [c, list] : free_) {
     for (void* p : list) blocks_.release(p);
+    released |= !list.empty();
     stats_.bytes_cached -= c * list.size();
     list.clear();
   }
+  // glibc keeps freed heap pages (and raises its mmap threshold after large
+  // frees, so big blocks come from the heap too): hand them back.
+  if (released && blocks_.host_accessible) malloc_trim(0);
 }
 
 memory_pool::stats memory_pool::snapshot() const {
