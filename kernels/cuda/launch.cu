@@ -240,31 +240,28 @@ __device__ __forceinline__ float kv_at(const void* p, bool f16, std::int64_t i) 
   return f16 ? __half2float(static_cast<const __half*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-__global__ void attention_kernel(attention_args a) {
-  __shared__ float q_shared[attn_warps][attention_max_head_dim];
-  const int lane = threadIdx.x % warp, wid = threadIdx.x / warp;
-  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * attn_warps + wid;
-  if (item >= a.nq * a.heads) return;
-  const std::int64_t i = item / a.heads;
-  const int h = static_cast<int>(item % a.heads);
-  const int kh = h / (a.heads / a.kv_heads);
-  const std::int64_t p = a.q_start + i;
-  const float* q = a.q + item * a.d;
-  for (int c = lane; c < a.d; c += warp) q_shared[wid][c] = q[c];
+// One query row of one head (one warp): the online softmax over keys
+// [0, nkv) in tiles of 32 in increasing position, q in shared memory.
+// `kv` addresses the keys and values: row(j) is key j's row, key(r, c) and
+// value(r, c) its elements (contiguous and paged K/V differ only there).
+template <class KV>
+__device__ void attend_row(const KV& kv, const float* q_row, std::int64_t nkv, std::int64_t p,
+                           bool causal, int window, int sinks, float scale, int d, float* out) {
+  const int lane = threadIdx.x % warp;
+  for (int c = lane; c < d; c += warp) kv.q_shared[c] = q_row[c];
   __syncwarp();
   float acc[attn_dims_per_lane];
 #pragma unroll
   for (int t = 0; t < attn_dims_per_lane; ++t) acc[t] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  for (std::int64_t j0 = 0; j0 < a.nkv; j0 += warp) {
+  for (std::int64_t j0 = 0; j0 < nkv; j0 += warp) {
     const std::int64_t j = j0 + lane;
     float s = -INFINITY;
-    if (j < a.nkv && key_visible(a.causal, a.window, a.sinks, p, j)) {
-      const std::int64_t base = (j * a.kv_heads + kh) * a.d;
+    if (j < nkv && key_visible(causal, window, sinks, p, j)) {
+      const std::int64_t row = kv.row(j);
       float dot = 0.0f;
-      for (int c = 0; c < a.d; ++c)
-        dot = fmaf(q_shared[wid][c], kv_at(a.k, a.kv_f16, base + c), dot);
-      s = dot * a.scale;
+      for (int c = 0; c < d; ++c) dot = fmaf(kv.q_shared[c], kv.key(row, c), dot);
+      s = dot * scale;
     }
     const float tile_max = warp_max(s);
     const float new_m = fmaxf(m, tile_max);
@@ -277,21 +274,44 @@ __global__ void attention_kernel(attention_args a) {
     for (int jj = 0; jj < warp; ++jj) {
       const float pk = __shfl_sync(0xffffffffu, pj, jj);
       if (pk == 0.0f) continue;
-      const std::int64_t base = ((j0 + jj) * a.kv_heads + kh) * a.d;
+      const std::int64_t row = kv.row(j0 + jj);
 #pragma unroll
       for (int t = 0; t < attn_dims_per_lane; ++t) {
         const int c = lane + t * warp;
-        if (c < a.d) acc[t] = fmaf(pk, kv_at(a.v, a.kv_f16, base + c), acc[t]);
+        if (c < d) acc[t] = fmaf(pk, kv.value(row, c), acc[t]);
       }
     }
     m = new_m;
   }
-  float* out = a.out + item * a.d;
 #pragma unroll
   for (int t = 0; t < attn_dims_per_lane; ++t) {
     const int c = lane + t * warp;
-    if (c < a.d) out[c] = l > 0.0f ? acc[t] / l : 0.0f;
+    if (c < d) out[c] = l > 0.0f ? acc[t] / l : 0.0f;
   }
+}
+
+// Contiguous K/V [nkv, kv_heads, d] of f32 or f16.
+struct contiguous_kv {
+  const attention_args* a;
+  int kh;
+  float* q_shared;
+  __device__ std::int64_t row(std::int64_t j) const { return j * a->kv_heads + kh; }
+  __device__ float key(std::int64_t r, int c) const { return kv_at(a->k, a->kv_f16, r * a->d + c); }
+  __device__ float value(std::int64_t r, int c) const {
+    return kv_at(a->v, a->kv_f16, r * a->d + c);
+  }
+};
+
+__global__ void attention_kernel(attention_args a) {
+  __shared__ float q_shared[attn_warps][attention_max_head_dim];
+  const int wid = threadIdx.x / warp;
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * attn_warps + wid;
+  if (item >= a.nq * a.heads) return;
+  const std::int64_t i = item / a.heads;
+  const int h = static_cast<int>(item % a.heads);
+  const contiguous_kv kv{&a, h / (a.heads / a.kv_heads), q_shared[wid]};
+  attend_row(kv, a.q + item * a.d, a.nkv, a.q_start + i, a.causal, a.window, a.sinks, a.scale, a.d,
+             a.out + item * a.d);
 }
 
 // --- the paged KV cache --------------------------------------------------------
@@ -391,64 +411,36 @@ __global__ void kv_summary_kernel(paged_cache c, const std::int32_t* __restrict_
   mx[col] = hi;
 }
 
-// One warp per (query row, head) of one sequence (blockIdx.y): the
-// contiguous kernel's walk over keys, through the block table.
+// The paged cache of one sequence: key j in block table[j / block_size].
+struct paged_kv {
+  const paged_cache* c;
+  const std::int32_t* table;
+  int kh;
+  float* q_shared;
+  __device__ std::int64_t row(std::int64_t j) const {
+    return cache_row(*c, table[j / c->block_size], kh, j % c->block_size);
+  }
+  __device__ float key(std::int64_t r, int col) const {
+    return cache_at(*c, c->k, c->k_scales, r, col);
+  }
+  __device__ float value(std::int64_t r, int col) const {
+    return cache_at(*c, c->v, c->v_scales, r, col);
+  }
+};
+
+// One warp per (query row, head) of one sequence (blockIdx.y).
 __global__ void attention_paged_kernel(paged_args a) {
   __shared__ float q_shared[attn_warps][attention_max_head_dim];
   const paged_sequence sq = a.seqs[blockIdx.y];
-  const paged_cache& c = a.cache;
-  const int lane = threadIdx.x % warp, wid = threadIdx.x / warp;
+  const int wid = threadIdx.x / warp;
   const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * attn_warps + wid;
   if (item >= sq.nq * a.heads) return;
   const std::int64_t i = item / a.heads;
   const int h = static_cast<int>(item % a.heads);
-  const int kh = h / (a.heads / c.kv_heads);
-  const std::int64_t p = sq.q_start + i;
-  const std::int32_t* table = a.tables + sq.table_offset;
-  const float* q = sq.q + item * c.d;
-  for (int col = lane; col < c.d; col += warp) q_shared[wid][col] = q[col];
-  __syncwarp();
-  float acc[attn_dims_per_lane];
-#pragma unroll
-  for (int t = 0; t < attn_dims_per_lane; ++t) acc[t] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (std::int64_t j0 = 0; j0 < sq.kv_len; j0 += warp) {
-    const std::int64_t j = j0 + lane;
-    float s = -INFINITY;
-    if (j < sq.kv_len && key_visible(a.causal, a.window, a.sinks, p, j)) {
-      const std::int64_t row = cache_row(c, table[j / c.block_size], kh, j % c.block_size);
-      float dot = 0.0f;
-      for (int col = 0; col < c.d; ++col)
-        dot = fmaf(q_shared[wid][col], cache_at(c, c.k, c.k_scales, row, col), dot);
-      s = dot * a.scale;
-    }
-    const float tile_max = warp_max(s);
-    const float new_m = fmaxf(m, tile_max);
-    if (new_m == -INFINITY) continue;
-    const float corr = m == -INFINITY ? 0.0f : expf(m - new_m);
-    const float pj = s == -INFINITY ? 0.0f : expf(s - new_m);
-    l = l * corr + warp_sum(pj);
-#pragma unroll
-    for (int t = 0; t < attn_dims_per_lane; ++t) acc[t] *= corr;
-    for (int jj = 0; jj < warp; ++jj) {
-      const float pk = __shfl_sync(0xffffffffu, pj, jj);
-      if (pk == 0.0f) continue;
-      const std::int64_t key = j0 + jj;
-      const std::int64_t row = cache_row(c, table[key / c.block_size], kh, key % c.block_size);
-#pragma unroll
-      for (int t = 0; t < attn_dims_per_lane; ++t) {
-        const int col = lane + t * warp;
-        if (col < c.d) acc[t] = fmaf(pk, cache_at(c, c.v, c.v_scales, row, col), acc[t]);
-      }
-    }
-    m = new_m;
-  }
-  float* out = sq.out + item * c.d;
-#pragma unroll
-  for (int t = 0; t < attn_dims_per_lane; ++t) {
-    const int col = lane + t * warp;
-    if (col < c.d) out[col] = l > 0.0f ? acc[t] / l : 0.0f;
-  }
+  const paged_kv kv{&a.cache, a.tables + sq.table_offset, h / (a.heads / a.cache.kv_heads),
+                    q_shared[wid]};
+  attend_row(kv, sq.q + item * a.cache.d, sq.kv_len, sq.q_start + i, a.causal, a.window, a.sinks,
+             a.scale, a.cache.d, sq.out + item * a.cache.d);
 }
 
 // --- patch embedding (conv2d, stride = kernel = patch) -------------------------
