@@ -7,12 +7,13 @@ joined_registry& joined_nodes() {
   return r;
 }
 
-std::shared_ptr<kernels::device> device_for(const device_spec& d) {
+kernels::result<std::shared_ptr<kernels::device>> device_for(const device_spec& d) {
   static std::mutex mtx;
   static std::map<std::string, std::shared_ptr<kernels::device>> devices;
   std::lock_guard lock(mtx);
-  auto& c = devices[d.name];
-  if (!c) c = open_device(d);
+  if (auto it = devices.find(d.name); it != devices.end()) return it->second;
+  auto c = open_device(d);
+  if (c) devices[d.name] = *c;
   return c;
 }
 

@@ -34,6 +34,7 @@ joined_registry& joined_nodes();
 
 // One compute context per device and process: the head's encoder and the
 // stages its agent loads share the device's team and lock.
-std::shared_ptr<kernels::device> device_for(const device_spec& d);
+/// (Opened on first use; an error when it cannot be, as a GPU that is not there.)
+kernels::result<std::shared_ptr<kernels::device>> device_for(const device_spec& d);
 
 }  // namespace troupe::actors::cluster_detail

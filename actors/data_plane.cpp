@@ -96,10 +96,26 @@ tensor_ref data_plane::park(const std::string& device, kernels::tensor t) {
   return tensor_registry::local().put(device, std::move(t));
 }
 
+namespace {
+
+/// Host memory for tensors that leave or enter a device whose memory host
+/// code cannot touch (the transfer engine reads and writes host memory).
+kernels::memory_pool& staging_pool() {
+  static const auto pool = kernels::memory_pool::create();
+  return *pool;
+}
+
+}  // namespace
+
 kernels::result<tensor_ref> data_plane::push(const std::string& key, const std::string& device,
                                              kernels::tensor t) {
   if (!t.is_contiguous())
     return make_error(errc::invalid_argument, "data plane: only dense tensors are pushed");
+  if (!kernels::host_readable(t)) {
+    auto h = kernels::to_host(t, staging_pool());
+    if (!h) return std::unexpected(h.error());
+    t = std::move(*h);
+  }
   std::unique_lock lk(mtx_);
   auto it = peers_.find(key);
   if (!engine_ || it == peers_.end()) {
@@ -135,8 +151,12 @@ std::map<std::string, std::uint64_t> data_plane::bytes_sent() const {
 
 kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref,
                                                   kernels::memory_pool& pool) {
+  if (!pool.host_accessible())
+    return make_error(errc::invalid_argument,
+                      "data plane: take into host memory, or into a device with take(ref, device)");
   auto& reg = tensor_registry::local();
   auto local = reg.take(ref);
+  if (local && !kernels::host_readable(*local)) return kernels::to_host(*local, pool);
   if (local || local.error().code != errc::not_found) return local;
   auto engine = this->engine();
   if (!engine) return local;  // no other process could have sent it
@@ -175,6 +195,12 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref,
   auto got = transport::receive_tensor(*engine, want, t->data(), t->nbytes(), opt);
   if (!got) return std::unexpected(got.error());
   return std::move(*t);
+}
+
+kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels::device& dev) {
+  auto t = take(ref, dev.memory().host_accessible() ? dev.memory() : staging_pool());
+  if (!t) return t;
+  return kernels::to_device(dev, *t);
 }
 
 void data_plane::drop(const tensor_ref& ref) {

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "actors/protocol.hpp"
+#include "kernels/device.hpp"
 #include "kernels/memory_pool.hpp"
 #include "kernels/tensor.hpp"
 #include "transport/chunked.hpp"
@@ -74,8 +75,14 @@ class data_plane {
   kernels::result<tensor_ref> push(const std::string& key, const std::string& device,
                                    kernels::tensor t);
   /// The tensor of `ref`: parked here, or received from the process that
-  /// pushed it (into a new tensor from `pool`).
+  /// pushed it (into a new tensor from `pool`, a host pool); in host memory.
   kernels::result<kernels::tensor> take(const tensor_ref& ref, kernels::memory_pool& pool);
+  /// The tensor of `ref` in `dev`'s memory, wherever it was made: a tensor
+  /// parked here by an actor on another device is copied over (through the
+  /// host where neither memory is the host's); one from another process is
+  /// received into host memory and then written to the device (Debian's
+  /// UCX has no CUDA transport).
+  kernels::result<kernels::tensor> take(const tensor_ref& ref, kernels::device& dev);
   /// Drops a parked tensor that will not be taken.
   void drop(const tensor_ref& ref);
 

@@ -57,12 +57,19 @@ std::int64_t available_memory() {
   return 0;
 }
 
+/// Host memory for the probe's weights (and its input before the device
+/// takes it).
+kernels::memory_pool& host_pool() {
+  static const auto pool = kernels::memory_pool::create();
+  return *pool;
+}
+
 // Weight bytes per second of y = x w^T for one token, rotating through
 // copies of the matrix so that the total exceeds the caches; the best of a
 // few passes (the others met other work on the cores).
 double gemv_rate(kernels::device& dev, kernels::weight_format f, const kernels::tensor& wf,
                  const kernels::tensor& x, kernels::tensor& y, std::size_t rotate_bytes) {
-  auto wq = kernels::quantize(dev.memory(), wf, f, 32);
+  auto wq = kernels::quantize(host_pool(), wf, f, 32);  // prepare takes host weights
   if (!wq) return 0;
   auto first = dev.prepare(*wq);
   if (!first) return 0;
@@ -86,14 +93,14 @@ double gemv_rate(kernels::device& dev, kernels::weight_format f, const kernels::
 }
 
 double gemm_rate(kernels::device& dev, kernels::weight_format f, const kernels::tensor& wf) {
-  auto w = kernels::quantize(dev.memory(), wf, f, 32);
+  auto w = kernels::quantize(host_pool(), wf, f, 32);
   if (!w) return 0;
   auto p = dev.prepare(*w);
   if (!p) return 0;
   const std::int64_t m = 16, n = wf.dim(0), k = wf.dim(1);
-  auto x = kernels::tensor::zeros(dev.memory(), kernels::dtype::f32, {m, k});
+  auto x = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {m, k});
   auto y = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {m, n});
-  if (!x || !y) return 0;
+  if (!x || !y || !dev.fill_zero(*x)) return 0;
   (void)dev.matmul(*x, *p, *y);
   return best_rate(
       [&] {
@@ -113,18 +120,28 @@ device_probe measure_device(kernels::device& dev, std::int64_t memory_limit) {
   const std::int64_t own = resident_now();
   const std::int64_t cap = memory_limit > 0 ? memory_limit : available_memory() + own;
   p.memory_bytes = std::max<std::int64_t>(0, cap - own);
+  if (const auto pool = static_cast<std::int64_t>(dev.info().memory_bytes);
+      !dev.memory().host_accessible() && pool > 0) {
+    // A device with memory of its own (a GPU): its pool's size, capped by
+    // the manifest's limit.
+    p.memory_bytes = memory_limit > 0 ? std::min(memory_limit, pool) : pool;
+  }
   {
     std::lock_guard lock(dev.run_lock());
     p.cores = dev.info().cores;
     const std::int64_t n = 1024, k = 1024;
-    auto wf = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {n, k});
-    auto x = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {1, k});
+    auto wf = kernels::tensor::empty(host_pool(), kernels::dtype::f32, {n, k});
+    auto xh = kernels::tensor::empty(host_pool(), kernels::dtype::f32, {1, k});
     auto y = kernels::tensor::empty(dev.memory(), kernels::dtype::f32, {1, n});
-    if (wf && x && y) {
+    kernels::result<kernels::tensor> x = kernels::make_error(kernels::errc::internal, "no input");
+    if (wf && xh && y) {
       std::mt19937 gen(7);
       std::uniform_real_distribution<float> u(-1.f, 1.f);
       for (std::int64_t i = 0; i < n * k; ++i) wf->data_as<float>()[i] = u(gen);
-      for (std::int64_t i = 0; i < k; ++i) x->data_as<float>()[i] = u(gen);
+      for (std::int64_t i = 0; i < k; ++i) xh->data_as<float>()[i] = u(gen);
+      x = kernels::to_device(dev, *xh);
+    }
+    if (wf && x && y) {
       // 32 MiB of f32 weights per pass: past the private caches, and a
       // pass stays a few ms at tens of GB/s. A big shared L3 may still
       // hold it; the stages' weights of a small model sit there too.
@@ -139,9 +156,11 @@ device_probe measure_device(kernels::device& dev, std::int64_t memory_limit) {
       p.gemm_q4_0 = gemm_rate(dev, kernels::weight_format::q4_0, *wf);
     }
     wf = {};
+    xh = {};
     x = {};
     y = {};
-    dev.memory().trim();  // the copies were the probe's, not the stages'
+    dev.memory().trim();
+    host_pool().trim();  // the copies were the probe's, not the stages'
   }
   p.probe_ms = seconds_since(t0) * 1e3;
   return p;

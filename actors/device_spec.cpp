@@ -35,6 +35,8 @@ kernels::result<std::vector<device_spec>> parse_devices(std::string_view list) {
   std::vector<device_spec> out;
   const auto allowed = allowed_cores();
   std::set<int> used;
+  std::set<std::string> named;
+  int cpus = 0;
   bool whole = false;
   std::size_t pos = 0;
   while (pos <= list.size()) {
@@ -46,11 +48,23 @@ kernels::result<std::vector<device_spec>> parse_devices(std::string_view list) {
       return make_error(errc::invalid_argument, "empty device in list '" + std::string(list) + "'");
     device_spec d;
     d.name = std::string(item);
-    if (item.starts_with("cuda") || item.starts_with("npu"))
-      return make_error(
-          errc::device_unavailable,
-          "device '" + d.name +
-              "': shards run on CPU devices only in this build (cpu, cpu:N, cpu:A-B)");
+    const auto colon = item.find(':');
+    const auto kind = std::string(item.substr(0, colon));
+    if (kind == "npu")
+      return make_error(errc::device_unavailable,
+                        "device '" + d.name + "': no backend runs on NPUs in this build");
+    if (kind == "cuda" || device_kind_registered(kind)) {
+      d.kind = kind;
+      if (colon != std::string_view::npos && !parse_int(item.substr(colon + 1), d.index))
+        return make_error(errc::invalid_argument,
+                          "device '" + d.name + "': expected " + kind + " or " + kind + ":N");
+      d.name = kind + ":" + std::to_string(d.index);
+      if (!named.insert(d.name).second)
+        return make_error(errc::invalid_argument,
+                          "device '" + d.name + "' is named twice in the list");
+      out.push_back(std::move(d));
+      continue;
+    }
     if (item == "cpu") {
       whole = true;
     } else if (item.starts_with("cpu:")) {
@@ -77,11 +91,12 @@ kernels::result<std::vector<device_spec>> parse_devices(std::string_view list) {
       }
     } else {
       return make_error(errc::invalid_argument,
-                        "unknown device '" + d.name + "' (expected cpu, cpu:N or cpu:A-B)");
+                        "unknown device '" + d.name + "' (expected cpu, cpu:N, cpu:A-B or cuda:N)");
     }
+    ++cpus;
     out.push_back(std::move(d));
   }
-  if (whole && out.size() > 1)
+  if (whole && cpus > 1)
     return make_error(errc::invalid_argument,
                       "'cpu' (every core) cannot be combined with other devices");
   return out;

@@ -58,8 +58,10 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   const auto t0 = clock::now();
   std::unique_lock device_lock(
       res.dev->run_lock());  // the device's team is ours until the batch is encoded
-  auto pix = tensor::empty(res.dev->memory(), kernels::dtype::f32,
-                           {static_cast<std::int64_t>(n), C, side, side});
+  // The pixels in host memory (the tower takes them to its device).
+  static const auto host = kernels::memory_pool::create();
+  auto pix = tensor::empty(res.dev->memory().host_accessible() ? res.dev->memory() : *host,
+                           kernels::dtype::f32, {static_cast<std::int64_t>(n), C, side, side});
   kernels::result<tensor> out = pix ? kernels::result<tensor>{} : std::unexpected(pix.error());
   if (pix) {
     for (std::size_t i = 0; i < n; ++i)
@@ -150,12 +152,17 @@ caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
   } else {
     const std::int64_t H = images.front()->dim(1);
     t = tensor::empty(res.dev->memory(), kernels::dtype::f32, {q.rows, H});
-    if (t)
-      for (std::int64_t r = 0; r < q.rows; ++r) {
-        const auto row = q.first_row + r;
-        std::copy_n(images[static_cast<std::size_t>(row / T - first)]->row_as<float>(row % T), H,
-                    t->row_as<float>(r));
+    // Row by row through the device (its memory need not be the host's).
+    for (std::int64_t r = 0; t && r < q.rows; ++r) {
+      const auto row = q.first_row + r;
+      auto src = images[static_cast<std::size_t>(row / T - first)]->slice_rows(row % T, 1);
+      auto dst = t->slice_rows(r, 1);
+      if (!src || !dst) {
+        t = std::unexpected(!src ? src.error() : dst.error());
+        break;
       }
+      if (auto c = res.dev->copy(*src, *dst); !c) t = std::unexpected(c.error());
+    }
   }
   if (!t) return make_error(error_code::internal, "image rows: " + t.error().message);
   auto ref = data_plane::local().send(q.dest == to_string(self->node()) ? std::string{} : q.dest,

@@ -405,8 +405,9 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
   if (prompt->llava) {
     fe.image_token = static_cast<std::int32_t>(prompt->llava->image_token_index);
     fe.tokens_per_image = prompt->llava->tokens_per_image();
-    auto e = make_vision_encoder(cfg.node.device, device_for(cfg.node.device), cfg.node.model,
-                                 cfg.node.plan);
+    auto dev = device_for(cfg.node.device);
+    if (!dev) return std::unexpected(dev.error());
+    auto e = make_vision_encoder(cfg.node.device, *dev, cfg.node.model, cfg.node.plan);
     if (!e) return std::unexpected(e.error());
     enc = std::move(*e);
   }

@@ -92,8 +92,11 @@ void link_round(head_ptr self, std::shared_ptr<link_run> run) {
             run->rtt_s =
                 std::min(run->rtt_s, std::chrono::duration<double>(steady::now() - t0).count());
             auto& st = self->state;
-            auto t = kernels::tensor::zeros(device_for(st.cfg.node.device)->memory(),
-                                            kernels::dtype::f32, {std::int64_t{2} << 20});
+            // Host bytes (what a stage's activations cross the link as), from
+            // a pool of the probe's own: its 8 MiB go back to the system
+            // once sent instead of staying cached in the node's device pool.
+            auto t = kernels::tensor::zeros(*kernels::memory_pool::create(), kernels::dtype::f32,
+                                            {std::int64_t{2} << 20});
             if (!t) return finish(t.error().message);
             const auto t1 = steady::now();
             auto ref = data_plane::local().push(run->key, st.cfg.node.device.name, std::move(*t));

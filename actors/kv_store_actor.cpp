@@ -17,11 +17,12 @@ namespace {
 
 using kernels::tensor;
 
-/// Staging buffers of KV moves: a pool of their own, apart from the
-/// device's (whose blocks the stages' steps use).
-kernels::memory_pool& migration_pool() {
-  static auto pool = kernels::memory_pool::create();
-  return *pool;
+/// A staging buffer of a KV move: host memory from a pool of its own,
+/// apart from the device's (whose blocks the stages' steps use), given back
+/// to the system when the buffer goes (a shared pool would keep a block of
+/// every size a move ever staged, and each migration stages other sizes).
+std::shared_ptr<kernels::memory_pool> migration_pool() {
+  return kernels::memory_pool::create();  // the buffers made from it hold it
 }
 
 /// A copy of sequence `seq`'s KV blocks from `from_block` on: parked here
@@ -44,7 +45,7 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
     auto snap = kv.cache.export_sequence(it->second, from_block);
     if (!snap) return make_error(error_code::invalid_request, snap.error().message);
     auto e =
-        tensor::empty(migration_pool(), kernels::dtype::u8,
+        tensor::empty(*migration_pool(), kernels::dtype::u8,
                       {std::max<std::int64_t>(1, static_cast<std::int64_t>(snap->data.size()))});
     if (!e) return make_error(error_code::internal, e.error().message);
     if (!snap->data.empty()) std::memcpy(e->data(), snap->data.data(), snap->data.size());
@@ -73,7 +74,7 @@ std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv
         make_error(error_code::invalid_request,
                    "moving the KV of a tensor-parallel stage is not supported yet"));
   }
-  auto data = data_plane::local().take(x.data, migration_pool());
+  auto data = data_plane::local().take(x.data, *migration_pool());
   if (!data)  // a transfer that failed on the way is the link's fault, a bad ref the sender's
     return std::unexpected(
         make_error(data.error().code == kernels::errc::io_error ? error_code::peer_lost
@@ -161,7 +162,7 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
         },
         [=](export_atom, std::int64_t seq) { return export_kv(self, *res, seq, 0, {}); },
         [=](discard_atom, const tensor_ref& ref) {
-          (void)data_plane::local().take(ref, migration_pool());  // received, then dropped
+          (void)data_plane::local().take(ref, *migration_pool());  // received, then dropped
         },
         [=](import_atom, const kv_export& x) -> caf::result<std::int64_t> {
           auto r = import_kv(*res, x, 0, false);

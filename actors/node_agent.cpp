@@ -1,5 +1,6 @@
 #include "actors/node_agent.hpp"
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -130,7 +131,9 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   range.embed = o.embed;
   range.head = o.head;
   const auto t0 = steady::now();
-  auto res = make_stage(c.device, device_for(c.device), c.model, range, c.plan, c.kv);
+  auto dev = device_for(c.device);
+  if (!dev) return make_error(error_code::stage_failed, what + ": " + dev.error().message);
+  auto res = make_stage(c.device, *dev, c.model, range, c.plan, c.kv);
   if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
   if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
     return make_error(error_code::stage_failed,
@@ -154,6 +157,13 @@ node_report report_of(agent_ptr self) {
   r.devices = st.cfg.device.name;
   r.epoch = st.epoch;
   r.rss_bytes = resident_bytes();
+  if (auto dev = device_for(st.cfg.device)) {
+    const auto pool = (*dev)->memory().snapshot();
+    r.pool_in_use_bytes = static_cast<std::int64_t>(pool.bytes_in_use);
+    r.pool_cached_bytes = static_cast<std::int64_t>(pool.bytes_cached);
+  }
+  const auto mi = mallinfo2();
+  r.malloc_bytes = static_cast<std::int64_t>(mi.uordblks + mi.hblkhd);
   r.memory_limit = st.cfg.memory_limit;
   r.failure = st.failure;
   r.probe = st.probe;
@@ -202,7 +212,11 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
     self->state.cfg = std::move(cfg);
     {
       auto& st = self->state;
-      st.probe = measure_device(*device_for(st.cfg.device), st.cfg.memory_limit);
+      // The node opened its device before the agent (troupe node checks it).
+      if (auto dev = device_for(st.cfg.device))
+        st.probe = measure_device(**dev, st.cfg.memory_limit);
+      else
+        logging::of("agent").error("node {}: {}", st.cfg.name, dev.error().message);
       st.load = std::make_unique<foreign_load>(st.cfg.device.cores);
       logging::of("agent").info(
           "node {}: {} measured in {:.0f} ms: GEMV f32 {:.1f}, f16 {:.1f}, q8_0 {:.1f}, q4_0 "
@@ -283,8 +297,11 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           }
           if (st.encoder) return st.encoder;
           const auto t0 = steady::now();
-          auto enc = make_vision_encoder(st.cfg.device, device_for(st.cfg.device), st.cfg.model,
-                                         st.cfg.plan);
+          auto dev = device_for(st.cfg.device);
+          if (!dev)
+            return make_error(error_code::stage_failed,
+                              "node " + st.cfg.name + ", vision encoder: " + dev.error().message);
+          auto enc = make_vision_encoder(st.cfg.device, *dev, st.cfg.model, st.cfg.plan);
           if (!enc)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
@@ -324,7 +341,9 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         [=](probe_atom, const tensor_ref& ref) -> caf::result<std::int64_t> {
           if (auto e = refuse_unless_head(self)) return e;
           auto& st = self->state;
-          auto t = data_plane::local().take(ref, device_for(st.cfg.device)->memory());
+          // Into a pool of the probe's own, freed with it (the device's pool
+          // would keep the 8 MiB cached for good).
+          auto t = data_plane::local().take(ref, *kernels::memory_pool::create());
           if (!t)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", link probe: " + t.error().message);

@@ -219,9 +219,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   }
   // One compute context per device, shared by the actors placed on it.
   std::map<std::string, std::shared_ptr<kernels::device>> opened;
-  auto device_of = [&](const device_spec& d) {
-    auto& c = opened[d.name];
-    if (!c) c = open_device(d);
+  auto device_of = [&](const device_spec& d) -> kernels::result<std::shared_ptr<kernels::device>> {
+    if (auto it = opened.find(d.name); it != opened.end()) return it->second;
+    auto c = open_device(d);
+    if (c) opened[d.name] = *c;
     return c;
   };
   // Stages, each on its device.
@@ -234,7 +235,9 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     range.embed = s == 0;
     range.head = s == cfg.stages - 1 && !rt->remote_tail_;
     const auto& dev = devices[static_cast<std::size_t>(s) % devices.size()];
-    auto res = make_stage(dev, device_of(dev), cfg.model, range, cfg.plan, cfg.kv, tp);
+    auto opened_dev = device_of(dev);
+    if (!opened_dev) return std::unexpected(opened_dev.error());
+    auto res = make_stage(dev, *opened_dev, cfg.model, range, cfg.plan, cfg.kv, tp);
     if (!res)
       return kernels::make_error(
           res.error().code, "stage " + std::to_string(s) + " on " + dev.name + " (layers " +
@@ -257,7 +260,9 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   if (llava) {
     const auto& dev =
         devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
-    auto enc = make_vision_encoder(dev, device_of(dev), cfg.model, cfg.plan);
+    auto opened_dev = device_of(dev);
+    if (!opened_dev) return std::unexpected(opened_dev.error());
+    auto enc = make_vision_encoder(dev, *opened_dev, cfg.model, cfg.plan);
     if (!enc)
       return kernels::make_error(enc.error().code,
                                  "vision encoder on " + dev.name + ": " + enc.error().message);

@@ -45,7 +45,9 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(const device_spec& 
                                                              const models::layer_range& range,
                                                              const models::quant_plan& plan,
                                                              const models::kv_options& kv) {
-  return make_stage(device, open_device(device), path, range, plan, kv);
+  auto dev = open_device(device);
+  if (!dev) return std::unexpected(dev.error());
+  return make_stage(device, std::move(*dev), path, range, plan, kv);
 }
 
 kernels::result<std::shared_ptr<stage_resources>> make_stage(
@@ -72,7 +74,7 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(
                                       tp ? tp_group::split_of(tp) : models::tensor_split{});
   }();
   if (!model) return std::unexpected(model.error());
-  auto cache = (*model)->make_cache(res->dev->memory(), kv);
+  auto cache = (*model)->make_cache(*res->dev, kv);
   if (!cache) return std::unexpected(cache.error());
   res->model = std::move(*model);
   res->kv = std::make_shared<stage_kv>(std::move(*cache));

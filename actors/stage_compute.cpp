@@ -16,6 +16,13 @@ namespace {
 using kernels::errc;
 using kernels::tensor;
 
+/// Host memory for a step's input embeddings: the device's pool where host
+/// code can use it, else one of the process's.
+kernels::memory_pool& input_pool(kernels::device& dev) {
+  static const auto host = kernels::memory_pool::create();
+  return dev.memory().host_accessible() ? dev.memory() : *host;
+}
+
 }  // namespace
 
 kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation) {
@@ -27,7 +34,7 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   if (!range.embed) {
     if (b.hidden.empty())
       return kernels::make_error(errc::invalid_argument, "a middle stage got no activations");
-    auto h = data_plane::local().take(b.hidden, res.dev->memory());
+    auto h = data_plane::local().take(b.hidden, *res.dev);
     if (!h)
       return kernels::make_error(errc::io_error,
                                  "activations from the previous stage: " + h.error().message);
@@ -74,7 +81,8 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
     inputs[i].tokens = w.tokens;
     inputs[i].all_logits = w.all_logits;
     if (!w.embeddings.empty()) {
-      auto e = data_plane::local().take(w.embeddings, res.dev->memory());
+      // Host floats: the model writes them into its rows (step_input).
+      auto e = data_plane::local().take(w.embeddings, input_pool(*res.dev));
       if (!e) {
         undo();
         return std::unexpected(e.error());

@@ -1,5 +1,8 @@
 #include "actors/tp_group.hpp"
 
+#include <span>
+#include <vector>
+
 #include "actors/data_plane.hpp"
 #include "actors/stage.hpp"
 
@@ -26,12 +29,24 @@ models::tensor_split tp_group::split_of(const std::shared_ptr<tp_group>& g) {
     // within it (12 bits), the same on every rank.
     const std::uint64_t id =
         ((g->step & ((std::uint64_t{1} << 26) - 1)) << 12) | (g->calls++ & 0xfffu);
-    auto r = transport::ring_allreduce_sum(g->ring, t.data_as<float>(),
-                                           static_cast<std::size_t>(t.shape().numel()), id);
+    const auto n = static_cast<std::size_t>(t.shape().numel());
+    if (kernels::host_readable(t)) {
+      auto r = transport::ring_allreduce_sum(g->ring, t.data_as<float>(), n, id);
+      if (!r)
+        return kernels::make_error(r.error().code,
+                                   "tensor-parallel all-reduce: " + r.error().message);
+      return {};
+    }
+    // A device the ring cannot read (a GPU, with Debian's UCX): the sum
+    // goes through host memory and back.
+    std::vector<float> host(n);
+    if (auto c = kernels::copy_to_host(t, std::as_writable_bytes(std::span<float>(host))); !c)
+      return std::unexpected(c.error());
+    auto r = transport::ring_allreduce_sum(g->ring, host.data(), n, id);
     if (!r)
       return kernels::make_error(r.error().code,
                                  "tensor-parallel all-reduce: " + r.error().message);
-    return {};
+    return kernels::pool_of(t)->copy_from_host(t.data(), host.data(), n * sizeof(float));
   };
   return s;
 }
@@ -91,7 +106,9 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(
   for (std::size_t i = 0; i < b.seqs.size(); ++i) {
     auto& ref = b.seqs[i].embeddings;
     if (ref.empty()) continue;
-    auto t = dp.take(ref, res.dev->memory());
+    // Host floats (the step's input, read by the model through step_input).
+    static const auto host = kernels::memory_pool::create();
+    auto t = dp.take(ref, res.dev->memory().host_accessible() ? res.dev->memory() : *host);
     if (!t) return std::unexpected(t.error());
     for (std::size_t p = 0; p < copies.size(); ++p) {
       auto r = dp.push(g.peer_keys[p], res.device.name, *t);  // shares the buffer; read-only

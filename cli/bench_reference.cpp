@@ -15,7 +15,9 @@ kernels::result<reference_figures> measure_reference(
     const std::vector<work_item>& items, const models::sampling_params& params,
     const models::kv_options& kv, int max_level) {
   using namespace troupe::models;
-  auto ctx = actors::open_device(device);  // as the runtime opens it
+  auto opened = actors::open_device(device);  // as the runtime opens it
+  if (!opened) return std::unexpected(opened.error());
+  auto ctx = *opened;
   auto text = lcfg            ? kernels::result<llama_config>(lcfg->text)
               : src.is_gguf() ? llama_config_from_gguf(*src.gguf())
                               : load_llama_config(dir + "/config.json");

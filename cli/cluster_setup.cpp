@@ -36,11 +36,6 @@ kernels::result<actors::node_config> node_config_of(const cluster::manifest& m,
     return kernels::make_error(errc::invalid_argument,
                                m.path + ": node " + name + " has no devices");
   const auto& d = n->devices.front();
-  if (d.type != cluster::device_type::cpu)
-    return kernels::make_error(errc::unsupported_op,
-                               m.path + ":" + std::to_string(d.line) + ": node " + name +
-                                   ": device " + d.spec() +
-                                   ": the cluster runs stages on CPU devices only so far");
   auto devs = actors::parse_devices(d.spec());
   if (!devs || devs->size() != 1)
     return kernels::make_error(errc::invalid_argument,

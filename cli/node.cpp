@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "actors/cluster.hpp"
+#include "actors/cluster_common.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/log.hpp"
@@ -87,6 +88,12 @@ int run_node(const node_args& a) {
   auto nc = node_config_of(*m, a.name);
   if (!nc) {
     spdlog::error("node {}: {}", a.name, nc.error().message);
+    return 2;
+  }
+  // The node's device, opened once for every actor placed on it: a GPU the
+  // manifest names but this machine lacks is refused here, at start.
+  if (auto dev = actors::cluster_detail::device_for(nc->device); !dev) {
+    spdlog::error("node {}: refusing to start: {}", a.name, dev.error().message);
     return 2;
   }
   // The data plane: activations between stages go over UCX, to peers whose

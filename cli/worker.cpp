@@ -86,8 +86,12 @@ int run_worker(const worker_args& a) {
   models::kv_options kv;
   kv.type = precision->kv_type;
   kv.capacity_tokens = a.ctx_tokens;
-  auto res = actors::make_stage(devs->front(), actors::open_device(devs->front()), model, range,
-                                precision->plan, kv, group);
+  auto dev = actors::open_device(devs->front());
+  if (!dev) {
+    spdlog::error("worker: {}", dev.error().message);
+    return 1;
+  }
+  auto res = actors::make_stage(devs->front(), *dev, model, range, precision->plan, kv, group);
   if (!res) {
     if (tp)
       spdlog::error("worker: tensor-parallel rank {} of {}: {}", a.tp_rank, a.tp_size,

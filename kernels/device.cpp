@@ -100,6 +100,57 @@ result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& k
   return tensor::view(keep.data(), t.type(), t.shape());
 }
 
+memory_pool* pool_of(const tensor& t) {
+  return t.storage() ? t.storage()->pool() : nullptr;
+}
+
+bool host_readable(const tensor& t) {
+  const auto* p = pool_of(t);
+  return p == nullptr || p->host_accessible();
+}
+
+result<void> copy_to_host(const tensor& t, std::span<std::byte> dst) {
+  if (t.empty_view() || !t.is_contiguous())
+    return make_error(errc::invalid_argument, "copy_to_host: the tensor is not dense");
+  if (dst.size() != t.nbytes())
+    return make_error(errc::invalid_argument, "copy_to_host: " + std::to_string(dst.size()) +
+                                                  " bytes for a tensor of " +
+                                                  std::to_string(t.nbytes()));
+  if (const auto* p = pool_of(t)) return p->copy_to_host(t.data(), dst.data(), dst.size());
+  if (!dst.empty()) std::memcpy(dst.data(), t.data(), dst.size());
+  return {};
+}
+
+result<tensor> to_device(device& dev, const tensor& t) {
+  if (pool_of(t) == &dev.memory() || (dev.host_visible() && host_readable(t))) return t;
+  if (t.empty_view() || !t.is_contiguous())
+    return make_error(errc::invalid_argument, "to_device: the tensor is not dense");
+  auto out = tensor::empty(dev.memory(), t.type(), t.shape());
+  if (!out) return std::unexpected(out.error());
+  std::vector<std::byte> staged;
+  std::span<const std::byte> bytes;
+  if (host_readable(t)) {
+    bytes = {static_cast<const std::byte*>(t.data()), t.nbytes()};
+  } else {
+    staged.resize(t.nbytes());
+    if (auto r = copy_to_host(t, staged); !r) return std::unexpected(r.error());
+    bytes = staged;
+  }
+  if (auto r = dev.write(*out, bytes); !r) return std::unexpected(r.error());
+  return out;
+}
+
+result<tensor> to_host(const tensor& t, memory_pool& host_pool) {
+  if (host_readable(t)) return t;
+  if (!host_pool.host_accessible())
+    return make_error(errc::invalid_argument, "to_host: the pool given is not host memory");
+  auto out = tensor::empty(host_pool, t.type(), t.shape());
+  if (!out) return std::unexpected(out.error());
+  if (auto r = copy_to_host(t, {static_cast<std::byte*>(out->data()), out->nbytes()}); !r)
+    return std::unexpected(r.error());
+  return out;
+}
+
 result<paged_kv_cache> create_paged_kv_cache(device& dev, const kv_cache_config& config) {
   if (dev.host_visible()) return paged_kv_cache::create(dev.memory(), config);
   paged_kv_cache cache;

@@ -181,6 +181,8 @@ class device {
   virtual result<void> gelu(const tensor& x, gelu_kind kind, const tensor& out) = 0;
   virtual result<void> swiglu(const tensor& gate, const tensor& up, const tensor& out) = 0;
   virtual result<void> softmax(const tensor& x, const tensor& out, float scale = 1.0f) = 0;
+  /// out = a + b over rows of f32: `b` has a's shape, or is one row (a
+  /// bias: [cols] or [1, cols]) added to every row of `a`.
   virtual result<void> add(const tensor& a, const tensor& b, const tensor& out) = 0;
   virtual result<void> attention(const tensor& q, const tensor& k, const tensor& v,
                                  const tensor& out, const attention_options& opt,
@@ -221,6 +223,22 @@ class device {
 /// read the device's memory, else a copy read through the device into
 /// `keep`, which must outlive the returned view.
 result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& keep);
+
+/// The pool `t`'s bytes live in (nullptr: host memory of no pool, a view).
+memory_pool* pool_of(const tensor& t);
+/// Whether host code may read and write `t`'s bytes.
+bool host_readable(const tensor& t);
+/// The bytes of the dense tensor `t`, in whatever memory they live, copied
+/// into `dst` (exactly t.nbytes()).
+result<void> copy_to_host(const tensor& t, std::span<std::byte> dst);
+/// `t` where `dev` computes on it: `t` itself when it is in dev's memory
+/// (or both are host memory), else a new dense tensor of dev's memory with
+/// its bytes. How a tensor made on one device (a stage's activations, an
+/// encoder's rows) reaches an actor on another.
+result<tensor> to_device(device& dev, const tensor& t);
+/// `t` in host memory: itself when host code can read it, else a copy in a
+/// tensor from `host_pool` (what a transfer to another process sends).
+result<tensor> to_host(const tensor& t, memory_pool& host_pool);
 
 /// A zero-filled paged KV cache with `config`'s shape in `dev`'s memory
 /// (paged_kv_cache::create for a host-visible device).

@@ -1,9 +1,10 @@
 #include "kernels/memory_pool.hpp"
 
 #include <malloc.h>
-#include <bit>
 
+#include <bit>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace troupe::kernels {
@@ -14,6 +15,7 @@ class memory_pool::pooled_buffer : public buffer {
                 std::shared_ptr<memory_pool> pool)
       : buffer(data, bytes), size_class_(size_class), pool_(std::move(pool)) {}
   ~pooled_buffer() override { pool_->give_back(data(), size_class_); }
+  memory_pool* pool() const override { return pool_.get(); }
 
  private:
   std::size_t size_class_;
@@ -21,8 +23,11 @@ class memory_pool::pooled_buffer : public buffer {
 };
 
 block_allocator block_allocator::host() {
-  return {[](std::size_t bytes) { return std::aligned_alloc(tensor_alignment, bytes); },
-          [](void* p) { std::free(p); }, true};
+  block_allocator b;
+  b.allocate = [](std::size_t bytes) { return std::aligned_alloc(tensor_alignment, bytes); };
+  b.release = [](void* p) { std::free(p); };
+  b.host_accessible = true;
+  return b;
 }
 
 std::shared_ptr<memory_pool> memory_pool::create(std::size_t limit_bytes) {
@@ -83,6 +88,32 @@ result<buffer_ptr> memory_pool::allocate(std::size_t bytes) {
     stats_.bytes_in_use += cls;
   }
   return std::make_shared<pooled_buffer>(data, bytes, cls, shared_from_this());
+}
+
+result<void> memory_pool::copy_to_host(const void* src, void* host_dst, std::size_t bytes) const {
+  if (bytes == 0) return {};
+  if (blocks_.to_host) {
+    if (const char* e = blocks_.to_host(host_dst, src, bytes))
+      return make_error(errc::io_error, std::string("copying device memory to the host: ") + e);
+    return {};
+  }
+  if (!blocks_.host_accessible)
+    return make_error(errc::unsupported_op, "this pool's memory cannot be copied to the host");
+  std::memcpy(host_dst, src, bytes);
+  return {};
+}
+
+result<void> memory_pool::copy_from_host(void* dst, const void* host_src, std::size_t bytes) const {
+  if (bytes == 0) return {};
+  if (blocks_.from_host) {
+    if (const char* e = blocks_.from_host(dst, host_src, bytes))
+      return make_error(errc::io_error, std::string("copying host memory to the device: ") + e);
+    return {};
+  }
+  if (!blocks_.host_accessible)
+    return make_error(errc::unsupported_op, "this pool's memory cannot be written from the host");
+  std::memcpy(dst, host_src, bytes);
+  return {};
 }
 
 void memory_pool::give_back(void* data, std::size_t size_class) {

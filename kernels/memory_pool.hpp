@@ -25,6 +25,8 @@ class buffer {
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  /// The pool the block came from (nullptr: host memory of no pool).
+  virtual class memory_pool* pool() const { return nullptr; }
 
  private:
   void* data_;
@@ -42,6 +44,11 @@ struct block_allocator {
   std::function<void(void*)> release;
   /// Whether host code may read and write the blocks.
   bool host_accessible = true;
+  /// Copies between a block and host memory, returning when the bytes are
+  /// there (nullptr, or an error's text). Needed where the blocks are not
+  /// host-accessible; a plain memcpy otherwise.
+  std::function<const char*(void* host_dst, const void* src, std::size_t bytes)> to_host;
+  std::function<const char*(void* dst, const void* host_src, std::size_t bytes)> from_host;
   static block_allocator host();
 };
 
@@ -70,6 +77,11 @@ class memory_pool : public std::enable_shared_from_this<memory_pool> {
   std::size_t limit_bytes() const { return limit_bytes_; }
   /// Whether host code may touch this pool's memory (false for a GPU's).
   bool host_accessible() const { return blocks_.host_accessible; }
+  /// `bytes` from `src` (in one of this pool's blocks) to host memory, and
+  /// back: what moves a tensor between devices and processes without
+  /// knowing which device's memory it is in.
+  result<void> copy_to_host(const void* src, void* host_dst, std::size_t bytes) const;
+  result<void> copy_from_host(void* dst, const void* host_src, std::size_t bytes) const;
 
  private:
   memory_pool(std::size_t limit_bytes, block_allocator blocks)

@@ -24,33 +24,41 @@ result<T> named(result<T> r, const std::string& what) {
   return r;
 }
 
-// y[r, :] += b for every row.
-void add_bias(tensor& y, const tensor& b) {
-  const float* bias = b.data_as<float>();
-  const std::int64_t n = y.cols();
-  for (std::int64_t r = 0; r < y.rows(); ++r) {
-    float* row = y.row_as<float>(r);
-    for (std::int64_t c = 0; c < n; ++c) row[c] += bias[c];
-  }
+/// Host memory where weights are converted before they go to a device
+/// whose memory host code cannot write, and where pixels are gathered.
+kernels::memory_pool& host_pool() {
+  static const auto pool = kernels::memory_pool::create();
+  return *pool;
+}
+
+kernels::memory_pool& staging_for(kernels::device& dev) {
+  return dev.memory().host_accessible() ? dev.memory() : host_pool();
 }
 
 }  // namespace
 
 result<void> linear_layer::run(kernels::device& dev, const tensor& x, tensor& y) const {
   TRY(dev.matmul(x, weight, y));
-  if (!bias.empty_view()) add_bias(y, bias);
+  if (!bias.empty_view()) TRY(dev.add(y, bias, y));  // the bias, added to every row
   return {};
 }
 
-result<tensor> load_f32(kernels::device& dev, const weight_source& src, const std::string& name,
-                        const kernels::shape_t& shape) {
+result<tensor> load_f32(kernels::memory_pool& pool, const weight_source& src,
+                        const std::string& name, const kernels::shape_t& shape) {
   auto t = src.get(name);
   if (!t) return std::unexpected(t.error());
   if (!(t->shape() == shape))
     return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
                                               "' has shape " + t->shape().to_string() +
                                               ", the config implies " + shape.to_string());
-  return named(to_f32(dev.memory(), *t), src.file_name(name));
+  return named(to_f32(pool, *t), src.file_name(name));
+}
+
+result<tensor> load_f32(kernels::device& dev, const weight_source& src, const std::string& name,
+                        const kernels::shape_t& shape) {
+  auto f = load_f32(staging_for(dev), src, name, shape);
+  if (!f) return f;
+  return named(kernels::to_device(dev, *f), src.file_name(name));
 }
 
 result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
@@ -63,8 +71,9 @@ result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                               "' has shape " + t->shape().to_string() +
                                               ", the config implies [" + std::to_string(rows) +
                                               ", " + std::to_string(cols) + "]");
-  auto w = named(convert_weight(dev.memory(), *t, plan.choose(name, t->type()), plan.int4_group),
-                 src.file_name(name));
+  auto w =
+      named(convert_weight(staging_for(dev), *t, plan.choose(name, t->type()), plan.int4_group),
+            src.file_name(name));
   if (!w) return std::unexpected(w.error());
   linear_layer l;
   auto packed = named(dev.prepare(*w), src.file_name(name));
@@ -91,9 +100,10 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
   std::unique_ptr<clip_vision_tower> m(new clip_vision_tower());
   m->cfg_ = cfg;
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size, P = cfg.patch_size;
-  auto patch = load_f32(dev, src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
+  // Host memory: prepare and prepare_patch_conv take their weights from the host.
+  auto patch = load_f32(host_pool(), src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
   if (!patch) return std::unexpected(patch.error());
-  auto zero_bias = tensor::zeros(dev.memory(), dtype::f32, {D});
+  auto zero_bias = tensor::zeros(host_pool(), dtype::f32, {D});
   if (!zero_bias) return std::unexpected(zero_bias.error());
   auto conv =
       named(dev.prepare_patch_conv(*patch, *zero_bias), src.file_name("vision.patch_embedding"));
@@ -215,8 +225,11 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
                           ", " + std::to_string(S) + ", " + std::to_string(S) + "], got " +
                           std::string(kernels::to_string(pixels.type())) + " " +
                           pixels.shape().to_string());
+  // The pixels as host memory (they may come in the device's).
+  auto host_pixels = kernels::to_host(pixels, host_pool());
+  if (!host_pixels) return std::unexpected(host_pixels.error());
   {
-    const float* p = pixels.data_as<float>();
+    const float* p = host_pixels->data_as<float>();
     for (std::int64_t i = 0, n = pixels.numel(); i < n; ++i)
       if (!std::isfinite(p[i]))
         return make_error(errc::invalid_argument,
@@ -239,11 +252,14 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
   for (auto* t : {&patches, &x, &h, &q, &k, &v, &att, &proj, &f})
     if (!*t) return std::unexpected(t->error());
   if (opts.onednn_patch_embedding) {
-    TRY(dev.run_patch_conv(patch_, pixels, *patches));
+    auto on_device = kernels::to_device(dev, pixels);
+    if (!on_device) return std::unexpected(on_device.error());
+    TRY(dev.run_patch_conv(patch_, *on_device, *patches));
   } else {
-    // Gather each patch as a row (channel, row, column order), then one matmul.
+    // Gather each patch as a row (channel, row, column order) in host
+    // memory, then one matmul on the device.
     const std::int64_t ps = cfg_.patch_size, side = cfg_.patches_per_side(), K = C * ps * ps;
-    auto rows_in = alloc(N * P, K);
+    auto rows_in = tensor::empty(host_pool(), dtype::f32, {N * P, K});
     if (!rows_in) return std::unexpected(rows_in.error());
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t py = 0; py < side; ++py)
@@ -252,23 +268,34 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
           for (std::int64_t c = 0; c < C; ++c)
             for (std::int64_t y = 0; y < ps; ++y) {
               const float* src =
-                  pixels.data_as<float>() + ((n * C + c) * S + py * ps + y) * S + px * ps;
+                  host_pixels->data_as<float>() + ((n * C + c) * S + py * ps + y) * S + px * ps;
               std::copy_n(src, ps, dst + (c * ps + y) * ps);
             }
         }
     auto flat = patches->reshape({N * P, D});
     if (!flat) return std::unexpected(flat.error());
-    TRY(dev.matmul(*rows_in, patch_matrix_, *flat));
+    auto rows_dev = kernels::to_device(dev, *rows_in);
+    if (!rows_dev) return std::unexpected(rows_dev.error());
+    TRY(dev.matmul(*rows_dev, patch_matrix_, *flat));
   }
-  // embeddings = cat(class, patches) + position_embedding
-  const float* cls = class_embedding_.data_as<float>();
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* src = t == 0 ? cls : patches->data_as<float>() + (n * P + t - 1) * D;
-      const float* pos = position_embedding_.row_as<float>(t);
-      float* dst = x->row_as<float>(n * T + t);
-      for (std::int64_t c = 0; c < D; ++c) dst[c] = src[c] + pos[c];
+  // embeddings = cat(class, patches) + position_embedding, through the
+  // device: per image, the class row and the patch rows, then the positions.
+  {
+    auto cls = class_embedding_.reshape({1, D});
+    auto flat = patches->reshape({N * P, D});
+    if (!cls || !flat) return make_error(errc::internal, "vision embeddings reshape failed");
+    for (std::int64_t n = 0; n < N; ++n) {
+      auto first = x->slice_rows(n * T, 1);
+      auto rest = x->slice_rows(n * T + 1, P);
+      auto from = flat->slice_rows(n * P, P);
+      auto image = x->slice_rows(n * T, T);
+      if (!first || !rest || !from || !image)
+        return make_error(errc::internal, "vision embeddings slice failed");
+      TRY(dev.copy(*cls, *first));
+      TRY(dev.copy(*from, *rest));
+      TRY(dev.add(*image, position_embedding_, *image));
     }
+  }
   const auto eps = static_cast<float>(cfg_.layer_norm_eps);
   TRY(dev.layer_norm(*x, pre_norm_w_, pre_norm_b_, eps, *x));
 
@@ -281,7 +308,7 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
     kc.type = dtype::f32;
     kc.n_blocks = N * ((T + kc.block_size - 1) / kc.block_size);
     kc.summaries = true;
-    auto made = kernels::paged_kv_cache::create(pool, kc);
+    auto made = kernels::create_paged_kv_cache(dev, kc);
     if (!made) return std::unexpected(made.error());
     cache = std::move(*made);
   }

@@ -32,8 +32,12 @@ result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                  const quant_plan& plan, const std::string& name, std::int64_t rows,
                                  std::int64_t cols, bool bias);
 
-/// Loads canonical tensor `name` as a dense f32 copy of exactly `shape`.
+/// Loads canonical tensor `name` as a dense f32 copy of exactly `shape`, in
+/// `dev`'s memory.
 result<kernels::tensor> load_f32(kernels::device& dev, const weight_source& src,
+                                 const std::string& name, const kernels::shape_t& shape);
+/// The same in host memory from `pool` (what prepare and prepare_patch_conv take).
+result<kernels::tensor> load_f32(kernels::memory_pool& pool, const weight_source& src,
                                  const std::string& name, const kernels::shape_t& shape);
 
 /// How the vision tower attends.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 namespace troupe::models {
 
@@ -94,9 +95,14 @@ result<tensor> llava_model::vision_features(kernels::device& dev, const tensor& 
   if (cfg_.select == vision_select::full) return hidden->reshape({N * T, D});
   auto out = tensor::empty(dev.memory(), dtype::f32, {N * (T - 1), D});
   if (!out) return std::unexpected(out.error());
-  for (std::int64_t n = 0; n < N; ++n)
-    std::memcpy(out->row_as<float>(n * (T - 1)), hidden->row_as<float>(n * T + 1),
-                sizeof(float) * static_cast<std::size_t>((T - 1) * D));
+  auto flat = hidden->reshape({N * T, D});
+  if (!flat) return std::unexpected(flat.error());
+  for (std::int64_t n = 0; n < N; ++n) {  // through the device: its memory need not be the host's
+    auto from = flat->slice_rows(n * T + 1, T - 1);
+    auto to = out->slice_rows(n * (T - 1), T - 1);
+    if (!from || !to) return std::unexpected(!from ? from.error() : to.error());
+    if (auto r = dev.copy(*from, *to); !r) return std::unexpected(r.error());
+  }
   return out;
 }
 
@@ -145,7 +151,11 @@ result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const 
   if (n_images > 0) {
     auto emb = encode_images(dev, pixels, opts);
     if (!emb) return std::unexpected(emb.error());
-    p.image_embeds.assign(emb->data_as<float>(), emb->data_as<float>() + emb->numel());
+    p.image_embeds.resize(static_cast<std::size_t>(emb->numel()));
+    if (auto r =
+            kernels::copy_to_host(*emb, std::as_writable_bytes(std::span<float>(p.image_embeds)));
+        !r)
+      return std::unexpected(r.error());
   }
   return p;
 }

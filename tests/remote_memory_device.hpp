@@ -30,13 +30,22 @@ class remote_memory_device final : public kernels::device {
     info_ = inner_->info();
     info_.name = "remote";
     info_.kind = kernels::device_kind::npu;  // a backend of its own
-    pool_ = kernels::memory_pool::create(
-        0, kernels::block_allocator{[](std::size_t b) -> void* {
-                                      void* p = std::aligned_alloc(kernels::tensor_alignment, b);
-                                      return p ? static_cast<std::byte*>(p) + offset : nullptr;
-                                    },
-                                    [](void* p) { std::free(static_cast<std::byte*>(p) - offset); },
-                                    false});
+    kernels::block_allocator blocks;
+    blocks.allocate = [](std::size_t b) -> void* {
+      void* p = std::aligned_alloc(kernels::tensor_alignment, b);
+      return p ? static_cast<std::byte*>(p) + offset : nullptr;
+    };
+    blocks.release = [](void* p) { std::free(static_cast<std::byte*>(p) - offset); };
+    blocks.host_accessible = false;
+    blocks.to_host = [](void* host, const void* src, std::size_t n) -> const char* {
+      std::memcpy(host, static_cast<const std::byte*>(src) - offset, n);
+      return nullptr;
+    };
+    blocks.from_host = [](void* dst, const void* host, std::size_t n) -> const char* {
+      std::memcpy(static_cast<std::byte*>(dst) - offset, host, n);
+      return nullptr;
+    };
+    pool_ = kernels::memory_pool::create(0, std::move(blocks));
   }
 
   static bool remote(const void* p) { return reinterpret_cast<std::uintptr_t>(p) >= offset; }

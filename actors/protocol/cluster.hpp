@@ -99,6 +99,13 @@ struct node_report {
   /// since the last report, in [0, 1].
   double load = 0;
   std::vector<std::uint8_t> engine_address;  ///< its data plane's address
+  /// Where its resident memory goes: the device pool's blocks in use and
+  /// cached (free, kept for reuse), and what malloc has handed out in all
+  /// (the rest of the resident set is the binary, stacks, and heap pages
+  /// malloc holds free).
+  std::int64_t pool_in_use_bytes = 0;
+  std::int64_t pool_cached_bytes = 0;
+  std::int64_t malloc_bytes = 0;
   bool operator==(const node_report&) const = default;
 };
 
@@ -106,7 +113,8 @@ template <class I>
 typename I::result_type inspect(I& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.devices, x.stages, x.epoch, x.rss_bytes,
            x.weight_bytes, x.memory_limit, x.kv_used_blocks, x.kv_total_blocks, x.kv_tokens,
-           x.failure, x.link_peers, x.link_bytes, x.probe, x.load, x.engine_address);
+           x.failure, x.link_peers, x.link_bytes, x.probe, x.load, x.engine_address,
+           x.pool_in_use_bytes, x.pool_cached_bytes, x.malloc_bytes);
 }
 
 /// The head's order to run (or stop) a modality encoder on a node.

@@ -201,13 +201,18 @@ result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, floa
 
 result<void> add(cpu::context& ctx, const tensor& a, const tensor& b, const tensor& out) {
   if (auto r = ops_detail::check_rows("add lhs", a); !r) return r;
-  if (auto r = ops_detail::check_same("add rhs", b, a); !r) return r;
   if (auto r = ops_detail::check_same("add output", out, a); !r) return r;
   const std::int64_t n = a.cols();
+  // b: a's shape, or one row added to every row (a bias).
+  const bool row = b.type() == dtype::f32 && b.is_contiguous() && b.numel() == n &&
+                   (b.ndim() == 1 || (b.ndim() == 2 && b.dim(0) == 1));
+  if (!row)
+    if (auto r = ops_detail::check_same("add rhs", b, a); !r) return r;
+  const float* bias = row ? b.data_as<float>() : nullptr;
   const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
   for_each_row(ctx, a.rows(), n, [&](std::int64_t i) {
     const float* x = a.row_as<float>(i);
-    const float* y = b.row_as<float>(i);
+    const float* y = row ? bias : b.row_as<float>(i);
     float* z = out.row_as<float>(i);
     if (level >= isa::avx2) {
       cpu::add_row_avx2(x, y, z, n);

@@ -81,9 +81,22 @@ class cuda_device final : public device {
     const auto limit =
         static_cast<std::size_t>(static_cast<double>(free_bytes) * opts.memory_fraction);
     const int index = opts.index;
-    dev->pool_ = memory_pool::create(
-        limit, block_allocator{[index](std::size_t b) { return launch::device_alloc(index, b); },
-                               [index](void* p) { launch::device_free(index, p); }, false});
+    void* const stream = dev->stream_;
+    block_allocator blocks;
+    blocks.allocate = [index](std::size_t b) { return launch::device_alloc(index, b); };
+    blocks.release = [index](void* p) { launch::device_free(index, p); };
+    blocks.host_accessible = false;
+    // Copies on the device's stream, after the kernels queued there (a
+    // tensor's bytes are read once what writes them has run).
+    blocks.to_host = [index, stream](void* host, const void* src, std::size_t n) -> const char* {
+      if (const char* e = launch::bind(index)) return e;
+      return launch::copy_to_host(stream, host, src, n);
+    };
+    blocks.from_host = [index, stream](void* dst, const void* host, std::size_t n) -> const char* {
+      if (const char* e = launch::bind(index)) return e;
+      return launch::copy_to_device(stream, dst, host, n);
+    };
+    dev->pool_ = memory_pool::create(limit, std::move(blocks));
     dev->info_.name = "cuda:" + std::to_string(opts.index);
     dev->info_.kind = device_kind::cuda;
     dev->info_.index = opts.index;
@@ -296,8 +309,16 @@ class cuda_device final : public device {
   result<void> add(const tensor& a, const tensor& b, const tensor& out) override {
     if (auto r = use(); !r) return r;
     if (auto r = row_op(a, out, "add"); !r) return r;
-    if (auto r = row_op(b, out, "add"); !r) return r;
-    return cuda_ok(launch::add(stream_, f32(a), f32(b), a.numel(), f32_out(out)), "add");
+    const std::int64_t cols = a.numel() / std::max<std::int64_t>(1, a.rows());
+    const bool bias = b.numel() == cols && (b.ndim() == 1 || (b.ndim() == 2 && b.dim(0) == 1));
+    if (bias) {
+      if (auto r = dense_f32(b, "add bias"); !r) return r;
+    } else if (auto r = row_op(b, out, "add"); !r) {
+      return r;
+    }
+    return cuda_ok(
+        launch::add(stream_, f32(a), f32(b), a.numel(), bias ? cols : a.numel(), f32_out(out)),
+        "add");
   }
 
   result<void> attention(const tensor& q, const tensor& k, const tensor& v, const tensor& out,

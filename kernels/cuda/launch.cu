@@ -208,9 +208,10 @@ __global__ void swiglu_kernel(const float* g, const float* u, std::int64_t n, fl
   if (i < n) out[i] = g[i] * sigmoidf(g[i]) * u[i];
 }
 
-__global__ void add_kernel(const float* a, const float* b, std::int64_t n, float* out) {
+__global__ void add_kernel(const float* a, const float* b, std::int64_t n, std::int64_t period,
+                           float* out) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
+  if (i < n) out[i] = a[i] + b[period == n ? i : i % period];
 }
 
 __global__ void softmax_kernel(const float* x, std::int64_t cols, float scale, float* out) {
@@ -595,9 +596,12 @@ const char* swiglu(void* stream, const float* gate, const float* up, std::int64_
   return launched();
 }
 
-const char* add(void* stream, const float* a, const float* b, std::int64_t n, float* out) {
+const char* add(void* stream, const float* a, const float* b, std::int64_t n, std::int64_t period,
+                float* out) {
   if (n == 0) return nullptr;
-  add_kernel<<<blocks_for(n, block_threads), block_threads, 0, as_stream(stream)>>>(a, b, n, out);
+  if (period < 1) return "add: the period of b must be >= 1";
+  add_kernel<<<blocks_for(n, block_threads), block_threads, 0, as_stream(stream)>>>(a, b, n, period,
+                                                                                    out);
   return launched();
 }
 

@@ -57,7 +57,9 @@ const char* rope(void* stream, const float* x, std::int64_t tokens, std::int64_t
 enum class unary_kind : std::uint8_t { silu, gelu_tanh, gelu_erf, gelu_quick };
 const char* unary(void* stream, unary_kind kind, const float* x, std::int64_t n, float* out);
 const char* swiglu(void* stream, const float* gate, const float* up, std::int64_t n, float* out);
-const char* add(void* stream, const float* a, const float* b, std::int64_t n, float* out);
+/// out[i] = a[i] + b[i % period] (period n: same shape; the row width: a bias).
+const char* add(void* stream, const float* a, const float* b, std::int64_t n, std::int64_t period,
+                float* out);
 const char* softmax(void* stream, const float* x, std::int64_t rows, std::int64_t cols, float scale,
                     float* out);
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 
+#include "actors/device.hpp"
 #include "actors/pipeline_stats.hpp"
 #include "actors/runtime.hpp"
 #include "actors/tensor_registry.hpp"
@@ -21,6 +22,7 @@
 #include "models/image_processor.hpp"
 #include "models/llava.hpp"
 #include "models/tokenizer.hpp"
+#include "tests/remote_memory_device.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -229,6 +231,41 @@ TEST_F(pipeline_test, sixteen_concurrent_requests_match_their_solo_runs) {
     for (std::size_t i = 0; i < cases.size(); ++i)
       EXPECT_EQ(got[i].tokens, want[i])
           << stages << " stage(s), request " << i << ": " << got[i].error;
+    expect_kv_free(*rt);
+    EXPECT_EQ(tensor_registry::local().pending(), 0u);
+  }
+}
+
+// Stages and the vision encoder on devices whose memory host code cannot
+// touch (tests/remote_memory_device.hpp: a GPU's situation, on the CPU's
+// kernels): activations between stages, image rows from the encoder, input
+// embeddings and logits all cross through the data plane and the device,
+// and the tokens are the CPU's. Mixed: one stage on the CPU, one there.
+TEST_F(pipeline_test, on_devices_whose_memory_is_not_the_hosts_the_tokens_are_the_cpus) {
+  ASSERT_TRUE(register_device_kind("remote", [](const device_spec&) {
+    return kernels::result<std::shared_ptr<kernels::device>>(
+        std::make_shared<test::remote_memory_device>(1));
+  }));
+  const auto cases = mixed_cases(4);
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& pc : cases) want.push_back(ref().solo(pc));
+  for (const char* list : {"remote:0,remote:1", "cpu:0-0,remote:0", "remote:0,cpu:1-1"}) {
+    runtime_config cfg;
+    auto d = parse_devices(list);
+    ASSERT_TRUE(d) << d.error().message;
+    cfg.devices = *d;
+    cfg.encoder_device = 1;  // the vision encoder on the second device of the list
+    cfg.model = model_dir;
+    cfg.stages = 2;
+    auto started = local_runtime::start(sys, cfg);
+    ASSERT_TRUE(started) << list << ": " << started.error().message;
+    auto rt = std::move(*started);
+    client c(sys, rt->scheduler());
+    std::vector<generate_request> reqs;
+    for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+    auto got = run_all(c, reqs);
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i]) << list << ", request " << i << ": " << got[i].error;
     expect_kv_free(*rt);
     EXPECT_EQ(tensor_registry::local().pending(), 0u);
   }

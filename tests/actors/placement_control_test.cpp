@@ -16,6 +16,7 @@
 #include "actors/placement_control.hpp"
 #include "actors/prompt.hpp"
 #include "placement/planner.hpp"
+#include "tests/remote_memory_device.hpp"
 
 namespace {
 
@@ -197,7 +198,8 @@ TEST(DeviceProbe, MeasuresRatesAndMemoryOnItsTeam) {
   spec.name = "cpu:0-0";
   spec.cores = {0};
   auto d = open_device(spec);
-  const auto p = measure_device(*d, std::int64_t{1} << 30);
+  ASSERT_TRUE(d) << d.error().message;
+  const auto p = measure_device(**d, std::int64_t{1} << 30);
   EXPECT_EQ(p.device, "cpu:0-0");
   EXPECT_EQ(p.cores, 1);
   for (double v : {p.gemv_f32, p.gemv_f16, p.gemv_q8_0, p.gemv_q4_0, p.gemm_f32, p.gemm_f16,
@@ -208,8 +210,20 @@ TEST(DeviceProbe, MeasuresRatesAndMemoryOnItsTeam) {
   EXPECT_LT(p.memory_bytes, std::int64_t{1} << 30);
   EXPECT_GT(p.probe_ms, 0);
   // Without a limit: the machine's available memory (plus our own).
-  const auto q = measure_device(*d, 0);
+  const auto q = measure_device(**d, 0);
   EXPECT_GT(q.memory_bytes, 0);
+}
+
+// A node's probe on a device whose memory host code cannot touch (a GPU's
+// situation): its weights and input reach the device through the seam.
+TEST(DeviceProbe, MeasuresADeviceWhoseMemoryIsNotTheHosts) {
+  test::remote_memory_device remote(1);
+  const auto p = measure_device(remote, std::int64_t{1} << 30);
+  EXPECT_EQ(p.device, "remote");
+  for (double v : {p.gemv_f32, p.gemv_f16, p.gemv_q8_0, p.gemv_q4_0, p.gemm_f32, p.gemm_f16,
+                   p.gemm_q8_0, p.gemm_q4_0})
+    EXPECT_GT(v, 0);
+  EXPECT_GT(p.memory_bytes, 0);
 }
 
 TEST(DeviceProbe, ForeignLoadSeesAnotherProcessSpinning) {

@@ -334,7 +334,10 @@ node_report make(tag<node_report>, const actors_for_handles& h) {
           .link_bytes = {4096, 8192},
           .probe = make(tag<device_probe>{}, h),
           .load = 0.375,
-          .engine_address = {1, 2, 3}};
+          .engine_address = {1, 2, 3},
+          .pool_in_use_bytes = 1 << 20,
+          .pool_cached_bytes = 1 << 21,
+          .malloc_bytes = 1 << 25};
 }
 
 node_agent_actor make(tag<node_agent_actor>, const actors_for_handles& h) {

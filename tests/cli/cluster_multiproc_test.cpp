@@ -29,6 +29,7 @@
 #include "cluster/launcher.hpp"
 #include "cluster_harness.hpp"
 #include "cluster_manifest.hpp"
+#include "kernels/cuda/probe.hpp"
 #include "models/llava_config.hpp"
 #include "run_cli.hpp"
 #include "tests/multiproc.hpp"
@@ -801,4 +802,25 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
     }
   }
   stop();
+}
+
+// A manifest may place a node on a GPU; where the machine has none, the
+// node refuses to start and `up` says which device, from the node's log.
+TEST(ClusterDevices, ANodeOnAMissingGpuRefusesToStartNamingTheDevice) {
+  if (!kernels::cuda::probe().gpus.empty()) GTEST_SKIP() << "this machine has a GPU";
+  const auto dir = std::filesystem::path(test::temp_path("cluster-nogpu")).lexically_normal();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto manifest = (dir / "m.toml").string();
+  {
+    std::ofstream f(manifest);
+    f << "[cluster]\nname = \"nogpu\"\nhead = \"n0\"\ncerts = \"certs\"\n[[nodes]]\nname = \"n0\"\n"
+      << "host = \"127.0.0.1\"\nport = " << test::free_port() << "\n"
+      << "devices = [{ type = \"cuda\", index = 0, memory = \"4GiB\" }]\n";
+  }
+  ASSERT_EQ(test::troupe_cli("certs " + manifest).exit_code, 0);
+  auto r = test::troupe_cli("up " + manifest + " --detach --timeout 60");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("refusing to start: device 'cuda:0'"), std::string::npos) << r.out;
+  test::troupe_cli("down " + manifest + " --timeout 10");
 }

@@ -45,9 +45,12 @@ TEST(CliRun, BadDevicesAndStagesFailWithAMessage) {
   r = troupe_cli("run -p hi --devices cpu:0,cpu:0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("another device"), std::string::npos) << r.out;
-  r = troupe_cli("run -p hi --devices cuda:0");
+  r = troupe_cli("run -p hi --devices cuda:7");  // no machine of this project has eight GPUs
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("CPU devices only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("device 'cuda:7'"), std::string::npos) << r.out;
+  r = troupe_cli("run -p hi --devices npu:0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("NPU"), std::string::npos) << r.out;
   r = troupe_cli("run -p hi --stages 9");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("9 stages for a model of 4 layers"), std::string::npos) << r.out;

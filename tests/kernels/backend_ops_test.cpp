@@ -323,6 +323,24 @@ op_case add_case() {
           }};
 }
 
+op_case add_bias_case() {
+  return {"add", "f32, one row added to every row (a bias)", [](device& dev, std::mt19937& rng) {
+            if (!dev.supports(op_kind::add, dtype::f32)) return unsupported("f32");
+            constexpr std::int64_t rows = 5, cols = 97;
+            const auto av = randn(rng, rows * cols), bv = randn(rng, cols);
+            auto a = upload(dev, av, {rows, cols});
+            auto b = upload(dev, bv, {cols});
+            auto out = output(dev, {rows, cols});
+            auto r = dev.add(a, b, out);
+            EXPECT_TRUE(r.has_value()) << r.error().message;
+            outcome o;
+            o.got = download(dev, out);
+            for (std::size_t i = 0; i < av.size(); ++i)
+              o.ref.push_back(static_cast<double>(av[i]) + bv[i % cols]);
+            return o;
+          }};
+}
+
 op_case softmax_case() {
   return {"softmax", "f32 scaled, a masked row", [](device& dev, std::mt19937& rng) {
             if (!dev.supports(op_kind::softmax, dtype::f32)) return unsupported("f32");
@@ -617,6 +635,7 @@ std::vector<op_case> all_cases() {
       [](double x) { return x * sigmoid(1.702 * x); }));
   v.push_back(swiglu_case());
   v.push_back(add_case());
+  v.push_back(add_bias_case());
   v.push_back(softmax_case());
   {
     rope_params neox;

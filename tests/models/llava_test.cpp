@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../kernels/fixture_reader.hpp"
 #include "kernels/cpu/cpu_device.hpp"
 #include "models/llava.hpp"
+#include "tests/remote_memory_device.hpp"
 
 using namespace troupe;
 using namespace troupe::models;
@@ -262,5 +264,50 @@ TEST(Llava, VisionTowerWindowedAndSparseAttention) {
         std::pair{k::attention_options{.causal = true, .window = 8, .sinks = 1}, &window}}) {
     const auto alone = run(*second, opts);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), pair->begin() + half));
+  }
+}
+
+// The vision tower and projector on a device whose memory host code cannot
+// touch (a GPU's situation; tests/remote_memory_device.hpp) give the CPU
+// device's bits: weights, pixels, class and position embeddings, biases
+// and the selected rows all go through the device, for both patch
+// embeddings and for dense and sparse attention.
+TEST(Llava, ImagesOnADeviceWhoseMemoryIsNotTheHostsGiveTheCpusBits) {
+  auto cpu = k::cpu::cpu_device::with_threads(2);
+  test::remote_memory_device remote(2);
+  for (const char* name : {"odd", "full"}) {
+    auto on_cpu = llava_model::load(dir(name), *cpu);
+    auto on_remote = llava_model::load(dir(name), remote);
+    ASSERT_TRUE(on_cpu) << on_cpu.error().message;
+    ASSERT_TRUE(on_remote) << on_remote.error().message;
+    const auto size = (*on_cpu)->image_size();
+    const auto px = pixels(*cpu, 2, size, 0.5f);  // host pixels, as the encoder actor has them
+    for (const bool onednn : {true, false})
+      for (const auto& attn :
+           {k::attention_options{.causal = false},
+            k::attention_options{.causal = true, .window = 8, .sinks = 1, .top_k = 1}}) {
+        clip_options o;
+        o.onednn_patch_embedding = onednn;
+        o.attention = attn;
+        o.kv_block_size = 8;
+        auto want = (*on_cpu)->encode_images(*cpu, px, o);
+        auto got = (*on_remote)->encode_images(remote, px, o);
+        ASSERT_TRUE(want) << want.error().message;
+        ASSERT_TRUE(got) << got.error().message;
+        ASSERT_TRUE(test::remote_memory_device::remote(got->data()));
+        std::vector<float> host(static_cast<std::size_t>(got->numel()));
+        ASSERT_TRUE(k::copy_to_host(*got, std::as_writable_bytes(std::span<float>(host))));
+        EXPECT_EQ(host, values(*want))
+            << name << (onednn ? " conv" : " gather") << " top_k " << attn.top_k;
+      }
+    // prepare (what the single-process path uses) hands the embeddings to the host.
+    const std::vector<std::int32_t> ids{1, (*on_cpu)->image_token(), 5};
+    auto one = px.slice_rows(0, 1);
+    ASSERT_TRUE(one);
+    auto a = (*on_cpu)->prepare(*cpu, ids, *one);
+    auto b = (*on_remote)->prepare(remote, ids, *one);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->image_embeds, b->image_embeds);
+    EXPECT_EQ(a->tokens, b->tokens);
   }
 }
