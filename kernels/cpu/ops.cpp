@@ -4,9 +4,14 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu/lane_math.hpp"
 #include "kernels/cpu/ops_common.hpp"
 #include "kernels/cpu/ops_impl.hpp"
 #include "kernels/ops.hpp"
+
+// The scalar path computes what the vector path computes, rounding by
+// rounding (kernels/cpu/lane_math.hpp): no contraction into FMAs.
+#pragma GCC optimize("fp-contract=off")
 
 namespace troupe::kernels {
 
@@ -14,24 +19,14 @@ using cpu::isa;
 
 namespace {
 
-// --- scalar row kernels ---------------------------------------------------
+// --- scalar row kernels (the vector kernels' arithmetic, lane by lane) ----
 
 float sigmoid_mul(float x, float k) {
-  return x / (1.0f + std::exp(-k * x));
+  return cpu::lane::x_sigmoid(x, k);
 }
 
 float gelu_scalar(float x, gelu_kind kind) {
-  switch (kind) {
-    case gelu_kind::tanh: {  // 0.5 x (1 + tanh(u)) == x * sigmoid(2u)
-      const float inner = x + 0.044715f * x * x * x;
-      return x / (1.0f + std::exp(-2.0f * 0.7978845608028654f * inner));
-    }
-    case gelu_kind::erf:
-      return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
-    case gelu_kind::quick:
-      return sigmoid_mul(x, 1.702f);
-  }
-  return x;
+  return cpu::lane::gelu(x, static_cast<int>(kind));
 }
 
 void rms_norm_row(isa level, const float* x, const float* w, float eps, std::int64_t n, float* y) {
@@ -39,9 +34,7 @@ void rms_norm_row(isa level, const float* x, const float* w, float eps, std::int
   if (level >= isa::avx2) {
     ss = cpu::sum_squares_avx2(x, n);
   } else {
-    double acc = 0;
-    for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
-    ss = static_cast<float>(acc);
+    ss = cpu::lane::sum_squares(x, n);
   }
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   if (level >= isa::avx2) return cpu::scale_mul_avx2(x, w, r, y, n);
@@ -62,19 +55,7 @@ void layer_norm_row(const float* x, const float* w, const float* b, float eps, s
 }
 
 void softmax_row_scalar(const float* x, float* y, std::int64_t n, float scale) {
-  float mx = -INFINITY;
-  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i] * scale);
-  if (mx == -INFINITY) {
-    std::fill(y, y + n, 0.0f);
-    return;
-  }
-  float sum = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    y[i] = std::exp(x[i] * scale - mx);
-    sum += y[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < n; ++i) y[i] *= inv;
+  cpu::lane::softmax_row(x, y, n, scale);
 }
 
 std::int64_t row_grain(std::int64_t cols) {

@@ -804,3 +804,52 @@ TEST(Conformance, TheGpuRunsTheOpsItMustWhereAGpuIs) {
   }
   EXPECT_GT(ran, 0);
 }
+
+namespace {
+
+// One set of bits on every instruction set: each case, run on CPU devices
+// capped at every ISA level this machine has, gives the same bytes as the
+// scalar path (a migration or failover between an AVX2 and an AVX-512 node
+// must stay token-identical).
+class SameBits : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(SameBits, EveryIsaLevelGivesTheScalarPathsBits) {
+  static const auto cases = all_cases();
+  const auto& c = cases[GetParam()];
+  SCOPED_TRACE(c.op + " " + c.type);
+  auto scalar = troupe::kernels::cpu::cpu_device::with_threads(2);
+  scalar->ctx().set_level(troupe::kernels::cpu::isa::scalar);
+  std::mt19937 rng0(99 + static_cast<unsigned>(GetParam()));
+  const auto want = c.run(*scalar, rng0);
+  ASSERT_TRUE(want.supported) << want.why;
+  const auto top = scalar->ctx().hardware_level();
+  for (auto level = troupe::kernels::cpu::isa::avx2; level <= top;
+       level = static_cast<troupe::kernels::cpu::isa>(static_cast<int>(level) + 1)) {
+    auto dev = troupe::kernels::cpu::cpu_device::with_threads(2);
+    dev->ctx().set_level(level);
+    std::mt19937 rng(99 + static_cast<unsigned>(GetParam()));
+    const auto got = c.run(*dev, rng);
+    ASSERT_EQ(got.got.size(), want.got.size());
+    std::size_t differ = 0, first = got.got.size();
+    float worst = 0;
+    for (std::size_t i = 0; i < got.got.size(); ++i)
+      if (std::memcmp(&got.got[i], &want.got[i], sizeof(float)) != 0) {
+        if (differ++ == 0) first = i;
+        worst = std::max(worst, std::abs(got.got[i] - want.got[i]));
+      }
+    EXPECT_EQ(differ, 0u) << to_string(level) << ": " << differ << " of " << got.got.size()
+                          << " elements differ from the scalar path (first at " << first
+                          << ", worst by " << worst << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOp, SameBits, ::testing::Range<std::size_t>(0, all_cases().size()),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           static const auto cases = all_cases();
+                           std::string n = cases[info.param].op + "_" + cases[info.param].type;
+                           for (auto& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return std::to_string(info.param) + "_" + n;
+                         });
+
+}  // namespace

@@ -280,3 +280,53 @@ TEST_F(LlamaTest, F16AndInt8KvStayCloseToF32) {
     EXPECT_GT(worst, 0.0) << k::to_string(kv) << " identical to f32: the KV type was not applied";
   }
 }
+
+// One set of bits on every instruction set (issue 24): the whole model's
+// logits, in every weight format and KV type, are the same bytes on CPU
+// devices capped at each ISA level this machine has as on the scalar path,
+// so a sequence moved between an AVX2 node and an AVX-512 node goes on
+// token-identically.
+TEST_F(LlamaTest, EveryIsaLevelGivesTheScalarPathsLogitBits) {
+  const auto seq = tokens(40, 4, vocab);
+  const auto top = k::cpu::cpu_device::with_threads(1)->ctx().hardware_level();
+  for (const char* quant : {"f32", "f16", "q8_0", "q4_0"})
+    for (const auto kv : {k::dtype::f32, k::dtype::f16, k::dtype::i8}) {
+      SCOPED_TRACE(std::string(quant) + " weights, " + std::string(k::to_string(kv)) + " KV");
+      quant_plan plan;
+      plan.default_format = *k::weight_format_from_string(quant);
+      auto logits_at = [&](k::cpu::isa level) {
+        auto dev = k::cpu::cpu_device::with_threads(2);
+        dev->ctx().set_level(level);
+        auto m = llama_model::load(*path_, *dev, plan);
+        EXPECT_TRUE(m) << m.error().message;
+        auto cache =
+            (*m)->make_cache(*dev, kv_options{.block_size = 8, .type = kv, .capacity_tokens = 512});
+        EXPECT_TRUE(cache);
+        const seq_id s = cache->add_sequence();
+        std::vector<float> out;
+        for (std::size_t pos = 0; pos < seq.size(); pos += 16) {  // prefill chunks, then on
+          const auto n = std::min<std::size_t>(16, seq.size() - pos);
+          std::vector<step_input> in{{s, std::span(seq).subspan(pos, n), true}};
+          auto l = (*m)->forward(*dev, *cache, in);
+          EXPECT_TRUE(l) << l.error().message;
+          out.insert(out.end(), l->data_as<float>(), l->data_as<float>() + l->numel());
+        }
+        return out;
+      };
+      const auto want = logits_at(k::cpu::isa::scalar);
+      for (auto level = k::cpu::isa::avx2; level <= top;
+           level = static_cast<k::cpu::isa>(static_cast<int>(level) + 1)) {
+        const auto got = logits_at(level);
+        ASSERT_EQ(got.size(), want.size());
+        std::size_t differ = 0;
+        float worst = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+            ++differ;
+            worst = std::max(worst, std::abs(got[i] - want[i]));
+          }
+        EXPECT_EQ(differ, 0u) << k::cpu::to_string(level) << ": " << differ << " of " << got.size()
+                              << " logits differ from the scalar path's, by up to " << worst;
+      }
+    }
+}

@@ -311,3 +311,39 @@ TEST(Llava, ImagesOnADeviceWhoseMemoryIsNotTheHostsGiveTheCpusBits) {
     EXPECT_EQ(a->tokens, b->tokens);
   }
 }
+
+// The vision tower and projector give the scalar path's bits at every ISA
+// level this machine has (issue 24), with the gathered patch matmul the
+// runtime uses. (The opt-in oneDNN patch convolution is not covered: oneDNN
+// picks its kernel by the machine's ISA, process-wide, below the device's
+// level, so its bits may differ between an AVX2 and an AVX-512 machine.)
+TEST(Llava, EveryIsaLevelGivesTheScalarPathsImageBits) {
+  const auto top = k::cpu::cpu_device::with_threads(1)->ctx().hardware_level();
+  for (const char* name : {"odd", "full"})
+    for (const bool onednn : {false}) {
+      SCOPED_TRACE(name);
+      auto at = [&](k::cpu::isa level) {
+        auto dev = k::cpu::cpu_device::with_threads(2);
+        dev->ctx().set_level(level);
+        auto m = llava_model::load(dir(name), *dev);
+        EXPECT_TRUE(m) << m.error().message;
+        const auto px = pixels(*dev, 2, (*m)->image_size(), 0.25f);
+        clip_options o;
+        o.onednn_patch_embedding = onednn;
+        auto e = (*m)->encode_images(*dev, px, o);
+        EXPECT_TRUE(e) << e.error().message;
+        return values(*e);
+      };
+      const auto want = at(k::cpu::isa::scalar);
+      for (auto level = k::cpu::isa::avx2; level <= top;
+           level = static_cast<k::cpu::isa>(static_cast<int>(level) + 1)) {
+        const auto got = at(level);
+        ASSERT_EQ(got.size(), want.size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << k::cpu::to_string(level) << ": " << differ << " of " << got.size()
+                              << " values differ";
+      }
+    }
+}
