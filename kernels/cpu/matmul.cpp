@@ -57,6 +57,7 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   const cpu::mm_layout& l = w.layout();
   const std::int64_t m = x.dim(0);
   const bool avx2 = cpu::effective_isa(ctx.level(), cpu::isa::avx2) >= cpu::isa::avx2;
+  const bool vnni = cpu::effective_isa(ctx.level(), cpu::isa::avx512_vnni) >= cpu::isa::avx512_vnni;
   const float* xp = x.data_as<float>();
   float* yp = y.data_as<float>();
   const std::int64_t ldx = l.k, ldy = l.n;
@@ -77,7 +78,8 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   // Integer formats: quantize each activation row once per call.
   const auto codes = static_cast<std::size_t>(m * l.kp);
   const auto per_block = static_cast<std::size_t>(m * l.blocks);
-  auto qbuf = ctx.memory().allocate(2 * codes + 8 * per_block + 64);
+  // With VNNI, the codes + 128 as well (after the scales and sums).
+  auto qbuf = ctx.memory().allocate(2 * codes + 8 * per_block + 128 + (vnni ? codes : 0));
   if (!qbuf) return std::unexpected(qbuf.error());
   auto* base = static_cast<std::byte*>((*qbuf)->data());
   auto* q = reinterpret_cast<std::int8_t*>(base);
@@ -86,17 +88,29 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   const std::size_t off = (2 * codes + 63) / 64 * 64;
   auto* d = reinterpret_cast<float*>(base + off);
   auto* s = reinterpret_cast<std::int32_t*>(base + off + 4 * per_block);
+  auto* u = reinterpret_cast<std::uint8_t*>(base + (off + 8 * per_block + 63) / 64 * 64);
   ctx.pool().parallel_for(m, 1, [&](std::int64_t r0, std::int64_t r1, int) {
     if (avx2)
       cpu::mm_quantize_rows_avx2(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
     else
       cpu::mm_quantize_rows(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
+    if (vnni)  // codes + 128: the top bit flipped
+      for (std::int64_t i = r0 * l.kp; i < r1 * l.kp; ++i)
+        u[i] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(q[i]) ^ 0x80u);
   });
   split_output(ctx, m, l.panels,
                [&](std::int64_t r0, std::int64_t r1, std::int64_t p0, std::int64_t p1) {
-                 cpu::mm_int_acts acts{q + r0 * l.kp,     a + r0 * l.kp, d + r0 * l.blocks,
-                                       s + r0 * l.blocks, l.kp,          l.blocks};
-                 if (avx2)
+                 cpu::mm_int_acts acts;
+                 acts.q = q + r0 * l.kp;
+                 acts.a = a + r0 * l.kp;
+                 acts.d = d + r0 * l.blocks;
+                 acts.s = s + r0 * l.blocks;
+                 acts.u = vnni ? u + r0 * l.kp : nullptr;
+                 acts.kp = l.kp;
+                 acts.blocks = l.blocks;
+                 if (vnni)
+                   cpu::mm_int_avx512_vnni(l, w.data(), acts, r1 - r0, yp + r0 * ldy, ldy, p0, p1);
+                 else if (avx2)
                    cpu::mm_int_avx2(l, w.data(), acts, r1 - r0, yp + r0 * ldy, ldy, p0, p1);
                  else
                    cpu::mm_int_scalar(l, w.data(), acts, r1 - r0, yp + r0 * ldy, ldy, p0, p1);

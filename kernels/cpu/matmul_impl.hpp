@@ -21,6 +21,9 @@ struct mm_int_acts {
   const std::int8_t* a = nullptr;   ///< |codes|
   const float* d = nullptr;         ///< per-block scale dx_b
   const std::int32_t* s = nullptr;  ///< per-block sum of codes
+  /// codes + 128 (the unsigned operand of VNNI's vpdpbusd); only where the
+  /// AVX-512 VNNI kernels run.
+  const std::uint8_t* u = nullptr;
   std::int64_t kp = 0;
   std::int64_t blocks = 0;
 };
@@ -50,5 +53,9 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
                    float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1);
 void mm_int_avx2(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,
                  float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1);
+/// The same with AVX-512 VNNI (vpdpbusd on zmm): the same bits.
+void mm_int_avx512_vnni(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
+                        std::int64_t m, float* y, std::int64_t ldy, std::int64_t p0,
+                        std::int64_t p1);
 
 }  // namespace troupe::kernels::cpu
