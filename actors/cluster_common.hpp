@@ -31,6 +31,14 @@ struct joined_registry {
   std::map<std::string, caf::node_id> ids;
 };
 joined_registry& joined_nodes();
+/// Records that node `name` is the process `id` now. A different process of
+/// that name before it (the node restarted) is gone: this process's
+/// data-plane endpoint to it is closed (an endpoint per dead peer would
+/// otherwise stay open, with its buffers and shared-memory mappings).
+void joined_node_is(const std::string& name, const caf::node_id& id);
+/// Forgets node `name` (declared lost): closes the data-plane endpoint to
+/// its process. If it comes back, it is joined and connected anew.
+void forget_joined_node(const std::string& name);
 
 // One compute context per device and process: the head's encoder and the
 // stages its agent loads share the device's team and lock.

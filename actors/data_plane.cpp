@@ -203,6 +203,19 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref, kernels
   return kernels::to_device(dev, *t);
 }
 
+void data_plane::forget(const std::string& key) {
+  std::lock_guard lk(mtx_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return;
+  if (engine_) engine_->disconnect(it->second);
+  peers_.erase(it);
+}
+
+std::size_t data_plane::peers() const {
+  std::lock_guard lk(mtx_);
+  return peers_.size();
+}
+
 void data_plane::drop(const tensor_ref& ref) {
   tensor_registry::local().drop(ref);
 }

@@ -83,6 +83,12 @@ class data_plane {
   /// received into host memory and then written to the device (Debian's
   /// UCX has no CUDA transport).
   kernels::result<kernels::tensor> take(const tensor_ref& ref, kernels::device& dev);
+  /// Closes the endpoint to the process `key` (gone: lost or restarted)
+  /// and forgets it; pushes still in flight to it fail. A later connect
+  /// makes a new endpoint.
+  void forget(const std::string& key);
+  /// Processes with an open endpoint.
+  std::size_t peers() const;
   /// Drops a parked tensor that will not be taken.
   void drop(const tensor_ref& ref);
 

@@ -84,11 +84,7 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   auto& r = st.rt[name];
   if (r.agent) self->demonitor(r.agent.address());
   r.agent = node_agent_actor{};
-  {
-    auto& reg = joined_nodes();
-    std::lock_guard lock(reg.mtx);
-    reg.ids.erase(name);
-  }
+  forget_joined_node(name);
   const auto* m = st.members->find(name);
   st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
@@ -585,11 +581,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           r.agent = pass.agent;
           r.why.clear();
           self->monitor(r.agent);
-          {
-            auto& reg = joined_nodes();
-            std::lock_guard lock(reg.mtx);
-            reg.ids[name] = r.agent->node();
-          }
+          joined_node_is(name, r.agent->node());
           auto t = st.members->joined(name, steady::now());
           event(self, "node " + name + " " + t.why);
           if (st.auto_place && st.ready &&

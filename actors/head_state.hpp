@@ -22,6 +22,8 @@
 namespace troupe::actors::head_detail {
 
 using cluster_detail::device_for;
+using cluster_detail::forget_joined_node;
+using cluster_detail::joined_node_is;
 using cluster_detail::joined_nodes;
 using cluster_detail::ms_since;
 

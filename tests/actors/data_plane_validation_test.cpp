@@ -168,3 +168,32 @@ TEST(DataPlaneFaults, AFailedOrTruncatedPushFailsCleanlyAndTheNextOneArrives) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// A peer process that is gone (lost, or restarted under a new identity) is
+// forgotten: its endpoint closes, pushes to it fail cleanly, and a new
+// connect (the node back) works. Without it, every restart of a peer left
+// an open endpoint (with UCX's buffers and shared-memory mappings) behind.
+TEST_F(two_processes, AForgottenPeerIsClosedAndCanBeConnectedAgain) {
+  EXPECT_EQ(a.peers(), 1u);
+  a.forget("b");
+  a.forget("b");       // twice: nothing more
+  a.forget("nobody");  // unknown: nothing
+  EXPECT_EQ(a.peers(), 0u);
+  EXPECT_FALSE(a.reachable("b"));
+  auto refused = a.push("b", "cpu:0", counting(2, 8));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("not connected"), std::string::npos)
+      << refused.error().message;
+  ASSERT_TRUE(a.connect("b", b.address()));
+  auto ref = a.push("b", "cpu:0", counting(2, 8));
+  ASSERT_TRUE(ref) << ref.error().message;
+  auto got = b.take(*ref, *pool);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(got->data_as<float>()[15], counting(2, 8).data_as<float>()[15]);
+}
+
+}  // namespace
+}  // namespace troupe::actors
