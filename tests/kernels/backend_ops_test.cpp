@@ -738,6 +738,15 @@ std::vector<device*> devices() {
 
 class Conformance : public ::testing::TestWithParam<std::size_t> {};
 
+// A parametrized case's test name: its index, op and type.
+std::string case_name(const ::testing::TestParamInfo<std::size_t>& info) {
+  static const auto cases = all_cases();
+  std::string n = cases[info.param].op + "_" + cases[info.param].type;
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return std::to_string(info.param) + "_" + n;
+}
+
 TEST_P(Conformance, MatchesTheReferenceOnEveryDevice) {
   static const auto cases = all_cases();
   const auto& c = cases[GetParam()];
@@ -761,13 +770,7 @@ TEST_P(Conformance, MatchesTheReferenceOnEveryDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryOp, Conformance, ::testing::Range<std::size_t>(0, all_cases().size()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           static const auto cases = all_cases();
-                           std::string n = cases[info.param].op + "_" + cases[info.param].type;
-                           for (auto& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return std::to_string(info.param) + "_" + n;
-                         });
+                         case_name);
 
 // The CPU device runs every case: the table's "does not run" line for it
 // stays empty (a GPU backend may list cases there; the planner places that
@@ -844,12 +847,6 @@ TEST_P(SameBits, EveryIsaLevelGivesTheScalarPathsBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryOp, SameBits, ::testing::Range<std::size_t>(0, all_cases().size()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           static const auto cases = all_cases();
-                           std::string n = cases[info.param].op + "_" + cases[info.param].type;
-                           for (auto& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return std::to_string(info.param) + "_" + n;
-                         });
+                         case_name);
 
 }  // namespace
