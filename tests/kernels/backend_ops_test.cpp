@@ -305,38 +305,23 @@ op_case swiglu_case() {
           }};
 }
 
-op_case add_case() {
-  return {"add", "f32", [](device& dev, std::mt19937& rng) {
+// out = a + b, with b of a's shape or (bias) one row added to every row.
+op_case add_case(bool bias) {
+  return {"add", bias ? "f32, one row added to every row (a bias)" : "f32",
+          [bias](device& dev, std::mt19937& rng) {
             if (!dev.supports(op_kind::add, dtype::f32)) return unsupported("f32");
-            constexpr std::int64_t rows = 3, cols = 100;
-            const auto av = randn(rng, rows * cols), bv = randn(rng, rows * cols);
+            const std::int64_t rows = bias ? 5 : 3, cols = bias ? 97 : 100;
+            const std::int64_t b_rows = bias ? 1 : rows;
+            const auto av = randn(rng, rows * cols), bv = randn(rng, b_rows * cols);
             auto a = upload(dev, av, {rows, cols});
-            auto b = upload(dev, bv, {rows, cols});
+            auto b = bias ? upload(dev, bv, {cols}) : upload(dev, bv, {rows, cols});
             auto out = output(dev, {rows, cols});
             auto r = dev.add(a, b, out);
             EXPECT_TRUE(r.has_value()) << r.error().message;
             outcome o;
             o.got = download(dev, out);
             for (std::size_t i = 0; i < av.size(); ++i)
-              o.ref.push_back(static_cast<double>(av[i]) + bv[i]);
-            return o;
-          }};
-}
-
-op_case add_bias_case() {
-  return {"add", "f32, one row added to every row (a bias)", [](device& dev, std::mt19937& rng) {
-            if (!dev.supports(op_kind::add, dtype::f32)) return unsupported("f32");
-            constexpr std::int64_t rows = 5, cols = 97;
-            const auto av = randn(rng, rows * cols), bv = randn(rng, cols);
-            auto a = upload(dev, av, {rows, cols});
-            auto b = upload(dev, bv, {cols});
-            auto out = output(dev, {rows, cols});
-            auto r = dev.add(a, b, out);
-            EXPECT_TRUE(r.has_value()) << r.error().message;
-            outcome o;
-            o.got = download(dev, out);
-            for (std::size_t i = 0; i < av.size(); ++i)
-              o.ref.push_back(static_cast<double>(av[i]) + bv[i % cols]);
+              o.ref.push_back(static_cast<double>(av[i]) + bv[i % bv.size()]);
             return o;
           }};
 }
@@ -634,8 +619,8 @@ std::vector<op_case> all_cases() {
       [](device& d, const tensor& x, const tensor& o) { return d.gelu(x, gelu_kind::quick, o); },
       [](double x) { return x * sigmoid(1.702 * x); }));
   v.push_back(swiglu_case());
-  v.push_back(add_case());
-  v.push_back(add_bias_case());
+  v.push_back(add_case(false));
+  v.push_back(add_case(true));
   v.push_back(softmax_case());
   {
     rope_params neox;
