@@ -207,7 +207,7 @@ void data_plane::forget(const std::string& key) {
   std::lock_guard lk(mtx_);
   auto it = peers_.find(key);
   if (it == peers_.end()) return;
-  if (engine_) engine_->disconnect(it->second);
+  if (engine_) engine_->disconnect(it->second, /*gone=*/true);
   peers_.erase(it);
 }
 

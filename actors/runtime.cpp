@@ -169,6 +169,7 @@ kernels::result<std::vector<std::pair<std::string, stage_handles>>> connect_tp_g
   g.ring.size = k;
   g.ring.next = *dp.peer(g.peer_keys[0]);
   g.ring.abort = &g.broken;
+  g.ring.stats = &g.allreduce;
   g.reply_timeout = std::max(g.reply_timeout, cfg.remote_timeout);
   return out;
 }
@@ -199,6 +200,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     auto peers = connect_tp_group(sys, cfg, L, *tp);
     if (!peers) return std::unexpected(peers.error());
     rt->tp_peers_ = std::move(*peers);
+    rt->tp_ = tp;
   }
   if (!cfg.remote_tail.empty()) {
     auto tail = connect_remote_tail(sys, cfg, L);
@@ -320,6 +322,15 @@ std::vector<kv_store_actor> local_runtime::kv_stores() const {
 encoder_actor local_runtime::encoder() const {
   std::lock_guard lock(handles_->mtx);
   return handles_->encoder;
+}
+
+std::optional<transport::allreduce_totals> local_runtime::tp_allreduce() const {
+  if (!tp_) return std::nullopt;
+  return tp_->allreduce.snapshot();
+}
+
+int local_runtime::tp_size() const {
+  return tp_ ? tp_->size : 1;
 }
 
 std::string local_runtime::describe() const {

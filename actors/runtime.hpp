@@ -20,6 +20,7 @@
 #include "actors/protocol.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/stage.hpp"
+#include "actors/tp_group.hpp"
 
 namespace troupe::actors {
 
@@ -66,6 +67,10 @@ class local_runtime {
   std::string describe() const;
   /// Stops every actor.
   void stop();
+  /// Tensor parallelism across processes: this rank's all-reduce counters
+  /// so far (nothing without --tp-peer) and the group's size.
+  std::optional<transport::allreduce_totals> tp_allreduce() const;
+  int tp_size() const;
 
  private:
   local_runtime() = default;
@@ -75,6 +80,7 @@ class local_runtime {
   std::shared_ptr<encoder_resources> encoder_res_;
   std::optional<stage_handles> remote_tail_;
   std::vector<std::pair<std::string, stage_handles>> tp_peers_;  ///< address, handles (rank order)
+  std::shared_ptr<tp_group> tp_;
   std::shared_ptr<node_handles> handles_ = std::make_shared<node_handles>();
   node_actor node_;
   scheduler_actor scheduler_;

@@ -34,6 +34,7 @@ struct tp_group {
   int rank = 0;
   int size = 1;
   transport::ring ring;                  ///< engine null until the ring is connected
+  transport::allreduce_stats allreduce;  ///< where the ring's all-reduces spend their time
   std::vector<shard_actor> peer_shards;  ///< rank 0: ranks 1..size-1
   std::vector<kv_store_actor> peer_kvs;  ///< rank 0: ranks 1..size-1
   std::vector<std::string>

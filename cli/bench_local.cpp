@@ -234,13 +234,37 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
   std::vector<level_result> results;
   std::vector<std::optional<actors::pipeline_breakdown>>
       bubbles;  // per level: where the pipeline's time went
+  // Per level, with --tp-peer: this rank's all-reduces, and the steps.
+  std::vector<std::optional<transport::allreduce_totals>> reduces;
+  std::vector<double> steps;
   for (int c : levels) {
     const int total = a.requests > 0 ? a.requests : std::max(2 * c, 8);
     const auto s0 = client.stats();
+    const auto r0 = (*rt)->tp_allreduce();
     const auto t0 = clock::now();
     results.push_back(run_level(client, items, c, total, params, image_bytes));
-    bubbles.push_back(actors::breakdown_between(s0, client.stats(), ms(clock::now() - t0) / 1e3));
+    const double wall = ms(clock::now() - t0) / 1e3;
+    bubbles.push_back(actors::breakdown_between(s0, client.stats(), wall));
+    const auto r1 = (*rt)->tp_allreduce();
+    reduces.push_back(r0 && r1 ? std::optional(*r1 - *r0) : std::nullopt);
+    steps.push_back(bubbles.back() ? bubbles.back()->steps_per_s * wall : 0);
   }
+  const int tp_ranks = (*rt)->tp_size();
+  // All-reduce figures of level i: per call, per step and their share of the
+  // level's wall time.
+  auto reduce_json = [&](std::size_t i) -> nlohmann::json {
+    if (!reduces[i]) return nullptr;
+    const auto b = transport::breakdown_of(*reduces[i]);
+    return {{"calls", b.calls},
+            {"per_step", steps[i] > 0 ? b.calls / steps[i] : 0},
+            {"kib", b.kib},
+            {"total_us", b.total_us},
+            {"waiting_us", b.waiting_us},
+            {"transfer_us", b.transfer_us},
+            {"reduce_us", b.reduce_us},
+            {"share_of_wall",
+             results[i].seconds > 0 ? b.calls * b.total_us / 1e6 / results[i].seconds : 0}};
+  };
   const auto stats = client.stats();
   const double base = first_level_tokens_per_s(results);
   if (a.json) {
@@ -270,6 +294,8 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
                          {"idle", b->idle},
                          {"scheduler", b->scheduler},
                          {"busy_per_stage", b->busy_per_stage}};
+      if (auto rj = reduce_json(static_cast<std::size_t>(&r - results.data())); !rj.is_null())
+        l["allreduce"] = std::move(rj);
       j["levels"].push_back(std::move(l));
     }
     std::puts(j.dump(2).c_str());
@@ -320,6 +346,24 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
     std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %s | %.0f%% | %.0f%% |\n",
                 results[i].concurrency, b.steps_per_s, b.rows_per_s, b.round_trip_ms, b.compute_ms,
                 b.other_ms, busy.c_str(), 100 * b.idle, 100 * b.scheduler);
+  }
+  if (tp_ranks > 1) {
+    std::printf(
+        "\ntensor parallelism, %d ranks: this rank's all-reduces (per call; transfer = its "
+        "exchanges at the pace of its fastest one, waiting = the rest of the exchanges' time, for "
+        "a rank that came late; share = all-reduce time / wall time):\n\n"
+        "| conc | all-reduces per step | KiB | total us | waiting us | transfer us | reduce us | "
+        "share of wall |\n|---|---|---|---|---|---|---|---|\n",
+        tp_ranks);
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto j = reduce_json(i);
+      if (j.is_null()) continue;
+      std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n",
+                  results[i].concurrency, j["per_step"].get<double>(), j["kib"].get<double>(),
+                  j["total_us"].get<double>(), j["waiting_us"].get<double>(),
+                  j["transfer_us"].get<double>(), j["reduce_us"].get<double>(),
+                  100 * j["share_of_wall"].get<double>());
+    }
   }
   return 0;
 }

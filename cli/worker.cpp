@@ -159,6 +159,7 @@ int run_worker(const worker_args& a) {
           group->ring.size = group->size;
           group->ring.next = *dp.peer(key);
           group->ring.abort = &group->broken;
+          group->ring.stats = &group->allreduce;
           group->broken = false;
           std::printf("troupe worker: tensor-parallel rank %d of %d joined its ring\n", group->rank,
                       group->size);

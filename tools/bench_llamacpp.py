@@ -5,6 +5,7 @@ Not run by CI. llama.cpp comes from PyPI's llama-cpp-python (built from source
 by pip, so for this machine's CPU):
     python3 -m pip install --target /work/pydeps-llamacpp --no-deps llama-cpp-python==0.3.36 diskcache
     PYTHONPATH=/work/pydeps-llamacpp python3 tools/bench_llamacpp.py build/bench-models/tinyllama-q4_0.gguf ...
+bench_llama calls it with --one in each of its rounds (--llamacpp DIR).
 Prints, per file and thread count: prefill tokens/s (one batch of --prompt
 tokens) and decode tokens/s (--gen single-token steps), median of --runs.
 """
@@ -40,7 +41,14 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--one", action="store_true",
+                    help="one run of the first model at the first thread count; print only "
+                         "'prefill_tps decode_tps' (bench_llama's interleaved rounds)")
     a = ap.parse_args()
+    if a.one:
+        p, d = measure(a.models[0], int(a.threads.split(",")[0]), a.prompt, a.gen, 1)
+        print(f"{p:.3f} {d:.3f}", flush=True)
+        return
     print(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}): prefill {a.prompt}, decode {a.gen}, median of {a.runs}")
     print(f"{'model':40} {'thr':>3} {'prefill t/s':>12} {'decode t/s':>11}")
     for t in [int(x) for x in a.threads.split(",")]:

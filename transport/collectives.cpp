@@ -115,6 +115,24 @@ result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count,
     return make_error(errc::invalid_argument, "all-reduce: collective id too large");
   if (count > 0 && !data) return make_error(errc::invalid_argument, "all-reduce: no data");
   if (r.size == 1 || count == 0) return {};
+  using sclock = std::chrono::steady_clock;
+  auto ns = [](sclock::time_point a, sclock::time_point b) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+  };
+  const auto t_call = sclock::now();
+  std::uint64_t exchanged = 0, fastest = ~std::uint64_t{0}, reduce = 0;
+  std::uint64_t exchanges = 0;
+  // Times one exchange.
+  auto timed = [&](auto&& fn) {
+    const auto t0 = sclock::now();
+    auto x = fn();
+    const auto d = ns(t0, sclock::now());
+    ++exchanges;
+    exchanged += d;
+    fastest = std::min(fastest, d);
+    return x;
+  };
   const int n = r.size;
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   std::size_t largest = 0;
@@ -127,26 +145,55 @@ result<void> ring_allreduce_sum(const ring& r, float* data, std::size_t count,
   for (int s = 0; s < n - 1; ++s) {
     auto [sb, se] = segment(count, n, mod(r.rank - s));
     auto [rb, re] = segment(count, n, mod(r.rank - s - 1));
-    auto x = exchange(r, collective_id, 0, s, data + sb, se - sb, incoming.data(), re - rb);
+    auto x = timed([&] {
+      return exchange(r, collective_id, 0, s, data + sb, se - sb, incoming.data(), re - rb);
+    });
     if (!x) {
       return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " +
                                             std::to_string(r.rank) + ", reduce-scatter step " +
                                             std::to_string(s) + ": " + x.error().message);
     }
+    const auto t0 = sclock::now();
     for (std::size_t i = 0; i < re - rb; ++i) data[rb + i] += incoming[i];
+    reduce += ns(t0, sclock::now());
   }
   // All-gather: pass the finished segments around.
   for (int s = 0; s < n - 1; ++s) {
     auto [sb, se] = segment(count, n, mod(r.rank + 1 - s));
     auto [rb, re] = segment(count, n, mod(r.rank - s));
-    auto x = exchange(r, collective_id, 1, s, data + sb, se - sb, data + rb, re - rb);
+    auto x = timed(
+        [&] { return exchange(r, collective_id, 1, s, data + sb, se - sb, data + rb, re - rb); });
     if (!x) {
       return make_error(x.error().code, "all-reduce " + std::to_string(collective_id) + ", rank " +
                                             std::to_string(r.rank) + ", all-gather step " +
                                             std::to_string(s) + ": " + x.error().message);
     }
   }
+  if (r.stats) {
+    auto& st = *r.stats;
+    st.calls.fetch_add(1, std::memory_order_relaxed);
+    st.bytes.fetch_add(count * sizeof(float), std::memory_order_relaxed);
+    st.total_ns.fetch_add(ns(t_call, sclock::now()), std::memory_order_relaxed);
+    st.exchanges.fetch_add(exchanges, std::memory_order_relaxed);
+    st.exchange_ns.fetch_add(exchanged, std::memory_order_relaxed);
+    st.paced_ns.fetch_add(exchanges * fastest, std::memory_order_relaxed);
+    st.reduce_ns.fetch_add(reduce, std::memory_order_relaxed);
+  }
   return {};
+}
+
+allreduce_breakdown breakdown_of(const allreduce_totals& t) {
+  allreduce_breakdown b;
+  if (t.calls == 0) return b;
+  const double calls = static_cast<double>(t.calls);
+  b.calls = calls;
+  b.total_us = static_cast<double>(t.total_ns) / calls / 1e3;
+  b.reduce_us = static_cast<double>(t.reduce_ns) / calls / 1e3;
+  b.kib = static_cast<double>(t.bytes) / calls / 1024.0;
+  b.transfer_us = static_cast<double>(t.paced_ns) / calls / 1e3;
+  b.waiting_us =
+      static_cast<double>(t.exchange_ns - std::min(t.exchange_ns, t.paced_ns)) / calls / 1e3;
+  return b;
 }
 
 }  // namespace troupe::transport

@@ -100,8 +100,11 @@ class transfer_engine {
   /// Connects to a peer from its address bytes (validated: garbage gives an
   /// error, never a crash).
   virtual result<peer_id> connect(std::span<const std::uint8_t> peer_address) = 0;
-  /// Forgets a peer; its operations in flight fail.
-  virtual void disconnect(peer_id peer) = 0;
+  /// Forgets a peer; its operations in flight fail. `gone`: the peer is
+  /// known to be dead or restarted (lost by the cluster), so nothing is
+  /// flushed to it and whatever of it was mapped (shared memory) goes now;
+  /// otherwise the connection is closed gracefully.
+  virtual void disconnect(peer_id peer, bool gone) = 0;
 
   /// Exposes [data, data + bytes) to peers for RMA until `unexpose`.
   virtual result<region_handle> expose(void* data, std::size_t bytes, remote_region& out) = 0;

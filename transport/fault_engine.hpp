@@ -61,7 +61,7 @@ class fault_engine final : public transfer_engine {
   result<peer_id> connect(std::span<const std::uint8_t> peer_address) override {
     return inner_->connect(peer_address);
   }
-  void disconnect(peer_id peer) override { inner_->disconnect(peer); }
+  void disconnect(peer_id peer, bool gone) override { inner_->disconnect(peer, gone); }
   result<region_handle> expose(void* data, std::size_t bytes, remote_region& out) override {
     return inner_->expose(data, bytes, out);
   }

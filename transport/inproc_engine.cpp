@@ -163,7 +163,7 @@ result<peer_id> inproc_engine::connect(std::span<const std::uint8_t> peer_addres
   return static_cast<peer_id>(p_->peers.size());
 }
 
-void inproc_engine::disconnect(peer_id peer) {
+void inproc_engine::disconnect(peer_id peer, bool /*gone*/) {
   if (peer >= 1 && peer <= p_->peers.size()) p_->peers[peer - 1] = 0;
 }
 

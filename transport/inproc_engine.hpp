@@ -25,7 +25,7 @@ class inproc_engine final : public transfer_engine {
   std::uint32_t capabilities() const override { return capability::rma | capability::zero_copy; }
   std::vector<std::uint8_t> address() const override;
   result<peer_id> connect(std::span<const std::uint8_t> peer_address) override;
-  void disconnect(peer_id peer) override;
+  void disconnect(peer_id peer, bool gone) override;
   result<region_handle> expose(void* data, std::size_t bytes, remote_region& out) override;
   void unexpose(region_handle region) override;
   result<op_handle> prepare(const op_spec& spec) override;

@@ -581,15 +581,22 @@ result<peer_id> ucx_engine::connect(std::span<const std::uint8_t> peer_address) 
   return static_cast<peer_id>(p_->peers.size());
 }
 
-void ucx_engine::disconnect(peer_id peer) {
+void ucx_engine::disconnect(peer_id peer, bool gone) {
   std::lock_guard lk(p_->mtx);
   auto* p = p_->find_peer(peer);
   if (!p || !p->ep) return;
-  p_->close_ep(*p);  // gracefully unless it had failed
+  // A gone peer's endpoint is closed by force (close_ep forces the close of
+  // a failed peer, so it is marked failed first): a graceful close flushes
+  // to the peer, which a dead one never answers. Measured with UCX 1.13:
+  // either way, the peer's shared-memory segments this process attached
+  // (its two FIFOs and, once a message went through, its 4 MiB of receive
+  // descriptors) stay mapped after the close (docs/security.md).
   if (!p->failed) {
-    p->failed = true;
-    p->why = "disconnected";
+    p->why = gone ? "gone" : "disconnected";
+    if (gone) p->failed = true;
   }
+  p_->close_ep(*p);
+  p->failed = true;
   p_->finish_closing(std::chrono::milliseconds(0));
 }
 

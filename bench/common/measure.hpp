@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,28 @@ bw_buffer make_bw_buffer(kernels::cpu::context& ctx, std::size_t bytes);
 /// contiguous range per thread, AVX2 loads, software prefetch 8 KiB ahead
 /// as the kernels do). Returns GB/s.
 double bandwidth_pass(kernels::cpu::context& ctx, const std::byte* buf, std::size_t bytes);
+
+/// A read loop for the bandwidth limit: reads `bytes` at p, returns an OR of
+/// what it read (so the loads stay).
+struct read_kernel {
+  const char* name;
+  std::uint64_t (*read)(const std::byte* p, std::size_t bytes);
+};
+/// Every read loop this CPU can run: AVX2 and AVX-512 loads, one or several
+/// streams per thread, with and without software prefetch.
+const std::vector<read_kernel>& read_kernels();
+/// One pass of `k` over the buffer with the context's team (a contiguous
+/// range per thread). Returns GB/s.
+double read_pass(kernels::cpu::context& ctx, const read_kernel& k, const std::byte* buf,
+                 std::size_t bytes);
+
+/// The read bandwidth limit: the best pass of all read_kernels(), and which
+/// one gave it.
+struct read_limit {
+  double gbps = 0;
+  const char* kernel = "";
+};
+read_limit bandwidth_best(kernels::cpu::context& ctx, const std::byte* buf, std::size_t bytes);
 
 double best(const std::vector<double>& v);
 /// The 1-minute load average, formatted: figures mean little on a busy machine.

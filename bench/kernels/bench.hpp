@@ -22,6 +22,7 @@ std::string fmt(double v, int precision = 2);
 // Sections; each prints its own table.
 void run_bandwidth_and_gemv(const options& opt);  // matmul_bench.cpp
 void run_gemm(const options& opt);                // matmul_bench.cpp
+void run_batch(const options& opt);               // matmul_bench.cpp: small-M GEMM (batched decode)
 void run_attention(const options& opt);           // attention_bench.cpp
 
 }  // namespace troupe::bench

@@ -1,5 +1,5 @@
 // bench/kernels: every kernel figure of issue "Foundation" in one run.
-//   bench_kernels [--threads N] [--quick] [--only bandwidth|gemm|attention]
+//   bench_kernels [--threads N] [--quick] [--only bandwidth|gemm|batch|attention]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--quick] [--only bandwidth|gemm|attention]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--quick] [--only bandwidth|gemm|batch|attention]\n",
                    argv[0]);
       return 2;
     }
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
       opt.quick ? " (quick)" : "");
   if (only.empty() || only == "bandwidth") troupe::bench::run_bandwidth_and_gemv(opt);
   if (only.empty() || only == "gemm") troupe::bench::run_gemm(opt);
+  if (only.empty() || only == "batch") troupe::bench::run_batch(opt);
   if (only.empty() || only == "attention") troupe::bench::run_attention(opt);
   return 0;
 }

@@ -72,17 +72,17 @@ void run_bandwidth_and_gemv(const options& opt) {
   if (!buf.storage) return;
 
   // --- read bandwidth ------------------------------------------------------
-  std::vector<double> bw_n, bw_1;
-  for (int i = 0; i < bw_passes; ++i) {
-    bw_n.push_back(bandwidth_pass(*ctx, buf.data(), buf.bytes));
-    bw_1.push_back(bandwidth_pass(*ctx1, buf.data(), buf.bytes));
-  }
-  std::printf(
-      "\n## Read bandwidth (%zu MiB buffer, %d passes, AVX2 loads + prefetch; load average %s)\n",
-      bw_bytes >> 20, bw_passes, load_average().c_str());
-  print_row({"threads", "best GB/s", "median GB/s"}, {8, 10, 12});
-  print_row({std::to_string(opt.threads), fmt(best(bw_n), 1), fmt(median(bw_n), 1)}, {8, 10, 12});
-  print_row({"1", fmt(best(bw_1), 1), fmt(median(bw_1), 1)}, {8, 10, 12});
+  // Every read loop, best and median of its passes, at N threads and 1.
+  std::printf("\n## Read bandwidth (%zu MiB buffer, %d passes per read loop; load average %s)\n",
+              bw_bytes >> 20, bw_passes, load_average().c_str());
+  print_row({"read loop", "threads", "best GB/s", "median GB/s"}, {28, 8, 10, 12});
+  for (const auto& k : read_kernels())
+    for (auto* c : {ctx.get(), ctx1.get()}) {
+      std::vector<double> g;
+      for (int i = 0; i < bw_passes; ++i) g.push_back(read_pass(*c, k, buf.data(), buf.bytes));
+      print_row({k.name, std::to_string(c->threads()), fmt(best(g), 1), fmt(median(g), 1)},
+                {28, 8, 10, 12});
+    }
 
   // --- decode GEMV -----------------------------------------------------------
   struct shape {
@@ -95,8 +95,8 @@ void run_bandwidth_and_gemv(const options& opt) {
   std::printf("\n## Decode GEMV, M=1, %d threads: weights [N, K], rotating through >= %zu MiB\n",
               opt.threads, rotate_bytes >> 20);
   std::printf(
-      "## frac = kernel GB/s / read GB/s of the bandwidth pass right before it (median of %d "
-      "pairs)\n",
+      "## frac = kernel GB/s / read GB/s of the best read loop's pass right before it (median of "
+      "%d pairs)\n",
       reps);
   std::printf("## best/best = best kernel pass / best bandwidth pass; load average %s\n",
               load_average().c_str());
@@ -130,7 +130,7 @@ void run_bandwidth_and_gemv(const options& opt) {
       for (const auto& m : mats) (void)matmul(*ctx, x, m, *y);  // warm-up
       std::vector<double> frac, gbps, bws;
       for (int r = 0; r < reps; ++r) {
-        const double bw = bandwidth_pass(*ctx, buf.data(), std::min(buf.bytes, total));
+        const double bw = bandwidth_best(*ctx, buf.data(), std::min(buf.bytes, total)).gbps;
         const double t0 = now_s();
         for (const auto& m : mats) (void)matmul(*ctx, x, m, *y);
         const double g = static_cast<double>(total) / (now_s() - t0) / 1e9;
@@ -234,6 +234,53 @@ void run_gemm(const options& opt) {
       "(block-format target: q8_0 and q4_0 >= 0.5 of oneDNN u8s8 = %.1f GOP/s, the better of its "
       "two runs)\n",
       base);
+}
+
+void run_batch(const options& opt) {
+  // Batched decode: M rows through one TinyLlama FFN-sized matrix, weights
+  // resident in cache or not alike (the same matrix every call), against
+  // M = 1 in the same run: the gain is M * t(1) / t(M).
+  auto ctx = make_ctx(opt.threads);
+  const std::int64_t K = opt.quick ? 256 : 2048, N = opt.quick ? 512 : 5632;
+  const int reps = opt.quick ? 2 : 9;
+  const std::vector<std::int64_t> ms = {1, 2, 4, 8, 16, 32};
+  std::printf(
+      "\n## Batched decode: M rows x [%lld, %lld], %d threads, median of %d calls (interleaved "
+      "over "
+      "M); gain = M * t(M=1) / t(M); load average %s\n",
+      static_cast<long long>(N), static_cast<long long>(K), opt.threads, reps,
+      load_average().c_str());
+  std::vector<std::string> head = {"format"};
+  for (auto m : ms) head.push_back("M=" + std::to_string(m) + " us");
+  for (auto m : ms)
+    if (m > 1) head.push_back("gain " + std::to_string(m));
+  print_row(head, {14, 9, 9, 9, 9, 9, 9, 7, 7, 7, 7, 7});
+  tensor wf = random_matrix(ctx->memory(), N, K, 4321);
+  tensor x = random_matrix(ctx->memory(), ms.back(), K, 77);
+  for (const auto& fs : gemv_formats()) {
+    auto wq = quantize(ctx->memory(), wf, fs.format, fs.group ? fs.group : 32);
+    if (!wq) continue;
+    auto p = packed_matrix::pack(*ctx, *wq);
+    if (!p) continue;
+    std::vector<std::vector<double>> t(ms.size());
+    std::vector<tensor> xs, ys;
+    for (auto m : ms) {
+      xs.push_back(*x.slice_rows(0, m));
+      ys.push_back(*tensor::empty(ctx->memory(), dtype::f32, {m, N}));
+    }
+    for (std::size_t i = 0; i < ms.size(); ++i) (void)matmul(*ctx, xs[i], *p, ys[i]);
+    for (int r = 0; r < reps; ++r)
+      for (std::size_t i = 0; i < ms.size(); ++i) {
+        const double t0 = now_s();
+        (void)matmul(*ctx, xs[i], *p, ys[i]);
+        t[i].push_back(now_s() - t0);
+      }
+    std::vector<std::string> row = {fs.label};
+    for (auto& v : t) row.push_back(fmt(median(v) * 1e6, 0));
+    for (std::size_t i = 1; i < ms.size(); ++i)
+      row.push_back(fmt(double(ms[i]) * median(t[0]) / median(t[i]), 2));
+    print_row(row, {14, 9, 9, 9, 9, 9, 9, 7, 7, 7, 7, 7});
+  }
 }
 
 }  // namespace troupe::bench

@@ -100,8 +100,9 @@ scratch& thread_scratch() {
 }
 
 const tile_ops& ops_for(const cpu::context& ctx, int head_dim) {
-  const bool avx2 = cpu::effective_isa(ctx.level(), cpu::isa::avx2) >= cpu::isa::avx2;
-  return avx2 && head_dim % 8 == 0 ? cpu::attn::avx2_ops() : cpu::attn::scalar_ops();
+  const cpu::isa level = cpu::effective_isa(ctx.level(), cpu::isa::avx512);
+  if (head_dim % 8 != 0 || level < cpu::isa::avx2) return cpu::attn::scalar_ops();
+  return level >= cpu::isa::avx512 ? cpu::attn::avx512_ops() : cpu::attn::avx2_ops();
 }
 
 std::string str(std::int64_t v) {

@@ -95,17 +95,7 @@ void qk_typed(const tile_keys& t, int n_rows, const row_state* rows) {
 }
 
 void qk_avx2(const tile_keys& t, int n_rows, const row_state* rows) {
-  switch (t.type) {
-    case kv_elem::f32:
-      qk_typed<kv_elem::f32>(t, n_rows, rows);
-      break;
-    case kv_elem::f16:
-      qk_typed<kv_elem::f16>(t, n_rows, rows);
-      break;
-    case kv_elem::i8:
-      qk_typed<kv_elem::i8>(t, n_rows, rows);
-      break;
-  }
+  on_elem(t.type, [&](auto e) { qk_typed<decltype(e)::value>(t, n_rows, rows); });
 }
 
 // Softmax part for one row: rescale by the new maximum, s <- p (times the
@@ -189,17 +179,7 @@ void softmax_pv_typed(const tile_keys& t, int n_rows, const row_state* rows) {
 }
 
 void softmax_pv_avx2(const tile_keys& t, int n_rows, const row_state* rows) {
-  switch (t.type) {
-    case kv_elem::f32:
-      softmax_pv_typed<kv_elem::f32>(t, n_rows, rows);
-      break;
-    case kv_elem::f16:
-      softmax_pv_typed<kv_elem::f16>(t, n_rows, rows);
-      break;
-    case kv_elem::i8:
-      softmax_pv_typed<kv_elem::i8>(t, n_rows, rows);
-      break;
-  }
+  on_elem(t.type, [&](auto e) { softmax_pv_typed<decltype(e)::value>(t, n_rows, rows); });
 }
 
 void finish_avx2(int head_dim, const row_state& row, float* out) {

@@ -13,6 +13,27 @@ constexpr int lanes = 8;      ///< partial sums kept per row for the softmax den
 
 enum class kv_elem : std::uint8_t { f32, f16, i8 };
 
+/// An element type as a type, for the ISA files' templates on it.
+template <kv_elem T>
+struct elem_tag {
+  static constexpr kv_elem value = T;
+};
+/// Calls f(elem_tag<t>{}).
+template <class F>
+inline void on_elem(kv_elem t, F&& f) {
+  switch (t) {
+    case kv_elem::f32:
+      f(elem_tag<kv_elem::f32>{});
+      break;
+    case kv_elem::f16:
+      f(elem_tag<kv_elem::f16>{});
+      break;
+    case kv_elem::i8:
+      f(elem_tag<kv_elem::i8>{});
+      break;
+  }
+}
+
 /// Keys [lo, hi) of one tile as seen by one KV head.
 struct tile_keys {
   kv_elem type = kv_elem::f32;
@@ -53,5 +74,7 @@ struct tile_ops {
 
 const tile_ops& scalar_ops();
 const tile_ops& avx2_ops();
+/// AVX-512 (attention_avx512.cpp): avx2_ops' bits.
+const tile_ops& avx512_ops();
 
 }  // namespace troupe::kernels::cpu::attn

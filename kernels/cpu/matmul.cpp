@@ -57,6 +57,7 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   const cpu::mm_layout& l = w.layout();
   const std::int64_t m = x.dim(0);
   const bool avx2 = cpu::effective_isa(ctx.level(), cpu::isa::avx2) >= cpu::isa::avx2;
+  const bool avx512 = cpu::effective_isa(ctx.level(), cpu::isa::avx512) >= cpu::isa::avx512;
   const bool vnni = cpu::effective_isa(ctx.level(), cpu::isa::avx512_vnni) >= cpu::isa::avx512_vnni;
   const float* xp = x.data_as<float>();
   float* yp = y.data_as<float>();
@@ -65,7 +66,10 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   if (l.is_float()) {
     split_output(ctx, m, l.panels,
                  [&](std::int64_t r0, std::int64_t r1, std::int64_t p0, std::int64_t p1) {
-                   if (avx2)
+                   if (avx512)
+                     cpu::mm_float_avx512(l, w.data(), xp + r0 * ldx, ldx, r1 - r0, yp + r0 * ldy,
+                                          ldy, p0, p1);
+                   else if (avx2)
                      cpu::mm_float_avx2(l, w.data(), xp + r0 * ldx, ldx, r1 - r0, yp + r0 * ldy,
                                         ldy, p0, p1);
                    else

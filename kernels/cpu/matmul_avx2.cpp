@@ -148,19 +148,8 @@ void run_panels(const mm_layout& l, const std::byte* w, const float* x, std::int
 
 void mm_float_avx2(const mm_layout& l, const std::byte* w, const float* x, std::int64_t ldx,
                    std::int64_t m, float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1) {
-  switch (l.kernel) {
-    case mm_kernel::f32:
-      run_panels<mm_kernel::f32>(l, w, x, ldx, m, y, ldy, p0, p1);
-      break;
-    case mm_kernel::f16:
-      run_panels<mm_kernel::f16>(l, w, x, ldx, m, y, ldy, p0, p1);
-      break;
-    case mm_kernel::bf16:
-      run_panels<mm_kernel::bf16>(l, w, x, ldx, m, y, ldy, p0, p1);
-      break;
-    default:
-      break;
-  }
+  on_float_kernel(l.kernel,
+                  [&](auto k) { run_panels<decltype(k)::value>(l, w, x, ldx, m, y, ldy, p0, p1); });
 }
 
 }  // namespace troupe::kernels::cpu

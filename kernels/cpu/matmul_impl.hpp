@@ -41,12 +41,38 @@ void mm_quantize_rows_avx2(const float* x, std::int64_t ldx, std::int64_t k, std
 void mm_quantize_block(const float* x, std::int64_t valid, std::int8_t* q, std::int8_t* a, float* d,
                        std::int32_t* s);
 
+/// A float kernel as a type, for the ISA files' templates on it.
+template <mm_kernel K>
+struct float_kernel_tag {
+  static constexpr mm_kernel value = K;
+};
+/// Calls f(float_kernel_tag<k>{}) for a float kernel k (nothing otherwise).
+template <class F>
+inline void on_float_kernel(mm_kernel k, F&& f) {
+  switch (k) {
+    case mm_kernel::f32:
+      f(float_kernel_tag<mm_kernel::f32>{});
+      break;
+    case mm_kernel::f16:
+      f(float_kernel_tag<mm_kernel::f16>{});
+      break;
+    case mm_kernel::bf16:
+      f(float_kernel_tag<mm_kernel::bf16>{});
+      break;
+    default:
+      break;
+  }
+}
+
 /// Float kernels: panels [p0, p1) for m rows; x row r at x + r*ldx, y row r
 /// at y + r*ldy (columns p*32 .., clipped to layout.n).
 void mm_float_scalar(const mm_layout& l, const std::byte* w, const float* x, std::int64_t ldx,
                      std::int64_t m, float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1);
 void mm_float_avx2(const mm_layout& l, const std::byte* w, const float* x, std::int64_t ldx,
                    std::int64_t m, float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1);
+/// The same on zmm (AVX-512 F): the same bits.
+void mm_float_avx512(const mm_layout& l, const std::byte* w, const float* x, std::int64_t ldx,
+                     std::int64_t m, float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1);
 
 /// Integer kernels: panels [p0, p1) for m rows of quantized activations.
 void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,

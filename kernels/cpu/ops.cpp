@@ -31,12 +31,15 @@ float gelu_scalar(float x, gelu_kind kind) {
 
 void rms_norm_row(isa level, const float* x, const float* w, float eps, std::int64_t n, float* y) {
   float ss;
-  if (level >= isa::avx2) {
+  if (level >= isa::avx512) {
+    ss = cpu::sum_squares_avx512(x, n);
+  } else if (level >= isa::avx2) {
     ss = cpu::sum_squares_avx2(x, n);
   } else {
     ss = cpu::lane::sum_squares(x, n);
   }
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  if (level >= isa::avx512) return cpu::scale_mul_avx512(x, w, r, y, n);
   if (level >= isa::avx2) return cpu::scale_mul_avx2(x, w, r, y, n);
   for (std::int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
 }
@@ -82,7 +85,7 @@ result<void> rms_norm(cpu::context& ctx, const tensor& x, const tensor& weight, 
     return make_error(errc::invalid_argument, "rms_norm eps must be finite and >= 0");
   const std::int64_t n = x.cols();
   if (n == 0) return {};
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   const float* w = weight.data_as<float>();
   for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
     rms_norm_row(level, x.row_as<float>(i), w, eps, n, out.row_as<float>(i));
@@ -112,11 +115,13 @@ result<void> silu(cpu::context& ctx, const tensor& x, const tensor& out) {
   if (auto r = ops_detail::check_rows("silu input", x); !r) return r;
   if (auto r = ops_detail::check_same("silu output", out, x); !r) return r;
   const std::int64_t n = x.cols();
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
     const float* xr = x.row_as<float>(i);
     float* yr = out.row_as<float>(i);
-    if (level >= isa::avx2) {
+    if (level >= isa::avx512) {
+      cpu::silu_row_avx512(xr, yr, n);
+    } else if (level >= isa::avx2) {
       cpu::silu_row_avx2(xr, yr, n);
     } else {
       for (std::int64_t j = 0; j < n; ++j) yr[j] = sigmoid_mul(xr[j], 1.0f);
@@ -131,11 +136,13 @@ result<void> gelu(cpu::context& ctx, const tensor& x, gelu_kind kind, const tens
   if (kind != gelu_kind::tanh && kind != gelu_kind::erf && kind != gelu_kind::quick)
     return make_error(errc::invalid_argument, "unknown gelu kind");
   const std::int64_t n = x.cols();
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
     const float* xr = x.row_as<float>(i);
     float* yr = out.row_as<float>(i);
-    if (level >= isa::avx2) {
+    if (level >= isa::avx512) {
+      cpu::gelu_row_avx512(xr, yr, n, static_cast<int>(kind));
+    } else if (level >= isa::avx2) {
       cpu::gelu_row_avx2(xr, yr, n, static_cast<int>(kind));
     } else {
       for (std::int64_t j = 0; j < n; ++j) yr[j] = gelu_scalar(xr[j], kind);
@@ -149,12 +156,14 @@ result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, con
   if (auto r = ops_detail::check_same("swiglu up", up, gate); !r) return r;
   if (auto r = ops_detail::check_same("swiglu output", out, gate); !r) return r;
   const std::int64_t n = gate.cols();
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   for_each_row(ctx, gate.rows(), n, [&](std::int64_t i) {
     const float* g = gate.row_as<float>(i);
     const float* u = up.row_as<float>(i);
     float* y = out.row_as<float>(i);
-    if (level >= isa::avx2) {
+    if (level >= isa::avx512) {
+      cpu::swiglu_row_avx512(g, u, y, n);
+    } else if (level >= isa::avx2) {
       cpu::swiglu_row_avx2(g, u, y, n);
     } else {
       for (std::int64_t j = 0; j < n; ++j) y[j] = sigmoid_mul(g[j], 1.0f) * u[j];
@@ -190,12 +199,14 @@ result<void> add(cpu::context& ctx, const tensor& a, const tensor& b, const tens
   if (!row)
     if (auto r = ops_detail::check_same("add rhs", b, a); !r) return r;
   const float* bias = row ? b.data_as<float>() : nullptr;
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx2);
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   for_each_row(ctx, a.rows(), n, [&](std::int64_t i) {
     const float* x = a.row_as<float>(i);
     const float* y = row ? bias : b.row_as<float>(i);
     float* z = out.row_as<float>(i);
-    if (level >= isa::avx2) {
+    if (level >= isa::avx512) {
+      cpu::add_row_avx512(x, y, z, n);
+    } else if (level >= isa::avx2) {
       cpu::add_row_avx2(x, y, z, n);
     } else {
       for (std::int64_t j = 0; j < n; ++j) z[j] = x[j] + y[j];

@@ -28,4 +28,12 @@ void softmax_row_avx2(const float* x, float* y, std::int64_t n, float scale);
 void rope_token_avx2(const float* x, float* y, int heads, int head_dim, int rot, bool adjacent,
                      const float* cs, const float* sn);
 
+// The same on sixteen lanes (ops_avx512.cpp, AVX-512 F/DQ): the same bits.
+float sum_squares_avx512(const float* x, std::int64_t n);
+void scale_mul_avx512(const float* x, const float* w, float r, float* y, std::int64_t n);
+void silu_row_avx512(const float* x, float* y, std::int64_t n);
+void swiglu_row_avx512(const float* g, const float* u, float* y, std::int64_t n);
+void gelu_row_avx512(const float* x, float* y, std::int64_t n, int kind);
+void add_row_avx512(const float* a, const float* b, float* y, std::int64_t n);
+
 }  // namespace troupe::kernels::cpu

@@ -155,7 +155,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
-const cpu::isa levels[] = {cpu::isa::scalar, cpu::isa::avx2};
+const cpu::isa levels[] = {cpu::isa::scalar, cpu::isa::avx2, cpu::isa::avx512};
 
 bool level_available(cpu::isa l) {
   return cpu::hardware_isa() >= l;
@@ -297,26 +297,38 @@ TEST(Attention, ContiguousCrossAndCausal) {
   }
 }
 
-TEST(Attention, ScalarAndAvx2Agree) {
+TEST(Attention, EveryVectorLevelGivesTheScalarBits) {
   if (!level_available(cpu::isa::avx2)) GTEST_SKIP() << "no AVX2";
   std::mt19937 rng(3);
-  for (dtype t : {dtype::f32, dtype::f16, dtype::i8}) {
-    paged_env env({16, 2, 128, t, 64, true}, rng);
-    const sequence s = env.add(rng, 300);
-    auto q = randn(rng, 300ul * 8 * 128);
-    auto ctx = cpu::context::create(2);
-    attention_options sparse;
-    sparse.window = 32;
-    sparse.sinks = 4;
-    sparse.top_k = 4;
-    for (const attention_options& opt : {attention_options{}, sparse}) {
-      ctx->set_level(cpu::isa::scalar);
-      auto ref = run(*ctx, env, 8, {{&s, &q, 0, 300, 0, 300}}, opt);
-      ctx->set_level(cpu::isa::avx2);
-      auto got = run(*ctx, env, 8, {{&s, &q, 0, 300, 0, 300}}, opt);
-      expect_close(got[0], ref[0], 2e-5f, 1e-4f, "avx2 vs scalar");
+  // 40: an odd number of 8-channel groups (AVX-512's last eight channels
+  // run on ymm); 128: whole zmm only.
+  for (int d : {40, 128})
+    for (dtype t : {dtype::f32, dtype::f16, dtype::i8}) {
+      paged_env env({16, 2, d, t, 64, true}, rng);
+      const sequence s = env.add(rng, 300);
+      auto q = randn(rng, 300ul * 8 * static_cast<std::size_t>(d));
+      auto ctx = cpu::context::create(2);
+      attention_options sparse;
+      sparse.window = 32;
+      sparse.sinks = 4;
+      sparse.top_k = 4;
+      for (const attention_options& opt : {attention_options{}, sparse}) {
+        ctx->set_level(cpu::isa::scalar);
+        const auto ref = run(*ctx, env, 8, {{&s, &q, 0, 300, 0, 300}}, opt);
+        for (auto l = cpu::isa::avx2; level_available(l) && l <= cpu::isa::avx512_vnni;
+             l = static_cast<cpu::isa>(static_cast<int>(l) + 1)) {
+          ctx->set_level(l);
+          const auto got = run(*ctx, env, 8, {{&s, &q, 0, 300, 0, 300}}, opt);
+          ASSERT_EQ(got[0].size(), ref[0].size());
+          std::size_t differ = 0;
+          for (std::size_t i = 0; i < got[0].size(); ++i)
+            differ += std::memcmp(&got[0][i], &ref[0][i], sizeof(float)) != 0;
+          EXPECT_EQ(differ, 0u) << cpu::to_string(l) << " d=" << d << " " << to_string(t)
+                                << (opt.top_k ? " sparse" : " dense") << ": " << differ << " of "
+                                << got[0].size() << " outputs differ from the scalar path";
+        }
+      }
     }
-  }
 }
 
 // A row's output is bit-identical alone, in a batch of 7, in prefill chunks of

@@ -193,10 +193,12 @@ op_case embedding_case(weight_format f) {
 using rowwise_ref = std::function<void(const std::vector<float>& x, std::vector<double>& ref,
                                        std::int64_t rows, std::int64_t cols)>;
 
-op_case rms_norm_case() {
-  return {"rms_norm", "f32", [](device& dev, std::mt19937& rng) {
+// cols: a multiple of 32, or a ragged row (a tail past the vector loop).
+op_case rms_norm_case(std::int64_t cols) {
+  return {"rms_norm", cols == 320 ? "f32" : "f32 n=" + std::to_string(cols),
+          [cols](device& dev, std::mt19937& rng) {
             if (!dev.supports(op_kind::rms_norm, dtype::f32)) return unsupported("f32");
-            constexpr std::int64_t rows = 7, cols = 320;
+            constexpr std::int64_t rows = 7;
             const float eps = 1e-5f;
             // Rows of small values, where eps matters, beside ordinary ones.
             auto xv = randn(rng, rows * cols, 2.0f);
@@ -599,7 +601,8 @@ std::vector<op_case> all_cases() {
     for (std::int64_t m : {1, 5, 64}) v.push_back(matmul_case(f, g, m));
   for (auto [f, g] : formats)
     if (g <= 32) v.push_back(embedding_case(f));
-  v.push_back(rms_norm_case());
+  v.push_back(rms_norm_case(320));
+  v.push_back(rms_norm_case(347));
   v.push_back(layer_norm_case());
   v.push_back(unary_case(
       "silu", [](device& d, const tensor& x, const tensor& o) { return d.silu(x, o); },

@@ -154,4 +154,50 @@ TEST_P(RingAllReduce, AnAbortEndsAWaitingRankLongBeforeItsTimeout) {
   EXPECT_EQ(g.engines[0]->live_ops(), 0u);
 }
 
+// The counters: every call, byte and exchange; a rank that arrives late
+// shows up as the other ranks' waiting, not as transfer.
+TEST_P(RingAllReduce, CountsWhereTheTimeWent) {
+  constexpr int n = 3;
+  auto g = make_group(GetParam(), n);
+  std::vector<tr::allreduce_stats> stats(n);
+  for (int i = 0; i < n; ++i)
+    g.rings[static_cast<std::size_t>(i)].stats = &stats[static_cast<std::size_t>(i)];
+  const std::size_t count = 4096;
+  std::vector<std::vector<float>> data(n, std::vector<float>(count, 1.0f));
+  for (std::uint64_t id = 1; id <= 4; ++id) {
+    for (auto& e : allreduce(g, data, id)) EXPECT_EQ(e, "");
+    for (auto& d : data) std::fill(d.begin(), d.end(), 1.0f);
+  }
+  // Rank 2 arrives 200 ms late: ranks 0 and 1 wait for it (at whichever
+  // step needs its data first).
+  std::vector<std::future<std::string>> fs;
+  for (std::size_t i = 0; i < n; ++i)
+    fs.push_back(std::async(std::launch::async, [&, i] {
+      if (i == 2) std::this_thread::sleep_for(200ms);
+      auto r = tr::ring_allreduce_sum(g.rings[i], data[i].data(), count, 9);
+      return r ? std::string() : r.error().message;
+    }));
+  for (auto& f : fs) EXPECT_EQ(f.get(), "");
+  for (int i = 0; i < n; ++i) {
+    const auto t = stats[static_cast<std::size_t>(i)].snapshot();
+    EXPECT_EQ(t.calls, 5u);
+    EXPECT_EQ(t.bytes, 5u * count * sizeof(float));
+    EXPECT_EQ(t.exchanges, 5u * 2 * (n - 1));
+    EXPECT_GE(t.total_ns, t.exchange_ns + t.reduce_ns);
+    EXPECT_LE(t.paced_ns, t.exchange_ns);
+    const auto b = tr::breakdown_of(t);
+    EXPECT_EQ(b.calls, 5.0);
+    EXPECT_NEAR(b.kib, count * sizeof(float) / 1024.0, 1e-9);
+    if (i < 2) {
+      // 200 ms over 5 calls: at least ~40 ms of waiting per call, and far
+      // more than the transfers of 16 KiB.
+      EXPECT_GT(b.waiting_us, 30000.0) << "rank " << i;
+      EXPECT_LT(b.transfer_us, b.waiting_us) << "rank " << i;
+    }
+  }
+  // Differences of snapshots are what a benchmark level reports.
+  const auto d = stats[0].snapshot() - tr::allreduce_totals{};
+  EXPECT_EQ(d.calls, 5u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, RingAllReduce, ::testing::Values("inproc", "ucx"));
