@@ -3,8 +3,8 @@
 
 Not run by CI. llama.cpp comes from PyPI's llama-cpp-python (built from source
 by pip, so for this machine's CPU):
-    python3 -m pip install --target /work/pydeps-llamacpp --no-deps llama-cpp-python==0.3.36 diskcache
-    PYTHONPATH=/work/pydeps-llamacpp python3 tools/bench_llamacpp.py build/bench-models/tinyllama-q4_0.gguf ...
+    python3 -m pip install --target /tmp/pydeps-llamacpp llama-cpp-python==0.3.36
+    PYTHONPATH=/tmp/pydeps-llamacpp python3 tools/bench_llamacpp.py build/bench-models/tinyllama-q4_0.gguf ...
 bench_llama calls it with --one in each of its rounds (--llamacpp DIR).
 Prints, per file and thread count: prefill tokens/s (one batch of --prompt
 tokens) and decode tokens/s (--gen single-token steps), median of --runs.

@@ -90,8 +90,8 @@ struct llama_cpp {
     const std::string probe = l.env() + "python3 -c 'import llama_cpp' >/dev/null 2>&1";
     if (std::system(probe.c_str()) != 0)
       l.why_not =
-          "llama_cpp cannot be imported (python3 -m pip install --target DIR --no-deps "
-          "llama-cpp-python==0.3.36 diskcache, then --llamacpp DIR)";
+          "llama_cpp cannot be imported (python3 -m pip install --target DIR "
+          "llama-cpp-python==0.3.36, then --llamacpp DIR)";
     return l;
   }
   // {prefill t/s, decode t/s} of one run, or nothing.

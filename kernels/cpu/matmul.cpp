@@ -98,9 +98,7 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
       cpu::mm_quantize_rows_avx2(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
     else
       cpu::mm_quantize_rows(xp, ldx, l.k, r0, r1, q, a, d, s, l.kp);
-    if (vnni)  // codes + 128: the top bit flipped
-      for (std::int64_t i = r0 * l.kp; i < r1 * l.kp; ++i)
-        u[i] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(q[i]) ^ 0x80u);
+    if (vnni) cpu::mm_flip_codes_avx2(q + r0 * l.kp, u + r0 * l.kp, (r1 - r0) * l.kp);
   });
   split_output(ctx, m, l.panels,
                [&](std::int64_t r0, std::int64_t r1, std::int64_t p0, std::int64_t p1) {

@@ -37,6 +37,8 @@ void mm_quantize_rows(const float* x, std::int64_t ldx, std::int64_t k, std::int
 void mm_quantize_rows_avx2(const float* x, std::int64_t ldx, std::int64_t k, std::int64_t r0,
                            std::int64_t r1, std::int8_t* q, std::int8_t* a, float* d,
                            std::int32_t* s, std::int64_t kp);
+/// u[i] = q[i] + 128 (the top bit flipped): VNNI's unsigned operand.
+void mm_flip_codes_avx2(const std::int8_t* q, std::uint8_t* u, std::int64_t n);
 /// One block of 32 codes from `valid` (<= 32) floats; the rest count as 0.
 void mm_quantize_block(const float* x, std::int64_t valid, std::int8_t* q, std::int8_t* a, float* d,
                        std::int32_t* s);

@@ -73,4 +73,14 @@ void mm_quantize_rows_avx2(const float* x, std::int64_t ldx, std::int64_t k, std
   }
 }
 
+void mm_flip_codes_avx2(const std::int8_t* q, std::uint8_t* u, std::int64_t n) {
+  const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+  std::int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(u + i),
+        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), top));
+  for (; i < n; ++i) u[i] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(q[i]) ^ 0x80u);
+}
+
 }  // namespace troupe::kernels::cpu

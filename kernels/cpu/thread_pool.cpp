@@ -49,10 +49,12 @@ void thread_pool::worker_loop(int index) {
   std::uint64_t seen = 0;
   for (;;) {
     // Spin briefly (decode issues hundreds of small loops per token), then sleep.
-    auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-    while (generation_.load(std::memory_order_acquire) == seen &&
-           std::chrono::steady_clock::now() < spin_until) {
+    // The clock is read every 64 pauses (it was every pause: ~1 % of a
+    // decode profile went to clock_gettime).
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    for (unsigned i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
       __builtin_ia32_pause();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= spin_until) break;
     }
     if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mtx_);
