@@ -128,21 +128,10 @@ void qk_rows(const tile_keys& t, const row_state* rows) {
 
 template <kv_elem T>
 void qk_typed(const tile_keys& t, int n_rows, const row_state* rows) {
-  int r = 0;
-  for (; r + 4 <= n_rows; r += 4) qk_rows<T, 4, 4>(t, rows + r);
-  switch (n_rows - r) {
-    case 3:
-      qk_rows<T, 3, 4>(t, rows + r);
-      break;
-    case 2:
-      qk_rows<T, 2, 8>(t, rows + r);
-      break;
-    case 1:
-      qk_rows<T, 1, 16>(t, rows + r);
-      break;
-    default:
-      break;
-  }
+  by_row_groups(n_rows, [&](auto g, int r) {
+    constexpr int R = decltype(g)::value;
+    qk_rows<T, R, per_rows(R, 2)>(t, rows + r);
+  });
 }
 
 void qk_avx512(const tile_keys& t, int n_rows, const row_state* rows) {
@@ -234,21 +223,10 @@ void pv_all(const tile_keys& t, const row_state* rows) {
 template <kv_elem T>
 void softmax_pv_typed(const tile_keys& t, int n_rows, const row_state* rows) {
   for (int r = 0; r < n_rows; ++r) softmax_row<T>(t, rows[r]);
-  int r = 0;
-  for (; r + 4 <= n_rows; r += 4) pv_all<T, 4, 2>(t, rows + r);
-  switch (n_rows - r) {
-    case 3:
-      pv_all<T, 3, 2>(t, rows + r);
-      break;
-    case 2:
-      pv_all<T, 2, 4>(t, rows + r);
-      break;
-    case 1:
-      pv_all<T, 1, 8>(t, rows + r);
-      break;
-    default:
-      break;
-  }
+  by_row_groups(n_rows, [&](auto g, int r) {
+    constexpr int R = decltype(g)::value;
+    pv_all<T, R, per_rows(R, 1)>(t, rows + r);
+  });
 }
 
 void softmax_pv_avx512(const tile_keys& t, int n_rows, const row_state* rows) {

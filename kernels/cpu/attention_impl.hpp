@@ -54,6 +54,38 @@ struct row_state {
   float* s = nullptr;        ///< [key_tile] scores of the current tile
 };
 
+/// A group of R rows as a type, for the ISA files' templates on R.
+template <int R>
+struct rows_tag {
+  static constexpr int value = R;
+};
+/// Calls f(rows_tag<R>{}, first) over n_rows rows
+/// in groups of 4 and a last group of 1-3: every row's arithmetic is the
+/// same whichever group it lands in.
+template <class F>
+inline void by_row_groups(int n_rows, F&& f) {
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) f(rows_tag<4>{}, r);
+  switch (n_rows - r) {
+    case 3:
+      f(rows_tag<3>{}, r);
+      break;
+    case 2:
+      f(rows_tag<2>{}, r);
+      break;
+    case 1:
+      f(rows_tag<1>{}, r);
+      break;
+    default:
+      break;
+  }
+}
+/// Per step: keys (q.k) or vector groups (p.v) next to R rows, so that a
+/// call holds about 8 accumulators (x `width` vectors of eight lanes).
+constexpr int per_rows(int r, int width) {
+  return (r == 3 ? 2 : 8 / r) * width;
+}
+
 /// One ISA's kernels. Each row's arithmetic depends only on its own data, the
 /// tile and its own mask, never on the other rows of the call.
 struct tile_ops {
