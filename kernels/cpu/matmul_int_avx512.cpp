@@ -81,9 +81,12 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       j = 0;
       if constexpr (PF) prefetch(hdr);
     }
-    __m512i is[MR];
+    // Two chains of dot products per row (is, is2), added at the end: the
+    // integer sums are exact in any order, and a few-row tile (decode)
+    // would otherwise wait on one chain of 8 vpdpbusd per block.
+    __m512i is[MR], is2[MR];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) is[r] = zero;
+    for (int r = 0; r < MR; ++r) is[r] = is2[r] = zero;
     if constexpr (K == mm_kernel::u4) {
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
@@ -94,26 +97,34 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           is[r] = _mm512_dpbusd_epi32(is[r], lo, bcast4(xq[r] + b * 32 + 4 * v));
-          is[r] = _mm512_dpbusd_epi32(is[r], hi, bcast4(xq[r] + b * 32 + 16 + 4 * v));
+          is2[r] = _mm512_dpbusd_epi32(is2[r], hi, bcast4(xq[r] + b * 32 + 16 + 4 * v));
         }
       }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) is[r] = _mm512_add_epi32(is[r], is2[r]);
     } else {
-      __m512i wsum = zero;  // per column, the block's sum of w
+      __m512i wsum = zero, wsum2 = zero;  // per column, the block's sum of w (two chains)
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q) {
         if constexpr (PF) prefetch(blk + 64 * q);
         const __m512i w = ld(blk + 64 * q);
-        wsum = _mm512_dpbusd_epi32(wsum, ones8, w);
+        if (q % 2 == 0)
+          wsum = _mm512_dpbusd_epi32(wsum, ones8, w);
+        else
+          wsum2 = _mm512_dpbusd_epi32(wsum2, ones8, w);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           std::int32_t v;
           __builtin_memcpy(&v, xu[r] + b * 32 + 4 * q, 4);
-          is[r] = _mm512_dpbusd_epi32(is[r], _mm512_set1_epi32(v), w);
+          if (q % 2 == 0)
+            is[r] = _mm512_dpbusd_epi32(is[r], _mm512_set1_epi32(v), w);
+          else
+            is2[r] = _mm512_dpbusd_epi32(is2[r], _mm512_set1_epi32(v), w);
         }
       }
-      const __m512i off = _mm512_slli_epi32(wsum, 7);
+      const __m512i off = _mm512_slli_epi32(_mm512_add_epi32(wsum, wsum2), 7);
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) is[r] = _mm512_sub_epi32(is[r], off);
+      for (int r = 0; r < MR; ++r) is[r] = _mm512_sub_epi32(_mm512_add_epi32(is[r], is2[r]), off);
     }
     // Epilogue: the weight scale (and zero point) of the 16 columns, then
     // per row, as the AVX2 path computes each lane.
