@@ -28,6 +28,11 @@ class context {
   /// Runs kernels at `level` or lower (tests use this to run every path).
   void set_level(isa level) { level_ = level < hardware_ ? level : hardware_; }
   isa hardware_level() const { return hardware_; }
+  /// Float matmuls on zmm at the AVX-512 levels: on by default where the
+  /// CPU runs 512-bit FMAs at full width (full_width_avx512()); tests turn
+  /// it on to run that path on any AVX-512 CPU.
+  bool wide_float_matmul() const { return wide_float_; }
+  void set_wide_float_matmul(bool on) { wide_float_ = on; }
 
   /// Call before using oneDNN from this thread: sizes the calling thread's
   /// OpenMP team to this device's core count.
@@ -39,6 +44,7 @@ class context {
   std::shared_ptr<memory_pool> memory_;
   isa level_ = isa::scalar;
   isa hardware_ = isa::scalar;
+  bool wide_float_ = full_width_avx512();
 };
 
 }  // namespace troupe::kernels::cpu

@@ -63,6 +63,19 @@ isa hardware_isa() {
   return isa::avx512_vnni;
 }
 
+bool full_width_avx512() {
+  static const bool full = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
+    const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return true;
+    const unsigned base = (a >> 8) & 0xf;
+    const unsigned family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    return family >= 0x1a;  // Zen 5 and later
+  }();
+  return full;
+}
+
 isa detect_isa() {
   const isa hw = hardware_isa();
   if (const char* env = std::getenv("TROUPE_ISA")) {

@@ -26,6 +26,12 @@ isa detect_isa();
 /// The best level this CPU and OS support, ignoring TROUPE_ISA.
 isa hardware_isa();
 
+/// Whether this CPU executes a 512-bit FMA at full width (Intel's AVX-512
+/// cores; AMD from Zen 5). Zen 4 runs it as two 256-bit halves: there the
+/// float matmul measured ~10 % slower on zmm than on ymm, so it stays on
+/// AVX2 (the same bits either way).
+bool full_width_avx512();
+
 /// The level kernels actually run at: `requested`, lowered to the best
 /// level that both the hardware supports and the kernel has an
 /// implementation for (`implemented`).

@@ -57,7 +57,8 @@ result<void> matmul(cpu::context& ctx, const tensor& x, const packed_matrix& w, 
   const cpu::mm_layout& l = w.layout();
   const std::int64_t m = x.dim(0);
   const bool avx2 = cpu::effective_isa(ctx.level(), cpu::isa::avx2) >= cpu::isa::avx2;
-  const bool avx512 = cpu::effective_isa(ctx.level(), cpu::isa::avx512) >= cpu::isa::avx512;
+  const bool avx512 = cpu::effective_isa(ctx.level(), cpu::isa::avx512) >= cpu::isa::avx512 &&
+                      ctx.wide_float_matmul();
   const bool vnni = cpu::effective_isa(ctx.level(), cpu::isa::avx512_vnni) >= cpu::isa::avx512_vnni;
   const float* xp = x.data_as<float>();
   float* yp = y.data_as<float>();

@@ -816,21 +816,28 @@ TEST_P(SameBits, EveryIsaLevelGivesTheScalarPathsBits) {
   const auto top = scalar->ctx().hardware_level();
   for (auto level = troupe::kernels::cpu::isa::avx2; level <= top;
        level = static_cast<troupe::kernels::cpu::isa>(static_cast<int>(level) + 1)) {
-    auto dev = troupe::kernels::cpu::cpu_device::with_threads(2);
-    dev->ctx().set_level(level);
-    std::mt19937 rng(99 + static_cast<unsigned>(GetParam()));
-    const auto got = c.run(*dev, rng);
-    ASSERT_EQ(got.got.size(), want.got.size());
-    std::size_t differ = 0, first = got.got.size();
-    float worst = 0;
-    for (std::size_t i = 0; i < got.got.size(); ++i)
-      if (std::memcmp(&got.got[i], &want.got[i], sizeof(float)) != 0) {
-        if (differ++ == 0) first = i;
-        worst = std::max(worst, std::abs(got.got[i] - want.got[i]));
-      }
-    EXPECT_EQ(differ, 0u) << to_string(level) << ": " << differ << " of " << got.got.size()
-                          << " elements differ from the scalar path (first at " << first
-                          << ", worst by " << worst << ")";
+    // At the AVX-512 levels, float matmuls on zmm and on ymm (which one a
+    // CPU runs by default depends on its FMA width).
+    for (const bool wide : {false, true}) {
+      if (wide && level < troupe::kernels::cpu::isa::avx512) continue;
+      auto dev = troupe::kernels::cpu::cpu_device::with_threads(2);
+      dev->ctx().set_level(level);
+      dev->ctx().set_wide_float_matmul(wide);
+      std::mt19937 rng(99 + static_cast<unsigned>(GetParam()));
+      const auto got = c.run(*dev, rng);
+      ASSERT_EQ(got.got.size(), want.got.size());
+      std::size_t differ = 0, first = got.got.size();
+      float worst = 0;
+      for (std::size_t i = 0; i < got.got.size(); ++i)
+        if (std::memcmp(&got.got[i], &want.got[i], sizeof(float)) != 0) {
+          if (differ++ == 0) first = i;
+          worst = std::max(worst, std::abs(got.got[i] - want.got[i]));
+        }
+      EXPECT_EQ(differ, 0u) << to_string(level) << (wide ? " (zmm float matmul)" : "") << ": "
+                            << differ << " of " << got.got.size()
+                            << " elements differ from the scalar path (first at " << first
+                            << ", worst by " << worst << ")";
+    }
   }
 }
 

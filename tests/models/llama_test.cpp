@@ -294,9 +294,10 @@ TEST_F(LlamaTest, EveryIsaLevelGivesTheScalarPathsLogitBits) {
       SCOPED_TRACE(std::string(quant) + " weights, " + std::string(k::to_string(kv)) + " KV");
       quant_plan plan;
       plan.default_format = *k::weight_format_from_string(quant);
-      auto logits_at = [&](k::cpu::isa level) {
+      auto logits_at = [&](k::cpu::isa level, bool wide) {
         auto dev = k::cpu::cpu_device::with_threads(2);
         dev->ctx().set_level(level);
+        dev->ctx().set_wide_float_matmul(wide);
         auto m = llama_model::load(*path_, *dev, plan);
         EXPECT_TRUE(m) << m.error().message;
         auto cache =
@@ -313,20 +314,23 @@ TEST_F(LlamaTest, EveryIsaLevelGivesTheScalarPathsLogitBits) {
         }
         return out;
       };
-      const auto want = logits_at(k::cpu::isa::scalar);
+      const auto want = logits_at(k::cpu::isa::scalar, false);
       for (auto level = k::cpu::isa::avx2; level <= top;
-           level = static_cast<k::cpu::isa>(static_cast<int>(level) + 1)) {
-        const auto got = logits_at(level);
-        ASSERT_EQ(got.size(), want.size());
-        std::size_t differ = 0;
-        float worst = 0;
-        for (std::size_t i = 0; i < got.size(); ++i)
-          if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-            ++differ;
-            worst = std::max(worst, std::abs(got[i] - want[i]));
-          }
-        EXPECT_EQ(differ, 0u) << k::cpu::to_string(level) << ": " << differ << " of " << got.size()
-                              << " logits differ from the scalar path's, by up to " << worst;
-      }
+           level = static_cast<k::cpu::isa>(static_cast<int>(level) + 1))
+        for (const bool wide : {false, true}) {  // float matmuls on ymm and on zmm
+          if (wide && level < k::cpu::isa::avx512) continue;
+          const auto got = logits_at(level, wide);
+          ASSERT_EQ(got.size(), want.size());
+          std::size_t differ = 0;
+          float worst = 0;
+          for (std::size_t i = 0; i < got.size(); ++i)
+            if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+              ++differ;
+              worst = std::max(worst, std::abs(got[i] - want[i]));
+            }
+          EXPECT_EQ(differ, 0u) << k::cpu::to_string(level) << (wide ? " (zmm float matmul)" : "")
+                                << ": " << differ << " of " << got.size()
+                                << " logits differ from the scalar path's, by up to " << worst;
+        }
     }
 }
