@@ -7,42 +7,11 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_impl.hpp"
+#include "kernels/cpu/attention_lanes8.hpp"
 #include "kernels/cpu/avx2_math.hpp"
 
 namespace troupe::kernels::cpu::attn {
 namespace {
-
-template <kv_elem T>
-inline __m256 load8(const void* row, int c) {
-  if constexpr (T == kv_elem::f32) {
-    return _mm256_loadu_ps(static_cast<const float*>(row) + c);
-  } else if constexpr (T == kv_elem::f16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + c)));
-  } else {
-    const __m128i b =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(row) + c));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  }
-}
-
-// ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) of each of a[0..7], in one vector.
-inline __m256 reduce8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]);
-  const __m256 t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]);
-  const __m256 t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// The same tree for one vector.
-inline float hsum(__m256 x) {
-  __m256 t = _mm256_hadd_ps(x, x);
-  t = _mm256_hadd_ps(t, t);
-  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
 
 // Scores of R rows against KP keys per step: R*KP independent accumulators.
 template <kv_elem T, int R, int KP>

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_impl.hpp"
+#include "kernels/cpu/attention_lanes8.hpp"
 #include "kernels/cpu/avx512_math.hpp"
 
 namespace troupe::kernels::cpu::attn {
@@ -46,7 +47,7 @@ inline __m512 load8x2(const void* a, const void* b, int c) {
   }
 }
 
-// Sixteen (or eight) channels of one row.
+// Sixteen channels of one row (eight: load8, attention_lanes8.hpp).
 template <kv_elem T>
 inline __m512 load16(const void* row, int c) {
   if constexpr (T == kv_elem::f32) {
@@ -59,32 +60,6 @@ inline __m512 load16(const void* row, int c) {
         reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(row) + c))));
   }
 }
-template <kv_elem T>
-inline __m256 load8(const void* row, int c) {
-  if constexpr (T == kv_elem::f32) {
-    return _mm256_loadu_ps(static_cast<const float*>(row) + c);
-  } else if constexpr (T == kv_elem::f16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + c)));
-  } else {
-    const __m128i b =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(row) + c));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  }
-}
-
-// attention_avx2.cpp's reduce8: ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) of each
-// of a[0..7], in one vector.
-inline __m256 reduce8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]);
-  const __m256 t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]);
-  const __m256 t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 // Scores of R rows against KP keys (KP even) per step: R*KP/2 zmm of two
 // eight-lane accumulators each.
 template <kv_elem T, int R, int KP>
@@ -236,11 +211,7 @@ void softmax_pv_avx512(const tile_keys& t, int n_rows, const row_state* rows) {
 // attention_avx2.cpp's finish: the same sum of the eight lanes, then one
 // division per channel.
 void finish_avx512(int head_dim, const row_state& row, float* out) {
-  const __m256 l = _mm256_loadu_ps(row.lsum);
-  __m256 t = _mm256_hadd_ps(l, l);
-  t = _mm256_hadd_ps(t, t);
-  const float s = _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-  const __m512 sum = _mm512_set1_ps(s);
+  const __m512 sum = _mm512_set1_ps(hsum(_mm256_loadu_ps(row.lsum)));
   int c = 0;
   for (; c + 16 <= head_dim; c += 16)
     _mm512_storeu_ps(out + c, _mm512_div_ps(_mm512_loadu_ps(row.acc + c), sum));
