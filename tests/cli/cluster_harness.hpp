@@ -4,6 +4,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -22,6 +25,34 @@
 namespace troupe::test::cluster_harness {
 
 using namespace std::chrono_literals;
+
+// Waits until the head accepts TCP connections on its manifest port (a
+// node measures its device, ~0.5 s, before it listens; under a loaded CI a
+// fixed sleep was not always enough). True once it does.
+inline bool wait_for_head(const cluster::manifest& m, std::chrono::milliseconds timeout) {
+  const auto* head = m.node(m.head);
+  if (!head) return false;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(head->host.c_str(), std::to_string(head->port).c_str(), &hints, &res) == 0) {
+      bool up = false;
+      for (auto* a = res; a && !up; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        up = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        ::close(fd);
+      }
+      ::freeaddrinfo(res);
+      if (up) return true;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
 using steady = std::chrono::steady_clock;
 
 inline double ms_since(steady::time_point t) {

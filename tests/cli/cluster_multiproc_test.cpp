@@ -592,7 +592,7 @@ TEST(ClusterPlacement, ANodeJoiningMidDecodeTriggersAReplan) {
       EXPECT_EQ(n1->wait_exit(30s), "exit 0");
     }
   };
-  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(wait_for_head(*m, 20s)) << "the head never listened";
   {
     client c(*m);
     if (!c.ok()) return stop();
@@ -717,7 +717,7 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
       EXPECT_EQ(n2->wait_exit(30s), "exit 0");
     }
   };
-  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(wait_for_head(*m, 20s)) << "the head never listened";
   {
     client c(*m);
     if (!c.ok()) return stop();
