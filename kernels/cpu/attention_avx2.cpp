@@ -34,13 +34,7 @@ void qk_rows(const tile_keys& t, const row_state* rows) {
     }
     alignas(32) float dots[8];
     _mm256_store_ps(dots, reduce8(acc));
-    for (int r = 0; r < R; ++r) {
-      for (int kk = 0; kk < KP && j0 + kk < t.hi; ++kk) {
-        float s = dots[r * KP + kk];
-        if constexpr (T == kv_elem::i8) s *= t.k_scale[j0 + kk];
-        rows[r].s[j0 + kk] = s;
-      }
-    }
+    store_scores<T>(t, rows, R, KP, j0, dots);
   }
 }
 

@@ -46,5 +46,19 @@ inline float hsum(__m256 x) {
   return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
+// Scores of keys j0 .. j0+KP-1 (those below t.hi) for R rows from their
+// dots (row r, key kk at dots[r * KP + kk]), times the key scales for i8.
+template <kv_elem T>
+inline void store_scores(const tile_keys& t, const row_state* rows, int R, int KP, int j0,
+                         const float* dots) {
+  for (int r = 0; r < R; ++r) {
+    for (int kk = 0; kk < KP && j0 + kk < t.hi; ++kk) {
+      float s = dots[r * KP + kk];
+      if constexpr (T == kv_elem::i8) s *= t.k_scale[j0 + kk];
+      rows[r].s[j0 + kk] = s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe::kernels::cpu::attn
