@@ -164,7 +164,7 @@ kernels::result<kernels::tensor> data_plane::take(const tensor_ref& ref,
     return make_error(errc::invalid_argument,
                       "transfer " + std::to_string(ref.transfer_id) + ": bad shape in its ref");
   }
-  if (ref.dtype > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
+  if (ref.dtype > static_cast<std::uint8_t>(kernels::last_dtype)) {
     return make_error(errc::invalid_argument,
                       "transfer " + std::to_string(ref.transfer_id) + ": bad dtype in its ref");
   }

@@ -21,8 +21,12 @@ placement::precision precision_of(kernels::weight_format f) {
     case weight_format::int4_asym:
     case weight_format::q4_0:
       return placement::precision::q4_0;
+    default:
+      // The other GGUF formats: the tier whose bytes per weight are not
+      // below theirs (the planner never counts too little memory).
+      return kernels::bits_per_weight(f) <= 4.5 ? placement::precision::q4_0
+                                                : placement::precision::q8_0;
   }
-  return placement::precision::f32;
 }
 
 placement::result<placement::model_profile> model_profile_of(

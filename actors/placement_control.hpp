@@ -22,7 +22,8 @@
 namespace troupe::actors {
 
 /// The planner's precision for a weight format (int8 as q8_0, int4 as
-/// q4_0, bf16 as f16: the same bytes per weight, near enough).
+/// q4_0, bf16 as f16: the same bytes per weight, near enough; the other GGUF
+/// formats as the tier at or above their bits per weight).
 placement::precision precision_of(kernels::weight_format f);
 
 /// The decoder (and vision tower) as the planner sees it; KV bytes per

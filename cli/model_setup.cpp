@@ -8,7 +8,7 @@ kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
                                                       const std::vector<std::string>& overrides) {
   models::quant_plan plan;
   if (!quant.empty()) {
-    auto f = kernels::weight_format_from_string(quant);
+    auto f = kernels::quant_target_from_string(quant);
     if (!f) return kernels::make_error(f.error().code, "--quant: " + f.error().message);
     plan.default_format = *f;
   }

@@ -23,19 +23,57 @@ std::string_view to_string(dtype t) {
       return "q8_0";
     case dtype::q4_0:
       return "q4_0";
+    case dtype::q4_1:
+      return "q4_1";
+    case dtype::q5_0:
+      return "q5_0";
+    case dtype::q5_1:
+      return "q5_1";
+    case dtype::q2_k:
+      return "q2_k";
+    case dtype::q3_k:
+      return "q3_k";
+    case dtype::q4_k:
+      return "q4_k";
+    case dtype::q5_k:
+      return "q5_k";
+    case dtype::q6_k:
+      return "q6_k";
+    case dtype::iq4_nl:
+      return "iq4_nl";
+    case dtype::iq4_xs:
+      return "iq4_xs";
   }
   return "unknown";
 }
 
 result<dtype> dtype_from_string(std::string_view name) {
-  for (auto t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i8, dtype::u8, dtype::i32, dtype::q8_0,
-                 dtype::q4_0})
+  for (int i = 0; i <= static_cast<int>(last_dtype); ++i) {
+    const auto t = static_cast<dtype>(i);
     if (to_string(t) == name) return t;
+  }
   return make_error(errc::unsupported_dtype, "unknown dtype '" + std::string(name) + "'");
 }
 
 std::int64_t block_elems(dtype t) {
-  return (t == dtype::q8_0 || t == dtype::q4_0) ? qk : 1;
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
+    case dtype::iq4_nl:
+      return qk;
+    case dtype::q2_k:
+    case dtype::q3_k:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k:
+    case dtype::iq4_xs:
+      return qk_k;
+    default:
+      return 1;
+  }
 }
 
 std::size_t block_bytes(dtype t) {
@@ -56,6 +94,26 @@ std::size_t block_bytes(dtype t) {
       return sizeof(block_q8_0);
     case dtype::q4_0:
       return sizeof(block_q4_0);
+    case dtype::q4_1:
+      return sizeof(block_q4_1);
+    case dtype::q5_0:
+      return sizeof(block_q5_0);
+    case dtype::q5_1:
+      return sizeof(block_q5_1);
+    case dtype::q2_k:
+      return sizeof(block_q2_k);
+    case dtype::q3_k:
+      return sizeof(block_q3_k);
+    case dtype::q4_k:
+      return sizeof(block_q4_k);
+    case dtype::q5_k:
+      return sizeof(block_q5_k);
+    case dtype::q6_k:
+      return sizeof(block_q6_k);
+    case dtype::iq4_nl:
+      return sizeof(block_iq4_nl);
+    case dtype::iq4_xs:
+      return sizeof(block_iq4_xs);
   }
   return 0;
 }

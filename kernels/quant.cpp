@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace troupe::kernels {
 
@@ -27,18 +28,75 @@ std::string_view to_string(weight_format f) {
       return "q8_0";
     case weight_format::q4_0:
       return "q4_0";
+    case weight_format::q4_1:
+      return "q4_1";
+    case weight_format::q5_0:
+      return "q5_0";
+    case weight_format::q5_1:
+      return "q5_1";
+    case weight_format::q2_k:
+      return "q2_k";
+    case weight_format::q3_k:
+      return "q3_k";
+    case weight_format::q4_k:
+      return "q4_k";
+    case weight_format::q5_k:
+      return "q5_k";
+    case weight_format::q6_k:
+      return "q6_k";
+    case weight_format::iq4_nl:
+      return "iq4_nl";
+    case weight_format::iq4_xs:
+      return "iq4_xs";
   }
   return "unknown";
 }
 
 result<weight_format> weight_format_from_string(std::string_view name) {
-  for (auto f : {weight_format::f32, weight_format::f16, weight_format::bf16,
-                 weight_format::int8_sym, weight_format::int8_asym, weight_format::int4_sym,
-                 weight_format::int4_asym, weight_format::q8_0, weight_format::q4_0})
+  for (int i = 0; i <= static_cast<int>(weight_format::iq4_xs); ++i) {
+    const auto f = static_cast<weight_format>(i);
     if (to_string(f) == name) return f;
+  }
   return make_error(errc::unsupported_dtype,
                     "unknown weight format '" + std::string(name) +
-                        "' (f32, f16, bf16, int8, int8_asym, int4, int4_asym, q8_0, q4_0)");
+                        "' (f32, f16, bf16, int8, int8_asym, int4, int4_asym, q8_0, q4_0, q4_1, "
+                        "q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)");
+}
+
+result<weight_format> quant_target_from_string(std::string_view name) {
+  auto f = weight_format_from_string(name);
+  if (!f) return f;
+  if (!quantizable(*f))
+    return make_error(errc::unsupported_dtype,
+                      "troupe reads " + std::string(name) +
+                          " tensors from GGUF files but does not quantize to it (formats to "
+                          "convert into: f32, f16, bf16, int8, int8_asym, int4, int4_asym, q8_0, "
+                          "q4_0)");
+  return f;
+}
+
+namespace {
+
+constexpr std::pair<weight_format, dtype> block_formats[] = {
+    {weight_format::q8_0, dtype::q8_0},     {weight_format::q4_0, dtype::q4_0},
+    {weight_format::q4_1, dtype::q4_1},     {weight_format::q5_0, dtype::q5_0},
+    {weight_format::q5_1, dtype::q5_1},     {weight_format::q2_k, dtype::q2_k},
+    {weight_format::q3_k, dtype::q3_k},     {weight_format::q4_k, dtype::q4_k},
+    {weight_format::q5_k, dtype::q5_k},     {weight_format::q6_k, dtype::q6_k},
+    {weight_format::iq4_nl, dtype::iq4_nl}, {weight_format::iq4_xs, dtype::iq4_xs}};
+
+}  // namespace
+
+std::optional<dtype> block_dtype(weight_format f) {
+  for (const auto& [bf, dt] : block_formats)
+    if (bf == f) return dt;
+  return std::nullopt;
+}
+
+std::optional<weight_format> block_format(dtype t) {
+  for (const auto& [bf, dt] : block_formats)
+    if (dt == t) return bf;
+  return std::nullopt;
 }
 
 double bits_per_weight(weight_format f, int group) {
@@ -58,7 +116,24 @@ double bits_per_weight(weight_format f, int group) {
     case weight_format::q8_0:
       return 8.5;
     case weight_format::q4_0:
+    case weight_format::q4_k:
+    case weight_format::iq4_nl:
       return 4.5;
+    case weight_format::q4_1:
+      return 5;
+    case weight_format::q5_0:
+    case weight_format::q5_k:
+      return 5.5;
+    case weight_format::q5_1:
+      return 6;
+    case weight_format::q2_k:
+      return 2.625;
+    case weight_format::q3_k:
+      return 3.4375;
+    case weight_format::q6_k:
+      return 6.5625;
+    case weight_format::iq4_xs:
+      return 4.25;
   }
   return 0;
 }
@@ -120,10 +195,15 @@ result<void> weight_matrix::validate() const {
         return check_part(zeros, dtype::u8, rows, cols / group, "zeros");
       return {};
     }
-    case weight_format::q8_0:
-      return check_part(data, dtype::q8_0, rows, cols, "data");
-    case weight_format::q4_0:
-      return check_part(data, dtype::q4_0, rows, cols, "data");
+    default:
+      break;
+  }
+  if (auto dt = block_dtype(format)) {
+    if (cols % block_elems(*dt) != 0)
+      return make_error(errc::shape_mismatch,
+                        std::string(to_string(format)) + " needs columns " + "divisible by " +
+                            std::to_string(block_elems(*dt)) + ", got " + std::to_string(cols));
+    return check_part(data, *dt, rows, cols, "data");
   }
   return make_error(errc::unsupported_dtype, "unknown weight format");
 }
@@ -180,6 +260,204 @@ void dequantize_row_q4_0(const block_q4_0* x, float* y, std::int64_t k) {
     for (int j = 0; j < qk / 2; ++j) {
       y[i * qk + j] = static_cast<float>((x[i].qs[j] & 0x0f) - 8) * d;
       y[i * qk + j + qk / 2] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// --- GGUF block formats as 32-element runs (ggml-quants.c's dequantize_row_*) ---
+
+namespace {
+
+template <class B>
+const B& block_at(const std::byte* row, std::int64_t i) {
+  return reinterpret_cast<const B*>(row)[i];
+}
+
+// Q4_K / Q5_K: 6-bit scale and min of sub-block j from the 12 packed bytes.
+void scale_min_k4(int j, const std::uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q3_K: the 16 6-bit scales (0..63) from the 12 packed bytes.
+void q3_k_scales(const std::uint8_t* packed, int* out) {
+  for (int i = 0; i < 16; ++i) {
+    const int lo = i < 8 ? (packed[i] & 0x0f) : (packed[i - 8] >> 4);
+    const int hi = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+    out[i] = lo | (hi << 4);
+  }
+}
+
+std::uint32_t load_u32(const std::uint8_t* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+void decode_block32(dtype t, const std::byte* row, std::int64_t b, block32& o) {
+  o.has_offset = false;
+  o.offset[0] = o.offset[1] = 0.0f;
+  auto same = [&](float sc) { o.scale[0] = o.scale[1] = sc; };
+  auto nibbles = [&](const std::uint8_t* qs, int bias) {  // Q4_0's order
+    for (int j = 0; j < 16; ++j) {
+      o.code[j] = static_cast<std::int8_t>((qs[j] & 0x0f) - bias);
+      o.code[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) - bias);
+    }
+  };
+  auto fives = [&](const std::uint8_t* qs, const std::uint8_t* qh, int bias) {
+    const std::uint32_t h = load_u32(qh);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (qs[j] & 0x0f) | static_cast<int>(((h >> j) << 4) & 0x10);
+      const int x1 = (qs[j] >> 4) | static_cast<int>((h >> (j + 12)) & 0x10);
+      o.code[j] = static_cast<std::int8_t>(x0 - bias);
+      o.code[j + 16] = static_cast<std::int8_t>(x1 - bias);
+    }
+  };
+  const std::int64_t sb = b / 8;  // superblock of the K formats
+  const int sub = static_cast<int>(b % 8);
+  switch (t) {
+    case dtype::q8_0: {
+      const auto& x = block_at<block_q8_0>(row, b);
+      same(to_f32(x.d));
+      std::memcpy(o.code, x.qs, 32);
+      return;
+    }
+    case dtype::q4_0: {
+      const auto& x = block_at<block_q4_0>(row, b);
+      same(to_f32(x.d));
+      nibbles(x.qs, 8);
+      return;
+    }
+    case dtype::q4_1: {
+      const auto& x = block_at<block_q4_1>(row, b);
+      same(to_f32(x.d));
+      o.has_offset = true;
+      o.offset[0] = o.offset[1] = to_f32(x.m);
+      nibbles(x.qs, 0);
+      return;
+    }
+    case dtype::q5_0: {
+      const auto& x = block_at<block_q5_0>(row, b);
+      same(to_f32(x.d));
+      fives(x.qs, x.qh, 16);
+      return;
+    }
+    case dtype::q5_1: {
+      const auto& x = block_at<block_q5_1>(row, b);
+      same(to_f32(x.d));
+      o.has_offset = true;
+      o.offset[0] = o.offset[1] = to_f32(x.m);
+      fives(x.qs, x.qh, 0);
+      return;
+    }
+    case dtype::iq4_nl: {
+      const auto& x = block_at<block_iq4_nl>(row, b);
+      same(to_f32(x.d));
+      for (int j = 0; j < 16; ++j) {
+        o.code[j] = kvalues_iq4nl[x.qs[j] & 0x0f];
+        o.code[j + 16] = kvalues_iq4nl[x.qs[j] >> 4];
+      }
+      return;
+    }
+    case dtype::iq4_xs: {
+      const auto& x = block_at<block_iq4_xs>(row, sb);
+      const int ls = ((x.scales_l[sub / 2] >> (4 * (sub % 2))) & 0x0f) |
+                     (((x.scales_h >> (2 * sub)) & 3) << 4);
+      same(to_f32(x.d) * static_cast<float>(ls - 32));
+      const std::uint8_t* qs = x.qs + 16 * sub;
+      for (int j = 0; j < 16; ++j) {
+        o.code[j] = kvalues_iq4nl[qs[j] & 0x0f];
+        o.code[j + 16] = kvalues_iq4nl[qs[j] >> 4];
+      }
+      return;
+    }
+    case dtype::q2_k: {
+      const auto& x = block_at<block_q2_k>(row, sb);
+      const int n = sub / 4, shift = 2 * (sub % 4);
+      const std::uint8_t* q = x.qs + 32 * n;
+      const float d = to_f32(x.d), dmin = to_f32(x.dmin);
+      o.has_offset = true;
+      for (int h = 0; h < 2; ++h) {
+        const int sc = x.scales[8 * n + 2 * (sub % 4) + h];
+        o.scale[h] = d * static_cast<float>(sc & 0x0f);
+        o.offset[h] = -(dmin * static_cast<float>(sc >> 4));
+        for (int l = 0; l < 16; ++l)
+          o.code[16 * h + l] = static_cast<std::int8_t>((q[16 * h + l] >> shift) & 3);
+      }
+      return;
+    }
+    case dtype::q3_k: {
+      const auto& x = block_at<block_q3_k>(row, sb);
+      int scales[16];
+      q3_k_scales(x.scales, scales);
+      const int n = sub / 4, shift = 2 * (sub % 4);
+      const std::uint8_t* q = x.qs + 32 * n;
+      const std::uint8_t m = static_cast<std::uint8_t>(1u << (4 * n + sub % 4));
+      const float d = to_f32(x.d);
+      for (int h = 0; h < 2; ++h) {
+        o.scale[h] = d * static_cast<float>(scales[8 * n + 2 * (sub % 4) + h] - 32);
+        for (int l = 0; l < 16; ++l) {
+          const int i = 16 * h + l;
+          o.code[i] = static_cast<std::int8_t>(((q[i] >> shift) & 3) - ((x.hmask[i] & m) ? 0 : 4));
+        }
+      }
+      return;
+    }
+    case dtype::q4_k:
+    case dtype::q5_k: {
+      const bool five = t == dtype::q5_k;
+      const auto* k4 = five ? nullptr : &block_at<block_q4_k>(row, sb);
+      const auto* k5 = five ? &block_at<block_q5_k>(row, sb) : nullptr;
+      const f16 dh = five ? k5->d : k4->d, mh = five ? k5->dmin : k4->dmin;
+      const std::uint8_t* scales = five ? k5->scales : k4->scales;
+      const std::uint8_t* q = (five ? k5->qs : k4->qs) + 32 * (sub / 2);
+      int sc = 0, m = 0;
+      scale_min_k4(sub, scales, sc, m);
+      same(to_f32(dh) * static_cast<float>(sc));
+      o.has_offset = true;
+      o.offset[0] = o.offset[1] = -(to_f32(mh) * static_cast<float>(m));
+      const int shift = 4 * (sub % 2);
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0x0f;
+        if (five && (k5->qh[l] & (1u << sub))) v += 16;
+        o.code[l] = static_cast<std::int8_t>(v);
+      }
+      return;
+    }
+    case dtype::q6_k: {
+      const auto& x = block_at<block_q6_k>(row, sb);
+      const int n = sub / 4, g = sub % 4;
+      const std::uint8_t* ql = x.ql + 64 * n + (g % 2) * 32;
+      const std::uint8_t* qh = x.qh + 32 * n;
+      const int lshift = g < 2 ? 0 : 4, hshift = 2 * g;
+      const float d = to_f32(x.d);
+      for (int h = 0; h < 2; ++h) o.scale[h] = d * static_cast<float>(x.scales[8 * n + 2 * g + h]);
+      for (int l = 0; l < 32; ++l)
+        o.code[l] = static_cast<std::int8_t>(
+            (((ql[l] >> lshift) & 0x0f) | (((qh[l] >> hshift) & 3) << 4)) - 32);
+      return;
+    }
+    default:
+      break;
+  }
+  std::memset(o.code, 0, sizeof o.code);
+  same(0.0f);
+}
+
+void dequantize_row_blocks(dtype t, const std::byte* row, float* y, std::int64_t k) {
+  block32 blk;
+  for (std::int64_t b = 0; b < k / 32; ++b) {
+    decode_block32(t, row, b, blk);
+    for (int j = 0; j < 32; ++j) {
+      const float v = blk.scale[j / 16] * static_cast<float>(blk.code[j]);
+      y[b * 32 + j] = blk.has_offset ? v + blk.offset[j / 16] : v;
     }
   }
 }
@@ -331,6 +609,12 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
       for (std::int64_t i = 0; i < R; ++i)
         quantize_row_q4_0(src.row_as<float>(i), w.data.row_as<block_q4_0>(i), C);
       break;
+    default:
+      return make_error(errc::unsupported_dtype,
+                        "troupe does not quantize to " + std::string(to_string(format)) +
+                            " (it reads " + std::string(to_string(format)) +
+                            " tensors from GGUF files; --quant takes f32, f16, bf16, int8, "
+                            "int8_asym, int4, int4_asym, q8_0 or q4_0)");
   }
   return w;
 }
@@ -382,6 +666,9 @@ result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<fl
       break;
     case weight_format::q4_0:
       dequantize_row_q4_0(w.data.row_as<block_q4_0>(r), y, C);
+      break;
+    default:
+      dequantize_row_blocks(w.data.type(), w.data.row(r), y, C);
       break;
   }
   return {};

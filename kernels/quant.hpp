@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -20,7 +21,34 @@ enum class weight_format : std::uint8_t {
   int4_asym,  ///< 4-bit, f32 scale + 4-bit zero point per group: w = s*(q - z)
   q8_0,       ///< GGUF Q8_0 blocks (ggml layout)
   q4_0,       ///< GGUF Q4_0 blocks (ggml layout)
+  // GGUF's other block formats, read from files as they are (ggml layouts;
+  // kernels/dtype.hpp describes each).
+  q4_1,
+  q5_0,
+  q5_1,
+  q2_k,
+  q3_k,
+  q4_k,
+  q5_k,
+  q6_k,
+  iq4_nl,
+  iq4_xs,
 };
+
+/// True for the formats quantize() makes (f32 .. q4_0); the other GGUF
+/// formats are read from files only.
+constexpr bool quantizable(weight_format f) {
+  return f <= weight_format::q4_0;
+}
+/// weight_format_from_string for a format to convert weights into: a read-
+/// only GGUF format is an error that says so.
+result<weight_format> quant_target_from_string(std::string_view name);
+
+/// The GGUF block dtype a block format stores its data in (q8_0 .. iq4_xs),
+/// or nullopt for the others.
+std::optional<dtype> block_dtype(weight_format f);
+/// The block format of a GGUF block dtype, or nullopt.
+std::optional<weight_format> block_format(dtype t);
 
 std::string_view to_string(weight_format f);
 result<weight_format> weight_format_from_string(std::string_view name);
@@ -35,7 +63,8 @@ double bits_per_weight(weight_format f, int group = 32);
 ///    j sits in the low nibble of byte j and column j+16 in its high nibble
 ///    (Q4_0's order). `scales` f32 [rows, cols/group]; int4_asym adds `zeros`
 ///    u8 [rows, cols/group] (values 0..15).
-///  - q8_0/q4_0: `data` of that dtype [rows, cols].
+///  - q8_0, q4_0 and the other GGUF formats: `data` of the matching dtype
+///    [rows, cols] (cols a whole number of its blocks).
 struct weight_matrix {
   weight_format format = weight_format::f32;
   std::int64_t rows = 0;
@@ -52,7 +81,8 @@ struct weight_matrix {
 };
 
 /// Quantizes an f32 matrix [rows, cols] into `format` (group for int4).
-/// Q8_0 and Q4_0 reproduce ggml's reference quantizers bit for bit.
+/// Q8_0 and Q4_0 reproduce ggml's reference quantizers bit for bit; the other
+/// GGUF formats are read from files, not made here (an error says so).
 result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format,
                                int group = 32);
 
@@ -67,5 +97,26 @@ void quantize_row_q8_0(const float* x, block_q8_0* y, std::int64_t k);
 void quantize_row_q4_0(const float* x, block_q4_0* y, std::int64_t k);
 void dequantize_row_q8_0(const block_q8_0* x, float* y, std::int64_t k);
 void dequantize_row_q4_0(const block_q4_0* x, float* y, std::int64_t k);
+
+/// One run of 32 elements of a GGUF block-format row as integer codes with a
+/// scale and an offset per half (16 elements): element j is
+/// scale[j / 16] * code[j] (+ offset[j / 16] where has_offset), computed in
+/// f32 as a product and then a sum, which is how ggml dequantizes every one
+/// of these formats (and so gives its values bit for bit). Codes lie in
+/// [-127, 127] (-128 only for Q8_0); Q4_1 and Q4_K codes in [0, 15].
+struct block32 {
+  std::int8_t code[32];
+  float scale[2];
+  float offset[2];
+  bool has_offset;
+};
+
+/// Decodes block `b` (elements 32b .. 32b+31) of a row of `t` (a GGUF block
+/// dtype) starting at `row`.
+void decode_block32(dtype t, const std::byte* row, std::int64_t b, block32& out);
+
+/// Dequantizes k elements (a whole number of blocks) of a row of any GGUF
+/// block dtype, exactly as ggml does.
+void dequantize_row_blocks(dtype t, const std::byte* row, float* y, std::int64_t k);
 
 }  // namespace troupe::kernels

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <utility>
 
 namespace troupe::models {
 
@@ -16,7 +17,18 @@ constexpr std::uint32_t gguf_magic = 0x46554747;  // "GGUF" little endian
 constexpr std::uint32_t max_dims = 4;
 
 // ggml_type ids (ggml.h)
-constexpr std::uint32_t ggml_f32 = 0, ggml_f16 = 1, ggml_q4_0 = 2, ggml_q8_0 = 8, ggml_bf16 = 30;
+constexpr std::uint32_t ggml_f32 = 0, ggml_f16 = 1, ggml_q4_0 = 2, ggml_q4_1 = 3, ggml_q5_0 = 6,
+                        ggml_q5_1 = 7, ggml_q8_0 = 8, ggml_q2_k = 10, ggml_q3_k = 11,
+                        ggml_q4_k = 12, ggml_q5_k = 13, ggml_q6_k = 14, ggml_iq4_nl = 20,
+                        ggml_iq4_xs = 23, ggml_bf16 = 30;
+
+// ggml type id <-> dtype, for every type troupe reads.
+constexpr std::pair<std::uint32_t, dtype> ggml_types[] = {
+    {ggml_f32, dtype::f32},   {ggml_f16, dtype::f16},       {ggml_bf16, dtype::bf16},
+    {ggml_q8_0, dtype::q8_0}, {ggml_q4_0, dtype::q4_0},     {ggml_q4_1, dtype::q4_1},
+    {ggml_q5_0, dtype::q5_0}, {ggml_q5_1, dtype::q5_1},     {ggml_q2_k, dtype::q2_k},
+    {ggml_q3_k, dtype::q3_k}, {ggml_q4_k, dtype::q4_k},     {ggml_q5_k, dtype::q5_k},
+    {ggml_q6_k, dtype::q6_k}, {ggml_iq4_nl, dtype::iq4_nl}, {ggml_iq4_xs, dtype::iq4_xs}};
 
 std::string fail_at(const std::string& path, std::size_t off, const std::string& what) {
   return path + ": offset " + std::to_string(off) + ": " + what;
@@ -246,37 +258,15 @@ kernels::shape_t gguf_tensor_info::shape() const {
 }
 
 std::optional<dtype> dtype_from_ggml(std::uint32_t t) {
-  switch (t) {
-    case ggml_f32:
-      return dtype::f32;
-    case ggml_f16:
-      return dtype::f16;
-    case ggml_bf16:
-      return dtype::bf16;
-    case ggml_q8_0:
-      return dtype::q8_0;
-    case ggml_q4_0:
-      return dtype::q4_0;
-    default:
-      return std::nullopt;
-  }
+  for (const auto& [id, dt] : ggml_types)
+    if (id == t) return dt;
+  return std::nullopt;
 }
 
 std::optional<std::uint32_t> ggml_from_dtype(dtype t) {
-  switch (t) {
-    case dtype::f32:
-      return ggml_f32;
-    case dtype::f16:
-      return ggml_f16;
-    case dtype::bf16:
-      return ggml_bf16;
-    case dtype::q8_0:
-      return ggml_q8_0;
-    case dtype::q4_0:
-      return ggml_q4_0;
-    default:
-      return std::nullopt;
-  }
+  for (const auto& [id, dt] : ggml_types)
+    if (dt == t) return id;
+  return std::nullopt;
 }
 
 result<gguf_file> gguf_file::open(const std::string& path, const gguf_limits& limits) {
@@ -379,7 +369,8 @@ result<gguf_file> gguf_file::parse(std::shared_ptr<mapped_file> file, const gguf
           errc::unsupported_dtype,
           fail_at(path, at,
                   "tensor '" + ti.name + "' has ggml type " + std::to_string(ti.ggml_type) +
-                      ", which troupe does not read (F32, F16, BF16, Q8_0, Q4_0)"));
+                      ", which troupe does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                      "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"));
     ti.type = *dt;
     auto rb = kernels::row_bytes(ti.type, ti.ne[0]);
     if (!rb)

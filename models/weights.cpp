@@ -164,7 +164,7 @@ result<void> quant_plan::add_override(const std::string& spec) {
   if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
     return make_error(errc::invalid_argument,
                       "quant override '" + spec + "' must look like PATTERN=FORMAT");
-  auto f = kernels::weight_format_from_string(spec.substr(eq + 1));
+  auto f = kernels::quant_target_from_string(spec.substr(eq + 1));
   if (!f) return std::unexpected(f.error());
   overrides.emplace_back(spec.substr(0, eq), *f);
   return {};
@@ -186,9 +186,9 @@ weight_format quant_plan::choose(const std::string& canonical, dtype stored) con
       return weight_format::bf16;
     case dtype::q8_0:
       return weight_format::q8_0;
-    case dtype::q4_0:
-      return weight_format::q4_0;
     default:
+      // The GGUF block formats stay as the file holds them.
+      if (auto f = kernels::block_format(stored)) return *f;
       return weight_format::f32;
   }
 }
@@ -216,6 +216,18 @@ result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor
         break;
       case dtype::q4_0:
         kernels::dequantize_row_q4_0(stored.row_as<kernels::block_q4_0>(r), y, n);
+        break;
+      case dtype::q4_1:
+      case dtype::q5_0:
+      case dtype::q5_1:
+      case dtype::q2_k:
+      case dtype::q3_k:
+      case dtype::q4_k:
+      case dtype::q5_k:
+      case dtype::q6_k:
+      case dtype::iq4_nl:
+      case dtype::iq4_xs:
+        kernels::dequantize_row_blocks(stored.type(), stored.row(r), y, n);
         break;
       default:
         return make_error(
@@ -245,8 +257,7 @@ result<kernels::weight_matrix> convert_weight(kernels::memory_pool& pool,
     return make_error(errc::shape_mismatch,
                       "weight matrices must be 2-D, got " + stored.shape().to_string());
   // Same block format: take the bytes as they are (a copy out of the map).
-  if ((format == weight_format::q8_0 && stored.type() == dtype::q8_0) ||
-      (format == weight_format::q4_0 && stored.type() == dtype::q4_0)) {
+  if (kernels::block_dtype(format) == stored.type()) {
     auto copy = kernels::tensor::empty(pool, stored.type(), stored.shape());
     if (!copy) return std::unexpected(copy.error());
     std::memcpy(copy->data(), stored.data(), stored.nbytes());

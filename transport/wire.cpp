@@ -51,7 +51,7 @@ result<void> check_bytes(std::span<const std::uint8_t> b, const wire_limits& l, 
 }
 
 result<kernels::dtype> check_dtype(std::uint8_t v, const char* what) {
-  if (v > static_cast<std::uint8_t>(kernels::dtype::q4_0)) {
+  if (v > static_cast<std::uint8_t>(kernels::last_dtype)) {
     return make_error(errc::corrupt_data,
                       std::string(what) + ": unknown dtype " + std::to_string(v));
   }

@@ -77,6 +77,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       if constexpr (PF) prefetch(hdr);
     }
     __m256i is[MR][2];
+    __m256i ih[S == mm_scale::half_f32 ? MR : 1][2];  // second halves (half_f32)
     if constexpr (K == mm_kernel::u4) {
       __m256i s16[MR][2];
 #pragma GCC unroll 4
@@ -111,8 +112,13 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       }
     } else {
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
-      auto step = [&](int q) {
+      for (int r = 0; r < MR; ++r) {
+        is[r][0] = is[r][1] = _mm256_setzero_si256();
+        if constexpr (S == mm_scale::half_f32) ih[r][0] = ih[r][1] = _mm256_setzero_si256();
+      }
+      // acc: where quad q's sums go (half_f32: quads 4..7, the block's
+      // second half, in ih).
+      auto step = [&](int q, auto& acc) {
         if constexpr (PF) prefetch(blk + 64 * q);
         const __m256i w0 = ld(blk + (2 * q) * 32), w1 = ld(blk + (2 * q + 1) * 32);
         if constexpr (K == mm_kernel::s8) {
@@ -122,8 +128,8 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
             const __m256i xab = bcast4(xa[r] + b * 32 + 4 * q);
             const __m256i p0 = _mm256_maddubs_epi16(xab, _mm256_sign_epi8(w0, xs));
             const __m256i p1 = _mm256_maddubs_epi16(xab, _mm256_sign_epi8(w1, xs));
-            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(p0, ones));
-            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(p1, ones));
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
           }
         } else {
           const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
@@ -132,30 +138,42 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
             const __m256i xs = bcast4(xq[r] + b * 32 + 4 * q);
             const __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xs, w0));
             const __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xs, w1));
-            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(p0, ones));
-            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(p1, ones));
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
           }
         }
       };
-      if constexpr (MR == 1) {
-        step(0), step(1), step(2), step(3), step(4), step(5), step(6), step(7);
+      if constexpr (S == mm_scale::half_f32) {
+        step(0, is), step(1, is), step(2, is), step(3, is);
+        step(4, ih), step(5, ih), step(6, ih), step(7, ih);
+      } else if constexpr (MR == 1) {
+        step(0, is), step(1, is), step(2, is), step(3, is);
+        step(4, is), step(5, is), step(6, is), step(7, is);
       } else {
 #pragma GCC unroll 1
-        for (int q = 0; q < 8; ++q) step(q);
+        for (int q = 0; q < 8; ++q) step(q, is);
       }
     }
     // Epilogue: per sub-panel weight scale (and zero point), then per row.
-    __m256 ws[2];
+    __m256 ws[2], wh[2], off[2], offh[2];
     __m256i zg[2];
 #pragma GCC unroll 2
     for (int s = 0; s < 2; ++s) {
       if constexpr (S == mm_scale::block_f16)
         ws[s] = _mm256_cvtph_ps(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + j * 32 + s * 16)));
-      else if constexpr (S == mm_scale::group_f32)
+      else if constexpr (S == mm_scale::group_f32 || S == mm_scale::half_f32)
         ws[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + s * 32));
       else
         ws[s] = _mm256_setzero_ps();
+      if constexpr (S == mm_scale::half_f32)
+        wh[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 64 + s * 32));
+      if constexpr (Z == mm_zero::offset_f32) {
+        constexpr int at = S == mm_scale::half_f32 ? 128 : 64;
+        off[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + at + s * 32));
+        if constexpr (S == mm_scale::half_f32)
+          offh[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 192 + s * 32));
+      }
       if constexpr (Z == mm_zero::group_u8)
         zg[s] = _mm256_cvtepu8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + s * 8)));
@@ -166,15 +184,34 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     for (int r = 0; r < MR; ++r) {
       const __m256 dxb = _mm256_set1_ps(dx[r][b]);
       const __m256i sxb = _mm256_set1_epi32(sx[r][b]);
+      __m256 slo = _mm256_setzero_ps(), shi = slo;
+      if constexpr (S == mm_scale::half_f32 && Z == mm_zero::offset_f32) {
+        std::int32_t lo = 0;
+        for (int i = 0; i < 16; ++i) lo += xq[r][b * 32 + i];
+        slo = _mm256_set1_ps(static_cast<float>(lo));
+        shi = _mm256_set1_ps(static_cast<float>(sx[r][b] - lo));
+      }
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s) {
-        __m256i iv = is[r][s];
-        if constexpr (Z == mm_zero::eight) iv = _mm256_sub_epi32(iv, _mm256_slli_epi32(sxb, 3));
-        if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
-          iv = _mm256_sub_epi32(iv, _mm256_mullo_epi32(zg[s], sxb));
-        const __m256 sc = S == mm_scale::col_end ? dxb : _mm256_mul_ps(ws[s], dxb);
-        const __m256 f = _mm256_load_ps(facc[r] + 8 * s);
-        _mm256_store_ps(facc[r] + 8 * s, _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), sc, f));
+        __m256 f = _mm256_load_ps(facc[r] + 8 * s);
+        if constexpr (S == mm_scale::half_f32) {
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][s]), _mm256_mul_ps(ws[s], dxb), f);
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r][s]), _mm256_mul_ps(wh[s], dxb), f);
+          if constexpr (Z == mm_zero::offset_f32) {
+            f = _mm256_fmadd_ps(slo, _mm256_mul_ps(off[s], dxb), f);
+            f = _mm256_fmadd_ps(shi, _mm256_mul_ps(offh[s], dxb), f);
+          }
+        } else {
+          __m256i iv = is[r][s];
+          if constexpr (Z == mm_zero::eight) iv = _mm256_sub_epi32(iv, _mm256_slli_epi32(sxb, 3));
+          if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
+            iv = _mm256_sub_epi32(iv, _mm256_mullo_epi32(zg[s], sxb));
+          const __m256 sc = S == mm_scale::col_end ? dxb : _mm256_mul_ps(ws[s], dxb);
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), sc, f);
+          if constexpr (Z == mm_zero::offset_f32)
+            f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sxb), _mm256_mul_ps(off[s], dxb), f);
+        }
+        _mm256_store_ps(facc[r] + 8 * s, f);
       }
     }
     ++j;
@@ -191,10 +228,11 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
   }
 }
 
-// Rows per register tile: as many as fit the 16 ymm registers without spills.
-template <mm_kernel K>
+// Rows per register tile: as many as fit the 16 ymm registers without spills
+// (half_f32 keeps twice the integer sums).
+template <mm_kernel K, mm_scale S>
 constexpr int tile_rows() {
-  return K == mm_kernel::u4 ? TROUPE_MR_U4 : TROUPE_MR_S8;
+  return K == mm_kernel::u4 ? TROUPE_MR_U4 : S == mm_scale::half_f32 ? 2 : TROUPE_MR_S8;
 }
 
 // tile<R> for rows == R, R = MR, MR-1, ..., 1.
@@ -218,7 +256,7 @@ constexpr std::int64_t chunk_rows = 64;
 template <mm_kernel K, mm_scale S, mm_zero Z>
 void run_panels(const mm_layout& l, const std::byte* w, const mm_int_acts& x, std::int64_t m,
                 float* y, std::int64_t ldy, std::int64_t p0, std::int64_t p1) {
-  constexpr int MR = tile_rows<K>();
+  constexpr int MR = tile_rows<K, S>();
   alignas(32) float out[MR * 16];
   for (std::int64_t c0 = 0; c0 < m; c0 += chunk_rows) {
     const std::int64_t c1 = m - c0 < chunk_rows ? m : c0 + chunk_rows;
@@ -249,8 +287,20 @@ void mm_int_avx2(const mm_layout& l, const std::byte* w, const mm_int_acts& x, s
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)
       run_panels<K::u4, S::group_f32, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.zero == Z::offset_f32)
+      run_panels<K::u4, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else
       run_panels<K::u4, S::group_f32, Z::group_u8>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::half_f32) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8, S::half_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8, S::half_f32, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::group_f32) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8, S::group_f32, Z::none>(l, w, x, m, y, ldy, p0, p1);
   } else if (l.scale == S::block_f16) {
     if (l.kernel == K::s8)
       run_panels<K::s8, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);

@@ -108,7 +108,9 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       for (int q = 0; q < 8; ++q) {
         if constexpr (PF) prefetch(blk + 64 * q);
         const __m512i w = ld(blk + 64 * q);
-        if (q % 2 == 0)
+        // Chain 1 or 2: alternate quads, or (half_f32) the block's halves.
+        const bool first = S == mm_scale::half_f32 ? q < 4 : q % 2 == 0;
+        if (first)
           wsum = _mm512_dpbusd_epi32(wsum, ones8, w);
         else
           wsum2 = _mm512_dpbusd_epi32(wsum2, ones8, w);
@@ -116,26 +118,43 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
         for (int r = 0; r < MR; ++r) {
           std::int32_t v;
           __builtin_memcpy(&v, xu[r] + b * 32 + 4 * q, 4);
-          if (q % 2 == 0)
+          if (first)
             is[r] = _mm512_dpbusd_epi32(is[r], _mm512_set1_epi32(v), w);
           else
             is2[r] = _mm512_dpbusd_epi32(is2[r], _mm512_set1_epi32(v), w);
         }
       }
-      const __m512i off = _mm512_slli_epi32(_mm512_add_epi32(wsum, wsum2), 7);
+      if constexpr (S == mm_scale::half_f32) {
+        const __m512i off1 = _mm512_slli_epi32(wsum, 7), off2 = _mm512_slli_epi32(wsum2, 7);
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) is[r] = _mm512_sub_epi32(_mm512_add_epi32(is[r], is2[r]), off);
+        for (int r = 0; r < MR; ++r) {
+          is[r] = _mm512_sub_epi32(is[r], off1);
+          is2[r] = _mm512_sub_epi32(is2[r], off2);
+        }
+      } else {
+        const __m512i off = _mm512_slli_epi32(_mm512_add_epi32(wsum, wsum2), 7);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) is[r] = _mm512_sub_epi32(_mm512_add_epi32(is[r], is2[r]), off);
+      }
     }
     // Epilogue: the weight scale (and zero point) of the 16 columns, then
     // per row, as the AVX2 path computes each lane.
-    __m512 ws;
+    __m512 ws, wh = _mm512_setzero_ps(), off = wh, offh = wh;
     __m512i zg;
     if constexpr (S == mm_scale::block_f16)
       ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr + j * 32)));
-    else if constexpr (S == mm_scale::group_f32)
+    else if constexpr (S == mm_scale::group_f32 || S == mm_scale::half_f32)
       ws = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr));
     else
       ws = _mm512_setzero_ps();
+    if constexpr (S == mm_scale::half_f32)
+      wh = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr + 64));
+    if constexpr (Z == mm_zero::offset_f32) {
+      off = _mm512_loadu_ps(
+          reinterpret_cast<const float*>(hdr + (S == mm_scale::half_f32 ? 128 : 64)));
+      if constexpr (S == mm_scale::half_f32)
+        offh = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr + 192));
+    }
     if constexpr (Z == mm_zero::group_u8)
       zg = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 64)));
     else
@@ -144,12 +163,27 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     for (int r = 0; r < MR; ++r) {
       const __m512 dxb = _mm512_set1_ps(dx[r][b]);
       const __m512i sxb = _mm512_set1_epi32(sx[r][b]);
-      __m512i iv = is[r];
-      if constexpr (Z == mm_zero::eight) iv = _mm512_sub_epi32(iv, _mm512_slli_epi32(sxb, 3));
-      if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
-        iv = _mm512_sub_epi32(iv, _mm512_mullo_epi32(zg, sxb));
-      const __m512 sc = S == mm_scale::col_end ? dxb : _mm512_mul_ps(ws, dxb);
-      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, facc[r]);
+      if constexpr (S == mm_scale::half_f32) {
+        facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(ws, dxb), facc[r]);
+        facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is2[r]), _mm512_mul_ps(wh, dxb), facc[r]);
+        if constexpr (Z == mm_zero::offset_f32) {
+          std::int32_t lo = 0;
+          for (int i = 0; i < 16; ++i) lo += xq[r][b * 32 + i];
+          const __m512 slo = _mm512_set1_ps(static_cast<float>(lo));
+          const __m512 shi = _mm512_set1_ps(static_cast<float>(sx[r][b] - lo));
+          facc[r] = _mm512_fmadd_ps(slo, _mm512_mul_ps(off, dxb), facc[r]);
+          facc[r] = _mm512_fmadd_ps(shi, _mm512_mul_ps(offh, dxb), facc[r]);
+        }
+      } else {
+        __m512i iv = is[r];
+        if constexpr (Z == mm_zero::eight) iv = _mm512_sub_epi32(iv, _mm512_slli_epi32(sxb, 3));
+        if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
+          iv = _mm512_sub_epi32(iv, _mm512_mullo_epi32(zg, sxb));
+        const __m512 sc = S == mm_scale::col_end ? dxb : _mm512_mul_ps(ws, dxb);
+        facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, facc[r]);
+        if constexpr (Z == mm_zero::offset_f32)
+          facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sxb), _mm512_mul_ps(off, dxb), facc[r]);
+      }
     }
     ++j;
   }
@@ -215,8 +249,20 @@ void mm_int_avx512_vnni(const mm_layout& l, const std::byte* w, const mm_int_act
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)
       run_panels<K::u4, S::group_f32, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.zero == Z::offset_f32)
+      run_panels<K::u4, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else
       run_panels<K::u4, S::group_f32, Z::group_u8>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::half_f32) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8_m, S::half_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8_m, S::half_f32, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::group_f32) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8_m, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8_m, S::group_f32, Z::none>(l, w, x, m, y, ldy, p0, p1);
   } else if (l.scale == S::block_f16) {
     // s8 and s8_m run the same loop here ((x + 128) times w, less 128 sum(w)).
     run_panels<K::s8_m, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);

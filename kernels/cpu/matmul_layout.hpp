@@ -21,6 +21,10 @@ enum class mm_scale : std::uint8_t {
   col_end,    ///< one f32 per column in the panel header, applied after the k loop
   block_f16,  ///< one f16 per column and 32-block in the superblock header
   group_f32,  ///< one f32 per column and group in the superblock header
+  /// Two f32 per column and 32-block (its two halves of 16 elements: all 16
+  /// columns' first-half scales, then their second-half ones): Q2_K, Q3_K,
+  /// Q6_K. The integer dot is then two sums, one per half.
+  half_f32,
 };
 
 /// The integer zero point subtracted as zp * sum(x) per 32-block.
@@ -29,6 +33,12 @@ enum class mm_zero : std::uint8_t {
   eight,     ///< constant 8 (Q4_0, int4_sym)
   col_i32,   ///< one int32 per column in the panel header (int8_asym)
   group_u8,  ///< one u8 per column and group in the superblock header (int4_asym)
+  /// A float offset per column and group (group_f32 with 32-element groups:
+  /// 16 f32 after the scales) or per half (half_f32: 32 f32 after the
+  /// scales), added as
+  /// offset * dx * sum(x codes) of the block (or half): Q4_1, Q5_1, Q2_K,
+  /// Q4_K, Q5_K (w = scale * code + offset).
+  offset_f32,
 };
 
 /// The packed layout of a weight matrix [n outputs, k inputs].

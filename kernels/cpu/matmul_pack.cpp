@@ -98,6 +98,29 @@ mm_layout make_layout(const weight_matrix& w) {
       l.sb_header = w.format == weight_format::int4_sym ? 64 : 80;
       l.block_bytes = 256;
       break;
+    default: {  // the other GGUF formats, as decode_block32 gives them
+      const auto f = w.format;
+      using wf = weight_format;
+      const bool u4 = f == wf::q4_1 || f == wf::q4_k;
+      const bool half = f == wf::q2_k || f == wf::q3_k || f == wf::q6_k;
+      const bool offset =
+          f == wf::q4_1 || f == wf::q5_1 || f == wf::q2_k || f == wf::q4_k || f == wf::q5_k;
+      l.kernel = u4 ? mm_kernel::u4 : mm_kernel::s8;  // no code is -128
+      l.zero = offset ? mm_zero::offset_f32 : mm_zero::none;
+      l.block_bytes = u4 ? 256 : 512;
+      if (f == wf::q5_0 || f == wf::iq4_nl) {  // an f16 scale per block, as Q8_0
+        l.scale = mm_scale::block_f16;
+        l.sb_blocks = 2;
+        l.sb_header = 64;
+      } else if (half) {
+        l.scale = mm_scale::half_f32;
+        l.sb_header = offset ? 256 : 128;
+      } else {
+        l.scale = mm_scale::group_f32;
+        l.sb_header = offset ? 128 : 64;
+      }
+      break;
+    }
   }
   l.panel_cols = 16;
   l.panels = (l.n + 15) / 16;
@@ -124,6 +147,46 @@ void pack_float_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p
 template <class T>
 void store(std::byte* p, T v) {
   std::memcpy(p, &v, sizeof(T));
+}
+
+// The GGUF formats past Q4_0: each 32-block decoded into codes, scales and
+// offsets (decode_block32), stored as the layout says.
+void pack_block_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p, std::byte* dst) {
+  const dtype dt = w.data.type();
+  block32 blk;
+  for (std::int64_t cc = 0; cc < 16; ++cc) {
+    const std::int64_t n = p * 16 + cc;
+    if (n >= l.n) break;
+    const std::int64_t s = cc / 8, c = cc % 8;
+    const std::byte* row = w.data.row(n);
+    for (std::int64_t b = 0; b < l.blocks; ++b) {
+      decode_block32(dt, row, b, blk);
+      std::byte* hdr = dst + l.header_offset(b);
+      std::byte* out = dst + l.block_offset(b);
+      const bool off = l.zero == mm_zero::offset_f32;
+      if (l.scale == mm_scale::block_f16) {
+        store(hdr + (b % l.sb_blocks) * 32 + cc * 2, to_f16(blk.scale[0]).bits);  // exact
+      } else if (l.scale == mm_scale::half_f32) {
+        store(hdr + cc * 4, blk.scale[0]);
+        store(hdr + 64 + cc * 4, blk.scale[1]);
+        if (off) store(hdr + 128 + cc * 4, blk.offset[0]), store(hdr + 192 + cc * 4, blk.offset[1]);
+      } else {
+        store(hdr + cc * 4, blk.scale[0]);
+        if (off) store(hdr + 64 + cc * 4, blk.offset[0]);
+      }
+      for (std::int64_t j = 0; j < 32; ++j) {
+        if (l.kernel == mm_kernel::u4) {
+          const auto code = static_cast<std::uint8_t>(blk.code[j]);
+          const std::int64_t v = (j % 16) / 4;
+          auto* byte = reinterpret_cast<std::uint8_t*>(out + (v * 2 + s) * 32 + c * 4 + j % 4);
+          *byte = static_cast<std::uint8_t>(j < 16 ? (*byte & 0xf0) | code
+                                                   : (*byte & 0x0f) | (code << 4));
+        } else {
+          store(out + ((j / 4) * 2 + s) * 32 + c * 4 + j % 4, blk.code[j]);
+        }
+      }
+    }
+  }
 }
 
 void pack_int_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p, std::byte* dst) {
@@ -184,8 +247,10 @@ void pack_int_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p, 
 
 result<packed_matrix> packed_matrix::pack(cpu::context& ctx, const weight_matrix& w) {
   if (auto r = w.validate(); !r) return std::unexpected(r.error());
-  if ((w.format == weight_format::q8_0 || w.format == weight_format::q4_0) && w.cols % qk != 0)
-    return make_error(errc::shape_mismatch, "block formats need columns divisible by 32");
+  if (auto dt = block_dtype(w.format); dt && w.cols % block_elems(*dt) != 0)
+    return make_error(errc::shape_mismatch, std::string(to_string(w.format)) +
+                                                " needs columns divisible by " +
+                                                std::to_string(block_elems(*dt)));
   packed_matrix out;
   out.layout_ = make_layout(w);
   out.format_ = w.format;
@@ -202,6 +267,8 @@ result<packed_matrix> packed_matrix::pack(cpu::context& ctx, const weight_matrix
       std::memset(dst, 0, static_cast<std::size_t>(l.panel_bytes));
       if (l.is_float())
         pack_float_panel(l, w, p, dst);
+      else if (w.format > weight_format::q4_0)
+        pack_block_panel(l, w, p, dst);
       else
         pack_int_panel(l, w, p, dst);
     }

@@ -74,10 +74,26 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
         for (std::int64_t b = 0; b < l.blocks; ++b) {
           const std::byte* hdr = wp + l.header_offset(b);
           const std::byte* blk = wp + l.block_offset(b);
-          std::int32_t isum = 0;
-          for (std::int64_t j = 0; j < 32; ++j) isum += xq[b * 32 + j] * int_code(l, blk, cc, j);
+          std::int32_t ilo = 0, ihi = 0;  // the dot over each half of the block
+          for (std::int64_t j = 0; j < 16; ++j) ilo += xq[b * 32 + j] * int_code(l, blk, cc, j);
+          for (std::int64_t j = 16; j < 32; ++j) ihi += xq[b * 32 + j] * int_code(l, blk, cc, j);
+          if (l.scale == mm_scale::half_f32) {
+            const float d = dx[b];
+            acc = std::fma(static_cast<float>(ilo), load<float>(hdr + cc * 4) * d, acc);
+            acc = std::fma(static_cast<float>(ihi), load<float>(hdr + 64 + cc * 4) * d, acc);
+            if (l.zero == mm_zero::offset_f32) {
+              std::int32_t slo = 0;
+              for (std::int64_t j = 0; j < 16; ++j) slo += xq[b * 32 + j];
+              acc = std::fma(static_cast<float>(slo), load<float>(hdr + 128 + cc * 4) * d, acc);
+              acc = std::fma(static_cast<float>(sx[b] - slo), load<float>(hdr + 192 + cc * 4) * d,
+                             acc);
+            }
+            continue;
+          }
+          std::int32_t isum = ilo + ihi;
           switch (l.zero) {
             case mm_zero::none:
+            case mm_zero::offset_f32:
               break;
             case mm_zero::eight:
               isum -= 8 * sx[b];
@@ -95,6 +111,8 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
           else if (l.scale == mm_scale::group_f32)
             sc = load<float>(hdr + cc * 4) * dx[b];
           acc = std::fma(static_cast<float>(isum), sc, acc);
+          if (l.zero == mm_zero::offset_f32)
+            acc = std::fma(static_cast<float>(sx[b]), load<float>(hdr + 64 + cc * 4) * dx[b], acc);
         }
         if (l.scale == mm_scale::col_end) acc = acc * load<float>(wp + cc * 4);
         y[r * ldy + p * 16 + cc] = acc;

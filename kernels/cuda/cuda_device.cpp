@@ -113,7 +113,9 @@ class cuda_device final : public device {
     switch (op) {
       case op_kind::matmul:
       case op_kind::embedding:
-        return t != dtype::i32 && t != dtype::u8;
+        // The GGUF formats past Q4_0 have no CUDA kernel yet: their layers
+        // run on a CPU device.
+        return t != dtype::i32 && t != dtype::u8 && t <= dtype::q4_0;
       case op_kind::attention:
         // f32 and f16 K/V, and int8 in a paged cache; not sparse yet.
         return t == dtype::f32 || t == dtype::f16 || t == dtype::i8;
@@ -121,8 +123,8 @@ class cuda_device final : public device {
         return t == dtype::f32;
     }
   }
-  bool supports(op_kind op, weight_format) const override {
-    return op == op_kind::matmul || op == op_kind::embedding;
+  bool supports(op_kind op, weight_format f) const override {
+    return (op == op_kind::matmul || op == op_kind::embedding) && f <= weight_format::q4_0;
   }
 
   memory_pool& memory() override { return *pool_; }

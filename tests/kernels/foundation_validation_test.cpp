@@ -44,7 +44,11 @@ TEST(TensorValidation, RowBytesOverflowIsAnError) {
   EXPECT_FALSE(row_bytes(dtype::f32, -4));
   EXPECT_TRUE(row_bytes(dtype::q8_0, 64));
   EXPECT_EQ(*row_bytes(dtype::q4_0, 64), 36u);
-  EXPECT_FALSE(dtype_from_string("q5_k"));
+  EXPECT_FALSE(dtype_from_string("q7_k"));
+  EXPECT_EQ(*dtype_from_string("q5_k"), dtype::q5_k);
+  EXPECT_EQ(*row_bytes(dtype::q5_k, 512), 352u);
+  EXPECT_FALSE(row_bytes(dtype::q5_k, 288));  // not a whole superblock
+  EXPECT_FALSE(row_bytes(dtype::iq4_nl, 48));
 }
 
 TEST(WeightValidation, MismatchedPartsAreReported) {
@@ -72,6 +76,13 @@ TEST(WeightValidation, MismatchedPartsAreReported) {
   EXPECT_FALSE(dequantize_row(*w, 4, ok));
   EXPECT_TRUE(dequantize_row(*w, 3, ok));
   EXPECT_FALSE(weight_format_from_string("int3"));
+  // GGUF formats troupe reads but does not make: known names, refused as
+  // targets with a message that says why.
+  EXPECT_EQ(*weight_format_from_string("q4_k"), weight_format::q4_k);
+  auto target = quant_target_from_string("q4_k");
+  ASSERT_FALSE(target);
+  EXPECT_NE(target.error().message.find("does not quantize"), std::string::npos);
+  EXPECT_TRUE(quant_target_from_string("q4_0"));
 }
 
 TEST(PoolValidation, HugeRequestIsRefused) {

@@ -14,6 +14,7 @@
 #include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/quant.hpp"
+#include "tests/kernels/gguf_blocks.hpp"
 
 using namespace troupe::kernels;
 
@@ -29,15 +30,35 @@ struct format_case {
 // the plain and int8 formats also get a K that is not.
 const std::vector<format_case>& all_cases() {
   static const std::vector<format_case> cases = {
-      {weight_format::f32, 0, 224},        {weight_format::f32, 0, 101},
-      {weight_format::f16, 0, 224},        {weight_format::f16, 0, 77},
-      {weight_format::bf16, 0, 224},       {weight_format::bf16, 0, 45},
-      {weight_format::int8_sym, 0, 224},   {weight_format::int8_sym, 0, 100},
-      {weight_format::int8_asym, 0, 224},  {weight_format::int8_asym, 0, 70},
-      {weight_format::int4_sym, 32, 224},  {weight_format::int4_sym, 64, 320},
-      {weight_format::int4_sym, 128, 384}, {weight_format::int4_asym, 32, 224},
-      {weight_format::int4_asym, 64, 320}, {weight_format::int4_asym, 128, 384},
-      {weight_format::q8_0, 0, 224},       {weight_format::q4_0, 0, 224},
+      {weight_format::f32, 0, 224},
+      {weight_format::f32, 0, 101},
+      {weight_format::f16, 0, 224},
+      {weight_format::f16, 0, 77},
+      {weight_format::bf16, 0, 224},
+      {weight_format::bf16, 0, 45},
+      {weight_format::int8_sym, 0, 224},
+      {weight_format::int8_sym, 0, 100},
+      {weight_format::int8_asym, 0, 224},
+      {weight_format::int8_asym, 0, 70},
+      {weight_format::int4_sym, 32, 224},
+      {weight_format::int4_sym, 64, 320},
+      {weight_format::int4_sym, 128, 384},
+      {weight_format::int4_asym, 32, 224},
+      {weight_format::int4_asym, 64, 320},
+      {weight_format::int4_asym, 128, 384},
+      {weight_format::q8_0, 0, 224},
+      {weight_format::q4_0, 0, 224},
+      // GGUF formats read from files (random blocks, tests/kernels/gguf_blocks.hpp)
+      {weight_format::q4_1, 0, 224},
+      {weight_format::q5_0, 0, 224},
+      {weight_format::q5_1, 0, 224},
+      {weight_format::iq4_nl, 0, 224},
+      {weight_format::q2_k, 0, 512},
+      {weight_format::q3_k, 0, 256},
+      {weight_format::q4_k, 0, 512},
+      {weight_format::q5_k, 0, 256},
+      {weight_format::q6_k, 0, 512},
+      {weight_format::iq4_xs, 0, 256},
   };
   return cases;
 }
@@ -45,6 +66,15 @@ const std::vector<format_case>& all_cases() {
 std::string name(const format_case& c) {
   return std::string(to_string(c.format)) + " g" + std::to_string(c.group) +
          " K=" + std::to_string(c.k);
+}
+
+// The weights of a case: `src` quantized, or random blocks of a GGUF format
+// troupe only reads.
+result<weight_matrix> make_weights(memory_pool& pool, const tensor& src, const format_case& fc,
+                                   std::uint32_t seed) {
+  if (troupe::test::is_read_only_format(fc.format))
+    return troupe::test::random_block_weights(pool, fc.format, src.dim(0), src.dim(1), seed);
+  return quantize(pool, src, fc.format, fc.group ? fc.group : 32);
 }
 
 bool is_float(weight_format f) {
@@ -125,7 +155,7 @@ TEST(Matmul, EveryFormatMatchesReferenceScalarAndAvx2) {
   for (const auto& fc : all_cases()) {
     SCOPED_TRACE(name(fc));
     tensor wf = random_matrix(ctx->memory(), n, fc.k, 11);
-    auto w = quantize(ctx->memory(), wf, fc.format, fc.group ? fc.group : 32);
+    auto w = make_weights(ctx->memory(), wf, fc, 11);
     ASSERT_TRUE(w) << w.error().message;
     auto p = packed_matrix::pack(*ctx, *w);
     ASSERT_TRUE(p) << p.error().message;
@@ -208,7 +238,7 @@ TEST(Matmul, BatchInvariantOverBatchChunksAndThreads) {
   for (const auto& fc : all_cases()) {
     SCOPED_TRACE(name(fc));
     tensor wf = random_matrix(ctx2->memory(), n, fc.k, 21);
-    auto w = quantize(ctx2->memory(), wf, fc.format, fc.group ? fc.group : 32);
+    auto w = make_weights(ctx2->memory(), wf, fc, 21);
     ASSERT_TRUE(w);
     auto p = packed_matrix::pack(*ctx2, *w);
     ASSERT_TRUE(p);
