@@ -58,6 +58,20 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
   return s;
 }
 
+namespace {
+
+// --chat-template when given; else the model's own template; else, for a
+// family whose GGUF files carry none (Gemma), its built-in one.
+kernels::result<models::chat_template> choose_template(const prompt_setup& s,
+                                                       const std::string& override_name) {
+  if (override_name.empty() && s.tok->chat_template_source().empty() &&
+      s.text.family == models::decoder_family::gemma3)
+    return models::chat_template::from_name("gemma");
+  return models::chat_template::select(s.tok->chat_template_source(), override_name);
+}
+
+}  // namespace
+
 kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
                                                          const prompt_input& in,
                                                          std::string* text_out) {
@@ -79,7 +93,7 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
     if (images > 0 && !s.llava)
       return kernels::make_error(errc::invalid_argument,
                                  "images need a vision model; this model has no vision tower");
-    auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
+    auto tmpl = choose_template(s, in.chat_template);
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     auto piece = [&](std::optional<std::int32_t> id) {
@@ -117,7 +131,7 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
   std::string text = in.prompt;
   bool add_special = !in.no_bos;
   if (chat) {
-    auto tmpl = models::chat_template::select(s.tok->chat_template_source(), in.chat_template);
+    auto tmpl = choose_template(s, in.chat_template);
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     std::vector<models::chat_message> msgs;

@@ -20,6 +20,8 @@ command_runner add_generate(CLI::App& app, bool run = false);
 /// built from).
 std::string bundled_model_path();
 command_runner add_write_model(CLI::App& app);
+/// `troupe score`: teacher-forced logits, perplexity (--out: the raw logits).
+command_runner add_score(CLI::App& app);
 /// `troupe bench`: concurrent requests through the actor pipeline.
 command_runner add_bench(CLI::App& app);
 /// `troupe worker`: serves a model's last layers to another process.

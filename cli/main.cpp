@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   auto run = troupe::cli::add_generate(app, true);
   auto serve_bench = troupe::cli::add_bench(app);
   auto write_model = troupe::cli::add_write_model(app);
+  auto score = troupe::cli::add_score(app);
   auto worker = troupe::cli::add_worker(app);
   auto certs = troupe::cli::add_certs(app);
   auto node = troupe::cli::add_node(app);
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("bench")) return serve_bench();
   if (app.got_subcommand("write-model")) return write_model();
+  if (app.got_subcommand("score")) return score();
   if (app.got_subcommand("worker")) return worker();
   if (app.got_subcommand("certs")) return certs();
   if (app.got_subcommand("node")) return node();

@@ -44,6 +44,10 @@ std::string_view to_string(op_kind op) {
       return "attention";
     case op_kind::conv2d_patch:
       return "conv2d_patch";
+    case op_kind::geglu:
+      return "geglu";
+    case op_kind::scale:
+      return "scale";
   }
   return "unknown";
 }
@@ -89,6 +93,14 @@ result<void> device::fill_zero(const tensor& t) {
     return make_error(errc::unsupported_op, "fill_zero: " + info().name + " needs its own fill");
   if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
   return {};
+}
+
+result<void> device::geglu(const tensor&, const tensor&, const tensor&) {
+  return make_error(errc::unsupported_op, "geglu: " + info().name + " has no GeGLU kernel");
+}
+
+result<void> device::scale(const tensor&, float, const tensor&) {
+  return make_error(errc::unsupported_op, "scale: " + info().name + " has no scale kernel");
 }
 
 result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& keep) {

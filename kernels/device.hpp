@@ -59,6 +59,8 @@ enum class op_kind : std::uint8_t {
   add,
   attention,
   conv2d_patch,
+  geglu,  ///< gelu_tanh(gate) * up (Gemma's FFN)
+  scale,  ///< x * s (Gemma's embedding scale)
 };
 std::string_view to_string(op_kind op);
 
@@ -180,6 +182,11 @@ class device {
   virtual result<void> silu(const tensor& x, const tensor& out) = 0;
   virtual result<void> gelu(const tensor& x, gelu_kind kind, const tensor& out) = 0;
   virtual result<void> swiglu(const tensor& gate, const tensor& up, const tensor& out) = 0;
+  /// out = gelu_tanh(gate) * up (the same shapes). A device without it
+  /// says so (supports(op_kind::geglu, ...) is false) and errs here.
+  virtual result<void> geglu(const tensor& gate, const tensor& up, const tensor& out);
+  /// out = x * s over f32 rows. The same rule as geglu.
+  virtual result<void> scale(const tensor& x, float s, const tensor& out);
   virtual result<void> softmax(const tensor& x, const tensor& out, float scale = 1.0f) = 0;
   /// out = a + b over rows of f32: `b` has a's shape, or is one row (a
   /// bias: [cols] or [1, cols]) added to every row of `a`.

@@ -97,6 +97,12 @@ result<void> gelu(cpu::context& ctx, const tensor& x, gelu_kind kind, const tens
 /// out = silu(gate) * up; all three the same shape ([rows, ffn]).
 result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out);
 
+/// out = gelu_tanh(gate) * up (GeGLU); the GELU is gelu()'s, bit for bit.
+result<void> geglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out);
+
+/// out = x * s (f32 rows; out may be x).
+result<void> scale(cpu::context& ctx, const tensor& x, float s, const tensor& out);
+
 /// Softmax of scale * x over the last dim (max-subtracted). A row whose
 /// entries are all -inf gives zeros.
 result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, float scale = 1.0f);

@@ -8,12 +8,12 @@ namespace troupe::models {
 
 namespace {
 
-constexpr std::array<std::string_view, 6> all_names = {"llama2", "llama3", "chatml",
-                                                       "qwen2",  "llava",  "llava-1.5"};
+constexpr std::array<std::string_view, 7> all_names = {"llama2", "llama3",    "chatml", "qwen2",
+                                                       "llava",  "llava-1.5", "gemma"};
 constexpr std::string_view qwen_system = "You are a helpful assistant.";
 
 std::string choices() {
-  return "llama2, llama3, chatml, qwen2, llava";
+  return "llama2, llama3, chatml, qwen2, llava, gemma";
 }
 
 // Python's str.isspace(): White_Space plus the information separators.
@@ -84,6 +84,8 @@ std::string_view chat_template::name() const {
       return default_system_.empty() ? "chatml" : "qwen2";
     case chat_format::llava:
       return "llava";
+    case chat_format::gemma:
+      return "gemma";
   }
   return "";
 }
@@ -94,6 +96,7 @@ result<chat_template> chat_template::from_name(std::string_view name) {
   if (name == "chatml") return chat_template(chat_format::chatml, "");
   if (name == "qwen2") return chat_template(chat_format::chatml, std::string(qwen_system));
   if (name == "llava" || name == "llava-1.5") return chat_template(chat_format::llava, "");
+  if (name == "gemma") return chat_template(chat_format::gemma, "");
   return make_error(errc::invalid_argument, "chat template \"" + std::string(name) +
                                                 "\" is not built in (choose one of: " + choices() +
                                                 ")");
@@ -110,6 +113,7 @@ result<chat_template> chat_template::detect(std::string_view src) {
   if (has("<|im_start|>") && has("<|im_end|>"))
     return chat_template(chat_format::chatml, chatml_default_system(src));
   if (has("[INST]") && has("<<SYS>>")) return chat_template(chat_format::llama2, "");
+  if (has("<start_of_turn>") && has("<end_of_turn>")) return chat_template(chat_format::gemma, "");
   if (has("ASSISTANT:") && (has("<image>") || has("USER:") || has(".upper()")))
     return chat_template(chat_format::llava, "");
   return make_error(errc::unsupported_op,
@@ -182,6 +186,30 @@ result<std::string> chat_template::render(std::span<const chat_message> messages
       }
       if (add_generation_prompt) out += "ASSISTANT:";
       break;
+    case chat_format::gemma: {
+      // Gemma 3's template: BOS; a system message becomes a prefix of the
+      // first user turn ("SYSTEM\n\n", not trimmed); roles alternate from
+      // user; "assistant" is written "model"; contents trimmed.
+      out += bos;
+      std::span<const chat_message> loop = messages;
+      std::string prefix;
+      if (!messages.empty() && messages[0].role == "system") {
+        prefix = messages[0].content + "\n\n";
+        loop = messages.subspan(1);
+      }
+      for (std::size_t i = 0; i < loop.size(); ++i) {
+        const chat_message& m = loop[i];
+        if ((m.role == "user") != (i % 2 == 0))
+          return make_error(errc::invalid_argument,
+                            "gemma chat template: conversation roles must alternate "
+                            "user/assistant/user/assistant/...");
+        const std::string role = m.role == "assistant" ? "model" : m.role;
+        out += "<start_of_turn>" + role + "\n" + (i == 0 ? prefix : std::string()) +
+               strip(m.content) + "<end_of_turn>\n";
+      }
+      if (add_generation_prompt) out += "<start_of_turn>model\n";
+      break;
+    }
   }
   return out;
 }

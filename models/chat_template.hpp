@@ -17,6 +17,7 @@ enum class chat_format : std::uint8_t {
   llama3,  ///< <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
   chatml,  ///< <|im_start|>role\n...<|im_end|>\n (optionally a default system prompt, Qwen2)
   llava,   ///< LLaVA-1.5: "USER: <image>\n... ASSISTANT: ..."
+  gemma,   ///< <start_of_turn>user\n...<end_of_turn>\n (system folded into the first user turn)
 };
 
 /// One chat turn: role ("system", "user", "assistant"), text, and how many
@@ -33,7 +34,9 @@ struct chat_message {
 class chat_template {
  public:
   /// A built-in format by name: "llama2", "llama3", "chatml", "qwen2"
-  /// (ChatML with Qwen's default system prompt), "llava" (alias "llava-1.5").
+  /// (ChatML with Qwen's default system prompt), "llava" (alias "llava-1.5"),
+  /// "gemma" (Gemma 2 and 3; GGUF files of Gemma carry no template, so the
+  /// prompt code picks it by architecture, as llama.cpp does).
   /// This is what `--chat-template NAME` passes.
   static result<chat_template> from_name(std::string_view name);
   /// Recognises a Jinja `chat_template` (tokenizer_config.json or GGUF

@@ -198,6 +198,22 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     if (!post) return std::unexpected(post.error());
     L.input_norm = std::move(*in);
     L.post_norm = std::move(*post);
+    if (cfg.qk_norm) {
+      auto qn = vec(p + "q_norm", D);
+      auto kn = vec(p + "k_norm", D);
+      if (!qn) return std::unexpected(qn.error());
+      if (!kn) return std::unexpected(kn.error());
+      L.q_norm = std::move(*qn);
+      L.k_norm = std::move(*kn);
+    }
+    if (cfg.sandwich_norms) {
+      auto an = vec(p + "attn_out_norm", H);
+      auto fn = vec(p + "ffn_out_norm", H);
+      if (!an) return std::unexpected(an.error());
+      if (!fn) return std::unexpected(fn.error());
+      L.attn_out_norm = std::move(*an);
+      L.ffn_out_norm = std::move(*fn);
+    }
     m->layers_.push_back(std::move(L));
   }
   if (m->range_.head) {
@@ -235,6 +251,12 @@ result<std::unique_ptr<llama_model>> llama_model::build(
   if (cfg.scaling.type == rope_scaling::kind::linear) {
     return make_error(errc::unsupported_op,
                       src.path() + ": linear rope scaling is not implemented yet");
+  }
+  m->rope_local_ = m->rope_;
+  if (cfg.rope_local_theta > 0) {
+    m->rope_local_.theta = static_cast<float>(cfg.rope_local_theta);
+    m->rope_local_.llama3.reset();
+    m->rope_local_.freq_factors.clear();
   }
   spdlog::debug("loaded {}: {}", src.path(), m->describe());
   return m;
@@ -369,6 +391,7 @@ result<tensor> llama_model::embed(kernels::device& dev, std::span<const step_inp
   for (const auto& in : inputs) host_ids.insert(host_ids.end(), in.tokens.begin(), in.tokens.end());
   TRY(dev.write(*ids, std::as_bytes(std::span<const std::int32_t>(host_ids))));
   TRY(dev.embedding(embed_, *ids, *x));
+  if (cfg_.embed_scale != 1.0) TRY(dev.scale(*x, static_cast<float>(cfg_.embed_scale), *x));
   std::int64_t at = 0;
   for (const auto& in : inputs) {  // input embeddings replace table rows
     if (in.embed_token >= 0) {
@@ -449,17 +472,25 @@ result<llama_model::step_plan> llama_model::layers_step(
   auto k3 = k->reshape({T, NKV, D});
   auto v3 = v->reshape({T, NKV, D});
   auto att3 = att->reshape({T, NH, D});
-  if (!q3 || !k3 || !v3 || !att3) return make_error(errc::internal, "reshape failed");
+  auto qh = q->reshape({T * NH, D});  // one row per head (qk_norm)
+  auto kh = k->reshape({T * NKV, D});
+  if (!q3 || !k3 || !v3 || !att3 || !qh || !kh) return make_error(errc::internal, "reshape failed");
   std::vector<kernels::attention_sequence> seqs(inputs.size());
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const auto& L = layers_[l];
     auto& kv = cache.layer(static_cast<int>(l));
+    const bool sliding = cfg_.is_sliding(range_.first + static_cast<std::int64_t>(l));
+    const kernels::rope_params& rope = sliding ? rope_local_ : rope_;
     TRY(dev.rms_norm(x, L.input_norm, eps, *h));
     TRY(dev.matmul(*h, L.q, *q));
     TRY(dev.matmul(*h, L.k, *k));
     TRY(dev.matmul(*h, L.v, *v));
-    TRY(dev.rope(*q3, std::span<const std::int32_t>(positions), rope_, *q3));
-    TRY(dev.rope(*k3, std::span<const std::int32_t>(positions), rope_, *k3));
+    if (cfg_.qk_norm) {  // each head of q and k over head_dim
+      TRY(dev.rms_norm(*qh, L.q_norm, eps, *qh));
+      TRY(dev.rms_norm(*kh, L.k_norm, eps, *kh));
+    }
+    TRY(dev.rope(*q3, std::span<const std::int32_t>(positions), rope, *q3));
+    TRY(dev.rope(*k3, std::span<const std::int32_t>(positions), rope, *k3));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const auto n = static_cast<std::int64_t>(inputs[i].tokens.size());
       auto ks = k3->slice_rows(offset[i], n);
@@ -474,16 +505,26 @@ result<llama_model::step_plan> llama_model::layers_step(
       seqs[i].kv_len = start[i] + n;
       seqs[i].block_table = cache.block_table(inputs[i].seq);
     }
-    TRY(dev.attention_paged(kv, seqs, attn));
+    kernels::attention_options layer_attn = attn;
+    if (sliding && (layer_attn.window == 0 || layer_attn.window > cfg_.sliding_window)) {
+      layer_attn.window = static_cast<int>(cfg_.sliding_window);
+      layer_attn.sinks = 0;
+    }
+    TRY(dev.attention_paged(kv, seqs, layer_attn));
     TRY(dev.matmul(*att, L.o, *proj));
     if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the heads' partial sums
+    if (cfg_.sandwich_norms) TRY(dev.rms_norm(*proj, L.attn_out_norm, eps, *proj));
     TRY(dev.add(x, *proj, x));
     TRY(dev.rms_norm(x, L.post_norm, eps, *h));
     TRY(dev.matmul(*h, L.gate, *g));
     TRY(dev.matmul(*h, L.up, *u));
-    TRY(dev.swiglu(*g, *u, *g));
+    if (cfg_.gelu_ffn)
+      TRY(dev.geglu(*g, *u, *g));
+    else
+      TRY(dev.swiglu(*g, *u, *g));
     TRY(dev.matmul(*g, L.down, *proj));
     if (split_.size > 1) TRY(split_.all_reduce(*proj));  // the FFN slices' partial sums
+    if (cfg_.sandwich_norms) TRY(dev.rms_norm(*proj, L.ffn_out_norm, eps, *proj));
     TRY(dev.add(x, *proj, x));
   }
   return plan;

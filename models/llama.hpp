@@ -132,6 +132,8 @@ class llama_model {
   struct layer {
     kernels::matrix q, k, v, o, gate, up, down;
     kernels::tensor input_norm, post_norm;
+    kernels::tensor q_norm, k_norm;               // qk_norm: [head_dim] each
+    kernels::tensor attn_out_norm, ffn_out_norm;  // sandwich_norms: [hidden] each
   };
   // Per-step layout after checking the inputs against the cache.
   struct step_plan {
@@ -154,6 +156,7 @@ class llama_model {
   kernels::tensor norm_;
   std::vector<layer> layers_;
   kernels::rope_params rope_;
+  kernels::rope_params rope_local_;  // the sliding-window layers' (Gemma 3)
 };
 
 }  // namespace troupe::models

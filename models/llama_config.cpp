@@ -113,6 +113,13 @@ result<void> llama_config::validate(const std::string& src) const {
           errc::corrupt_data,
           field_error(src, "rope_scaling.original_max_position_embeddings", "must be positive"));
   }
+  if (!(embed_scale > 0 && embed_scale < 1e6))
+    return make_error(errc::corrupt_data, field_error(src, "embed_scale", "must be in (0, 1e6)"));
+  if (sliding_window < 0 || sliding_pattern < 0 || sliding_pattern > 1024)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "sliding_window", "window and pattern must be >= 0"));
+  if (sliding_window > 0 && rope_local_theta != 0 && !(rope_local_theta > 1))
+    return make_error(errc::corrupt_data, field_error(src, "rope_local_base_freq", "must be > 1"));
   for (auto id : bos_token_ids)
     if (id < 0 || id >= vocab_size)
       return make_error(errc::corrupt_data,
@@ -236,50 +243,99 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
   const auto* arch = f.find("general.architecture");
   if (!arch || !arch->as_string())
     return make_error(errc::corrupt_data, src + ": general.architecture missing");
-  if (*arch->as_string() != "llama")
-    return make_error(errc::unsupported_op, src + ": GGUF architecture '" + *arch->as_string() +
-                                                "' is not supported (llama)");
+  const std::string a = *arch->as_string();
+  if (a != "llama" && a != "gemma3")
+    return make_error(errc::unsupported_op,
+                      src + ": GGUF architecture '" + a + "' is not supported (llama, gemma3)");
+  const bool gemma = a == "gemma3";
   llama_config c;
-  c.layout = rope_layout::adjacent_pairs;
+  c.architecture = gemma ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
+  // llama.cpp's converter permutes LLaMA's q/k rows to adjacent pairs; it
+  // leaves Gemma's as they are (NEOX halves).
+  c.layout = gemma ? rope_layout::halves : rope_layout::adjacent_pairs;
+  const std::string pre = a + ".";
   auto get = [&](const std::string& key, std::int64_t& out, bool required) -> result<void> {
-    const auto* v = f.find("llama." + key);
+    const auto* v = f.find(pre + key);
     if (!v) {
-      if (required) return make_error(errc::corrupt_data, src + ": llama." + key + " missing");
+      if (required) return make_error(errc::corrupt_data, src + ": " + pre + key + " missing");
       return {};
     }
     auto i = v->as_int();
-    if (!i) return make_error(errc::corrupt_data, src + ": llama." + key + " must be an integer");
+    if (!i) return make_error(errc::corrupt_data, src + ": " + pre + key + " must be an integer");
     out = *i;
     return {};
   };
+  std::int64_t key_length = 0, value_length = 0;
   for (auto r :
        {get("embedding_length", c.hidden_size, true),
         get("feed_forward_length", c.intermediate_size, true),
         get("block_count", c.num_layers, true), get("attention.head_count", c.num_heads, true),
         get("attention.head_count_kv", c.num_kv_heads, false),
         get("context_length", c.max_position_embeddings, false),
-        get("rope.dimension_count", c.head_dim, false), get("vocab_size", c.vocab_size, false)})
+        get("rope.dimension_count", c.head_dim, false), get("vocab_size", c.vocab_size, false),
+        get("attention.key_length", key_length, gemma),
+        get("attention.value_length", value_length, false),
+        get("attention.sliding_window", c.sliding_window, false)})
     if (!r) return std::unexpected(r.error());
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  if (key_length > 0) {
+    if (value_length > 0 && value_length != key_length)
+      return make_error(errc::unsupported_op, src + ": attention.key_length " +
+                                                  std::to_string(key_length) + " != value_length " +
+                                                  std::to_string(value_length));
+    if (c.head_dim > 0 && c.head_dim != key_length)
+      return make_error(errc::unsupported_op,
+                        src + ": partial RoPE (rope.dimension_count " + std::to_string(c.head_dim) +
+                            " of head size " + std::to_string(key_length) + ") is not supported");
+    c.head_dim = key_length;
+  }
   if (c.head_dim == 0 && c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
   if (c.vocab_size == 0) {
     if (const auto* toks = f.find("tokenizer.ggml.tokens"); toks && toks->as_array())
       c.vocab_size = static_cast<std::int64_t>(toks->as_array()->size());
   }
-  if (const auto* v = f.find("llama.attention.layer_norm_rms_epsilon"); v && v->as_float())
+  if (const auto* v = f.find(pre + "attention.layer_norm_rms_epsilon"); v && v->as_float())
     c.rms_norm_eps = *v->as_float();
-  if (const auto* v = f.find("llama.rope.freq_base"); v && v->as_float())
+  if (const auto* v = f.find(pre + "rope.freq_base"); v && v->as_float())
     c.rope_theta = *v->as_float();
-  if (const auto* v = f.find("llama.rope.scaling.type");
-      v && v->as_string() && *v->as_string() == "linear") {
-    c.scaling.type = rope_scaling::kind::linear;
-    if (const auto* fct = f.find("llama.rope.scaling.factor"); fct && fct->as_float())
-      c.scaling.factor = *fct->as_float();
+  if (const auto* v = f.find(pre + "rope.scaling.type"); v && v->as_string()) {
+    const std::string& type = *v->as_string();
+    if (type == "linear") {
+      c.scaling.type = rope_scaling::kind::linear;
+      if (const auto* fct = f.find(pre + "rope.scaling.factor"); fct && fct->as_float())
+        c.scaling.factor = *fct->as_float();
+    } else if (type != "none") {
+      return make_error(errc::unsupported_op,
+                        src + ": rope scaling '" + type + "' is not supported (none, linear)");
+    }
+  }
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    if (f.find(pre + key))
+      return make_error(errc::unsupported_op,
+                        src + ": " + pre + key + " (logit soft-capping) is not supported yet");
+  if (gemma) {
+    // What llama.cpp hard-codes for gemma3: every 6th layer global, the
+    // windowed layers' RoPE base 10k, embeddings scaled by sqrt(hidden).
+    // The converter has already added Gemma's +1 to the norm weights.
+    c.family = decoder_family::gemma3;
+    c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+    c.qk_norm = true;
+    c.sandwich_norms = true;
+    c.gelu_ffn = true;
+    c.sliding_pattern = 6;
+    c.rope_local_theta = 10000.0;
   }
   if (const auto* v = f.find("tokenizer.ggml.bos_token_id"); v && v->as_int())
     c.bos_token_ids = {*v->as_int()};
   if (const auto* v = f.find("tokenizer.ggml.eos_token_id"); v && v->as_int())
     c.eos_token_ids = {*v->as_int()};
+  if (gemma) {  // Gemma's chat turns end with <end_of_turn>, not its EOS
+    if (const auto* toks = f.find("tokenizer.ggml.tokens"); toks && toks->as_array()) {
+      const auto& s = toks->as_array()->strings;
+      for (std::size_t i = 0; i < s.size(); ++i)
+        if (s[i] == "<end_of_turn>") c.eos_token_ids.push_back(static_cast<std::int64_t>(i));
+    }
+  }
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;

@@ -26,9 +26,16 @@ enum class rope_layout : std::uint8_t {
   adjacent_pairs,  ///< GGUF / Meta: x[2i] with x[2i+1]
 };
 
+/// The decoder families troupe runs: LLaMA and its relatives, and Gemma 3
+/// (text): GeGLU, RMSNorm on each head of q and k, norms on the attention
+/// and FFN outputs too, scaled embeddings, and sliding-window layers with
+/// their own RoPE base between global ones.
+enum class decoder_family : std::uint8_t { llama, gemma3 };
+
 /// The decoder hyper-parameters of a LLaMA-family model, validated.
 struct llama_config {
   std::string architecture = "LlamaForCausalLM";
+  decoder_family family = decoder_family::llama;
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
   std::int64_t intermediate_size = 0;
@@ -44,6 +51,22 @@ struct llama_config {
   bool tie_word_embeddings = false;
   std::vector<std::int64_t> bos_token_ids;
   std::vector<std::int64_t> eos_token_ids;
+  // Gemma 3 (all off for LLaMA).
+  double embed_scale = 1.0;  ///< embedding rows multiplied by this (Gemma: sqrt(hidden))
+  bool qk_norm = false;      ///< RMSNorm over each head of q and of k, before RoPE
+  bool sandwich_norms =
+      false;              ///< RMSNorm on the attention and FFN outputs before each residual add
+  bool gelu_ffn = false;  ///< GeGLU (gelu_tanh(gate) * up) instead of SwiGLU
+  std::int64_t sliding_window = 0;  ///< keys a windowed layer sees, itself included (0: none)
+  std::int64_t sliding_pattern =
+      0;                        ///< every n-th layer (n-1, 2n-1, ...) is global; 0: all windowed
+  double rope_local_theta = 0;  ///< RoPE base of the windowed layers (0: rope_theta)
+
+  /// Whether layer `l` attends through the sliding window.
+  bool is_sliding(std::int64_t l) const {
+    return sliding_window > 0 &&
+           (sliding_pattern == 0 || l % sliding_pattern != sliding_pattern - 1);
+  }
 
   /// Checks ranges and divisibility; the message names `source` and the field.
   result<void> validate(const std::string& source) const;

@@ -27,11 +27,19 @@ std::string gguf_name(const std::string& c) {
   for (auto [a, b] : top)
     if (c == a) return b;
   static const std::pair<const char*, const char*> per_layer[] = {
-      {"q_proj", "attn_q.weight"},      {"k_proj", "attn_k.weight"},
-      {"v_proj", "attn_v.weight"},      {"o_proj", "attn_output.weight"},
-      {"gate_proj", "ffn_gate.weight"}, {"up_proj", "ffn_up.weight"},
-      {"down_proj", "ffn_down.weight"}, {"input_norm", "attn_norm.weight"},
-      {"post_norm", "ffn_norm.weight"}};
+      {"q_proj", "attn_q.weight"},
+      {"k_proj", "attn_k.weight"},
+      {"v_proj", "attn_v.weight"},
+      {"o_proj", "attn_output.weight"},
+      {"gate_proj", "ffn_gate.weight"},
+      {"up_proj", "ffn_up.weight"},
+      {"down_proj", "ffn_down.weight"},
+      {"input_norm", "attn_norm.weight"},
+      {"post_norm", "ffn_norm.weight"},
+      {"q_norm", "attn_q_norm.weight"},
+      {"k_norm", "attn_k_norm.weight"},
+      {"attn_out_norm", "post_attention_norm.weight"},
+      {"ffn_out_norm", "post_ffw_norm.weight"}};
   if (c.rfind("layers.", 0) == 0) {
     const auto dot = c.find('.', 7);
     if (dot != std::string::npos) {

@@ -134,6 +134,14 @@ class remote_memory_device final : public kernels::device {
                                const kernels::tensor& out) override {
     return inner_->swiglu(local(g), local(u), local(out));
   }
+  kernels::result<void> geglu(const kernels::tensor& g, const kernels::tensor& u,
+                              const kernels::tensor& out) override {
+    return inner_->geglu(local(g), local(u), local(out));
+  }
+  kernels::result<void> scale(const kernels::tensor& x, float s,
+                              const kernels::tensor& out) override {
+    return inner_->scale(local(x), s, local(out));
+  }
   kernels::result<void> softmax(const kernels::tensor& x, const kernels::tensor& out,
                                 float scale) override {
     return inner_->softmax(local(x), local(out), scale);

@@ -380,7 +380,7 @@ def llama_cpp_ids(path):
 
 # Chat templates as published in the models' tokenizer_config.json / chat_template.json
 # (LLaMA-2-chat, Meta-Llama-3-Instruct, ChatML, Qwen2 ChatML with a default system
-# prompt, llava-1.5-hf), rendered with jinja2 the way transformers renders them.
+# prompt, llava-1.5-hf, Gemma 3 -it), rendered with jinja2 the way transformers renders them.
 CHAT_TEMPLATES = {
     "llama2": (
         "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -416,6 +416,47 @@ CHAT_TEMPLATES = {
         "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}"
         "{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"),
+    "gemma": (
+        "{{ bos_token }}\n"
+        "{%- if messages[0]['role'] == 'system' -%}\n"
+        "    {%- if messages[0]['content'] is string -%}\n"
+        "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+        "    {%- else -%}\n"
+        "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+        "    {%- endif -%}\n"
+        "    {%- set loop_messages = messages[1:] -%}\n"
+        "{%- else -%}\n"
+        "    {%- set first_user_prefix = \"\" -%}\n"
+        "    {%- set loop_messages = messages -%}\n"
+        "{%- endif -%}\n"
+        "{%- for message in loop_messages -%}\n"
+        "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+        "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+        "    {%- endif -%}\n"
+        "    {%- if (message['role'] == 'assistant') -%}\n"
+        "        {%- set role = \"model\" -%}\n"
+        "    {%- else -%}\n"
+        "        {%- set role = message['role'] -%}\n"
+        "    {%- endif -%}\n"
+        "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+        "    {%- if message['content'] is string -%}\n"
+        "        {{ message['content'] | trim }}\n"
+        "    {%- elif message['content'] is iterable -%}\n"
+        "        {%- for item in message['content'] -%}\n"
+        "            {%- if item['type'] == 'image' -%}\n"
+        "                {{ '<start_of_image>' }}\n"
+        "            {%- elif item['type'] == 'text' -%}\n"
+        "                {{ item['text'] | trim }}\n"
+        "            {%- endif -%}\n"
+        "        {%- endfor -%}\n"
+        "    {%- else -%}\n"
+        "        {{ raise_exception(\"Invalid content type\") }}\n"
+        "    {%- endif -%}\n"
+        "    {{ '<end_of_turn>\\n' }}\n"
+        "{%- endfor -%}\n"
+        "{%- if add_generation_prompt -%}\n"
+        "    {{'<start_of_turn>model\\n'}}\n"
+        "{%- endif -%}\n"),
 }
 
 
@@ -473,7 +514,8 @@ def render_chat(template, conversation, add_generation_prompt, bos, eos, name):
 
 def make_chat_fixtures():
     tokens = {"llama2": ("<s>", "</s>"), "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
-              "chatml": ("", "<|im_end|>"), "qwen2": ("", "<|im_end|>"), "llava": ("<s>", "</s>")}
+              "chatml": ("", "<|im_end|>"), "qwen2": ("", "<|im_end|>"), "llava": ("<s>", "</s>"),
+              "gemma": ("<bos>", "<eos>")}
     doc = {"templates": CHAT_TEMPLATES, "cases": []}
     for name, template in CHAT_TEMPLATES.items():
         bos, eos = tokens[name]

@@ -153,6 +153,14 @@ result<void> cpu_device::swiglu(const tensor& gate, const tensor& up, const tens
   return kernels::swiglu(*ctx_, gate, up, out);
 }
 
+result<void> cpu_device::geglu(const tensor& gate, const tensor& up, const tensor& out) {
+  return kernels::geglu(*ctx_, gate, up, out);
+}
+
+result<void> cpu_device::scale(const tensor& x, float s, const tensor& out) {
+  return kernels::scale(*ctx_, x, s, out);
+}
+
 result<void> cpu_device::softmax(const tensor& x, const tensor& out, float scale) {
   return kernels::softmax(*ctx_, x, out, scale);
 }

@@ -172,6 +172,41 @@ result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, con
   return {};
 }
 
+result<void> geglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out) {
+  if (auto r = ops_detail::check_rows("geglu gate", gate); !r) return r;
+  if (auto r = ops_detail::check_same("geglu up", up, gate); !r) return r;
+  if (auto r = ops_detail::check_same("geglu output", out, gate); !r) return r;
+  const std::int64_t n = gate.cols();
+  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
+  for_each_row(ctx, gate.rows(), n, [&](std::int64_t i) {
+    const float* g = gate.row_as<float>(i);
+    const float* u = up.row_as<float>(i);
+    float* y = out.row_as<float>(i);
+    if (level >= isa::avx512) {
+      cpu::geglu_row_avx512(g, u, y, n);
+    } else if (level >= isa::avx2) {
+      cpu::geglu_row_avx2(g, u, y, n);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) y[j] = gelu_scalar(g[j], gelu_kind::tanh) * u[j];
+    }
+  });
+  return {};
+}
+
+result<void> scale(cpu::context& ctx, const tensor& x, float s, const tensor& out) {
+  if (auto r = ops_detail::check_rows("scale input", x); !r) return r;
+  if (auto r = ops_detail::check_same("scale output", out, x); !r) return r;
+  if (!std::isfinite(s)) return make_error(errc::invalid_argument, "scale factor must be finite");
+  const std::int64_t n = x.cols();
+  // One IEEE multiply per element: the same bits however it is vectorized.
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    const float* a = x.row_as<float>(i);
+    float* y = out.row_as<float>(i);
+    for (std::int64_t j = 0; j < n; ++j) y[j] = a[j] * s;
+  });
+  return {};
+}
+
 result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, float scale) {
   if (auto r = ops_detail::check_rows("softmax input", x); !r) return r;
   if (auto r = ops_detail::check_same("softmax output", out, x); !r) return r;

@@ -142,6 +142,10 @@ void swiglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n) {
   map2(g, u, y, n, [one](__m256 gv, __m256 uv) { return _mm256_mul_ps(x_sigmoid(gv, one), uv); });
 }
 
+void geglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n) {
+  map2(g, u, y, n, [](__m256 gv, __m256 uv) { return _mm256_mul_ps(gelu_ps(gv, 0), uv); });
+}
+
 void gelu_row_avx2(const float* x, float* y, std::int64_t n, int kind) {
   if (kind == 0)
     map1(x, y, n, [](__m256 v) { return gelu_ps(v, 0); });

@@ -140,6 +140,10 @@ void swiglu_row_avx512(const float* g, const float* u, float* y, std::int64_t n)
   map2(g, u, y, n, [one](__m512 gv, __m512 uv) { return _mm512_mul_ps(x_sigmoid(gv, one), uv); });
 }
 
+void geglu_row_avx512(const float* g, const float* u, float* y, std::int64_t n) {
+  map2(g, u, y, n, [](__m512 gv, __m512 uv) { return _mm512_mul_ps(gelu_ps<0>(gv), uv); });
+}
+
 void gelu_row_avx512(const float* x, float* y, std::int64_t n, int kind) {
   if (kind == 0)
     map1(x, y, n, [](__m512 v) { return gelu_ps<0>(v); });

@@ -16,6 +16,8 @@ void scale_mul_avx2(const float* x, const float* w, float r, float* y, std::int6
 void silu_row_avx2(const float* x, float* y, std::int64_t n);
 // y = silu(g) * u
 void swiglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n);
+// gelu_tanh(g) * u
+void geglu_row_avx2(const float* g, const float* u, float* y, std::int64_t n);
 // kind: 0 tanh, 1 erf, 2 quick (gelu_kind's values)
 void gelu_row_avx2(const float* x, float* y, std::int64_t n, int kind);
 // y = a + b
@@ -33,6 +35,7 @@ float sum_squares_avx512(const float* x, std::int64_t n);
 void scale_mul_avx512(const float* x, const float* w, float r, float* y, std::int64_t n);
 void silu_row_avx512(const float* x, float* y, std::int64_t n);
 void swiglu_row_avx512(const float* g, const float* u, float* y, std::int64_t n);
+void geglu_row_avx512(const float* g, const float* u, float* y, std::int64_t n);
 void gelu_row_avx512(const float* x, float* y, std::int64_t n, int kind);
 void add_row_avx512(const float* a, const float* b, float* y, std::int64_t n);
 

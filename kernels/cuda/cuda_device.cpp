@@ -119,6 +119,9 @@ class cuda_device final : public device {
       case op_kind::attention:
         // f32 and f16 K/V, and int8 in a paged cache; not sparse yet.
         return t == dtype::f32 || t == dtype::f16 || t == dtype::i8;
+      case op_kind::geglu:
+      case op_kind::scale:
+        return false;  // no CUDA kernels yet (Gemma runs on a CPU device)
       default:
         return t == dtype::f32;
     }

@@ -314,6 +314,46 @@ op_case swiglu_case() {
           }};
 }
 
+// GeGLU (Gemma's FFN): gelu_tanh(gate) * up; 353 columns (a ragged tail).
+op_case geglu_case() {
+  return {"geglu", "f32", [](device& dev, std::mt19937& rng) {
+            if (!dev.supports(op_kind::geglu, dtype::f32)) return unsupported("f32");
+            constexpr std::int64_t rows = 4, cols = 353;
+            const auto gv = randn(rng, rows * cols, 3.0f), uv = randn(rng, rows * cols);
+            auto g = upload(dev, gv, {rows, cols});
+            auto u = upload(dev, uv, {rows, cols});
+            auto out = output(dev, {rows, cols});
+            auto r = dev.geglu(g, u, out);
+            EXPECT_TRUE(r.has_value()) << r.error().message;
+            outcome o;
+            o.got = download(dev, out);
+            for (std::size_t i = 0; i < gv.size(); ++i) {
+              const double x = gv[i];
+              const double gelu =
+                  0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+              o.ref.push_back(gelu * static_cast<double>(uv[i]));
+            }
+            return o;
+          }};
+}
+
+op_case scale_case() {
+  return {"scale", "f32", [](device& dev, std::mt19937& rng) {
+            if (!dev.supports(op_kind::scale, dtype::f32)) return unsupported("f32");
+            constexpr std::int64_t rows = 3, cols = 101;
+            const auto xv = randn(rng, rows * cols);
+            auto x = upload(dev, xv, {rows, cols});
+            auto out = output(dev, {rows, cols});
+            const float s = std::sqrt(640.0f);
+            auto r = dev.scale(x, s, out);
+            EXPECT_TRUE(r.has_value()) << r.error().message;
+            outcome o;
+            o.got = download(dev, out);
+            for (float v : xv) o.ref.push_back(static_cast<double>(v) * s);
+            return o;
+          }};
+}
+
 // out = a + b, with b of a's shape or (bias) one row added to every row.
 op_case add_case(bool bias) {
   return {"add", bias ? "f32, one row added to every row (a bias)" : "f32",
@@ -632,6 +672,8 @@ std::vector<op_case> all_cases() {
       [](device& d, const tensor& x, const tensor& o) { return d.gelu(x, gelu_kind::quick, o); },
       [](double x) { return x * sigmoid(1.702 * x); }));
   v.push_back(swiglu_case());
+  v.push_back(geglu_case());
+  v.push_back(scale_case());
   v.push_back(add_case(false));
   v.push_back(add_case(true));
   v.push_back(softmax_case());
@@ -798,6 +840,7 @@ TEST(Conformance, TheGpuRunsTheOpsItMustWhereAGpuIs) {
   // The GGUF formats past Q4_0 have no CUDA kernels yet (their layers run
   // on a CPU device); the GPU must say so rather than run them.
   auto cpu_only = [](const op_case& c) {
+    if (c.op == "geglu" || c.op == "scale") return true;
     for (int f = static_cast<int>(weight_format::q4_1);
          f <= static_cast<int>(weight_format::iq4_xs); ++f)
       if (c.type.rfind(std::string(to_string(static_cast<weight_format>(f))) + " ", 0) == 0 ||

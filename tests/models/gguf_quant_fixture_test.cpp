@@ -40,7 +40,7 @@ const std::map<std::string, test::fixture_array>& expected() {
 
 struct file_case {
   const char* key;    // <input>-<ftype>
-  const char* input;  // kq or llama3
+  const char* input;  // kq, llama3 or gemma3
   // Bounds on troupe vs llama.cpp (both read the same file): the largest
   // |difference| / logit range, and the share of positions whose argmax
   // agrees where llama.cpp's top-2 gap exceeds 1e-2 of the range.
@@ -56,7 +56,7 @@ const file_case cases[] = {
     {"kq-q4_k_m", "kq", 2e-2}, {"kq-q5_k_m", "kq", 2e-2},         {"kq-q6_k", "kq", 2e-2},
     {"kq-q3_k_m", "kq", 2e-2}, {"kq-q2_k", "kq", 2e-2},           {"kq-q4_1", "kq", 2e-2},
     {"kq-q5_0", "kq", 2e-2},   {"kq-q5_1", "kq", 2e-2},           {"kq-iq4_nl", "kq", 2e-2},
-    {"kq-iq4_xs", "kq", 2e-2}, {"llama3-q4_k_m", "llama3", 2e-2},
+    {"kq-iq4_xs", "kq", 2e-2}, {"llama3-q4_k_m", "llama3", 2e-2}, {"gemma3-q4_k_m", "gemma3", 1e-2},
 };
 
 std::string name_of(const ::testing::TestParamInfo<std::size_t>& info) {
@@ -148,6 +148,27 @@ TEST_P(GgufQuants, LogitsFollowLlamaCppOnTheSameFile) {
   EXPECT_LE(worst, c.max_rel);
   EXPECT_EQ(agree, checked);
   EXPECT_GE(checked, static_cast<int>(tokens.size()) * 3 / 4);
+  // Gemma 3: also against the exact forward (float64 over the dequantized
+  // weights), which both runtimes approximate by rounding activations.
+  if (auto it = f.find(std::string("exact.") + c.key); it != f.end()) {
+    const auto exact = it->second.as<float>();
+    const auto worst_of = [&](const std::vector<float>& x) {
+      double w = 0;
+      for (std::size_t p = 0; p < tokens.size(); ++p) {
+        const float* e = exact.data() + p * vocab;
+        const float* g = x.data() + p * vocab;
+        const auto [lo, hi] = std::minmax_element(e, e + vocab);
+        double err = 0;
+        for (std::int64_t v = 0; v < vocab; ++v)
+          err = std::max(err, std::fabs(double(g[v]) - double(e[v])));
+        w = std::max(w, err / (double(*hi) - double(*lo)));
+      }
+      return w;
+    };
+    const double ours = worst_of(got), theirs = worst_of(want);
+    std::printf("%-14s vs exact: troupe %.2e, llama.cpp %.2e x range\n", c.key, ours, theirs);
+    EXPECT_LE(ours, 2 * theirs);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryFile, GgufQuants, ::testing::Range<std::size_t>(0, std::size(cases)),
