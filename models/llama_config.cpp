@@ -198,29 +198,62 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
                         field_error(src, "tie_word_embeddings", "must be a boolean"));
     c.tie_word_embeddings = t->get<bool>();
   }
-  if (auto rs = j->find("rope_scaling"); rs != j->end() && !rs->is_null()) {
-    if (!rs->is_object())
-      return make_error(errc::corrupt_data, field_error(src, "rope_scaling", "must be an object"));
-    std::string type;
+  // RoPE: transformers 4.x writes rope_theta and rope_scaling; 5.x writes
+  // rope_parameters (rope_theta, rope_type and the factors in one object).
+  // Both are read; a type troupe does not implement is refused by name.
+  auto rope_object = [&](const json& rs, const std::string& key) -> result<void> {
+    if (!rs.is_object())
+      return make_error(errc::corrupt_data, field_error(src, key, "must be an object"));
+    if (rs.contains("full_attention") || rs.contains("sliding_attention"))
+      return make_error(errc::unsupported_op,
+                        field_error(src, key, "per-layer-type RoPE parameters are not supported"));
+    std::string type = key == "rope_scaling" ? "" : "default";
     for (const char* k : {"rope_type", "type"})
-      if (auto t = rs->find(k); t != rs->end() && t->is_string()) type = t->get<std::string>();
+      if (auto t = rs.find(k); t != rs.end()) {
+        if (!t->is_string())
+          return make_error(errc::corrupt_data,
+                            field_error(src, key + "." + k, "must be a string"));
+        type = t->get<std::string>();
+      }
     if (type == "llama3")
       c.scaling.type = rope_scaling::kind::llama3;
     else if (type == "linear")
       c.scaling.type = rope_scaling::kind::linear;
     else if (type != "default")
       return make_error(errc::unsupported_op,
-                        field_error(src, "rope_scaling.rope_type",
-                                    "'" + type + "' is not supported (llama3, linear)"));
+                        field_error(src, key + ".rope_type",
+                                    "'" + type + "' is not supported (default, llama3, linear)"));
+    if (auto r = get_float(rs, "rope_theta", c.rope_theta, src + " " + key); !r)
+      return std::unexpected(r.error());
     for (auto [k, out] : {std::pair{"factor", &c.scaling.factor},
                           std::pair{"low_freq_factor", &c.scaling.low_freq_factor},
                           std::pair{"high_freq_factor", &c.scaling.high_freq_factor}})
-      if (auto r = get_float(*rs, k, *out, src + " rope_scaling"); !r)
-        return std::unexpected(r.error());
-    if (auto r = get_int(*rs, "original_max_position_embeddings",
+      if (auto r = get_float(rs, k, *out, src + " " + key); !r) return std::unexpected(r.error());
+    if (auto r = get_int(rs, "original_max_position_embeddings",
                          c.scaling.original_max_position_embeddings, src);
         !r)
       return std::unexpected(r.error());
+    return {};
+  };
+  const auto params = j->find("rope_parameters");
+  const auto scaling = j->find("rope_scaling");
+  const bool has_params = params != j->end() && !params->is_null();
+  const bool has_scaling = scaling != j->end() && !scaling->is_null();
+  if (has_params && has_scaling && *params != *scaling)
+    return make_error(errc::corrupt_data,
+                      src + ": rope_parameters and rope_scaling are both set and differ");
+  if (has_params) {
+    const double old_theta = c.rope_theta;
+    const bool old_theta_given = j->contains("rope_theta");
+    if (auto r = rope_object(*params, "rope_parameters"); !r) return std::unexpected(r.error());
+    if (!params->contains("rope_theta") && !old_theta_given)
+      return make_error(errc::corrupt_data, field_error(src, "rope_parameters.rope_theta",
+                                                        "is missing (and no rope_theta)"));
+    if (old_theta_given && params->contains("rope_theta") && old_theta != c.rope_theta)
+      return make_error(errc::corrupt_data,
+                        src + ": rope_theta and rope_parameters.rope_theta differ");
+  } else if (has_scaling) {
+    if (auto r = rope_object(*scaling, "rope_scaling"); !r) return std::unexpected(r.error());
   }
   auto bos = get_ids(*j, "bos_token_id", src);
   auto eos = get_ids(*j, "eos_token_id", src);

@@ -134,6 +134,10 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
     src->llava_model_prefix_ = true;
   if (src->st_->find("model.vision_tower.vision_model.embeddings.patch_embedding.weight"))
     src->vision_prefix_ = "model.vision_tower.vision_model.";
+  // transformers 5 drops the CLIP tower's "vision_model." level.
+  for (const char* p : {"vision_tower.", "model.vision_tower."})
+    if (src->st_->find(std::string(p) + "embeddings.patch_embedding.weight"))
+      src->vision_prefix_ = p;
   if (src->st_->find("model.multi_modal_projector.linear_1.weight"))
     src->projector_prefix_ = "model.multi_modal_projector.";
   return src;

@@ -46,6 +46,20 @@ TEST(LlamaConfigValidation, BadConfigsNameTheField) {
       {with(R"(, "vocab_size": -5)"), "vocab_size"},
       {with(R"(, "tie_word_embeddings": "yes")"), "tie_word_embeddings"},
       {R"({"architectures": ["LlavaForConditionalGeneration"]})", "text_config"},
+      // transformers 5's rope_parameters: an unknown type is refused by name,
+      // never read as "no scaling".
+      {with(R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4})"),
+       "'yarn' is not supported"},
+      {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4})"), "'longrope'"},
+      {with(R"(, "rope_parameters": {"rope_type": 3, "rope_theta": 1e4})"), "rope_type"},
+      {with(R"(, "rope_parameters": {"rope_type": "default"})"), "rope_theta"},
+      {with(R"(, "rope_parameters": {"rope_theta": 0.5})"), "rope_theta"},
+      {with(R"(, "rope_parameters": [1])"), "rope_parameters"},
+      {with(
+           R"(, "rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 2e4})"),
+       "differ"},
+      {with(R"(, "rope_parameters": {"full_attention": {"rope_theta": 1e6}})"), "per-layer"},
+      {with(R"(, "rope_scaling": {"factor": 2})"), "rope_scaling"},
   };
   for (const auto& c : cases) {
     auto r = parse_llama_config(c.text, "c.json");
