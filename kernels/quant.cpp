@@ -451,6 +451,35 @@ void decode_block32(dtype t, const std::byte* row, std::int64_t b, block32& o) {
   same(0.0f);
 }
 
+bool superblock_scales(dtype t, const std::byte* row, std::int64_t sb, float& d, float& dmin) {
+  dmin = 0.0f;
+  switch (t) {
+    case dtype::q2_k:
+      d = to_f32(block_at<block_q2_k>(row, sb).d);
+      dmin = to_f32(block_at<block_q2_k>(row, sb).dmin);
+      return true;
+    case dtype::q3_k:
+      d = to_f32(block_at<block_q3_k>(row, sb).d);
+      return true;
+    case dtype::q4_k:
+      d = to_f32(block_at<block_q4_k>(row, sb).d);
+      dmin = to_f32(block_at<block_q4_k>(row, sb).dmin);
+      return true;
+    case dtype::q5_k:
+      d = to_f32(block_at<block_q5_k>(row, sb).d);
+      dmin = to_f32(block_at<block_q5_k>(row, sb).dmin);
+      return true;
+    case dtype::q6_k:
+      d = to_f32(block_at<block_q6_k>(row, sb).d);
+      return true;
+    case dtype::iq4_xs:
+      d = to_f32(block_at<block_iq4_xs>(row, sb).d);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void dequantize_row_blocks(dtype t, const std::byte* row, float* y, std::int64_t k) {
   block32 blk;
   for (std::int64_t b = 0; b < k / 32; ++b) {

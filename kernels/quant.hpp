@@ -115,6 +115,12 @@ struct block32 {
 /// dtype) starting at `row`.
 void decode_block32(dtype t, const std::byte* row, std::int64_t b, block32& out);
 
+/// The superblock scale d (and dmin; 0 where the format has none) of
+/// superblock `sb` of a row of a K-quant or IQ4_XS; false for the other types.
+/// Each 32-block's scale from decode_block32 is d times a small integer, and
+/// its offset -(dmin times one).
+bool superblock_scales(dtype t, const std::byte* row, std::int64_t sb, float& d, float& dmin);
+
 /// Dequantizes k elements (a whole number of blocks) of a row of any GGUF
 /// block dtype, exactly as ggml does.
 void dequantize_row_blocks(dtype t, const std::byte* row, float* y, std::int64_t k);

@@ -31,6 +31,16 @@ inline __m256i ld(const std::byte* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// 8 int8 at p as floats.
+inline __m256 i8_ps(const std::byte* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+constexpr bool is_super(mm_scale s) {
+  return s == mm_scale::super_f16 || s == mm_scale::super_half;
+}
+
 inline void prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + mm_prefetch_bytes), _MM_HINT_T0);
 }
@@ -77,7 +87,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       if constexpr (PF) prefetch(hdr);
     }
     __m256i is[MR][2];
-    __m256i ih[S == mm_scale::half_f32 ? MR : 1][2];  // second halves (half_f32)
+    __m256i ih[is_half_scale(S) ? MR : 1][2];  // second halves (half_f32, super_half)
     if constexpr (K == mm_kernel::u4) {
       __m256i s16[MR][2];
 #pragma GCC unroll 4
@@ -114,7 +124,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         is[r][0] = is[r][1] = _mm256_setzero_si256();
-        if constexpr (S == mm_scale::half_f32) ih[r][0] = ih[r][1] = _mm256_setzero_si256();
+        if constexpr (is_half_scale(S)) ih[r][0] = ih[r][1] = _mm256_setzero_si256();
       }
       // acc: where quad q's sums go (half_f32: quads 4..7, the block's
       // second half, in ih).
@@ -143,7 +153,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
           }
         }
       };
-      if constexpr (S == mm_scale::half_f32) {
+      if constexpr (is_half_scale(S)) {
         step(0, is), step(1, is), step(2, is), step(3, is);
         step(4, ih), step(5, ih), step(6, ih), step(7, ih);
       } else if constexpr (MR == 1) {
@@ -168,11 +178,27 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
         ws[s] = _mm256_setzero_ps();
       if constexpr (S == mm_scale::half_f32)
         wh[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 64 + s * 32));
-      if constexpr (Z == mm_zero::offset_f32) {
+      if constexpr (Z == mm_zero::offset_f32 && !is_super(S)) {
         constexpr int at = S == mm_scale::half_f32 ? 128 : 64;
         off[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + at + s * 32));
         if constexpr (S == mm_scale::half_f32)
           offh[s] = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 192 + s * 32));
+      }
+      if constexpr (is_super(S)) {  // d * sc and -(dmin * m): exact products
+        constexpr bool o = Z == mm_zero::offset_f32, h = S == mm_scale::super_half;
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + s * 16)));
+        const std::byte* sc = hdr + super_sc_at(o) + (h ? 2 * j : j) * 16 + s * 8;
+        ws[s] = _mm256_mul_ps(d, i8_ps(sc));
+        if constexpr (h) wh[s] = _mm256_mul_ps(d, i8_ps(sc + 16));
+        if constexpr (o) {
+          const __m256 neg = _mm256_set1_ps(-0.0f);
+          const __m256 dm =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 32 + s * 16)));
+          const std::byte* m = hdr + super_m_at(o, h) + (h ? 2 * j : j) * 16 + s * 8;
+          off[s] = _mm256_xor_ps(_mm256_mul_ps(dm, i8_ps(m)), neg);
+          if constexpr (h) offh[s] = _mm256_xor_ps(_mm256_mul_ps(dm, i8_ps(m + 16)), neg);
+        }
       }
       if constexpr (Z == mm_zero::group_u8)
         zg[s] = _mm256_cvtepu8_epi32(
@@ -185,7 +211,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       const __m256 dxb = _mm256_set1_ps(dx[r][b]);
       const __m256i sxb = _mm256_set1_epi32(sx[r][b]);
       __m256 slo = _mm256_setzero_ps(), shi = slo;
-      if constexpr (S == mm_scale::half_f32 && Z == mm_zero::offset_f32) {
+      if constexpr (is_half_scale(S) && Z == mm_zero::offset_f32) {
         std::int32_t lo = 0;
         for (int i = 0; i < 16; ++i) lo += xq[r][b * 32 + i];
         slo = _mm256_set1_ps(static_cast<float>(lo));
@@ -194,7 +220,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s) {
         __m256 f = _mm256_load_ps(facc[r] + 8 * s);
-        if constexpr (S == mm_scale::half_f32) {
+        if constexpr (is_half_scale(S)) {
           f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][s]), _mm256_mul_ps(ws[s], dxb), f);
           f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r][s]), _mm256_mul_ps(wh[s], dxb), f);
           if constexpr (Z == mm_zero::offset_f32) {
@@ -232,7 +258,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 // (half_f32 keeps twice the integer sums).
 template <mm_kernel K, mm_scale S>
 constexpr int tile_rows() {
-  return K == mm_kernel::u4 ? TROUPE_MR_U4 : S == mm_scale::half_f32 ? 2 : TROUPE_MR_S8;
+  return K == mm_kernel::u4 ? TROUPE_MR_U4 : is_half_scale(S) ? 2 : TROUPE_MR_S8;
 }
 
 // tile<R> for rows == R, R = MR, MR-1, ..., 1.
@@ -287,10 +313,22 @@ void mm_int_avx2(const mm_layout& l, const std::byte* w, const mm_int_acts& x, s
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)
       run_panels<K::u4, S::group_f32, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.scale == S::super_f16)
+      run_panels<K::u4, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::offset_f32)
       run_panels<K::u4, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else
       run_panels<K::u4, S::group_f32, Z::group_u8>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::super_half) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8, S::super_half, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8, S::super_half, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::super_f16) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8, S::super_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
   } else if (l.scale == S::half_f32) {
     if (l.zero == Z::offset_f32)
       run_panels<K::s8, S::half_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);

@@ -41,6 +41,16 @@ inline __m512i ld(const std::byte* p) {
   return _mm512_loadu_si512(reinterpret_cast<const void*>(p));
 }
 
+// 16 int8 at p as floats.
+inline __m512 i8_ps(const std::byte* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+constexpr bool is_super(mm_scale s) {
+  return s == mm_scale::super_f16 || s == mm_scale::super_half;
+}
+
 inline void prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + mm_prefetch_bytes), _MM_HINT_T0);
 }
@@ -109,7 +119,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
         if constexpr (PF) prefetch(blk + 64 * q);
         const __m512i w = ld(blk + 64 * q);
         // Chain 1 or 2: alternate quads, or (half_f32) the block's halves.
-        const bool first = S == mm_scale::half_f32 ? q < 4 : q % 2 == 0;
+        const bool first = is_half_scale(S) ? q < 4 : q % 2 == 0;
         if (first)
           wsum = _mm512_dpbusd_epi32(wsum, ones8, w);
         else
@@ -124,7 +134,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
             is2[r] = _mm512_dpbusd_epi32(is2[r], _mm512_set1_epi32(v), w);
         }
       }
-      if constexpr (S == mm_scale::half_f32) {
+      if constexpr (is_half_scale(S)) {
         const __m512i off1 = _mm512_slli_epi32(wsum, 7), off2 = _mm512_slli_epi32(wsum2, 7);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
@@ -149,11 +159,29 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       ws = _mm512_setzero_ps();
     if constexpr (S == mm_scale::half_f32)
       wh = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr + 64));
-    if constexpr (Z == mm_zero::offset_f32) {
+    if constexpr (Z == mm_zero::offset_f32 && !is_super(S)) {
       off = _mm512_loadu_ps(
           reinterpret_cast<const float*>(hdr + (S == mm_scale::half_f32 ? 128 : 64)));
       if constexpr (S == mm_scale::half_f32)
         offh = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr + 192));
+    }
+    if constexpr (is_super(S)) {  // d * sc and -(dmin * m): exact products
+      constexpr bool o = Z == mm_zero::offset_f32, h = S == mm_scale::super_half;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr)));
+      const std::byte* sc = hdr + super_sc_at(o) + (h ? 2 * j : j) * 16;
+      ws = _mm512_mul_ps(d, i8_ps(sc));
+      if constexpr (h) wh = _mm512_mul_ps(d, i8_ps(sc + 16));
+      if constexpr (o) {
+        const __m512i neg = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+        const __m512 dm =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr + 32)));
+        const std::byte* m = hdr + super_m_at(o, h) + (h ? 2 * j : j) * 16;
+        off = _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dm, i8_ps(m))), neg));
+        if constexpr (h)
+          offh = _mm512_castsi512_ps(
+              _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dm, i8_ps(m + 16))), neg));
+      }
     }
     if constexpr (Z == mm_zero::group_u8)
       zg = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 64)));
@@ -163,7 +191,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     for (int r = 0; r < MR; ++r) {
       const __m512 dxb = _mm512_set1_ps(dx[r][b]);
       const __m512i sxb = _mm512_set1_epi32(sx[r][b]);
-      if constexpr (S == mm_scale::half_f32) {
+      if constexpr (is_half_scale(S)) {
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(ws, dxb), facc[r]);
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is2[r]), _mm512_mul_ps(wh, dxb), facc[r]);
         if constexpr (Z == mm_zero::offset_f32) {
@@ -249,10 +277,22 @@ void mm_int_avx512_vnni(const mm_layout& l, const std::byte* w, const mm_int_act
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)
       run_panels<K::u4, S::group_f32, Z::eight>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.scale == S::super_f16)
+      run_panels<K::u4, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::offset_f32)
       run_panels<K::u4, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
     else
       run_panels<K::u4, S::group_f32, Z::group_u8>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::super_half) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8_m, S::super_half, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8_m, S::super_half, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.scale == S::super_f16) {
+    if (l.zero == Z::offset_f32)
+      run_panels<K::s8_m, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else
+      run_panels<K::s8_m, S::super_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
   } else if (l.scale == S::half_f32) {
     if (l.zero == Z::offset_f32)
       run_panels<K::s8_m, S::half_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);

@@ -25,7 +25,28 @@ enum class mm_scale : std::uint8_t {
   /// columns' first-half scales, then their second-half ones): Q2_K, Q3_K,
   /// Q6_K. The integer dot is then two sums, one per half.
   half_f32,
+  /// The K-quant superblock scales, compact (what the files store, and the
+  /// same products): per superblock of 8 blocks, 16 f16 scales d (and with
+  /// offset_f32, 16 f16 mins dmin), then int8 sub-scales (and int8 sub-mins)
+  /// [block][column]; a block's scale is d * sc (exact in f32: an f16 times
+  /// an int of at most 8 bits), its offset -(dmin * m). super_f16: one
+  /// sub-scale per block (Q4_K, Q5_K, IQ4_XS); super_half: one per half of
+  /// a block, [half][column] (Q2_K, Q3_K, Q6_K).
+  super_f16,
+  super_half,
 };
+
+/// Whether a scale kind keeps two integer sums per block (one per half).
+constexpr bool is_half_scale(mm_scale s) {
+  return s == mm_scale::half_f32 || s == mm_scale::super_half;
+}
+/// Byte offsets inside a superblock header of the compact (super_*) kinds.
+constexpr std::int64_t super_sc_at(bool offset) {
+  return offset ? 64 : 32;
+}
+constexpr std::int64_t super_m_at(bool offset, bool half) {
+  return super_sc_at(offset) + (half ? 256 : 128);
+}
 
 /// The integer zero point subtracted as zp * sum(x) per 32-block.
 enum class mm_zero : std::uint8_t {

@@ -44,6 +44,38 @@ bool has_minus_128(const weight_matrix& w) {
   return false;
 }
 
+// Whether every 32-block of a K-quant / IQ4_XS matrix has its scale (and
+// offset) as superblock d (dmin) times an int8, exactly: always so for what
+// the formats can encode, unless d itself is not finite. Then the compact
+// super_* layout holds the same values as the f32 one.
+bool compact_scales(const weight_matrix& w) {
+  const dtype dt = w.data.type();
+  float d = 0, dmin = 0;
+  if (!superblock_scales(dt, w.data.row(0), 0, d, dmin)) return false;
+  block32 blk;
+  auto factor = [](float v, float base, std::int8_t& out) {
+    if (v == 0.0f) return out = 0, true;
+    if (!std::isfinite(base) || base == 0.0f) return false;
+    const float q = v / base;
+    if (!(q >= -128.0f && q <= 127.0f) || q != std::nearbyint(q)) return false;
+    out = static_cast<std::int8_t>(q);
+    return base * static_cast<float>(out) == v;
+  };
+  for (std::int64_t r = 0; r < w.rows; ++r) {
+    const std::byte* row = w.data.row(r);
+    for (std::int64_t b = 0; b < w.cols / 32; ++b) {
+      if (b % 8 == 0) superblock_scales(dt, row, b / 8, d, dmin);
+      decode_block32(dt, row, b, blk);
+      std::int8_t q = 0;
+      for (int h = 0; h < 2; ++h) {
+        if (!factor(blk.scale[h], d, q)) return false;
+        if (blk.has_offset && !factor(-blk.offset[h], dmin, q)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 mm_layout make_layout(const weight_matrix& w) {
   mm_layout l;
   l.n = w.rows;
@@ -112,6 +144,10 @@ mm_layout make_layout(const weight_matrix& w) {
         l.scale = mm_scale::block_f16;
         l.sb_blocks = 2;
         l.sb_header = 64;
+      } else if (compact_scales(w)) {  // the K-quants' d * sc, as the file has them
+        l.scale = half ? mm_scale::super_half : mm_scale::super_f16;
+        l.sb_blocks = 8;
+        l.sb_header = cpu::super_m_at(offset, half) + (offset ? (half ? 256 : 128) : 0);
       } else if (half) {
         l.scale = mm_scale::half_f32;
         l.sb_header = offset ? 256 : 128;
@@ -164,7 +200,26 @@ void pack_block_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p
       std::byte* hdr = dst + l.header_offset(b);
       std::byte* out = dst + l.block_offset(b);
       const bool off = l.zero == mm_zero::offset_f32;
-      if (l.scale == mm_scale::block_f16) {
+      if (l.scale == mm_scale::super_f16 || l.scale == mm_scale::super_half) {
+        // compact_scales() checked that these quotients are exact int8s.
+        const bool half = l.scale == mm_scale::super_half;
+        float d = 0, dmin = 0;
+        superblock_scales(dt, row, b / 8, d, dmin);
+        const std::int64_t j = b % 8;
+        if (j == 0) {
+          store(hdr + cc * 2, to_f16(d).bits);
+          if (off) store(hdr + 32 + cc * 2, to_f16(dmin).bits);
+        }
+        auto q = [](float v, float base) {
+          return static_cast<std::int8_t>(v == 0.0f ? 0.0f : v / base);
+        };
+        const std::int64_t sc_at = cpu::super_sc_at(off), m_at = cpu::super_m_at(off, half);
+        for (int h = 0; h < (half ? 2 : 1); ++h) {
+          const std::int64_t sub = half ? 2 * j + h : j;
+          store(hdr + sc_at + sub * 16 + cc, q(blk.scale[h], d));
+          if (off) store(hdr + m_at + sub * 16 + cc, q(-blk.offset[h], dmin));
+        }
+      } else if (l.scale == mm_scale::block_f16) {
         store(hdr + (b % l.sb_blocks) * 32 + cc * 2, to_f16(blk.scale[0]).bits);  // exact
       } else if (l.scale == mm_scale::half_f32) {
         store(hdr + cc * 4, blk.scale[0]);

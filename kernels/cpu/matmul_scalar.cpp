@@ -77,16 +77,40 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
           std::int32_t ilo = 0, ihi = 0;  // the dot over each half of the block
           for (std::int64_t j = 0; j < 16; ++j) ilo += xq[b * 32 + j] * int_code(l, blk, cc, j);
           for (std::int64_t j = 16; j < 32; ++j) ihi += xq[b * 32 + j] * int_code(l, blk, cc, j);
-          if (l.scale == mm_scale::half_f32) {
+          // The compact K-quant scales: d * sc and -(dmin * m), exact products.
+          float sw[2] = {0, 0}, so[2] = {0, 0};
+          const bool super = l.scale == mm_scale::super_f16 || l.scale == mm_scale::super_half;
+          const bool half = is_half_scale(l.scale), off = l.zero == mm_zero::offset_f32;
+          if (super) {
+            const std::int64_t j = b % l.sb_blocks;
+            const float d = to_f32(f16{load<std::uint16_t>(hdr + cc * 2)});
+            const float dmin = off ? to_f32(f16{load<std::uint16_t>(hdr + 32 + cc * 2)}) : 0.0f;
+            for (int h = 0; h < 2; ++h) {
+              const std::int64_t sub = half ? 2 * j + h : j;
+              sw[h] =
+                  d * static_cast<float>(load<std::int8_t>(hdr + super_sc_at(off) + sub * 16 + cc));
+              if (off)
+                so[h] = -(dmin * static_cast<float>(load<std::int8_t>(hdr + super_m_at(off, half) +
+                                                                      sub * 16 + cc)));
+            }
+          } else if (l.scale == mm_scale::half_f32) {
+            sw[0] = load<float>(hdr + cc * 4);
+            sw[1] = load<float>(hdr + 64 + cc * 4);
+            if (off)
+              so[0] = load<float>(hdr + 128 + cc * 4), so[1] = load<float>(hdr + 192 + cc * 4);
+          } else if (l.scale == mm_scale::group_f32) {
+            sw[0] = load<float>(hdr + cc * 4);
+            if (off) so[0] = load<float>(hdr + 64 + cc * 4);
+          }
+          if (half) {
             const float d = dx[b];
-            acc = std::fma(static_cast<float>(ilo), load<float>(hdr + cc * 4) * d, acc);
-            acc = std::fma(static_cast<float>(ihi), load<float>(hdr + 64 + cc * 4) * d, acc);
-            if (l.zero == mm_zero::offset_f32) {
+            acc = std::fma(static_cast<float>(ilo), sw[0] * d, acc);
+            acc = std::fma(static_cast<float>(ihi), sw[1] * d, acc);
+            if (off) {
               std::int32_t slo = 0;
               for (std::int64_t j = 0; j < 16; ++j) slo += xq[b * 32 + j];
-              acc = std::fma(static_cast<float>(slo), load<float>(hdr + 128 + cc * 4) * d, acc);
-              acc = std::fma(static_cast<float>(sx[b] - slo), load<float>(hdr + 192 + cc * 4) * d,
-                             acc);
+              acc = std::fma(static_cast<float>(slo), so[0] * d, acc);
+              acc = std::fma(static_cast<float>(sx[b] - slo), so[1] * d, acc);
             }
             continue;
           }
@@ -108,11 +132,10 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
           float sc = dx[b];
           if (l.scale == mm_scale::block_f16)
             sc = to_f32(f16{load<std::uint16_t>(hdr + (b % l.sb_blocks) * 32 + cc * 2)}) * dx[b];
-          else if (l.scale == mm_scale::group_f32)
-            sc = load<float>(hdr + cc * 4) * dx[b];
+          else if (l.scale == mm_scale::group_f32 || super)
+            sc = sw[0] * dx[b];
           acc = std::fma(static_cast<float>(isum), sc, acc);
-          if (l.zero == mm_zero::offset_f32)
-            acc = std::fma(static_cast<float>(sx[b]), load<float>(hdr + 64 + cc * 4) * dx[b], acc);
+          if (off) acc = std::fma(static_cast<float>(sx[b]), so[0] * dx[b], acc);
         }
         if (l.scale == mm_scale::col_end) acc = acc * load<float>(wp + cc * 4);
         y[r * ldy + p * 16 + cc] = acc;

@@ -279,6 +279,26 @@ TEST(Matmul, PackedBytesCoverTheStream) {
   // 64 x 256 Q8_0 = 64 * 8 blocks * 34 bytes, no padding at these sizes.
   EXPECT_EQ(p->bytes(), 64u * 8u * 34u);
   EXPECT_EQ(p->format(), weight_format::q8_0);
+  // K-quants keep their compact scales: per 16 columns and superblock of 256,
+  // f16 d and dmin (64 bytes) and int8 sub-scales and sub-mins (2 x 128) for
+  // Q4_K (4.625 bits a weight, the file's 4.5); f16 d (32) and 16 int8
+  // half-block scales per column (256) for Q6_K, whose 6-bit codes are
+  // stored as bytes.
+  auto q4k = troupe::test::random_block_weights(ctx->memory(), weight_format::q4_k, 64, 512, 5);
+  auto pk = packed_matrix::pack(*ctx, q4k);
+  ASSERT_TRUE(pk);
+  EXPECT_EQ(pk->bytes(), 4u * 2u * (320u + 8u * 256u));
+  auto q6k = troupe::test::random_block_weights(ctx->memory(), weight_format::q6_k, 64, 512, 6);
+  auto p6 = packed_matrix::pack(*ctx, q6k);
+  ASSERT_TRUE(p6);
+  EXPECT_EQ(p6->bytes(), 4u * 2u * (288u + 8u * 512u));
+  // A superblock scale that is not finite cannot be factored: the matrix
+  // falls back to f32 scales and offsets per 32-block (128 bytes a block).
+  auto* d = reinterpret_cast<std::uint16_t*>(q4k.data.row(7));
+  *d = 0x7e00;  // f16 NaN
+  auto pf = packed_matrix::pack(*ctx, q4k);
+  ASSERT_TRUE(pf);
+  EXPECT_EQ(pf->bytes(), 4u * 16u * (128u + 256u));
 }
 
 TEST(OnednnMatmul, AgreesWithReference) {
