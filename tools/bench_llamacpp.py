@@ -5,7 +5,10 @@ Not run by CI. llama.cpp comes from PyPI's llama-cpp-python (built from source
 by pip, so for this machine's CPU):
     python3 -m pip install --target /tmp/pydeps-llamacpp llama-cpp-python==0.3.36
     PYTHONPATH=/tmp/pydeps-llamacpp python3 tools/bench_llamacpp.py build/bench-models/tinyllama-q4_0.gguf ...
-bench_llama calls it with --one in each of its rounds (--llamacpp DIR).
+bench_llama calls it with --one in each of its rounds (--llamacpp DIR), and
+with --quantize SRC DST FTYPE to make the K-quant (and other llama.cpp-only)
+files it measures: llama.cpp's own quantizer (llama_model_quantize), e.g.
+FTYPE Q4_K_M from the F16 file.
 Prints, per file and thread count: prefill tokens/s (one batch of --prompt
 tokens) and decode tokens/s (--gen single-token steps), median of --runs.
 """
@@ -34,9 +37,21 @@ def measure(path, threads, prompt, gen, runs):
     return statistics.median(pre), statistics.median(dec)
 
 
+def quantize(src, dst, ftype):
+    import ctypes
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + ftype.upper())
+    p.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize {ftype}: {rc}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("models", nargs="+")
+    ap.add_argument("--quantize", nargs=3, metavar=("SRC", "DST", "FTYPE"),
+                    help="write DST from SRC with llama.cpp's quantizer and exit")
+    ap.add_argument("models", nargs="*")
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
@@ -45,6 +60,9 @@ def main():
                     help="one run of the first model at the first thread count; print only "
                          "'prefill_tps decode_tps' (bench_llama's interleaved rounds)")
     a = ap.parse_args()
+    if a.quantize:
+        quantize(*a.quantize)
+        return
     if a.one:
         p, d = measure(a.models[0], int(a.threads.split(",")[0]), a.prompt, a.gen, 1)
         print(f"{p:.3f} {d:.3f}", flush=True)

@@ -6,6 +6,12 @@
 // troupe's decode and, when llama-cpp-python can be imported, llama.cpp on
 // the same file and threads (tools/bench_llamacpp.py --one). Each ratio is
 // the median over the rounds of that round's ratio, with its range.
+// Formats: f32, f16, q8_0, q4_0 are written by troupe; any other name is a
+// llama.cpp ftype (q4_k_m, q5_k_m, q6_k, q5_0, iq4_xs, ...), written from the
+// F16 file by llama.cpp's own quantizer (tools/bench_llamacpp.py --quantize,
+// so it needs llama-cpp-python). The limit divides the read bandwidth by the
+// bytes a token needs in the FILE's format (the 2-D weights, one embedding
+// row, the LM head): troupe's packed matrices may hold a little more.
 //   bench_llama [--threads 2,1] [--formats f16,q8_0,q4_0] [--rounds 5]
 //               [--prompt 512] [--gen 128] [--models DIR] [--shape tinyllama|llama2-7b]
 //               [--llamacpp auto|off|PYTHONPATH] [--quick]
@@ -15,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -24,6 +31,7 @@
 
 #include "bench/common/measure.hpp"
 #include "kernels/cpu/onednn_matmul.hpp"
+#include "models/gguf.hpp"
 #include "models/llama.hpp"
 #include "models/random_model.hpp"
 
@@ -109,7 +117,35 @@ struct llama_cpp {
     if (got != 2 || rc != 0 || p <= 0 || d <= 0) return std::nullopt;
     return std::make_pair(p, d);
   }
+
+  // Writes `dst` from `src` with llama.cpp's quantizer (ftype e.g. "q4_k_m").
+  bool quantize(const std::string& src, const std::string& dst, const std::string& ftype) const {
+    if (!why_not.empty()) return false;
+    const std::string cmd = env() + "python3 " + quoted(tool) + " --quantize " + quoted(src) + " " +
+                            quoted(dst) + " " + quoted(ftype) + " >/dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0;
+  }
 };
+
+// Bytes of weights a decoded token reads in the file's own formats: every
+// 2-D tensor but the embedding table, one row of it, and the table again
+// when it is also the LM head.
+double file_bytes_per_token(const std::string& path) {
+  auto f = models::gguf_file::open(path);
+  if (!f) return 0;
+  double b = 0;
+  bool tied = f->find_tensor("output.weight") == nullptr;
+  for (const auto& t : f->tensors()) {
+    if (t.ne.size() != 2) continue;
+    if (t.name == "token_embd.weight") {
+      b += double(t.bytes) / double(t.ne[1]);
+      if (tied) b += double(t.bytes);
+    } else {
+      b += double(t.bytes);
+    }
+  }
+  return b;
+}
 
 // "median [min-max]" of per-round ratios.
 std::string spread(const std::vector<double>& v, const char* fmt = "%.2f") {
@@ -237,16 +273,17 @@ int main(int argc, char** argv) {
       "prefill %d tokens, decode %d tokens, %d interleaved rounds; load average at start %s\n",
       opt.prompt, opt.gen, opt.rounds, load_average().c_str());
   std::printf(
-      "limit = the best read pass (of %zu read loops, right before each decode) / weight bytes per "
-      "token; each ratio: the median over the rounds of that round's ratio [min-max]\n",
+      "limit = the best read pass (of %zu read loops, right before each decode) / the weight bytes "
+      "a token needs in the file's formats (GB/tok; troupe: what its packed matrices read); each "
+      "ratio: the median over the rounds of that round's ratio [min-max]\n",
       read_kernels().size());
   if (lcpp.why_not.empty())
     std::printf("llama.cpp: measured in each round on the same file (%s)\n\n", lcpp.tool.c_str());
   else
     std::printf("llama.cpp: not measured: %s\n\n", lcpp.why_not.c_str());
-  std::printf("%-6s %-3s %8s %8s %8s %-18s | %8s %-18s | %7s %7s %-18s %-18s\n", "format", "thr",
-              "GB/tok", "decode", "limit", "decode/limit", "prefill", "prefill/u8s8", "l.cpp:d",
-              "l.cpp:p", "decode/l.cpp", "prefill/l.cpp");
+  std::printf("%-6s %-3s %8s %8s %8s %8s %-18s | %8s %-18s | %7s %7s %-18s %-18s\n", "format",
+              "thr", "GB/tok", "troupe", "decode", "limit", "decode/limit", "prefill",
+              "prefill/u8s8", "l.cpp:d", "l.cpp:p", "decode/l.cpp", "prefill/l.cpp");
   for (int threads : opt.threads) {
     auto dev = make_device(threads);
     auto& ctx = dev->ctx();  // the CPU kernels beside the model: oneDNN and the bandwidth pass
@@ -255,22 +292,35 @@ int main(int argc, char** argv) {
     std::map<std::string, int> winners;  // which read loop gave the limit
     std::vector<double> u8s8_all;
     for (const auto& fname : opt.formats) {
-      auto fmt = k::weight_format_from_string(fname);
-      if (!fmt) {
-        std::fprintf(stderr, "%s\n", fmt.error().message.c_str());
-        return 2;
-      }
-      const std::string path =
-          opt.models + "/" + opt.shape + "-" + fname + (opt.quick ? "-2l" : "") + ".gguf";
-      if (!exists(path)) {
-        models::random_model_spec spec;
-        spec.config = cfg;
-        spec.format = *fmt;
-        if (auto r = models::write_random_gguf(path, spec); !r) {
-          std::fprintf(stderr, "%s\n", r.error().message.c_str());
-          return 1;
+      auto model_path = [&](const std::string& f) {
+        return opt.models + "/" + opt.shape + "-" + f + (opt.quick ? "-2l" : "") + ".gguf";
+      };
+      std::function<int(const std::string&)> write = [&](const std::string& f) -> int {
+        const std::string path = model_path(f);
+        if (exists(path)) return 0;
+        auto fmt = k::weight_format_from_string(f);
+        if (fmt && k::quantizable(*fmt)) {
+          models::random_model_spec spec;
+          spec.config = cfg;
+          spec.format = *fmt;
+          if (auto r = models::write_random_gguf(path, spec); !r) {
+            std::fprintf(stderr, "%s\n", r.error().message.c_str());
+            return 1;
+          }
+          return 0;
         }
-      }
+        // A llama.cpp ftype: its quantizer makes it from the F16 file.
+        if (int rc = write("f16"); rc != 0) return rc;
+        if (!lcpp.quantize(model_path("f16"), path, f)) {
+          std::fprintf(stderr, "%s: llama.cpp's quantizer could not write it (%s)\n", path.c_str(),
+                       lcpp.why_not.empty() ? "unknown ftype?" : lcpp.why_not.c_str());
+          return 2;
+        }
+        return 0;
+      };
+      const std::string path = model_path(fname);
+      if (int rc = write(fname); rc != 0) return rc;
+      const double file_bytes = file_bytes_per_token(path);
       std::vector<double> prefill_tps, decode_tps, limits, frac, pf_u8s8, l_dec, l_pf, r_dec, r_pf;
       double bytes_tok = 0;
       for (int r = 0; r < opt.rounds; ++r) {
@@ -314,7 +364,7 @@ int main(int argc, char** argv) {
               (pf * layer_flops_per_token(cfg) + pf / opt.prompt * lm_head_flops(cfg)) / 1e9;
           prefill_tps.push_back(pf);
           decode_tps.push_back(dec);
-          limits.push_back(limit.gbps * 1e9 / bytes_tok);
+          limits.push_back(limit.gbps * 1e9 / (file_bytes > 0 ? file_bytes : bytes_tok));
           frac.push_back(dec / limits.back());
           u8s8_all.push_back(u8s8);
           if (u8s8 > 0) pf_u8s8.push_back(gops / u8s8);
@@ -331,10 +381,11 @@ int main(int argc, char** argv) {
         std::snprintf(ld, sizeof ld, "%.1f", median(l_dec));
         std::snprintf(lp, sizeof lp, "%.1f", median(l_pf));
       }
-      std::printf("%-6s %-3d %8.3f %8.2f %8.2f %-18s | %8.1f %-18s | %7s %7s %-18s %-18s\n",
-                  fname.c_str(), threads, bytes_tok / 1e9, median(decode_tps), median(limits),
-                  spread(frac).c_str(), median(prefill_tps), spread(pf_u8s8).c_str(), ld, lp,
-                  spread(r_dec).c_str(), spread(r_pf).c_str());
+      std::printf("%-6s %-3d %8.3f %8.3f %8.2f %8.2f %-18s | %8.1f %-18s | %7s %7s %-18s %-18s\n",
+                  fname.c_str(), threads, (file_bytes > 0 ? file_bytes : bytes_tok) / 1e9,
+                  bytes_tok / 1e9, median(decode_tps), median(limits), spread(frac).c_str(),
+                  median(prefill_tps), spread(pf_u8s8).c_str(), ld, lp, spread(r_dec).c_str(),
+                  spread(r_pf).c_str());
       std::fflush(stdout);
     }
     std::string w;

@@ -151,10 +151,19 @@ result<void> gelu(cpu::context& ctx, const tensor& x, gelu_kind kind, const tens
   return {};
 }
 
-result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out) {
-  if (auto r = ops_detail::check_rows("swiglu gate", gate); !r) return r;
-  if (auto r = ops_detail::check_same("swiglu up", up, gate); !r) return r;
-  if (auto r = ops_detail::check_same("swiglu output", out, gate); !r) return r;
+namespace {
+
+using gated_row_fn = void (*)(const float*, const float*, float*, std::int64_t);
+
+// out = act(gate) * up, row by row on the ISA level's kernel (`scalar` is
+// the portable act(g) * u of one element).
+template <class Scalar>
+result<void> gated(cpu::context& ctx, const char* name, const tensor& gate, const tensor& up,
+                   const tensor& out, gated_row_fn avx512, gated_row_fn avx2, Scalar scalar) {
+  const std::string n0 = name;
+  if (auto r = ops_detail::check_rows((n0 + " gate").c_str(), gate); !r) return r;
+  if (auto r = ops_detail::check_same((n0 + " up").c_str(), up, gate); !r) return r;
+  if (auto r = ops_detail::check_same((n0 + " output").c_str(), out, gate); !r) return r;
   const std::int64_t n = gate.cols();
   const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
   for_each_row(ctx, gate.rows(), n, [&](std::int64_t i) {
@@ -162,35 +171,26 @@ result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, con
     const float* u = up.row_as<float>(i);
     float* y = out.row_as<float>(i);
     if (level >= isa::avx512) {
-      cpu::swiglu_row_avx512(g, u, y, n);
+      avx512(g, u, y, n);
     } else if (level >= isa::avx2) {
-      cpu::swiglu_row_avx2(g, u, y, n);
+      avx2(g, u, y, n);
     } else {
-      for (std::int64_t j = 0; j < n; ++j) y[j] = sigmoid_mul(g[j], 1.0f) * u[j];
+      for (std::int64_t j = 0; j < n; ++j) y[j] = scalar(g[j], u[j]);
     }
   });
   return {};
 }
 
+}  // namespace
+
+result<void> swiglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out) {
+  return gated(ctx, "swiglu", gate, up, out, cpu::swiglu_row_avx512, cpu::swiglu_row_avx2,
+               [](float g, float u) { return sigmoid_mul(g, 1.0f) * u; });
+}
+
 result<void> geglu(cpu::context& ctx, const tensor& gate, const tensor& up, const tensor& out) {
-  if (auto r = ops_detail::check_rows("geglu gate", gate); !r) return r;
-  if (auto r = ops_detail::check_same("geglu up", up, gate); !r) return r;
-  if (auto r = ops_detail::check_same("geglu output", out, gate); !r) return r;
-  const std::int64_t n = gate.cols();
-  const isa level = cpu::effective_isa(ctx.level(), isa::avx512);
-  for_each_row(ctx, gate.rows(), n, [&](std::int64_t i) {
-    const float* g = gate.row_as<float>(i);
-    const float* u = up.row_as<float>(i);
-    float* y = out.row_as<float>(i);
-    if (level >= isa::avx512) {
-      cpu::geglu_row_avx512(g, u, y, n);
-    } else if (level >= isa::avx2) {
-      cpu::geglu_row_avx2(g, u, y, n);
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) y[j] = gelu_scalar(g[j], gelu_kind::tanh) * u[j];
-    }
-  });
-  return {};
+  return gated(ctx, "geglu", gate, up, out, cpu::geglu_row_avx512, cpu::geglu_row_avx2,
+               [](float g, float u) { return gelu_scalar(g, gelu_kind::tanh) * u; });
 }
 
 result<void> scale(cpu::context& ctx, const tensor& x, float s, const tensor& out) {
