@@ -115,9 +115,12 @@ result<void> llama_config::validate(const std::string& src) const {
   }
   if (!(embed_scale > 0 && embed_scale < 1e6))
     return make_error(errc::corrupt_data, field_error(src, "embed_scale", "must be in (0, 1e6)"));
-  if (sliding_window < 0 || sliding_pattern < 0 || sliding_pattern > 1024)
-    return make_error(errc::corrupt_data,
-                      field_error(src, "sliding_window", "window and pattern must be >= 0"));
+  if (sliding_window < 0 || sliding_window > (1 << 24) || sliding_pattern < 0 ||
+      sliding_pattern > 1024)
+    return make_error(
+        errc::corrupt_data,
+        field_error(src, "sliding_window",
+                    "window must be in [0, 2^24] and the layer pattern in [0, 1024]"));
   if (sliding_window > 0 && rope_local_theta != 0 && !(rope_local_theta > 1))
     return make_error(errc::corrupt_data, field_error(src, "rope_local_base_freq", "must be > 1"));
   for (auto id : bos_token_ids)

@@ -2,7 +2,10 @@
 
 #include "../temp_path.hpp"
 
+#include <cmath>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "models/llama_config.hpp"
 
@@ -99,4 +102,58 @@ TEST(LlamaConfig, FromGgufMetadata) {
   EXPECT_EQ(c->layout, rope_layout::adjacent_pairs);
   EXPECT_TRUE(c->tie_word_embeddings);  // no output.weight tensor
   EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+}
+
+// gemma3 metadata: the family's switches, llama.cpp's layer pattern, and
+// refusals by name for what troupe does not implement.
+TEST(LlamaConfig, FromGemma3GgufMetadata) {
+  auto write = [](const std::function<void(gguf_writer&)>& extra) {
+    gguf_writer w;
+    w.set_string("general.architecture", "gemma3");
+    w.set_u32("gemma3.embedding_length", 640);
+    w.set_u32("gemma3.feed_forward_length", 2048);
+    w.set_u32("gemma3.block_count", 12);
+    w.set_u32("gemma3.attention.head_count", 4);
+    w.set_u32("gemma3.attention.head_count_kv", 1);
+    w.set_u32("gemma3.attention.key_length", 256);
+    w.set_u32("gemma3.attention.value_length", 256);
+    w.set_u32("gemma3.attention.sliding_window", 512);
+    w.set_f32("gemma3.rope.freq_base", 1e6f);
+    std::vector<std::string> toks(300, "x");
+    toks[106] = "<end_of_turn>";
+    w.set_strings("tokenizer.ggml.tokens", toks);
+    w.set_u32("tokenizer.ggml.eos_token_id", 1);
+    extra(w);
+    const std::string path = troupe::test::temp_path("gemma.gguf");
+    EXPECT_TRUE(w.write(path));
+    auto f = gguf_file::open(path);
+    EXPECT_TRUE(f);
+    return llama_config_from_gguf(*f);
+  };
+  auto c = write([](gguf_writer&) {});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->family, decoder_family::gemma3);
+  EXPECT_EQ(c->head_dim, 256);  // key_length, not 640 / 4
+  EXPECT_EQ(c->layout, rope_layout::halves);
+  EXPECT_TRUE(c->qk_norm && c->sandwich_norms && c->gelu_ffn);
+  EXPECT_DOUBLE_EQ(c->embed_scale, std::sqrt(640.0));
+  EXPECT_EQ(c->rope_local_theta, 10000.0);
+  for (int l = 0; l < 12; ++l) EXPECT_EQ(c->is_sliding(l), l % 6 != 5) << l;
+  EXPECT_EQ(c->eos_token_ids, (std::vector<std::int64_t>{1, 106}));
+  struct bad {
+    std::function<void(gguf_writer&)> set;
+    const char* says;
+  };
+  const bad cases[] = {
+      {[](gguf_writer& w) { w.set_f32("gemma3.final_logit_softcapping", 30.0f); }, "soft-capping"},
+      {[](gguf_writer& w) { w.set_string("gemma3.rope.scaling.type", "yarn"); }, "'yarn'"},
+      {[](gguf_writer& w) { w.set_u32("gemma3.attention.value_length", 128); }, "value_length"},
+      {[](gguf_writer& w) { w.set_u64("gemma3.attention.sliding_window", 1ull << 40); },
+       "sliding_window"},
+  };
+  for (const auto& b : cases) {
+    auto r = write(b.set);
+    ASSERT_FALSE(r) << b.says;
+    EXPECT_NE(r.error().message.find(b.says), std::string::npos) << r.error().message;
+  }
 }
