@@ -192,27 +192,21 @@ result<std::unique_ptr<llama_model>> llama_model::build(
       if (!w) return std::unexpected(w.error());
       *out = std::move(*w);
     }
-    auto in = vec(p + "input_norm", H);
-    auto post = vec(p + "post_norm", H);
-    if (!in) return std::unexpected(in.error());
-    if (!post) return std::unexpected(post.error());
-    L.input_norm = std::move(*in);
-    L.post_norm = std::move(*post);
-    if (cfg.qk_norm) {
-      auto qn = vec(p + "q_norm", D);
-      auto kn = vec(p + "k_norm", D);
-      if (!qn) return std::unexpected(qn.error());
-      if (!kn) return std::unexpected(kn.error());
-      L.q_norm = std::move(*qn);
-      L.k_norm = std::move(*kn);
-    }
-    if (cfg.sandwich_norms) {
-      auto an = vec(p + "attn_out_norm", H);
-      auto fn = vec(p + "ffn_out_norm", H);
-      if (!an) return std::unexpected(an.error());
-      if (!fn) return std::unexpected(fn.error());
-      L.attn_out_norm = std::move(*an);
-      L.ffn_out_norm = std::move(*fn);
+    struct norm {
+      const char* name;
+      kernels::tensor* out;
+      std::int64_t n;
+      bool held;  // what the family has
+    };
+    for (auto [name, out, n, held] :
+         {norm{"input_norm", &L.input_norm, H, true}, norm{"post_norm", &L.post_norm, H, true},
+          norm{"q_norm", &L.q_norm, D, cfg.qk_norm}, norm{"k_norm", &L.k_norm, D, cfg.qk_norm},
+          norm{"attn_out_norm", &L.attn_out_norm, H, cfg.sandwich_norms},
+          norm{"ffn_out_norm", &L.ffn_out_norm, H, cfg.sandwich_norms}}) {
+      if (!held) continue;
+      auto t = vec(p + name, n);
+      if (!t) return std::unexpected(t.error());
+      *out = std::move(*t);
     }
     m->layers_.push_back(std::move(L));
   }
