@@ -33,7 +33,10 @@ struct attention_options {
   float scale = 0.0f;  ///< score scale; 0 means 1/sqrt(head_dim)
   int window = 0;      ///< 0 = no window
   int sinks = 0;       ///< attention-sink / global tokens kept with a window
-  int top_k = -1;      ///< -1 = not sparse; >= 0 KV blocks chosen per query block
+  /// Soft-capping (Gemma 2): each scaled score s becomes c * tanh(s / c)
+  /// before the softmax; 0 = off.
+  float softcap = 0.0f;
+  int top_k = -1;  ///< -1 = not sparse; >= 0 KV blocks chosen per query block
   /// Sparse only: query positions [j*query_block, (j+1)*query_block) share one
   /// block selection. With 1 a row's output never depends on the other rows
   /// of the call; with more it is the same for any chunking whose chunk

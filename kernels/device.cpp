@@ -48,6 +48,8 @@ std::string_view to_string(op_kind op) {
       return "geglu";
     case op_kind::scale:
       return "scale";
+    case op_kind::softcap:
+      return "softcap";
   }
   return "unknown";
 }
@@ -101,6 +103,11 @@ result<void> device::geglu(const tensor&, const tensor&, const tensor&) {
 
 result<void> device::scale(const tensor&, float, const tensor&) {
   return make_error(errc::unsupported_op, "scale: " + info().name + " has no scale kernel");
+}
+
+result<void> device::softcap(const tensor&, float, const tensor&) {
+  return make_error(errc::unsupported_op,
+                    "softcap: " + info().name + " has no soft-capping kernel");
 }
 
 result<tensor> host_view(device& dev, const tensor& t, std::vector<std::byte>& keep) {

@@ -59,8 +59,9 @@ enum class op_kind : std::uint8_t {
   add,
   attention,
   conv2d_patch,
-  geglu,  ///< gelu_tanh(gate) * up (Gemma's FFN)
-  scale,  ///< x * s (Gemma's embedding scale)
+  geglu,    ///< gelu_tanh(gate) * up (Gemma's FFN)
+  scale,    ///< x * s (Gemma's embedding scale)
+  softcap,  ///< c * tanh(x / c) (Gemma 2's logits)
 };
 std::string_view to_string(op_kind op);
 
@@ -187,6 +188,8 @@ class device {
   virtual result<void> geglu(const tensor& gate, const tensor& up, const tensor& out);
   /// out = x * s over f32 rows. The same rule as geglu.
   virtual result<void> scale(const tensor& x, float s, const tensor& out);
+  /// out = c * tanh(x / c) over f32 rows (c > 0). The same rule as geglu.
+  virtual result<void> softcap(const tensor& x, float c, const tensor& out);
   virtual result<void> softmax(const tensor& x, const tensor& out, float scale = 1.0f) = 0;
   /// out = a + b over rows of f32: `b` has a's shape, or is one row (a
   /// bias: [cols] or [1, cols]) added to every row of `a`.

@@ -102,6 +102,9 @@ result<void> geglu(cpu::context& ctx, const tensor& gate, const tensor& up, cons
 
 /// out = x * s (f32 rows; out may be x).
 result<void> scale(cpu::context& ctx, const tensor& x, float s, const tensor& out);
+/// out = c * tanh(x / c) over f32 rows (c > 0 and finite): Gemma 2's logit
+/// soft-capping. Scalar std::tanh: the same bits on every ISA.
+result<void> softcap(cpu::context& ctx, const tensor& x, float c, const tensor& out);
 
 /// Softmax of scale * x over the last dim (max-subtracted). A row whose
 /// entries are all -inf gives zeros.

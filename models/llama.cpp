@@ -111,9 +111,39 @@ result<std::unique_ptr<llama_model>> llama_model::build(
                                                 ", " + std::to_string(cols) + "]");
     return {};
   };
+  // A canonical tensor: a view of the file's, or for families that keep
+  // q, k, v (and gate, up) in one matrix, the rows of it that are this one.
+  const std::int64_t NH = cfg.num_heads, NKV = cfg.num_kv_heads, F = cfg.intermediate_size;
+  auto fetch = [&](const std::string& name) -> result<tensor> {
+    if (!cfg.fused_qkv || name.rfind("layers.", 0) != 0) return src.get(name);
+    const auto dot = name.find('.', 7);
+    const std::string prefix = name.substr(0, dot + 1), leaf = name.substr(dot + 1);
+    struct part {
+      const char* leaf;
+      const char* fused;
+      std::int64_t r0, n, total;
+    };
+    for (auto [l, fused, r0, n, total] :
+         {part{"q_proj", "qkv_proj", 0, NH * D, (NH + 2 * NKV) * D},
+          part{"k_proj", "qkv_proj", NH * D, NKV * D, (NH + 2 * NKV) * D},
+          part{"v_proj", "qkv_proj", (NH + NKV) * D, NKV * D, (NH + 2 * NKV) * D},
+          part{"gate_proj", "gate_up_proj", 0, F, 2 * F},
+          part{"up_proj", "gate_up_proj", F, F, 2 * F}}) {
+      if (leaf != l) continue;
+      auto t = src.get(prefix + fused);
+      if (!t) return t;
+      if (t->ndim() != 2 || t->dim(0) != total || t->dim(1) != H)
+        return make_error(errc::corrupt_data,
+                          src.path() + ": tensor '" + src.file_name(prefix + fused) +
+                              "' has shape " + t->shape().to_string() + ", the config implies [" +
+                              std::to_string(total) + ", " + std::to_string(H) + "]");
+      return t->slice_rows(r0, n);
+    }
+    return src.get(name);
+  };
   auto matrix = [&](const std::string& name, std::int64_t rows,
                     std::int64_t cols) -> result<kernels::weight_matrix> {
-    auto t = src.get(name);
+    auto t = fetch(name);
     if (!t) return std::unexpected(t.error());
     if (auto r = expect_shape(name, *t, rows, cols); !r) return std::unexpected(r.error());
     return check(convert_weight(pool, *t, plan.choose(name, t->type()), plan.int4_group),
@@ -130,7 +160,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
   auto sliced = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t r0,
                     std::int64_t nr, std::int64_t c0, std::int64_t nc) -> result<kernels::matrix> {
     if (split.size == 1) return packed(name, rows, cols);
-    auto t = src.get(name);
+    auto t = fetch(name);
     if (!t) return std::unexpected(t.error());
     if (auto r = expect_shape(name, *t, rows, cols); !r) return std::unexpected(r.error());
     if (!t->is_contiguous())
@@ -155,14 +185,28 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     if (!w) return std::unexpected(w.error());
     return check(dev.prepare(*w), src.file_name(name));
   };
-  auto vec = [&](const std::string& name, std::int64_t n) -> result<tensor> {
+  // A 1-D tensor as f32 in the device's memory: rows [r0, r0 + count) of
+  // it (count -1: all), plus `offset` (HF Gemma's norms multiply by 1 + w).
+  auto vec = [&](const std::string& name, std::int64_t n, double offset = 0, std::int64_t r0 = 0,
+                 std::int64_t count = -1) -> result<tensor> {
     auto t = src.get(name);
     if (!t) return std::unexpected(t.error());
     if (t->ndim() != 1 || t->dim(0) != n)
       return make_error(errc::corrupt_data, src.path() + ": tensor '" + src.file_name(name) +
                                                 "' has shape " + t->shape().to_string() +
                                                 ", expected [" + std::to_string(n) + "]");
-    return to_f32(dev, *t);
+    if (offset == 0 && r0 == 0 && count == -1) return to_f32(dev, *t);
+    auto host = to_f32(*kernels::memory_pool::create(), *t);
+    if (!host) return host;
+    auto part = host->slice_rows(r0, count == -1 ? n : count);
+    if (!part) return part;
+    std::vector<float> values(part->data_as<float>(), part->data_as<float>() + part->numel());
+    for (auto& v : values) v = static_cast<float>(v + offset);
+    auto out = tensor::empty(dev.memory(), dtype::f32, {static_cast<std::int64_t>(values.size())});
+    if (!out) return out;
+    if (auto r = dev.write(*out, std::as_bytes(std::span<const float>(values))); !r)
+      return std::unexpected(r.error());
+    return out;
   };
 
   if (m->range_.embed) {
@@ -179,7 +223,6 @@ result<std::unique_ptr<llama_model>> llama_model::build(
       std::int64_t rows, cols, r0, nr, c0, nc;  // full shape, this rank's slice
     };
     const std::int64_t k = split.rank, NHl = m->nh_, NKVl = m->nkv_, Fl = m->ffn_;
-    const std::int64_t NH = cfg.num_heads, NKV = cfg.num_kv_heads, F = cfg.intermediate_size;
     for (auto [name, out, rows, cols, r0, nr, c0, nc] :
          {mat{"q_proj", &L.q, NH * D, H, k * NHl * D, NHl * D, 0, H},
           mat{"k_proj", &L.k, NKV * D, H, k * NKVl * D, NKVl * D, 0, H},
@@ -198,20 +241,39 @@ result<std::unique_ptr<llama_model>> llama_model::build(
       std::int64_t n;
       bool held;  // what the family has
     };
+    // The FFN input norm: LLaMA's "post-attention" norm, Gemma's
+    // "pre-feedforward" one (its "post-attention" norm is on the attention
+    // output).
+    const char* ffn_in = cfg.sandwich_norms ? "pre_ffn_norm" : "post_norm";
     for (auto [name, out, n, held] :
-         {norm{"input_norm", &L.input_norm, H, true}, norm{"post_norm", &L.post_norm, H, true},
+         {norm{"input_norm", &L.input_norm, H, true}, norm{ffn_in, &L.post_norm, H, true},
           norm{"q_norm", &L.q_norm, D, cfg.qk_norm}, norm{"k_norm", &L.k_norm, D, cfg.qk_norm},
           norm{"attn_out_norm", &L.attn_out_norm, H, cfg.sandwich_norms},
           norm{"ffn_out_norm", &L.ffn_out_norm, H, cfg.sandwich_norms}}) {
       if (!held) continue;
-      auto t = vec(p + name, n);
+      auto t = vec(p + name, n, cfg.norm_offset);
       if (!t) return std::unexpected(t.error());
       *out = std::move(*t);
+    }
+    if (cfg.qkv_bias) {  // this rank's rows of each
+      struct bias {
+        const char* name;
+        kernels::tensor* out;
+        std::int64_t n, r0, count;
+      };
+      for (auto [name, out, n, r0, count] :
+           {bias{"q_proj.bias", &L.q_bias, NH * D, k * NHl * D, NHl * D},
+            bias{"k_proj.bias", &L.k_bias, NKV * D, k * NKVl * D, NKVl * D},
+            bias{"v_proj.bias", &L.v_bias, NKV * D, k * NKVl * D, NKVl * D}}) {
+        auto t = vec(p + name, n, 0, r0, count);
+        if (!t) return std::unexpected(t.error());
+        *out = std::move(*t);
+      }
     }
     m->layers_.push_back(std::move(L));
   }
   if (m->range_.head) {
-    auto norm = vec("norm", H);
+    auto norm = vec("norm", H, cfg.norm_offset);
     if (!norm) return std::unexpected(norm.error());
     m->norm_ = std::move(*norm);
     const bool tied = cfg.tie_word_embeddings || !src.has("lm_head");
@@ -243,8 +305,12 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     m->rope_.freq_factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
   }
   if (cfg.scaling.type == rope_scaling::kind::linear) {
-    return make_error(errc::unsupported_op,
-                      src.path() + ": linear rope scaling is not implemented yet");
+    // Positions divided by the factor: every frequency divided by it.
+    if (!m->rope_.freq_factors.empty())
+      return make_error(errc::unsupported_op,
+                        src.path() + ": linear RoPE scaling with per-frequency factors");
+    m->rope_.freq_factors.assign(static_cast<std::size_t>(D / 2),
+                                 static_cast<float>(cfg.scaling.factor));
   }
   m->rope_local_ = m->rope_;
   if (cfg.rope_local_theta > 0) {
@@ -420,6 +486,9 @@ result<llama_model::step_plan> llama_model::layers_step(
   if (auto r = check_hidden(x, T, H, "run_layers"); !r) return std::unexpected(r.error());
   // A cache that frees blocks behind a window only works with that window.
   kernels::attention_options attn = attn_in;
+  if (attn.scale == 0.0f && cfg_.attn_scale > 0) attn.scale = static_cast<float>(cfg_.attn_scale);
+  if (attn.softcap == 0.0f && cfg_.attn_softcap > 0)
+    attn.softcap = static_cast<float>(cfg_.attn_softcap);
   if (cache.options().window > 0) {
     attn.window = cache.options().window;
     attn.sinks = cache.options().sinks;
@@ -479,6 +548,11 @@ result<llama_model::step_plan> llama_model::layers_step(
     TRY(dev.matmul(*h, L.q, *q));
     TRY(dev.matmul(*h, L.k, *k));
     TRY(dev.matmul(*h, L.v, *v));
+    if (cfg_.qkv_bias) {
+      TRY(dev.add(*q, L.q_bias, *q));
+      TRY(dev.add(*k, L.k_bias, *k));
+      TRY(dev.add(*v, L.v_bias, *v));
+    }
     if (cfg_.qk_norm) {  // each head of q and k over head_dim
       TRY(dev.rms_norm(*qh, L.q_norm, eps, *qh));
       TRY(dev.rms_norm(*kh, L.k_norm, eps, *kh));
@@ -564,6 +638,8 @@ result<tensor> llama_model::head(kernels::device& dev, std::span<const step_inpu
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
   TRY(dev.rms_norm(*sel, norm_, eps, *sel));
   TRY(dev.matmul(*sel, lm_head_, *logits));
+  if (cfg_.final_softcap > 0)
+    TRY(dev.softcap(*logits, static_cast<float>(cfg_.final_softcap), *logits));
   return logits;
 }
 

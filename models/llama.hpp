@@ -134,6 +134,7 @@ class llama_model {
     kernels::tensor input_norm, post_norm;
     kernels::tensor q_norm, k_norm;               // qk_norm: [head_dim] each
     kernels::tensor attn_out_norm, ffn_out_norm;  // sandwich_norms: [hidden] each
+    kernels::tensor q_bias, k_bias, v_bias;       // qkv_bias: this rank's rows
   };
   // Per-step layout after checking the inputs against the cache.
   struct step_plan {

@@ -1,8 +1,10 @@
 #include "models/llama_config.hpp"
 
 #include <sys/stat.h>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -57,7 +59,43 @@ result<std::vector<std::int64_t>> get_ids(const json& j, const char* key, const 
   return out;
 }
 
+// What a Hugging Face `architectures` entry (or a LLaVA text config's
+// model_type) is, among the families troupe runs.
+struct known_arch {
+  const char* name;
+  decoder_family family;
+};
+constexpr known_arch hf_archs[] = {
+    {"LlamaForCausalLM", decoder_family::llama},   {"MistralForCausalLM", decoder_family::mistral},
+    {"Qwen2ForCausalLM", decoder_family::qwen2},   {"Phi3ForCausalLM", decoder_family::phi3},
+    {"Gemma2ForCausalLM", decoder_family::gemma2}, {"Gemma3ForCausalLM", decoder_family::gemma3}};
+constexpr known_arch llava_text_types[] = {{"llama", decoder_family::llama},
+                                           {"mistral", decoder_family::mistral},
+                                           {"qwen2", decoder_family::qwen2}};
+
+bool is_gemma(decoder_family f) {
+  return f == decoder_family::gemma2 || f == decoder_family::gemma3;
+}
+
 }  // namespace
+
+const char* to_string(decoder_family f) {
+  switch (f) {
+    case decoder_family::llama:
+      return "llama";
+    case decoder_family::mistral:
+      return "mistral";
+    case decoder_family::qwen2:
+      return "qwen2";
+    case decoder_family::phi3:
+      return "phi3";
+    case decoder_family::gemma2:
+      return "gemma2";
+    case decoder_family::gemma3:
+      return "gemma3";
+  }
+  return "?";
+}
 
 result<std::string> read_text_file(const std::string& path, std::size_t max_bytes) {
   struct stat st {};
@@ -123,6 +161,20 @@ result<void> llama_config::validate(const std::string& src) const {
                     "window must be in [0, 2^24] and the layer pattern in [0, 1024]"));
   if (sliding_window > 0 && rope_local_theta != 0 && !(rope_local_theta > 1))
     return make_error(errc::corrupt_data, field_error(src, "rope_local_base_freq", "must be > 1"));
+  if (!(attn_scale >= 0 && attn_scale < 1e3))
+    return make_error(errc::corrupt_data, field_error(src, "query_pre_attn_scalar",
+                                                      "gives an attention scale outside [0, 1e3)"));
+  for (auto [name, v] : {std::pair{"attn_logit_softcapping", attn_softcap},
+                         std::pair{"final_logit_softcapping", final_softcap}})
+    if (!(v >= 0 && v < 1e6))
+      return make_error(errc::corrupt_data, field_error(src, name, "must be in [0, 1e6)"));
+  if (!(norm_offset >= 0 && norm_offset <= 1))
+    return make_error(errc::corrupt_data, field_error(src, "norm_offset", "must be in [0, 1]"));
+  if (!sliding_layers.empty() && static_cast<std::int64_t>(sliding_layers.size()) != num_layers)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "layer_types",
+                                  "has " + std::to_string(sliding_layers.size()) + " entries for " +
+                                      std::to_string(num_layers) + " layers"));
   for (auto id : bos_token_ids)
     if (id < 0 || id >= vocab_size)
       return make_error(errc::corrupt_data,
@@ -133,6 +185,110 @@ result<void> llama_config::validate(const std::string& src) const {
                         field_error(src, "eos_token_id", "outside the vocabulary"));
   return {};
 }
+
+namespace {
+
+// An optional number that may be null (null and absent give `fallback`).
+result<double> number_or(const json& j, const char* key, double fallback, const std::string& src) {
+  double v = fallback;
+  if (auto r = get_float(j, key, v, src); !r) return std::unexpected(r.error());
+  return v;
+}
+
+// The window, which layers use it, and the switches of each family.
+result<void> apply_family(const json& j, const std::string& src, llama_config& c) {
+  std::int64_t window = 0;
+  if (auto r = get_int(j, "sliding_window", window, src); !r) return std::unexpected(r.error());
+  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array())
+      return make_error(errc::corrupt_data, field_error(src, "layer_types", "must be a list"));
+    for (const auto& e : *lt) {
+      const std::string t = e.is_string() ? e.get<std::string>() : std::string();
+      if (t != "sliding_attention" && t != "full_attention")
+        return make_error(errc::unsupported_op,
+                          field_error(src, "layer_types",
+                                      "holds '" + (e.is_string() ? t : e.dump()) +
+                                          "' (sliding_attention, full_attention)"));
+      c.sliding_layers.push_back(t == "sliding_attention" ? 1 : 0);
+    }
+  }
+  const bool any_sliding =
+      std::find(c.sliding_layers.begin(), c.sliding_layers.end(), 1) != c.sliding_layers.end();
+  switch (c.family) {
+    case decoder_family::llama:
+      break;
+    case decoder_family::mistral:
+    case decoder_family::phi3:
+      // One window on every layer (transformers applies it when set).
+      c.sliding_window = window;
+      c.sliding_pattern = 0;
+      c.fused_qkv = c.family == decoder_family::phi3;
+      break;
+    case decoder_family::qwen2: {
+      c.qkv_bias = true;
+      // transformers 4.x: use_sliding_window puts the window on the layers
+      // from max_window_layers on; 5.x writes that out as layer_types.
+      bool use = false;
+      if (auto u = j.find("use_sliding_window"); u != j.end() && u->is_boolean())
+        use = u->get<bool>();
+      if (c.sliding_layers.empty() && use) {
+        std::int64_t from = c.num_layers;
+        if (auto r = get_int(j, "max_window_layers", from, src); !r)
+          return std::unexpected(r.error());
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+          c.sliding_layers.push_back(l >= from ? 1 : 0);
+      }
+      const bool slides =
+          std::find(c.sliding_layers.begin(), c.sliding_layers.end(), 1) != c.sliding_layers.end();
+      c.sliding_window = slides ? window : 0;  // Qwen2 writes a window it does not use
+      if (!slides) c.sliding_layers.clear();
+      break;
+    }
+    case decoder_family::gemma2:
+    case decoder_family::gemma3: {
+      const bool g3 = c.family == decoder_family::gemma3;
+      c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+      c.sandwich_norms = true;
+      c.gelu_ffn = true;
+      c.qk_norm = g3;
+      c.norm_offset = 1.0;  // Gemma's RMSNorm multiplies by (1 + w)
+      c.sliding_window = window;
+      c.sliding_pattern = g3 ? 6 : 2;
+      if (g3) {
+        if (auto r = get_int(j, "sliding_window_pattern", c.sliding_pattern, src); !r)
+          return std::unexpected(r.error());
+        if (c.rope_local_theta == 0) {
+          auto local = number_or(j, "rope_local_base_freq", 10000.0, src);
+          if (!local) return std::unexpected(local.error());
+          c.rope_local_theta = *local;
+        }
+      }
+      auto scalar = number_or(j, "query_pre_attn_scalar", static_cast<double>(c.head_dim), src);
+      auto attn_cap = number_or(j, "attn_logit_softcapping", 0.0, src);
+      auto final_cap = number_or(j, "final_logit_softcapping", 0.0, src);
+      for (auto* r : {&scalar, &attn_cap, &final_cap})
+        if (!*r) return std::unexpected(r->error());
+      if (!(*scalar > 0))
+        return make_error(errc::corrupt_data,
+                          field_error(src, "query_pre_attn_scalar", "must be positive"));
+      c.attn_scale = 1.0 / std::sqrt(*scalar);
+      c.attn_softcap = *attn_cap;
+      c.final_softcap = *final_cap;
+      if (!j.contains("tie_word_embeddings")) c.tie_word_embeddings = true;
+      break;
+    }
+  }
+  if ((any_sliding || (c.sliding_layers.empty() && c.sliding_pattern > 0)) && is_gemma(c.family) &&
+      c.sliding_window <= 0)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "sliding_window", "is missing for windowed layers"));
+  if (any_sliding && c.sliding_window <= 0)
+    return make_error(errc::corrupt_data,
+                      field_error(src, "sliding_window", "is missing for windowed layers"));
+  return {};
+}
+
+}  // namespace
 
 result<llama_config> parse_llama_config(std::string_view text, const std::string& src) {
   json root = json::parse(text.begin(), text.end(), nullptr, false);
@@ -146,22 +302,60 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
     c.architecture = (*a)[0].get<std::string>();
   }
   const json* j = &root;
+  auto supported = [&] {
+    std::string names;
+    for (const auto& a : hf_archs) names += std::string(names.empty() ? "" : ", ") + a.name;
+    return names + ", LlavaForConditionalGeneration";
+  };
   if (c.architecture == "LlavaForConditionalGeneration") {
     auto t = root.find("text_config");
     if (t == root.end() || !t->is_object())
       return make_error(errc::corrupt_data, src + ": LLaVA config without text_config");
     j = &*t;
-  } else if (c.architecture != "LlamaForCausalLM") {
-    return make_error(errc::unsupported_op,
-                      src + ": architecture " + c.architecture +
-                          " is not supported (LlamaForCausalLM, LlavaForConditionalGeneration)");
+    if (auto mt = j->find("model_type"); mt != j->end() && mt->is_string()) {
+      const auto type = mt->get<std::string>();
+      bool found = false;
+      for (const auto& a : llava_text_types)
+        if (type == a.name) {
+          c.family = a.family;
+          found = true;
+        }
+      if (!found)
+        return make_error(errc::unsupported_op,
+                          field_error(src, "text_config.model_type",
+                                      "'" + type + "' is not supported (llama, mistral, qwen2)"));
+    }
+  } else {
+    bool found = false;
+    for (const auto& a : hf_archs)
+      if (c.architecture == a.name) {
+        c.family = a.family;
+        found = true;
+      }
+    if (!found)
+      return make_error(errc::unsupported_op, src + ": architecture " + c.architecture +
+                                                  " is not supported (" + supported() + ")");
   }
-  if (auto act = j->find("hidden_act");
-      act != j->end() && (!act->is_string() || act->get<std::string>() != "silu"))
-    return make_error(errc::unsupported_op, field_error(src, "hidden_act", "must be \"silu\""));
+  const bool gemma = is_gemma(c.family);
+  // The activation: SiLU (SwiGLU) for the LLaMA-like families, tanh-GELU
+  // (GeGLU) for Gemma; transformers names the key hidden_act or, for Gemma,
+  // hidden_activation.
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    auto act = j->find(key);
+    if (act == j->end() || act->is_null()) continue;
+    const char* want = gemma ? "gelu_pytorch_tanh" : "silu";
+    if (!act->is_string() || act->get<std::string>() != want)
+      return make_error(errc::unsupported_op, field_error(src, key,
+                                                          std::string("must be \"") + want +
+                                                              "\" for " + to_string(c.family)));
+  }
   for (const char* b : {"attention_bias", "mlp_bias"})
     if (auto it = j->find(b); it != j->end() && it->is_boolean() && it->get<bool>())
       return make_error(errc::unsupported_op, field_error(src, b, "= true is not supported"));
+  if (auto it = j->find("partial_rotary_factor");
+      it != j->end() && !it->is_null() && (!it->is_number() || it->get<double>() != 1.0))
+    return make_error(errc::unsupported_op,
+                      field_error(src, "partial_rotary_factor", "other than 1 is not supported"));
   // Absent optional fields stay -1 and get their defaults below; an explicit
   // 0 is a value (and fails validation).
   c.num_kv_heads = -1;
@@ -204,12 +398,42 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
   // RoPE: transformers 4.x writes rope_theta and rope_scaling; 5.x writes
   // rope_parameters (rope_theta, rope_type and the factors in one object).
   // Both are read; a type troupe does not implement is refused by name.
-  auto rope_object = [&](const json& rs, const std::string& key) -> result<void> {
+  std::function<result<void>(const json&, const std::string&)> rope_object;
+  rope_object = [&](const json& rs, const std::string& key) -> result<void> {
+    // transformers 5 writes Gemma 3's as one object per layer type: the
+    // global layers' is the model's, the windowed layers' gives their base.
+    if (rs.is_object() && (rs.contains("full_attention") || rs.contains("sliding_attention"))) {
+      if (!is_gemma(c.family))
+        return make_error(
+            errc::unsupported_op,
+            field_error(src, key, "per-layer-type RoPE parameters are only read for Gemma"));
+      for (const auto& [k, v] : rs.items())
+        if (k != "full_attention" && k != "sliding_attention")
+          return make_error(errc::unsupported_op,
+                            field_error(src, key + "." + k, "is not a layer type troupe knows"));
+      if (auto full = rs.find("full_attention"); full != rs.end())
+        if (auto r = rope_object(*full, key + ".full_attention"); !r) return r;
+      if (auto slide = rs.find("sliding_attention"); slide != rs.end()) {
+        const double theta = c.rope_theta;
+        const rope_scaling scaling = c.scaling;
+        c.scaling = {};
+        if (auto r = rope_object(*slide, key + ".sliding_attention"); !r) return r;
+        if (c.scaling.type != rope_scaling::kind::none)
+          return make_error(errc::unsupported_op,
+                            field_error(src, key + ".sliding_attention",
+                                        "scaling on the windowed layers is not supported"));
+        c.rope_local_theta = c.rope_theta;
+        c.rope_theta = theta;
+        c.scaling = scaling;
+      }
+      return {};
+    }
     if (!rs.is_object())
       return make_error(errc::corrupt_data, field_error(src, key, "must be an object"));
-    if (rs.contains("full_attention") || rs.contains("sliding_attention"))
-      return make_error(errc::unsupported_op,
-                        field_error(src, key, "per-layer-type RoPE parameters are not supported"));
+    if (auto p = rs.find("partial_rotary_factor");
+        p != rs.end() && !p->is_null() && (!p->is_number() || p->get<double>() != 1.0))
+      return make_error(errc::unsupported_op, field_error(src, key + ".partial_rotary_factor",
+                                                          "other than 1 is not supported"));
     std::string type = key == "rope_scaling" ? "" : "default";
     for (const char* k : {"rope_type", "type"})
       if (auto t = rs.find(k); t != rs.end()) {
@@ -249,7 +473,9 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
     const double old_theta = c.rope_theta;
     const bool old_theta_given = j->contains("rope_theta");
     if (auto r = rope_object(*params, "rope_parameters"); !r) return std::unexpected(r.error());
-    if (!params->contains("rope_theta") && !old_theta_given)
+    const bool per_type = params->is_object() && (params->contains("full_attention") ||
+                                                  params->contains("sliding_attention"));
+    if (!per_type && !params->contains("rope_theta") && !old_theta_given)
       return make_error(errc::corrupt_data, field_error(src, "rope_parameters.rope_theta",
                                                         "is missing (and no rope_theta)"));
     if (old_theta_given && params->contains("rope_theta") && old_theta != c.rope_theta)
@@ -258,6 +484,7 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
   } else if (has_scaling) {
     if (auto r = rope_object(*scaling, "rope_scaling"); !r) return std::unexpected(r.error());
   }
+  if (auto r = apply_family(*j, src, c); !r) return std::unexpected(r.error());
   auto bos = get_ids(*j, "bos_token_id", src);
   auto eos = get_ids(*j, "eos_token_id", src);
   if (!bos) return std::unexpected(bos.error());
@@ -280,15 +507,24 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
   if (!arch || !arch->as_string())
     return make_error(errc::corrupt_data, src + ": general.architecture missing");
   const std::string a = *arch->as_string();
-  if (a != "llama" && a != "gemma3")
-    return make_error(errc::unsupported_op,
-                      src + ": GGUF architecture '" + a + "' is not supported (llama, gemma3)");
-  const bool gemma = a == "gemma3";
+  static constexpr std::pair<const char*, const char*> gguf_archs[] = {
+      {"llama", "LlamaForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},
+      {"gemma3", "Gemma3ForCausalLM"}};
   llama_config c;
-  c.architecture = gemma ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
+  c.architecture.clear();
+  for (auto [name, hf] : gguf_archs)
+    if (a == name) c.architecture = hf;
+  if (c.architecture.empty())
+    return make_error(errc::unsupported_op,
+                      src + ": GGUF architecture '" + a +
+                          "' is not supported (llama, qwen2, phi3, gemma2, gemma3)");
+  const bool gemma = a == "gemma3" || a == "gemma2";
   // llama.cpp's converter permutes LLaMA's q/k rows to adjacent pairs; it
-  // leaves Gemma's as they are (NEOX halves).
-  c.layout = gemma ? rope_layout::halves : rope_layout::adjacent_pairs;
+  // leaves the others as they are (NEOX halves).
+  c.layout = a == "llama" ? rope_layout::adjacent_pairs : rope_layout::halves;
   const std::string pre = a + ".";
   auto get = [&](const std::string& key, std::int64_t& out, bool required) -> result<void> {
     const auto* v = f.find(pre + key);
@@ -326,6 +562,11 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     c.head_dim = key_length;
   }
   if (c.head_dim == 0 && c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
+  if (key_length == 0 && c.num_heads > 0 && c.head_dim != c.hidden_size / c.num_heads)
+    return make_error(errc::unsupported_op, src + ": partial RoPE (rope.dimension_count " +
+                                                std::to_string(c.head_dim) + " of head size " +
+                                                std::to_string(c.hidden_size / c.num_heads) +
+                                                ") is not supported");
   if (c.vocab_size == 0) {
     if (const auto* toks = f.find("tokenizer.ggml.tokens"); toks && toks->as_array())
       c.vocab_size = static_cast<std::int64_t>(toks->as_array()->size());
@@ -345,21 +586,51 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
                         src + ": rope scaling '" + type + "' is not supported (none, linear)");
     }
   }
-  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
-    if (f.find(pre + key))
+  for (auto [key, out] : {std::pair{"attn_logit_softcapping", &c.attn_softcap},
+                          std::pair{"final_logit_softcapping", &c.final_softcap}})
+    if (const auto* v = f.find(pre + key)) {
+      if (a != "gemma2")  // llama.cpp reads them for Gemma 2 only
+        return make_error(errc::unsupported_op,
+                          src + ": " + pre + key + " (logit soft-capping) is not read for " + a);
+      if (!v->as_float())
+        return make_error(errc::corrupt_data, src + ": " + pre + key + " must be a number");
+      *out = *v->as_float();
+    }
+  if (a == "qwen2") {
+    c.family = decoder_family::qwen2;
+    c.qkv_bias = true;
+    c.sliding_window = 0;  // llama.cpp runs Qwen2 without a window
+  } else if (a == "phi3") {
+    // llama.cpp's phi3 keeps q, k, v in attn_qkv and gate, up in ffn_up.
+    // A window in the file is applied, as transformers applies it (llama.cpp
+    // currently disables Phi-3's window). longrope files carry per-frequency
+    // factors troupe does not apply: refused.
+    c.family = decoder_family::phi3;
+    c.fused_qkv = true;
+    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
       return make_error(errc::unsupported_op,
-                        src + ": " + pre + key + " (logit soft-capping) is not supported yet");
+                        src + ": Phi-3 longrope (rope_factors_long/short) is not supported");
+  } else if (!gemma) {
+    c.sliding_window = 0;  // llama.cpp's llama has no window
+  }
   if (gemma) {
-    // What llama.cpp hard-codes for gemma3: every 6th layer global, the
-    // windowed layers' RoPE base 10k, embeddings scaled by sqrt(hidden).
-    // The converter has already added Gemma's +1 to the norm weights.
-    c.family = decoder_family::gemma3;
+    // What llama.cpp hard-codes for Gemma: a window on every other layer
+    // (Gemma 2) or on 5 of 6 (Gemma 3, whose windowed layers have a RoPE base
+    // of 10k), embeddings scaled by sqrt(hidden), and an attention scale of
+    // 1/sqrt(head_dim) except for the 27B models (46 layers for Gemma 2, 62
+    // for Gemma 3), which use 1/sqrt(hidden / heads). The converter has
+    // already added Gemma's +1 to the norm weights.
+    const bool g3 = a == "gemma3";
+    if (!g3 && c.sliding_window == 0) c.sliding_window = 4096;  // llama.cpp's Gemma 2 default
+    c.family = g3 ? decoder_family::gemma3 : decoder_family::gemma2;
     c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
-    c.qk_norm = true;
+    c.qk_norm = g3;
     c.sandwich_norms = true;
     c.gelu_ffn = true;
-    c.sliding_pattern = 6;
-    c.rope_local_theta = 10000.0;
+    c.sliding_pattern = g3 ? 6 : 2;
+    if (g3) c.rope_local_theta = 10000.0;
+    if (c.num_layers == (g3 ? 62 : 46) && c.num_heads > 0)
+      c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size / c.num_heads));
   }
   if (const auto* v = f.find("tokenizer.ggml.bos_token_id"); v && v->as_int())
     c.bos_token_ids = {*v->as_int()};

@@ -26,11 +26,18 @@ enum class rope_layout : std::uint8_t {
   adjacent_pairs,  ///< GGUF / Meta: x[2i] with x[2i+1]
 };
 
-/// The decoder families troupe runs: LLaMA and its relatives, and Gemma 3
-/// (text): GeGLU, RMSNorm on each head of q and k, norms on the attention
-/// and FFN outputs too, scaled embeddings, and sliding-window layers with
-/// their own RoPE base between global ones.
-enum class decoder_family : std::uint8_t { llama, gemma3 };
+/// The decoder families troupe runs. LLaMA and the ones that differ from it
+/// only in switches of llama_config: Mistral (a sliding window on every
+/// layer), Qwen2 (biases on q, k and v), Phi-3 (q, k, v in one matrix and
+/// gate, up in another), Gemma 2 (GeGLU, norms on the attention and FFN
+/// outputs too, scaled embeddings, soft-capped attention scores and logits,
+/// a window on every other layer) and Gemma 3 text (Gemma 2 without the
+/// soft-capping, with RMSNorm on each head of q and k, and windowed layers
+/// with their own RoPE base between global ones).
+enum class decoder_family : std::uint8_t { llama, mistral, qwen2, phi3, gemma2, gemma3 };
+
+/// The family's name as troupe prints it ("llama", "gemma3", ...).
+const char* to_string(decoder_family f);
 
 /// The decoder hyper-parameters of a LLaMA-family model, validated.
 struct llama_config {
@@ -61,11 +68,26 @@ struct llama_config {
   std::int64_t sliding_pattern =
       0;                        ///< every n-th layer (n-1, 2n-1, ...) is global; 0: all windowed
   double rope_local_theta = 0;  ///< RoPE base of the windowed layers (0: rope_theta)
+  /// Which layers use the window, from transformers' `layer_types` (1 =
+  /// "sliding_attention"); when empty, sliding_pattern decides.
+  std::vector<std::uint8_t> sliding_layers;
+  // Qwen2, Phi-3, Gemma 2 (all off for LLaMA).
+  bool qkv_bias = false;     ///< q, k and v projections have biases
+  bool fused_qkv = false;    ///< one [q; k; v] matrix and one [gate; up] matrix (Phi-3)
+  double attn_scale = 0;     ///< attention score scale; 0: 1/sqrt(head_dim)
+  double attn_softcap = 0;   ///< scores become c * tanh(s / c) (0: off)
+  double final_softcap = 0;  ///< logits become c * tanh(l / c) (0: off)
+  /// Added to every RMSNorm weight at load: HF's Gemma norms multiply by
+  /// (1 + w); llama.cpp's converter has already added the 1.
+  double norm_offset = 0;
 
   /// Whether layer `l` attends through the sliding window.
   bool is_sliding(std::int64_t l) const {
-    return sliding_window > 0 &&
-           (sliding_pattern == 0 || l % sliding_pattern != sliding_pattern - 1);
+    if (sliding_window <= 0) return false;
+    if (!sliding_layers.empty())
+      return l >= 0 && l < static_cast<std::int64_t>(sliding_layers.size()) &&
+             sliding_layers[static_cast<std::size_t>(l)] != 0;
+    return sliding_pattern == 0 || l % sliding_pattern != sliding_pattern - 1;
   }
 
   /// Checks ranges and divisibility; the message names `source` and the field.
@@ -80,12 +102,14 @@ struct generation_defaults {
   std::vector<std::int64_t> eos_token_ids;
 };
 
-/// Parses a Hugging Face `config.json` (LlamaForCausalLM, or the
-/// `text_config` of a LLaVA config).
+/// Parses a Hugging Face `config.json`: LlamaForCausalLM, MistralForCausalLM,
+/// Qwen2ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
+/// or the `text_config` of a LLaVA config. transformers 4.x and 5.x layouts.
 result<llama_config> parse_llama_config(std::string_view json_text, const std::string& source);
 result<llama_config> load_llama_config(const std::string& path);
 
-/// Reads the llama.* metadata of a GGUF file.
+/// Reads the metadata of a GGUF file of architecture llama, qwen2, phi3,
+/// gemma2 or gemma3, the way llama.cpp reads it.
 result<llama_config> llama_config_from_gguf(const gguf_file& f);
 
 result<generation_defaults> parse_generation_config(std::string_view json_text,

@@ -39,13 +39,23 @@ std::string gguf_name(const std::string& c) {
       {"q_norm", "attn_q_norm.weight"},
       {"k_norm", "attn_k_norm.weight"},
       {"attn_out_norm", "post_attention_norm.weight"},
-      {"ffn_out_norm", "post_ffw_norm.weight"}};
+      {"ffn_out_norm", "post_ffw_norm.weight"},
+      {"pre_ffn_norm", "ffn_norm.weight"},
+      {"qkv_proj", "attn_qkv.weight"},
+      {"gate_up_proj", "ffn_up.weight"}};
   if (c.rfind("layers.", 0) == 0) {
     const auto dot = c.find('.', 7);
     if (dot != std::string::npos) {
-      const std::string idx = c.substr(7, dot - 7), leaf = c.substr(dot + 1);
+      const std::string idx = c.substr(7, dot - 7);
+      std::string leaf = c.substr(dot + 1);
+      const bool bias = ends_with(leaf, ".bias");
+      if (bias) leaf.resize(leaf.size() - 5);
       for (auto [a, b] : per_layer)
-        if (leaf == a) return "blk." + idx + "." + b;
+        if (leaf == a) {
+          std::string name = "blk." + idx + "." + b;
+          if (bias) name.replace(name.size() - 7, 7, ".bias");
+          return name;
+        }
     }
   }
   return c;
@@ -59,14 +69,28 @@ std::string hf_name(const std::string& c) {
   if (c.rfind("layers.", 0) == 0) {
     const auto dot = c.find('.', 7);
     if (dot != std::string::npos) {
-      const std::string idx = c.substr(7, dot - 7), leaf = c.substr(dot + 1);
+      const std::string idx = c.substr(7, dot - 7);
+      std::string leaf = c.substr(dot + 1), suffix = ".weight";
+      if (ends_with(leaf, ".bias")) {
+        leaf.resize(leaf.size() - 5);
+        suffix = ".bias";
+      }
       const std::string base = "model.layers." + idx + ".";
-      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "o_proj")
-        return base + "self_attn." + leaf + ".weight";
-      if (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj")
-        return base + "mlp." + leaf + ".weight";
-      if (leaf == "input_norm") return base + "input_layernorm.weight";
-      if (leaf == "post_norm") return base + "post_attention_layernorm.weight";
+      for (const char* a : {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm"})
+        if (leaf == a) return base + "self_attn." + leaf + suffix;
+      for (const char* m : {"gate_proj", "up_proj", "down_proj", "gate_up_proj"})
+        if (leaf == m) return base + "mlp." + leaf + suffix;
+      // LLaMA's second norm is "post_attention_layernorm"; Gemma's norm of
+      // that name is on the attention output, and its FFN input norm is
+      // "pre_feedforward_layernorm".
+      static const std::pair<const char*, const char*> norms[] = {
+          {"input_norm", "input_layernorm"},
+          {"post_norm", "post_attention_layernorm"},
+          {"attn_out_norm", "post_attention_layernorm"},
+          {"pre_ffn_norm", "pre_feedforward_layernorm"},
+          {"ffn_out_norm", "post_feedforward_layernorm"}};
+      for (auto [a, b] : norms)
+        if (leaf == a) return base + b + suffix;
     }
   }
   return c;

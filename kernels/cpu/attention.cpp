@@ -62,6 +62,7 @@ struct seq_view {
 struct resolved_options {
   bool causal = true;
   float scale = 1.0f;
+  float softcap = 0.0f;
   std::int64_t window = 0;
   std::int64_t sinks = 0;
   std::int64_t top_k = -1;
@@ -113,6 +114,9 @@ result<resolved_options> resolve(const attention_options& o, int head_dim) {
   if (!std::isfinite(o.scale) || o.scale < 0.0f)
     return make_error(errc::invalid_argument,
                       "attention scale must be finite and >= 0 (0 = 1/sqrt(d))");
+  if (!std::isfinite(o.softcap) || o.softcap < 0.0f)
+    return make_error(errc::invalid_argument,
+                      "attention softcap must be finite and >= 0 (0 = off)");
   if (o.window < 0)
     return make_error(errc::invalid_argument,
                       "attention window must be >= 0, got " + str(o.window));
@@ -135,6 +139,7 @@ result<resolved_options> resolve(const attention_options& o, int head_dim) {
   resolved_options r;
   r.causal = o.causal;
   r.scale = o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  r.softcap = o.softcap;
   r.window = o.window;
   r.sinks = o.sinks;
   r.top_k = o.top_k;
@@ -443,6 +448,11 @@ void run_item(const kv_source& kv, const seq_view& sq, const resolved_options& o
       tk.lo = std::countr_zero(u);
       tk.hi = 32 - std::countl_zero(u);
       ops.qk(tk, nb, batch);
+      if (o.softcap > 0.0f) {  // scalar on every ISA: the same bits
+        const float cap = o.softcap;
+        for (int r = 0; r < nb; ++r)
+          for (int j = tk.lo; j < tk.hi; ++j) batch[r].s[j] = cap * std::tanh(batch[r].s[j] / cap);
+      }
       for (int r = 0; r < nb; ++r) {
         const std::uint32_t mk = batch_mask[r];
         if (mk == ~0u) continue;

@@ -161,6 +161,10 @@ result<void> cpu_device::scale(const tensor& x, float s, const tensor& out) {
   return kernels::scale(*ctx_, x, s, out);
 }
 
+result<void> cpu_device::softcap(const tensor& x, float c, const tensor& out) {
+  return kernels::softcap(*ctx_, x, c, out);
+}
+
 result<void> cpu_device::softmax(const tensor& x, const tensor& out, float scale) {
   return kernels::softmax(*ctx_, x, out, scale);
 }

@@ -52,6 +52,7 @@ class cpu_device final : public device {
   result<void> swiglu(const tensor& gate, const tensor& up, const tensor& out) override;
   result<void> geglu(const tensor& gate, const tensor& up, const tensor& out) override;
   result<void> scale(const tensor& x, float s, const tensor& out) override;
+  result<void> softcap(const tensor& x, float c, const tensor& out) override;
   result<void> softmax(const tensor& x, const tensor& out, float scale = 1.0f) override;
   result<void> add(const tensor& a, const tensor& b, const tensor& out) override;
   result<void> attention(const tensor& q, const tensor& k, const tensor& v, const tensor& out,

@@ -207,6 +207,20 @@ result<void> scale(cpu::context& ctx, const tensor& x, float s, const tensor& ou
   return {};
 }
 
+result<void> softcap(cpu::context& ctx, const tensor& x, float c, const tensor& out) {
+  if (auto r = ops_detail::check_rows("softcap input", x); !r) return r;
+  if (auto r = ops_detail::check_same("softcap output", out, x); !r) return r;
+  if (!std::isfinite(c) || c <= 0.0f)
+    return make_error(errc::invalid_argument, "softcap must be finite and > 0");
+  const std::int64_t n = x.cols();
+  for_each_row(ctx, x.rows(), n, [&](std::int64_t i) {
+    const float* a = x.row_as<float>(i);
+    float* y = out.row_as<float>(i);
+    for (std::int64_t j = 0; j < n; ++j) y[j] = c * std::tanh(a[j] / c);
+  });
+  return {};
+}
+
 result<void> softmax(cpu::context& ctx, const tensor& x, const tensor& out, float scale) {
   if (auto r = ops_detail::check_rows("softmax input", x); !r) return r;
   if (auto r = ops_detail::check_same("softmax output", out, x); !r) return r;

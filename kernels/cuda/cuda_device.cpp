@@ -121,6 +121,7 @@ class cuda_device final : public device {
         return t == dtype::f32 || t == dtype::f16 || t == dtype::i8;
       case op_kind::geglu:
       case op_kind::scale:
+      case op_kind::softcap:
         return false;  // no CUDA kernels yet (Gemma runs on a CPU device)
       default:
         return t == dtype::f32;
@@ -567,6 +568,10 @@ class cuda_device final : public device {
       return make_error(errc::invalid_argument, "a sliding window needs causal attention");
     if (o.top_k < -1 || o.query_block < 1)
       return make_error(errc::invalid_argument, "attention top_k must be >= -1, query_block >= 1");
+    if (o.softcap != 0.0f)
+      return make_error(errc::unsupported_op,
+                        "attention soft-capping (Gemma 2) is not on the GPU yet: run the model's "
+                        "layers on a CPU device");
     return {};
   }
 

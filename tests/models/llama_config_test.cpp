@@ -157,3 +157,107 @@ TEST(LlamaConfig, FromGemma3GgufMetadata) {
     EXPECT_NE(r.error().message.find(b.says), std::string::npos) << r.error().message;
   }
 }
+
+namespace {
+
+// A config of `arch` with `extra` JSON members appended.
+std::string hf_config(const std::string& arch, const std::string& extra) {
+  return R"({"architectures": [")" + arch +
+         R"("], "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+  "num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 300)" +
+         (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+}  // namespace
+
+// transformers 4.x layouts of the families (5.x ones are in the fixtures of
+// arch_fixture_test.cpp): Qwen2's use_sliding_window / max_window_layers,
+// Gemma 2's implied alternation, Gemma 3's rope_local_base_freq and linear
+// scaling on the global layers.
+TEST(LlamaConfig, FamiliesInTransformers4Layouts) {
+  auto q = parse_llama_config(
+      hf_config("Qwen2ForCausalLM",
+                R"("use_sliding_window": true, "max_window_layers": 2, "sliding_window": 8)"),
+      "qwen.json");
+  ASSERT_TRUE(q) << q.error().message;
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_EQ(q->sliding_window, 8);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(q->is_sliding(l), l >= 2) << l;
+  auto q_off = parse_llama_config(
+      hf_config("Qwen2ForCausalLM", R"("use_sliding_window": false, "sliding_window": 4096)"),
+      "qwen.json");
+  ASSERT_TRUE(q_off) << q_off.error().message;
+  EXPECT_EQ(q_off->sliding_window, 0);  // written but unused
+
+  auto g2 = parse_llama_config(
+      hf_config(
+          "Gemma2ForCausalLM",
+          R"("sliding_window": 16, "query_pre_attn_scalar": 144, "hidden_activation": "gelu_pytorch_tanh",
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": null)"),
+      "gemma2.json");
+  ASSERT_TRUE(g2) << g2.error().message;
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(g2->is_sliding(l), l % 2 == 0) << l;
+  EXPECT_DOUBLE_EQ(g2->attn_scale, 1.0 / 12.0);
+  EXPECT_EQ(g2->attn_softcap, 50.0);
+  EXPECT_EQ(g2->final_softcap, 0.0);
+  EXPECT_TRUE(g2->tie_word_embeddings);  // Gemma's default
+
+  auto g3 = parse_llama_config(
+      hf_config("Gemma3ForCausalLM",
+                R"("sliding_window": 16, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+                   "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0})"),
+      "gemma3.json");
+  ASSERT_TRUE(g3) << g3.error().message;
+  EXPECT_EQ(g3->rope_local_theta, 10000.0);
+  EXPECT_EQ(g3->scaling.type, rope_scaling::kind::linear);
+  EXPECT_EQ(g3->scaling.factor, 8.0);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(g3->is_sliding(l), l % 2 == 0) << l;
+  EXPECT_DOUBLE_EQ(g3->attn_scale, 1.0 / std::sqrt(32.0));  // query_pre_attn_scalar absent
+}
+
+// What the new families refuse, by name.
+TEST(LlamaConfig, FamilyRefusals) {
+  struct bad {
+    std::string json;
+    const char* says;
+  };
+  const bad cases[] = {
+      {hf_config("Phi3ForCausalLM", R"("partial_rotary_factor": 0.5)"), "partial_rotary_factor"},
+      {hf_config(
+           "Phi3ForCausalLM",
+           R"("rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75})"),
+       "partial_rotary_factor"},
+      {hf_config(
+           "Phi3ForCausalLM",
+           R"("rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})"),
+       "'longrope'"},
+      {hf_config(
+           "Qwen2ForCausalLM",
+           R"("rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"),
+       "'yarn'"},
+      {hf_config("Gemma2ForCausalLM", R"("sliding_window": 8, "hidden_activation": "gelu")"),
+       "gelu_pytorch_tanh"},
+      {hf_config("Gemma2ForCausalLM", R"("sliding_window": null)"), "sliding_window"},
+      {hf_config("Gemma3ForCausalLM",
+                 R"("sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"])"),
+       "layer_types"},
+      {hf_config(
+           "Gemma3ForCausalLM",
+           R"("sliding_window": 8, "layer_types": ["chunked_attention", "full_attention", "full_attention", "full_attention"])"),
+       "chunked_attention"},
+      {hf_config("MistralForCausalLM", R"("hidden_act": "gelu")"), "silu"},
+      {hf_config(
+           "LlamaForCausalLM",
+           R"("rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}})"),
+       "per-layer-type"},
+      {hf_config("Qwen3ForCausalLM", ""), "Qwen3ForCausalLM is not supported"},
+      {hf_config("Gemma3ForCausalLM", R"("sliding_window": 8, "query_pre_attn_scalar": 0)"),
+       "query_pre_attn_scalar"},
+  };
+  for (const auto& b : cases) {
+    auto r = parse_llama_config(b.json, "c.json");
+    ASSERT_FALSE(r) << b.says;
+    EXPECT_NE(r.error().message.find(b.says), std::string::npos) << r.error().message;
+  }
+}
