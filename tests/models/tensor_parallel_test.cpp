@@ -124,6 +124,20 @@ TEST(TensorParallel, TwoRanksMatchOneProcessF32) {
   compare_with_one_process(path, {}, 300);
 }
 
+// The families with per-rank pieces of their own: Qwen2's q/k/v biases
+// (this rank's rows), Phi-3's fused qkv and gate_up matrices (this rank's
+// rows of each part), from safetensors and GGUF (tests/fixtures/arch,
+// tools/make_arch_fixtures.py; the other families' fixtures have one KV head).
+TEST(TensorParallel, TwoRanksMatchOneProcessForEachFamily) {
+  quant_plan f32;
+  f32.default_format = kernels::weight_format::f32;
+  const std::string root = std::string(TROUPE_FIXTURES_DIR) + "/arch/";
+  for (const char* path : {"qwen2", "qwen2/model.gguf", "phi3", "phi3/model.gguf"}) {
+    SCOPED_TRACE(path);
+    compare_with_one_process(root + path, f32, 300);
+  }
+}
+
 TEST(TensorParallel, TwoRanksMatchOneProcessQ8_0AndQ4_0) {
   for (auto f : {kernels::weight_format::q8_0, kernels::weight_format::q4_0}) {
     random_model_spec spec;
