@@ -1,5 +1,6 @@
 #include "models/chat_template.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include "models/tokenizer_unicode.hpp"
@@ -8,12 +9,13 @@ namespace troupe::models {
 
 namespace {
 
-constexpr std::array<std::string_view, 7> all_names = {"llama2", "llama3",    "chatml", "qwen2",
-                                                       "llava",  "llava-1.5", "gemma"};
+constexpr std::array<std::string_view, 11> all_names = {
+    "llama2", "llama3",  "chatml",     "qwen2", "llava",       "llava-1.5",
+    "gemma",  "mistral", "mistral-v1", "phi3",  "phi3-2024-04"};
 constexpr std::string_view qwen_system = "You are a helpful assistant.";
 
 std::string choices() {
-  return "llama2, llama3, chatml, qwen2, llava, gemma";
+  return "llama2, llama3, chatml, qwen2, llava, gemma, mistral, mistral-v1, phi3, phi3-2024-04";
 }
 
 // Python's str.isspace(): White_Space plus the information separators.
@@ -86,6 +88,14 @@ std::string_view chat_template::name() const {
       return "llava";
     case chat_format::gemma:
       return "gemma";
+    case chat_format::mistral:
+      return "mistral";
+    case chat_format::mistral_v1:
+      return "mistral-v1";
+    case chat_format::phi3:
+      return "phi3";
+    case chat_format::phi3_legacy:
+      return "phi3-2024-04";
   }
   return "";
 }
@@ -97,6 +107,10 @@ result<chat_template> chat_template::from_name(std::string_view name) {
   if (name == "qwen2") return chat_template(chat_format::chatml, std::string(qwen_system));
   if (name == "llava" || name == "llava-1.5") return chat_template(chat_format::llava, "");
   if (name == "gemma") return chat_template(chat_format::gemma, "");
+  if (name == "mistral") return chat_template(chat_format::mistral, "");
+  if (name == "mistral-v1") return chat_template(chat_format::mistral_v1, "");
+  if (name == "phi3") return chat_template(chat_format::phi3, "");
+  if (name == "phi3-2024-04") return chat_template(chat_format::phi3_legacy, "");
   return make_error(errc::invalid_argument, "chat template \"" + std::string(name) +
                                                 "\" is not built in (choose one of: " + choices() +
                                                 ")");
@@ -110,6 +124,20 @@ result<chat_template> chat_template::detect(std::string_view src) {
         "the model has no chat template; pass --chat-template NAME (" + choices() + ")");
   if (has("<|start_header_id|>") && has("<|end_header_id|>"))
     return chat_template(chat_format::llama3, "");
+  // The Mistral and Phi-3 variants differ in spaces and quoting only: match
+  // on the source with Jinja's two quote characters made one.
+  std::string single(src);
+  std::replace(single.begin(), single.end(), '"', '\'');
+  auto has1 = [&](std::string_view s) { return single.find(s) != std::string::npos; };
+  if (has("<|user|>") && has("<|end|>") && has("<|assistant|>")) {
+    if (has1("'<|end|>' + '\\n' + '<|assistant|>' + '\\n'"))
+      return chat_template(chat_format::phi3_legacy, "");
+    return chat_template(chat_format::phi3, "", !has1("'system' and message['content']"));
+  }
+  if (has1("'[INST] ' + message['content'] + '[/INST]'"))
+    return chat_template(chat_format::mistral, "");
+  if (has1("'[INST] ' + message['content'] + ' [/INST]'") && !has("<<SYS>>"))
+    return chat_template(chat_format::mistral_v1, "");
   if (has("<|im_start|>") && has("<|im_end|>"))
     return chat_template(chat_format::chatml, chatml_default_system(src));
   if (has("[INST]") && has("<<SYS>>")) return chat_template(chat_format::llama2, "");
@@ -210,6 +238,80 @@ result<std::string> chat_template::render(std::span<const chat_message> messages
       if (add_generation_prompt) out += "<start_of_turn>model\n";
       break;
     }
+    case chat_format::mistral: {
+      // v0.3: an optional first system message, written into the last turn
+      // when that turn is the user's (and dropped otherwise); roles alternate
+      // from user; answers trimmed. No generation prompt: a user turn ends
+      // with [/INST].
+      out += bos;
+      std::span<const chat_message> loop = messages;
+      const chat_message* system = nullptr;
+      if (!messages.empty() && messages[0].role == "system") {
+        system = &messages[0];
+        loop = messages.subspan(1);
+      }
+      for (std::size_t i = 0; i < loop.size(); ++i) {
+        const chat_message& m = loop[i];
+        if ((m.role == "user") != (i % 2 == 0))
+          return make_error(errc::invalid_argument,
+                            "mistral chat template: after the optional system message, "
+                            "conversation roles must alternate user/assistant/user/assistant/...");
+        if (m.role == "user") {
+          if (i + 1 == loop.size() && system)
+            out += "[INST] " + system->content + "\n\n" + m.content + "[/INST]";
+          else
+            out += "[INST] " + m.content + "[/INST]";
+        } else if (m.role == "assistant") {
+          out += " " + strip(m.content) + std::string(eos);
+        } else {
+          return make_error(errc::invalid_argument,
+                            "mistral chat template: only user and assistant roles are supported, "
+                            "with the exception of an initial optional system message");
+        }
+      }
+      break;
+    }
+    case chat_format::mistral_v1:
+      out += bos;
+      for (std::size_t i = 0; i < messages.size(); ++i) {
+        const chat_message& m = messages[i];
+        if ((m.role == "user") != (i % 2 == 0))
+          return make_error(errc::invalid_argument,
+                            "mistral-v1 chat template: conversation roles must alternate "
+                            "user/assistant/user/assistant/...");
+        if (m.role == "user")
+          out += "[INST] " + m.content + " [/INST]";
+        else if (m.role == "assistant")
+          out += m.content + std::string(eos);
+        else
+          return make_error(
+              errc::invalid_argument,
+              "mistral-v1 chat template: only user and assistant roles are supported");
+      }
+      break;
+    case chat_format::phi3:
+      // Other roles are left out, as the template leaves them out.
+      for (const chat_message& m : messages) {
+        if (m.role == "system" && (keep_empty_system_ || !m.content.empty()))
+          out += "<|system|>\n" + m.content + "<|end|>\n";
+        else if (m.role == "user")
+          out += "<|user|>\n" + m.content + "<|end|>\n";
+        else if (m.role == "assistant")
+          out += "<|assistant|>\n" + m.content + "<|end|>\n";
+      }
+      out += add_generation_prompt ? std::string("<|assistant|>\n") : std::string(eos);
+      break;
+    case chat_format::phi3_legacy:
+      // No system role (a system message is left out) and no generation
+      // prompt: each user turn already ends with <|assistant|>.
+      out += bos;
+      for (const chat_message& m : messages) {
+        if (m.role == "user")
+          out += "<|user|>\n" + m.content + "<|end|>\n<|assistant|>\n";
+        else if (m.role == "assistant")
+          out += m.content + "<|end|>\n";
+      }
+      break;
   }
   return out;
 }

@@ -13,11 +13,15 @@ namespace troupe::models {
 /// The chat prompt formats troupe renders (no general Jinja engine: a
 /// model's template is recognised by its distinctive markers).
 enum class chat_format : std::uint8_t {
-  llama2,  ///< <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] answer </s>
-  llama3,  ///< <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
-  chatml,  ///< <|im_start|>role\n...<|im_end|>\n (optionally a default system prompt, Qwen2)
-  llava,   ///< LLaVA-1.5: "USER: <image>\n... ASSISTANT: ..."
-  gemma,   ///< <start_of_turn>user\n...<end_of_turn>\n (system folded into the first user turn)
+  llama2,      ///< <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] answer </s>
+  llama3,      ///< <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  chatml,      ///< <|im_start|>role\n...<|im_end|>\n (optionally a default system prompt, Qwen2)
+  llava,       ///< LLaVA-1.5: "USER: <image>\n... ASSISTANT: ..."
+  gemma,       ///< <start_of_turn>user\n...<end_of_turn>\n (system folded into the first user turn)
+  mistral,     ///< Mistral-7B-Instruct-v0.3: [INST] ...[/INST] answer</s>, system in the last turn
+  mistral_v1,  ///< Mistral-7B-Instruct-v0.1/v0.2: [INST] ... [/INST]answer</s>, no system
+  phi3,        ///< Phi-3.5 / Phi-3 (updated): <|user|>\n...<|end|>\n, <|assistant|>\n to answer
+  phi3_legacy,  ///< Phi-3-mini as first published: no system, <|assistant|>\n after each user turn
 };
 
 /// One chat turn: role ("system", "user", "assistant"), text, and how many
@@ -36,7 +40,9 @@ class chat_template {
   /// A built-in format by name: "llama2", "llama3", "chatml", "qwen2"
   /// (ChatML with Qwen's default system prompt), "llava" (alias "llava-1.5"),
   /// "gemma" (Gemma 2 and 3; GGUF files of Gemma carry no template, so the
-  /// prompt code picks it by architecture, as llama.cpp does).
+  /// prompt code picks it by architecture, as llama.cpp does), "mistral"
+  /// (Mistral-7B-Instruct-v0.3), "mistral-v1" (v0.1, v0.2), "phi3"
+  /// (Phi-3.5-mini and the updated Phi-3), "phi3-2024-04" (the first Phi-3-mini).
   /// This is what `--chat-template NAME` passes.
   static result<chat_template> from_name(std::string_view name);
   /// Recognises a Jinja `chat_template` (tokenizer_config.json or GGUF
@@ -60,10 +66,15 @@ class chat_template {
                              std::string_view bos_token, std::string_view eos_token) const;
 
  private:
-  chat_template(chat_format f, std::string default_system)
-      : format_(f), default_system_(std::move(default_system)) {}
+  chat_template(chat_format f, std::string default_system, bool keep_empty_system = false)
+      : format_(f),
+        default_system_(std::move(default_system)),
+        keep_empty_system_(keep_empty_system) {}
   chat_format format_;
   std::string default_system_;
+  /// phi3: a system message with empty content is still written (the
+  /// updated Phi-3-mini's template; Phi-3.5's skips it).
+  bool keep_empty_system_ = false;
 };
 
 }  // namespace troupe::models

@@ -636,13 +636,21 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     c.bos_token_ids = {*v->as_int()};
   if (const auto* v = f.find("tokenizer.ggml.eos_token_id"); v && v->as_int())
     c.eos_token_ids = {*v->as_int()};
-  if (gemma) {  // Gemma's chat turns end with <end_of_turn>, not its EOS
+  // The end of a turn, where the file names it (llama.cpp stops there too),
+  // and the turn ends of the chat formats the file carries no id for.
+  auto add_stop = [&](std::int64_t id) {
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  };
+  if (const auto* v = f.find("tokenizer.ggml.eot_token_id"); v && v->as_int())
+    add_stop(*v->as_int());
+  const char* turn_end = gemma ? "<end_of_turn>" : a == "phi3" ? "<|end|>" : nullptr;
+  if (turn_end)
     if (const auto* toks = f.find("tokenizer.ggml.tokens"); toks && toks->as_array()) {
       const auto& s = toks->as_array()->strings;
       for (std::size_t i = 0; i < s.size(); ++i)
-        if (s[i] == "<end_of_turn>") c.eos_token_ids.push_back(static_cast<std::int64_t>(i));
+        if (s[i] == turn_end) add_stop(static_cast<std::int64_t>(i));
     }
-  }
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;

@@ -380,7 +380,8 @@ def llama_cpp_ids(path):
 
 # Chat templates as published in the models' tokenizer_config.json / chat_template.json
 # (LLaMA-2-chat, Meta-Llama-3-Instruct, ChatML, Qwen2 ChatML with a default system
-# prompt, llava-1.5-hf, Gemma 3 -it), rendered with jinja2 the way transformers renders them.
+# prompt, llava-1.5-hf, Gemma 3 -it, Mistral-7B-Instruct v0.3 and v0.1/v0.2, Phi-3.5-mini
+# and the first Phi-3-mini), rendered with jinja2 the way transformers renders them.
 CHAT_TEMPLATES = {
     "llama2": (
         "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -457,6 +458,116 @@ CHAT_TEMPLATES = {
         "{%- if add_generation_prompt -%}\n"
         "    {{'<start_of_turn>model\\n'}}\n"
         "{%- endif -%}\n"),
+    # mistralai/Mistral-7B-Instruct-v0.3 (the system message goes into the last user turn)
+    "mistral": r"""{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+""",
+    # mistralai/Mistral-7B-Instruct-v0.1 and v0.2
+    "mistral-v1": (
+        "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+        "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+        "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+        "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+        "{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
+        "roles are supported!') }}{% endif %}{% endfor %}"),
+    # microsoft/Phi-3.5-mini-instruct
+    "phi3": (
+        "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+        "{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'user' %}"
+        "{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'assistant' %}"
+        "{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"),
+    # microsoft/Phi-3-mini-4k-instruct as first published (2024-04): no system role
+    "phi3-2024-04": (
+        "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+        "{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}"
+        "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\\n'}}"
+        "{% endif %}{% endfor %}"),
 }
 
 
@@ -472,6 +583,9 @@ CHAT_CONVERSATIONS = [
     [_m("user", "Line one\nLine two"), _m("assistant", "Sure."), _m("user", "Thanks")],
     [_m("user", "Describe this.", 1)],
     [_m("user", "Compare these two pictures.", 2), _m("assistant", "They differ."), _m("user", "How?")],
+    [_m("system", "Be brief."), _m("user", "Hi"), _m("assistant", " Hello. ")],
+    [_m("system", ""), _m("user", "Hi")],
+    [_m("user", "a"), _m("system", "mid"), _m("user", "b")],
 ]
 
 
@@ -515,7 +629,8 @@ def render_chat(template, conversation, add_generation_prompt, bos, eos, name):
 def make_chat_fixtures():
     tokens = {"llama2": ("<s>", "</s>"), "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
               "chatml": ("", "<|im_end|>"), "qwen2": ("", "<|im_end|>"), "llava": ("<s>", "</s>"),
-              "gemma": ("<bos>", "<eos>")}
+              "gemma": ("<bos>", "<eos>"), "mistral": ("<s>", "</s>"), "mistral-v1": ("<s>", "</s>"),
+              "phi3": ("<s>", "<|endoftext|>"), "phi3-2024-04": ("<s>", "<|endoftext|>")}
     doc = {"templates": CHAT_TEMPLATES, "cases": []}
     for name, template in CHAT_TEMPLATES.items():
         bos, eos = tokens[name]

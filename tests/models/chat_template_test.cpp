@@ -74,7 +74,11 @@ TEST(ChatTemplate, OverrideAndUnknown) {
   auto forced = chat_template::select("{{ weird }}", "llama3");
   ASSERT_TRUE(forced);
   EXPECT_EQ(forced->format(), chat_format::llama3);
-  EXPECT_FALSE(chat_template::select("", "mistral"));
+  EXPECT_FALSE(chat_template::select("", "mistral-v7"));
+  // Mistral Nemo's "tekken" variant (no space after [INST]) is not one of the built-in ones.
+  EXPECT_FALSE(
+      chat_template::detect("{{ bos_token }}{% for message in messages %}{{ \"[INST]\" + "
+                            "message[\"content\"] + \"[/INST]\" }}{% endfor %}"));
   for (std::string_view name : chat_template::names())
     EXPECT_TRUE(chat_template::from_name(name)) << name;
 

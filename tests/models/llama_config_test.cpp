@@ -261,3 +261,73 @@ TEST(LlamaConfig, FamilyRefusals) {
     EXPECT_NE(r.error().message.find(b.says), std::string::npos) << r.error().message;
   }
 }
+
+// The other GGUF architectures llama.cpp writes: what each reads and what
+// llama.cpp hard-codes for it.
+TEST(LlamaConfig, FromQwen2Phi3Gemma2GgufMetadata) {
+  auto write = [](const std::string& arch, std::uint32_t layers,
+                  const std::function<void(gguf_writer&)>& extra) {
+    gguf_writer w;
+    w.set_string("general.architecture", arch);
+    w.set_u32(arch + ".embedding_length", 256);
+    w.set_u32(arch + ".feed_forward_length", 512);
+    w.set_u32(arch + ".block_count", layers);
+    w.set_u32(arch + ".attention.head_count", 4);
+    w.set_u32(arch + ".attention.head_count_kv", 2);
+    w.set_u32(arch + ".attention.sliding_window", 16);
+    std::vector<std::string> toks(300, "x");
+    toks[200] = "<|end|>";
+    w.set_strings("tokenizer.ggml.tokens", toks);
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    w.set_u32("tokenizer.ggml.eot_token_id", 7);
+    extra(w);
+    const std::string path = troupe::test::temp_path(arch + ".gguf");
+    EXPECT_TRUE(w.write(path));
+    auto f = gguf_file::open(path);
+    EXPECT_TRUE(f);
+    return llama_config_from_gguf(*f);
+  };
+  auto none = [](gguf_writer&) {};
+  auto q = write("qwen2", 4, none);
+  ASSERT_TRUE(q) << q.error().message;
+  EXPECT_EQ(q->family, decoder_family::qwen2);
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_EQ(q->layout, rope_layout::halves);
+  EXPECT_EQ(q->sliding_window, 0);  // llama.cpp's qwen2 has no window
+  EXPECT_EQ(q->eos_token_ids, (std::vector<std::int64_t>{2, 7}));
+
+  auto p = write("phi3", 4, none);
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_TRUE(p->fused_qkv);
+  EXPECT_EQ(p->sliding_window, 16);  // applied, as transformers applies it
+  EXPECT_EQ(p->eos_token_ids, (std::vector<std::int64_t>{2, 7, 200}));  // <|end|> too
+  auto partial =
+      write("phi3", 4, [](gguf_writer& w) { w.set_u32("phi3.rope.dimension_count", 32); });
+  ASSERT_FALSE(partial);
+  EXPECT_NE(partial.error().message.find("partial RoPE"), std::string::npos);
+
+  auto g = write("gemma2", 4, [](gguf_writer& w) {
+    w.set_u32("gemma2.attention.key_length", 128);
+    w.set_u32("gemma2.attention.value_length", 128);
+    w.set_f32("gemma2.attn_logit_softcapping", 50.0f);
+    w.set_f32("gemma2.final_logit_softcapping", 30.0f);
+  });
+  ASSERT_TRUE(g) << g.error().message;
+  EXPECT_EQ(g->family, decoder_family::gemma2);
+  EXPECT_EQ(g->attn_softcap, 50.0);
+  EXPECT_EQ(g->final_softcap, 30.0);
+  EXPECT_EQ(g->attn_scale, 0.0);  // 1/sqrt(head_dim)
+  EXPECT_FALSE(g->qk_norm);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(g->is_sliding(l), l % 2 == 0) << l;
+  // The 27B (46 layers): llama.cpp scales by 1/sqrt(hidden / heads).
+  auto big = write("gemma2", 46, [](gguf_writer& w) {
+    w.set_u32("gemma2.attention.key_length", 128);
+    w.set_u32("gemma2.attention.value_length", 128);
+  });
+  ASSERT_TRUE(big) << big.error().message;
+  EXPECT_DOUBLE_EQ(big->attn_scale, 1.0 / 8.0);
+  auto l =
+      write("llama", 4, [](gguf_writer& w) { w.set_f32("llama.attn_logit_softcapping", 5.0f); });
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().message.find("soft-capping"), std::string::npos);
+}
