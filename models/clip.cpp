@@ -103,10 +103,11 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
   // Host memory: prepare and prepare_patch_conv take their weights from the host.
   auto patch = load_f32(host_pool(), src, "vision.patch_embedding", {D, cfg.num_channels, P, P});
   if (!patch) return std::unexpected(patch.error());
-  auto zero_bias = tensor::zeros(host_pool(), dtype::f32, {D});
-  if (!zero_bias) return std::unexpected(zero_bias.error());
+  auto conv_bias = cfg.siglip ? load_f32(host_pool(), src, "vision.patch_embedding.bias", {D})
+                              : tensor::zeros(host_pool(), dtype::f32, {D});
+  if (!conv_bias) return std::unexpected(conv_bias.error());
   auto conv =
-      named(dev.prepare_patch_conv(*patch, *zero_bias), src.file_name("vision.patch_embedding"));
+      named(dev.prepare_patch_conv(*patch, *conv_bias), src.file_name("vision.patch_embedding"));
   if (!conv) return std::unexpected(conv.error());
   m->patch_ = std::move(*conv);
   {  // the same weights as a matrix over patches flattened (channel, row, column)
@@ -127,9 +128,12 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
   };
   for (auto& [name, out, shape] :
        {vec{"vision.class_embedding", &m->class_embedding_, {D}},
-        vec{"vision.position_embedding", &m->position_embedding_, {cfg.num_patches() + 1, D}},
+        vec{"vision.position_embedding", &m->position_embedding_, {cfg.positions(), D}},
         vec{"vision.pre_norm", &m->pre_norm_w_, {D}},
-        vec{"vision.pre_norm.bias", &m->pre_norm_b_, {D}}}) {
+        vec{"vision.pre_norm.bias", &m->pre_norm_b_, {D}},
+        vec{"vision.patch_embedding.bias", &m->patch_bias_, {D}}}) {
+    const bool clip_only = out != &m->position_embedding_ && out != &m->patch_bias_;
+    if (cfg.siglip ? clip_only : out == &m->patch_bias_) continue;
     auto t = load_f32(dev, src, name, shape);
     if (!t) return std::unexpected(t.error());
     *out = std::move(*t);
@@ -251,7 +255,7 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
   auto v = alloc(rows, D), att = alloc(rows, D), proj = alloc(rows, D), f = alloc(rows, F);
   for (auto* t : {&patches, &x, &h, &q, &k, &v, &att, &proj, &f})
     if (!*t) return std::unexpected(t->error());
-  if (opts.onednn_patch_embedding) {
+  if (opts.onednn_patch_embedding && S % cfg_.patch_size == 0) {
     auto on_device = kernels::to_device(dev, pixels);
     if (!on_device) return std::unexpected(on_device.error());
     TRY(dev.run_patch_conv(patch_, *on_device, *patches));
@@ -277,10 +281,20 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
     auto rows_dev = kernels::to_device(dev, *rows_in);
     if (!rows_dev) return std::unexpected(rows_dev.error());
     TRY(dev.matmul(*rows_dev, patch_matrix_, *flat));
+    if (cfg_.siglip) TRY(dev.add(*flat, patch_bias_, *flat));
   }
   // embeddings = cat(class, patches) + position_embedding, through the
   // device: per image, the class row and the patch rows, then the positions.
-  {
+  if (cfg_.siglip) {  // no class token: the patches plus positions, then no pre-LayerNorm
+    auto flat = patches->reshape({N * P, D});
+    if (!flat) return make_error(errc::internal, "vision embeddings reshape failed");
+    TRY(dev.copy(*flat, *x));
+    for (std::int64_t n = 0; n < N; ++n) {
+      auto image = x->slice_rows(n * T, T);
+      if (!image) return make_error(errc::internal, "vision embeddings slice failed");
+      TRY(dev.add(*image, position_embedding_, *image));
+    }
+  } else {
     auto cls = class_embedding_.reshape({1, D});
     auto flat = patches->reshape({N * P, D});
     if (!cls || !flat) return make_error(errc::internal, "vision embeddings reshape failed");
@@ -297,7 +311,7 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
     }
   }
   const auto eps = static_cast<float>(cfg_.layer_norm_eps);
-  TRY(dev.layer_norm(*x, pre_norm_w_, pre_norm_b_, eps, *x));
+  if (!cfg_.siglip) TRY(dev.layer_norm(*x, pre_norm_w_, pre_norm_b_, eps, *x));
 
   std::optional<kernels::paged_kv_cache> cache;
   if (opts.attention.top_k >= 0) {

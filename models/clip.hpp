@@ -60,7 +60,9 @@ struct clip_options {
 
 /// A CLIP ViT vision tower (HF `CLIPVisionModel`) run up to a chosen
 /// layer: patch embedding (a convolution with stride = kernel), class token, position
-/// embeddings, pre_layrnorm, then pre-LN encoder layers (LayerNorm ->
+/// embeddings, pre_layrnorm, then pre-LN encoder layers; or a SigLIP one
+/// (`SiglipVisionModel`: a biased patch convolution, no class token and no
+/// pre_layrnorm, then the same encoder layers) (LayerNorm ->
 /// self-attention with biased q/k/v/out projections -> residual ->
 /// LayerNorm -> fc1 -> activation -> fc2 -> residual). post_layernorm is
 /// never applied (LLaVA reads hidden states, not the pooled output).
@@ -79,8 +81,8 @@ class clip_vision_tower {
   const clip_vision_config& config() const { return cfg_; }
   /// Encoder layers this tower runs.
   std::int64_t layers() const { return static_cast<std::int64_t>(layers_.size()); }
-  /// Rows per image: the class token plus every patch.
-  std::int64_t positions() const { return cfg_.num_patches() + 1; }
+  /// Rows per image: the class token (CLIP) plus every patch.
+  std::int64_t positions() const { return cfg_.positions(); }
 
   /// pixel_values f32 [N, channels, image_size, image_size] (contiguous,
   /// finite) -> hidden_states[layers()] f32 [N, positions(), hidden]: row 0
@@ -104,7 +106,8 @@ class clip_vision_tower {
   clip_vision_config cfg_;
   kernels::patch_conv patch_;
   kernels::matrix patch_matrix_;        // [hidden, channels * patch * patch]
-  kernels::tensor class_embedding_;     // [hidden]
+  kernels::tensor class_embedding_;     // [hidden] (CLIP)
+  kernels::tensor patch_bias_;          // [hidden] (SigLIP)
   kernels::tensor position_embedding_;  // [positions, hidden]
   kernels::tensor pre_norm_w_, pre_norm_b_;
   std::vector<layer> layers_;

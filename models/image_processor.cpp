@@ -293,10 +293,20 @@ result<image_processor_config> parse_image_processor_config(std::string_view tex
     }
     break;  // image_processor_type wins over the older feature_extractor_type
   }
-  if (type != "CLIPImageProcessor" && type != "LlavaImageProcessor") {
-    return make_error(errc::unsupported_op,
-                      src + ": image processor '" + type +
-                          "' is not supported (CLIPImageProcessor, LlavaImageProcessor)");
+  if (type != "CLIPImageProcessor" && type != "LlavaImageProcessor" &&
+      type != "SiglipImageProcessor") {
+    return make_error(errc::unsupported_op, src + ": image processor '" + type +
+                                                "' is not supported (CLIPImageProcessor, "
+                                                "LlavaImageProcessor, SiglipImageProcessor)");
+  }
+  if (type == "SiglipImageProcessor") {
+    // SiglipImageProcessor's defaults: a plain 224 x 224 resize, no crop,
+    // mean and std 0.5.
+    c.shortest_edge = 0;
+    c.resize_height = c.resize_width = 224;
+    c.do_center_crop = false;
+    c.image_mean = {0.5, 0.5, 0.5};
+    c.image_std = {0.5, 0.5, 0.5};
   }
   struct flag {
     const char* key;

@@ -14,8 +14,9 @@ namespace troupe::models {
 /// Resampling filters of the resize step (PIL's `resample` codes).
 enum class resample_filter : std::uint8_t { bilinear = 2, bicubic = 3 };
 
-/// A validated `preprocessor_config.json` of a CLIPImageProcessor (or
-/// LlavaImageProcessor); the defaults are CLIPImageProcessor's.
+/// A validated `preprocessor_config.json` of a CLIPImageProcessor,
+/// LlavaImageProcessor or SiglipImageProcessor; absent keys take the
+/// processor's defaults.
 struct image_processor_config {
   bool do_resize = true;
   /// Resize target: the shortest edge becomes `shortest_edge` (aspect ratio

@@ -58,10 +58,20 @@ result<clip_vision_config> parse_vision(const json& j, const std::string& src) {
   clip_vision_config c;
   std::string model_type;
   if (auto r = get_string(j, "model_type", model_type, src); !r) return std::unexpected(r.error());
-  if (!model_type.empty() && model_type != "clip_vision_model")
-    return make_error(errc::unsupported_op,
-                      field_error(src, "model_type",
-                                  "'" + model_type + "' is not supported (clip_vision_model)"));
+  if (!model_type.empty() && model_type != "clip_vision_model" &&
+      model_type != "siglip_vision_model")
+    return make_error(
+        errc::unsupported_op,
+        field_error(
+            src, "model_type",
+            "'" + model_type + "' is not supported (clip_vision_model, siglip_vision_model)"));
+  std::string act = "quick_gelu";
+  if (model_type == "siglip_vision_model") {  // SiglipVisionConfig's defaults
+    c.siglip = true;
+    c.patch_size = 16;
+    c.layer_norm_eps = 1e-6;
+    act = "gelu_pytorch_tanh";
+  }
   for (auto [key, out] :
        {std::pair{"hidden_size", &c.hidden_size},
         std::pair{"intermediate_size", &c.intermediate_size},
@@ -71,7 +81,6 @@ result<clip_vision_config> parse_vision(const json& j, const std::string& src) {
     if (auto r = get_int(j, key, *out, src); !r) return std::unexpected(r.error());
   if (auto r = get_float(j, "layer_norm_eps", c.layer_norm_eps, src); !r)
     return std::unexpected(r.error());
-  std::string act = "quick_gelu";
   if (auto r = get_string(j, "hidden_act", act, src); !r) return std::unexpected(r.error());
   auto kind = gelu_from_hf_name(act, src + ": hidden_act");
   if (!kind) return std::unexpected(kind.error());
@@ -128,12 +137,14 @@ result<void> clip_vision_config::validate(const std::string& src) const {
   if (hidden_size != num_heads * head_dim)
     return make_error(errc::corrupt_data,
                       field_error(src, "num_attention_heads", "must divide hidden_size"));
-  if (image_size % patch_size != 0)
+  // A SigLIP convolution drops the pixels past the last whole patch (384 /
+  // 14 gives 27 patches a side); CLIP configs divide evenly.
+  if (!siglip && image_size % patch_size != 0)
     return make_error(errc::corrupt_data,
                       field_error(src, "patch_size",
                                   "= " + std::to_string(patch_size) +
                                       " does not divide image_size " + std::to_string(image_size)));
-  if (num_patches() + 1 > (1 << 20))
+  if (positions() > (1 << 20))
     return make_error(errc::corrupt_data, field_error(src, "image_size / patch_size",
                                                       "gives " + std::to_string(num_patches()) +
                                                           " patches, more than 2^20 - 1"));
@@ -148,7 +159,7 @@ std::int64_t llava_config::vision_layers_used() const {
 }
 
 std::int64_t llava_config::tokens_per_image() const {
-  return vision.num_patches() + (select == vision_select::full ? 1 : 0);
+  return vision.positions() - (select == vision_select::full ? 0 : 1);
 }
 
 result<void> llava_config::validate(const std::string& src) const {
@@ -203,10 +214,19 @@ result<llava_config> parse_llava_config(std::string_view text, const std::string
   std::string text_type;
   if (auto r = get_string(*t, "model_type", text_type, src + " text_config"); !r)
     return std::unexpected(r.error());
-  if (!text_type.empty() && text_type != "llama")
+  // LLaMA text configs of older transformers saved only the differences
+  // from LlamaConfig's defaults; Qwen2 and Mistral ones are read as written.
+  json text_json = *t;
+  if (text_type.empty() || text_type == "llama") {
+    text_json = with_llama_defaults(*t);
+  } else if (text_type == "qwen2" || text_type == "mistral") {
+    text_json["architectures"] =
+        json::array({text_type == "qwen2" ? "Qwen2ForCausalLM" : "MistralForCausalLM"});
+  } else {
     return make_error(errc::unsupported_op, src + " text_config: model_type '" + text_type +
-                                                "' is not supported (llama)");
-  auto llama = parse_llama_config(with_llama_defaults(*t).dump(), src + " text_config");
+                                                "' is not supported (llama, mistral, qwen2)");
+  }
+  auto llama = parse_llama_config(text_json.dump(), src + " text_config");
   if (!llama) return std::unexpected(llama.error());
   c.text = *llama;
   c.text.architecture = "LlavaForConditionalGeneration";

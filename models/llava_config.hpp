@@ -9,9 +9,13 @@
 
 namespace troupe::models {
 
-/// The vision tower hyper-parameters of a CLIP ViT (HF `CLIPVisionConfig`),
-/// validated. Absent fields take CLIPVisionConfig's defaults.
+/// The vision tower hyper-parameters of a CLIP ViT (HF `CLIPVisionConfig`)
+/// or a SigLIP one (`SiglipVisionConfig`), validated. Absent fields take the
+/// class's defaults.
 struct clip_vision_config {
+  /// SigLIP: no class token, no pre-LayerNorm, a bias on the patch
+  /// embedding, tanh-GELU and LayerNorm eps 1e-6 by default.
+  bool siglip = false;
   std::int64_t hidden_size = 768;
   std::int64_t intermediate_size = 3072;
   std::int64_t num_layers = 12;
@@ -27,18 +31,21 @@ struct clip_vision_config {
   std::int64_t patches_per_side() const { return image_size / patch_size; }
   /// Patches of one image (the class token not included).
   std::int64_t num_patches() const { return patches_per_side() * patches_per_side(); }
+  /// Rows the tower gives per image: the class token (CLIP) and the patches.
+  std::int64_t positions() const { return num_patches() + (siglip ? 0 : 1); }
   /// Checks ranges and divisibility; the message names `source` and the field.
   result<void> validate(const std::string& source) const;
 };
 
 /// Which vision-tower rows become image tokens.
 enum class vision_select : std::uint8_t {
-  drop_cls,  ///< "default": every patch row, the class token dropped
-  full,      ///< "full": the class token and every patch row
+  drop_cls,  ///< "default": the first row dropped (CLIP's class token; SigLIP's first patch, as
+             ///< transformers does)
+  full,      ///< "full": every row
 };
 
-/// A `LlavaForConditionalGeneration` config: CLIP vision tower, projector
-/// and LLaMA text model, validated.
+/// A `LlavaForConditionalGeneration` config: CLIP or SigLIP vision tower,
+/// projector and a LLaMA, Mistral or Qwen2 text model, validated.
 struct llava_config {
   clip_vision_config vision;
   llama_config text;

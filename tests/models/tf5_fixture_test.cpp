@@ -13,6 +13,8 @@
 
 #include "../kernels/fixture_reader.hpp"
 #include "kernels/cpu/cpu_device.hpp"
+#include "models/image.hpp"
+#include "models/image_processor.hpp"
 #include "models/llama.hpp"
 #include "models/llama_config.hpp"
 #include "models/llava.hpp"
@@ -129,6 +131,66 @@ TEST(Tf5Llava, LoadsAndMatchesTransformers) {
   const double el = worst_relative(logits->data_as<float>(), la.as<float>(), la.dims[1]);
   std::printf("LLaVA (transformers 5 names): image features %.2e, logits %.2e of the range\n", ef,
               el);
+  EXPECT_LE(ef, 1e-4);
+  EXPECT_LE(el, 1e-4);
+}
+
+// LLaVA-Interleave's layout (llava-hf/llava-interleave-qwen-*-hf): a SigLIP
+// tower (no class token, a biased patch convolution that drops the pixels
+// past the last whole patch, no pre-LayerNorm), the LLaVA projector over
+// every row of the last layer, and a Qwen2 decoder; the image through the
+// SiglipImageProcessor config saved beside it.
+TEST(Tf5Llava, SiglipQwen2LoadsAndMatchesTransformers) {
+  const auto ref = test::load_fixture(dir("llava_siglip") + "/reference.bin");
+  auto dev = k::cpu::cpu_device::with_threads(2);
+  auto m = llava_model::load(dir("llava_siglip"), *dev);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_TRUE((*m)->config().vision.siglip);
+  EXPECT_EQ((*m)->config().text.family, decoder_family::qwen2);
+  EXPECT_EQ((*m)->config().tokens_per_image(), 4);
+  // The processor: image.png -> pixel_values, as transformers' (PIL) gives them.
+  auto proc = load_image_processor_config(dir("llava_siglip"));
+  ASSERT_TRUE(proc) << proc.error().message;
+  EXPECT_FALSE(proc->do_center_crop);
+  auto img = load_image(dir("llava_siglip") + "/image.png");
+  ASSERT_TRUE(img) << img.error().message;
+  auto pv = preprocess_image(*img, *proc);
+  ASSERT_TRUE(pv) << pv.error().message;
+  const auto& px = ref.at("pixel_values");
+  const auto want_px = px.as<float>();
+  ASSERT_EQ(pv->data.size(), want_px.size());
+  float px_err = 0;
+  for (std::size_t i = 0; i < want_px.size(); ++i)
+    px_err = std::max(px_err, std::fabs(pv->data[i] - want_px[i]));
+  EXPECT_LE(px_err, 1e-6f);
+
+  auto pixels = k::tensor::empty(dev->memory(), k::dtype::f32,
+                                 {px.dims[0], px.dims[1], px.dims[2], px.dims[3]});
+  ASSERT_TRUE(pixels);
+  std::copy(want_px.begin(), want_px.end(), pixels->data_as<float>());
+  auto feats = (*m)->encode_images(*dev, *pixels);
+  ASSERT_TRUE(feats) << feats.error().message;
+  const auto want_feats = ref.at("image_features").as<float>();
+  ASSERT_EQ(static_cast<std::size_t>(feats->numel()), want_feats.size());
+  const double ef = worst_relative(feats->data_as<float>(), want_feats, feats->dim(1));
+  const auto i64 = ref.at("ids").as<std::int64_t>();
+  const std::vector<std::int32_t> ids(i64.begin(), i64.end());
+  auto prompt = (*m)->prepare(*dev, ids, *pixels);
+  ASSERT_TRUE(prompt) << prompt.error().message;
+  const auto e64 = ref.at("expanded").as<std::int64_t>();
+  EXPECT_EQ(prompt->tokens, std::vector<std::int32_t>(e64.begin(), e64.end()));
+  const auto& lm = (*m)->language_model();
+  auto cache = lm.make_cache(dev->memory(), kv_options{.block_size = 16, .capacity_tokens = 64});
+  ASSERT_TRUE(cache);
+  step_input in{cache->add_sequence(), prompt->tokens, true};
+  in.embed_token = prompt->image_token;
+  in.embeddings = prompt->image_embeds;
+  auto logits = lm.forward(*dev, *cache, std::vector<step_input>{in});
+  ASSERT_TRUE(logits) << logits.error().message;
+  const auto& la = ref.at("logits");
+  const double el = worst_relative(logits->data_as<float>(), la.as<float>(), la.dims[1]);
+  std::printf("LLaVA SigLIP + Qwen2: pixels %.2e, image features %.2e, logits %.2e of the range\n",
+              px_err, ef, el);
   EXPECT_LE(ef, 1e-4);
   EXPECT_LE(el, 1e-4);
 }
