@@ -367,7 +367,7 @@ TEST(ImageValidation, BadPreprocessorConfigsNameTheKey) {
       {R"({"image_aspect_ratio": "anyres"})", "image_aspect_ratio"},
       {R"({"image_aspect_ratio": 1})", "image_aspect_ratio"},
       {R"({"image_aspect_ratio": "pad", "image_mean": [2, 0.5, 0.5]})", "image_mean"},
-      {R"({"image_processor_type": "SiglipImageProcessor"})", "SiglipImageProcessor"},
+      {R"({"image_processor_type": "Idefics3ImageProcessor"})", "Idefics3ImageProcessor"},
       {R"({"image_processor_type": 3})", "image_processor_type"},
   };
   for (const auto& c : cases) {

@@ -147,15 +147,15 @@ TEST(LlavaValidation, BadConfigsNameTheField) {
        "layer_norm_eps must be in (0, 1)"},
       {[](json& c) { c["vision_config"]["hidden_act"] = "relu"; },
        "hidden_act 'relu' is not supported"},
-      {[](json& c) { c["vision_config"]["model_type"] = "siglip_vision_model"; },
-       "'siglip_vision_model' is not supported"},
+      {[](json& c) { c["vision_config"]["model_type"] = "idefics3_vision"; },
+       "'idefics3_vision' is not supported"},
       {[](json& c) {
          c["vision_config"]["image_size"] = 16384;
          c["vision_config"]["patch_size"] = 1;
        },
        "more than 2^20"},
-      {[](json& c) { c["text_config"]["model_type"] = "mistral"; },
-       "model_type 'mistral' is not supported"},
+      {[](json& c) { c["text_config"]["model_type"] = "gemma2"; },
+       "model_type 'gemma2' is not supported"},
       {[](json& c) { c["text_config"]["num_key_value_heads"] = 3; },
        "text_config: num_key_value_heads must divide"},
       {[](json& c) { c["vision_feature_layer"] = 4; },
