@@ -1,5 +1,6 @@
 #include "models/llama.hpp"
 
+#include <cmath>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -92,6 +93,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
   m->cfg_ = cfg;
   m->range_ = *resolved;
   m->split_ = split;
+  m->attn_scale_ = cfg.attn_scale;
   m->nh_ = cfg.num_heads / split.size;
   m->nkv_ = cfg.num_kv_heads / split.size;
   m->ffn_ = cfg.intermediate_size / split.size;
@@ -304,6 +306,17 @@ result<std::unique_ptr<llama_model>> llama_model::build(
                             " values, expected head_dim/2 = " + std::to_string(D / 2));
     m->rope_.freq_factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
   }
+  if (cfg.scaling.type == rope_scaling::kind::yarn) {
+    if (!m->rope_.freq_factors.empty())
+      return make_error(errc::unsupported_op,
+                        src.path() + ": YaRN RoPE scaling with per-frequency factors");
+    auto y = compute_yarn(cfg.scaling, cfg.rope_theta, D);
+    m->rope_.freq_factors = std::move(y.divisors);
+    // cos and sin times the attention factor: scores times its square.
+    const double base =
+        cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+    m->attn_scale_ = base * y.attention_factor * y.attention_factor;
+  }
   if (cfg.scaling.type == rope_scaling::kind::linear) {
     // Positions divided by the factor: every frequency divided by it.
     if (!m->rope_.freq_factors.empty())
@@ -486,7 +499,7 @@ result<llama_model::step_plan> llama_model::layers_step(
   if (auto r = check_hidden(x, T, H, "run_layers"); !r) return std::unexpected(r.error());
   // A cache that frees blocks behind a window only works with that window.
   kernels::attention_options attn = attn_in;
-  if (attn.scale == 0.0f && cfg_.attn_scale > 0) attn.scale = static_cast<float>(cfg_.attn_scale);
+  if (attn.scale == 0.0f && attn_scale_ > 0) attn.scale = static_cast<float>(attn_scale_);
   if (attn.softcap == 0.0f && cfg_.attn_softcap > 0)
     attn.softcap = static_cast<float>(cfg_.attn_softcap);
   if (cache.options().window > 0) {

@@ -158,6 +158,7 @@ class llama_model {
   std::vector<layer> layers_;
   kernels::rope_params rope_;
   kernels::rope_params rope_local_;  // the sliding-window layers' (Gemma 3)
+  double attn_scale_ = 0;            // score scale (0: 1/sqrt(head_dim)); YaRN's folded in
 };
 
 }  // namespace troupe::models

@@ -446,10 +446,35 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
       c.scaling.type = rope_scaling::kind::llama3;
     else if (type == "linear")
       c.scaling.type = rope_scaling::kind::linear;
+    else if (type == "yarn")
+      c.scaling.type = rope_scaling::kind::yarn;
     else if (type != "default")
-      return make_error(errc::unsupported_op,
-                        field_error(src, key + ".rope_type",
-                                    "'" + type + "' is not supported (default, llama3, linear)"));
+      return make_error(
+          errc::unsupported_op,
+          field_error(src, key + ".rope_type",
+                      "'" + type + "' is not supported (default, llama3, linear, yarn)"));
+    if (type == "yarn") {
+      for (auto [k, out] :
+           {std::pair{"attention_factor", &c.scaling.attention_factor},
+            std::pair{"beta_fast", &c.scaling.beta_fast},
+            std::pair{"beta_slow", &c.scaling.beta_slow}, std::pair{"mscale", &c.scaling.mscale},
+            std::pair{"mscale_all_dim", &c.scaling.mscale_all_dim}})
+        if (auto r = get_float(rs, k, *out, src + " " + key); !r) return std::unexpected(r.error());
+      if (auto t = rs.find("truncate"); t != rs.end() && !t->is_null()) {
+        if (!t->is_boolean())
+          return make_error(errc::corrupt_data,
+                            field_error(src, key + ".truncate", "must be a boolean"));
+        c.scaling.truncate = t->get<bool>();
+      }
+      // transformers' default for the pretraining length is the model's.
+      if (!rs.contains("original_max_position_embeddings"))
+        c.scaling.original_max_position_embeddings = c.max_position_embeddings;
+      if (!(c.scaling.attention_factor >= 0 && c.scaling.attention_factor < 100) ||
+          !(c.scaling.beta_fast > 0) || !(c.scaling.beta_slow > 0))
+        return make_error(
+            errc::corrupt_data,
+            field_error(src, key, "yarn needs attention_factor in [0, 100) and positive betas"));
+    }
     if (auto r = get_float(rs, "rope_theta", c.rope_theta, src + " " + key); !r)
       return std::unexpected(r.error());
     for (auto [k, out] : {std::pair{"factor", &c.scaling.factor},
@@ -577,13 +602,30 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     c.rope_theta = *v->as_float();
   if (const auto* v = f.find(pre + "rope.scaling.type"); v && v->as_string()) {
     const std::string& type = *v->as_string();
-    if (type == "linear") {
-      c.scaling.type = rope_scaling::kind::linear;
+    if (type == "linear" || type == "yarn") {
+      c.scaling.type = type == "linear" ? rope_scaling::kind::linear : rope_scaling::kind::yarn;
       if (const auto* fct = f.find(pre + "rope.scaling.factor"); fct && fct->as_float())
         c.scaling.factor = *fct->as_float();
+      if (type == "yarn") {
+        // llama.cpp: the pretraining length, and an optional attention factor
+        // that multiplies YaRN's own (1 + 0.1 ln factor).
+        std::int64_t orig = c.max_position_embeddings;
+        if (auto r = get("rope.scaling.original_context_length", orig, false); !r)
+          return std::unexpected(r.error());
+        c.scaling.original_max_position_embeddings = orig;
+        if (const auto* af = f.find(pre + "rope.scaling.attn_factor"); af && af->as_float())
+          c.scaling.attention_factor =
+              *af->as_float() *
+              (c.scaling.factor > 1 ? 0.1 * std::log(c.scaling.factor) + 1.0 : 1.0);
+        for (const char* k : {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+                              "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier"})
+          if (f.find(pre + k))
+            return make_error(errc::unsupported_op,
+                              src + ": " + pre + k + " is not read (YaRN with its defaults only)");
+      }
     } else if (type != "none") {
-      return make_error(errc::unsupported_op,
-                        src + ": rope scaling '" + type + "' is not supported (none, linear)");
+      return make_error(errc::unsupported_op, src + ": rope scaling '" + type +
+                                                  "' is not supported (none, linear, yarn)");
     }
   }
   for (auto [key, out] : {std::pair{"attn_logit_softcapping", &c.attn_softcap},
@@ -654,6 +696,53 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;
+}
+
+yarn_rope compute_yarn(const rope_scaling& s, double theta, std::int64_t head_dim) {
+  // transformers' _compute_yarn_parameters, the float32 steps in float32.
+  auto get_mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  yarn_rope y;
+  const double factor = s.factor;
+  if (s.attention_factor > 0)
+    y.attention_factor = s.attention_factor;
+  else if (s.mscale != 0 && s.mscale_all_dim != 0)
+    y.attention_factor = get_mscale(factor, s.mscale) / get_mscale(factor, s.mscale_all_dim);
+  else
+    y.attention_factor = get_mscale(factor, 1.0);
+  const double dim = static_cast<double>(head_dim);
+  const double pi = std::acos(-1.0);
+  auto correction_dim = [&](double rotations) {
+    return dim *
+           std::log(static_cast<double>(s.original_max_position_embeddings) /
+                    (rotations * 2 * pi)) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  const std::int64_t half = head_dim / 2;
+  y.divisors.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float pos_freq = std::pow(static_cast<float>(theta),
+                                    static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float extrap = 1.0f / pos_freq;
+    const float interp = 1.0f / (static_cast<float>(factor) * pos_freq);
+    const float ramp = std::clamp(
+        (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+        1.0f);
+    const float e = 1.0f - ramp;  // the extrapolated share
+    const float inv = interp * (1.0f - e) + extrap * e;
+    y.divisors[static_cast<std::size_t>(i)] =
+        static_cast<float>(static_cast<double>(extrap) / static_cast<double>(inv));
+  }
+  return y;
 }
 
 result<generation_defaults> parse_generation_config(std::string_view text, const std::string& src) {

@@ -12,13 +12,31 @@ namespace troupe::models {
 
 /// RoPE frequency scaling (HF `rope_scaling`).
 struct rope_scaling {
-  enum class kind : std::uint8_t { none, linear, llama3 };
+  enum class kind : std::uint8_t { none, linear, llama3, yarn };
   kind type = kind::none;
   double factor = 1.0;
   double low_freq_factor = 1.0;                          ///< llama3
   double high_freq_factor = 4.0;                         ///< llama3
-  std::int64_t original_max_position_embeddings = 8192;  ///< llama3
+  std::int64_t original_max_position_embeddings = 8192;  ///< llama3, yarn
+  // YaRN (transformers' _compute_yarn_parameters; Qwen2.5's long context):
+  // frequencies ramp from interpolated (divided by factor) to extrapolated
+  // between the dims the two beta rotation counts give, and cos/sin are
+  // multiplied by the attention factor.
+  double attention_factor = 0;  ///< 0: from factor (and mscale / mscale_all_dim)
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
 };
+
+/// YaRN's per-frequency divisors of the plain inverse frequencies
+/// (theta^(-2i/d) / divisor[i] = YaRN's inv_freq[i]; head_dim / 2 of them)
+/// and its attention factor, which multiplies cos and sin (so scores by its
+/// square).
+struct yarn_rope {
+  std::vector<float> divisors;
+  double attention_factor = 1.0;
+};
+yarn_rope compute_yarn(const rope_scaling& s, double theta, std::int64_t head_dim);
 
 /// How a checkpoint lays out the two halves RoPE rotates together.
 enum class rope_layout : std::uint8_t {

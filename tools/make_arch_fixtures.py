@@ -23,6 +23,9 @@ llamacpp.bin holds llama.cpp's logits.<i> on model.gguf for the same tokens.
 
   qwen2    Qwen2ForCausalLM: q/k/v biases, tied embeddings, rope_theta 1e6,
            hidden 96, 4 heads x 24, 2 KV heads, FFN 160, 2 layers, vocab 300.
+  qwen2_yarn  the same shape with Qwen2.5's long-context RoPE: yarn, factor 4,
+           original_max_position_embeddings 64, rope_theta 1e4 (so that the
+           ramp between interpolated and extrapolated frequencies spans dims).
   mistral  MistralForCausalLM: sliding window 16 on every layer, hidden 64,
            4 heads x 16, 1 KV head, FFN 128, 2 layers, vocab 300 (llama.cpp
            writes Mistral as "llama" and drops the window: no GGUF here).
@@ -48,7 +51,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "arch")
 LENGTHS = [9, 40]
-GGUF_ARCHS = {"qwen2": "qwen2", "phi3": "phi3", "gemma2": "gemma2"}
+GGUF_ARCHS = {"qwen2": "qwen2", "phi3": "phi3", "gemma2": "gemma2", "qwen2_yarn": "qwen2"}
 
 
 def specs():
@@ -84,6 +87,14 @@ def specs():
                                     query_pre_attn_scalar=48, sliding_window=12,
                                     rms_norm_eps=1e-6, **common),
                    "Gemma3ForCausalLM"),
+        "qwen2_yarn": (Qwen2Config(hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
+                                                    "factor": 4.0,
+                                                    "original_max_position_embeddings": 64},
+                                   tie_word_embeddings=True, rms_norm_eps=1e-6,
+                                   **dict(common, max_position_embeddings=256)),
+                       "Qwen2ForCausalLM"),
     }
 
 
@@ -119,6 +130,11 @@ def write_gguf(name, cfg, sd, path):
     w.add_head_count_kv(NKV)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rp = cfg.rope_parameters
+    if rp.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
     if name == "phi3":
         w.add_rope_dimension_count(D)
         w.add_sliding_window(0)
@@ -163,7 +179,10 @@ def make_hf():
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import make_fixtures
     print("transformers", transformers.__version__, "torch", torch.__version__)
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
     for seed, (name, (cfg, arch)) in enumerate(specs().items()):
+        if only and name not in only:
+            continue
         torch.manual_seed(100 + seed)
         cfg.architectures = [arch]
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -221,7 +240,10 @@ def run_llamacpp():
     from llama_cpp import Llama
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import make_fixtures
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
     for name in GGUF_ARCHS:
+        if only and name not in only:
+            continue
         d = os.path.join(OUT, name)
         ref = read_trpf(os.path.join(d, "reference.bin"))
         arrays = []

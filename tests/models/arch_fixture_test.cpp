@@ -30,7 +30,7 @@ std::string dir(const std::string& name) {
 }
 
 bool has_gguf(const std::string& name) {
-  return name == "qwen2" || name == "phi3" || name == "gemma2";
+  return name == "qwen2" || name == "phi3" || name == "gemma2" || name == "qwen2_yarn";
 }
 
 // Worst over positions of max |got - want| / (the position's logit range).
@@ -86,11 +86,15 @@ class Arch : public ::testing::TestWithParam<std::string> {
 TEST_P(Arch, ConfigNamesTheFamily) {
   auto c = load_llama_config(dir(GetParam()) + "/config.json");
   ASSERT_TRUE(c) << c.error().message;
-  EXPECT_STREQ(to_string(c->family), GetParam().c_str());
+  EXPECT_EQ(std::string(to_string(c->family)), GetParam().substr(0, GetParam().find('_')));
   if (GetParam() == "qwen2") {
     EXPECT_TRUE(c->qkv_bias);
     EXPECT_EQ(c->sliding_window, 0);  // layer_types all "full_attention"
     EXPECT_EQ(c->rope_theta, 1e6);
+  } else if (GetParam() == "qwen2_yarn") {
+    EXPECT_EQ(c->scaling.type, rope_scaling::kind::yarn);
+    EXPECT_EQ(c->scaling.factor, 4.0);
+    EXPECT_EQ(c->scaling.original_max_position_embeddings, 64);
   } else if (GetParam() == "mistral") {
     EXPECT_EQ(c->sliding_window, 16);
     EXPECT_TRUE(c->is_sliding(0) && c->is_sliding(1));
@@ -165,7 +169,8 @@ TEST_P(Arch, DecodeStepsEqualPrefill) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Arch,
-                         ::testing::Values("qwen2", "mistral", "phi3", "gemma2", "gemma3"),
+                         ::testing::Values("qwen2", "mistral", "phi3", "gemma2", "gemma3",
+                                           "qwen2_yarn"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -146,7 +146,7 @@ TEST(LlamaConfig, FromGemma3GgufMetadata) {
   };
   const bad cases[] = {
       {[](gguf_writer& w) { w.set_f32("gemma3.final_logit_softcapping", 30.0f); }, "soft-capping"},
-      {[](gguf_writer& w) { w.set_string("gemma3.rope.scaling.type", "yarn"); }, "'yarn'"},
+      {[](gguf_writer& w) { w.set_string("gemma3.rope.scaling.type", "longrope"); }, "'longrope'"},
       {[](gguf_writer& w) { w.set_u32("gemma3.attention.value_length", 128); }, "value_length"},
       {[](gguf_writer& w) { w.set_u64("gemma3.attention.sliding_window", 1ull << 40); },
        "sliding_window"},
@@ -231,10 +231,8 @@ TEST(LlamaConfig, FamilyRefusals) {
            "Phi3ForCausalLM",
            R"("rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})"),
        "'longrope'"},
-      {hf_config(
-           "Qwen2ForCausalLM",
-           R"("rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"),
-       "'yarn'"},
+      {hf_config("Qwen2ForCausalLM", R"("rope_scaling": {"type": "dynamic", "factor": 4.0})"),
+       "'dynamic'"},
       {hf_config("Gemma2ForCausalLM", R"("sliding_window": 8, "hidden_activation": "gelu")"),
        "gelu_pytorch_tanh"},
       {hf_config("Gemma2ForCausalLM", R"("sliding_window": null)"), "sliding_window"},

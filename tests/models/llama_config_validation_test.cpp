@@ -32,7 +32,7 @@ TEST(LlamaConfigValidation, BadConfigsNameTheField) {
       {with(R"(, "hidden_size": "64")"), "hidden_size"},
       {with(R"(, "rms_norm_eps": -1)"), "rms_norm_eps"},
       {with(R"(, "rope_theta": 0.5)"), "rope_theta"},
-      {with(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"), "rope_scaling"},
+      {with(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 4})"), "rope_scaling"},
       {with(
            R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1})"),
        "rope_scaling"},
@@ -48,8 +48,8 @@ TEST(LlamaConfigValidation, BadConfigsNameTheField) {
       {R"({"architectures": ["LlavaForConditionalGeneration"]})", "text_config"},
       // transformers 5's rope_parameters: an unknown type is refused by name,
       // never read as "no scaling".
-      {with(R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4})"),
-       "'yarn' is not supported"},
+      {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e6, "factor": 4})"),
+       "'longrope' is not supported"},
       {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4})"), "'longrope'"},
       {with(R"(, "rope_parameters": {"rope_type": 3, "rope_theta": 1e4})"), "rope_type"},
       {with(R"(, "rope_parameters": {"rope_type": "default"})"), "rope_theta"},
