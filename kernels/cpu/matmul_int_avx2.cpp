@@ -41,6 +41,20 @@ constexpr bool is_super(mm_scale s) {
   return s == mm_scale::super_f16 || s == mm_scale::super_half;
 }
 
+// 32 bits at p (one sub-panel's share of a bit-plane word) as 32 bytes of
+// `value` where the bit is set, else 0: byte i takes bit i.
+inline __m256i plane_bytes(const std::byte* p, __m256i value) {
+  std::uint32_t bits;
+  __builtin_memcpy(&bits, p, 4);
+  const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                       2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                                       1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+  const __m256i b =
+      _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), sel), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), value);
+}
+
 inline void prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + mm_prefetch_bytes), _MM_HINT_T0);
 }
@@ -88,7 +102,53 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     }
     __m256i is[MR][2];
     __m256i ih[is_half_scale(S) ? MR : 1][2];  // second halves (half_f32, super_half)
-    if constexpr (K == mm_kernel::u4) {
+    if constexpr (is_nibble(K) && (K != mm_kernel::u4 || is_half_scale(S))) {
+      // Codes past 4 bits (their bit planes ORed in), or halves kept apart:
+      // each step's pair sums go to 32 bits at once (16-bit sums of 6-bit
+      // codes could overflow over the four steps).
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        is[r][0] = is[r][1] = _mm256_setzero_si256();
+        if constexpr (is_half_scale(S)) ih[r][0] = ih[r][1] = _mm256_setzero_si256();
+      }
+      const __m256i b16 = _mm256_set1_epi8(0x10), b32 = _mm256_set1_epi8(0x20);
+#pragma GCC unroll 1
+      for (int v = 0; v < 4; ++v) {
+        if constexpr (PF) prefetch(blk + 64 * v);
+        __m256i lo[2], hi[2];
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; ++s) {
+          const __m256i raw = ld(blk + (2 * v + s) * 32);
+          lo[s] = _mm256_and_si256(raw, m4);
+          hi[s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          if constexpr (high_planes(K) >= 1) {
+            const std::byte* pl = blk + 256 + (2 * v) * 8 + s * 4;
+            lo[s] = _mm256_or_si256(lo[s], plane_bytes(pl, b16));
+            hi[s] = _mm256_or_si256(hi[s], plane_bytes(pl + 8, b16));
+          }
+          if constexpr (high_planes(K) >= 2) {
+            const std::byte* pl = blk + 256 + 64 + (2 * v) * 8 + s * 4;
+            lo[s] = _mm256_or_si256(lo[s], plane_bytes(pl, b32));
+            hi[s] = _mm256_or_si256(hi[s], plane_bytes(pl + 8, b32));
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const __m256i xl = bcast4(xq[r] + b * 32 + 4 * v);
+          const __m256i xh = bcast4(xq[r] + b * 32 + 16 + 4 * v);
+#pragma GCC unroll 2
+          for (int s = 0; s < 2; ++s) {
+            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[s], xl), ones);
+            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[s], xh), ones);
+            is[r][s] = _mm256_add_epi32(is[r][s], pl);
+            if constexpr (is_half_scale(S))
+              ih[r][s] = _mm256_add_epi32(ih[r][s], ph);
+            else
+              is[r][s] = _mm256_add_epi32(is[r][s], ph);
+          }
+        }
+      }
+    } else if constexpr (K == mm_kernel::u4) {
       __m256i s16[MR][2];
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
@@ -128,10 +188,9 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       }
       // acc: where quad q's sums go (half_f32: quads 4..7, the block's
       // second half, in ih).
-      auto step = [&](int q, auto& acc) {
-        if constexpr (PF) prefetch(blk + 64 * q);
-        const __m256i w0 = ld(blk + (2 * q) * 32), w1 = ld(blk + (2 * q + 1) * 32);
-        if constexpr (K == mm_kernel::s8) {
+      // Quad q's codes of the two sub-panels (w0, w1) into acc.
+      auto quad = [&](int q, const __m256i w0, const __m256i w1, auto& acc) {
+        if constexpr (K == mm_kernel::s8 || K == mm_kernel::i4lut) {  // no code is -128
 #pragma GCC unroll 4
           for (int r = 0; r < MR; ++r) {
             const __m256i xs = bcast4(xq[r] + b * 32 + 4 * q);
@@ -153,7 +212,29 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
           }
         }
       };
-      if constexpr (is_half_scale(S)) {
+      auto step = [&](int q, auto& acc) {
+        if constexpr (PF) prefetch(blk + 64 * q);
+        quad(q, ld(blk + (2 * q) * 32), ld(blk + (2 * q + 1) * 32), acc);
+      };
+      if constexpr (K == mm_kernel::i4lut) {
+        // Nibble v holds quad v (low) and quad v + 4 (high): the table's
+        // values through a byte shuffle (the table in both 128-bit lanes).
+        const __m256i lut =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.lut)));
+        auto nib = [&](int v, auto& acc_lo, auto& acc_hi) {
+          if constexpr (PF) prefetch(blk + 64 * v);
+          const __m256i raw0 = ld(blk + (2 * v) * 32), raw1 = ld(blk + (2 * v + 1) * 32);
+          quad(v, _mm256_shuffle_epi8(lut, _mm256_and_si256(raw0, m4)),
+               _mm256_shuffle_epi8(lut, _mm256_and_si256(raw1, m4)), acc_lo);
+          quad(v + 4, _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw0, 4), m4)),
+               _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw1, 4), m4)), acc_hi);
+        };
+        if constexpr (is_half_scale(S)) {
+          nib(0, is, ih), nib(1, is, ih), nib(2, is, ih), nib(3, is, ih);
+        } else {
+          nib(0, is, is), nib(1, is, is), nib(2, is, is), nib(3, is, is);
+        }
+      } else if constexpr (is_half_scale(S)) {
         step(0, is), step(1, is), step(2, is), step(3, is);
         step(4, ih), step(5, ih), step(6, ih), step(7, ih);
       } else if constexpr (MR == 1) {
@@ -211,18 +292,26 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       const __m256 dxb = _mm256_set1_ps(dx[r][b]);
       const __m256i sxb = _mm256_set1_epi32(sx[r][b]);
       __m256 slo = _mm256_setzero_ps(), shi = slo;
-      if constexpr (is_half_scale(S) && Z == mm_zero::offset_f32) {
+      __m256i clo = _mm256_setzero_si256(), chi = clo;  // center * each half's sum(x)
+      if constexpr (is_half_scale(S) && (Z == mm_zero::offset_f32 || Z == mm_zero::center)) {
         std::int32_t lo = 0;
         for (int i = 0; i < 16; ++i) lo += xq[r][b * 32 + i];
         slo = _mm256_set1_ps(static_cast<float>(lo));
         shi = _mm256_set1_ps(static_cast<float>(sx[r][b] - lo));
+        clo = _mm256_set1_epi32(l.center * lo);
+        chi = _mm256_set1_epi32(l.center * (sx[r][b] - lo));
       }
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s) {
         __m256 f = _mm256_load_ps(facc[r] + 8 * s);
         if constexpr (is_half_scale(S)) {
-          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][s]), _mm256_mul_ps(ws[s], dxb), f);
-          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r][s]), _mm256_mul_ps(wh[s], dxb), f);
+          __m256i a = is[r][s], c = ih[r][s];
+          if constexpr (Z == mm_zero::center) {
+            a = _mm256_sub_epi32(a, clo);
+            c = _mm256_sub_epi32(c, chi);
+          }
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(ws[s], dxb), f);
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_mul_ps(wh[s], dxb), f);
           if constexpr (Z == mm_zero::offset_f32) {
             f = _mm256_fmadd_ps(slo, _mm256_mul_ps(off[s], dxb), f);
             f = _mm256_fmadd_ps(shi, _mm256_mul_ps(offh[s], dxb), f);
@@ -230,6 +319,8 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
         } else {
           __m256i iv = is[r][s];
           if constexpr (Z == mm_zero::eight) iv = _mm256_sub_epi32(iv, _mm256_slli_epi32(sxb, 3));
+          if constexpr (Z == mm_zero::center)
+            iv = _mm256_sub_epi32(iv, _mm256_mullo_epi32(_mm256_set1_epi32(l.center), sxb));
           if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
             iv = _mm256_sub_epi32(iv, _mm256_mullo_epi32(zg[s], sxb));
           const __m256 sc = S == mm_scale::col_end ? dxb : _mm256_mul_ps(ws[s], dxb);
@@ -258,7 +349,7 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
 // (half_f32 keeps twice the integer sums).
 template <mm_kernel K, mm_scale S>
 constexpr int tile_rows() {
-  return K == mm_kernel::u4 ? TROUPE_MR_U4 : is_half_scale(S) ? 2 : TROUPE_MR_S8;
+  return is_half_scale(S) ? 2 : is_nibble(K) ? TROUPE_MR_U4 : TROUPE_MR_S8;
 }
 
 // tile<R> for rows == R, R = MR, MR-1, ..., 1.
@@ -308,7 +399,26 @@ void mm_int_avx2(const mm_layout& l, const std::byte* w, const mm_int_acts& x, s
   using K = mm_kernel;
   using S = mm_scale;
   using Z = mm_zero;
-  if (l.kernel == K::u4) {
+  if (l.kernel == K::i4lut) {
+    if (l.scale == S::block_f16)  // IQ4_NL
+      run_panels<K::i4lut, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+    else  // IQ4_XS
+      run_panels<K::i4lut, S::super_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u6) {
+    run_panels<K::u6, S::super_half, Z::center>(l, w, x, m, y, ldy, p0, p1);  // Q6_K
+  } else if (l.kernel == K::u5) {
+    if (l.scale == S::block_f16)  // Q5_0
+      run_panels<K::u5, S::block_f16, Z::center>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.scale == S::super_f16)  // Q5_K
+      run_panels<K::u5, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else  // Q5_1
+      run_panels<K::u5, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u4 && l.scale == S::super_half) {
+    if (l.zero == Z::offset_f32)  // Q2_K
+      run_panels<K::u4, S::super_half, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else  // Q3_K
+      run_panels<K::u4, S::super_half, Z::center>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u4) {
     if (l.scale == S::block_f16)
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)

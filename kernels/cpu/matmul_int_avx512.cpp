@@ -97,27 +97,38 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
     __m512i is[MR], is2[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) is[r] = is2[r] = zero;
-    if constexpr (K == mm_kernel::u4) {
+    if constexpr (is_nibble(K)) {
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
         if constexpr (PF) prefetch(blk + 64 * v);
         const __m512i raw = ld(blk + 64 * v);
-        const __m512i lo = _mm512_and_si512(raw, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        __m512i lo = _mm512_and_si512(raw, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        // Bits 4 and 5 from the planes: bit i of a word is byte i's.
+        auto plane = [&](int p) {
+          std::uint64_t ml, mh;
+          __builtin_memcpy(&ml, blk + 256 + p * 64 + (2 * v) * 8, 8);
+          __builtin_memcpy(&mh, blk + 256 + p * 64 + (2 * v + 1) * 8, 8);
+          const __m512i bit = _mm512_set1_epi8(static_cast<char>(0x10 << p));
+          lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(ml, bit));
+          hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mh, bit));
+        };
+        if constexpr (high_planes(K) >= 1) plane(0);
+        if constexpr (high_planes(K) >= 2) plane(1);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           is[r] = _mm512_dpbusd_epi32(is[r], lo, bcast4(xq[r] + b * 32 + 4 * v));
           is2[r] = _mm512_dpbusd_epi32(is2[r], hi, bcast4(xq[r] + b * 32 + 16 + 4 * v));
         }
       }
+      if constexpr (!is_half_scale(S)) {  // halves: is (k < 16) and is2 stay apart
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) is[r] = _mm512_add_epi32(is[r], is2[r]);
+        for (int r = 0; r < MR; ++r) is[r] = _mm512_add_epi32(is[r], is2[r]);
+      }
     } else {
       __m512i wsum = zero, wsum2 = zero;  // per column, the block's sum of w (two chains)
-#pragma GCC unroll 8
-      for (int q = 0; q < 8; ++q) {
-        if constexpr (PF) prefetch(blk + 64 * q);
-        const __m512i w = ld(blk + 64 * q);
+      // Quad q's codes (k = 4q .. 4q+3 of both sub-panels) into the sums.
+      auto quad = [&](int q, const __m512i w) {
         // Chain 1 or 2: alternate quads, or (half_f32) the block's halves.
         const bool first = is_half_scale(S) ? q < 4 : q % 2 == 0;
         if (first)
@@ -132,6 +143,25 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
             is[r] = _mm512_dpbusd_epi32(is[r], _mm512_set1_epi32(v), w);
           else
             is2[r] = _mm512_dpbusd_epi32(is2[r], _mm512_set1_epi32(v), w);
+        }
+      };
+      if constexpr (K == mm_kernel::i4lut) {
+        // Nibble v holds quad v (low) and quad v + 4 (high): the table's
+        // values through a byte shuffle (the table in each 128-bit lane).
+        const __m512i lut =
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.lut)));
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          if constexpr (PF) prefetch(blk + 64 * v);
+          const __m512i raw = ld(blk + 64 * v);
+          quad(v, _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, m4)));
+          quad(v + 4, _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)));
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+          if constexpr (PF) prefetch(blk + 64 * q);
+          quad(q, ld(blk + 64 * q));
         }
       }
       if constexpr (is_half_scale(S)) {
@@ -192,6 +222,12 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       const __m512 dxb = _mm512_set1_ps(dx[r][b]);
       const __m512i sxb = _mm512_set1_epi32(sx[r][b]);
       if constexpr (is_half_scale(S)) {
+        if constexpr (Z == mm_zero::center) {  // the unsigned codes' zero point, per half
+          std::int32_t lo = 0;
+          for (int i = 0; i < 16; ++i) lo += xq[r][b * 32 + i];
+          is[r] = _mm512_sub_epi32(is[r], _mm512_set1_epi32(l.center * lo));
+          is2[r] = _mm512_sub_epi32(is2[r], _mm512_set1_epi32(l.center * (sx[r][b] - lo)));
+        }
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(ws, dxb), facc[r]);
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is2[r]), _mm512_mul_ps(wh, dxb), facc[r]);
         if constexpr (Z == mm_zero::offset_f32) {
@@ -205,6 +241,8 @@ void tile(const mm_layout& l, const std::byte* wp, const mm_int_acts& x, std::in
       } else {
         __m512i iv = is[r];
         if constexpr (Z == mm_zero::eight) iv = _mm512_sub_epi32(iv, _mm512_slli_epi32(sxb, 3));
+        if constexpr (Z == mm_zero::center)
+          iv = _mm512_sub_epi32(iv, _mm512_mullo_epi32(_mm512_set1_epi32(l.center), sxb));
         if constexpr (Z == mm_zero::col_i32 || Z == mm_zero::group_u8)
           iv = _mm512_sub_epi32(iv, _mm512_mullo_epi32(zg, sxb));
         const __m512 sc = S == mm_scale::col_end ? dxb : _mm512_mul_ps(ws, dxb);
@@ -272,7 +310,26 @@ void mm_int_avx512_vnni(const mm_layout& l, const std::byte* w, const mm_int_act
   using K = mm_kernel;
   using S = mm_scale;
   using Z = mm_zero;
-  if (l.kernel == K::u4) {
+  if (l.kernel == K::i4lut) {
+    if (l.scale == S::block_f16)  // IQ4_NL
+      run_panels<K::i4lut, S::block_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+    else  // IQ4_XS
+      run_panels<K::i4lut, S::super_f16, Z::none>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u6) {
+    run_panels<K::u6, S::super_half, Z::center>(l, w, x, m, y, ldy, p0, p1);  // Q6_K
+  } else if (l.kernel == K::u5) {
+    if (l.scale == S::block_f16)  // Q5_0
+      run_panels<K::u5, S::block_f16, Z::center>(l, w, x, m, y, ldy, p0, p1);
+    else if (l.scale == S::super_f16)  // Q5_K
+      run_panels<K::u5, S::super_f16, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else  // Q5_1
+      run_panels<K::u5, S::group_f32, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u4 && l.scale == S::super_half) {
+    if (l.zero == Z::offset_f32)  // Q2_K
+      run_panels<K::u4, S::super_half, Z::offset_f32>(l, w, x, m, y, ldy, p0, p1);
+    else  // Q3_K
+      run_panels<K::u4, S::super_half, Z::center>(l, w, x, m, y, ldy, p0, p1);
+  } else if (l.kernel == K::u4) {
     if (l.scale == S::block_f16)
       run_panels<K::u4, S::block_f16, Z::eight>(l, w, x, m, y, ldy, p0, p1);
     else if (l.zero == Z::eight)

@@ -13,7 +13,25 @@ enum class mm_kernel : std::uint8_t {
   s8,    ///< int8 codes in [-127, 127]: maddubs(|x|, sign(w, x))
   s8_m,  ///< int8 codes that may hold -128: maddubs(|w|, sign(x, w))
   u4,    ///< 4-bit codes 0..15: maddubs(nibble, x)
+  u5,    ///< 5-bit codes 0..31: u4's nibbles plus one bit plane (Q5_0, Q5_1, Q5_K)
+  u6,    ///< 6-bit codes 0..63: u4's nibbles plus two bit planes (Q6_K)
+  /// u4's nibbles as indices into the layout's table of 16 int8 values
+  /// (IQ4_NL, IQ4_XS); the values then run the s8 arithmetic.
+  i4lut,
 };
+
+/// The nibble kernels (u4 and those with bit planes above the nibble).
+constexpr bool is_nibble(mm_kernel k) {
+  return k == mm_kernel::u4 || k == mm_kernel::u5 || k == mm_kernel::u6;
+}
+/// Whether a kernel's blocks hold u4's nibble layout (256 bytes, and planes).
+constexpr bool stores_nibbles(mm_kernel k) {
+  return is_nibble(k) || k == mm_kernel::i4lut;
+}
+/// Bit planes after a nibble block's 256 bytes (64 bytes each).
+constexpr int high_planes(mm_kernel k) {
+  return k == mm_kernel::u5 ? 1 : k == mm_kernel::u6 ? 2 : 0;
+}
 
 /// Where the per-output float scale of an integer kernel lives.
 enum class mm_scale : std::uint8_t {
@@ -60,6 +78,10 @@ enum class mm_zero : std::uint8_t {
   /// offset * dx * sum(x codes) of the block (or half): Q4_1, Q5_1, Q2_K,
   /// Q4_K, Q5_K (w = scale * code + offset).
   offset_f32,
+  /// The layout's `center` (16 for Q5_0, 32 for Q6_K, 4 for Q3_K: the codes
+  /// are stored unsigned) times sum(x) of the block, or of each half with
+  /// the half scales.
+  center,
 };
 
 /// The packed layout of a weight matrix [n outputs, k inputs].
@@ -76,6 +98,11 @@ enum class mm_zero : std::uint8_t {
 ///    c*4 .. c*4+3:
 ///      s8/s8_m: v = quad 0..7, the codes of k = 4v .. 4v+3;
 ///      u4:      v = 0..3, low nibbles k = 4v .. 4v+3, high nibbles k+16.
+///    u5 and u6 add, after those 256 bytes, one or two 64-byte bit planes
+///    (bit 4, then bit 5, of each code): in plane p, 64-bit word (v * 2 + h)
+///    covers the 64 bytes of vector v (both sub-panels, at v * 64) for the
+///    low nibbles (h = 0, k = 4v ..) or the high ones (h = 1, k = 16 + 4v ..):
+///    its bit i is the code's bit 4 + p for byte i.
 struct mm_layout {
   mm_kernel kernel = mm_kernel::f32;
   mm_scale scale = mm_scale::none;
@@ -92,6 +119,8 @@ struct mm_layout {
   std::int64_t panel_header = 0;
   std::int64_t panel_bytes = 0;
   std::int64_t elem_bytes = 0;  ///< float kernels: 4 or 2
+  std::int32_t center = 0;      ///< mm_zero::center's zero point
+  std::int8_t lut[16] = {};     ///< i4lut: the value of each nibble
 
   bool is_float() const {
     return kernel == mm_kernel::f32 || kernel == mm_kernel::f16 || kernel == mm_kernel::bf16;

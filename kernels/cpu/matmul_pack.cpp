@@ -133,18 +133,39 @@ mm_layout make_layout(const weight_matrix& w) {
     default: {  // the other GGUF formats, as decode_block32 gives them
       const auto f = w.format;
       using wf = weight_format;
-      const bool u4 = f == wf::q4_1 || f == wf::q4_k;
       const bool half = f == wf::q2_k || f == wf::q3_k || f == wf::q6_k;
       const bool offset =
           f == wf::q4_1 || f == wf::q5_1 || f == wf::q2_k || f == wf::q4_k || f == wf::q5_k;
-      l.kernel = u4 ? mm_kernel::u4 : mm_kernel::s8;  // no code is -128
-      l.zero = offset ? mm_zero::offset_f32 : mm_zero::none;
-      l.block_bytes = u4 ? 256 : 512;
+      const bool kquant = f == wf::q2_k || f == wf::q3_k || f == wf::q4_k || f == wf::q5_k ||
+                          f == wf::q6_k || f == wf::iq4_xs;
+      const bool compact = kquant && compact_scales(w);
+      // The code width as stored: nibbles (and bit planes) for the formats
+      // with unsigned codes of at most 6 bits (signed ones shifted up by
+      // `center`); int8 codes for IQ4 (a table of values) and for a K-quant
+      // whose scales do not factor (then f32 scales per block).
+      int bits = 8;
+      if (f == wf::q4_1 || f == wf::q4_k) bits = 4;
+      const bool lut = f == wf::iq4_nl || (f == wf::iq4_xs && compact);
+      if ((f == wf::q2_k || f == wf::q3_k) && compact) bits = 4;
+      if (f == wf::q5_0 || f == wf::q5_1 || (f == wf::q5_k && compact)) bits = 5;
+      if (f == wf::q6_k && compact) bits = 6;
+      l.center = f == wf::q5_0 ? 16 : f == wf::q6_k ? 32 : f == wf::q3_k ? 4 : 0;
+      l.kernel = bits == 4   ? mm_kernel::u4
+                 : bits == 5 ? mm_kernel::u5
+                 : bits == 6 ? mm_kernel::u6
+                             : mm_kernel::s8;  // no code is -128
+      if (bits == 8) l.center = 0;             // int8 codes stay signed
+      if (lut) {                               // IQ4: nibble indices into its table
+        l.kernel = mm_kernel::i4lut;
+        std::copy(std::begin(kvalues_iq4nl), std::end(kvalues_iq4nl), l.lut);
+      }
+      l.zero = offset ? mm_zero::offset_f32 : l.center ? mm_zero::center : mm_zero::none;
+      l.block_bytes = stores_nibbles(l.kernel) ? 256 + 64 * high_planes(l.kernel) : 512;
       if (f == wf::q5_0 || f == wf::iq4_nl) {  // an f16 scale per block, as Q8_0
         l.scale = mm_scale::block_f16;
         l.sb_blocks = 2;
         l.sb_header = 64;
-      } else if (compact_scales(w)) {  // the K-quants' d * sc, as the file has them
+      } else if (compact) {  // the K-quants' d * sc, as the file has them
         l.scale = half ? mm_scale::super_half : mm_scale::super_f16;
         l.sb_blocks = 8;
         l.sb_header = cpu::super_m_at(offset, half) + (offset ? (half ? 256 : 128) : 0);
@@ -230,12 +251,23 @@ void pack_block_panel(const mm_layout& l, const weight_matrix& w, std::int64_t p
         if (off) store(hdr + 64 + cc * 4, blk.offset[0]);
       }
       for (std::int64_t j = 0; j < 32; ++j) {
-        if (l.kernel == mm_kernel::u4) {
-          const auto code = static_cast<std::uint8_t>(blk.code[j]);
+        if (stores_nibbles(l.kernel)) {
+          auto code = static_cast<std::uint8_t>(blk.code[j] + l.center);
+          if (l.kernel == mm_kernel::i4lut)  // the table value's index
+            code = static_cast<std::uint8_t>(std::find(l.lut, l.lut + 16, blk.code[j]) - l.lut);
           const std::int64_t v = (j % 16) / 4;
           auto* byte = reinterpret_cast<std::uint8_t*>(out + (v * 2 + s) * 32 + c * 4 + j % 4);
-          *byte = static_cast<std::uint8_t>(j < 16 ? (*byte & 0xf0) | code
+          *byte = static_cast<std::uint8_t>(j < 16 ? (*byte & 0xf0) | (code & 0x0f)
                                                    : (*byte & 0x0f) | (code << 4));
+          const std::int64_t bit = s * 32 + c * 4 + j % 4;  // byte of vector v
+          for (int pl = 0; pl < high_planes(l.kernel); ++pl)
+            if ((code >> (4 + pl)) & 1) {
+              auto* word = out + 256 + pl * 64 + (v * 2 + j / 16) * 8;
+              std::uint64_t bits = 0;
+              std::memcpy(&bits, word, 8);
+              bits |= std::uint64_t{1} << bit;
+              std::memcpy(word, &bits, 8);
+            }
         } else {
           store(out + ((j / 4) * 2 + s) * 32 + c * 4 + j % 4, blk.code[j]);
         }

@@ -32,10 +32,16 @@ float float_elem(const mm_layout& l, const std::byte* p) {
 // Code of column cc (0..15) at k = j (0..31) of a block.
 int int_code(const mm_layout& l, const std::byte* blk, std::int64_t cc, std::int64_t j) {
   const std::int64_t s = cc / 8, c = cc % 8;
-  if (l.kernel == mm_kernel::u4) {
+  if (stores_nibbles(l.kernel)) {
     const std::int64_t v = (j % 16) / 4;
     const auto byte = load<std::uint8_t>(blk + (v * 2 + s) * 32 + c * 4 + j % 4);
-    return j < 16 ? (byte & 0x0f) : (byte >> 4);
+    int code = j < 16 ? (byte & 0x0f) : (byte >> 4);
+    if (l.kernel == mm_kernel::i4lut) return l.lut[code];
+    for (int p = 0; p < high_planes(l.kernel); ++p) {
+      const auto word = load<std::uint64_t>(blk + 256 + p * 64 + (v * 2 + j / 16) * 8);
+      code |= static_cast<int>((word >> (s * 32 + c * 4 + j % 4)) & 1) << (4 + p);
+    }
+    return code;
   }
   return load<std::int8_t>(blk + ((j / 4) * 2 + s) * 32 + c * 4 + j % 4);
 }
@@ -104,6 +110,12 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
           }
           if (half) {
             const float d = dx[b];
+            if (l.zero == mm_zero::center) {  // the unsigned codes' zero point, per half
+              std::int32_t slo = 0;
+              for (std::int64_t j = 0; j < 16; ++j) slo += xq[b * 32 + j];
+              ilo -= l.center * slo;
+              ihi -= l.center * (sx[b] - slo);
+            }
             acc = std::fma(static_cast<float>(ilo), sw[0] * d, acc);
             acc = std::fma(static_cast<float>(ihi), sw[1] * d, acc);
             if (off) {
@@ -121,6 +133,9 @@ void mm_int_scalar(const mm_layout& l, const std::byte* w, const mm_int_acts& x,
               break;
             case mm_zero::eight:
               isum -= 8 * sx[b];
+              break;
+            case mm_zero::center:
+              isum -= l.center * sx[b];
               break;
             case mm_zero::col_i32:
               isum -= load<std::int32_t>(wp + 64 + cc * 4) * sx[b];

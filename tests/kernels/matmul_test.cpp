@@ -283,7 +283,8 @@ TEST(Matmul, PackedBytesCoverTheStream) {
   // f16 d and dmin (64 bytes) and int8 sub-scales and sub-mins (2 x 128) for
   // Q4_K (4.625 bits a weight, the file's 4.5); f16 d (32) and 16 int8
   // half-block scales per column (256) for Q6_K, whose 6-bit codes are
-  // stored as bytes.
+  // nibbles plus two bit planes (384 bytes a block: 6.5625 bits a weight, the
+  // file's); Q5_K's, nibbles and one plane (5.625 bits, the file's 5.5).
   auto q4k = troupe::test::random_block_weights(ctx->memory(), weight_format::q4_k, 64, 512, 5);
   auto pk = packed_matrix::pack(*ctx, q4k);
   ASSERT_TRUE(pk);
@@ -291,7 +292,16 @@ TEST(Matmul, PackedBytesCoverTheStream) {
   auto q6k = troupe::test::random_block_weights(ctx->memory(), weight_format::q6_k, 64, 512, 6);
   auto p6 = packed_matrix::pack(*ctx, q6k);
   ASSERT_TRUE(p6);
-  EXPECT_EQ(p6->bytes(), 4u * 2u * (288u + 8u * 512u));
+  EXPECT_EQ(p6->bytes(), 4u * 2u * (288u + 8u * 384u));
+  auto q5k = troupe::test::random_block_weights(ctx->memory(), weight_format::q5_k, 64, 512, 7);
+  auto p5 = packed_matrix::pack(*ctx, q5k);
+  ASSERT_TRUE(p5);
+  EXPECT_EQ(p5->bytes(), 4u * 2u * (320u + 8u * 320u));
+  // IQ4_XS: nibble indices into its table (4.3125 bits, the file's 4.25).
+  auto iq4 = troupe::test::random_block_weights(ctx->memory(), weight_format::iq4_xs, 64, 512, 8);
+  auto pi = packed_matrix::pack(*ctx, iq4);
+  ASSERT_TRUE(pi);
+  EXPECT_EQ(pi->bytes(), 4u * 2u * (160u + 8u * 256u));
   // A superblock scale that is not finite cannot be factored: the matrix
   // falls back to f32 scales and offsets per 32-block (128 bytes a block).
   auto* d = reinterpret_cast<std::uint16_t*>(q4k.data.row(7));
