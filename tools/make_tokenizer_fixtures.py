@@ -589,7 +589,41 @@ CHAT_CONVERSATIONS = [
 ]
 
 
+def render_chat_transformers(template, conversation, add_generation_prompt, bos, eos, name):
+    """What tokenizer.apply_chat_template renders (transformers' own
+    render_jinja_template, which apply_chat_template calls); None where the
+    template raises or the format has no image parts."""
+    import jinja2
+    from transformers.utils.chat_template_utils import render_jinja_template
+    if name == "llava":
+        msgs = [{"role": m["role"], "content": [{"type": "image"}] * m["images"] +
+                 [{"type": "text", "text": m["content"]}]} for m in conversation]
+    else:
+        if any(m["images"] for m in conversation):
+            return None
+        msgs = [{"role": m["role"], "content": m["content"]} for m in conversation]
+    try:
+        out = render_jinja_template(conversations=[msgs], chat_template=template,
+                                    add_generation_prompt=add_generation_prompt,
+                                    bos_token=bos, eos_token=eos)
+    except (jinja2.exceptions.TemplateError, ValueError):
+        return None
+    rendered = out[0] if isinstance(out, tuple) else out
+    return rendered[0] if isinstance(rendered, list) else rendered
+
+
 def render_chat(template, conversation, add_generation_prompt, bos, eos, name):
+    """transformers' rendering where transformers is installed, else the same
+    jinja2 environment (sandboxed, trim_blocks, lstrip_blocks, loopcontrols,
+    {% generation %}) built here."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return render_chat_jinja(template, conversation, add_generation_prompt, bos, eos, name)
+    return render_chat_transformers(template, conversation, add_generation_prompt, bos, eos, name)
+
+
+def render_chat_jinja(template, conversation, add_generation_prompt, bos, eos, name):
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
