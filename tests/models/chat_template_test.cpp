@@ -1,4 +1,5 @@
-// Chat templates against jinja2 renderings of the models' published Jinja
+// Chat templates against transformers' renderings (render_jinja_template, what
+// apply_chat_template calls; transformers 5.25) of the models' published Jinja
 // templates (tools/make_tokenizer_fixtures.py, chat_templates.json).
 #include <gtest/gtest.h>
 
