@@ -317,6 +317,30 @@ result<std::unique_ptr<llama_model>> llama_model::build(
         cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
     m->attn_scale_ = base * y.attention_factor * y.attention_factor;
   }
+  if (cfg.scaling.type == rope_scaling::kind::longrope) {
+    // The short factors (positions past the original context are refused).
+    std::vector<float> factors = cfg.scaling.short_factor;
+    if (factors.empty()) {  // GGUF: a tensor
+      auto t = src.get("rope_factors_short");
+      if (!t) return std::unexpected(t.error());
+      auto ff = to_f32(pool, *t);
+      if (!ff) return std::unexpected(ff.error());
+      factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
+    }
+    if (static_cast<std::int64_t>(factors.size()) != D / 2)
+      return make_error(errc::corrupt_data,
+                        src.path() + ": longrope short factors: " + std::to_string(factors.size()) +
+                            " values, expected head_dim/2 = " + std::to_string(D / 2));
+    for (float v : factors)
+      if (!(v > 0) || !std::isfinite(v))
+        return make_error(errc::corrupt_data,
+                          src.path() + ": longrope short factors must be finite and > 0");
+    m->rope_.freq_factors = std::move(factors);
+    const double af = cfg.scaling.attention_factor;
+    const double base =
+        cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+    m->attn_scale_ = base * af * af;
+  }
   if (cfg.scaling.type == rope_scaling::kind::linear) {
     // Positions divided by the factor: every frequency divided by it.
     if (!m->rope_.freq_factors.empty())
@@ -520,6 +544,15 @@ result<llama_model::step_plan> llama_model::layers_step(
     if (plan.start[i] + static_cast<std::int64_t>(in.tokens.size()) >
         cfg_.max_position_embeddings * 64)
       return make_error(errc::invalid_argument, "sequence too long");
+    if (cfg_.scaling.type == rope_scaling::kind::longrope &&
+        plan.start[i] + static_cast<std::int64_t>(in.tokens.size()) >
+            cfg_.scaling.original_max_position_embeddings)
+      return make_error(
+          errc::invalid_argument,
+          "a longrope model runs up to its original context of " +
+              std::to_string(cfg_.scaling.original_max_position_embeddings) +
+              " tokens (past it transformers re-rotates every position with the long factors, "
+              "which keys already cached cannot follow)");
     at += static_cast<std::int64_t>(in.tokens.size());
   }
   const auto& offset = plan.offset;

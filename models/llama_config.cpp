@@ -138,7 +138,8 @@ result<void> llama_config::validate(const std::string& src) const {
     return make_error(errc::corrupt_data, field_error(src, "rms_norm_eps", "must be in (0, 1)"));
   if (!(rope_theta > 1))
     return make_error(errc::corrupt_data, field_error(src, "rope_theta", "must be > 1"));
-  if (scaling.type != rope_scaling::kind::none && !(scaling.factor >= 1 && scaling.factor <= 1024))
+  if (scaling.type != rope_scaling::kind::none && scaling.type != rope_scaling::kind::longrope &&
+      !(scaling.factor >= 1 && scaling.factor <= 1024))
     return make_error(errc::corrupt_data,
                       field_error(src, "rope_scaling.factor", "must be in [1, 1024]"));
   if (scaling.type == rope_scaling::kind::llama3) {
@@ -448,11 +449,59 @@ result<llama_config> parse_llama_config(std::string_view text, const std::string
       c.scaling.type = rope_scaling::kind::linear;
     else if (type == "yarn")
       c.scaling.type = rope_scaling::kind::yarn;
+    else if (type == "longrope")
+      c.scaling.type = rope_scaling::kind::longrope;
     else if (type != "default")
       return make_error(
           errc::unsupported_op,
           field_error(src, key + ".rope_type",
-                      "'" + type + "' is not supported (default, llama3, linear, yarn)"));
+                      "'" + type + "' is not supported (default, llama3, linear, yarn, longrope)"));
+    if (type == "longrope") {
+      for (auto [k, out] : {std::pair{"short_factor", &c.scaling.short_factor},
+                            std::pair{"long_factor", &c.scaling.long_factor}}) {
+        auto it = rs.find(k);
+        if (it == rs.end() || !it->is_array() ||
+            it->size() != static_cast<std::size_t>(c.head_dim / 2))
+          return make_error(errc::corrupt_data,
+                            field_error(src, key + "." + k,
+                                        "must be a list of head_dim / 2 = " +
+                                            std::to_string(c.head_dim / 2) + " numbers"));
+        for (const auto& v : *it) {
+          if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+            return make_error(errc::corrupt_data,
+                              field_error(src, key + "." + k, "must hold positive numbers"));
+          out->push_back(static_cast<float>(v.get<double>()));
+        }
+      }
+      // The pretraining context: in the object (5.x) or beside it (4.x).
+      std::int64_t orig = 0;
+      if (auto r = get_int(rs, "original_max_position_embeddings", orig, src); !r)
+        return std::unexpected(r.error());
+      if (orig == 0)
+        if (auto r = get_int(*j, "original_max_position_embeddings", orig, src); !r)
+          return std::unexpected(r.error());
+      if (orig < 2)
+        return make_error(errc::corrupt_data,
+                          field_error(src, key + ".original_max_position_embeddings",
+                                      "is missing (longrope needs it)"));
+      double factor = 0, attention = 0;
+      if (auto r = get_float(rs, "factor", factor, src); !r) return std::unexpected(r.error());
+      if (auto r = get_float(rs, "attention_factor", attention, src); !r)
+        return std::unexpected(r.error());
+      if (factor == 0)
+        factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(orig);
+      if (attention == 0)
+        attention = factor <= 1
+                        ? 1.0
+                        : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(orig)));
+      if (!(attention > 0 && attention < 100))
+        return make_error(errc::corrupt_data,
+                          field_error(src, key + ".attention_factor", "must be in (0, 100)"));
+      c.scaling.attention_factor = attention;
+      c.scaling.original_max_position_embeddings = orig;
+      c.max_position_embeddings = std::min(c.max_position_embeddings, orig);  // see rope_scaling
+      return {};  // no "factor" check: longrope's is only the ratio of the two lengths
+    }
     if (type == "yarn") {
       for (auto [k, out] :
            {std::pair{"attention_factor", &c.scaling.attention_factor},
@@ -649,9 +698,27 @@ result<llama_config> llama_config_from_gguf(const gguf_file& f) {
     // factors troupe does not apply: refused.
     c.family = decoder_family::phi3;
     c.fused_qkv = true;
-    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
-      return make_error(errc::unsupported_op,
-                        src + ": Phi-3 longrope (rope_factors_long/short) is not supported");
+    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight")) {
+      // longrope, as llama.cpp's converter writes it: the factor tensors
+      // (the short ones are read at load), the attention factor and the
+      // original context.
+      if (!f.find_tensor("rope_factors_short.weight"))
+        return make_error(errc::corrupt_data,
+                          src + ": rope_factors_long without rope_factors_short");
+      c.scaling.type = rope_scaling::kind::longrope;
+      std::int64_t orig = 0;
+      if (auto r = get("rope.scaling.original_context_length", orig, true); !r)
+        return std::unexpected(r.error());
+      if (orig < 2)
+        return make_error(errc::corrupt_data, src + ": rope.scaling.original_context_length < 2");
+      c.scaling.original_max_position_embeddings = orig;
+      c.scaling.attention_factor = 1.0;
+      if (const auto* af = f.find(pre + "rope.scaling.attn_factor"); af && af->as_float())
+        c.scaling.attention_factor = *af->as_float();
+      if (!(c.scaling.attention_factor > 0 && c.scaling.attention_factor < 100))
+        return make_error(errc::corrupt_data, src + ": rope.scaling.attn_factor out of range");
+      c.max_position_embeddings = std::min(c.max_position_embeddings, orig);
+    }
   } else if (!gemma) {
     c.sliding_window = 0;  // llama.cpp's llama has no window
   }

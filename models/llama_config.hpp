@@ -12,7 +12,7 @@ namespace troupe::models {
 
 /// RoPE frequency scaling (HF `rope_scaling`).
 struct rope_scaling {
-  enum class kind : std::uint8_t { none, linear, llama3, yarn };
+  enum class kind : std::uint8_t { none, linear, llama3, yarn, longrope };
   kind type = kind::none;
   double factor = 1.0;
   double low_freq_factor = 1.0;                          ///< llama3
@@ -26,6 +26,14 @@ struct rope_scaling {
   double beta_fast = 32, beta_slow = 1;
   double mscale = 0, mscale_all_dim = 0;
   bool truncate = true;
+  // longrope (Phi-3.5, Phi-3 128k): per-frequency divisors for sequences
+  // within the original context (short) and past it (long), and the
+  // attention factor (in attention_factor, resolved at parse). troupe runs
+  // the short ones and refuses positions past the original context:
+  // transformers switches every position's rotation to the long factors
+  // once a sequence crosses it, which keys already in a KV cache cannot
+  // follow.
+  std::vector<float> short_factor, long_factor;
 };
 
 /// YaRN's per-frequency divisors of the plain inverse frequencies

@@ -20,10 +20,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // canonical -> GGUF name
 std::string gguf_name(const std::string& c) {
-  static const std::pair<const char*, const char*> top[] = {{"embed_tokens", "token_embd.weight"},
-                                                            {"norm", "output_norm.weight"},
-                                                            {"lm_head", "output.weight"},
-                                                            {"rope_freqs", "rope_freqs.weight"}};
+  static const std::pair<const char*, const char*> top[] = {
+      {"embed_tokens", "token_embd.weight"},
+      {"norm", "output_norm.weight"},
+      {"lm_head", "output.weight"},
+      {"rope_freqs", "rope_freqs.weight"},
+      {"rope_factors_short", "rope_factors_short.weight"}};
   for (auto [a, b] : top)
     if (c == a) return b;
   static const std::pair<const char*, const char*> per_layer[] = {

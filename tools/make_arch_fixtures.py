@@ -23,6 +23,10 @@ llamacpp.bin holds llama.cpp's logits.<i> on model.gguf for the same tokens.
 
   qwen2    Qwen2ForCausalLM: q/k/v biases, tied embeddings, rope_theta 1e6,
            hidden 96, 4 heads x 24, 2 KV heads, FFN 160, 2 layers, vocab 300.
+  phi3_longrope  Phi-3 with Phi-3.5's long-context RoPE (longrope: made-up
+           long and short factors, original 512, max 4096): the sequences are
+           within the original length, so transformers uses the short ones,
+           and so does llama.cpp (its context, 256, is within it too).
   qwen2_yarn  the same shape with Qwen2.5's long-context RoPE: yarn, factor 4,
            original_max_position_embeddings 64, rope_theta 1e4 (so that the
            ramp between interpolated and extrapolated frequencies spans dims).
@@ -42,6 +46,7 @@ llamacpp.bin holds llama.cpp's logits.<i> on model.gguf for the same tokens.
            6 layers, vocab 300.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -51,7 +56,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "arch")
 LENGTHS = [9, 40]
-GGUF_ARCHS = {"qwen2": "qwen2", "phi3": "phi3", "gemma2": "gemma2", "qwen2_yarn": "qwen2"}
+GGUF_ARCHS = {"qwen2": "qwen2", "phi3": "phi3", "gemma2": "gemma2", "qwen2_yarn": "qwen2",
+              "phi3_longrope": "phi3"}
+# Phi-3.5's long-context RoPE factors, made up here (12 = head_dim / 2).
+LONG = [1.0, 1.1, 1.3, 1.7, 2.4, 3.5, 5.0, 7.2, 10.0, 13.5, 17.0, 20.0]
+SHORT = [1.0, 1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7, 1.9, 2.1, 2.3]
 
 
 def specs():
@@ -95,6 +104,16 @@ def specs():
                                    tie_word_embeddings=True, rms_norm_eps=1e-6,
                                    **dict(common, max_position_embeddings=256)),
                        "Qwen2ForCausalLM"),
+        "phi3_longrope": (Phi3Config(hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     sliding_window=None, rms_norm_eps=1e-5,
+                                     tie_word_embeddings=False,
+                                     original_max_position_embeddings=512,
+                                     rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                                      "long_factor": LONG, "short_factor": SHORT,
+                                                      "original_max_position_embeddings": 512},
+                                     **dict(common, max_position_embeddings=4096)),
+                          "Phi3ForCausalLM"),
     }
 
 
@@ -135,7 +154,14 @@ def write_gguf(name, cfg, sd, path):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rp["factor"])
         w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-    if name == "phi3":
+    if rp.get("rope_type") == "longrope":  # llama.cpp's converter: factor tensors, attn factor
+        orig = rp["original_max_position_embeddings"]
+        scale = cfg.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], dtype=np.float32))
+    if name.startswith("phi3"):
         w.add_rope_dimension_count(D)
         w.add_sliding_window(0)
     if name == "gemma2":

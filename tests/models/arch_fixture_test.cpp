@@ -30,7 +30,8 @@ std::string dir(const std::string& name) {
 }
 
 bool has_gguf(const std::string& name) {
-  return name == "qwen2" || name == "phi3" || name == "gemma2" || name == "qwen2_yarn";
+  return name == "qwen2" || name == "phi3" || name == "gemma2" || name == "qwen2_yarn" ||
+         name == "phi3_longrope";
 }
 
 // Worst over positions of max |got - want| / (the position's logit range).
@@ -95,6 +96,11 @@ TEST_P(Arch, ConfigNamesTheFamily) {
     EXPECT_EQ(c->scaling.type, rope_scaling::kind::yarn);
     EXPECT_EQ(c->scaling.factor, 4.0);
     EXPECT_EQ(c->scaling.original_max_position_embeddings, 64);
+  } else if (GetParam() == "phi3_longrope") {
+    EXPECT_EQ(c->scaling.type, rope_scaling::kind::longrope);
+    EXPECT_EQ(c->scaling.short_factor.size(), 12u);
+    EXPECT_EQ(c->max_position_embeddings, 512);  // the original context
+    EXPECT_NEAR(c->scaling.attention_factor, std::sqrt(1 + std::log(8.0) / std::log(512.0)), 1e-12);
   } else if (GetParam() == "mistral") {
     EXPECT_EQ(c->sliding_window, 16);
     EXPECT_TRUE(c->is_sliding(0) && c->is_sliding(1));
@@ -168,9 +174,35 @@ TEST_P(Arch, DecodeStepsEqualPrefill) {
   }
 }
 
+// longrope runs within the original context only (transformers re-rotates
+// every position with the long factors past it): position 512 is refused,
+// with the reason, and the cache keeps what it had.
+TEST(ArchLongrope, PastTheOriginalContextIsRefused) {
+  auto dev = k::cpu::cpu_device::with_threads(2);
+  quant_plan plan;
+  plan.default_format = k::weight_format::f32;
+  auto m = llama_model::load(dir("phi3_longrope"), *dev, plan);
+  ASSERT_TRUE(m) << m.error().message;
+  auto cache =
+      (*m)->make_cache(dev->memory(), kv_options{.block_size = 16, .capacity_tokens = 600});
+  ASSERT_TRUE(cache);
+  const auto s = cache->add_sequence();
+  std::vector<std::int32_t> toks(512);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::int32_t>(3 + i % 290);
+  auto full = (*m)->forward(*dev, *cache, std::vector<step_input>{{s, toks}});
+  ASSERT_TRUE(full) << full.error().message;  // positions 0..511: the original context
+  const std::int32_t one = 7;
+  auto past = (*m)->forward(*dev, *cache,
+                            std::vector<step_input>{{s, std::span<const std::int32_t>(&one, 1)}});
+  ASSERT_FALSE(past);
+  EXPECT_NE(past.error().message.find("original context of 512"), std::string::npos)
+      << past.error().message;
+  EXPECT_EQ(cache->length(s), 512);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Arch,
                          ::testing::Values("qwen2", "mistral", "phi3", "gemma2", "gemma3",
-                                           "qwen2_yarn"),
+                                           "qwen2_yarn", "phi3_longrope"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -230,7 +230,7 @@ TEST(LlamaConfig, FamilyRefusals) {
       {hf_config(
            "Phi3ForCausalLM",
            R"("rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})"),
-       "'longrope'"},
+       "short_factor"},
       {hf_config("Qwen2ForCausalLM", R"("rope_scaling": {"type": "dynamic", "factor": 4.0})"),
        "'dynamic'"},
       {hf_config("Gemma2ForCausalLM", R"("sliding_window": 8, "hidden_activation": "gelu")"),

@@ -48,9 +48,10 @@ TEST(LlamaConfigValidation, BadConfigsNameTheField) {
       {R"({"architectures": ["LlavaForConditionalGeneration"]})", "text_config"},
       // transformers 5's rope_parameters: an unknown type is refused by name,
       // never read as "no scaling".
-      {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e6, "factor": 4})"),
-       "'longrope' is not supported"},
-      {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4})"), "'longrope'"},
+      {with(R"(, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4})"),
+       "'dynamic' is not supported"},
+      {with(R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4})"),
+       "short_factor"},
       {with(R"(, "rope_parameters": {"rope_type": 3, "rope_theta": 1e4})"), "rope_type"},
       {with(R"(, "rope_parameters": {"rope_type": "default"})"), "rope_theta"},
       {with(R"(, "rope_parameters": {"rope_theta": 0.5})"), "rope_theta"},
