@@ -71,7 +71,7 @@ result<weight_format> quant_target_from_string(std::string_view name) {
                       "troupe reads " + std::string(name) +
                           " tensors from GGUF files but does not quantize to it (formats to "
                           "convert into: f32, f16, bf16, int8, int8_asym, int4, int4_asym, q8_0, "
-                          "q4_0)");
+                          "q4_0, q4_1, q5_0, q5_1)");
   return f;
 }
 
@@ -244,6 +244,96 @@ void quantize_row_q4_0(const float* x, block_q4_0* y, std::int64_t k) {
       const auto xi1 = std::min<std::int8_t>(15, static_cast<std::int8_t>(x1 + 8.5f));
       y[i].qs[j] = static_cast<std::uint8_t>(xi0 | (xi1 << 4));
     }
+  }
+}
+
+namespace {
+
+// The smallest and largest value of a 32-run (ggml starts from +-FLT_MAX).
+void min_max(const float* x, float& lo, float& hi) {
+  lo = std::numeric_limits<float>::max();
+  hi = -std::numeric_limits<float>::max();
+  for (int j = 0; j < qk; ++j) {
+    lo = std::min(lo, x[j]);
+    hi = std::max(hi, x[j]);
+  }
+}
+
+// The value of largest magnitude of a 32-run, its sign kept (the first of
+// equal magnitudes).
+float signed_absmax(const float* x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < qk; ++j)
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  return max;
+}
+
+}  // namespace
+
+// Q4_1: scale (max - min) / 15 and offset min, codes rounded half up.
+void quantize_row_q4_1(const float* x, block_q4_1* y, std::int64_t k) {
+  for (std::int64_t i = 0; i < k / qk; ++i) {
+    const float* b = x + i * qk;
+    float lo = 0, hi = 0;
+    min_max(b, lo, hi);
+    const float d = (hi - lo) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = to_f16(d);
+    y[i].m = to_f16(lo);
+    for (int j = 0; j < qk / 2; ++j) {
+      const auto q0 = std::min<std::uint8_t>(
+          15, static_cast<std::uint8_t>(static_cast<std::int8_t>((b[j] - lo) * id + 0.5f)));
+      const auto q1 = std::min<std::uint8_t>(
+          15,
+          static_cast<std::uint8_t>(static_cast<std::int8_t>((b[qk / 2 + j] - lo) * id + 0.5f)));
+      y[i].qs[j] = static_cast<std::uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Q5_0: Q4_0's rule over 5 bits (the extreme maps to -16), the fifth bits in qh.
+void quantize_row_q5_0(const float* x, block_q5_0* y, std::int64_t k) {
+  for (std::int64_t i = 0; i < k / qk; ++i) {
+    const float* b = x + i * qk;
+    const float d = signed_absmax(b) / -16;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = to_f16(d);
+    std::uint32_t qh = 0;
+    for (int j = 0; j < qk / 2; ++j) {
+      const auto q0 = static_cast<std::uint8_t>(
+          std::min<std::int8_t>(31, static_cast<std::int8_t>(b[j] * id + 16.5f)));
+      const auto q1 = static_cast<std::uint8_t>(
+          std::min<std::int8_t>(31, static_cast<std::int8_t>(b[qk / 2 + j] * id + 16.5f)));
+      y[i].qs[j] = static_cast<std::uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<std::uint32_t>((q0 & 0x10u) >> 4) << j;
+      qh |= static_cast<std::uint32_t>((q1 & 0x10u) >> 4) << (j + qk / 2);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof(qh));
+  }
+}
+
+// Q5_1: Q4_1's rule over 5 bits (no clamp: (max - min) / 31 keeps codes <= 31).
+void quantize_row_q5_1(const float* x, block_q5_1* y, std::int64_t k) {
+  for (std::int64_t i = 0; i < k / qk; ++i) {
+    const float* b = x + i * qk;
+    float lo = 0, hi = 0;
+    min_max(b, lo, hi);
+    const float d = (hi - lo) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = to_f16(d);
+    y[i].m = to_f16(lo);
+    std::uint32_t qh = 0;
+    for (int j = 0; j < qk / 2; ++j) {
+      const auto q0 = static_cast<std::uint8_t>((b[j] - lo) * id + 0.5f);
+      const auto q1 = static_cast<std::uint8_t>((b[qk / 2 + j] - lo) * id + 0.5f);
+      y[i].qs[j] = static_cast<std::uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<std::uint32_t>((q0 & 0x10u) >> 4) << j;
+      qh |= static_cast<std::uint32_t>((q1 & 0x10u) >> 4) << (j + qk / 2);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof(qh));
   }
 }
 
@@ -638,12 +728,27 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
       for (std::int64_t i = 0; i < R; ++i)
         quantize_row_q4_0(src.row_as<float>(i), w.data.row_as<block_q4_0>(i), C);
       break;
+    case weight_format::q4_1:
+      if (auto r = alloc(w.data, dtype::q4_1, R, C); !r) return std::unexpected(r.error());
+      for (std::int64_t i = 0; i < R; ++i)
+        quantize_row_q4_1(src.row_as<float>(i), w.data.row_as<block_q4_1>(i), C);
+      break;
+    case weight_format::q5_0:
+      if (auto r = alloc(w.data, dtype::q5_0, R, C); !r) return std::unexpected(r.error());
+      for (std::int64_t i = 0; i < R; ++i)
+        quantize_row_q5_0(src.row_as<float>(i), w.data.row_as<block_q5_0>(i), C);
+      break;
+    case weight_format::q5_1:
+      if (auto r = alloc(w.data, dtype::q5_1, R, C); !r) return std::unexpected(r.error());
+      for (std::int64_t i = 0; i < R; ++i)
+        quantize_row_q5_1(src.row_as<float>(i), w.data.row_as<block_q5_1>(i), C);
+      break;
     default:
       return make_error(errc::unsupported_dtype,
                         "troupe does not quantize to " + std::string(to_string(format)) +
                             " (it reads " + std::string(to_string(format)) +
                             " tensors from GGUF files; --quant takes f32, f16, bf16, int8, "
-                            "int8_asym, int4, int4_asym, q8_0 or q4_0)");
+                            "int8_asym, int4, int4_asym, q8_0, q4_0, q4_1, q5_0 or q5_1)");
   }
   return w;
 }

@@ -35,10 +35,12 @@ enum class weight_format : std::uint8_t {
   iq4_xs,
 };
 
-/// True for the formats quantize() makes (f32 .. q4_0); the other GGUF
-/// formats are read from files only.
+/// True for the formats quantize() makes (f32 .. q4_0, and ggml's
+/// deterministic Q4_1, Q5_0, Q5_1); the K-quants and IQ4 are read from files
+/// only.
 constexpr bool quantizable(weight_format f) {
-  return f <= weight_format::q4_0;
+  return f <= weight_format::q4_0 || f == weight_format::q4_1 || f == weight_format::q5_0 ||
+         f == weight_format::q5_1;
 }
 /// weight_format_from_string for a format to convert weights into: a read-
 /// only GGUF format is an error that says so.
@@ -95,6 +97,9 @@ result<void> dequantize_row(const weight_matrix& w, std::int64_t r, std::span<fl
 // ggml's reference quantizers for one run of k floats (k a multiple of 32).
 void quantize_row_q8_0(const float* x, block_q8_0* y, std::int64_t k);
 void quantize_row_q4_0(const float* x, block_q4_0* y, std::int64_t k);
+void quantize_row_q4_1(const float* x, block_q4_1* y, std::int64_t k);
+void quantize_row_q5_0(const float* x, block_q5_0* y, std::int64_t k);
+void quantize_row_q5_1(const float* x, block_q5_1* y, std::int64_t k);
 void dequantize_row_q8_0(const block_q8_0* x, float* y, std::int64_t k);
 void dequantize_row_q4_0(const block_q4_0* x, float* y, std::int64_t k);
 

@@ -13,9 +13,10 @@
 
 namespace troupe::test {
 
-/// True for the formats random_block_weights makes.
+/// True for the formats troupe reads but does not make: the tests make them
+/// with random_block_weights (the others are quantized from f32).
 inline bool is_read_only_format(kernels::weight_format f) {
-  return f > kernels::weight_format::q4_0;
+  return !kernels::quantizable(f);
 }
 
 /// rows x cols weights of format f (cols a whole number of its blocks) with

@@ -17,11 +17,13 @@
 #include <vector>
 
 #include "../kernels/fixture_reader.hpp"
+#include "../temp_path.hpp"
 #include "kernels/cpu/cpu_device.hpp"
 #include "kernels/quant.hpp"
 #include "logit_agreement.hpp"
 #include "models/gguf.hpp"
 #include "models/llama.hpp"
+#include "models/random_model.hpp"
 
 using namespace troupe;
 using namespace troupe::models;
@@ -63,6 +65,55 @@ std::string name_of(const ::testing::TestParamInfo<std::size_t>& info) {
   std::string s = cases[info.param].key;
   std::replace(s.begin(), s.end(), '-', '_');
   return s;
+}
+
+// ggml's deterministic quantizers, in troupe: the "kq" input of
+// tools/make_gguf_quant_fixtures.py rebuilt here (`troupe write-model
+// --format f32 --layers 2 --hidden 256 --ffn 256 --heads 4 --kv-heads 2
+// --vocab 512 --seed 25`) and quantized by troupe to Q4_1, Q5_0 and Q5_1
+// gives, for every tensor llama.cpp's quantizer wrote in that format, the
+// same bytes as llama.cpp's file.
+TEST(GgufQuantizers, Q4_1Q5_0Q5_1AreLlamaCppsBytes) {
+  random_model_spec spec;
+  spec.config = tinyllama_shape();
+  auto& c = spec.config;
+  c.num_layers = 2;
+  c.hidden_size = 256;
+  c.intermediate_size = 256;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.vocab_size = 512;
+  c.head_dim = 64;
+  spec.format = k::weight_format::f32;
+  spec.seed = 25;
+  const std::string src_path = test::temp_path("kq-f32.gguf");
+  ASSERT_TRUE(write_random_gguf(src_path, spec));
+  auto src = gguf_file::open(src_path);
+  ASSERT_TRUE(src) << src.error().message;
+  auto pool = k::memory_pool::create();
+  for (auto [key, format] :
+       {std::pair{"kq-q4_1", k::weight_format::q4_1}, std::pair{"kq-q5_0", k::weight_format::q5_0},
+        std::pair{"kq-q5_1", k::weight_format::q5_1}}) {
+    SCOPED_TRACE(key);
+    auto ref = gguf_file::open(dir() + "/" + key + ".gguf");
+    ASSERT_TRUE(ref) << ref.error().message;
+    int compared = 0;
+    for (const auto& t : ref->tensors()) {
+      if (t.ne.size() != 2 || t.type != *k::block_dtype(format)) continue;
+      SCOPED_TRACE(t.name);
+      const auto* s = src->find_tensor(t.name);
+      ASSERT_NE(s, nullptr);
+      auto f32 = src->view(*s);
+      auto want = ref->view(t);
+      ASSERT_TRUE(f32 && want);
+      auto got = k::quantize(*pool, *f32, format);
+      ASSERT_TRUE(got) << got.error().message;
+      ASSERT_EQ(got->data.nbytes(), want->nbytes());
+      EXPECT_EQ(0, std::memcmp(got->data.data(), want->data(), want->nbytes()));
+      ++compared;
+    }
+    EXPECT_GE(compared, 10);  // the layers' matrices at least
+  }
 }
 
 class GgufQuants : public ::testing::TestWithParam<std::size_t> {};
