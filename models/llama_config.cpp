@@ -142,6 +142,12 @@ result<void> llama_config::validate(const std::string& src) const {
       !(scaling.factor >= 1 && scaling.factor <= 1024))
     return make_error(errc::corrupt_data,
                       field_error(src, "rope_scaling.factor", "must be in [1, 1024]"));
+  if ((scaling.type == rope_scaling::kind::yarn || scaling.type == rope_scaling::kind::longrope) &&
+      (scaling.original_max_position_embeddings < 2 ||
+       scaling.original_max_position_embeddings > (1 << 24)))
+    return make_error(errc::corrupt_data,
+                      field_error(src, "original_max_position_embeddings",
+                                  "must be in [2, 2^24] for yarn and longrope"));
   if (scaling.type == rope_scaling::kind::llama3) {
     if (!(scaling.high_freq_factor > scaling.low_freq_factor && scaling.low_freq_factor > 0))
       return make_error(

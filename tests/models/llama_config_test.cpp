@@ -250,6 +250,17 @@ TEST(LlamaConfig, FamilyRefusals) {
                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}})"),
        "per-layer-type"},
       {hf_config("Qwen3ForCausalLM", ""), "Qwen3ForCausalLM is not supported"},
+      {hf_config(
+           "Qwen2ForCausalLM",
+           R"("rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0})"),
+       "original_max_position_embeddings"},
+      {hf_config("Qwen2ForCausalLM", R"("rope_scaling": {"type": "yarn", "factor": 0.5})"),
+       "rope_scaling.factor"},
+      {hf_config(
+           "Phi3ForCausalLM",
+           R"("rope_scaling": {"type": "longrope", "short_factor": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],
+                    "long_factor": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,-1], "original_max_position_embeddings": 64})"),
+       "positive numbers"},
       {hf_config("Gemma3ForCausalLM", R"("sliding_window": 8, "query_pre_attn_scalar": 0)"),
        "query_pre_attn_scalar"},
   };
