@@ -187,6 +187,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     if (!w) return std::unexpected(w.error());
     return check(dev.prepare(*w), src.file_name(name));
   };
+  const auto scratch = kernels::memory_pool::create();  // host copies on their way to `dev`
   // A 1-D tensor as f32 in the device's memory: rows [r0, r0 + count) of
   // it (count -1: all), plus `offset` (HF Gemma's norms multiply by 1 + w).
   auto vec = [&](const std::string& name, std::int64_t n, double offset = 0, std::int64_t r0 = 0,
@@ -198,7 +199,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
                                                 "' has shape " + t->shape().to_string() +
                                                 ", expected [" + std::to_string(n) + "]");
     if (offset == 0 && r0 == 0 && count == -1) return to_f32(dev, *t);
-    auto host = to_f32(*kernels::memory_pool::create(), *t);
+    auto host = to_f32(*scratch, *t);
     if (!host) return host;
     auto part = host->slice_rows(r0, count == -1 ? n : count);
     if (!part) return part;
@@ -294,52 +295,62 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     s.high_freq_factor = static_cast<float>(cfg.scaling.high_freq_factor);
     s.original_max_position_embeddings = cfg.scaling.original_max_position_embeddings;
     m->rope_.llama3 = s;
-  } else if (src.has("rope_freqs")) {
-    // GGUF files carry LLaMA-3 scaling as per-frequency divisors.
-    auto f = src.get("rope_freqs");
-    if (!f) return std::unexpected(f.error());
-    auto ff = to_f32(pool, *f);
+  }
+  // A file's per-frequency divisors (head_dim / 2 of them, finite, > 0).
+  auto file_factors = [&](const std::string& name) -> result<std::vector<float>> {
+    auto t = src.get(name);
+    if (!t) return std::unexpected(t.error());
+    auto ff = to_f32(pool, *t);
     if (!ff) return std::unexpected(ff.error());
     if (ff->numel() != D / 2)
       return make_error(errc::corrupt_data,
-                        src.path() + ": rope_freqs.weight has " + std::to_string(ff->numel()) +
+                        src.path() + ": " + src.file_name(name) + " has " +
+                            std::to_string(ff->numel()) +
                             " values, expected head_dim/2 = " + std::to_string(D / 2));
-    m->rope_.freq_factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
+    std::vector<float> v(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
+    for (float x : v)
+      if (!(x > 0) || !std::isfinite(x))
+        return make_error(errc::corrupt_data,
+                          src.path() + ": " + src.file_name(name) + " must be finite and > 0");
+    return v;
+  };
+  if (cfg.scaling.type != rope_scaling::kind::llama3 && src.has("rope_freqs")) {
+    // GGUF files carry LLaMA-3 scaling as per-frequency divisors.
+    auto f = file_factors("rope_freqs");
+    if (!f) return std::unexpected(f.error());
+    m->rope_.freq_factors = std::move(*f);
   }
+  // YaRN and longrope multiply cos and sin by an attention factor: the
+  // scores by its square.
+  double attention_factor = 1.0;
   if (cfg.scaling.type == rope_scaling::kind::yarn) {
     if (!m->rope_.freq_factors.empty())
       return make_error(errc::unsupported_op,
                         src.path() + ": YaRN RoPE scaling with per-frequency factors");
     auto y = compute_yarn(cfg.scaling, cfg.rope_theta, D);
     m->rope_.freq_factors = std::move(y.divisors);
-    // cos and sin times the attention factor: scores times its square.
-    const double base =
-        cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-    m->attn_scale_ = base * y.attention_factor * y.attention_factor;
+    attention_factor = y.attention_factor;
   }
   if (cfg.scaling.type == rope_scaling::kind::longrope) {
-    // The short factors (positions past the original context are refused).
+    // The short factors (positions past the original context are refused):
+    // the config's, or a GGUF's tensor.
     std::vector<float> factors = cfg.scaling.short_factor;
-    if (factors.empty()) {  // GGUF: a tensor
-      auto t = src.get("rope_factors_short");
-      if (!t) return std::unexpected(t.error());
-      auto ff = to_f32(pool, *t);
-      if (!ff) return std::unexpected(ff.error());
-      factors.assign(ff->data_as<float>(), ff->data_as<float>() + ff->numel());
+    if (factors.empty()) {
+      auto f = file_factors("rope_factors_short");
+      if (!f) return std::unexpected(f.error());
+      factors = std::move(*f);
     }
     if (static_cast<std::int64_t>(factors.size()) != D / 2)
       return make_error(errc::corrupt_data,
                         src.path() + ": longrope short factors: " + std::to_string(factors.size()) +
                             " values, expected head_dim/2 = " + std::to_string(D / 2));
-    for (float v : factors)
-      if (!(v > 0) || !std::isfinite(v))
-        return make_error(errc::corrupt_data,
-                          src.path() + ": longrope short factors must be finite and > 0");
     m->rope_.freq_factors = std::move(factors);
-    const double af = cfg.scaling.attention_factor;
+    attention_factor = cfg.scaling.attention_factor;
+  }
+  if (attention_factor != 1.0) {
     const double base =
         cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-    m->attn_scale_ = base * af * af;
+    m->attn_scale_ = base * attention_factor * attention_factor;
   }
   if (cfg.scaling.type == rope_scaling::kind::linear) {
     // Positions divided by the factor: every frequency divided by it.
