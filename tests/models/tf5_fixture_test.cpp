@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,41 @@ double worst_relative(const float* got, const std::vector<float>& want, std::int
   return worst;
 }
 
+// The reference's pixel_values through `m`: worst image-feature and logit
+// errors (relative to each row's range) against transformers', and the
+// expanded prompt checked against the one transformers was fed.
+void features_and_logits(const llava_model& m, k::device& dev,
+                         const std::map<std::string, test::fixture_array>& ref, double& ef,
+                         double& el) {
+  const auto& px = ref.at("pixel_values");
+  auto pixels = k::tensor::empty(dev.memory(), k::dtype::f32,
+                                 {px.dims[0], px.dims[1], px.dims[2], px.dims[3]});
+  ASSERT_TRUE(pixels);
+  const auto pv = px.as<float>();
+  std::copy(pv.begin(), pv.end(), pixels->data_as<float>());
+  auto feats = m.encode_images(dev, *pixels);
+  ASSERT_TRUE(feats) << feats.error().message;
+  const auto want_feats = ref.at("image_features").as<float>();
+  ASSERT_EQ(static_cast<std::size_t>(feats->numel()), want_feats.size());
+  ef = worst_relative(feats->data_as<float>(), want_feats, feats->dim(1));
+  const auto i64 = ref.at("ids").as<std::int64_t>();
+  const std::vector<std::int32_t> ids(i64.begin(), i64.end());
+  auto prompt = m.prepare(dev, ids, *pixels);
+  ASSERT_TRUE(prompt) << prompt.error().message;
+  const auto e64 = ref.at("expanded").as<std::int64_t>();
+  EXPECT_EQ(prompt->tokens, std::vector<std::int32_t>(e64.begin(), e64.end()));
+  const auto& lm = m.language_model();
+  auto cache = lm.make_cache(dev.memory(), kv_options{.block_size = 16, .capacity_tokens = 64});
+  ASSERT_TRUE(cache);
+  step_input in{cache->add_sequence(), prompt->tokens, true};
+  in.embed_token = prompt->image_token;
+  in.embeddings = prompt->image_embeds;
+  auto logits = lm.forward(dev, *cache, std::vector<step_input>{in});
+  ASSERT_TRUE(logits) << logits.error().message;
+  const auto& la = ref.at("logits");
+  el = worst_relative(logits->data_as<float>(), la.as<float>(), la.dims[1]);
+}
+
 // transformers 5 saves LLaVA's CLIP tower without its "vision_model." level
 // (vision_tower.embeddings.*) and its decoder as language_model.model.*.
 TEST(Tf5Llava, LoadsAndMatchesTransformers) {
@@ -102,33 +138,8 @@ TEST(Tf5Llava, LoadsAndMatchesTransformers) {
   auto dev = k::cpu::cpu_device::with_threads(2);
   auto m = llava_model::load(dir("llava"), *dev);
   ASSERT_TRUE(m) << m.error().message;
-  const auto& px = ref.at("pixel_values");
-  auto pixels = k::tensor::empty(dev->memory(), k::dtype::f32,
-                                 {px.dims[0], px.dims[1], px.dims[2], px.dims[3]});
-  ASSERT_TRUE(pixels);
-  const auto pv = px.as<float>();
-  std::copy(pv.begin(), pv.end(), pixels->data_as<float>());
-  auto feats = (*m)->encode_images(*dev, *pixels);
-  ASSERT_TRUE(feats) << feats.error().message;
-  const auto want_feats = ref.at("image_features").as<float>();
-  ASSERT_EQ(static_cast<std::size_t>(feats->numel()), want_feats.size());
-  const double ef = worst_relative(feats->data_as<float>(), want_feats, feats->dim(1));
-  const auto i64 = ref.at("ids").as<std::int64_t>();
-  const std::vector<std::int32_t> ids(i64.begin(), i64.end());
-  auto prompt = (*m)->prepare(*dev, ids, *pixels);
-  ASSERT_TRUE(prompt) << prompt.error().message;
-  const auto e64 = ref.at("expanded").as<std::int64_t>();
-  EXPECT_EQ(prompt->tokens, std::vector<std::int32_t>(e64.begin(), e64.end()));
-  const auto& lm = (*m)->language_model();
-  auto cache = lm.make_cache(dev->memory(), kv_options{.block_size = 16, .capacity_tokens = 64});
-  ASSERT_TRUE(cache);
-  step_input in{cache->add_sequence(), prompt->tokens, true};
-  in.embed_token = prompt->image_token;
-  in.embeddings = prompt->image_embeds;
-  auto logits = lm.forward(*dev, *cache, std::vector<step_input>{in});
-  ASSERT_TRUE(logits) << logits.error().message;
-  const auto& la = ref.at("logits");
-  const double el = worst_relative(logits->data_as<float>(), la.as<float>(), la.dims[1]);
+  double ef = 1, el = 1;
+  features_and_logits(**m, *dev, ref, ef, el);
   std::printf("LLaVA (transformers 5 names): image features %.2e, logits %.2e of the range\n", ef,
               el);
   EXPECT_LE(ef, 1e-4);
@@ -164,31 +175,8 @@ TEST(Tf5Llava, SiglipQwen2LoadsAndMatchesTransformers) {
     px_err = std::max(px_err, std::fabs(pv->data[i] - want_px[i]));
   EXPECT_LE(px_err, 1e-6f);
 
-  auto pixels = k::tensor::empty(dev->memory(), k::dtype::f32,
-                                 {px.dims[0], px.dims[1], px.dims[2], px.dims[3]});
-  ASSERT_TRUE(pixels);
-  std::copy(want_px.begin(), want_px.end(), pixels->data_as<float>());
-  auto feats = (*m)->encode_images(*dev, *pixels);
-  ASSERT_TRUE(feats) << feats.error().message;
-  const auto want_feats = ref.at("image_features").as<float>();
-  ASSERT_EQ(static_cast<std::size_t>(feats->numel()), want_feats.size());
-  const double ef = worst_relative(feats->data_as<float>(), want_feats, feats->dim(1));
-  const auto i64 = ref.at("ids").as<std::int64_t>();
-  const std::vector<std::int32_t> ids(i64.begin(), i64.end());
-  auto prompt = (*m)->prepare(*dev, ids, *pixels);
-  ASSERT_TRUE(prompt) << prompt.error().message;
-  const auto e64 = ref.at("expanded").as<std::int64_t>();
-  EXPECT_EQ(prompt->tokens, std::vector<std::int32_t>(e64.begin(), e64.end()));
-  const auto& lm = (*m)->language_model();
-  auto cache = lm.make_cache(dev->memory(), kv_options{.block_size = 16, .capacity_tokens = 64});
-  ASSERT_TRUE(cache);
-  step_input in{cache->add_sequence(), prompt->tokens, true};
-  in.embed_token = prompt->image_token;
-  in.embeddings = prompt->image_embeds;
-  auto logits = lm.forward(*dev, *cache, std::vector<step_input>{in});
-  ASSERT_TRUE(logits) << logits.error().message;
-  const auto& la = ref.at("logits");
-  const double el = worst_relative(logits->data_as<float>(), la.as<float>(), la.dims[1]);
+  double ef = 1, el = 1;
+  features_and_logits(**m, *dev, ref, ef, el);
   std::printf("LLaVA SigLIP + Qwen2: pixels %.2e, image features %.2e, logits %.2e of the range\n",
               px_err, ef, el);
   EXPECT_LE(ef, 1e-4);
