@@ -430,7 +430,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                                  mp.error());
       if (auto src = models::weight_source::open(st.cfg.node.model)) {
         if (auto w = (*src)->get("layers.0.down_proj"))
-          st.precision = precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type()));
+          st.precision =
+              precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type(), w->dim(1)));
       }
       const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);
       st.work.batch = static_cast<int>(batch);

@@ -173,7 +173,7 @@ command_runner add_bench(CLI::App& app) {
                   "Share of requests with an image (vision models)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--images", a->images_dir, "Folder of PNG/JPEG images for the workload");
-  cmd->add_option("--quant", a->quant, "Weight format for every matrix");
+  cmd->add_option("--quant", a->quant, "Weight format or llama.cpp file type (as troupe generate)");
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");
   cmd->add_option("--ctx", a->ctx_tokens,
                   "KV capacity per stage in tokens (default: enough for the largest level)");

@@ -400,7 +400,10 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--threads,-t", a->threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--quant", a->quant,
-                  "Weight format: f32 f16 bf16 int8 int8_asym int4 int4_asym q8_0 q4_0");
+                  "Weight format for every matrix (f32 f16 bf16 int8 int8_asym int4 int4_asym "
+                  "q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs) or a "
+                  "llama.cpp file type, a per-tensor mix (q2_k q3_k_s q3_k_m q3_k_l q4_k_s "
+                  "q4_k_m q5_k_s q5_k_m q6_k iq4_nl iq4_xs)");
   cmd->add_option("--quant-override", a->overrides,
                   "PATTERN=FORMAT on tensor names, e.g. 'layers.0.*=f16'");
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f32, f16, int8");

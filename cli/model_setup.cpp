@@ -7,7 +7,9 @@ namespace troupe::cli {
 kernels::result<models::quant_plan> parse_quant_flags(const std::string& quant,
                                                       const std::vector<std::string>& overrides) {
   models::quant_plan plan;
-  if (!quant.empty()) {
+  if (auto mix = models::gguf_mix_from_string(quant)) {
+    plan.mix = *mix;  // llama.cpp's file types (q4_k_m, q6_k, iq4_xs, ...)
+  } else if (!quant.empty()) {
     auto f = kernels::quant_target_from_string(quant);
     if (!f) return kernels::make_error(f.error().code, "--quant: " + f.error().message);
     plan.default_format = *f;

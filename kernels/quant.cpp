@@ -67,11 +67,7 @@ result<weight_format> quant_target_from_string(std::string_view name) {
   auto f = weight_format_from_string(name);
   if (!f) return f;
   if (!quantizable(*f))
-    return make_error(errc::unsupported_dtype,
-                      "troupe reads " + std::string(name) +
-                          " tensors from GGUF files but does not quantize to it (formats to "
-                          "convert into: f32, f16, bf16, int8, int8_asym, int4, int4_asym, q8_0, "
-                          "q4_0, q4_1, q5_0, q5_1)");
+    return make_error(errc::unsupported_dtype, "troupe does not quantize to " + std::string(name));
   return f;
 }
 
@@ -599,6 +595,43 @@ std::uint8_t get_nibble(const std::uint8_t* row, std::int64_t c) {
   return j < 16 ? (b & 0x0f) : (b >> 4);
 }
 
+// The reference quantizer of a GGUF block format, over a row's bytes.
+using row_quantizer = void (*)(const float*, std::byte*, std::int64_t);
+
+template <class Block, void (*Fn)(const float*, Block*, std::int64_t)>
+void quantize_into(const float* x, std::byte* row, std::int64_t k) {
+  Fn(x, reinterpret_cast<Block*>(row), k);
+}
+
+row_quantizer gguf_row_quantizer(weight_format f) {
+  switch (f) {
+    case weight_format::q8_0:
+      return quantize_into<block_q8_0, quantize_row_q8_0>;
+    case weight_format::q4_0:
+      return quantize_into<block_q4_0, quantize_row_q4_0>;
+    case weight_format::q4_1:
+      return quantize_into<block_q4_1, quantize_row_q4_1>;
+    case weight_format::q5_0:
+      return quantize_into<block_q5_0, quantize_row_q5_0>;
+    case weight_format::q5_1:
+      return quantize_into<block_q5_1, quantize_row_q5_1>;
+    case weight_format::q2_k:
+      return quantize_into<block_q2_k, quantize_row_q2_k>;
+    case weight_format::q3_k:
+      return quantize_into<block_q3_k, quantize_row_q3_k>;
+    case weight_format::q4_k:
+      return quantize_into<block_q4_k, quantize_row_q4_k>;
+    case weight_format::q5_k:
+      return quantize_into<block_q5_k, quantize_row_q5_k>;
+    case weight_format::q6_k:
+      return quantize_into<block_q6_k, quantize_row_q6_k>;
+    case weight_format::iq4_nl:
+      return quantize_into<block_iq4_nl, quantize_row_iq4_nl>;
+    default:
+      return quantize_into<block_iq4_xs, quantize_row_iq4_xs>;
+  }
+}
+
 }  // namespace
 
 result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format,
@@ -618,11 +651,16 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
     t = std::move(*made);
     return {};
   };
-  const bool needs_block = format == weight_format::q8_0 || format == weight_format::q4_0;
-  if (needs_block && C % qk != 0)
-    return make_error(errc::shape_mismatch, std::string(to_string(format)) +
-                                                " needs columns divisible by 32, got " +
-                                                std::to_string(C));
+  if (const auto dt = block_dtype(format)) {  // GGUF blocks: ggml's row quantizers
+    if (C % block_elems(*dt) != 0)
+      return make_error(errc::shape_mismatch,
+                        std::string(to_string(format)) + " needs columns divisible by " +
+                            std::to_string(block_elems(*dt)) + ", got " + std::to_string(C));
+    if (auto r = alloc(w.data, *dt, R, C); !r) return std::unexpected(r.error());
+    const auto quantize_row = gguf_row_quantizer(format);
+    for (std::int64_t i = 0; i < R; ++i) quantize_row(src.row_as<float>(i), w.data.row(i), C);
+    return w;
+  }
   if (is_int4(format)) {
     if (group != 32 && group != 64 && group != 128)
       return make_error(errc::invalid_argument,
@@ -718,37 +756,8 @@ result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_form
       }
       break;
     }
-    case weight_format::q8_0:
-      if (auto r = alloc(w.data, dtype::q8_0, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i)
-        quantize_row_q8_0(src.row_as<float>(i), w.data.row_as<block_q8_0>(i), C);
-      break;
-    case weight_format::q4_0:
-      if (auto r = alloc(w.data, dtype::q4_0, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i)
-        quantize_row_q4_0(src.row_as<float>(i), w.data.row_as<block_q4_0>(i), C);
-      break;
-    case weight_format::q4_1:
-      if (auto r = alloc(w.data, dtype::q4_1, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i)
-        quantize_row_q4_1(src.row_as<float>(i), w.data.row_as<block_q4_1>(i), C);
-      break;
-    case weight_format::q5_0:
-      if (auto r = alloc(w.data, dtype::q5_0, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i)
-        quantize_row_q5_0(src.row_as<float>(i), w.data.row_as<block_q5_0>(i), C);
-      break;
-    case weight_format::q5_1:
-      if (auto r = alloc(w.data, dtype::q5_1, R, C); !r) return std::unexpected(r.error());
-      for (std::int64_t i = 0; i < R; ++i)
-        quantize_row_q5_1(src.row_as<float>(i), w.data.row_as<block_q5_1>(i), C);
-      break;
     default:
-      return make_error(errc::unsupported_dtype,
-                        "troupe does not quantize to " + std::string(to_string(format)) +
-                            " (it reads " + std::string(to_string(format)) +
-                            " tensors from GGUF files; --quant takes f32, f16, bf16, int8, "
-                            "int8_asym, int4, int4_asym, q8_0, q4_0, q4_1, q5_0 or q5_1)");
+      return make_error(errc::unsupported_dtype, "unknown weight format");
   }
   return w;
 }

@@ -35,12 +35,11 @@ enum class weight_format : std::uint8_t {
   iq4_xs,
 };
 
-/// True for the formats quantize() makes (f32 .. q4_0, and ggml's
-/// deterministic Q4_1, Q5_0, Q5_1); the K-quants and IQ4 are read from files
-/// only.
+/// True for the formats quantize() makes: all of them (the GGUF ones with
+/// ggml's deterministic reference quantizers, as llama.cpp's quantizer runs
+/// them without an importance matrix).
 constexpr bool quantizable(weight_format f) {
-  return f <= weight_format::q4_0 || f == weight_format::q4_1 || f == weight_format::q5_0 ||
-         f == weight_format::q5_1;
+  return f <= weight_format::iq4_xs;
 }
 /// weight_format_from_string for a format to convert weights into: a read-
 /// only GGUF format is an error that says so.
@@ -83,8 +82,8 @@ struct weight_matrix {
 };
 
 /// Quantizes an f32 matrix [rows, cols] into `format` (group for int4).
-/// Q8_0 and Q4_0 reproduce ggml's reference quantizers bit for bit; the other
-/// GGUF formats are read from files, not made here (an error says so).
+/// The GGUF formats reproduce ggml's reference quantizers bit for bit (the
+/// bytes llama.cpp's quantizer writes without an importance matrix).
 result<weight_matrix> quantize(memory_pool& pool, const tensor& src, weight_format format,
                                int group = 32);
 
@@ -100,6 +99,15 @@ void quantize_row_q4_0(const float* x, block_q4_0* y, std::int64_t k);
 void quantize_row_q4_1(const float* x, block_q4_1* y, std::int64_t k);
 void quantize_row_q5_0(const float* x, block_q5_0* y, std::int64_t k);
 void quantize_row_q5_1(const float* x, block_q5_1* y, std::int64_t k);
+// ... and for the K-quants (k a multiple of 256) and IQ4 (IQ4_NL: of 32), as
+// llama.cpp quantizes without an importance matrix (kernels/quant_k.cpp).
+void quantize_row_q2_k(const float* x, block_q2_k* y, std::int64_t k);
+void quantize_row_q3_k(const float* x, block_q3_k* y, std::int64_t k);
+void quantize_row_q4_k(const float* x, block_q4_k* y, std::int64_t k);
+void quantize_row_q5_k(const float* x, block_q5_k* y, std::int64_t k);
+void quantize_row_q6_k(const float* x, block_q6_k* y, std::int64_t k);
+void quantize_row_iq4_nl(const float* x, block_iq4_nl* y, std::int64_t k);
+void quantize_row_iq4_xs(const float* x, block_iq4_xs* y, std::int64_t k);
 void dequantize_row_q8_0(const block_q8_0* x, float* y, std::int64_t k);
 void dequantize_row_q4_0(const block_q4_0* x, float* y, std::int64_t k);
 

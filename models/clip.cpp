@@ -71,9 +71,9 @@ result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                               "' has shape " + t->shape().to_string() +
                                               ", the config implies [" + std::to_string(rows) +
                                               ", " + std::to_string(cols) + "]");
-  auto w =
-      named(convert_weight(staging_for(dev), *t, plan.choose(name, t->type()), plan.int4_group),
-            src.file_name(name));
+  auto w = named(convert_weight(staging_for(dev), *t, plan.choose(name, t->type(), t->dim(1)),
+                                plan.int4_group),
+                 src.file_name(name));
   if (!w) return std::unexpected(w.error());
   linear_layer l;
   auto packed = named(dev.prepare(*w), src.file_name(name));

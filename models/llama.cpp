@@ -143,12 +143,35 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     }
     return src.get(name);
   };
+  // What a llama.cpp quantization mix (--quant q4_k_m) decides by: the
+  // model's shape, and for a matrix split out of a fused one, the fused
+  // matrix (llama.cpp quantizes Phi-3's qkv as one attention-value tensor).
+  const bool tied_head = cfg.tie_word_embeddings || !src.has("lm_head");
+  const mix_model mix_facts{
+      .num_layers = cfg.num_layers,
+      .num_heads = NH,
+      .num_kv_heads = NKV,
+      .tied_output = tied_head,
+      .llama_70b = cfg.family == decoder_family::llama && cfg.num_layers == 80 && NH != NKV};
+  auto format_for = [&](const std::string& name, const tensor& t,
+                        std::int64_t full_cols) -> kernels::weight_format {
+    std::string role = name;
+    if (cfg.fused_qkv && name.rfind("layers.", 0) == 0) {
+      const auto dot = name.find('.', 7);
+      const std::string leaf = name.substr(dot + 1);
+      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj")
+        role = name.substr(0, dot + 1) + "qkv_proj";
+      else if (leaf == "gate_proj" || leaf == "up_proj")
+        role = name.substr(0, dot + 1) + "gate_up_proj";
+    }
+    return plan.choose(name, t.type(), full_cols, &mix_facts, role);
+  };
   auto matrix = [&](const std::string& name, std::int64_t rows,
                     std::int64_t cols) -> result<kernels::weight_matrix> {
     auto t = fetch(name);
     if (!t) return std::unexpected(t.error());
     if (auto r = expect_shape(name, *t, rows, cols); !r) return std::unexpected(r.error());
-    return check(convert_weight(pool, *t, plan.choose(name, t->type()), plan.int4_group),
+    return check(convert_weight(pool, *t, format_for(name, *t, cols), plan.int4_group),
                  src.file_name(name));
   };
   auto packed = [&](const std::string& name, std::int64_t rows,
@@ -182,7 +205,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     for (std::int64_t r = 0; r < nr; ++r)
       std::memcpy(to + static_cast<std::size_t>(r) * *width,
                   from + static_cast<std::size_t>(r0 + r) * *full + *skip, *width);
-    auto w = check(convert_weight(pool, *part, plan.choose(name, t->type()), plan.int4_group),
+    auto w = check(convert_weight(pool, *part, format_for(name, *t, cols), plan.int4_group),
                    src.file_name(name));
     if (!w) return std::unexpected(w.error());
     return check(dev.prepare(*w), src.file_name(name));
@@ -279,8 +302,7 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     auto norm = vec("norm", H, cfg.norm_offset);
     if (!norm) return std::unexpected(norm.error());
     m->norm_ = std::move(*norm);
-    const bool tied = cfg.tie_word_embeddings || !src.has("lm_head");
-    auto head = packed(tied ? "embed_tokens" : "lm_head", cfg.vocab_size, H);
+    auto head = packed(tied_head ? "embed_tokens" : "lm_head", cfg.vocab_size, H);
     if (!head) return std::unexpected(head.error());
     m->lm_head_ = std::move(*head);
   }

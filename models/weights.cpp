@@ -208,27 +208,32 @@ result<void> quant_plan::add_override(const std::string& spec) {
   return {};
 }
 
-weight_format quant_plan::choose(const std::string& canonical, dtype stored) const {
+weight_format quant_plan::choose(const std::string& canonical, dtype stored, std::int64_t cols,
+                                 const mix_model* model, const std::string& role) const {
   // Decoder tensors (no component prefix) also answer to "text." + name.
   const bool decoder = canonical.rfind("vision.", 0) != 0 && canonical.rfind("projector.", 0) != 0;
   const std::string text_name = "text." + canonical;
-  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last match wins
-    if (::fnmatch(it->first.c_str(), canonical.c_str(), 0) == 0) return it->second;
-    if (decoder && ::fnmatch(it->first.c_str(), text_name.c_str(), 0) == 0) return it->second;
-  }
-  if (default_format) return *default_format;
-  switch (stored) {
-    case dtype::f16:
-      return weight_format::f16;
-    case dtype::bf16:
-      return weight_format::bf16;
-    case dtype::q8_0:
-      return weight_format::q8_0;
-    default:
-      // The GGUF block formats stay as the file holds them.
-      if (auto f = kernels::block_format(stored)) return *f;
-      return weight_format::f32;
-  }
+  const auto pick = [&]() -> weight_format {
+    for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last match wins
+      if (::fnmatch(it->first.c_str(), canonical.c_str(), 0) == 0) return it->second;
+      if (decoder && ::fnmatch(it->first.c_str(), text_name.c_str(), 0) == 0) return it->second;
+    }
+    if (mix)
+      return decoder && model ? mix_format(*mix, role.empty() ? canonical : role, cols, *model)
+                              : base_format(*mix);
+    if (default_format) return *default_format;
+    switch (stored) {
+      case dtype::f16:
+        return weight_format::f16;
+      case dtype::bf16:
+        return weight_format::bf16;
+      default:
+        // The GGUF block formats stay as the file holds them.
+        if (auto f = kernels::block_format(stored)) return *f;
+        return weight_format::f32;
+    }
+  };
+  return shape_fallback(pick(), cols);
 }
 
 result<kernels::tensor> to_f32(kernels::memory_pool& pool, const kernels::tensor& stored) {

@@ -9,6 +9,7 @@
 #include "kernels/memory_pool.hpp"
 #include "kernels/quant.hpp"
 #include "models/gguf.hpp"
+#include "models/quant_mix.hpp"
 #include "models/safetensors.hpp"
 
 namespace troupe::models {
@@ -58,13 +59,24 @@ class weight_source {
 /// canonical names without a component prefix), e.g. "text.*=q4_0".
 struct quant_plan {
   std::optional<kernels::weight_format> default_format;  ///< none: keep the file's
+  /// llama.cpp's per-tensor mix (--quant q4_k_m): each decoder matrix in the
+  /// format llama.cpp's quantizer picks; other matrices in the mix's base
+  /// format. Set instead of default_format.
+  std::optional<gguf_mix> mix;
   int int4_group = 32;
   std::vector<std::pair<std::string, kernels::weight_format>> overrides;
 
   /// Parses "pattern=format".
   result<void> add_override(const std::string& spec);
-  /// The format for `canonical` given the file's storage dtype.
-  kernels::weight_format choose(const std::string& canonical, kernels::dtype stored) const;
+  /// The format for `canonical` ([rows, cols], stored as `stored`): the last
+  /// matching override, else the mix's choice (for a decoder matrix, given
+  /// `model`; `role` names the matrix the mix judges, the fused tensor where
+  /// one is split, else `canonical`), else default_format, else the stored
+  /// format; then llama.cpp's fallback (shape_fallback) where the format's
+  /// blocks do not divide `cols`.
+  kernels::weight_format choose(const std::string& canonical, kernels::dtype stored,
+                                std::int64_t cols, const mix_model* model = nullptr,
+                                const std::string& role = {}) const;
 };
 
 /// Converts a stored tensor (f32/f16/bf16/q8_0/q4_0, 2-D [rows, cols]) into

@@ -299,7 +299,10 @@ int main(int argc, char** argv) {
         const std::string path = model_path(f);
         if (exists(path)) return 0;
         auto fmt = k::weight_format_from_string(f);
-        if (fmt && k::quantizable(*fmt)) {
+        // troupe writes its own formats and ggml's simple block formats
+        // (every matrix in the one format); llama.cpp's quantizer the rest.
+        using wf = k::weight_format;
+        if (fmt && (*fmt <= wf::q4_0 || *fmt == wf::q4_1 || *fmt == wf::q5_0 || *fmt == wf::q5_1)) {
           models::random_model_spec spec;
           spec.config = cfg;
           spec.format = *fmt;

@@ -95,9 +95,9 @@ TEST(CliGenerate, BadInputFailsWithAMessage) {
   auto r = troupe_cli("generate -m /nonexistent/model.gguf -p hi");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("/nonexistent/model.gguf"), std::string::npos) << r.out;
-  r = troupe_cli("generate -m " + tiny_model() + " -p hi --quant q5_k");
+  r = troupe_cli("generate -m " + tiny_model() + " -p hi --quant q5_k_x");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("q5_k"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("q5_k_x"), std::string::npos) << r.out;
   r = troupe_cli("generate -m " + tiny_model() + " -p hi --chat-template nosuch");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = troupe_cli("generate -m " + tiny_model() + " -p hi --top-p 7");

@@ -138,7 +138,7 @@ op_case matmul_case(weight_format f, int group, std::int64_t m) {
             constexpr std::int64_t n = 48, k = 256;
             host_tensor src(randn(rng, n * k, 0.05f), {n, k});
             auto pool = memory_pool::create();
-            auto w = troupe::test::is_read_only_format(f)
+            auto w = troupe::test::is_random_block_format(f)
                          ? result<weight_matrix>(
                                troupe::test::random_block_weights(*pool, f, n, k, rng()))
                          : quantize(*pool, src.t, f, group ? group : 32);
@@ -175,7 +175,7 @@ op_case embedding_case(weight_format f) {
             constexpr std::int64_t vocab = 40, hidden = 256;
             host_tensor src(randn(rng, vocab * hidden), {vocab, hidden});
             auto pool = memory_pool::create();
-            auto w = troupe::test::is_read_only_format(f)
+            auto w = troupe::test::is_random_block_format(f)
                          ? result<weight_matrix>(
                                troupe::test::random_block_weights(*pool, f, vocab, hidden, rng()))
                          : quantize(*pool, src.t, f, 32);

@@ -1,10 +1,11 @@
 #pragma once
 
-// Weight matrices in the GGUF block formats that troupe reads but does not
-// quantize to (Q4_1 .. IQ4_XS): random codes with scale fields set to sane
-// f16 values, for kernel tests whose reference is the dequantized matrix
-// (kernels::dequantize, checked against an independent implementation by the
-// GGUF fixture tests).
+// Weight matrices in the GGUF block formats past Q4_0 (Q4_1 .. IQ4_XS):
+// random codes with scale fields set to sane f16 values, for kernel tests
+// whose reference is the dequantized matrix (kernels::dequantize, checked
+// against an independent implementation by the GGUF fixture tests). Random
+// codes reach every code and scale pattern, where a quantizer's output
+// reaches only the ones it picks.
 #include <cstring>
 #include <random>
 
@@ -13,10 +14,10 @@
 
 namespace troupe::test {
 
-/// True for the formats troupe reads but does not make: the tests make them
-/// with random_block_weights (the others are quantized from f32).
-inline bool is_read_only_format(kernels::weight_format f) {
-  return !kernels::quantizable(f);
+/// True for the formats the kernel tests make with random_block_weights
+/// (the others are quantized from f32).
+inline bool is_random_block_format(kernels::weight_format f) {
+  return f > kernels::weight_format::q4_0;
 }
 
 /// rows x cols weights of format f (cols a whole number of its blocks) with

@@ -69,10 +69,10 @@ std::string name(const format_case& c) {
 }
 
 // The weights of a case: `src` quantized, or random blocks of a GGUF format
-// troupe only reads.
+// past Q4_0.
 result<weight_matrix> make_weights(memory_pool& pool, const tensor& src, const format_case& fc,
                                    std::uint32_t seed) {
-  if (troupe::test::is_read_only_format(fc.format))
+  if (troupe::test::is_random_block_format(fc.format))
     return troupe::test::random_block_weights(pool, fc.format, src.dim(0), src.dim(1), seed);
   return quantize(pool, src, fc.format, fc.group ? fc.group : 32);
 }

@@ -250,7 +250,8 @@ TEST_F(LlamaTest, BadStepsAreErrorsAndChangeNothing) {
   EXPECT_FALSE(llama_model::load("/nonexistent/model.gguf", *ctx));
   quant_plan plan;
   EXPECT_FALSE(plan.add_override("layers.0.*"));
-  EXPECT_FALSE(plan.add_override("layers.0.*=q5_k"));
+  EXPECT_FALSE(plan.add_override("layers.0.*=q5_k_x"));
+  EXPECT_FALSE(plan.add_override("layers.0.*=q4_k_m"));  // a file type, not a format
   EXPECT_TRUE(plan.add_override("layers.0.*=f16"));
 }
 

@@ -148,16 +148,16 @@ TEST(Llava, QuantPlanComponentPatterns) {
   ASSERT_TRUE(plan.add_override("projector.*=f16"));
   ASSERT_TRUE(plan.add_override("text.layers.1.*=q4_0"));
   const auto f32 = k::dtype::f32;
-  EXPECT_EQ(plan.choose("vision.layers.1.q_proj", f32), k::weight_format::int8_sym);
-  EXPECT_EQ(plan.choose("projector.linear_2", f32), k::weight_format::f16);
-  EXPECT_EQ(plan.choose("layers.1.q_proj", f32), k::weight_format::q4_0);  // via text.
-  EXPECT_EQ(plan.choose("layers.0.q_proj", f32), k::weight_format::q8_0);  // default
-  EXPECT_EQ(plan.choose("embed_tokens", f32), k::weight_format::q8_0);
+  EXPECT_EQ(plan.choose("vision.layers.1.q_proj", f32, 256), k::weight_format::int8_sym);
+  EXPECT_EQ(plan.choose("projector.linear_2", f32, 256), k::weight_format::f16);
+  EXPECT_EQ(plan.choose("layers.1.q_proj", f32, 256), k::weight_format::q4_0);  // via text.
+  EXPECT_EQ(plan.choose("layers.0.q_proj", f32, 256), k::weight_format::q8_0);  // default
+  EXPECT_EQ(plan.choose("embed_tokens", f32, 256), k::weight_format::q8_0);
   quant_plan text_only;
   ASSERT_TRUE(text_only.add_override("text.*=q4_0"));
-  EXPECT_EQ(text_only.choose("lm_head", f32), k::weight_format::q4_0);
-  EXPECT_EQ(text_only.choose("vision.layers.0.fc1", f32), k::weight_format::f32);
-  EXPECT_EQ(text_only.choose("projector.linear_1", k::dtype::f16), k::weight_format::f16);
+  EXPECT_EQ(text_only.choose("lm_head", f32, 256), k::weight_format::q4_0);
+  EXPECT_EQ(text_only.choose("vision.layers.0.fc1", f32, 256), k::weight_format::f32);
+  EXPECT_EQ(text_only.choose("projector.linear_1", k::dtype::f16, 256), k::weight_format::f16);
 }
 
 TEST(Llava, CanonicalNamesOfEveryComponent) {
