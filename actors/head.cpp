@@ -16,6 +16,7 @@
 #include "actors/head_status.hpp"
 #include "actors/log.hpp"
 #include "actors/migration.hpp"
+#include "models/llama.hpp"
 #include "models/weights.hpp"
 
 namespace troupe::actors {
@@ -429,9 +430,16 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
         logging::of("head").warn("placement: the model's profile: {}; stages are split evenly",
                                  mp.error());
       if (auto src = models::weight_source::open(st.cfg.node.model)) {
-        if (auto w = (*src)->get("layers.0.down_proj"))
-          st.precision =
-              precision_of(st.cfg.node.plan.choose("layers.0.down_proj", w->type(), w->dim(1)));
+        // One tier for the decoder: the most precise any of its matrices
+        // is held at (a mix such as Q4_K_M holds some in Q6_K), so the
+        // planner never counts too little memory.
+        const auto formats = models::decoder_formats(st.prompt->text, **src, st.cfg.node.plan);
+        if (!formats.empty()) {
+          auto tier = placement::precision::q4_0;
+          for (const auto& [name, f] : formats)
+            tier = placement::most_precise(tier, precision_of(f));
+          st.precision = tier;
+        }
       }
       const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);
       st.work.batch = static_cast<int>(batch);

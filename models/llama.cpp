@@ -69,6 +69,46 @@ result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path,
   return build(**src, *cfg, dev, plan, range, split);
 }
 
+mix_model mix_model_of(const llama_config& cfg, const weight_source& src) {
+  return mix_model{.num_layers = cfg.num_layers,
+                   .num_heads = cfg.num_heads,
+                   .num_kv_heads = cfg.num_kv_heads,
+                   .tied_output = cfg.tie_word_embeddings || !src.has("lm_head"),
+                   .llama_70b = cfg.family == decoder_family::llama && cfg.num_layers == 80 &&
+                                cfg.num_heads != cfg.num_kv_heads};
+}
+
+std::string mix_role(const llama_config& cfg, const std::string& name) {
+  if (!cfg.fused_qkv || name.rfind("layers.", 0) != 0) return name;
+  const auto dot = name.find('.', 7);
+  if (dot == std::string::npos) return name;
+  const std::string leaf = name.substr(dot + 1);
+  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj")
+    return name.substr(0, dot + 1) + "qkv_proj";
+  if (leaf == "gate_proj" || leaf == "up_proj") return name.substr(0, dot + 1) + "gate_up_proj";
+  return name;
+}
+
+std::vector<std::pair<std::string, kernels::weight_format>> decoder_formats(
+    const llama_config& cfg, const weight_source& src, const quant_plan& plan) {
+  const mix_model facts = mix_model_of(cfg, src);
+  std::vector<std::pair<std::string, kernels::weight_format>> out;
+  auto add = [&](const std::string& name) {
+    // A fused family's matrices are rows of the fused tensor: same columns.
+    const std::string role = mix_role(cfg, name);
+    auto t = src.get(role == name ? name : role);
+    if (!t || t->ndim() != 2) return;
+    out.emplace_back(name, plan.choose(name, t->type(), t->dim(1), &facts, role));
+  };
+  add("embed_tokens");
+  if (src.has("lm_head")) add("lm_head");
+  for (std::int64_t l = 0; l < cfg.num_layers; ++l)
+    for (const char* leaf :
+         {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+      add("layers." + std::to_string(l) + "." + leaf);
+  return out;
+}
+
 result<std::unique_ptr<llama_model>> llama_model::build(
     const weight_source& src, const llama_config& cfg, kernels::device& dev, const quant_plan& plan,
     const layer_range& range, const tensor_split& split) {
@@ -143,28 +183,11 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     }
     return src.get(name);
   };
-  // What a llama.cpp quantization mix (--quant q4_k_m) decides by: the
-  // model's shape, and for a matrix split out of a fused one, the fused
-  // matrix (llama.cpp quantizes Phi-3's qkv as one attention-value tensor).
   const bool tied_head = cfg.tie_word_embeddings || !src.has("lm_head");
-  const mix_model mix_facts{
-      .num_layers = cfg.num_layers,
-      .num_heads = NH,
-      .num_kv_heads = NKV,
-      .tied_output = tied_head,
-      .llama_70b = cfg.family == decoder_family::llama && cfg.num_layers == 80 && NH != NKV};
+  const mix_model mix_facts = mix_model_of(cfg, src);
   auto format_for = [&](const std::string& name, const tensor& t,
                         std::int64_t full_cols) -> kernels::weight_format {
-    std::string role = name;
-    if (cfg.fused_qkv && name.rfind("layers.", 0) == 0) {
-      const auto dot = name.find('.', 7);
-      const std::string leaf = name.substr(dot + 1);
-      if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj")
-        role = name.substr(0, dot + 1) + "qkv_proj";
-      else if (leaf == "gate_proj" || leaf == "up_proj")
-        role = name.substr(0, dot + 1) + "gate_up_proj";
-    }
-    return plan.choose(name, t.type(), full_cols, &mix_facts, role);
+    return plan.choose(name, t.type(), full_cols, &mix_facts, mix_role(cfg, name));
   };
   auto matrix = [&](const std::string& name, std::int64_t rows,
                     std::int64_t cols) -> result<kernels::weight_matrix> {

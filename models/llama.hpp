@@ -52,6 +52,23 @@ struct tensor_split {
   std::function<result<void>(kernels::tensor&)> all_reduce;
 };
 
+/// What a llama.cpp quantization mix (--quant q4_k_m) decides a decoder's
+/// formats by: its shape, and whether the output matrix is the embedding
+/// (the config says so, or the checkpoint has no separate one).
+mix_model mix_model_of(const llama_config& cfg, const weight_source& src);
+
+/// The matrix a mix judges canonical decoder matrix `name` as: for a
+/// family that fuses q/k/v (and gate/up) in one matrix, the fused one
+/// (llama.cpp quantizes Phi-3's qkv as one attention-value tensor); else
+/// `name`.
+std::string mix_role(const llama_config& cfg, const std::string& name);
+
+/// The format every decoder matrix (layers, embedding, output) of the
+/// checkpoint is held in under `plan`, by canonical name: the file's own or
+/// the one the plan converts it to.
+std::vector<std::pair<std::string, kernels::weight_format>> decoder_formats(
+    const llama_config& cfg, const weight_source& src, const quant_plan& plan);
+
 /// A LLaMA decoder over the CPU kernels: weights packed once at load,
 /// batched forward over sequences of different lengths (prefill chunks and
 /// decode tokens together). A sequence's logits are bit-identical whatever

@@ -15,6 +15,8 @@
 #include "../temp_path.hpp"
 #include "kernels/quant.hpp"
 #include "models/gguf.hpp"
+#include "models/llama.hpp"
+#include "models/llama_config.hpp"
 #include "models/quant_mix.hpp"
 #include "models/random_model.hpp"
 #include "models/weights.hpp"
@@ -183,4 +185,42 @@ TEST(QuantMix, QuantizingTheSourceGivesLlamaCppsFiles) {
     ++files;
   }
   EXPECT_EQ(files, 7);
+}
+
+// What the head plans memory with: every decoder matrix's held format. A
+// llama.cpp Q4_K_M file as stored, and the f32 source under --quant q4_k_m,
+// give the same list (with Q6_K where llama.cpp put it); a pure format
+// gives that format everywhere.
+TEST(QuantMix, DecoderFormatsAreWhatTheStagesHold) {
+  auto ref = weight_source::open(dir() + "/kq-q4_k_m.gguf");
+  ASSERT_TRUE(ref) << ref.error().message;
+  auto cfg = llama_config_from_gguf(*(*ref)->gguf());
+  ASSERT_TRUE(cfg) << cfg.error().message;
+  const auto stored = decoder_formats(*cfg, **ref, quant_plan{});
+  ASSERT_EQ(stored.size(), 2u + 7u * 2u);  // embedding, output, 7 matrices x 2 layers
+  std::map<k::weight_format, int> count;
+  for (const auto& [name, f] : stored) {
+    const auto* t = (*ref)->gguf()->find_tensor((*ref)->file_name(name));
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(k::block_dtype(f), t->type) << name;
+    ++count[f];
+  }
+  EXPECT_GT(count[k::weight_format::q6_k], 0);
+  EXPECT_GT(count[k::weight_format::q4_k], 0);
+
+  random_model_spec spec;
+  spec.config = *cfg;
+  spec.format = k::weight_format::f32;
+  spec.seed = 25;
+  const std::string src_path = test::temp_path("kq-f32-formats.gguf");
+  ASSERT_TRUE(write_random_gguf(src_path, spec));
+  auto src = weight_source::open(src_path);
+  ASSERT_TRUE(src);
+  quant_plan mix;
+  mix.mix = gguf_mix::q4_k_m;
+  EXPECT_EQ(decoder_formats(*cfg, **src, mix), stored);
+  quant_plan pure;
+  pure.default_format = k::weight_format::q4_k;
+  for (const auto& [name, f] : decoder_formats(*cfg, **src, pure))
+    EXPECT_EQ(f, k::weight_format::q4_k) << name;
 }
