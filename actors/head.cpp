@@ -433,12 +433,13 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
         // One tier for the decoder: the most precise any of its matrices
         // is held at (a mix such as Q4_K_M holds some in Q6_K), so the
         // planner never counts too little memory.
-        const auto formats = models::decoder_formats(st.prompt->text, **src, st.cfg.node.plan);
-        if (!formats.empty()) {
+        const auto held = models::decoder_formats(st.prompt->text, **src, st.cfg.node.plan);
+        if (!held.empty()) {
           auto tier = placement::precision::q4_0;
-          for (const auto& [name, f] : formats)
-            tier = placement::most_precise(tier, precision_of(f));
+          for (const auto& h : held) tier = placement::most_precise(tier, precision_of(h.format));
           st.precision = tier;
+          // ... and at that tier, the bytes each layer is held in, exactly.
+          if (st.model_prof) hold_as_stored(*st.model_prof, held, tier);
         }
       }
       const auto batch = std::clamp<std::int64_t>(st.cfg.scheduler.max_running, 1, 16);

@@ -29,6 +29,38 @@ placement::precision precision_of(kernels::weight_format f) {
   }
 }
 
+void hold_as_stored(placement::model_profile& m, const std::vector<models::held_matrix>& held,
+                    placement::precision tier) {
+  std::vector<double> layer_bytes(m.layers.size(), 0), layer_params(m.layers.size(), 0);
+  double embed_bytes = 0, embed_params = 0, head_bytes = 0, head_params = 0;
+  bool separate_head = false;
+  for (const auto& h : held) {
+    const double n = double(h.rows) * double(h.cols);
+    const double packed = n * kernels::held_bits_per_weight(h.format) / 8;
+    if (h.name == "embed_tokens") {
+      embed_bytes = n * kernels::bits_per_weight(h.format) / 8;  // kept as the file's blocks
+      embed_params = n;
+      if (!separate_head) head_bytes = packed, head_params = n;  // a tied head packs it
+    } else if (h.name == "lm_head") {
+      separate_head = true;
+      head_bytes = packed;
+      head_params = n;
+    } else if (h.name.rfind("layers.", 0) == 0) {
+      const auto l = std::stoul(h.name.substr(7));
+      if (l < layer_bytes.size()) layer_bytes[l] += packed, layer_params[l] += n;
+    }
+  }
+  // The rest of each part's parameters (norms, biases) are held in f32.
+  const auto rest = [](double all, double counted) { return std::max(0.0, all - counted) * 4.0; };
+  for (std::size_t l = 0; l < m.layers.size(); ++l)
+    if (layer_params[l] > 0)
+      m.layers[l].held_bytes = layer_bytes[l] + rest(m.layers[l].params, layer_params[l]);
+  if (embed_params > 0)
+    m.embedding_held_bytes = embed_bytes + rest(m.embedding_params, embed_params);
+  if (head_params > 0) m.lm_head_held_bytes = head_bytes + rest(m.lm_head_params, head_params);
+  m.held_at = tier;
+}
+
 placement::result<placement::model_profile> model_profile_of(
     const models::llama_config& t, const std::optional<models::llava_config>& llava,
     const std::string& kv_type) {

@@ -14,6 +14,7 @@
 #include "actors/protocol.hpp"
 #include "cluster/membership.hpp"
 #include "kernels/quant.hpp"
+#include "models/llama.hpp"
 #include "models/llama_config.hpp"
 #include "models/llava_config.hpp"
 #include "placement/planner.hpp"
@@ -25,6 +26,15 @@ namespace troupe::actors {
 /// q4_0, bf16 as f16: the same bytes per weight, near enough; the other GGUF
 /// formats as the tier at or above their bits per weight).
 placement::precision precision_of(kernels::weight_format f);
+
+/// Marks `m`'s decoder as held in the formats `held` lists (what every
+/// stage will load, models::decoder_formats) at tier `tier`: each layer's,
+/// the embedding's and the LM head's bytes there are the prepared matrices'
+/// (kernels::held_bits_per_weight) plus f32 for the rest of their
+/// parameters (norms, biases); the embedding table stays in the file's
+/// blocks.
+void hold_as_stored(placement::model_profile& m, const std::vector<models::held_matrix>& held,
+                    placement::precision tier);
 
 /// The decoder (and vision tower) as the planner sees it; KV bytes per
 /// token for the cache's dtype ("f32", "f16", "int8").

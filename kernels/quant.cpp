@@ -134,6 +134,26 @@ double bits_per_weight(weight_format f, int group) {
   return 0;
 }
 
+double held_bits_per_weight(weight_format f, int group) {
+  switch (f) {
+    case weight_format::q4_1:
+      return 6;  // f32 scale and offset per 32
+    case weight_format::q5_1:
+      return 7;
+    case weight_format::q2_k:
+      return 5.125;  // 2-bit codes in nibbles, int8 scale and min per 16
+    case weight_format::q3_k:
+      return 4.5625;
+    case weight_format::q4_k:
+    case weight_format::q5_k:
+      return bits_per_weight(f) + 0.125;  // int8 scale and min per 32
+    case weight_format::iq4_xs:
+      return 4.3125;
+    default:
+      return bits_per_weight(f, group);
+  }
+}
+
 std::size_t weight_matrix::storage_bytes() const {
   std::size_t n = data.empty_view() ? 0 : data.nbytes();
   if (!scales.empty_view()) n += scales.nbytes();

@@ -55,6 +55,14 @@ std::string_view to_string(weight_format f);
 result<weight_format> weight_format_from_string(std::string_view name);
 /// Bits of storage per weight, scales included, for a given group size.
 double bits_per_weight(weight_format f, int group = 32);
+/// Bits per weight of a matrix as the CPU device holds it once prepared
+/// (its packed panels: the K-quants' scales widened, Q2_K / Q3_K codes in
+/// nibbles, Q4_1 / Q5_1's offsets in f32; docs/models.md has the table),
+/// for a row length that is a whole number of 256-blocks (int8 adds a
+/// scale, int8_asym a scale and zero point, per row; each panel of 16 or 32
+/// rows is aligned to 64 bytes, and rows are padded to whole panels). What
+/// placement counts a stage's matrices at.
+double held_bits_per_weight(weight_format f, int group = 32);
 
 /// A quantized (or plain) weight matrix in its storage layout, row-major.
 ///  - f32/f16/bf16: `data` [rows, cols] of that dtype.

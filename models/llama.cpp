@@ -89,23 +89,31 @@ std::string mix_role(const llama_config& cfg, const std::string& name) {
   return name;
 }
 
-std::vector<std::pair<std::string, kernels::weight_format>> decoder_formats(
-    const llama_config& cfg, const weight_source& src, const quant_plan& plan) {
+std::vector<held_matrix> decoder_formats(const llama_config& cfg, const weight_source& src,
+                                         const quant_plan& plan) {
   const mix_model facts = mix_model_of(cfg, src);
-  std::vector<std::pair<std::string, kernels::weight_format>> out;
-  auto add = [&](const std::string& name) {
-    // A fused family's matrices are rows of the fused tensor: same columns.
+  const std::int64_t H = cfg.hidden_size, D = cfg.head_dim, F = cfg.intermediate_size;
+  const std::int64_t q = cfg.num_heads * D, kv = cfg.num_kv_heads * D;
+  std::vector<held_matrix> out;
+  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    // A fused family's matrices are rows of the fused tensor: its storage.
     const std::string role = mix_role(cfg, name);
-    auto t = src.get(role == name ? name : role);
+    auto t = src.get(role);
     if (!t || t->ndim() != 2) return;
-    out.emplace_back(name, plan.choose(name, t->type(), t->dim(1), &facts, role));
+    out.push_back({name, plan.choose(name, t->type(), cols, &facts, role), rows, cols});
   };
-  add("embed_tokens");
-  if (src.has("lm_head")) add("lm_head");
-  for (std::int64_t l = 0; l < cfg.num_layers; ++l)
-    for (const char* leaf :
-         {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
-      add("layers." + std::to_string(l) + "." + leaf);
+  add("embed_tokens", cfg.vocab_size, H);
+  if (src.has("lm_head")) add("lm_head", cfg.vocab_size, H);
+  for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "q_proj", q, H);
+    add(p + "k_proj", kv, H);
+    add(p + "v_proj", kv, H);
+    add(p + "o_proj", H, q);
+    add(p + "gate_proj", F, H);
+    add(p + "up_proj", F, H);
+    add(p + "down_proj", H, F);
+  }
   return out;
 }
 

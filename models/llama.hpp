@@ -63,11 +63,19 @@ mix_model mix_model_of(const llama_config& cfg, const weight_source& src);
 /// `name`.
 std::string mix_role(const llama_config& cfg, const std::string& name);
 
-/// The format every decoder matrix (layers, embedding, output) of the
-/// checkpoint is held in under `plan`, by canonical name: the file's own or
-/// the one the plan converts it to.
-std::vector<std::pair<std::string, kernels::weight_format>> decoder_formats(
-    const llama_config& cfg, const weight_source& src, const quant_plan& plan);
+/// A decoder matrix as a stage will hold it.
+struct held_matrix {
+  std::string name;  ///< canonical
+  kernels::weight_format format;
+  std::int64_t rows = 0, cols = 0;
+  bool operator==(const held_matrix&) const = default;
+};
+
+/// The format every decoder matrix (embedding, separate output matrix,
+/// layers) of the checkpoint is held in under `plan`: the file's own or the
+/// one the plan converts it to; shapes from the config.
+std::vector<held_matrix> decoder_formats(const llama_config& cfg, const weight_source& src,
+                                         const quant_plan& plan);
 
 /// A LLaMA decoder over the CPU kernels: weights packed once at load,
 /// batched forward over sequences of different lengths (prefill chunks and

@@ -76,16 +76,9 @@ precision shard::at(int layer) const {
 
 double weight_bytes(const model_profile& m, const shard& s) {
   double sum = 0;
-  for (int l = s.layer_begin; l < s.layer_end; ++l)
-    sum += m.layers[static_cast<std::size_t>(l)].bytes(s.at(l));
-  const double bpw = bytes_per_weight(s.head_precision);
-  if (s.has_embedding) sum += m.embedding_params * bpw;
-  if (s.has_lm_head) {
-    const double head = s.has_embedding && m.tied_embeddings
-                            ? std::max(0.0, m.lm_head_params - m.embedding_params)
-                            : m.lm_head_params;
-    sum += head * bpw;
-  }
+  for (int l = s.layer_begin; l < s.layer_end; ++l) sum += m.layer_bytes(l, s.at(l));
+  if (s.has_embedding) sum += m.embedding_bytes(s.head_precision);
+  if (s.has_lm_head) sum += m.head_bytes_on_stage(s.head_precision, s.has_embedding);
   return sum;
 }
 
@@ -108,14 +101,14 @@ compute_breakdown stage_compute(const unit_rates& r, const model_profile& m, con
   for (int l = s.layer_begin; l < s.layer_end; ++l) {
     const auto& layer = m.layers[static_cast<std::size_t>(l)];
     const auto p = s.at(l);
-    c.weights_s += over(layer.bytes(p), r.gemv_bytes_per_s[index(p)]);
+    c.weights_s += over(m.layer_bytes(l, p), r.gemv_bytes_per_s[index(p)]);
     flops +=
         layer.flops_per_token + double(w.context_tokens) * layer.attention_flops_per_context_token;
     kv += layer.kv_bytes_per_token;
   }
   if (s.has_lm_head) {
-    c.weights_s += over(m.lm_head_params * bytes_per_weight(s.head_precision),
-                        r.gemv_bytes_per_s[index(s.head_precision)]);
+    c.weights_s +=
+        over(m.lm_head_bytes(s.head_precision), r.gemv_bytes_per_s[index(s.head_precision)]);
     flops += 2 * m.lm_head_params;
   }
   c.gemm_s = over(double(w.batch) * flops, r.gemm_flop_per_s);

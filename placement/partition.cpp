@@ -40,12 +40,15 @@ partitioner::partitioner(const problem& p) : p_(p) {
   for (precision q = p.preferred;;) {
     levels_.push_back(q);
     const auto next = lower(q);
-    if (q == p.lowest || !next || !at_least(*next, p.lowest)) break;
+    // A decoder held in its own formats (a K-quant mix) stays in them.
+    if (q == p.lowest || !next || !at_least(*next, p.lowest) || m.held_at) break;
     q = *next;
   }
   const auto n = static_cast<std::size_t>(layers_) + 1;
   sens_params_.assign(n, 0);
   ns_params_.assign(n, 0);
+  sens_bytes_.assign(n, 0);
+  ns_bytes_.assign(n, 0);
   flops_.assign(n, 0);
   kv_per_token_.assign(n, 0);
   ns_before_.assign(n, 0);
@@ -54,6 +57,9 @@ partitioner::partitioner(const problem& p) : p_(p) {
     const auto& layer = m.layers[l];
     sens_params_[l + 1] = sens_params_[l] + (layer.sensitive ? layer.params : 0);
     ns_params_[l + 1] = ns_params_[l] + (layer.sensitive ? 0 : layer.params);
+    const double at_pref = m.layer_bytes(static_cast<int>(l), p.preferred);
+    sens_bytes_[l + 1] = sens_bytes_[l] + (layer.sensitive ? at_pref : 0);
+    ns_bytes_[l + 1] = ns_bytes_[l] + (layer.sensitive ? 0 : at_pref);
     flops_[l + 1] = flops_[l] + layer.flops_per_token +
                     double(w.context_tokens) * layer.attention_flops_per_context_token;
     kv_per_token_[l + 1] = kv_per_token_[l] + layer.kv_bytes_per_token;
@@ -78,16 +84,14 @@ partitioner::stage_eval partitioner::eval(const unit& u, int i, int j) const {
   const double bpw_pref = bytes_per_weight(pref);
   const bool first = i == 0, last = j == layers_;
   double head_bytes = 0;
-  if (first) head_bytes += m.embedding_params * bpw_pref;
-  if (last)
-    head_bytes += (first && m.tied_embeddings ? std::max(0.0, m.lm_head_params - m.embedding_params)
-                                              : m.lm_head_params) *
-                  bpw_pref;
+  if (first) head_bytes += m.embedding_bytes(pref);
+  if (last) head_bytes += m.head_bytes_on_stage(pref, first);
   const double batch = w.batch, ctx = w.context_tokens;
   const double kv = batch * ctx * (kv_per_token_[j] - kv_per_token_[i]);
-  const double s = sens_params_[j] - sens_params_[i];
   const double n = ns_params_[j] - ns_params_[i];
-  double excess = head_bytes + kv + (s + n) * bpw_pref - u.capacity_bytes;
+  // Bytes at the preferred level (a held decoder's own; else params x bpw).
+  const double s_bytes = sens_bytes_[j] - sens_bytes_[i], n_bytes = ns_bytes_[j] - ns_bytes_[i];
+  double excess = head_bytes + kv + s_bytes + n_bytes - u.capacity_bytes;
 
   stage_eval e;
   int phase = 0, lowered = 0;
@@ -116,13 +120,16 @@ partitioner::stage_eval partitioner::eval(const unit& u, int i, int j) const {
   }
   const auto& r = u.rates.gemv_bytes_per_s;
   const auto at = levels_[static_cast<std::size_t>(phase)];
-  double weights_s =
-      s * bpw_pref / r[index(pref)] + (n - lowered_params) * bytes_per_weight(at) / r[index(at)];
+  // The non-sensitive layers still at `at` (the preferred level: their
+  // bytes there, less the lowered ones').
+  const double ns_at = phase == 0 ? n_bytes - lowered_params * bpw_pref
+                                  : (n - lowered_params) * bytes_per_weight(at);
+  double weights_s = s_bytes / r[index(pref)] + ns_at / r[index(at)];
   if (lowered_params > 0) {
     const auto below = levels_[static_cast<std::size_t>(phase) + 1];
     weights_s += lowered_params * bytes_per_weight(below) / r[index(below)];
   }
-  if (last) weights_s += m.lm_head_params * bpw_pref / r[index(pref)];
+  if (last) weights_s += m.lm_head_bytes(pref) / r[index(pref)];
   const double flops = batch * (flops_[j] - flops_[i] + (last ? 2 * m.lm_head_params : 0));
   const double gemm_s = flops / u.rates.gemm_flop_per_s;
   const double kv_s = kv / u.rates.kv_bytes_per_s;
@@ -142,10 +149,12 @@ double partitioner::lower_bound_s(const unit& u, int i, int j) const {
   double cheapest = inf;  // seconds per non-sensitive parameter at the cheapest allowed level
   for (auto q : levels_) cheapest = std::min(cheapest, bytes_per_weight(q) / r[index(q)]);
   const bool last = j == layers_;
-  const double s = sens_params_[j] - sens_params_[i];
+  const double s_bytes = sens_bytes_[j] - sens_bytes_[i];
   const double n = ns_params_[j] - ns_params_[i];
-  double weights_s = s * bytes_per_weight(pref) / r[index(pref)] + n * cheapest;
-  if (last) weights_s += m.lm_head_params * bytes_per_weight(pref) / r[index(pref)];
+  // A held decoder has one level: its own bytes; else the cheapest level.
+  const double ns_s = m.held_at ? (ns_bytes_[j] - ns_bytes_[i]) / r[index(pref)] : n * cheapest;
+  double weights_s = s_bytes / r[index(pref)] + ns_s;
+  if (last) weights_s += m.lm_head_bytes(pref) / r[index(pref)];
   const double batch = w.batch, ctx = w.context_tokens;
   const double gemm_s =
       batch * (flops_[j] - flops_[i] + (last ? 2 * m.lm_head_params : 0)) / u.rates.gemm_flop_per_s;

@@ -130,8 +130,9 @@ class partitioner {
   std::vector<precision> levels_;  // preferred … lowest
   // Prefix sums over layers (size layers + 1).
   std::vector<double> sens_params_, ns_params_, flops_, kv_per_token_;
-  std::vector<int> ns_before_;     // non-sensitive layers before l
-  std::vector<double> ns_prefix_;  // params of the first q non-sensitive layers
+  std::vector<double> sens_bytes_, ns_bytes_;  // weight bytes at the preferred level
+  std::vector<int> ns_before_;                 // non-sensitive layers before l
+  std::vector<double> ns_prefix_;              // params of the first q non-sensitive layers
   // Buffers.
   std::vector<double> f_;
   std::vector<int> next_j_, next_pos_;

@@ -417,7 +417,8 @@ plan to_plan(const cluster_profile& c, const search_result& r, const planner_opt
 /// whole model too large for the cluster, or fragmentation.
 std::string diagnose(const cluster_profile& c, const indexed_cluster& ic, const model_profile& m,
                      const workload& w, const planner_options& opt) {
-  const precision lowest = opt.min_precision;
+  // A decoder held in its own formats is not lowered (partition.cpp).
+  const precision lowest = m.held_at ? opt.preferred : opt.min_precision;
   std::vector<detail::unit> units = make_units(c, ic, m, w, opt, 1, {});
   if (units.empty())
     return "no device can take a stage: every device is fully loaded or has less memory than the " +
@@ -443,32 +444,32 @@ std::string diagnose(const cluster_profile& c, const indexed_cluster& ic, const 
   double total = 0;
   for (int l = 0; l < m.layer_count(); ++l) {
     const auto& layer = m.layers[static_cast<std::size_t>(l)];
-    const double need =
-        layer.bytes(layer.sensitive ? opt.preferred : lowest) + kv_scale * layer.kv_bytes_per_token;
+    const double need = m.layer_bytes(l, layer.sensitive ? opt.preferred : lowest) +
+                        kv_scale * layer.kv_bytes_per_token;
     total += need;
     if (need > largest->capacity_bytes)
       return "layer " + std::to_string(l) + " needs " + detail::bytes(need) + kv_note +
              " but the largest device or group, " + where + ", offers " +
              detail::bytes(largest->capacity_bytes);
   }
-  const double bpw = bytes_per_weight(opt.preferred);
   const auto& first = m.layers.front();
-  const double first_need = m.embedding_params * bpw +
-                            first.bytes(first.sensitive ? opt.preferred : lowest) +
+  const double first_need = m.embedding_bytes(opt.preferred) +
+                            m.layer_bytes(0, first.sensitive ? opt.preferred : lowest) +
                             kv_scale * first.kv_bytes_per_token;
   if (first_need > largest->capacity_bytes)
     return "the embedding with layer 0 needs " + detail::bytes(first_need) + kv_note +
            " but the largest device or group, " + where + ", offers " +
            detail::bytes(largest->capacity_bytes);
   const auto& last = m.layers.back();
-  const double last_need = m.lm_head_params * bpw +
-                           last.bytes(last.sensitive ? opt.preferred : lowest) +
-                           kv_scale * last.kv_bytes_per_token;
+  const double last_need =
+      m.lm_head_bytes(opt.preferred) +
+      m.layer_bytes(m.layer_count() - 1, last.sensitive ? opt.preferred : lowest) +
+      kv_scale * last.kv_bytes_per_token;
   if (last_need > largest->capacity_bytes)
     return "the LM head with layer " + std::to_string(m.layer_count() - 1) + " needs " +
            detail::bytes(last_need) + kv_note + " but the largest device or group, " + where +
            ", offers " + detail::bytes(largest->capacity_bytes);
-  total += (m.embedding_params + (m.tied_embeddings ? 0.0 : m.lm_head_params)) * bpw;
+  total += m.embedding_bytes(opt.preferred) + m.head_bytes_on_stage(opt.preferred, true);
   const double enc = encoder_bytes(m, opt.preferred);
   if (total + enc > total_cap)
     return "the model needs at least " + detail::bytes(total + enc) + kv_note +
@@ -532,7 +533,7 @@ result<plan> plan_impl(const cluster_profile& cluster, const model_profile& mode
       if (best) return *best;
     }
     const auto next = lower(lowest);
-    if (lowest == opt.min_precision || !next) break;
+    if (lowest == opt.min_precision || !next || model.held_at) break;
     lowest = *next;
   }
   return fail("the model does not fit: " + diagnose(cluster, ic, model, w, opt));

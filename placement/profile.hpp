@@ -6,6 +6,7 @@
 // builders; no I/O. Units are in the names: bytes, seconds (_s), bytes/s,
 // FLOP/s.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -160,9 +161,16 @@ struct layer_profile {
   double kv_bytes_per_token = 0;
   /// Keep at the preferred precision even under memory pressure.
   bool sensitive = false;
+  /// The bytes a stage holds this layer's weights in, where the model
+  /// profile says they are held as a checkpoint's own formats
+  /// (model_profile::held_at, e.g. a K-quant mix); 0: params x
+  /// bytes_per_weight.
+  double held_bytes = 0;
 
-  /// Weight bytes at precision p.
-  double bytes(precision p) const { return params * bytes_per_weight(p); }
+  /// Weight bytes at precision p (`held_at`: the model's held tier).
+  double bytes(precision p, std::optional<precision> held_at = std::nullopt) const {
+    return held_bytes > 0 && held_at == p ? held_bytes : params * bytes_per_weight(p);
+  }
 };
 
 /// A vision tower and the projector that maps its output into the text
@@ -196,6 +204,14 @@ struct model_profile {
   /// per token.
   int hidden = 0;
   std::optional<vision_profile> vision;
+  /// Set where the decoder is held in formats of its own (a GGUF file's
+  /// per-tensor mix, or one the stages convert into): at this tier the
+  /// layers' held_bytes and the two below are its bytes, exactly; other
+  /// tiers count params x bytes_per_weight. The planner does not lower such
+  /// a decoder below it.
+  std::optional<precision> held_at;
+  double embedding_held_bytes = 0;
+  double lm_head_held_bytes = 0;  ///< the output matrix (+ final norm)
 
   /// Bytes sent from one stage to the next per token (hidden × 4).
   double activation_bytes_per_token() const { return 4.0 * hidden; }
@@ -203,6 +219,24 @@ struct model_profile {
   int layer_count() const { return static_cast<int>(layers.size()); }
   /// Every weight parameter (decoder, embedding, LM head, vision part).
   double total_params() const;
+  /// Weight bytes of layer l, the embedding, and the LM head at p.
+  double layer_bytes(int l, precision p) const {
+    return layers[static_cast<std::size_t>(l)].bytes(p, held_at);
+  }
+  double embedding_bytes(precision p) const {
+    return held_at == p && embedding_held_bytes > 0 ? embedding_held_bytes
+                                                    : embedding_params * bytes_per_weight(p);
+  }
+  double lm_head_bytes(precision p) const {
+    return held_at == p && lm_head_held_bytes > 0 ? lm_head_held_bytes
+                                                  : lm_head_params * bytes_per_weight(p);
+  }
+  /// The LM head's bytes on a stage, which stores a tied head once with the
+  /// embedding when it holds both.
+  double head_bytes_on_stage(precision p, bool with_embedding) const {
+    return with_embedding && tied_embeddings ? std::max(0.0, lm_head_bytes(p) - embedding_bytes(p))
+                                             : lm_head_bytes(p);
+  }
 };
 
 /// Checks layer count (> 0), params (> 0), FLOPs and KV bytes (>= 0),

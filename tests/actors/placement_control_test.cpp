@@ -15,6 +15,8 @@
 #include "actors/device_probe.hpp"
 #include "actors/placement_control.hpp"
 #include "actors/prompt.hpp"
+#include "kernels/cpu/cpu_device.hpp"
+#include "models/llama.hpp"
 #include "placement/planner.hpp"
 #include "tests/remote_memory_device.hpp"
 
@@ -75,6 +77,52 @@ TEST(PlacementControl, PrecisionOfEachWeightFormat) {
   EXPECT_EQ(precision_of(weight_format::int8_asym), placement::precision::q8_0);
   EXPECT_EQ(precision_of(weight_format::int4_sym), placement::precision::q4_0);
   EXPECT_EQ(precision_of(weight_format::q4_0), placement::precision::q4_0);
+}
+
+// A llama.cpp Q4_K_M file as the head plans it: the tier of its most
+// precise matrix (Q6_K: q8_0), and at that tier each layer's bytes are what
+// the loaded model streams for it (its prepared matrices) plus its norms.
+TEST(PlacementControl, HeldFormatsAreWhatTheLoadedModelHolds) {
+  const std::string path = std::string(TROUPE_FIXTURES_DIR) + "/gguf_quants/kq-q4_k_m.gguf";
+  auto src = models::weight_source::open(path);
+  ASSERT_TRUE(src) << src.error().message;
+  auto cfg = models::llama_config_from_gguf(*(*src)->gguf());
+  ASSERT_TRUE(cfg);
+  const auto held = models::decoder_formats(*cfg, **src, models::quant_plan{});
+  auto tier = placement::precision::q4_0;
+  for (const auto& h : held) tier = placement::most_precise(tier, precision_of(h.format));
+  EXPECT_EQ(tier, placement::precision::q8_0);
+  auto m = model_profile_of(*cfg, std::nullopt, "f32");
+  ASSERT_TRUE(m) << m.error();
+  hold_as_stored(*m, held, tier);
+  ASSERT_EQ(m->held_at, tier);
+
+  auto dev = kernels::cpu::cpu_device::with_threads(1);
+  auto model = models::llama_model::load(path, *dev, models::quant_plan{});
+  ASSERT_TRUE(model) << model.error().message;
+  // bytes_per_token: the prepared matrices of every layer and the head,
+  // and one embedding row.
+  const double embed_row =
+      double(cfg->hidden_size) * kernels::bits_per_weight(held.front().format) / 8;
+  double layers = 0, norms = 0;
+  for (int l = 0; l < m->layer_count(); ++l) {
+    const double held_l = m->layers[static_cast<std::size_t>(l)].held_bytes;
+    EXPECT_GT(held_l, 0);
+    EXPECT_LT(held_l, m->layers[static_cast<std::size_t>(l)].bytes(tier));  // below 8.5 bits
+    layers += held_l;
+    norms += 2.0 * cfg->hidden_size * 4;  // two RMS norms a layer, f32
+  }
+  const double head_matrix = m->lm_head_held_bytes - cfg->hidden_size * 4.0;  // less the norm
+  const double planned = layers - norms + head_matrix + embed_row;
+  const double loaded = static_cast<double>((*model)->bytes_per_token());
+  // The CPU device aligns each panel of 16 rows to 64 bytes: Q6_K's 3,360
+  // bytes a panel of one superblock take 3,392. At most 64 bytes a panel.
+  double rows = 0;
+  for (const auto& h : held)
+    if (h.name != "embed_tokens") rows += double(h.rows);
+  EXPECT_GE(loaded, planned);
+  EXPECT_LE(loaded - planned, rows / 16 * 64);
+  EXPECT_LT((loaded - planned) / loaded, 0.005);
 }
 
 TEST(PlacementControl, ClusterProfileFromReportsAndLinks) {

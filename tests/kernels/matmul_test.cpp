@@ -311,6 +311,25 @@ TEST(Matmul, PackedBytesCoverTheStream) {
   EXPECT_EQ(pf->bytes(), 4u * 16u * (128u + 256u));
 }
 
+// What placement counts a prepared matrix at (held_bits_per_weight) is what
+// packing gives, for every format, at a shape of whole panels and blocks.
+TEST(Matmul, HeldBitsPerWeightAreThePackedBytes) {
+  auto ctx = cpu::context::create(1);
+  tensor wf = random_matrix(ctx->memory(), 64, 512, 3);
+  for (int i = 0; i <= static_cast<int>(weight_format::iq4_xs); ++i) {
+    const auto f = static_cast<weight_format>(i);
+    SCOPED_TRACE(std::string(to_string(f)));
+    auto w = quantize(ctx->memory(), wf, f, 32);
+    ASSERT_TRUE(w) << w.error().message;
+    auto p = packed_matrix::pack(*ctx, *w);
+    ASSERT_TRUE(p) << p.error().message;
+    // int8 adds a scale (and a zero point) per row: 4 and 8 bytes a row here.
+    const double per_row = f == weight_format::int8_sym ? 4 : f == weight_format::int8_asym ? 8 : 0;
+    EXPECT_DOUBLE_EQ(static_cast<double>(p->bytes()),
+                     64.0 * 512.0 * held_bits_per_weight(f) / 8 + 64 * per_row);
+  }
+}
+
 TEST(OnednnMatmul, AgreesWithReference) {
   auto ctx = cpu::context::create(2);
   const std::int64_t n = 40, k = 96, m = 5;

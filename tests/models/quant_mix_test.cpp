@@ -199,10 +199,13 @@ TEST(QuantMix, DecoderFormatsAreWhatTheStagesHold) {
   const auto stored = decoder_formats(*cfg, **ref, quant_plan{});
   ASSERT_EQ(stored.size(), 2u + 7u * 2u);  // embedding, output, 7 matrices x 2 layers
   std::map<k::weight_format, int> count;
-  for (const auto& [name, f] : stored) {
+  for (const auto& [name, f, rows, cols] : stored) {
     const auto* t = (*ref)->gguf()->find_tensor((*ref)->file_name(name));
     ASSERT_NE(t, nullptr) << name;
     EXPECT_EQ(k::block_dtype(f), t->type) << name;
+    ASSERT_EQ(t->ne.size(), 2u);
+    EXPECT_EQ(rows, static_cast<std::int64_t>(t->ne[1])) << name;
+    EXPECT_EQ(cols, static_cast<std::int64_t>(t->ne[0])) << name;
     ++count[f];
   }
   EXPECT_GT(count[k::weight_format::q6_k], 0);
@@ -221,6 +224,6 @@ TEST(QuantMix, DecoderFormatsAreWhatTheStagesHold) {
   EXPECT_EQ(decoder_formats(*cfg, **src, mix), stored);
   quant_plan pure;
   pure.default_format = k::weight_format::q4_k;
-  for (const auto& [name, f] : decoder_formats(*cfg, **src, pure))
-    EXPECT_EQ(f, k::weight_format::q4_k) << name;
+  for (const auto& h : decoder_formats(*cfg, **src, pure))
+    EXPECT_EQ(h.format, k::weight_format::q4_k) << h.name;
 }

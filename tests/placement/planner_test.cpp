@@ -255,6 +255,61 @@ TEST(Planner, InfeasibleModelGivesAClearError) {
   EXPECT_NE(p.error().find("at f16"), std::string::npos) << p.error();
 }
 
+// A decoder held in formats of its own (a K-quant mix: Q5_0-sized layers
+// in the Q8_0 tier) is planned at its own bytes: it fits where the tier's
+// 8.5 bits a weight would not, every device's memory is what its layers
+// hold, and nothing is lowered.
+TEST(Planner, HeldFormatsCountTheirOwnBytes) {
+  auto m = llama7b();
+  workload w;
+  cluster_profile c;
+  c.devices = {device("n:gpu0", "n", 1000, 100, 3), device("n:gpu1", "n", 1000, 100, 3)};
+  planner_options o;
+  o.preferred = precision::q8_0;
+  o.min_precision = precision::q8_0;
+  auto tier = make_plan(c, m, w, o);
+  ASSERT_FALSE(tier);  // ~7.2 GB at 8.5 bits, 6.4 GB offered
+  EXPECT_NE(tier.error().find("at q8_0"), std::string::npos) << tier.error();
+  const double bits = 5.5;
+  for (auto& l : m.layers) l.held_bytes = l.params * bits / 8;
+  m.embedding_held_bytes = m.embedding_params * bits / 8;
+  m.lm_head_held_bytes = m.lm_head_params * bits / 8;
+  m.held_at = precision::q8_0;
+  const auto held = make_plan(c, m, w, o);
+  ASSERT_TRUE(held) << held.error();
+  double planned = 0, want = 0;
+  for (const auto& [id, bytes] : held->memory_bytes) {
+    EXPECT_LE(bytes, c.find(id)->memory_bytes * (1 + 1e-9)) << id;
+    planned += bytes;
+  }
+  for (const auto& st : held->stages) {
+    for (int l = st.layer_begin; l < st.layer_end; ++l) {
+      EXPECT_EQ(st.layer_precision[static_cast<std::size_t>(l - st.layer_begin)], precision::q8_0);
+      want += m.layers[static_cast<std::size_t>(l)].held_bytes +
+              double(w.batch) * w.context_tokens *
+                  m.layers[static_cast<std::size_t>(l)].kv_bytes_per_token;
+    }
+    want += w.overhead_bytes;
+  }
+  want += m.embedding_held_bytes + m.lm_head_held_bytes;
+  EXPECT_NEAR(planned, want, 1e-6 * want);
+  // Too big at f16 for two 6 GiB devices: lowering fits a plain model, but
+  // a decoder held at f16 in its own formats is not lowered.
+  c.devices = {device("n:gpu0", "n", 1000, 100, 6), device("n:gpu1", "n", 1000, 100, 6)};
+  planner_options lowering;
+  lowering.preferred = precision::f16;
+  lowering.min_precision = precision::q4_0;
+  auto plain = llama7b();
+  const auto lowered = make_plan(c, plain, w, lowering);
+  ASSERT_TRUE(lowered) << lowered.error();
+  EXPECT_GT(lowered->lowered_params(plain, precision::f16), 0);
+  for (auto& l : plain.layers) l.held_bytes = l.params * 2;
+  plain.held_at = precision::f16;
+  const auto kept = make_plan(c, plain, w, lowering);
+  ASSERT_FALSE(kept);
+  EXPECT_NE(kept.error().find("at f16"), std::string::npos) << kept.error();
+}
+
 TEST(Planner, TensorParallelWhenItPays) {
   // Eight GPUs on one node, a four-layer model: a pipeline can use at most
   // four of them; tensor-parallel pairs use all eight.
