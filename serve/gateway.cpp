@@ -362,13 +362,24 @@ gateway::~gateway() {
 }
 
 bool gateway::bind(std::string& why) {
+  // cpp-httplib sets SO_REUSEPORT on its listening socket: a second gateway
+  // on the same port would then start and take half the connections (with
+  // its own API key, or none). SO_REUSEADDR alone lets a restart bind at
+  // once past TIME_WAIT, and a port another process listens on is refused.
+  impl_->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   if (impl_->opt.port == 0)
     impl_->bound_port = impl_->http.bind_to_any_port(impl_->opt.host.c_str());
   else
     impl_->bound_port =
         impl_->http.bind_to_port(impl_->opt.host.c_str(), impl_->opt.port) ? impl_->opt.port : -1;
   if (impl_->bound_port <= 0) {
-    why = "cannot listen on " + impl_->opt.host + ":" + std::to_string(impl_->opt.port);
+    const int err = errno;
+    why = "cannot listen on " + impl_->opt.host + ":" + std::to_string(impl_->opt.port) + ": " +
+          (err == EADDRINUSE ? std::string("the port is in use (another troupe serve?)")
+                             : std::string(std::strerror(err)));
     return false;
   }
   if (!impl_->http.widen_backlog(SOMAXCONN))

@@ -30,9 +30,21 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     if (!it->is_boolean()) return bad("'stream' must be a boolean", "stream");
     r.stream = it->get<bool>();
   }
-  if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
-    if (auto u = it->find("include_usage"); u != it->end() && u->is_boolean())
-      r.include_usage = u->get<bool>();
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("'stream_options' must be an object", "stream_options");
+    for (const auto& [k, v] : it->items()) {
+      if (k == "include_usage") {
+        if (!v.is_boolean())
+          return bad("'stream_options.include_usage' must be a boolean",
+                     "stream_options.include_usage");
+        r.include_usage = v.get<bool>();
+      } else if (k == "continuous_usage_stats" && (v.is_null() || v == false)) {
+        continue;
+      } else {
+        return bad("'stream_options." + k.substr(0, 64) + "' is not supported",
+                   "stream_options." + k.substr(0, 64));
+      }
+    }
   }
   auto& job = r.job;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -87,11 +99,133 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
       if (s.empty() || s.size() > 256) return bad("a stop string must have 1 to 256 bytes", "stop");
     job.stop_strings = std::move(stops);
   }
-  if (auto it = j.find("ignore_eos"); it != j.end() && it->is_boolean())
+  if (auto it = j.find("ignore_eos"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     job.ignore_eos = it->get<bool>();
+  }
   if (auto it = j.find("n");
       it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<std::int64_t>() == 1))
     return bad("only n = 1 is supported", "n");
+  return std::nullopt;
+}
+
+// Every top-level field of a request is read, accepted as a no-op where
+// its value asks for nothing (OpenAI's defaults: a penalty of 0, `echo`
+// false, no tools, ...), or refused by name: a field a client sets is never
+// ignored. The fields read elsewhere (messages / prompt and read_common's)
+// are listed with `read`.
+struct field_rule {
+  const char* name;
+  bool chat, completions;      ///< which endpoints know it
+  bool (*no_op)(const json&);  ///< nullptr: read by the parser
+  const char* why;             ///< the refusal when not a no-op
+};
+
+bool is_null(const json& v) {
+  return v.is_null();
+}
+bool is_zero(const json& v) {
+  return v.is_null() || (v.is_number() && v.get<double>() == 0.0);
+}
+bool is_one(const json& v) {
+  return v.is_null() || (v.is_number() && v.get<double>() == 1.0);
+}
+bool is_false(const json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>());
+}
+bool is_empty(const json& v) {
+  return v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
+}
+bool is_any_bool(const json& v) {
+  return v.is_null() || v.is_boolean();
+}
+bool is_text_format(const json& v) {
+  if (v.is_null()) return true;
+  if (!v.is_object()) return false;
+  auto t = v.find("type");
+  return v.size() == 1 && t != v.end() && t->is_string() && t->get<std::string>() == "text";
+}
+bool is_no_tool(const json& v) {
+  return v.is_null() || (v.is_string() && v.get<std::string>() == "none");
+}
+bool is_text_only(const json& v) {
+  return v.is_null() ||
+         (v.is_array() && v.size() == 1 && v[0].is_string() && v[0].get<std::string>() == "text");
+}
+bool is_default_tier(const json& v) {
+  return v.is_null() ||
+         (v.is_string() && (v.get<std::string>() == "auto" || v.get<std::string>() == "default"));
+}
+bool is_string_map(const json& v) {  // `metadata`: tags with no effect on generation
+  if (v.is_null()) return true;
+  if (!v.is_object() || v.size() > 16) return false;
+  for (const auto& [k, x] : v.items())
+    if (k.size() > 64 || !x.is_string() || x.get<std::string>().size() > 512) return false;
+  return true;
+}
+bool is_short_string(const json& v) {  // `user`: an end-user id, metadata
+  return v.is_null() || (v.is_string() && v.get<std::string>().size() <= 256);
+}
+
+constexpr const char* later_api = "is not supported yet (docs/serve.md lists what is)";
+const field_rule field_rules[] = {
+    {"model", true, true, nullptr, nullptr},
+    {"messages", true, false, nullptr, nullptr},
+    {"prompt", false, true, nullptr, nullptr},
+    {"stream", true, true, nullptr, nullptr},
+    {"stream_options", true, true, nullptr, nullptr},
+    {"max_tokens", true, true, nullptr, nullptr},
+    {"max_completion_tokens", true, false, nullptr, nullptr},
+    {"temperature", true, true, nullptr, nullptr},
+    {"top_p", true, true, nullptr, nullptr},
+    {"seed", true, true, nullptr, nullptr},
+    {"stop", true, true, nullptr, nullptr},
+    {"ignore_eos", true, true, nullptr, nullptr},
+    {"n", true, true, nullptr, nullptr},
+    {"user", true, true, is_short_string, "must be a string of at most 256 bytes"},
+    {"metadata", true, true, is_string_map,
+     "must map at most 16 keys of up to 64 bytes to strings of up to 512 bytes"},
+    {"store", true, false, is_false, "true is not supported (troupe stores no completions)"},
+    {"service_tier", true, true, is_default_tier, "other than \"auto\" is not supported"},
+    {"frequency_penalty", true, true, is_zero, "other than 0 is not supported yet"},
+    {"presence_penalty", true, true, is_zero, "other than 0 is not supported yet"},
+    {"repetition_penalty", true, true, is_one, "other than 1 is not supported yet"},
+    {"logit_bias", true, true, is_empty, later_api},
+    {"logprobs", true, true, [](const json& v) { return is_false(v) || is_zero(v); }, later_api},
+    {"top_logprobs", true, false, is_zero, later_api},
+    {"echo", false, true, is_false, later_api},
+    {"suffix", false, true, is_empty, later_api},
+    {"best_of", false, true, is_one, "other than 1 is not supported"},
+    {"min_tokens", true, true, is_zero, later_api},
+    {"response_format", true, true, is_text_format,
+     "other than {\"type\": \"text\"} is not "
+     "supported yet (no structured output)"},
+    {"tools", true, false, is_empty, "are not supported yet (no tool calls)"},
+    {"tool_choice", true, false, is_no_tool, "other than \"none\" is not supported yet"},
+    {"parallel_tool_calls", true, false, is_any_bool, "must be a boolean"},
+    {"functions", true, false, is_empty, "(deprecated by OpenAI) are not supported"},
+    {"function_call", true, false, is_no_tool, "(deprecated by OpenAI) is not supported"},
+    {"modalities", true, false, is_text_only, "other than [\"text\"] is not supported"},
+    {"audio", true, false, is_null, "output is not supported"},
+    {"prediction", true, false, is_null, later_api},
+    {"reasoning_effort", true, false, is_null, "is not supported (no reasoning models)"},
+    {"web_search_options", true, false, is_null, "is not supported"},
+    {"priority", true, true, is_null, "is not supported yet (it comes with replicas)"},
+    {"cache_salt", true, true, is_null, "is not supported yet (it comes with prefix caching)"},
+};
+
+std::optional<api_error> check_fields(const json& j, bool chat) {
+  for (const auto& [key, value] : j.items()) {
+    const field_rule* rule = nullptr;
+    for (const auto& r : field_rules)
+      if (key == r.name && (chat ? r.chat : r.completions)) rule = &r;
+    const std::string shown = key.substr(0, 64);
+    if (!rule)
+      return bad("unrecognized request argument '" + shown + "' for " +
+                     (chat ? "/v1/chat/completions" : "/v1/completions"),
+                 shown);
+    if (rule->no_op && !rule->no_op(value)) return bad("'" + shown + "' " + rule->why, shown);
+  }
   return std::nullopt;
 }
 
@@ -207,6 +341,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits) {
   auto j = parse_json(body, limits);
   if (!j) return std::unexpected(j.error());
+  if (auto e = check_fields(*j, true)) return std::unexpected(*e);
   api_request r;
   r.chat = true;
   auto msgs = j->find("messages");
@@ -307,6 +442,7 @@ std::expected<api_request, api_error> parse_completion_request(std::string_view 
                                                                const request_limits& limits) {
   auto j = parse_json(body, limits);
   if (!j) return std::unexpected(j.error());
+  if (auto e = check_fields(*j, false)) return std::unexpected(*e);
   api_request r;
   r.chat = false;
   r.job.max_tokens = 16;  // OpenAI's default for completions

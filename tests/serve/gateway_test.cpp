@@ -184,3 +184,22 @@ TEST_F(RemoteImages, FetchErrorsAnswerTheStatusOfTheirCode) {
 }
 
 }  // namespace
+
+// The port is bound exclusively: a second gateway on a port another one
+// listens on does not start (cpp-httplib's SO_REUSEPORT let it share the
+// port and take half the connections).
+TEST(Gateway, ASecondGatewayOnTheSamePortFailsToStart) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  troupe::serve::gateway_options opt;
+  opt.host = "127.0.0.1";
+  opt.port = 0;
+  troupe::serve::gateway first(sys, troupe::actors::frontdoor_actor{}, opt);
+  std::string why;
+  ASSERT_TRUE(first.bind(why)) << why;
+  opt.port = first.port();
+  troupe::serve::gateway second(sys, troupe::actors::frontdoor_actor{}, opt);
+  EXPECT_FALSE(second.bind(why));
+  EXPECT_NE(why.find("in use"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::to_string(opt.port)), std::string::npos) << why;
+}

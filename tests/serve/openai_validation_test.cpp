@@ -260,3 +260,66 @@ TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
 }
 
 }  // namespace
+
+// A field a client sets either works or is refused by name: OpenAI's
+// fields troupe does not implement yet are refused unless their value asks
+// for nothing (a penalty of 0, no tools, ...), and unknown fields are
+// refused, never ignored.
+TEST(OpenAiParse, UnsupportedFieldsAreRefusedByNameNeverIgnored) {
+  const json chat{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  const json completion{{"prompt", "Once"}};
+  struct probe {
+    bool chat;
+    const char* key;
+    json value;
+    bool accepted;
+  };
+  const probe probes[] = {
+      {true, "logprobs", true, false},
+      {true, "logprobs", false, true},
+      {true, "top_logprobs", 3, false},
+      {false, "logprobs", 2, false},
+      {false, "logprobs", nullptr, true},
+      {true, "response_format", {{"type", "json_object"}}, false},
+      {true, "response_format", {{"type", "text"}}, true},
+      {false, "response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}, false},
+      {true, "tools", json::array({{{"type", "function"}}}), false},
+      {true, "tools", json::array(), true},
+      {true, "tool_choice", "auto", false},
+      {true, "tool_choice", "none", true},
+      {true, "frequency_penalty", 0.5, false},
+      {true, "frequency_penalty", 0, true},
+      {false, "presence_penalty", -1, false},
+      {false, "presence_penalty", 0.0, true},
+      {true, "logit_bias", {{"42", 5}}, false},
+      {true, "logit_bias", json::object(), true},
+      {false, "echo", true, false},
+      {false, "echo", false, true},
+      {false, "suffix", "end", false},
+      {false, "best_of", 3, false},
+      {false, "best_of", 1, true},
+      {true, "priority", 1, false},
+      {true, "cache_salt", "abc", false},
+      {true, "user", "someone", true},
+      {true, "parallel_tool_calls", true, true},
+      {true, "store", true, false},
+      {true, "frobnicate", 1, false},             // unknown
+      {false, "messages", json::array(), false},  // the other endpoint's field
+      {false, "max_completion_tokens", 4, false},
+      {true, "stream_options", {{"continuous_usage_stats", true}}, false},
+      {true, "stream_options", {{"include_usage", "yes"}}, false},
+      {true, "ignore_eos", "yes", false},
+  };
+  for (const auto& p : probes) {
+    json body = p.chat ? chat : completion;
+    body[p.key] = p.value;
+    SCOPED_TRACE(body.dump());
+    auto r = p.chat ? parse_chat_request(body.dump()) : parse_completion_request(body.dump());
+    EXPECT_EQ(r.has_value(), p.accepted);
+    if (!r) {
+      EXPECT_EQ(r.error().status, 400);
+      EXPECT_EQ(r.error().param.substr(0, std::string(p.key).size()), p.key) << r.error().message;
+      EXPECT_NE(r.error().message.find(p.key), std::string::npos) << r.error().message;
+    }
+  }
+}
