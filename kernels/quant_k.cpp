@@ -40,21 +40,26 @@ float f16_round_trip(f16 h) {
   return to_f32(h);
 }
 
+// The value of largest magnitude, its sign kept (the first of equal
+// magnitudes; 0 for all zeros), as ggml's searches pick it.
+float largest_magnitude(const float* v, int n) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(v[i]) > amax) {
+      amax = std::fabs(v[i]);
+      max = v[i];
+    }
+  return max;
+}
+
 // Signed codes in [-nmax, nmax) with one scale, weighted by x^2: the scale
 // through the largest magnitude is tried, then 18 scales around it
 // (nmax +- 0.1 .. 0.9), keeping the one whose least-squares fit explains most
 // of the weighted signal. Codes come back offset by nmax. (make_qx_quants,
 // rmse_type 1, no importance weights.)
 float fit_signed(int n, int nmax, const float* x, std::int8_t* codes) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < group_eps) {
+  const float max = largest_magnitude(x, n);
+  if (std::fabs(max) < group_eps) {
     std::fill(codes, codes + n, std::int8_t{0});
     return 0.0f;
   }
@@ -97,15 +102,8 @@ float fit_signed(int n, int nmax, const float* x, std::int8_t* codes) {
 // raises the x^2-weighted fit. Codes come back offset by nmax.
 // (make_q3_quants with do_rmse.)
 float fit_signed_refined(int n, int nmax, const float* x, std::int8_t* codes) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < group_eps) {
+  const float max = largest_magnitude(x, n);
+  if (std::fabs(max) < group_eps) {
     std::fill(codes, codes + n, std::int8_t{0});
     return 0.0f;
   }
@@ -326,15 +324,8 @@ float iq4_block_scale(const float* xb) {
   const std::int8_t* table = kvalues_iq4nl;
   float weight[32];
   for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j) {
-    const float ax = std::fabs(xb[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = xb[j];
-    }
-  }
-  if (amax < group_eps) return 0.0f;
+  const float max = largest_magnitude(xb, 32);
+  if (std::fabs(max) < group_eps) return 0.0f;
   const auto sums = [&](float id, float& sumqx, float& sumq2) {
     sumqx = 0;
     sumq2 = 0;
@@ -416,14 +407,8 @@ void quantize_row_q3_k(const float* x, block_q3_k* y, std::int64_t k) {
   for (std::int64_t i = 0; i < k / qk_k; ++i, x += qk_k) {
     std::int8_t codes[qk_k];
     float scales[16];
-    float max_scale = 0, amax = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = fit_signed_refined(16, 4, x + 16 * j, codes + 16 * j);
-      if (std::fabs(scales[j]) > amax) {
-        amax = std::fabs(scales[j]);
-        max_scale = scales[j];
-      }
-    }
+    for (int j = 0; j < 16; ++j) scales[j] = fit_signed_refined(16, 4, x + 16 * j, codes + 16 * j);
+    const float max_scale = largest_magnitude(scales, 16);
     block_q3_k& b = y[i];
     std::memset(b.scales, 0, sizeof b.scales);
     if (max_scale != 0.0f) {
@@ -500,16 +485,10 @@ void quantize_row_q6_k(const float* x, block_q6_k* y, std::int64_t k) {
   for (std::int64_t i = 0; i < k / qk_k; ++i, x += qk_k) {
     std::int8_t codes[qk_k];
     float scales[16];
-    float max_scale = 0, max_abs = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = fit_signed(16, 32, x + 16 * j, codes + 16 * j);
-      if (std::fabs(scales[j]) > max_abs) {
-        max_abs = std::fabs(scales[j]);
-        max_scale = scales[j];
-      }
-    }
+    for (int j = 0; j < 16; ++j) scales[j] = fit_signed(16, 32, x + 16 * j, codes + 16 * j);
+    const float max_scale = largest_magnitude(scales, 16);
     block_q6_k& b = y[i];
-    if (max_abs < group_eps) {
+    if (std::fabs(max_scale) < group_eps) {
       b = block_q6_k{};
       b.d = to_f16(0.f);
       continue;
@@ -557,14 +536,8 @@ void quantize_row_iq4_xs(const float* x, block_iq4_xs* y, std::int64_t k) {
   for (std::int64_t i = 0; i < k / qk_k; ++i, x += qk_k) {
     std::uint8_t idx[qk_k];
     float scales[8];
-    float max_scale = 0, amax_scale = 0;
-    for (int ib = 0; ib < 8; ++ib) {
-      scales[ib] = iq4_block_scale(x + 32 * ib);
-      if (std::fabs(scales[ib]) > amax_scale) {
-        amax_scale = std::fabs(scales[ib]);
-        max_scale = scales[ib];
-      }
-    }
+    for (int ib = 0; ib < 8; ++ib) scales[ib] = iq4_block_scale(x + 32 * ib);
+    const float max_scale = largest_magnitude(scales, 8);
     block_iq4_xs& b = y[i];
     // The sub-block scales in 6 bits against d = -max / 32; the codes are
     // chosen against the unrounded d (ggml rounds only the stored copy).

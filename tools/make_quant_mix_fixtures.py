@@ -13,7 +13,6 @@ tools/make_gguf_quant_fixtures.py:
 
     PYTHONPATH=/tmp/pydeps-llamacpp:/tmp/pydeps-gguf python3 tools/make_quant_mix_fixtures.py
 """
-import ctypes
 import json
 import os
 import subprocess
@@ -40,16 +39,6 @@ WRITTEN = {
 }
 
 
-def quantize(src, dst, ftype):
-    import llama_cpp
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + ftype)
-    p.nthread = 2
-    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize {ftype} failed: {rc}")
-
-
 def tensor_types(path):
     import gguf
     r = gguf.GGUFReader(path)
@@ -59,7 +48,7 @@ def tensor_types(path):
 
 def main():
     sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from make_gguf_quant_fixtures import write_gemma3
+    from make_gguf_quant_fixtures import quantize, write_gemma3
     work = "/tmp/troupe-quant-mix"
     os.makedirs(work, exist_ok=True)
     inputs, facts = {}, {}

@@ -20,6 +20,7 @@
 #include "../temp_path.hpp"
 #include "kernels/cpu/cpu_device.hpp"
 #include "kernels/quant.hpp"
+#include "kq_source.hpp"
 #include "logit_agreement.hpp"
 #include "models/gguf.hpp"
 #include "models/llama.hpp"
@@ -75,20 +76,8 @@ std::string name_of(const ::testing::TestParamInfo<std::size_t>& info) {
 // _M mixes, Q4_1 / Q5_0 / Q5_1, IQ4_NL / IQ4_XS), the same bytes as
 // llama.cpp's file, in whatever format llama.cpp chose for that tensor.
 TEST(GgufQuantizers, EveryFormatIsLlamaCppsBytes) {
-  random_model_spec spec;
-  spec.config = tinyllama_shape();
-  auto& c = spec.config;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.intermediate_size = 256;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.vocab_size = 512;
-  c.head_dim = 64;
-  spec.format = k::weight_format::f32;
-  spec.seed = 25;
   const std::string src_path = test::temp_path("kq-f32.gguf");
-  ASSERT_TRUE(write_random_gguf(src_path, spec));
+  ASSERT_TRUE(test::write_kq_source(src_path));
   auto src = gguf_file::open(src_path);
   ASSERT_TRUE(src) << src.error().message;
   auto pool = k::memory_pool::create();

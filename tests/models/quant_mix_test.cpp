@@ -14,6 +14,7 @@
 
 #include "../temp_path.hpp"
 #include "kernels/quant.hpp"
+#include "kq_source.hpp"
 #include "models/gguf.hpp"
 #include "models/llama.hpp"
 #include "models/llama_config.hpp"
@@ -139,20 +140,8 @@ TEST(QuantMix, NamesAndFallbacks) {
 // quantizer writes its bytes (and likewise for the other mixes the fixtures
 // hold for this input).
 TEST(QuantMix, QuantizingTheSourceGivesLlamaCppsFiles) {
-  random_model_spec spec;
-  spec.config = tinyllama_shape();
-  auto& c = spec.config;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.intermediate_size = 256;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.vocab_size = 512;
-  c.head_dim = 64;
-  spec.format = k::weight_format::f32;
-  spec.seed = 25;
   const std::string src_path = test::temp_path("kq-f32-mix.gguf");
-  ASSERT_TRUE(write_random_gguf(src_path, spec));
+  ASSERT_TRUE(test::write_kq_source(src_path));
   auto src = gguf_file::open(src_path);
   ASSERT_TRUE(src) << src.error().message;
   const mix_model model{.num_layers = 2, .num_heads = 4, .num_kv_heads = 2};
