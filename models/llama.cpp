@@ -191,8 +191,8 @@ result<std::unique_ptr<llama_model>> llama_model::build(
     }
     return src.get(name);
   };
-  const bool tied_head = cfg.tie_word_embeddings || !src.has("lm_head");
   const mix_model mix_facts = mix_model_of(cfg, src);
+  const bool tied_head = mix_facts.tied_output;  // the config says so, or no lm_head
   auto format_for = [&](const std::string& name, const tensor& t,
                         std::int64_t full_cols) -> kernels::weight_format {
     return plan.choose(name, t.type(), full_cols, &mix_facts, mix_role(cfg, name));

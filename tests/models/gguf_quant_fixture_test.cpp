@@ -33,7 +33,7 @@ namespace k = troupe::kernels;
 namespace {
 
 std::string dir() {
-  return std::string(TROUPE_FIXTURES_DIR) + "/gguf_quants";
+  return test::gguf_quants_dir();
 }
 
 const std::map<std::string, test::fixture_array>& expected() {

@@ -10,6 +10,11 @@
 
 namespace troupe::test {
 
+/// tests/fixtures/gguf_quants: llama.cpp's quantized files and their figures.
+inline std::string gguf_quants_dir() {
+  return std::string(TROUPE_FIXTURES_DIR) + "/gguf_quants";
+}
+
 inline models::llama_config kq_config() {
   auto c = models::tinyllama_shape();
   c.num_layers = 2;

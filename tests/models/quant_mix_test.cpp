@@ -29,7 +29,7 @@ namespace k = troupe::kernels;
 namespace {
 
 std::string dir() {
-  return std::string(TROUPE_FIXTURES_DIR) + "/gguf_quants";
+  return test::gguf_quants_dir();
 }
 
 // A GGUF tensor name -> troupe's canonical one (the LLaMA-layout names
