@@ -197,6 +197,68 @@ bool client::cancel(std::uint64_t id) {
   return found;
 }
 
+void client::submit_async(job_request job, callbacks cb, submitted done,
+                          std::chrono::milliseconds timeout) {
+  const auto id = job.id;
+  auto* door = std::get_if<frontdoor_actor>(&target_);
+  if (!door) {
+    done(std::unexpected(
+        rejection{error_code::invalid_request, "a scheduler takes requests, not jobs"}));
+    return;
+  }
+  {
+    std::lock_guard lock(shared_->mtx);
+    if (shared_->gone) {
+      const auto why = *shared_->gone;
+      // Not in this call (the caller may hold its own lock): on an actor.
+      sys_.spawn([done, why](caf::event_based_actor*) {
+        done(std::unexpected(rejection{error_code::unavailable, why}));
+      });
+      return;
+    }
+    shared_->cbs[id] = std::move(cb);
+  }
+  sys_.spawn([job = std::move(job), done = std::move(done), sh = shared_, target = *door,
+              sink = sink_, timeout](caf::event_based_actor* self) mutable {
+    const auto id = job.id;
+    auto fail = [sh, id, done](rejection r) {
+      {
+        std::lock_guard lock(sh->mtx);
+        sh->cbs.erase(id);
+      }
+      done(std::unexpected(std::move(r)));
+    };
+    self->request(target, timeout, submit_atom::value, std::move(job), sink)
+        .then([done](submit_ack& a) { done(a); },
+              [self, fail, target, id, timeout](caf::error& e) {
+                if (e == caf::sec::request_timeout) {
+                  // The job may still start: cancel it, unheard.
+                  self->send(target, cancel_atom::value, id);
+                  fail(rejection{
+                      error_code::unavailable,
+                      "the head did not answer within " + std::to_string(timeout.count()) + " ms"});
+                  return;
+                }
+                const auto code = troupe_code(e);
+                fail(rejection{code ? static_cast<error_code>(code) : error_code::unavailable,
+                               describe(self->system(), e)});
+              });
+  });
+}
+
+void client::cancel_async(std::uint64_t id) {
+  if (auto* door = std::get_if<frontdoor_actor>(&target_)) {
+    caf::anon_send(*door, cancel_atom::value, id);
+  } else if (auto* sched = std::get_if<scheduler_actor>(&target_)) {
+    caf::anon_send(*sched, cancel_atom::value, id);
+  }
+}
+
+std::string client::gone() const {
+  std::lock_guard lock(shared_->mtx);
+  return shared_->gone.value_or("");
+}
+
 scheduler_stats client::stats() {
   scheduler_stats s;
   if (auto* sched = std::get_if<scheduler_actor>(&target_)) {

@@ -8,6 +8,7 @@
 // every request still open ends at once with an `unavailable` error
 // (nothing waits forever), and later submits are refused.
 
+#include <chrono>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -48,8 +49,19 @@ class client {
                                              std::function<void(const token_event&)> on_token = {});
   std::expected<finish_event, rejection> run(job_request job,
                                              std::function<void(const token_event&)> on_token = {});
+  /// Submits a job to a cluster's door without waiting: `done` gets the
+  /// door's answer, or `unavailable` when none comes within `timeout` (the
+  /// job is then cancelled, in case the answer was only late). `done` and
+  /// the callbacks run on actor threads, never in this call.
+  using submitted = std::function<void(std::expected<submit_ack, rejection>)>;
+  void submit_async(job_request job, callbacks cb, submitted done,
+                    std::chrono::milliseconds timeout);
   /// Cancels a request; false when it is unknown or already finished.
   bool cancel(std::uint64_t id);
+  /// Cancels without waiting for the answer.
+  void cancel_async(std::uint64_t id);
+  /// The target went away (every later submit is refused): why, or empty.
+  std::string gone() const;
   /// The scheduler's counters (a scheduler target only; empty otherwise).
   scheduler_stats stats();
 

@@ -398,6 +398,10 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
   fe.tok = prompt->tok;
   fe.vocab = prompt->text.vocab_size;
   fe.hidden = prompt->text.hidden_size;
+  auto ctx = models::serving_context_length(prompt->text.max_position_embeddings,
+                                            cfg.scheduler.context, m.path + ": [scheduler]");
+  if (!ctx) return std::unexpected(ctx.error());
+  fe.context_length = *ctx;
   std::shared_ptr<encoder_resources> enc;
   if (prompt->llava) {
     fe.image_token = static_cast<std::int32_t>(prompt->llava->image_token_index);

@@ -23,7 +23,11 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   req.params.seed = job.seed;
   req.params.stop_strings = std::move(job.stop_strings);
   if (job.ignore_eos) req.params.stop_token_ids.clear();
-  if (auto v = req.params.validate(); !v)
+  // max_tokens 0 (the rest of the context) is resolved by the scheduler,
+  // which knows the context length.
+  auto check = req.params;
+  if (check.max_tokens == 0) check.max_tokens = 1;
+  if (auto v = check.validate(); !v)
     return std::unexpected(make_error(error_code::invalid_request, v.error().message));
   req.deadline_ms = job.deadline_ms;
   return req;

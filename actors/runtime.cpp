@@ -215,6 +215,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   rt->frontend_.tok = setup->tok;
   rt->frontend_.vocab = text.vocab_size;
   rt->frontend_.hidden = text.hidden_size;
+  auto ctx = models::serving_context_length(text.max_position_embeddings, cfg.scheduler.context,
+                                            "--max-model-len");
+  if (!ctx) return std::unexpected(ctx.error());
+  rt->frontend_.context_length = *ctx;
   if (llava) {
     rt->frontend_.image_token = static_cast<std::int32_t>(llava->image_token_index);
     rt->frontend_.tokens_per_image = llava->tokens_per_image();

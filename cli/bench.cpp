@@ -162,6 +162,12 @@ command_runner add_bench(CLI::App& app) {
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized "
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-model-len", a->pipeline.context.max_model_len,
+                  "Prompt plus generated tokens a request may reach (default: the model's "
+                  "max_position_embeddings)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_flag("--allow-long-context", a->pipeline.context.allow_long,
+                "Allow a --max-model-len past the positions the model was trained on");
   cmd->add_option("--concurrency,-c", a->concurrency,
                   "Concurrency levels, comma-separated (default 1,4,16)");
   cmd->add_option("--requests,-n", a->requests,
@@ -188,7 +194,13 @@ command_runner add_bench(CLI::App& app) {
                 "With --http: POST /v1/completions with text prompts instead of chat completions "
                 "(models without a chat template)");
   cmd->add_option("--manifest", a->manifest,
-                  "With --migrate: the cluster's manifest (its client certificate)");
+                  "With --migrate or --compare-client: the cluster's manifest (its client "
+                  "certificate)");
+  cmd->add_flag("--no-keep-alive", a->no_keep_alive,
+                "With --http: a new connection per request (default: each client keeps one)");
+  cmd->add_flag("--compare-client", a->compare_client,
+                "With --http and --manifest: run each level again through the cluster's client "
+                "actor and print the TTFT ratios (the gateway's overhead)");
   cmd->add_option("--migrate", a->migrate,
                   "With --http: SHARD:NODE moves (troupe migrate) done in turn mid-way through the "
                   "last level; reports "

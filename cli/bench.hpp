@@ -38,6 +38,8 @@ struct bench_args {
   std::string http, api_key;  // --http: an OpenAI-compatible server instead of in-process actors
   std::string manifest;       // --http with --migrate: the cluster behind the server
   std::vector<std::string> migrate;  // SHARD:NODE, done in turn mid-way through the last level
+  bool no_keep_alive = false;        ///< --http: a new connection per request
+  bool compare_client = false;  ///< --http: each level again through the client actor (--manifest)
 };
 
 inline double ms(clock::duration d) {

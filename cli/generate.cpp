@@ -219,6 +219,21 @@ int run_generate(const generate_args& a) {
     spdlog::error("{}", r.error().message);
     return 2;
   }
+  // The context length, checked here for both paths (the direct loop has
+  // no scheduler to refuse it).
+  auto context = models::serving_context_length(text_cfg->max_position_embeddings,
+                                                a.pipeline.context, "--max-model-len");
+  if (!context) {
+    spdlog::error("{}", context.error().message);
+    return 2;
+  }
+  if (auto over = models::context_overflow(
+          *context,
+          static_cast<std::int64_t>(ids->size()) + (lcfg ? images * lcfg->tokens_per_image() : 0),
+          a.max_tokens)) {
+    spdlog::error("{}", *over);
+    return 2;
+  }
   kv_options kv;
   kv.type = precision->kv_type;
   kv.capacity_tokens = a.ctx_tokens;
@@ -380,6 +395,12 @@ command_runner add_generate(CLI::App& app, bool run) {
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized "
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-model-len", a->pipeline.context.max_model_len,
+                  "Prompt plus generated tokens a request may reach (default: the model's "
+                  "max_position_embeddings)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_flag("--allow-long-context", a->pipeline.context.allow_long,
+                "Allow a --max-model-len past the positions the model was trained on");
   if (!run)
     cmd->add_flag("--direct", a->direct,
                   "Run the plain generation loop in this thread instead of the actor pipeline");

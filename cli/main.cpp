@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
   namespace logging = troupe::actors::logging;
   logging::configure(logging::format::text, "");
   CLI::App app{"troupe: distributed multimodal LLM inference on actors"};
+  app.set_version_flag("--version", std::string("troupe ") + TROUPE_VERSION);
+  app.get_formatter()->label("REQUIRED", "(required)");
+  // --help shows every option's default (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
   std::string log_format;
   if (const char* env = std::getenv("TROUPE_LOG_FORMAT"); env && *env) log_format = env;

@@ -75,6 +75,7 @@ actors::runtime_config pipeline_config(const pipeline_flags& f, const std::strin
   rc.kv = kv;
   rc.scheduler.micro_batches = f.micro_batches;
   rc.scheduler.max_decode_steps = f.decode_steps;
+  rc.scheduler.context = f.context;
   return rc;
 }
 

@@ -11,6 +11,7 @@
 
 #include "actors/runtime.hpp"
 #include "kernels/device.hpp"
+#include "models/context_length.hpp"
 #include "models/llama.hpp"
 #include "models/llava.hpp"
 #include "models/llava_config.hpp"
@@ -57,6 +58,7 @@ struct pipeline_flags {
   std::string remote_stage;           ///< HOST:PORT of a troupe worker serving the last layers
   std::vector<std::string> tp_peers;  ///< HOST:PORT of tensor-parallel workers (ranks 1..K-1)
   int stages = 1, micro_batches = 0, decode_steps = 16;
+  models::context_options context;  ///< --max-model-len, --allow-long-context
 };
 
 /// The runtime's CAF settings, and the middleman where a stage or a

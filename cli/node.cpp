@@ -154,6 +154,8 @@ int run_node(const node_args& a) {
     hc.scheduler.max_running = m->scheduler.max_running;
     hc.scheduler.token_budget = m->scheduler.token_budget;
     hc.scheduler.micro_batches = m->scheduler.micro_batches;
+    hc.scheduler.context.max_model_len = m->scheduler.max_model_len;
+    hc.scheduler.context.allow_long = m->scheduler.allow_long_context;
     hc.startup_grace =
         std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
     auto d = actors::spawn_head(sys, hc, agent);

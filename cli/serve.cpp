@@ -21,10 +21,14 @@ namespace troupe::cli {
 namespace {
 
 struct serve_args {
-  std::string manifest, host = "127.0.0.1", api_key, model_name = "troupe";
+  std::string manifest, host = "127.0.0.1", api_key, model_name;  ///< empty: the model's own
   int port = 8000;
   int max_body_mib = 64;
   bool remote_images = false, private_image_hosts = false;
+  int io_threads = 2, keep_alive_s = 5, drain_s = 10, submit_timeout_ms = 10000;
+  std::size_t max_connections = 8192;
+  std::vector<std::string> cors_origins;
+  bool no_access_log = false;
 };
 
 int run_serve(const serve_args& a) {
@@ -51,10 +55,25 @@ int run_serve(const serve_args& a) {
   go.host = a.host;
   go.port = a.port;
   go.api_key = a.api_key;
-  go.model_name = a.model_name;
+  go.model_name = !a.model_name.empty()        ? a.model_name
+                  : m->model.path == "bundled" ? serve::default_served_name(bundled_model_path())
+                                               : serve::default_served_name(m->model.path);
+  go.version = TROUPE_VERSION;
   go.max_body_bytes = static_cast<std::size_t>(a.max_body_mib) << 20;
   go.limits.remote_images = a.remote_images || a.private_image_hosts;
   go.fetch.allow_private = a.private_image_hosts;
+  go.io_threads = a.io_threads;
+  go.keep_alive = std::chrono::seconds(a.keep_alive_s);
+  go.drain = std::chrono::seconds(a.drain_s);
+  go.submit_timeout = std::chrono::milliseconds(a.submit_timeout_ms);
+  go.max_connections = a.max_connections;
+  go.cors_origins = a.cors_origins;
+  go.access_log = !a.no_access_log;
+  // When the head goes away (down and up, a restart), the gateway finds it
+  // again through the manifest.
+  go.reconnect = [&sys, m = *m]() {
+    return actors::connect_client(sys, m, std::chrono::seconds(3));
+  };
   if (a.private_image_hosts)
     actors::logging::of("gateway").warn(
         "image URLs may point at private and loopback addresses (--allow-private-image-hosts)");
@@ -69,9 +88,11 @@ int run_serve(const serve_args& a) {
               m->name.c_str(), a.host.c_str(), gw.port(), m->head.c_str());
   std::fflush(stdout);
   wait_for_stop_signal(sigs);
+  // Streams in flight end with an error chunk and [DONE], their requests
+  // are cancelled on the cluster; then the process ends.
+  exit_after(std::chrono::seconds(a.drain_s + 10), "troupe serve");
   gw.stop();
   server.join();
-  exit_after(std::chrono::seconds(5), "troupe serve");
   return 0;
 }
 
@@ -86,7 +107,9 @@ command_runner add_serve(CLI::App& app) {
   cmd->add_option("--port", a->port, "Port (0: any free port; printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
-  cmd->add_option("--served-model-name", a->model_name, "The model's name in the API");
+  cmd->add_option("--served-model-name", a->model_name,
+                  "The model's name in the API; requests naming another get 404 (default: the "
+                  "model's folder or file name, less .gguf)");
   // A job travels to the head as one control-plane message, at most 128 MiB
   // (actors/control_guard.hpp): 96 MiB of body leaves room for it.
   cmd->add_option("--max-body-mib", a->max_body_mib,
@@ -98,6 +121,25 @@ command_runner add_serve(CLI::App& app) {
   cmd->add_flag(
       "--allow-private-image-hosts", a->private_image_hosts,
       "With remote images: also from loopback and private addresses (a trusted intranet only)");
+  cmd->add_option("--io-threads", a->io_threads,
+                  "Threads that serve every connection (a stream costs no thread)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-connections", a->max_connections,
+                  "Connections open at once; more are answered 503")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  cmd->add_option("--keep-alive-s", a->keep_alive_s,
+                  "An idle keep-alive connection closes after this")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--submit-timeout-ms", a->submit_timeout_ms,
+                  "A request the head does not take within this long is answered 503")
+      ->check(CLI::Range(100, 600000));
+  cmd->add_option("--drain-s", a->drain_s,
+                  "On SIGTERM/SIGINT: time for streams to end (each gets an error chunk and "
+                  "[DONE]; its request is cancelled)")
+      ->check(CLI::Range(0, 3600));
+  cmd->add_option("--cors-origin", a->cors_origins,
+                  "An origin browsers may call the API from ('*': any; repeatable; default: none)");
+  cmd->add_flag("--no-access-log", a->no_access_log, "No log line per request");
   return [a] { return run_serve(*a); };
 }
 

@@ -84,7 +84,9 @@ struct scheduler_entry {
   std::int64_t queue_limit = 64;
   std::int64_t max_running = 64;
   std::int64_t token_budget = 512;
-  int micro_batches = 0;  ///< 0: one per pipeline stage
+  int micro_batches = 0;            ///< 0: one per pipeline stage
+  std::int64_t max_model_len = 0;   ///< 0: the model's positions
+  bool allow_long_context = false;  ///< max_model_len past the model's positions
 };
 
 struct transport_entry {

@@ -1,20 +1,32 @@
 #include "serve/gateway.hpp"
 
-#include <httplib.h>
-#include <spdlog/spdlog.h>
+// Asio 1.74's awaitable uses std::exchange without including <utility>;
+// Beast speaks std::string_view.
+#include <utility>
+#define BOOST_BEAST_USE_STD_STRING_VIEW 1
 
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cerrno>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unordered_map>
 
-#include "actors/cluster.hpp"
+#include "actors/client.hpp"
+#include "actors/cluster_client.hpp"
 #include "actors/log.hpp"
 #include "serve/metrics.hpp"
 
@@ -22,8 +34,20 @@ namespace troupe::serve {
 
 namespace {
 
-using namespace std::chrono_literals;
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
 using steady = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+using strand_t = net::any_io_executor;  ///< a connection's strand
+using error_code = boost::system::error_code;
+template <class T>
+using task = net::awaitable<T>;
+
+auto use_ec(error_code& ec) {
+  return net::redirect_error(net::use_awaitable, ec);
+}
 
 std::int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -51,60 +75,286 @@ int status_of(fetch_errc code) {
   return 400;
 }
 
-// What a request's sink thread hands to the HTTP thread.
+// One connection's wake-up call. Actor threads (a job's tokens, the head's
+// answer) post to the connection's strand and cancel the timer its
+// coroutine waits on; everything but `notify` runs on that strand. It
+// holds the io_context, so a late post never reaches a destroyed one.
+struct conn_state : std::enable_shared_from_this<conn_state> {
+  conn_state(std::shared_ptr<net::io_context> c, strand_t s)
+      : ctx(std::move(c)), strand(s), wake(s) {}
+  std::shared_ptr<net::io_context> ctx;
+  strand_t strand;
+  net::steady_timer wake;
+  beast::tcp_stream* stream = nullptr;  ///< while the session runs
+  bool busy = false;                    ///< between a request and its whole response
+  bool draining = false;                ///< stop(): end what runs, take nothing new
+  bool peer_closed = false;             ///< the client hung up mid-request
+  std::uint64_t watch = 0;              ///< the current peer watch (older ones do nothing)
+
+  static void notify(const std::weak_ptr<conn_state>& w) {
+    if (auto c = w.lock()) net::post(c->strand, [c] { c->wake.cancel(); });
+  }
+};
+
+// What a job's callbacks (actor threads) hand to its connection.
 struct job_stream {
   std::mutex m;
-  std::condition_variable cv;
-  std::deque<std::string> texts;             ///< token texts not yet sent
-  std::optional<actors::finish_event> done;  ///< set when ended
-  bool ended = false;
+  std::optional<std::expected<actors::submit_ack, actors::client::rejection>> ack;
+  std::deque<std::string> texts;  ///< token texts not yet sent
+  std::optional<actors::finish_event> done;
   std::vector<double> gaps;  ///< seconds between tokens, per token
   steady::time_point last = steady::now();
   bool any = false;
 };
 
-}  // namespace
-
-// Debian's cpp-httplib is a compiled library that listens with a backlog
-// of 5: 16 streams opened at once overflowed it (the kernel's
-// ListenOverflows counter grew by 34 in one 64-client burst) and clients
-// saw "Read (status -1)" failures or 1 s SYN retries. Listening again on
-// the bound socket raises the backlog (Linux updates it in place).
-class http_server : public httplib::Server {
- public:
-  bool widen_backlog(int backlog) {
-    return svr_sock_ != INVALID_SOCKET && ::listen(svr_sock_, backlog) == 0;
-  }
+// One request on a connection and what its access-log line says.
+struct exchange {
+  http::request<http::string_body> req;
+  std::string method, path;
+  std::string request_id;
+  std::string allow_origin;  ///< the Access-Control-Allow-Origin value; empty: none
+  steady::time_point t0 = steady::now();
+  unsigned status = 0;
+  std::int64_t prompt_tokens = 0, completion_tokens = 0;
+  bool keep_alive = true;
 };
 
-struct gateway::impl {
+struct reply {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+bool valid_request_id(std::string_view s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char ch : s)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ||
+          ch == ':'))
+      return false;
+  return true;
+}
+
+std::string random_hex(int n) {
+  static std::mutex m;
+  static std::mt19937_64 gen{std::random_device{}()};
+  std::lock_guard lock(m);
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < n; ++i) s += digits[gen() & 15];
+  return s;
+}
+
+// Raises the open-file limit to the hard limit: each connection is a file.
+void raise_file_limit(std::size_t want) {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t need = static_cast<rlim_t>(want) + 256;
+  if (r.rlim_cur >= need) return;
+  r.rlim_cur = std::min(need, r.rlim_max);
+  if (::setrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur < need)
+    actors::logging::of("gateway").warn(
+        "open files limited to {} (hard limit): fewer than the {} connections allowed",
+        static_cast<unsigned long long>(r.rlim_cur), want);
+}
+
+}  // namespace
+
+struct gateway::impl : std::enable_shared_from_this<impl> {
   caf::actor_system& sys;
-  actors::frontdoor_actor door;
-  actors::client jobs;  ///< every job goes through it; it watches the head
   gateway_options opt;
-  http_server http;
+  std::shared_ptr<net::io_context> ctx;
+  tcp::acceptor acceptor;
+  net::thread_pool pool;
   std::shared_ptr<metrics> stats = std::make_shared<metrics>();
   int bound_port = 0;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> serving{false};
+  std::atomic<std::int64_t> connections{0}, streams{0};
+
+  std::mutex conns_mtx;
+  std::unordered_map<std::uint64_t, std::weak_ptr<conn_state>> conns;
+  std::uint64_t next_conn = 0;
+
+  // The head: its door and the client of it, replaced on reconnection.
+  mutable std::mutex head_mtx;
+  actors::frontdoor_actor door;
+  std::shared_ptr<actors::client> jobs;
+  std::mutex reconnector_mtx;
+  std::thread reconnector;
+  std::atomic<bool> reconnecting{false};
+
   std::atomic<bool> canary_ok{false};
   std::mutex canary_mtx;
 
   impl(caf::actor_system& s, actors::frontdoor_actor d, gateway_options o)
-      : sys(s), door(d), jobs(s, std::move(d)), opt(std::move(o)) {}
+      : sys(s),
+        opt(std::move(o)),
+        ctx(std::make_shared<net::io_context>(std::max(1, opt.io_threads))),
+        acceptor(*ctx),
+        pool(static_cast<std::size_t>(std::max(1, opt.blocking_threads))),
+        door(d),
+        jobs(std::make_shared<actors::client>(s, std::move(d))) {}
 
-  void reply_error(httplib::Response& res, const api_error& e) {
+  ~impl() {
+    pool.join();
+    if (reconnector.joinable()) reconnector.join();
+  }
+
+  // -- the head ------------------------------------------------------------------------------
+
+  std::pair<actors::frontdoor_actor, std::shared_ptr<actors::client>> head() const {
+    std::lock_guard lock(head_mtx);
+    return {door, jobs};
+  }
+
+  // The head went away: look for it again in the background (reconnect
+  // given), replacing the client once its door answers.
+  void ensure_reconnect() {
+    std::lock_guard lock(reconnector_mtx);
+    if (!opt.reconnect || stopping || reconnecting.exchange(true)) return;
+    if (reconnector.joinable()) reconnector.join();  // it ended: reconnecting was false
+    reconnector = std::thread([this] {
+      auto log = actors::logging::of("gateway");
+      log.warn("the head went away; reconnecting every {} ms", opt.reconnect_every.count());
+      while (!stopping) {
+        auto d = opt.reconnect();
+        if (d) {
+          {
+            std::lock_guard lock(head_mtx);
+            door = *d;
+            jobs = std::make_shared<actors::client>(sys, *d);
+          }
+          canary_ok = false;
+          log.info("reconnected to the head");
+          break;
+        }
+        log.debug("reconnect: {}", d.error());
+        for (auto t = steady::now() + opt.reconnect_every; !stopping && steady::now() < t;)
+          std::this_thread::sleep_for(20ms);
+      }
+      reconnecting = false;
+    });
+  }
+
+  std::optional<actors::cluster_status> status(std::chrono::milliseconds timeout) {
+    auto [d, j] = head();
+    if (!j->gone().empty()) return std::nullopt;
+    auto s = actors::query_status(sys, d, timeout);
+    return s ? std::optional<actors::cluster_status>(std::move(*s)) : std::nullopt;
+  }
+
+  // A one-token decode, once, the first time the cluster says it is ready.
+  bool canary() {
+    if (canary_ok) return true;
+    std::lock_guard lock(canary_mtx);
+    if (canary_ok) return true;
+    auto [d, j] = head();
+    actors::job_request job;
+    job.id = actors::random_job_id();
+    job.prompt = "Hello";
+    job.max_tokens = 1;
+    job.ignore_eos = true;
+    auto finished = std::make_shared<std::promise<actors::finish_event>>();
+    auto ended = finished->get_future();
+    auto submitted = std::make_shared<std::promise<bool>>();
+    auto acked = submitted->get_future();
+    actors::client::callbacks cb;
+    cb.on_finish = [finished](const actors::finish_event& f) { finished->set_value(f); };
+    j->submit_async(
+        job, std::move(cb), [submitted](auto r) { submitted->set_value(r.has_value()); },
+        opt.submit_timeout);
+    if (!acked.get()) return false;
+    if (ended.wait_for(30s) != std::future_status::ready) {
+      j->cancel_async(job.id);
+      return false;
+    }
+    const auto f = ended.get();
+    canary_ok = f.reason == actors::finish_reason::length && f.tokens.size() == 1;
+    return canary_ok;
+  }
+
+  // -- helpers -------------------------------------------------------------------------------
+
+  // Runs `f` on the blocking pool; the coroutine resumes on its strand.
+  template <class F>
+  task<std::invoke_result_t<F>> on_pool(F f) {
+    using R = std::invoke_result_t<F>;
+    auto run = [f = std::move(f)]() mutable -> task<R> { co_return f(); };
+    co_return co_await net::co_spawn(pool.get_executor(), std::move(run), net::use_awaitable);
+  }
+
+  // Waits on the connection's strand until `ready()`, or `until`; whether ready.
+  template <class Ready>
+  static task<bool> wait_for(conn_state& c, Ready ready, steady::time_point until) {
+    for (;;) {
+      if (ready()) co_return true;
+      if (steady::now() >= until) co_return false;
+      c.wake.expires_at(until);
+      error_code ec;
+      co_await c.wake.async_wait(use_ec(ec));
+    }
+  }
+
+  // Watches for the client hanging up while its request runs: the socket
+  // turns readable with nothing to read. Bytes of a pipelined request end
+  // the watch (they are read after this response).
+  static void watch_peer(const std::shared_ptr<conn_state>& c, tcp::socket& sock) {
+    const auto gen = ++c->watch;
+    sock.async_wait(tcp::socket::wait_read,
+                    net::bind_executor(c->strand, [c, gen, &sock](error_code ec) {
+                      if (ec || gen != c->watch) return;
+                      char b = 0;
+                      const auto n = ::recv(sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                        watch_peer(c, sock);
+                        return;
+                      }
+                      if (n <= 0) {
+                        c->peer_closed = true;
+                        c->wake.cancel();
+                      }
+                    }));
+  }
+  static void unwatch_peer(conn_state& c) {
+    ++c.watch;
+    if (c.stream) {
+      error_code ec;
+      c.stream->socket().cancel(ec);
+    }
+  }
+
+  std::optional<api_error> authorized(const exchange& ex) const {
+    if (opt.api_key.empty()) return std::nullopt;
+    if (ex.req[http::field::authorization] == "Bearer " + opt.api_key) return std::nullopt;
+    api_error e;
+    e.status = 401;
+    e.type = "authentication_error";
+    e.message = "a missing or wrong API key (Authorization: Bearer KEY)";
+    e.code = "invalid_api_key";
+    return e;
+  }
+
+  reply error_reply(const api_error& e) {
     stats->failed_http(e.status);
-    res.status = e.status;
-    res.set_content(error_json(e), "application/json");
+    reply r;
+    r.status = static_cast<unsigned>(e.status);
+    r.body = error_json(e);
+    if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
+    return r;
   }
 
   // A request that failed after it was accepted: its code says whether the
   // request was at fault (an image that does not decode) or the head went
   // away.
-  api_error finish_error(const actors::finish_event& f) {
+  static api_error finish_error(const actors::finish_event& f) {
     api_error e;
     e.message = f.error;
     if (f.code == actors::error_code::invalid_request) {
       e.status = 400;
+    } else if (f.code == actors::error_code::context_length) {
+      e.status = 400;
+      e.code = "context_length_exceeded";
     } else if (f.code == actors::error_code::unavailable) {
       e.status = 503;
       e.type = "server_error";
@@ -115,276 +365,713 @@ struct gateway::impl {
     return e;
   }
 
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (opt.api_key.empty()) return true;
-    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return true;
+  static api_error rejection_error(const actors::client::rejection& r, bool chat) {
     api_error e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.message = "a missing or wrong API key (Authorization: Bearer KEY)";
-    e.code = "invalid_api_key";
-    reply_error(res, e);
-    return false;
+    e.message = r.message;
+    switch (r.code) {
+      case actors::error_code::invalid_request:
+      case actors::error_code::duplicate_id:
+      case actors::error_code::kv_exhausted:
+        e.status = 400;
+        break;
+      case actors::error_code::context_length:  // OpenAI's shape for it
+        e.status = 400;
+        e.code = "context_length_exceeded";
+        e.param = chat ? "messages" : "prompt";
+        break;
+      case actors::error_code::overloaded:
+        e.status = 429;
+        e.type = "rate_limit_error";
+        break;
+      default:  // unavailable (not ready, shutting down, no answer), or the head is gone
+        e.status = 503;
+        e.type = "server_error";
+    }
+    return e;
   }
 
-  std::optional<actors::cluster_status> status() {
-    auto s = actors::query_status(sys, door, 5s);
-    return s ? std::optional<actors::cluster_status>(std::move(*s)) : std::nullopt;
+  template <class Response>
+  void common_headers(Response& res, const exchange& ex) const {
+    res.set(http::field::server, "troupe/" + opt.version);
+    if (!ex.request_id.empty()) res.set("X-Request-Id", ex.request_id);
+    if (!ex.allow_origin.empty()) {
+      res.set(http::field::access_control_allow_origin, ex.allow_origin);
+      if (ex.allow_origin != "*") res.set(http::field::vary, "Origin");
+    }
   }
 
-  // Submits; the stream fills as events come.
-  std::expected<std::shared_ptr<job_stream>, api_error> submit(actors::job_request job) {
-    auto js = std::make_shared<job_stream>();
-    actors::client::callbacks cb;
-    cb.on_token = [js](const actors::token_event& e) {
-      std::lock_guard lock(js->m);
-      const auto now = steady::now();
-      if (js->any && !e.tokens.empty()) {
-        const double gap = std::chrono::duration<double>(now - js->last).count() /
-                           static_cast<double>(e.tokens.size());
-        for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
+  // (Replies and chunks are named locals at every co_await: GCC 12 destroyed
+  // a temporary with a destructor in a co_await expression twice.)
+  task<bool> write_reply(beast::tcp_stream& s, exchange& ex, reply& r) {
+    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+    res.set(http::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers) res.set(k, v);
+    common_headers(res, ex);
+    res.keep_alive(ex.keep_alive);
+    res.body() = std::move(r.body);
+    res.prepare_payload();
+    ex.status = r.status;
+    s.expires_after(opt.io_timeout);
+    error_code ec;
+    co_await http::async_write(s, res, use_ec(ec));
+    co_return !ec;
+  }
+
+  void log_access(const exchange& ex) const {
+    if (!opt.access_log) return;
+    const double ms = std::chrono::duration<double, std::milli>(steady::now() - ex.t0).count();
+    actors::logging::of("gateway").info("{} {} {} prompt={} completion={} {:.1f} ms id={}",
+                                        ex.method, ex.path.substr(0, 256), ex.status,
+                                        ex.prompt_tokens, ex.completion_tokens, ms, ex.request_id);
+  }
+
+  // -- the endpoints -------------------------------------------------------------------------
+
+  std::string models_json() const {
+    nlohmann::json card{{"id", opt.model_name},
+                        {"object", "model"},
+                        {"created", unix_now()},
+                        {"owned_by", "troupe"}};
+    return card.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+
+  task<bool> route(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex) {
+    const auto method = ex.req.method();
+    const auto& path = ex.path;
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    if (method == http::verb::options) {
+      reply r;
+      r.status = 204;
+      r.content_type = "text/plain";
+      r.headers = {{"Allow", completion ? "POST, OPTIONS" : "GET, OPTIONS"}};
+      if (!ex.allow_origin.empty()) {
+        r.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        r.headers.emplace_back("Access-Control-Allow-Headers",
+                               "Authorization, Content-Type, X-Request-Id");
+        r.headers.emplace_back("Access-Control-Max-Age", "600");
       }
-      js->any = js->any || !e.tokens.empty();
-      js->last = now;
-      if (!e.text.empty()) js->texts.push_back(e.text);
-      js->cv.notify_all();
+      co_return co_await write_reply(s, ex, r);
+    }
+    if (completion) {
+      if (method != http::verb::post) co_return co_await not_allowed(s, ex, "POST");
+      co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
+    }
+    const bool get = method == http::verb::get || method == http::verb::head;
+    auto known = [&](std::string_view p) { return path == p; };
+    if (!(known("/live") || known("/health") || known("/ready") || known("/version") ||
+          known("/metrics") || known("/v1/models") || path.starts_with("/v1/models/"))) {
+      api_error e;
+      e.status = 404;
+      e.type = "not_found_error";
+      e.message = "no such endpoint";
+      {
+        auto out_ = error_reply(e);
+        co_return co_await write_reply(s, ex, out_);
+      }
+    }
+    if (!get) co_return co_await not_allowed(s, ex, "GET");
+    reply r;
+    r.content_type = "text/plain";
+    if (path == "/live") {
+      r.body = "live\n";
+    } else if (path == "/version") {
+      r.content_type = "application/json";
+      r.body = nlohmann::json{{"version", opt.version}}.dump();
+    } else if (path == "/health") {
+      // vLLM's: 200 while the engine (here: the head) answers.
+      auto ask = [this] { return status(2000ms).has_value(); };
+      const bool up = co_await on_pool(std::move(ask));
+      if (!up) ensure_reconnect();
+      r.status = up ? 200 : 503;
+      r.body = up ? "" : "the head does not answer\n";
+    } else if (path == "/ready") {
+      auto ask = [this]() -> std::string {
+        auto st = status(5000ms);
+        if (!st) return "the head does not answer";
+        if (!st->ready) return "the model is not placed (" + st->last_event + ")";
+        if (!canary()) return "the canary decode failed";
+        return "";
+      };
+      auto why = co_await on_pool(std::move(ask));
+      if (why == "the head does not answer") ensure_reconnect();
+      r.status = why.empty() ? 200 : 503;
+      r.body = why.empty() ? "ready\n" : "not ready: " + why + "\n";
+    } else {
+      // Behind the API key when one is set (Prometheus sends it as a
+      // bearer token): the figures tell who uses the cluster how much.
+      // /live, /health and /ready stay open for health checks.
+      if (auto e = authorized(ex)) {
+        auto out_ = error_reply(*e);
+        co_return co_await write_reply(s, ex, out_);
+      }
+      if (path == "/metrics") {
+        r.content_type = "text/plain; version=0.0.4";
+        // Fast when the head is gone: no query to wait on.
+        auto render = [this] {
+          auto st = status(2000ms);
+          return stats->render(st ? &*st : nullptr);
+        };
+        r.body = co_await on_pool(std::move(render));
+        r.body +=
+            "# HELP troupe:gateway_open_connections HTTP connections open now.\n"
+            "# TYPE troupe:gateway_open_connections gauge\n"
+            "troupe:gateway_open_connections " +
+            std::to_string(connections.load()) +
+            "\n# HELP troupe:gateway_open_streams Requests waiting for their tokens now.\n"
+            "# TYPE troupe:gateway_open_streams gauge\n"
+            "troupe:gateway_open_streams " +
+            std::to_string(streams.load()) + "\n";
+      } else if (path == "/v1/models") {
+        r.content_type = "application/json";
+        r.body = "{\"object\":\"list\",\"data\":[" + models_json() + "]}";
+      } else {
+        if (auto e =
+                check_model(path.substr(std::string_view("/v1/models/").size()), opt.model_name)) {
+          auto out_ = error_reply(*e);
+          co_return co_await write_reply(s, ex, out_);
+        }
+        r.content_type = "application/json";
+        r.body = models_json();
+      }
+    }
+    if (method == http::verb::head) r.body.clear();
+    co_return co_await write_reply(s, ex, r);
+  }
+
+  task<bool> not_allowed(beast::tcp_stream& s, exchange& ex, const char* allow) {
+    api_error e;
+    e.status = 405;
+    e.message = ex.method + " is not allowed here (" + allow + ")";
+    auto r = error_reply(e);
+    r.headers.emplace_back("Allow", allow);
+    co_return co_await write_reply(s, ex, r);
+  }
+
+  // A chat or text completion: parse, fetch images, submit, then answer
+  // whole or stream.
+  task<bool> complete(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex,
+                      bool chat) {
+    if (auto e = authorized(ex)) {
+      auto out_ = error_reply(*e);
+      co_return co_await write_reply(s, ex, out_);
+    }
+    // Parsing a large body (base64 images) takes milliseconds: off the I/O threads.
+    auto parse = [this, chat, body = std::move(ex.req.body())] {
+      return chat ? parse_chat_request(body, opt.limits)
+                  : parse_completion_request(body, opt.limits);
     };
-    cb.on_finish = [js, stats = stats](const actors::finish_event& f) {
+    auto parsed = co_await on_pool(std::move(parse));
+    if (!parsed) {
+      auto out_ = error_reply(parsed.error());
+      co_return co_await write_reply(s, ex, out_);
+    }
+    auto r = std::make_shared<api_request>(std::move(*parsed));
+    if (!r->remote_images.empty()) {
+      auto fetch = [this, r]() -> std::optional<api_error> {
+        for (const auto& ri : r->remote_images) {
+          auto f = opt.fetch;
+          f.max_bytes = opt.limits.max_image_bytes;
+          auto bytes = fetch_image(ri.url, f);
+          if (!bytes) {
+            api_error e;
+            e.message = ri.param + ": " + bytes.error().message;
+            e.param = ri.param;
+            e.status = status_of(bytes.error().code);
+            return e;
+          }
+          r->job.images[ri.index].bytes = std::move(*bytes);
+        }
+        return std::nullopt;
+      };
+      auto failed = co_await on_pool(std::move(fetch));
+      if (failed) {
+        auto out_ = error_reply(*failed);
+        co_return co_await write_reply(s, ex, out_);
+      }
+    }
+    if (auto e = check_model(r->model, opt.model_name)) {
+      auto out_ = error_reply(*e);
+      co_return co_await write_reply(s, ex, out_);
+    }
+    if (r->model.empty()) r->model = opt.model_name;
+    if (c->draining) {
+      api_error e;
+      e.status = 503;
+      e.type = "server_error";
+      e.message = "the server is shutting down";
+      ex.keep_alive = false;
+      {
+        auto out_ = error_reply(e);
+        co_return co_await write_reply(s, ex, out_);
+      }
+    }
+
+    // Submit without waiting; the answer and the tokens wake this strand.
+    r->job.id = actors::random_job_id();
+    const auto job_id = r->job.id;
+    const auto id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(job_id);
+    const auto created = unix_now();
+    auto js = std::make_shared<job_stream>();
+    const std::weak_ptr<conn_state> wc = c;
+    actors::client::callbacks cb;
+    cb.on_token = [js, wc](const actors::token_event& e) {
+      {
+        std::lock_guard lock(js->m);
+        const auto now = steady::now();
+        if (js->any && !e.tokens.empty()) {
+          const double gap = std::chrono::duration<double>(now - js->last).count() /
+                             static_cast<double>(e.tokens.size());
+          for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
+        }
+        js->any = js->any || !e.tokens.empty();
+        js->last = now;
+        if (!e.text.empty()) js->texts.push_back(e.text);
+      }
+      conn_state::notify(wc);
+    };
+    cb.on_finish = [js, wc, st = stats](const actors::finish_event& f) {
       // Every end is counted here, also of a request whose client left.
       std::vector<double> gaps;
       {
         std::lock_guard lock(js->m);
         gaps = js->gaps;
       }
-      stats->finished(f, gaps);
-      std::lock_guard lock(js->m);
-      js->done = f;
-      js->ended = true;
-      js->cv.notify_all();
+      st->finished(f, gaps);
+      {
+        std::lock_guard lock(js->m);
+        js->done = f;
+      }
+      conn_state::notify(wc);
     };
-    auto ok = jobs.submit(std::move(job), std::move(cb));
-    if (!ok) {
+    auto [d, client] = head();
+    if (auto gone = client->gone(); !gone.empty()) ensure_reconnect();
+    ++streams;
+    struct leave {
+      std::atomic<std::int64_t>& n;
+      ~leave() { --n; }
+    } counted{streams};
+    client->submit_async(
+        std::move(r->job), std::move(cb),
+        [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
+          {
+            std::lock_guard lock(js->m);
+            js->ack = std::move(a);
+          }
+          conn_state::notify(wc);
+        },
+        opt.submit_timeout);
+    auto locked = [&](auto f) {
+      std::lock_guard lock(js->m);
+      return f();
+    };
+    // The head answers within submit_timeout, or the client says it did not.
+    co_await wait_for(
+        *c, [&] { return locked([&] { return js->ack.has_value(); }); },
+        steady::now() + opt.submit_timeout + 5s);
+    auto ack = locked([&] { return js->ack; });
+    if (!ack || !*ack) {
+      const auto rej = ack ? ack->error()
+                           : actors::client::rejection{actors::error_code::unavailable,
+                                                       "the head did not answer"};
+      if (rej.code == actors::error_code::unavailable) ensure_reconnect();
+      {
+        auto out_ = error_reply(rejection_error(rej, chat));
+        co_return co_await write_reply(s, ex, out_);
+      }
+    }
+    watch_peer(c, s.socket());
+    auto shutting_down = [] {
       api_error e;
-      e.message = ok.error().message;
-      switch (ok.error().code) {
-        case actors::error_code::invalid_request:
-        case actors::error_code::duplicate_id:
-        case actors::error_code::kv_exhausted:
-          e.status = 400;
-          break;
-        case actors::error_code::overloaded:
-          e.status = 429;
-          e.type = "rate_limit_error";
-          break;
-        default:  // unavailable (not ready, shutting down), or the head did not answer
-          e.status = 503;
-          e.type = "server_error";
-      }
-      return std::unexpected(e);
-    }
-    return js;
-  }
+      e.status = 503;
+      e.type = "server_error";
+      e.message = "the server is shutting down: the request was cancelled";
+      return e;
+    };
 
-  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
-    if (!authorized(req, res)) return;
-    auto r = chat ? parse_chat_request(req.body, opt.limits)
-                  : parse_completion_request(req.body, opt.limits);
-    if (!r) return reply_error(res, r.error());
-    for (const auto& ri : r->remote_images) {
-      auto f = opt.fetch;
-      f.max_bytes = opt.limits.max_image_bytes;
-      auto bytes = fetch_image(ri.url, f);
-      if (!bytes) {
-        api_error e;
-        e.message = ri.param + ": " + bytes.error().message;
-        e.param = ri.param;
-        e.status = status_of(bytes.error().code);
-        return reply_error(res, e);
-      }
-      r->job.images[ri.index].bytes = std::move(*bytes);
-    }
-    if (r->model.empty()) r->model = opt.model_name;
-    r->job.id = actors::random_job_id();
-    const auto id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(r->job.id);
-    const auto created = unix_now();
-    const auto job_id = r->job.id;
-    auto js = submit(r->job);
-    if (!js) return reply_error(res, js.error());
-    auto stream = *js;
     if (!r->stream) {
-      std::unique_lock lock(stream->m);
-      stream->cv.wait(lock, [&] { return stream->ended; });
-      if (stream->done->reason == actors::finish_reason::error)
-        return reply_error(res, finish_error(*stream->done));
-      res.set_content(completion_json(*r, id, created, *stream->done), "application/json");
-      return;
+      co_await wait_for(
+          *c,
+          [&] {
+            return c->draining || c->peer_closed || locked([&] { return js->done.has_value(); });
+          },
+          steady::time_point::max());
+      unwatch_peer(*c);
+      auto done = locked([&] { return js->done; });
+      if (!done) {
+        client->cancel_async(job_id);  // its KV blocks are freed
+        ex.keep_alive = false;
+        if (c->peer_closed) {
+          ex.status = 499;  // nginx's "client closed request", for the log
+          co_return false;
+        }
+        {
+          auto out_ = error_reply(shutting_down());
+          co_return co_await write_reply(s, ex, out_);
+        }
+      }
+      ex.prompt_tokens = done->prompt_tokens;
+      ex.completion_tokens = static_cast<std::int64_t>(done->tokens.size());
+      if (done->reason == actors::finish_reason::error) {
+        auto out_ = error_reply(finish_error(*done));
+        co_return co_await write_reply(s, ex, out_);
+      }
+      reply out;
+      out.body = completion_json(*r, id, created, *done);
+      co_return co_await write_reply(s, ex, out);
     }
-    auto request = std::make_shared<api_request>(std::move(*r));
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, stream, request, id, created, job_id](std::size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& data) {
-            const std::string line = "data: " + data + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          std::unique_lock lock(stream->m);
-          stream->cv.wait_for(lock, 100ms, [&] { return !stream->texts.empty() || stream->ended; });
-          std::string text;
-          while (!stream->texts.empty()) {
-            text += stream->texts.front();
-            stream->texts.pop_front();
-          }
-          const bool ended = stream->ended;
-          lock.unlock();
-          if (!sink.is_writable() ||
-              (!text.empty() && !send(chunk_json(*request, id, created, text, "")))) {
-            // The client went away: its request stops and frees its KV blocks.
-            if (!ended) jobs.cancel(job_id);
-            return false;
-          }
-          if (!ended) return true;
-          if (stream->done->reason == actors::finish_reason::error) {
-            const auto e = finish_error(*stream->done);
-            stats->failed_http(e.status);
-            send(error_json(e));
-          } else {
-            send(chunk_json(*request, id, created, "", finish_reason(stream->done->reason)));
-            if (request->include_usage)
-              send(chunk_json(*request, id, created, "", "", &*stream->done));
-          }
-          send("[DONE]");
-          sink.done();
-          return true;
-        });
+
+    // Streamed: Server-Sent Events in HTTP chunks.
+    http::response<http::empty_body> head_res{http::status::ok, 11};
+    head_res.set(http::field::content_type, "text/event-stream");
+    head_res.set(http::field::cache_control, "no-cache");
+    head_res.set("X-Accel-Buffering", "no");
+    common_headers(head_res, ex);
+    head_res.keep_alive(ex.keep_alive);
+    head_res.chunked(true);
+    ex.status = 200;
+    http::response_serializer<http::empty_body> sr{head_res};
+    error_code ec;
+    s.expires_after(opt.io_timeout);
+    co_await http::async_write_header(s, sr, use_ec(ec));
+    auto send = [&](const std::string& data) -> task<bool> {
+      s.expires_after(opt.io_timeout);
+      error_code wec;
+      auto chunk = http::make_chunk(net::buffer(data));
+      co_await net::async_write(s, chunk, use_ec(wec));
+      co_return !wec;
+    };
+    std::string ev;  // the event being sent (a named local: see write_reply)
+    auto event = [](const std::string& json) { return "data: " + json + "\n\n"; };
+    bool ok = !ec;
+    if (ok && chat) {
+      ev = event(role_chunk_json(*r, id, created));
+      ok = co_await send(ev);
+    }
+    while (ok) {
+      const bool woke = co_await wait_for(
+          *c,
+          [&] {
+            return c->draining || c->peer_closed ||
+                   locked([&] { return !js->texts.empty() || js->done.has_value(); });
+          },
+          steady::now() + opt.sse_ping);
+      if (c->peer_closed) {
+        ok = false;
+        break;
+      }
+      std::string text;
+      std::optional<actors::finish_event> done;
+      locked([&] {
+        while (!js->texts.empty()) {
+          text += js->texts.front();
+          js->texts.pop_front();
+        }
+        done = js->done;
+        return 0;
+      });
+      if (!text.empty()) {
+        ev = event(chunk_json(*r, id, created, text, ""));
+        ok = co_await send(ev);
+      } else if (!woke) {
+        ev = ": ping\n\n";  // a quiet stream (a long prefill) stays open
+        ok = co_await send(ev);
+      }
+      if (!ok) break;
+      if (!done && c->draining) {
+        client->cancel_async(job_id);
+        const auto e = shutting_down();
+        stats->failed_http(e.status);
+        ev = event(error_json(e));
+        ok = co_await send(ev);
+        ev = event("[DONE]");
+        if (ok) ok = co_await send(ev);
+        ex.keep_alive = false;
+        break;
+      }
+      if (!done) continue;
+      ex.prompt_tokens = done->prompt_tokens;
+      ex.completion_tokens = static_cast<std::int64_t>(done->tokens.size());
+      if (done->reason == actors::finish_reason::error) {
+        const auto e = finish_error(*done);
+        stats->failed_http(e.status);
+        ev = event(error_json(e));
+        ok = co_await send(ev);
+      } else {
+        ev = event(chunk_json(*r, id, created, "", finish_reason(done->reason)));
+        ok = co_await send(ev);
+        if (ok && r->include_usage) {
+          ev = event(chunk_json(*r, id, created, "", "", &*done));
+          ok = co_await send(ev);
+        }
+      }
+      ev = event("[DONE]");
+      if (ok) ok = co_await send(ev);
+      if (ok) {
+        s.expires_after(opt.io_timeout);
+        error_code lec;
+        auto last = http::make_chunk_last();
+        co_await net::async_write(s, last, use_ec(lec));
+        ok = !lec;
+      }
+      unwatch_peer(*c);
+      co_return ok&& ex.keep_alive;
+    }
+    // The client went away (or could not be written to): its request stops
+    // and frees its KV blocks.
+    unwatch_peer(*c);
+    if (!locked([&] { return js->done.has_value(); })) client->cancel_async(job_id);
+    if (c->peer_closed) ex.status = 499;
+    ex.keep_alive = false;
+    co_return false;
   }
 
-  // A one-token decode, once, the first time the cluster says it is ready.
-  bool canary() {
-    if (canary_ok) return true;
-    std::lock_guard lock(canary_mtx);
-    if (canary_ok) return true;
-    actors::job_request j;
-    j.id = actors::random_job_id();
-    j.prompt = "Hello";
-    j.max_tokens = 1;
-    j.ignore_eos = true;
-    auto f = jobs.run(j);
-    canary_ok = f && f->reason == actors::finish_reason::length && f->tokens.size() == 1;
-    return canary_ok;
+  // -- connections ---------------------------------------------------------------------------
+
+  task<void> session(tcp::socket sock) {
+    auto c = std::make_shared<conn_state>(ctx, strand_t(sock.get_executor()));
+    std::uint64_t key = 0;
+    {
+      std::lock_guard lock(conns_mtx);
+      key = ++next_conn;
+      conns[key] = c;
+    }
+    beast::tcp_stream stream(std::move(sock));
+    c->stream = &stream;
+    beast::flat_buffer buf;
+    bool first = true;
+    while (!c->draining) {
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(opt.max_header_bytes));
+      parser.body_limit(opt.max_body_bytes);
+      exchange ex;
+      // The first request gets io_timeout to arrive; later ones keep_alive.
+      stream.expires_after(first ? opt.io_timeout : opt.keep_alive);
+      error_code ec;
+      co_await http::async_read_header(stream, buf, parser, use_ec(ec));
+      if (ec) {
+        // A client that closed, went quiet or was cut by stop() ends here;
+        // anything else was a malformed request: said, then closed.
+        const bool quiet = ec == http::error::end_of_stream || ec == beast::error::timeout ||
+                           ec == net::error::operation_aborted ||
+                           ec == net::error::connection_reset || ec == net::error::eof ||
+                           ec == http::error::partial_message;
+        if (!quiet) {
+          ex.keep_alive = false;
+          ex.method = "-";
+          api_error e;
+          if (ec == http::error::header_limit) {
+            e.status = 431;
+            e.message = "request headers over the limit (" +
+                        std::to_string(opt.max_header_bytes >> 10) + " KiB in all)";
+          } else if (ec == http::error::body_limit) {  // a Content-Length past it
+            e.status = 413;
+            e.message =
+                "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
+          } else {
+            e.message = "malformed HTTP request: " + ec.message();
+          }
+          {
+            auto out_ = error_reply(e);
+            co_await write_reply(stream, ex, out_);
+          }
+          log_access(ex);
+        }
+        break;
+      }
+      first = false;
+      c->busy = true;
+      ex.t0 = steady::now();
+      const auto& h = parser.get();
+      ex.method = std::string(h.method_string());
+      ex.path = std::string(h.target().substr(0, h.target().find('?')));
+      if (auto rid = h["X-Request-Id"]; valid_request_id(rid))
+        ex.request_id = std::string(rid);
+      else
+        ex.request_id = random_hex(16);
+      if (auto origin = h[http::field::origin]; !origin.empty())
+        for (const auto& o : opt.cors_origins)
+          if (o == "*" || o == origin) {
+            ex.allow_origin = o == "*" ? "*" : std::string(origin);
+            break;
+          }
+      std::size_t count = 0;
+      for (auto it = h.begin(); it != h.end(); ++it) ++count;
+      if (count > opt.max_headers) {
+        ex.keep_alive = false;
+        api_error e;
+        e.status = 431;
+        e.message = "request headers over the limit (" + std::to_string(opt.max_headers) +
+                    " headers, " + std::to_string(opt.max_header_bytes >> 10) +
+                    " KiB in all); this request has " + std::to_string(count) + " headers";
+        {
+          auto out_ = error_reply(e);
+          co_await write_reply(stream, ex, out_);
+        }
+        log_access(ex);
+        break;
+      }
+      // A client that asks first (curl does past 1 MiB) is told now.
+      if (beast::iequals(h[http::field::expect], "100-continue")) {
+        if (parser.content_length() && *parser.content_length() > opt.max_body_bytes) {
+          ex.keep_alive = false;
+          api_error e;
+          e.status = 413;
+          e.message =
+              "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
+          {
+            auto out_ = error_reply(e);
+            co_await write_reply(stream, ex, out_);
+          }
+          log_access(ex);
+          break;
+        }
+        http::response<http::empty_body> cont{http::status::continue_, 11};
+        stream.expires_after(opt.io_timeout);
+        co_await http::async_write(stream, cont, use_ec(ec));
+        if (ec) break;
+      }
+      stream.expires_after(opt.io_timeout);
+      co_await http::async_read(stream, buf, parser, use_ec(ec));
+      if (ec) {
+        ex.keep_alive = false;
+        if (ec == http::error::body_limit) {
+          api_error e;
+          e.status = 413;
+          e.message =
+              "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
+          {
+            auto out_ = error_reply(e);
+            co_await write_reply(stream, ex, out_);
+          }
+          log_access(ex);
+        }
+        break;
+      }
+      ex.req = parser.release();
+      ex.keep_alive = ex.req.keep_alive() && !stopping;
+      bool keep = false, failed = false;
+      try {
+        keep = co_await route(c, stream, ex);
+      } catch (const std::exception& e) {
+        // Nothing a request holds may take the process down.
+        actors::logging::of("gateway").error("{} {}: {}", ex.method, ex.path.substr(0, 256),
+                                             e.what());
+        failed = true;
+      }
+      if (failed) {
+        ex.keep_alive = false;
+        api_error err;
+        err.status = 500;
+        err.type = "server_error";
+        err.message = "internal error";
+        if (!c->peer_closed && ex.status == 0) {
+          auto out_ = error_reply(err);
+          co_await write_reply(stream, ex, out_);
+        }
+      }
+      log_access(ex);
+      c->busy = false;
+      if (!keep || !ex.keep_alive) break;
+    }
+    error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.close();
+    c->stream = nullptr;
+    {
+      std::lock_guard lock(conns_mtx);
+      conns.erase(key);
+    }
+    --connections;
+  }
+
+  task<void> accept_loop() {
+    bool said_full = false;
+    while (!stopping) {
+      error_code ec;
+      auto strand = net::make_strand(*ctx);  // the connection's
+      tcp::socket sock = co_await acceptor.async_accept(strand, use_ec(ec));
+      if (ec) {
+        if (stopping || ec == net::error::operation_aborted) co_return;
+        // Out of files: wait a little instead of spinning on the error.
+        actors::logging::of("gateway").warn("accept: {}", ec.message());
+        net::steady_timer t(co_await net::this_coro::executor, 100ms);
+        co_await t.async_wait(use_ec(ec));
+        continue;
+      }
+      if (connections.load() >= static_cast<std::int64_t>(opt.max_connections)) {
+        // Told, not queued: a 503 the client can retry.
+        if (!std::exchange(said_full, true))
+          actors::logging::of("gateway").warn("{} connections open: refusing more",
+                                              opt.max_connections);
+        api_error e;
+        e.status = 503;
+        e.type = "server_error";
+        e.message = "too many open connections (" + std::to_string(opt.max_connections) + ")";
+        stats->failed_http(503);
+        const auto body = error_json(e);
+        const auto msg =
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
+            "1\r\nConnection: close\r\nContent-Length: " +
+            std::to_string(body.size()) + "\r\n\r\n" + body;
+        (void)::send(sock.native_handle(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        sock.close(ec);
+        continue;
+      }
+      said_full = false;
+      ++connections;
+      auto ex = sock.get_executor();
+      net::co_spawn(ex, session(std::move(sock)), net::detached);
+    }
+  }
+
+  // The head went away: reconnect before a request finds out.
+  task<void> watch_head() {
+    net::steady_timer t(co_await net::this_coro::executor);
+    for (auto last = steady::now(); !stopping;) {
+      t.expires_after(200ms);  // short: stop() does not wait on it
+      error_code ec;
+      co_await t.async_wait(use_ec(ec));
+      if (stopping || steady::now() - last < opt.reconnect_every) continue;
+      last = steady::now();
+      if (!head().second->gone().empty()) ensure_reconnect();
+    }
   }
 };
 
 gateway::gateway(caf::actor_system& sys, actors::frontdoor_actor door, gateway_options opt)
-    : impl_(std::make_unique<impl>(sys, std::move(door), std::move(opt))) {
-  auto* d = impl_.get();
-  auto& h = d->http;
-  h.new_task_queue = [n = d->opt.threads] {
-    return new httplib::ThreadPool(static_cast<std::size_t>(std::max(2, n)));
-  };
-  h.set_payload_max_length(d->opt.max_body_bytes);
-  h.set_read_timeout(30, 0);
-  h.set_write_timeout(30, 0);
-  // cpp-httplib 0.11 caps each header line at 8 KiB but not their number:
-  // requests with too many or too large headers are refused before any
-  // handler runs (they have been read by then, line by line).
-  h.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
-    std::size_t bytes = 0;
-    for (const auto& [k, v] : req.headers) bytes += k.size() + v.size();
-    if (req.headers.size() <= d->opt.max_headers && bytes <= d->opt.max_header_bytes)
-      return httplib::Server::HandlerResponse::Unhandled;
-    api_error e;
-    e.status = 431;
-    e.message = "request headers over the limit (" + std::to_string(d->opt.max_headers) +
-                " headers, " + std::to_string(d->opt.max_header_bytes >> 10) +
-                " KiB in all); this request has " + std::to_string(req.headers.size()) +
-                " headers, " + std::to_string(bytes) + " bytes";
-    d->reply_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  h.Post("/v1/chat/completions",
-         [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, true); });
-  h.Post("/v1/completions",
-         [d](const httplib::Request& req, httplib::Response& res) { d->handle(req, res, false); });
-  h.Get("/v1/models", [d](const httplib::Request& req, httplib::Response& res) {
-    if (!d->authorized(req, res)) return;
-    nlohmann::json j{{"object", "list"},
-                     {"data", nlohmann::json::array({{{"id", d->opt.model_name},
-                                                      {"object", "model"},
-                                                      {"created", unix_now()},
-                                                      {"owned_by", "troupe"}}})}};
-    res.set_content(j.dump(), "application/json");
-  });
-  h.Get("/live", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("live\n", "text/plain");
-  });
-  h.Get("/ready", [d](const httplib::Request&, httplib::Response& res) {
-    auto s = d->status();
-    std::string why;
-    if (!s)
-      why = "the head does not answer";
-    else if (!s->ready)
-      why = "the model is not placed (" + s->last_event + ")";
-    else if (!d->canary())
-      why = "the canary decode failed";
-    res.status = why.empty() ? 200 : 503;
-    res.set_content(why.empty() ? "ready\n" : "not ready: " + why + "\n", "text/plain");
-  });
-  // Behind the API key when one is set (Prometheus sends it as a bearer
-  // token): the figures tell who uses the cluster how much. /live and
-  // /ready stay open for health checks.
-  h.Get("/metrics", [d](const httplib::Request& req, httplib::Response& res) {
-    if (!d->authorized(req, res)) return;
-    auto s = d->status();
-    res.set_content(d->stats->render(s ? &*s : nullptr), "text/plain; version=0.0.4");
-  });
-  h.set_error_handler([d](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    api_error e;
-    e.status = res.status;
-    // cpp-httplib caps form-encoded bodies (curl -d without a content type)
-    // at 8 KiB before any handler runs.
-    const bool form =
-        req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos;
-    e.message = res.status == 413 && form
-                    ? "a form-encoded body over 8 KiB: send Content-Type: application/json"
-                : res.status == 413 ? "the body is larger than " +
-                                          std::to_string(d->opt.max_body_bytes >> 20) + " MiB"
-                : res.status == 404 ? "no such endpoint"
-                                    : "HTTP error " + std::to_string(res.status);
-    if (res.status == 404) e.type = "not_found_error";
-    res.set_content(error_json(e), "application/json");
-  });
-}
+    : impl_(std::make_shared<impl>(sys, std::move(door), std::move(opt))) {}
 
 gateway::~gateway() {
   stop();
 }
 
 bool gateway::bind(std::string& why) {
-  // cpp-httplib sets SO_REUSEPORT on its listening socket: a second gateway
-  // on the same port would then start and take half the connections (with
-  // its own API key, or none). SO_REUSEADDR alone lets a restart bind at
-  // once past TIME_WAIT, and a port another process listens on is refused.
-  impl_->http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  if (impl_->opt.port == 0)
-    impl_->bound_port = impl_->http.bind_to_any_port(impl_->opt.host.c_str());
-  else
-    impl_->bound_port =
-        impl_->http.bind_to_port(impl_->opt.host.c_str(), impl_->opt.port) ? impl_->opt.port : -1;
-  if (impl_->bound_port <= 0) {
-    const int err = errno;
-    why = "cannot listen on " + impl_->opt.host + ":" + std::to_string(impl_->opt.port) + ": " +
-          (err == EADDRINUSE ? std::string("the port is in use (another troupe serve?)")
-                             : std::string(std::strerror(err)));
+  auto& d = *impl_;
+  error_code ec;
+  auto addr = net::ip::make_address(d.opt.host, ec);
+  if (ec) {
+    why = "cannot listen on " + d.opt.host + ": not an IP address";
     return false;
   }
-  if (!impl_->http.widen_backlog(SOMAXCONN))
-    actors::logging::of("gateway").warn("could not raise the listen backlog: {}",
-                                        std::strerror(errno));
+  const tcp::endpoint ep(addr, static_cast<unsigned short>(d.opt.port));
+  // SO_REUSEADDR (Asio's default) lets a restart bind at once past
+  // TIME_WAIT; without SO_REUSEPORT a port another process listens on is
+  // refused instead of shared.
+  d.acceptor.open(ep.protocol(), ec);
+  if (!ec) d.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) d.acceptor.bind(ep, ec);
+  if (!ec) d.acceptor.listen(SOMAXCONN, ec);
+  if (ec) {
+    why = "cannot listen on " + d.opt.host + ":" + std::to_string(d.opt.port) + ": " +
+          (ec == net::error::address_in_use
+               ? std::string("the port is in use (another troupe serve?)")
+               : ec.message());
+    error_code ignored;
+    d.acceptor.close(ignored);
+    return false;
+  }
+  d.bound_port = d.acceptor.local_endpoint().port();
+  raise_file_limit(d.opt.max_connections);
   return true;
 }
 
@@ -392,12 +1079,66 @@ int gateway::port() const {
   return impl_->bound_port;
 }
 
+gateway::load gateway::current() const {
+  return {impl_->connections.load(), impl_->streams.load()};
+}
+
 void gateway::serve() {
-  impl_->http.listen_after_bind();
+  auto& d = *impl_;
+  if (d.stopping || !d.acceptor.is_open()) return;
+  d.serving = true;
+  auto work = net::make_work_guard(*d.ctx);
+  net::co_spawn(*d.ctx, d.accept_loop(), net::detached);
+  net::co_spawn(*d.ctx, d.watch_head(), net::detached);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, d.opt.io_threads); ++i)
+    threads.emplace_back([&d] { d.ctx->run(); });
+  d.ctx->run();
+  for (auto& t : threads) t.join();
+  d.serving = false;
 }
 
 void gateway::stop() {
-  if (impl_) impl_->http.stop();
+  if (!impl_) return;
+  auto& d = *impl_;
+  if (d.stopping.exchange(true)) return;
+  // No new connections; every open one ends what it runs (streams get an
+  // error chunk and [DONE], their requests are cancelled) and closes.
+  net::post(*d.ctx, [&d] {
+    error_code ec;
+    d.acceptor.close(ec);
+  });
+  {
+    std::lock_guard lock(d.conns_mtx);
+    for (auto& [key, w] : d.conns)
+      if (auto c = w.lock())
+        net::post(c->strand, [c] {
+          c->draining = true;
+          c->wake.cancel();
+          if (!c->busy && c->stream) c->stream->cancel();  // an idle keep-alive read
+        });
+  }
+  const auto until = steady::now() + d.opt.drain;
+  while (d.serving && d.connections.load() > 0 && steady::now() < until)
+    std::this_thread::sleep_for(10ms);
+  d.ctx->stop();
+  while (d.serving) std::this_thread::sleep_for(5ms);
+  // What outlived the drain is cut, and its coroutines unwind here (a
+  // suspended one would hold its connection, and the io_context, forever).
+  d.ctx->restart();
+  {
+    std::lock_guard lock(d.conns_mtx);
+    for (auto& [key, w] : d.conns)
+      if (auto c = w.lock())
+        net::post(c->strand, [c] {
+          c->draining = c->peer_closed = true;
+          c->wake.cancel();
+          if (c->stream) c->stream->close();
+        });
+  }
+  d.ctx->run_for(std::chrono::seconds(2));
+  std::lock_guard lock(d.reconnector_mtx);
+  if (d.reconnector.joinable()) d.reconnector.join();
 }
 
 }  // namespace troupe::serve

@@ -295,13 +295,38 @@ std::expected<json, api_error> parse_json(std::string_view body, const request_l
 
 }  // namespace
 
+std::string default_served_name(std::string_view model_path) {
+  while (model_path.size() > 1 && model_path.back() == '/') model_path.remove_suffix(1);
+  if (auto slash = model_path.rfind('/'); slash != std::string_view::npos)
+    model_path.remove_prefix(slash + 1);
+  constexpr std::string_view gguf = ".gguf";
+  if (model_path.size() > gguf.size() && model_path.ends_with(gguf))
+    model_path.remove_suffix(gguf.size());
+  return std::string(model_path);
+}
+
+std::optional<api_error> check_model(const std::string& requested, const std::string& served) {
+  if (requested.empty() || requested == served) return std::nullopt;
+  api_error e;
+  e.status = 404;
+  e.code = "model_not_found";
+  e.param = "model";
+  // A name from a client is shown cut short: it is echoed into a log line
+  // and a response.
+  e.message = "the model '" + requested.substr(0, 128) + "' does not exist; this server serves '" +
+              served + "'";
+  return e;
+}
+
 std::string error_json(const api_error& e) {
   json j{{"error",
           {{"message", e.message},
            {"type", e.type},
            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
-  return j.dump();
+  // A message may quote a client's field cut short, mid-character: such
+  // bytes become U+FFFD instead of an exception.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
@@ -344,6 +369,9 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
   if (auto e = check_fields(*j, true)) return std::unexpected(*e);
   api_request r;
   r.chat = true;
+  // OpenAI's and vLLM's chat default: as many tokens as the context leaves
+  // (the head decides, from the prompt's length).
+  r.job.max_tokens = 0;
   auto msgs = j->find("messages");
   if (msgs == j->end() || !msgs->is_array() || msgs->empty())
     return std::unexpected(bad("'messages' must be a non-empty array", "messages"));
@@ -486,6 +514,19 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
          {"model", r.model},
          {"choices", json::array({choice})},
          {"usage", usage_of(f)}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created) {
+  json choice{{"index", 0},
+              {"delta", {{"role", "assistant"}, {"content", ""}}},
+              {"finish_reason", nullptr},
+              {"logprobs", nullptr}};
+  json j{{"id", id},
+         {"object", "chat.completion.chunk"},
+         {"created", created},
+         {"model", r.model},
+         {"choices", json::array({choice})}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

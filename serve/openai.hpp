@@ -70,12 +70,23 @@ std::expected<api_request, api_error> parse_completion_request(std::string_view 
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
                                                                       std::size_t max_bytes);
 
+/// The name a model is served under without --served-model-name: the
+/// name of its folder or file, less ".gguf" ("/m/Llama-3-8B/" ->
+/// "Llama-3-8B").
+std::string default_served_name(std::string_view model_path);
+/// A request that names a model: nothing when it is `served` (or names
+/// none), else OpenAI's 404 model_not_found.
+std::optional<api_error> check_model(const std::string& requested, const std::string& served);
+
 /// OpenAI's finish_reason for a troupe finish reason.
 std::string finish_reason(actors::finish_reason r);
 
 /// A whole (non-streamed) response.
 std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
                             const actors::finish_event& f);
+/// A chat stream's first chunk: the role, no content yet (OpenAI's
+/// `{"role": "assistant", "content": ""}` delta).
+std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created);
 /// One stream chunk: `text` as the delta (chat) or text (completion); with
 /// `finish` the final chunk's finish_reason; with `usage` a usage-only chunk.
 std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,

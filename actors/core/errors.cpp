@@ -30,6 +30,8 @@ const char* to_string(error_code c) {
       return "unavailable";
     case error_code::not_the_head:
       return "not the head";
+    case error_code::context_length:
+      return "context length exceeded";
   }
   return "unknown error";
 }

@@ -25,8 +25,9 @@ enum class error_code : std::uint8_t {
   internal,
   peer_lost,  ///< a stage's peer process is gone mid-step: the step may run again once the pipeline
               ///< is restored
-  unavailable,   ///< the cluster is not serving now (placing the model, or shutting down)
-  not_the_head,  ///< a node refused an order: another head (a higher term) holds it
+  unavailable,     ///< the cluster is not serving now (placing the model, or shutting down)
+  not_the_head,    ///< a node refused an order: another head (a higher term) holds it
+  context_length,  ///< prompt plus max_tokens past the model's context length
 };
 const char* to_string(error_code c);
 

@@ -99,6 +99,26 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   auto spec = prepare();
   if (!spec) return refuse(spec.error().code, spec.error().message);
   auto& q = *spec;
+  const auto prompt = static_cast<std::int64_t>(q.tokens.size());
+  if (q.params.max_tokens == 0) {
+    // Up to the end of the context, or of what the KV cache holds for one
+    // sequence, whichever comes first.
+    if (model_.context_length < 1)
+      return refuse(error_code::invalid_request, "max_tokens is required (no context length)");
+    if (prompt >= model_.context_length)
+      return refuse(error_code::context_length,
+                    *models::context_overflow(model_.context_length, prompt, 1));
+    std::int64_t lo = prompt, hi = model_.context_length;  // lo fits (or is the prompt), hi?
+    if (!books_.fits_alone(prompt + 1)) lo = hi = prompt;
+    while (lo < hi) {
+      const auto mid = lo + (hi - lo + 1) / 2;
+      if (books_.fits_alone(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    q.params.max_tokens = std::max<std::int64_t>(lo - prompt, 1);  // 1 past the KV: refused below
+  }
   if (auto v = q.params.validate(); !v)
     return refuse(error_code::invalid_request, v.error().message);
   if (q.tokens.empty())
@@ -110,7 +130,9 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   if (q.images > 0 && model_.image_token < 0)
     return refuse(error_code::invalid_request,
                   "this model has no vision encoder; the request has images");
-  const auto total = static_cast<std::int64_t>(q.tokens.size()) + q.params.max_tokens;
+  if (auto over = models::context_overflow(model_.context_length, prompt, q.params.max_tokens))
+    return refuse(error_code::context_length, std::move(*over));
+  const auto total = prompt + q.params.max_tokens;
   if (!books_.fits_alone(total))
     return refuse(error_code::kv_exhausted,
                   "prompt (" + std::to_string(q.tokens.size()) + " tokens) plus max_tokens (" +

@@ -31,6 +31,7 @@
 #include "actors/core/errors.hpp"
 #include "actors/core/kv_books.hpp"
 #include "actors/core/scheduler_stats.hpp"
+#include "models/context_length.hpp"
 #include "models/kv_cache.hpp"
 #include "models/sampling.hpp"
 #include "models/tokenizer.hpp"
@@ -44,6 +45,10 @@ struct model_frontend {
   std::int64_t hidden = 0;
   std::int32_t image_token = -1;  ///< -1: a text-only model
   std::int64_t tokens_per_image = 0;
+  /// Prompt plus generated tokens a request may reach (the model's
+  /// positions, or the operator's max_model_len); 0: no limit but the KV
+  /// cache's.
+  std::int64_t context_length = 0;
 };
 
 /// Admission and batching policy.
@@ -66,6 +71,9 @@ struct scheduler_options {
   /// time of a pass), so that a waiting request is admitted, and tokens reach
   /// the clients, at least this often. Long steps (a big model) get 1.
   double multi_step_ms = 2.0;
+  /// The context length to serve (resolved into model_frontend's by
+  /// whoever spawns the scheduler: the head, the local runtime).
+  models::context_options context;
   models::kv_options kv;       ///< the stages' KV layout (block accounting)
   std::int64_t kv_blocks = 0;  ///< blocks per stage (the smallest stage's pool)
   /// How long a pipeline that lost a peer may wait for its restoration
@@ -86,6 +94,8 @@ struct scheduler_options {
 /// every image's placeholder expanded to the image's rows.
 struct request_spec {
   std::vector<std::int32_t> tokens;
+  /// max_tokens 0: as many as the context length and the KV cache leave
+  /// (OpenAI's chat default), decided at admission.
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0: none; else after submission
   std::int64_t images = 0;       ///< images being encoded: it waits for image_ready

@@ -45,7 +45,7 @@ struct job_request {
   bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
   bool has_temperature = false;  ///< else the model's generation_config decides
   double temperature = 0.0;
-  std::int64_t max_tokens = 128;
+  std::int64_t max_tokens = 128;  ///< 0: as many as the context length leaves
   std::uint64_t seed = 0;
   std::vector<std::string> stop_strings;
   std::int64_t deadline_ms = 0;

@@ -148,9 +148,16 @@ std::vector<prompt_case> mixed_cases(int n) {
 struct pipeline_test : ::testing::Test {
   caf::actor_system sys{test::actor_config()};
 
-  std::unique_ptr<local_runtime> start(int stages, runtime_config cfg = {}) {
+  /// `long_context`: serve past the bundled model's 256 positions (tests of
+  /// cancellation, deadlines, restarts and sliding windows generate for
+  /// thousands of tokens; output there is out of distribution, which they
+  /// do not judge).
+  std::unique_ptr<local_runtime> start(int stages, runtime_config cfg = {},
+                                       bool long_context = true) {
     cfg.model = model_dir;
     cfg.stages = stages;
+    if (long_context && cfg.scheduler.context.max_model_len == 0)
+      cfg.scheduler.context = {1 << 16, true};
     if (cfg.devices.empty()) {
       auto d = parse_devices(stages > 1 ? "cpu:0-0,cpu:1-1" : "cpu");
       EXPECT_TRUE(d);
@@ -623,6 +630,40 @@ TEST_F(pipeline_test, a_killed_stage_is_restarted_and_requests_finish_identicall
 
 namespace troupe::actors {
 namespace {
+
+// The model's context length (the bundled model: 256 positions) bounds a
+// request's prompt plus max_tokens, with its own code; max_tokens 0 takes
+// what the context leaves.
+TEST_F(pipeline_test, the_context_length_is_enforced) {
+  auto rt = start(2, {}, false);
+  client c(sys, rt->scheduler());
+  prompt_case pc{"Describe the image.", "", {}, true};
+  pc.params.max_tokens = 300;
+  auto refused = c.run(ref().request(pc, client::next_id()));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, error_code::context_length);
+  EXPECT_NE(refused.error().message.find("maximum context length is 256 tokens"), std::string::npos)
+      << refused.error().message;
+  pc.params.max_tokens = 0;  // the rest of the context
+  auto req = ref().request(pc, client::next_id());
+  const auto prompt = static_cast<std::int64_t>(req.prompt_tokens.size());
+  auto f = c.run(req);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->reason, finish_reason::length);
+  EXPECT_EQ(static_cast<std::int64_t>(f->tokens.size()), 256 - prompt);
+  expect_kv_free(*rt);
+  // A longer one only when asked for, and past the model's only when allowed.
+  runtime_config cfg;
+  cfg.scheduler.context.max_model_len = 512;
+  cfg.model = model_dir;
+  cfg.stages = 1;
+  cfg.devices = *parse_devices("cpu");
+  auto bad = local_runtime::start(sys, cfg);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("past the 256 positions the model was trained on"),
+            std::string::npos)
+      << bad.error().message;
+}
 
 TEST_F(pipeline_test, deadlines_end_requests_and_free_their_kv) {
   auto rt = start(2);

@@ -27,8 +27,16 @@ inline cluster_setup make_manifest(const std::string& name, std::vector<std::str
   std::filesystem::remove_all(c.dir);
   std::filesystem::create_directories(c.dir);
   c.hosts = std::move(hosts);
+  // The fault, migration and placement tests decode thousands of tokens
+  // per request, past the bundled model's 256 positions (out of
+  // distribution there, which they do not judge): the context is lifted
+  // unless `extra` sets the scheduler itself.
+  const std::string context =
+      extra.find("[scheduler]") == std::string::npos
+          ? "[scheduler]\nmax_model_len = 65536\nallow_long_context = true\n"
+          : "";
   std::string text = "[cluster]\nname = \"" + name + "\"\nhead = \"n0\"\ncerts = \"certs\"\n" +
-                     extra + "[parallelism]\npipeline_stages = 3\n";
+                     extra + context + "[parallelism]\npipeline_stages = 3\n";
   const char* cores[] = {"cores = \"0-0\", ", "cores = \"1-1\", ", ""};
   for (int i = 0; i < 3; ++i) {
     const int port = c.hosts[static_cast<std::size_t>(i)] == "127.0.0.1" ? free_port() : 7400 + i;

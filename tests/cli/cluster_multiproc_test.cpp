@@ -563,8 +563,12 @@ std::string placement_manifest(const std::string& name, const std::string& place
   const std::string dir = fs::path(test::temp_path("cluster-" + name)).lexically_normal().string();
   fs::remove_all(dir);
   fs::create_directories(dir);
+  // (Jobs of 1,200 tokens: past the bundled model's 256 positions, lifted.)
   std::string text = "[cluster]\nname = \"" + name +
-                     "\"\nhead = \"n0\"\ncerts = \"certs\"\n[placement]\n" + placement;
+                     "\"\nhead = \"n0\"\ncerts = \"certs\"\n"
+                     "[scheduler]\nmax_model_len = 65536\nallow_long_context = true\n"
+                     "[placement]\n" +
+                     placement;
   for (std::size_t i = 0; i < cores.size(); ++i)
     text += "[[nodes]]\nname = \"n" + std::to_string(i) +
             "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(test::free_port()) +

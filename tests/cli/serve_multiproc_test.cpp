@@ -70,6 +70,8 @@ double metric(const std::string& text, const std::string& name) {
 class Gateway : public ::testing::Test {
  protected:
   void SetUp() override {
+    // (The disconnect test generates past the bundled model's 256
+    // positions: make_manifest lifts the context length.)
     cs_ = test::make_manifest("gw", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
     auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
     ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -300,7 +302,9 @@ TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
 }
 
 TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
-  auto cs = test::make_manifest("gwup", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+  // The model's own context length (256 positions) and name.
+  auto cs = test::make_manifest("gwup", {"127.0.0.1", "127.0.0.1", "127.0.0.1"},
+                                "[scheduler]\nmax_running = 32\n");
   const int port = test::free_port();
   // With JSON logs, which the node processes inherit.
   auto r =
@@ -314,7 +318,45 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   EXPECT_EQ(curl(url + "/live").status, 200);
   EXPECT_EQ(curl(url + "/v1/models").status, 401);
-  EXPECT_EQ(curl("-H 'Authorization: Bearer k1' " + url + "/v1/models").status, 200);
+  auto models = curl("-H 'Authorization: Bearer k1' " + url + "/v1/models");
+  EXPECT_EQ(models.status, 200);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "tiny-llava-shapes") << models.body;
+  EXPECT_EQ(curl("-H 'Authorization: Bearer k1' " + url + "/v1/models/tiny-llava-shapes").status,
+            200);
+  EXPECT_EQ(curl("-H 'Authorization: Bearer k1' " + url + "/v1/models/gpt-4o").status, 404);
+  EXPECT_EQ(curl(url + "/health").status, 200);
+  EXPECT_NE(curl(url + "/version").body.find("\"version\""), std::string::npos);
+  auto post = [&](const json& body) {
+    const std::string file = cs.dir + "/body.json";
+    std::ofstream(file) << body.dump();
+    return curl(
+        "-H 'Authorization: Bearer k1' -H 'Content-Type: application/json' --data-binary @" + file +
+        " " + url + "/v1/chat/completions");
+  };
+  // Another model's name: OpenAI's 404.
+  auto other = post({{"model", "gpt-4o"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(other.status, 404) << other.body;
+  EXPECT_EQ(json::parse(other.body)["error"]["code"], "model_not_found") << other.body;
+  // Past the context length: OpenAI's 400 with the numbers.
+  std::string longer;
+  for (int i = 0; i < 2000; ++i) longer += "red circle ";
+  auto too_long =
+      post({{"messages", {{{"role", "user"}, {"content", longer}}}}, {"max_tokens", 16}});
+  EXPECT_EQ(too_long.status, 400) << too_long.body;
+  auto e = json::parse(too_long.body)["error"];
+  EXPECT_EQ(e["code"], "context_length_exceeded") << too_long.body;
+  EXPECT_EQ(e["param"], "messages") << too_long.body;
+  EXPECT_NE(e["message"].get<std::string>().find("maximum context length is 256 tokens"),
+            std::string::npos)
+      << too_long.body;
+  // No max_tokens: what the context leaves, never past it.
+  auto fits = post({{"model", "tiny-llava-shapes"},
+                    {"messages", {{{"role", "user"}, {"content", "Describe the image."}}}},
+                    {"ignore_eos", true}});
+  ASSERT_EQ(fits.status, 200) << fits.body;
+  auto usage = json::parse(fits.body)["usage"];
+  EXPECT_EQ(usage["total_tokens"], 256) << fits.body;
+  EXPECT_EQ(json::parse(fits.body)["choices"][0]["finish_reason"], "length");
   auto d = test::troupe_cli("down " + cs.manifest + " --timeout 60");
   EXPECT_EQ(d.exit_code, 0) << d.out;
   EXPECT_EQ(curl("--max-time 2 " + url + "/live").status, 0)

@@ -63,7 +63,9 @@ gen --tp-peer "127.0.0.1:$port" --chat --image "$img1" -p "Describe the image." 
 # A cluster of three local nodes on ports of its own.
 sed -e 's/^port = 7400/port = 7460/' -e 's/^port = 7401/port = 7461/' \
   -e 's/^port = 7402/port = 7462/' -e "s|^certs = .*|certs = \"$work/certs\"|" \
+  -e 's/^\[scheduler\]$/[scheduler]\nmax_model_len = 8192\nallow_long_context = true/' \
   examples/local.toml >"$work/cluster.toml"
+# (1,800 tokens per job: past the bundled model's 256 positions, lifted above.)
 prompts=("Describe the image." "What color is the shape?" "Is there a circle?" "Count the shapes.")
 cluster_run() {  # NAME ACTION...: 4 jobs decode while ACTION runs
   local name=$1

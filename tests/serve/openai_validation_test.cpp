@@ -121,16 +121,17 @@ TEST(OpenAiParse, LimitsAreEnforced) {
   ASSERT_TRUE(c);
   EXPECT_FALSE(c->chat);
   EXPECT_EQ(c->job.max_tokens, 3);
-  // Without max_tokens the default never passes the server's limit (the
-  // gateway fuzzer found a chat defaulting to 128 under a limit of 64).
+  // Without max_tokens a chat asks for the rest of the context (0: the head
+  // decides from the prompt's length, bounded by the context length), as
+  // OpenAI and vLLM default; a completion's default never passes the
+  // server's limit (the gateway fuzzer found one defaulting past it).
   l = {};
   l.max_tokens = 64;
   auto d = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})", l);
   ASSERT_TRUE(d);
-  EXPECT_EQ(d->job.max_tokens, 64);
-  d = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->job.max_tokens, troupe::actors::job_request{}.max_tokens);
+  EXPECT_EQ(d->job.max_tokens, 0);
+  d = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":65})", l);
+  ASSERT_FALSE(d);
   l.max_tokens = 8;
   c = parse_completion_request(R"({"prompt":"Once"})", l);
   ASSERT_TRUE(c);
@@ -322,4 +323,27 @@ TEST(OpenAiParse, UnsupportedFieldsAreRefusedByNameNeverIgnored) {
       EXPECT_NE(r.error().message.find(p.key), std::string::npos) << r.error().message;
     }
   }
+}
+
+// The served name is the model's own (its folder or file), and a request
+// naming another model is refused as OpenAI refuses it: 404
+// model_not_found, never answered by whatever model is loaded.
+TEST(OpenAiModels, TheServedNameIsTheModelsOwnAndOthersAre404) {
+  EXPECT_EQ(default_served_name("/models/Llama-3-8B-Instruct/"), "Llama-3-8B-Instruct");
+  EXPECT_EQ(default_served_name("assets/tiny-llava-shapes"), "tiny-llava-shapes");
+  EXPECT_EQ(default_served_name("/tmp/gemma-3-270m-q4_k_m.gguf"), "gemma-3-270m-q4_k_m");
+  EXPECT_EQ(default_served_name("model.gguf.part"), "model.gguf.part");
+  EXPECT_FALSE(check_model("", "tiny"));
+  EXPECT_FALSE(check_model("tiny", "tiny"));
+  auto e = check_model("gpt-4o", "tiny");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 404);
+  EXPECT_EQ(e->code, "model_not_found");
+  EXPECT_EQ(e->param, "model");
+  EXPECT_NE(e->message.find("'gpt-4o' does not exist"), std::string::npos) << e->message;
+  // A long name cut mid-character still gives valid JSON.
+  auto cut = check_model(std::string(127, 'a') + "\xc3\xa9", "tiny");
+  ASSERT_TRUE(cut);
+  auto j = json::parse(error_json(*cut));
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
 }

@@ -36,8 +36,9 @@ struct harness {
   core_events events;
 
   explicit harness(scheduler_options o = small_options(), int stages = 1,
-                   std::int32_t image_token = -1)
-      : core(model_frontend{bundled_tokenizer(), 397, 32, image_token, 3}, o, stages, clk) {}
+                   std::int32_t image_token = -1, std::int64_t context_length = 0)
+      : core(model_frontend{bundled_tokenizer(), 397, 32, image_token, 3, context_length}, o,
+             stages, clk) {}
 
   std::expected<std::int64_t, core_error> submit(std::uint64_t id, std::int64_t prompt,
                                                  std::int64_t max_tokens,
@@ -166,6 +167,63 @@ TEST(SchedulerCore, AdmissionNamesEachRefusal) {
   EXPECT_NE(images.error().message.find("no vision encoder"), std::string::npos);
   EXPECT_EQ(h.core.stats().rejected, 5);  // id 0 is not counted: it is not a request
   EXPECT_EQ(h.core.queued(), 1);
+}
+
+/// Runs the core until request `id` ends; its end.
+std::optional<request_done> run_to_end(harness& h, std::uint64_t id) {
+  for (int i = 0; i < 10000; ++i) {
+    for (const auto& d : h.done())
+      if (d.id == id) return d;
+    auto p = h.plan();
+    if (!p) return std::nullopt;
+    h.answer(*p);
+    h.confirm_frees();
+  }
+  return std::nullopt;
+}
+
+// The model's context length (max_position_embeddings or max_model_len)
+// bounds prompt plus max_tokens, with its own code and OpenAI's numbers;
+// max_tokens 0 (the chat default) takes what the context and the KV cache
+// leave.
+TEST(SchedulerCore, TheContextLengthBoundsPromptPlusMaxTokens) {
+  harness h(small_options(), 1, -1, 100);  // 64 blocks of 4: 256 tokens of KV
+  ASSERT_TRUE(h.submit(1, 60, 40)) << "exactly the context";
+  auto over = h.submit(2, 60, 41);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, error_code::context_length);
+  EXPECT_NE(over.error().message.find("context length is 100 tokens; the request needs 101 (60 in "
+                                      "the prompt, 41 to generate)"),
+            std::string::npos)
+      << over.error().message;
+  auto full = h.submit(3, 100, 1);
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code, error_code::context_length);
+  EXPECT_NE(full.error().message.find("the prompt alone holds 100"), std::string::npos)
+      << full.error().message;
+  EXPECT_EQ(h.submit(4, 100, 0).error().code, error_code::context_length);
+  EXPECT_EQ(h.core.stats().rejected, 3);
+
+  ASSERT_TRUE(h.submit(5, 70, 0));
+  auto d = run_to_end(h, 5);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->reason, finish_reason::length);
+  EXPECT_EQ(d->tokens.size(), 30u) << "the rest of the context";
+
+  // A context longer than the KV cache: the default stops where one
+  // sequence's blocks run out (64 x 4 tokens), not at the context.
+  harness big(small_options(), 1, -1, 1000);
+  ASSERT_TRUE(big.submit(1, 60, 0));
+  auto e = run_to_end(big, 1);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->reason, finish_reason::length);
+  EXPECT_EQ(e->tokens.size(), 256u - 60u);
+  EXPECT_EQ(big.submit(2, 60, 197).error().code, error_code::kv_exhausted);
+
+  // Without a context length a request must say how long it may grow.
+  harness none;
+  EXPECT_EQ(none.submit(1, 10, 0).error().code, error_code::invalid_request);
+  EXPECT_TRUE(none.submit(2, 10, 240)) << "no context length: only the KV cache limits it";
 }
 
 TEST(SchedulerCore, ARequestWithImagesWaitsForItsLastImage) {
