@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -65,6 +66,10 @@ level_result run_http_level(const std::string& url, const std::string& key, int 
     cli.set_read_timeout(600, 0);
     cli.set_write_timeout(60, 0);
     cli.set_keep_alive(keep_alive);  // as OpenAI's clients do (one connection per client)
+    // A request's header and body go out as two writes: with Nagle's
+    // algorithm the body waited for the server's delayed ACK (~40 ms).
+    // curl and Python's asyncio set TCP_NODELAY too.
+    cli.set_tcp_nodelay(std::getenv("TROUPE_BENCH_NAGLE") == nullptr);
     for (int i = next++; i < total; i = next++) {
       const auto [question, image] = request_of(i, seed, image_share, data_urls.size());
       nlohmann::json content = nlohmann::json::array({{{"type", "text"}, {"text", question}}});
