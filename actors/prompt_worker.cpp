@@ -1,5 +1,7 @@
 #include "actors/prompt_worker.hpp"
 
+#include <algorithm>
+
 namespace troupe::actors {
 
 std::expected<generate_request, caf::error> request_of(const prompt_setup& setup,
@@ -22,11 +24,21 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   if (job.has_top_p) req.params.top_p = job.top_p;
   req.params.seed = job.seed;
   req.params.stop_strings = std::move(job.stop_strings);
+  if (job.has_repetition_penalty) req.params.repetition_penalty = job.repetition_penalty;
+  req.params.presence_penalty = job.presence_penalty;
+  req.params.frequency_penalty = job.frequency_penalty;
+  req.params.bias_ids = std::move(job.logit_bias_ids);
+  req.params.bias_values = std::move(job.logit_bias_values);
+  req.params.min_tokens = job.min_tokens;
   if (job.ignore_eos) req.params.stop_token_ids.clear();
+  for (auto id : job.stop_token_ids)  // the request's own end too (ignore_eos drops the model's)
+    if (std::find(req.params.stop_token_ids.begin(), req.params.stop_token_ids.end(), id) ==
+        req.params.stop_token_ids.end())
+      req.params.stop_token_ids.push_back(id);
   // max_tokens 0 (the rest of the context) is resolved by the scheduler,
   // which knows the context length.
   auto check = req.params;
-  if (check.max_tokens == 0) check.max_tokens = 1;
+  if (check.max_tokens == 0) check.max_tokens = std::max<std::int64_t>(1, check.min_tokens);
   if (auto v = check.validate(); !v)
     return std::unexpected(make_error(error_code::invalid_request, v.error().message));
   req.deadline_ms = job.deadline_ms;

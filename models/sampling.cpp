@@ -17,6 +17,21 @@ result<void> sampling_params::validate() const {
   if (!(repetition_penalty > 0 && repetition_penalty <= 10))
     return make_error(errc::invalid_argument, "repetition_penalty must be in (0, 10]");
   if (max_tokens < 1) return make_error(errc::invalid_argument, "max_tokens must be >= 1");
+  if (!(presence_penalty >= -2 && presence_penalty <= 2))
+    return make_error(errc::invalid_argument, "presence_penalty must be in [-2, 2]");
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2))
+    return make_error(errc::invalid_argument, "frequency_penalty must be in [-2, 2]");
+  if (bias_ids.size() != bias_values.size())
+    return make_error(errc::invalid_argument, "logit_bias: ids and values differ in number");
+  for (double b : bias_values)
+    if (!(b >= -100 && b <= 100))
+      return make_error(errc::invalid_argument, "logit_bias values must be in [-100, 100]");
+  for (auto id : bias_ids)
+    if (id < 0) return make_error(errc::invalid_argument, "logit_bias token ids must be >= 0");
+  for (auto id : stop_token_ids)
+    if (id < 0) return make_error(errc::invalid_argument, "stop token ids must be >= 0");
+  if (min_tokens < 0 || min_tokens > max_tokens)
+    return make_error(errc::invalid_argument, "min_tokens must be in [0, max_tokens]");
   for (const auto& s : stop_strings)
     if (s.empty()) return make_error(errc::invalid_argument, "stop strings must not be empty");
   return {};
@@ -63,6 +78,31 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
       v = v > 0 ? v / p : v * p;
     }
   }
+  if (params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
+    // OpenAI's rule over the generated tokens (the last `draw` of history):
+    // logit -= count * frequency + (count > 0) * presence.
+    const auto gen = std::min<std::size_t>(draw, history.size());
+    counted_.assign(history.end() - static_cast<std::ptrdiff_t>(gen), history.end());
+    std::sort(counted_.begin(), counted_.end());
+    for (std::size_t i = 0; i < counted_.size();) {
+      std::size_t j = i;
+      while (j < counted_.size() && counted_[j] == counted_[i]) ++j;
+      const auto id = counted_[i];
+      if (id >= 0 && id < n)
+        adjusted_[static_cast<std::size_t>(id)] -= static_cast<float>(
+            static_cast<double>(j - i) * params_.frequency_penalty + params_.presence_penalty);
+      i = j;
+    }
+  }
+  for (std::size_t i = 0; i < params_.bias_ids.size(); ++i) {
+    const auto id = params_.bias_ids[i];
+    if (id >= 0 && id < n)
+      adjusted_[static_cast<std::size_t>(id)] += static_cast<float>(params_.bias_values[i]);
+  }
+  if (static_cast<std::int64_t>(draw) < params_.min_tokens)
+    for (auto id : params_.stop_token_ids)
+      if (id >= 0 && id < n)
+        adjusted_[static_cast<std::size_t>(id)] = -std::numeric_limits<float>::infinity();
   // Greedy: the largest logit, lowest id on ties.
   if (params_.temperature == 0.0) {
     std::int64_t best = 0;
@@ -174,13 +214,16 @@ std::int64_t sampler::sample(std::span<const float> logits, std::span<const std:
 std::string stop_checker::feed(std::int64_t token, const std::string& piece) {
   if (reason_ != stop_reason::none) return {};
   ++generated_;
+  // Before min_tokens nothing stops it but max_tokens (vLLM's rule).
+  const bool may_stop = generated_ > params_->min_tokens;
   for (auto id : params_->stop_token_ids)
-    if (id == token) {
+    if (may_stop && id == token) {
       reason_ = stop_reason::stop_token;
       return flush();
     }
   pending_ += piece;
   for (const auto& s : params_->stop_strings) {
+    if (!may_stop) break;
     const auto at = pending_.find(s);
     if (at != std::string::npos) {
       reason_ = stop_reason::stop_string;

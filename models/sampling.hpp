@@ -18,12 +18,28 @@ struct sampling_params {
   double min_p = 0.0;        ///< 0 = off
   double repetition_penalty =
       1.0;  ///< 1 = off (HF rule: divide positive logits, multiply negative)
+  /// OpenAI's penalties over the tokens generated so far (not the
+  /// prompt): a token's logit loses `presence_penalty` once if it was
+  /// generated, and `frequency_penalty` times its count ([-2, 2]; 0 = off).
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
   std::uint64_t seed = 0;
   std::int64_t max_tokens = 256;
   std::vector<std::int64_t> stop_token_ids{};
   std::vector<std::string> stop_strings{};
+  /// OpenAI's logit_bias: added to these tokens' logits ([-100, 100]).
+  std::vector<std::int64_t> bias_ids{};
+  std::vector<double> bias_values{};
+  /// Stop tokens and stop strings do not end a sequence before it has this
+  /// many tokens (vLLM's min_tokens): stop tokens cannot be sampled.
+  std::int64_t min_tokens = 0;
 
   result<void> validate() const;
+  /// Whether the sampler needs the sequence's history (prompt and
+  /// generated ids).
+  bool needs_history() const {
+    return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0;
+  }
 };
 
 /// Picks tokens for one request. The random draw for the n-th generated
@@ -37,8 +53,8 @@ class sampler {
   static result<sampler> resume(const sampling_params& params, std::uint64_t draws);
 
   /// Chooses the next token from `logits` (vocab floats); `history` holds the
-  /// prompt and generated ids (for the repetition penalty). Advances the
-  /// draw counter.
+  /// prompt and generated ids (for the penalties; the last `draws()` of
+  /// them are the generated ones). Advances the draw counter.
   std::int64_t sample(std::span<const float> logits, std::span<const std::int64_t> history);
 
   const sampling_params& params() const { return params_; }
@@ -50,7 +66,8 @@ class sampler {
   std::uint64_t step_ = 0;
   std::vector<std::pair<float, std::int64_t>> scratch_;
   std::vector<float> adjusted_;
-  std::vector<double> weights_;  // exp(logit - max) per id (whole-vocabulary sampling)
+  std::vector<double> weights_;        // exp(logit - max) per id (whole-vocabulary sampling)
+  std::vector<std::int64_t> counted_;  // generated ids, sorted (presence/frequency penalties)
 };
 
 /// A uniform double in [0, 1) from (seed, counter): splitmix64 of both.

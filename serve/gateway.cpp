@@ -749,6 +749,10 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       ev = event(role_chunk_json(*r, id, created));
       ok = co_await send(ev);
     }
+    if (ok && !r->echo.empty()) {  // /v1/completions with echo: the prompt comes first
+      ev = event(chunk_json(*r, id, created, r->echo, ""));
+      ok = co_await send(ev);
+    }
     while (ok) {
       const bool woke = co_await wait_for(
           *c,

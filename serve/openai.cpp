@@ -1,5 +1,7 @@
 #include "serve/openai.hpp"
 
+#include <charconv>
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -99,6 +101,50 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
       if (s.empty() || s.size() > 256) return bad("a stop string must have 1 to 256 bytes", "stop");
     job.stop_strings = std::move(stops);
   }
+  bool set = false;
+  if (auto e = number("presence_penalty", -2.0, 2.0, job.presence_penalty, set)) return e;
+  if (auto e = number("frequency_penalty", -2.0, 2.0, job.frequency_penalty, set)) return e;
+  // vLLM's and transformers' rule (divide a positive logit, multiply a
+  // negative one) over prompt and generated tokens.
+  if (auto e = number("repetition_penalty", 0.0, 10.0, job.repetition_penalty,
+                      job.has_repetition_penalty))
+    return e;
+  if (job.has_repetition_penalty && job.repetition_penalty <= 0.0)
+    return bad("'repetition_penalty' must be greater than 0", "repetition_penalty");
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("'logit_bias' must map token ids to numbers", "logit_bias");
+    if (it->size() > 1024) return bad("'logit_bias' holds more than 1024 tokens", "logit_bias");
+    for (const auto& [k, v] : it->items()) {
+      std::int64_t id = -1;
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+      if (ec != std::errc{} || end != k.data() + k.size() || id < 0)
+        return bad("'logit_bias' keys must be token ids (non-negative integers)", "logit_bias");
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 ||
+          v.get<double>() > 100)
+        return bad("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
+      job.logit_bias_ids.push_back(id);
+      job.logit_bias_values.push_back(v.get<double>());
+    }
+  }
+  if (auto it = j.find("min_tokens"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 0)
+      return bad("'min_tokens' must be a non-negative integer", "min_tokens");
+    job.min_tokens = it->get<std::int64_t>();
+    if (job.max_tokens > 0 && job.min_tokens > job.max_tokens)
+      return bad("'min_tokens' must not exceed max_tokens", "min_tokens");
+  }
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > limits.max_stops)
+      return bad("'stop_token_ids' must be an array of at most " +
+                     std::to_string(limits.max_stops) + " token ids",
+                 "stop_token_ids");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0)
+        return bad("'stop_token_ids' must hold token ids (non-negative integers)",
+                   "stop_token_ids");
+      job.stop_token_ids.push_back(v.get<std::int64_t>());
+    }
+  }
   if (auto it = j.find("ignore_eos"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     job.ignore_eos = it->get<bool>();
@@ -187,16 +233,17 @@ const field_rule field_rules[] = {
      "must map at most 16 keys of up to 64 bytes to strings of up to 512 bytes"},
     {"store", true, false, is_false, "true is not supported (troupe stores no completions)"},
     {"service_tier", true, true, is_default_tier, "other than \"auto\" is not supported"},
-    {"frequency_penalty", true, true, is_zero, "other than 0 is not supported yet"},
-    {"presence_penalty", true, true, is_zero, "other than 0 is not supported yet"},
-    {"repetition_penalty", true, true, is_one, "other than 1 is not supported yet"},
-    {"logit_bias", true, true, is_empty, later_api},
+    {"frequency_penalty", true, true, nullptr, nullptr},
+    {"presence_penalty", true, true, nullptr, nullptr},
+    {"repetition_penalty", true, true, nullptr, nullptr},
+    {"logit_bias", true, true, nullptr, nullptr},
+    {"stop_token_ids", true, true, nullptr, nullptr},
     {"logprobs", true, true, [](const json& v) { return is_false(v) || is_zero(v); }, later_api},
     {"top_logprobs", true, false, is_zero, later_api},
-    {"echo", false, true, is_false, later_api},
+    {"echo", false, true, nullptr, nullptr},
     {"suffix", false, true, is_empty, later_api},
     {"best_of", false, true, is_one, "other than 1 is not supported"},
-    {"min_tokens", true, true, is_zero, later_api},
+    {"min_tokens", true, true, nullptr, nullptr},
     {"response_format", true, true, is_text_format,
      "other than {\"type\": \"text\"} is not "
      "supported yet (no structured output)"},
@@ -479,6 +526,10 @@ std::expected<api_request, api_error> parse_completion_request(std::string_view 
     return std::unexpected(bad("'prompt' must be a string", "prompt"));
   r.job.prompt = p->get<std::string>();
   if (r.job.prompt.empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
+  if (auto e = j->find("echo"); e != j->end() && !e->is_null()) {
+    if (!e->is_boolean()) return std::unexpected(bad("'echo' must be a boolean", "echo"));
+    if (e->get<bool>()) r.echo = r.job.prompt;
+  }
   if (r.job.prompt.size() > limits.max_text_bytes)
     return std::unexpected(bad(
         "'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes", "prompt"));
@@ -507,7 +558,7 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
   if (r.chat)
     choice["message"] = {{"role", "assistant"}, {"content", f.text}};
   else
-    choice["text"] = f.text;
+    choice["text"] = r.echo + f.text;  // echo: the prompt first
   json j{{"id", id},
          {"object", r.chat ? "chat.completion" : "text_completion"},
          {"created", created},

@@ -51,6 +51,7 @@ struct api_request {
   std::string model;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
+  std::string echo;            ///< /v1/completions with echo: the prompt, sent before the text
   actors::job_request job;     ///< id left 0
   /// Images still to fetch: index in job.images (an empty placeholder
   /// there), the URL and the request field it came from.

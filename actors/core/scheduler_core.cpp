@@ -127,6 +127,13 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
     if (t < 0 || t >= model_.vocab)
       return refuse(error_code::invalid_request,
                     "prompt token " + std::to_string(t) + " outside the vocabulary");
+  for (const auto* ids : {&q.params.stop_token_ids, &q.params.bias_ids})
+    for (auto t : *ids)
+      if (t >= model_.vocab)
+        return refuse(error_code::invalid_request,
+                      std::string(ids == &q.params.bias_ids ? "logit_bias" : "stop") + " token " +
+                          std::to_string(t) + " outside the vocabulary (" +
+                          std::to_string(model_.vocab) + " tokens)");
   if (q.images > 0 && model_.image_token < 0)
     return refuse(error_code::invalid_request,
                   "this model has no vision encoder; the request has images");
@@ -365,7 +372,7 @@ bool scheduler_core::add_to_step(request& r, std::int64_t& budget, step_plan& pl
     w.params = r.params;
     w.draws = r.draws;
     w.max_new = 1;
-    if (r.params.repetition_penalty != 1.0) w.history = r.history;
+    if (r.params.needs_history()) w.history = r.history;
   }
   fl.max_new.push_back(w.sample ? 1 : 0);
   plan.seqs.push_back(std::move(w));

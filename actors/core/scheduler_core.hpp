@@ -114,7 +114,7 @@ struct planned_seq {
   models::sampling_params params;
   std::uint64_t draws = 0;            ///< the sampler's draw counter
   std::int64_t max_new = 0;           ///< tokens it may sample (more than 1: multi-step decode)
-  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a repetition penalty
+  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a penalty
 };
 
 /// One micro-batch for the pipeline.

@@ -103,6 +103,7 @@ namespace troupe::models {
 template <class I>
 typename I::result_type inspect(I& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
-           x.repetition_penalty, x.seed, x.max_tokens, x.stop_token_ids, x.stop_strings);
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.seed, x.max_tokens,
+           x.stop_token_ids, x.stop_strings, x.bias_ids, x.bias_values, x.min_tokens);
 }
 }  // namespace troupe::models

@@ -53,6 +53,14 @@ struct job_request {
   std::vector<chat_turn> turns;
   bool has_top_p = false;
   double top_p = 1.0;
+  bool has_repetition_penalty = false;  ///< else the model's generation_config decides
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0;  ///< OpenAI's, over the generated tokens
+  double frequency_penalty = 0.0;
+  std::vector<std::int64_t> logit_bias_ids;  ///< OpenAI's logit_bias, token by token
+  std::vector<double> logit_bias_values;
+  std::int64_t min_tokens = 0;               ///< no stop before this many tokens
+  std::vector<std::int64_t> stop_token_ids;  ///< stop tokens besides the model's
   bool operator==(const job_request&) const = default;
 };
 

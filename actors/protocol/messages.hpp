@@ -86,14 +86,17 @@ struct sample_work {
   models::sampling_params params;  ///< the request's (stop_token_ids end a multi-step run early)
   std::uint64_t draws = 0;         ///< the sampler's draw counter at the first token sampled here
   std::int64_t max_new = 1;  ///< tokens it may sample in this step (more than 1: multi-step decode)
-  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a repetition penalty
+  std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a penalty
   bool operator==(const sample_work& o) const {
     const auto& a = params;
     const auto& b = o.params;
     return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-           a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty && a.seed == b.seed &&
-           a.max_tokens == b.max_tokens && a.stop_token_ids == b.stop_token_ids &&
-           a.stop_strings == b.stop_strings && draws == o.draws && max_new == o.max_new &&
+           a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&
+           a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty &&
+           a.seed == b.seed && a.max_tokens == b.max_tokens &&
+           a.stop_token_ids == b.stop_token_ids && a.stop_strings == b.stop_strings &&
+           a.bias_ids == b.bias_ids && a.bias_values == b.bias_values &&
+           a.min_tokens == b.min_tokens && draws == o.draws && max_new == o.max_new &&
            history == o.history;
   }
 };

@@ -64,6 +64,11 @@ models::sampling_params make(tag<models::sampling_params>, const actors_for_hand
   p.max_tokens = 77;
   p.stop_token_ids = {2, 9};
   p.stop_strings = {"\n\n", "END"};
+  p.presence_penalty = 0.5;
+  p.frequency_penalty = -0.25;
+  p.bias_ids = {5, 300};
+  p.bias_values = {-100, 2.5};
+  p.min_tokens = 3;
   return p;
 }
 
@@ -367,7 +372,15 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .deadline_ms = 1500,
           .turns = make(tag<std::vector<chat_turn>>{}, h),
           .has_top_p = true,
-          .top_p = 0.5};
+          .top_p = 0.5,
+          .has_repetition_penalty = true,
+          .repetition_penalty = 1.15,
+          .presence_penalty = 0.75,
+          .frequency_penalty = 1.5,
+          .logit_bias_ids = {7, 11},
+          .logit_bias_values = {3.0, -50.0},
+          .min_tokens = 4,
+          .stop_token_ids = {2, 13}};
 }
 
 member_view make(tag<member_view>, const actors_for_handles& h) {
@@ -450,7 +463,9 @@ bool same(const models::sampling_params& a, const models::sampling_params& b) {
   return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
          a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty && a.seed == b.seed &&
          a.max_tokens == b.max_tokens && a.stop_token_ids == b.stop_token_ids &&
-         a.stop_strings == b.stop_strings;
+         a.stop_strings == b.stop_strings && a.presence_penalty == b.presence_penalty &&
+         a.frequency_penalty == b.frequency_penalty && a.bias_ids == b.bias_ids &&
+         a.bias_values == b.bias_values && a.min_tokens == b.min_tokens;
 }
 
 bool same(const generate_request& a, const generate_request& b) {

@@ -273,6 +273,54 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
       << "promtool found more than the colon convention";
 }
 
+// OpenAI's and vLLM's sampling fields reach the sampler on the cluster's
+// last stage: each changes what the model generates as its rule says.
+TEST_F(Gateway, SamplingFieldsChangeTheGeneration) {
+  auto complete = [&](json extra) {
+    json body{{"prompt", "A red circle and a blue"}, {"max_tokens", 12}, {"temperature", 0}};
+    for (auto& [k, v] : extra.items()) body[k] = v;
+    auto r = post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto j = json::parse(r.body, nullptr, false);
+    return j.is_discarded() ? json::object() : j;
+  };
+  auto text = [](const json& j) { return j["choices"][0]["text"].get<std::string>(); };
+  auto used = [](const json& j) { return j["usage"]["completion_tokens"].get<int>(); };
+  const auto plain = complete({});
+  // logit_bias +100 on one token: every token is that token.
+  const auto forced = complete({{"logit_bias", {{"300", 100}}}, {"ignore_eos", true}});
+  ASSERT_EQ(used(forced), 12) << forced;
+  const auto piece = text(complete({{"logit_bias", {{"300", 100}}}, {"max_tokens", 1}}));
+  ASSERT_FALSE(piece.empty());
+  std::string twelve;
+  for (int i = 0; i < 12; ++i) twelve += piece;
+  EXPECT_EQ(text(forced), twelve);
+  // stop_token_ids: the forced token ends the request at once.
+  const auto stopped = complete({{"logit_bias", {{"300", 100}}}, {"stop_token_ids", {300}}});
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop") << stopped;
+  EXPECT_EQ(text(stopped), "");
+  // min_tokens: the same stop token is masked until then.
+  const auto at_least =
+      complete({{"logit_bias", {{"300", 100}}}, {"stop_token_ids", {300}}, {"min_tokens", 5}});
+  // Five other tokens, then 300 (its bias wins once it may be sampled),
+  // which stops it: six generated, the stop token among them.
+  EXPECT_EQ(used(at_least), 6) << at_least;
+  EXPECT_EQ(at_least["choices"][0]["finish_reason"], "stop") << at_least;
+  // The penalties change a greedy generation (the plain one repeats).
+  EXPECT_NE(text(complete({{"frequency_penalty", 2}, {"ignore_eos", true}})),
+            text(complete({{"ignore_eos", true}})));
+  EXPECT_NE(text(complete({{"presence_penalty", 2}, {"ignore_eos", true}})),
+            text(complete({{"ignore_eos", true}})));
+  EXPECT_NE(text(complete({{"repetition_penalty", 3}, {"ignore_eos", true}})),
+            text(complete({{"ignore_eos", true}})));
+  // echo: the prompt, then the completion.
+  EXPECT_EQ(text(complete({{"echo", true}})), "A red circle and a blue" + text(plain));
+  // Token ids outside the vocabulary are a 400 naming them.
+  auto outside = post("/v1/completions", json{{"prompt", "A"}, {"logit_bias", {{"999999", 1}}}});
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  EXPECT_NE(outside.body.find("outside the vocabulary"), std::string::npos) << outside.body;
+}
+
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();

@@ -285,3 +285,73 @@ TEST(StopChecker, MaxTokens) {
   EXPECT_EQ(c.feed(1, "c"), "c");
   EXPECT_EQ(c.reason(), stop_reason::max_tokens);
 }
+
+// OpenAI's penalties: logit -= count * frequency + (count > 0) * presence,
+// counted over the generated tokens (the last draws() of the history),
+// never the prompt's.
+TEST(Sampling, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  const std::vector<float> l = {1.0f, 0.5f, 0.0f};
+  auto pick = [&](sampling_params p, std::uint64_t draws, std::vector<std::int64_t> history) {
+    auto s = sampler::resume(p, draws);
+    EXPECT_TRUE(s);
+    return s->sample(l, history);
+  };
+  sampling_params presence;
+  presence.presence_penalty = 0.4;
+  EXPECT_EQ(pick(presence, 1, {0, 0}), 0) << "1.0 - 0.4 = 0.6 is still above 0.5";
+  presence.presence_penalty = 0.6;
+  EXPECT_EQ(pick(presence, 1, {0, 0}), 1) << "1.0 - 0.6 = 0.4";
+  EXPECT_EQ(pick(presence, 1, {0, 0, 0, 0, 2}), 0) << "presence counts once; the last is 2";
+  EXPECT_EQ(pick(presence, 0, {0, 0, 0}), 0) << "the prompt's tokens are not penalized";
+  sampling_params frequency;
+  frequency.frequency_penalty = 0.1;
+  EXPECT_EQ(pick(frequency, 3, {1, 0, 0, 0}), 0) << "1.0 - 3 x 0.1 = 0.7";
+  frequency.frequency_penalty = 0.2;
+  EXPECT_EQ(pick(frequency, 3, {1, 0, 0, 0}), 1) << "1.0 - 3 x 0.2 = 0.4";
+  EXPECT_EQ(pick(frequency, 2, {0, 1, 0}), 0) << "one 0 generated: 0.8";
+  // Negative values reward repetition.
+  sampling_params reward;
+  reward.presence_penalty = -1.2;  // 0.0 + 1.2 passes 1.0
+  EXPECT_EQ(pick(reward, 1, {2, 2}), 2);
+  EXPECT_TRUE(sampling_params{}.needs_history() == false);
+  EXPECT_TRUE(presence.needs_history());
+  EXPECT_FALSE(sampler::create(sampling_params{.presence_penalty = 2.5}));
+  EXPECT_FALSE(sampler::create(sampling_params{.frequency_penalty = -3}));
+}
+
+// logit_bias adds to a token's logit; min_tokens keeps stop tokens from
+// being sampled, and stop tokens and stop strings from ending the
+// sequence, until that many tokens exist.
+TEST(Sampling, LogitBiasAndMinTokens) {
+  const std::vector<float> l = {1.0f, 0.5f, 0.0f};
+  sampling_params up;
+  up.bias_ids = {2};
+  up.bias_values = {1.5};
+  EXPECT_EQ(sampler::create(up)->sample(l, {}), 2);
+  sampling_params down;
+  down.bias_ids = {0, 9999};  // ids past the vocabulary: nothing to bias
+  down.bias_values = {-100, 100};
+  EXPECT_EQ(sampler::create(down)->sample(l, {}), 1);
+  down.bias_values = {-100};
+  EXPECT_FALSE(sampler::create(down)) << "ids and values differ in number";
+  sampling_params min;
+  min.stop_token_ids = {0};
+  min.min_tokens = 2;
+  auto s = sampler::create(min);
+  EXPECT_EQ(s->sample(l, {}), 1) << "draw 0: the stop token is masked";
+  EXPECT_EQ(s->sample(l, {}), 1) << "draw 1: still";
+  EXPECT_EQ(s->sample(l, {}), 0) << "draw 2: allowed";
+  EXPECT_FALSE(sampler::create(sampling_params{.max_tokens = 3, .min_tokens = 4}));
+
+  sampling_params p;
+  p.stop_token_ids = {2};
+  p.stop_strings = {"END"};
+  p.min_tokens = 2;
+  p.max_tokens = 10;
+  stop_checker c(p);
+  EXPECT_EQ(c.feed(2, "END"), "END");  // the first token: neither stops it
+  EXPECT_EQ(c.reason(), stop_reason::none);
+  EXPECT_EQ(c.feed(5, "x"), "x");
+  EXPECT_EQ(c.feed(2, "y"), "");  // the third may stop: the stop token does
+  EXPECT_EQ(c.reason(), stop_reason::stop_token);
+}
