@@ -89,6 +89,19 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   const auto* m = st.members->find(name);
   st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
+  if (st.encoder && st.encoder_owner == name && st.encoder_home && !st.draining) {
+    // The vision encoder ran there: it runs on the head again (its weights
+    // stayed loaded here), and the scheduler sends the images it was
+    // encoding, or whose rows it held, to this one.
+    st.encoder = spawn_encoder(self->system(), st.encoder_home, st.cfg.encoder);
+    st.encoder_where = st.cfg.node.name + " " + st.encoder_home->device.name;
+    st.encoder_owner.clear();
+    ++st.actor_restarts;
+    if (st.scheduler) self->send(st.scheduler, encoder_atom::value, st.encoder);
+    event(self,
+          "the vision encoder is re-placed on " + st.cfg.node.name + " (" + name + " held it)",
+          true);
+  }
   const bool held =
       std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
   if ((held || st.placing) && !st.draining) {
@@ -465,6 +478,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     if (enc) {
       st.encoder = spawn_encoder(self->system(), enc, st.cfg.encoder);
       st.encoder_where = st.cfg.node.name + " " + enc->device.name;
+      st.encoder_home = enc;
     }
     st.rt[st.cfg.node.name].agent = own;
     st.members->joined(st.cfg.node.name, steady::now());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/cluster_common.hpp"
+#include "actors/encoder.hpp"
 #include "actors/head.hpp"
 #include "actors/placement_control.hpp"
 #include "actors/prompt.hpp"
@@ -66,6 +67,9 @@ struct head_state {
   std::string migration_phase;
   double migration_done = 0;
   std::string encoder_owner;  ///< the node whose agent spawned the encoder ("": the head did)
+  /// The head's own encoder (its weights, loaded at start): spawned again
+  /// here when the node an encoder moved to is lost.
+  std::shared_ptr<encoder_resources> encoder_home;
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;

@@ -36,6 +36,7 @@ struct shell_request {
   std::vector<image_data> images;  // kept to encode again if their holder is gone
   encoder_actor holder;            // the encoder holding the rows
   std::size_t encoded = 0;         // images encoded (this round)
+  std::vector<bool> ready;  // images the core was told are ready (admission counts each once)
   double preprocess_ms = 0, encode_ms = 0;
 };
 
@@ -392,12 +393,27 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 it->second.encode_ms += rep.encode_ms;
               }
               // An encoder replaced meanwhile stops: what it holds goes with it.
-              if (++it->second.encoded == it->second.images.size() && enc == st.encoder)
+              if (enc == st.encoder && ++it->second.encoded == it->second.images.size())
                 it->second.holder = enc;
-              if (!again) st.core->image_ready(id);
+              if (!again) {
+                // Once per image, also when it was sent again to an encoder
+                // that replaced a lost one.
+                auto& ready = it->second.ready;
+                ready.resize(it->second.images.size());
+                if (!ready[k]) {
+                  ready[k] = true;
+                  st.core->image_ready(id);
+                }
+              }
               answered();
             },
             [=](caf::error& e) {
+              if (enc != self->state.encoder) {
+                // An encoder that was replaced (its node was lost): the new
+                // one has these images too.
+                answered();
+                return;
+              }
               const auto code = troupe_code(e);
               emit(self, self->state.core->fail(
                              id, code ? static_cast<error_code>(code) : error_code::internal,
@@ -472,9 +488,16 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           pump(self);
         },
         [=](encoder_atom, encoder_actor& e) {
-          // A new encoder after a restart: the old one and its rows are gone.
-          forget_holders(self->state, encoder_actor{});
-          self->state.encoder = std::move(e);
+          // A new encoder after a restart or a lost node: the old one and
+          // its rows are gone, and what it was still encoding is sent again
+          // (its answers may never come).
+          auto& st = self->state;
+          forget_holders(st, encoder_actor{});
+          st.encoder = std::move(e);
+          std::vector<std::uint64_t> waiting;
+          for (const auto& [id, r] : st.requests)
+            if (!r.images.empty() && r.encoded < r.images.size()) waiting.push_back(id);
+          for (auto id : waiting) encode_images(self, id, {});
         },
         [=](handover_atom, encoder_actor& e, bool drain) -> caf::result<bool> {
           auto old = std::exchange(self->state.encoder, std::move(e));

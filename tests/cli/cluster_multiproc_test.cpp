@@ -490,6 +490,39 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
       to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
 }
 
+// The node an encoder moved to is lost while image requests wait on it:
+// the encoder runs on the head again, the images it had are encoded there,
+// and every request ends with the answer it would have had (before, they
+// all waited forever and `troupe status` still named the lost node).
+TEST_F(ClusterLoopback, LosingTheEncodersNodeReplacesTheEncoder) {
+  up("encl");
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 6;
+  constexpr std::int64_t tokens = 32;
+  auto ref = start_jobs(c, jobs, tokens, true);
+  join(*ref);
+  auto to_n2 =
+      actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n2"}, 60s);
+  ASSERT_TRUE(to_n2.has_value()) << to_n2.error();
+  auto run = start_jobs(c, jobs, tokens, true);
+  ::kill(pid_of("n2"), SIGKILL);
+  join(*run);
+  for (int i = 0; i < jobs; ++i) {
+    const auto& d = run->done[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+    EXPECT_EQ(d->reason, actors::finish_reason::length) << "job " << i << ": " << d->error;
+    EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+        << "job " << i << " answered differently";
+  }
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->encoder.rfind("n0 ", 0), 0u) << after->encoder;
+  auto again = actors::client(c.sys(), c.door()).run(job(1, tokens, true));
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->tokens, ref->done[0]->tokens);
+}
+
 // Image rows go from the encoder to the first stage's process directly:
 // with the first stage moved to n2 and the encoder to n1, an image request
 // moves its rows over n1 -> n2 only, and nothing passes through the head
