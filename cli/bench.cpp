@@ -162,12 +162,7 @@ command_runner add_bench(CLI::App& app) {
                   "Multi-step decode on one stage: decode passes per scheduler step at most (sized "
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--max-model-len", a->pipeline.context.max_model_len,
-                  "Prompt plus generated tokens a request may reach (default: the model's "
-                  "max_position_embeddings)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
-  cmd->add_flag("--allow-long-context", a->pipeline.context.allow_long,
-                "Allow a --max-model-len past the positions the model was trained on");
+  add_context_flags(*cmd, a->pipeline.context);
   cmd->add_option("--concurrency,-c", a->concurrency,
                   "Concurrency levels, comma-separated (default 1,4,16)");
   cmd->add_option("--requests,-n", a->requests,

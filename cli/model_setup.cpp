@@ -56,6 +56,15 @@ kernels::result<direct_model> load_direct_model(const models::weight_source& src
   return m;
 }
 
+void add_context_flags(CLI::App& cmd, models::context_options& context) {
+  cmd.add_option("--max-model-len", context.max_model_len,
+                 "Prompt plus generated tokens a request may reach (default: the model's "
+                 "max_position_embeddings)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd.add_flag("--allow-long-context", context.allow_long,
+               "Allow a --max-model-len past the positions the model was trained on");
+}
+
 void configure_pipeline_system(caf::actor_system_config& cfg, const pipeline_flags& f) {
   actors::configure_runtime(cfg);
   if (!f.remote_stage.empty() || !f.tp_peers.empty()) cfg.load<caf::io::middleman>();

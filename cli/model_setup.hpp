@@ -4,6 +4,7 @@
 // flags, loading a model for the plain generation loop, and setting up the
 // actor pipeline from the pipeline flags.
 
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,9 @@ struct pipeline_flags {
   int stages = 1, micro_batches = 0, decode_steps = 16;
   models::context_options context;  ///< --max-model-len, --allow-long-context
 };
+
+/// --max-model-len and --allow-long-context on `cmd`.
+void add_context_flags(CLI::App& cmd, models::context_options& context);
 
 /// The runtime's CAF settings, and the middleman where a stage or a
 /// tensor-parallel rank runs in another process.

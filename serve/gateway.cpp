@@ -367,6 +367,22 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     return e;
   }
 
+  static api_error shutting_down(bool cancelled) {
+    api_error e;
+    e.status = 503;
+    e.type = "server_error";
+    e.message = cancelled ? "the server is shutting down: the request was cancelled"
+                          : "the server is shutting down";
+    return e;
+  }
+
+  api_error body_too_large() const {
+    api_error e;
+    e.status = 413;
+    e.message = "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
+    return e;
+  }
+
   static api_error rejection_error(const actors::client::rejection& r, bool chat) {
     api_error e;
     e.message = r.message;
@@ -457,6 +473,17 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     if (completion) {
       if (method != http::verb::post) co_return co_await not_allowed(s, ex, "POST");
       co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
+    }
+    if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {
+      // Refused by name, not a bare 404: a client of the Responses API
+      // learns what to use instead.
+      api_error e;
+      e.status = 404;
+      e.type = "not_found_error";
+      e.message =
+          "the Responses API is not supported by troupe: use /v1/chat/completions (docs/serve.md)";
+      auto out_ = error_reply(e);
+      co_return co_await write_reply(s, ex, out_);
     }
     const bool get = method == http::verb::get || method == http::verb::head;
     auto known = [&](std::string_view p) { return path == p; };
@@ -597,13 +624,9 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     }
     if (r->model.empty()) r->model = opt.model_name;
     if (c->draining) {
-      api_error e;
-      e.status = 503;
-      e.type = "server_error";
-      e.message = "the server is shutting down";
       ex.keep_alive = false;
       {
-        auto out_ = error_reply(e);
+        auto out_ = error_reply(shutting_down(false));
         co_return co_await write_reply(s, ex, out_);
       }
     }
@@ -682,13 +705,6 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       }
     }
     watch_peer(c, s.socket());
-    auto shutting_down = [] {
-      api_error e;
-      e.status = 503;
-      e.type = "server_error";
-      e.message = "the server is shutting down: the request was cancelled";
-      return e;
-    };
 
     if (!r->stream) {
       co_await wait_for(
@@ -707,7 +723,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           co_return false;
         }
         {
-          auto out_ = error_reply(shutting_down());
+          auto out_ = error_reply(shutting_down(true));
           co_return co_await write_reply(s, ex, out_);
         }
       }
@@ -785,7 +801,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       if (!ok) break;
       if (!done && c->draining) {
         client->cancel_async(job_id);
-        const auto e = shutting_down();
+        const auto e = shutting_down(true);
         stats->failed_http(e.status);
         ev = event(error_json(e));
         ok = co_await send(ev);
@@ -870,9 +886,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
             e.message = "request headers over the limit (" +
                         std::to_string(opt.max_header_bytes >> 10) + " KiB in all)";
           } else if (ec == http::error::body_limit) {  // a Content-Length past it
-            e.status = 413;
-            e.message =
-                "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
+            e = body_too_large();
           } else {
             e.message = "malformed HTTP request: " + ec.message();
           }
@@ -920,12 +934,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       if (beast::iequals(h[http::field::expect], "100-continue")) {
         if (parser.content_length() && *parser.content_length() > opt.max_body_bytes) {
           ex.keep_alive = false;
-          api_error e;
-          e.status = 413;
-          e.message =
-              "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
           {
-            auto out_ = error_reply(e);
+            auto out_ = error_reply(body_too_large());
             co_await write_reply(stream, ex, out_);
           }
           log_access(ex);
@@ -946,12 +956,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       if (ec) {
         ex.keep_alive = false;
         if (ec == http::error::body_limit) {
-          api_error e;
-          e.status = 413;
-          e.message =
-              "the body is larger than " + std::to_string(opt.max_body_bytes >> 20) + " MiB";
           {
-            auto out_ = error_reply(e);
+            auto out_ = error_reply(body_too_large());
             co_await write_reply(stream, ex, out_);
           }
           log_access(ex);

@@ -441,3 +441,47 @@ TEST_F(GatewayAsync, KeepAliveReusesAConnectionAndAHangUpCancels) {
 }
 
 }  // namespace
+
+namespace {
+
+// The small things a client of vLLM or llama-server expects: a method an
+// endpoint does not take is 405 with Allow, the Responses API is refused by
+// name, a request id comes back, CORS answers only the configured origin.
+TEST_F(GatewayAsync, RoutesRequestIdsAndCors) {
+  serve::gateway_options opt;
+  opt.cors_origins = {"https://app.example"};
+  opt.version = "9.9.9";
+  start(opt);
+  auto ask = [&](const std::string& request) {
+    raw_client c;
+    c.fd = connect_to(gw_->port());
+    c.request = request;
+    std::vector<raw_client> cs{c};
+    drive(cs, "", 10s);
+    return cs[0].response;
+  };
+  auto get = ask("GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(get.find("HTTP/1.1 405"), 0u) << get;
+  EXPECT_NE(get.find("Allow: POST"), std::string::npos) << get;
+  auto responses = ask(post_request("/v1/responses", {{"input", "hi"}}));
+  EXPECT_EQ(responses.find("HTTP/1.1 404"), 0u) << responses;
+  EXPECT_NE(responses.find("Responses API is not supported"), std::string::npos) << responses;
+  auto version =
+      ask("GET /version HTTP/1.1\r\nHost: x\r\nX-Request-Id: abc-123\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(version.find("\"version\":\"9.9.9\""), std::string::npos) << version;
+  EXPECT_NE(version.find("X-Request-Id: abc-123"), std::string::npos) << version;
+  auto preflight =
+      ask("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n"
+          "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(preflight.find("HTTP/1.1 204"), 0u) << preflight;
+  EXPECT_NE(preflight.find("Access-Control-Allow-Origin: https://app.example"), std::string::npos)
+      << preflight;
+  auto stranger = ask(
+      "GET /live HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(stranger.find("HTTP/1.1 200"), 0u) << stranger;
+  EXPECT_EQ(stranger.find("Access-Control-Allow-Origin"), std::string::npos) << stranger;
+  auto missing = ask("GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(missing.find("HTTP/1.1 404"), 0u) << missing;
+}
+
+}  // namespace
