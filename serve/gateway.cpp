@@ -436,6 +436,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
   }
 
   void log_access(const exchange& ex) const {
+    if (ex.status > 0) stats->responded(static_cast<int>(ex.status));
     if (!opt.access_log) return;
     const double ms = std::chrono::duration<double, std::milli>(steady::now() - ex.t0).count();
     actors::logging::of("gateway").info("{} {} {} prompt={} completion={} {:.1f} ms id={}",

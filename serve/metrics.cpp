@@ -57,7 +57,12 @@ metrics::metrics()
 
 void metrics::finished(const actors::finish_event& f, const std::vector<double>& gaps) {
   std::lock_guard lock(mtx_);
-  ++success_[actors::to_string(f.reason)];
+  // A request that failed is not a success (vLLM's request_success_total
+  // counts finished requests by their reason; an error is not one).
+  if (f.reason == actors::finish_reason::error)
+    ++failures_[actors::to_string(f.code)];
+  else
+    ++success_[actors::to_string(f.reason)];
   prompt_tokens_ += static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.prompt_tokens));
   generation_tokens_ += f.tokens.size();
   preemptions_ += static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.preemptions));
@@ -70,6 +75,11 @@ void metrics::finished(const actors::finish_event& f, const std::vector<double>&
 void metrics::failed_http(int status) {
   std::lock_guard lock(mtx_);
   ++http_errors_[status];
+}
+
+void metrics::responded(int status) {
+  std::lock_guard lock(mtx_);
+  ++responses_[status];
 }
 
 std::string metrics::render(const actors::cluster_status* s) const {
@@ -123,6 +133,15 @@ std::string metrics::render(const actors::cluster_status* s) const {
   head(out, "troupe:http_errors_total", "counter", "Requests the gateway refused, by HTTP status.");
   for (const auto& [status, n] : http_errors_)
     out += "troupe:http_errors_total{status=\"" + std::to_string(status) + "\"} " +
+           std::to_string(n) + "\n";
+  head(out, "troupe:request_failure_total", "counter",
+       "Requests that ended in an error after they were accepted, by error code.");
+  for (const auto& [code, n] : failures_)
+    out +=
+        "troupe:request_failure_total{code=\"" + escape(code) + "\"} " + std::to_string(n) + "\n";
+  head(out, "troupe:http_requests_total", "counter", "HTTP responses sent, by status.");
+  for (const auto& [status, n] : responses_)
+    out += "troupe:http_requests_total{status=\"" + std::to_string(status) + "\"} " +
            std::to_string(n) + "\n";
   head(out, "troupe:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
   out += "troupe:prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";

@@ -37,13 +37,17 @@ class metrics {
   /// A request ended (the gateway saw its finish event).
   void finished(const actors::finish_event& f, const std::vector<double>& token_gaps_s);
   void failed_http(int status);
+  /// A response went out with this status (every request, errors included).
+  void responded(int status);
   /// Renders everything, with the cluster's gauges from `status`.
   std::string render(const actors::cluster_status* status) const;
 
  private:
   mutable std::mutex mtx_;
-  std::map<std::string, std::uint64_t> success_;  ///< by finished_reason
-  std::map<int, std::uint64_t> http_errors_;      ///< by status
+  std::map<std::string, std::uint64_t> success_;   ///< by finished_reason
+  std::map<int, std::uint64_t> http_errors_;       ///< by status
+  std::map<int, std::uint64_t> responses_;         ///< by status, every response
+  std::map<std::string, std::uint64_t> failures_;  ///< requests that ended in an error, by code
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0;
   histogram ttft_, itl_, e2e_, queue_;
 };

@@ -242,6 +242,12 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_GE(metric(after, "troupe:time_to_first_token_seconds_count"), 3);
   EXPECT_GE(metric(after, "troupe:request_success_total{finished_reason=\"stop\"}"), 2);
   EXPECT_GE(metric(after, "troupe:http_errors_total{status=\"401\"}"), 2);
+  // The undecodable image failed after it was accepted: a failure, not a
+  // success; and every response is counted by its status.
+  EXPECT_GE(metric(after, "troupe:request_failure_total{code=\"invalid request\"}"), 1) << after;
+  EXPECT_EQ(metric(after, "troupe:request_success_total{finished_reason=\"error\"}"), -1) << after;
+  EXPECT_GE(metric(after, "troupe:http_requests_total{status=\"200\"}"), 3) << after;
+  EXPECT_GE(metric(after, "troupe:http_requests_total{status=\"400\"}"), 2) << after;
   EXPECT_EQ(metric(after, "troupe:node_up{node=\"n1\"}"), 1);
   EXPECT_EQ(metric(after, "troupe:actor_restarts_total"), 0) << after;  // no node was lost
   EXPECT_EQ(metric(after, "troupe:shard_migrations_total"), 0) << after;

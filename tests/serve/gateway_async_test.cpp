@@ -482,6 +482,14 @@ TEST_F(GatewayAsync, RoutesRequestIdsAndCors) {
   EXPECT_EQ(stranger.find("Access-Control-Allow-Origin"), std::string::npos) << stranger;
   auto missing = ask("GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(missing.find("HTTP/1.1 404"), 0u) << missing;
+  // Every response is counted by its status, errors included.
+  auto metrics = ask("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(metrics.find("troupe:http_requests_total{status=\"405\"} 1\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("troupe:http_requests_total{status=\"404\"} 2\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("troupe:http_requests_total{status=\"204\"} 1\n"), std::string::npos)
+      << metrics;
 }
 
 }  // namespace
