@@ -16,7 +16,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <future>

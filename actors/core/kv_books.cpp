@@ -17,6 +17,20 @@ bool kv_books::reserve(std::int64_t seq, std::int64_t committed, std::int64_t re
   return true;
 }
 
+std::int64_t kv_books::longest_alone(std::int64_t from, std::int64_t cap) const {
+  // fits_alone is monotone in the length: the largest that fits, by halves.
+  std::int64_t lo = from, hi = std::max(from, cap);
+  if (!fits_alone(from + 1)) return from;
+  while (lo < hi) {
+    const auto mid = lo + (hi - lo + 1) / 2;
+    if (fits_alone(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 void kv_books::settle(std::int64_t seq, std::int64_t committed) {
   auto it = held_.find(seq);
   if (it == held_.end()) return;

@@ -35,6 +35,9 @@ class kv_books {
   }
   /// Whether a sequence of `tokens` tokens could ever fit (alone).
   bool fits_alone(std::int64_t tokens) const { return blocks_for(tokens - 1, tokens) <= total_; }
+  /// The most tokens, at most `cap`, a sequence of `from` or more could
+  /// reach alone; `from` when not even `from + 1` fits.
+  std::int64_t longest_alone(std::int64_t from, std::int64_t cap) const;
 
   /// Books what `seq` needs to hold `committed` tokens with room for
   /// `reserved`; false (nothing booked) when the pool cannot give it.

@@ -108,16 +108,9 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
     if (prompt >= model_.context_length)
       return refuse(error_code::context_length,
                     *models::context_overflow(model_.context_length, prompt, 1));
-    std::int64_t lo = prompt, hi = model_.context_length;  // lo fits (or is the prompt), hi?
-    if (!books_.fits_alone(prompt + 1)) lo = hi = prompt;
-    while (lo < hi) {
-      const auto mid = lo + (hi - lo + 1) / 2;
-      if (books_.fits_alone(mid))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    q.params.max_tokens = std::max<std::int64_t>(lo - prompt, 1);  // 1 past the KV: refused below
+    const auto longest = books_.longest_alone(prompt, model_.context_length);
+    q.params.max_tokens =
+        std::max<std::int64_t>(longest - prompt, 1);  // 1 past the KV: refused below
   }
   if (auto v = q.params.validate(); !v)
     return refuse(error_code::invalid_request, v.error().message);
