@@ -10,7 +10,13 @@ result<std::int64_t> serving_context_length(std::int64_t model_positions,
   if (opts.max_model_len < 0)
     return make_error(errc::invalid_argument, what + ": max_model_len must be positive, not " +
                                                   std::to_string(opts.max_model_len));
-  if (opts.max_model_len == 0) return model_positions;
+  if (opts.max_model_len == 0) {
+    if (opts.allow_long)  // a switch with nothing to switch: refused, not ignored
+      return make_error(errc::invalid_argument,
+                        what + ": allow_long_context without a max_model_len past the model's " +
+                            std::to_string(model_positions) + " positions");
+    return model_positions;
+  }
   if (opts.max_model_len > model_positions && !opts.allow_long)
     return make_error(errc::invalid_argument,
                       what + ": max_model_len " + std::to_string(opts.max_model_len) +
