@@ -542,6 +542,43 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                   });
           return rp;
         },
+        [=](tokenize_atom, job_request& job) -> caf::result<tokenize_reply> {
+          auto& st = self->state;
+          if (st.rendering >= st.cfg.max_rendering)
+            return make_error(error_code::overloaded,
+                              std::to_string(st.rendering) +
+                                  " jobs are having their prompts prepared; retry later");
+          ++st.rendering;
+          job.images.clear();  // rendering needs their number only (turns.images)
+          auto rp = self->make_response_promise<tokenize_reply>();
+          auto worker = spawn_prompt_worker(self->system(), st.prompt, st.cfg.render);
+          self->request(worker, caf::infinite, render_atom::value, std::move(job))
+              .then(
+                  [=](generate_request& req) mutable {
+                    auto& st = self->state;
+                    --st.rendering;
+                    tokenize_reply out;
+                    out.tokens = std::move(req.prompt_tokens);
+                    out.context_length = st.frontend.context_length;
+                    rp.deliver(std::move(out));
+                  },
+                  [=](caf::error& e) mutable {
+                    --self->state.rendering;
+                    rp.deliver(std::move(e));
+                  });
+          return rp;
+        },
+        [=](detokenize_atom, const std::vector<std::int32_t>& ids) -> caf::result<std::string> {
+          const auto& tok = self->state.frontend.tok;
+          if (!tok) return make_error(error_code::unavailable, "no tokenizer loaded");
+          const auto vocab = static_cast<std::int64_t>(tok->vocab_size());
+          for (auto id : ids)
+            if (id < 0 || id >= vocab)
+              return make_error(error_code::invalid_request,
+                                "token " + std::to_string(id) + " is outside the vocabulary (" +
+                                    std::to_string(vocab) + " tokens)");
+          return tok->decode(ids);
+        },
         [=](cancel_atom, std::uint64_t id) -> caf::result<bool> {
           if (!self->state.scheduler) return false;
           return self->delegate(self->state.scheduler, cancel_atom::value, id);

@@ -7,17 +7,26 @@ namespace troupe::actors {
 std::expected<generate_request, caf::error> request_of(const prompt_setup& setup,
                                                        const prompt_renderer& render,
                                                        job_request job) {
+  generate_request req;
+  if (!job.prompt_ids.empty()) {
+    if (!job.images.empty() || job.chat || !job.turns.empty() || !job.prompt.empty())
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        "a prompt of token ids comes alone: no text, chat or "
+                                        "images with it"));
+    req.prompt_tokens = std::move(job.prompt_ids);
+  }
   prompt_input in;
   in.prompt = job.prompt;
   in.system = job.system;
   in.images = static_cast<int>(job.images.size());
   in.chat = job.chat;
   for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images});
-  auto ids = render ? render(setup, in) : render_prompt(setup, in);
-  if (!ids) return std::unexpected(make_error(error_code::invalid_request, ids.error().message));
-  generate_request req;
+  if (req.prompt_tokens.empty()) {
+    auto ids = render ? render(setup, in) : render_prompt(setup, in);
+    if (!ids) return std::unexpected(make_error(error_code::invalid_request, ids.error().message));
+    req.prompt_tokens = std::move(*ids);
+  }
   req.id = job.id;
-  req.prompt_tokens = std::move(*ids);
   req.images = std::move(job.images);
   req.params = default_sampling(setup, job.max_tokens);
   if (job.has_temperature) req.params.temperature = job.temperature;
@@ -30,6 +39,7 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   req.params.bias_ids = std::move(job.logit_bias_ids);
   req.params.bias_values = std::move(job.logit_bias_values);
   req.params.min_tokens = job.min_tokens;
+  req.params.logprobs = job.logprobs;
   if (job.ignore_eos) req.params.stop_token_ids.clear();
   for (auto id : job.stop_token_ids)  // the request's own end too (ignore_eos drops the model's)
     if (std::find(req.params.stop_token_ids.begin(), req.params.stop_token_ids.end(), id) ==

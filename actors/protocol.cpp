@@ -72,6 +72,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<member_view>>("troupe::member_views");
   cfg.add_message_type<cluster_status>("troupe::cluster_status");
   cfg.add_message_type<frontdoor_actor>("troupe::frontdoor_actor");
+  cfg.add_message_type<tokenize_reply>("troupe::tokenize_reply");
+  cfg.add_message_type<std::vector<std::int32_t>>("troupe::int32_vector");
   cfg.add_message_type<migrate_request>("troupe::migrate_request");
   cfg.add_message_type<migrate_report>("troupe::migrate_report");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value,

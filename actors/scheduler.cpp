@@ -106,8 +106,20 @@ void emit(self_ptr self, core::core_events events) {
   for (auto& ev : events) {
     if (auto* t = std::get_if<core::tokens_out>(&ev)) {
       auto it = st.requests.find(t->id);
-      if (it != st.requests.end())
-        self->send(it->second.client, token_event{t->id, std::move(t->tokens), std::move(t->text)});
+      if (it == st.requests.end()) continue;
+      // Logprobs carry their tokens' bytes: the gateway has no tokenizer.
+      auto piece = [&](std::int32_t id) -> std::string {
+        if (!st.model.tok) return {};
+        auto p = st.model.tok->token_to_piece(id);
+        return p ? std::move(*p) : std::string{};
+      };
+      for (auto& lp : t->logprobs) {
+        lp.piece = piece(lp.token);
+        lp.top_pieces.clear();
+        for (auto id : lp.top_ids) lp.top_pieces.push_back(piece(id));
+      }
+      self->send(it->second.client, token_event{t->id, std::move(t->tokens), std::move(t->text),
+                                                std::move(t->logprobs)});
     } else if (auto* d = std::get_if<core::request_done>(&ev)) {
       auto it = st.requests.find(d->id);
       if (it == st.requests.end()) continue;
@@ -170,10 +182,11 @@ void on_step_output(self_ptr self, std::uint64_t step, step_output& out) {
   if (!out.logits.empty()) data_plane::local().drop(out.logits);
   core::step_result res;
   res.sampled = std::move(out.sampled);
+  res.logprobs = std::move(out.logprobs);
   res.compute_ms = out.compute_ms;
   res.stage_ms = std::move(out.stage_ms);
   res.passes = out.passes;
-  emit(self, self->state.core->step_done(step, res));
+  emit(self, self->state.core->step_done(step, std::move(res)));
   pump(self);
 }
 
@@ -445,7 +458,12 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           const auto id = req.id;
           auto images = std::move(req.images);
           const auto n_images = static_cast<std::int64_t>(images.size());
-          auto ahead = st.core->submit(id, [&] { return prepare(st.model, req, n_images); });
+          std::int64_t prompt_tokens = 0;
+          auto ahead = st.core->submit(id, [&] {
+            auto spec = prepare(st.model, req, n_images);
+            if (spec) prompt_tokens = static_cast<std::int64_t>(spec->tokens.size());
+            return spec;
+          });
           if (!ahead) return make_error(ahead.error().code, ahead.error().message);
           st.requests[id].client = std::move(client);
           if (n_images > 0) {
@@ -456,7 +474,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
               emit(self, st.core->fail(id, error_code::invalid_request, "no encoder for images"));
           }
           pump(self);
-          return submit_ack{id, *ahead};
+          return submit_ack{id, *ahead, prompt_tokens};
         },
         [=](cancel_atom, std::uint64_t id) -> bool {
           auto events = self->state.core->cancel(id);

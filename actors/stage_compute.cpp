@@ -130,6 +130,9 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   const auto vocab = res.model->config().vocab_size;
   const auto n = b.seqs.size();
   o.sampled.assign(n, {});
+  o.logprobs.clear();
+  for (const auto& w : b.seqs)
+    if (w.sample && w.sampling.params.logprobs >= 0) o.logprobs.assign(n, {});
   std::vector<std::optional<models::sampler>> samplers(n);
   // Samples sequence idx[k] from row rows[k] of `l`, the sequences in
   // parallel on the stage's workers (each sampler and output is its own).
@@ -148,6 +151,8 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
                                            static_cast<std::size_t>(vocab));
             const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
             o.sampled[i].push_back(tok);
+            if (const auto top = w.sampling.params.logprobs; top >= 0)
+              o.logprobs[i].push_back(models::logprobs_of(r, tok, top));
             if (!w.sampling.history.empty()) w.sampling.history.push_back(tok);
           }
         });

@@ -34,7 +34,47 @@ result<void> sampling_params::validate() const {
     return make_error(errc::invalid_argument, "min_tokens must be in [0, max_tokens]");
   for (const auto& s : stop_strings)
     if (s.empty()) return make_error(errc::invalid_argument, "stop strings must not be empty");
+  if (logprobs < -1 || logprobs > max_top_logprobs)
+    return make_error(errc::invalid_argument,
+                      "top logprobs must be in [0, " + std::to_string(max_top_logprobs) + "]");
   return {};
+}
+
+token_logprob logprobs_of(std::span<const float> logits, std::int32_t token, std::int32_t top) {
+  token_logprob out;
+  out.token = token;
+  if (logits.empty()) return out;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  const double log_z = static_cast<double>(mx) + std::log(sum);
+  auto lp = [&](std::int64_t id) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<std::size_t>(id)]) - log_z);
+  };
+  const auto n = static_cast<std::int64_t>(logits.size());
+  if (token >= 0 && token < n) out.logprob = lp(token);
+  const auto k = std::min<std::int64_t>(std::max<std::int32_t>(top, 0), n);
+  if (k == 0) return out;
+  // The k largest by a sequential scan (k is small): higher logit first,
+  // the lower id on a tie.
+  std::vector<std::int64_t> best;
+  best.reserve(static_cast<std::size_t>(k) + 1);
+  auto before = [&](std::int64_t a, std::int64_t b) {
+    const float x = logits[static_cast<std::size_t>(a)], y = logits[static_cast<std::size_t>(b)];
+    return x > y || (x == y && a < b);
+  };
+  for (std::int64_t id = 0; id < n; ++id) {
+    if (static_cast<std::int64_t>(best.size()) == k && !before(id, best.back())) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), id, before);
+    best.insert(at, id);
+    if (static_cast<std::int64_t>(best.size()) > k) best.pop_back();
+  }
+  for (auto id : best) {
+    out.top_ids.push_back(static_cast<std::int32_t>(id));
+    out.top_logprobs.push_back(lp(id));
+  }
+  return out;
 }
 
 double counter_uniform(std::uint64_t seed, std::uint64_t counter) {

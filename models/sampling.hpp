@@ -33,6 +33,11 @@ struct sampling_params {
   /// Stop tokens and stop strings do not end a sequence before it has this
   /// many tokens (vLLM's min_tokens): stop tokens cannot be sampled.
   std::int64_t min_tokens = 0;
+  /// Log-probabilities of the sampled tokens (OpenAI's logprobs): -1 off;
+  /// k >= 0: each sampled token's and its k most likely alternatives'
+  /// (at most max_top_logprobs).
+  std::int32_t logprobs = -1;
+  static constexpr std::int32_t max_top_logprobs = 20;
 
   result<void> validate() const;
   /// Whether the sampler needs the sequence's history (prompt and
@@ -41,6 +46,25 @@ struct sampling_params {
     return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0;
   }
 };
+
+/// A sampled token's log-probability and its most likely alternatives,
+/// from the model's raw distribution (log-softmax of the logits, before
+/// penalties, bias and temperature: vLLM's raw_logprobs). `piece` and
+/// `top_pieces` are the tokens' bytes, filled in by whoever holds the
+/// tokenizer.
+struct token_logprob {
+  std::int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::int32_t> top_ids;  ///< most likely first (ties: lower id first)
+  std::vector<float> top_logprobs;
+  std::string piece;
+  std::vector<std::string> top_pieces;
+  bool operator==(const token_logprob&) const = default;
+};
+
+/// `token`'s log-probability under `logits` and the `top` most likely
+/// tokens' (a deterministic, sequential sum: the same bits in any batch).
+token_logprob logprobs_of(std::span<const float> logits, std::int32_t token, std::int32_t top);
 
 /// Picks tokens for one request. The random draw for the n-th generated
 /// token depends only on (seed, n), never on other requests or on timing,

@@ -101,7 +101,10 @@ struct conn_state : std::enable_shared_from_this<conn_state> {
 struct job_stream {
   std::mutex m;
   std::optional<std::expected<actors::submit_ack, actors::client::rejection>> ack;
-  std::deque<std::string> texts;  ///< token texts not yet sent
+  std::deque<std::string> texts;                ///< token texts not yet sent
+  std::vector<models::token_logprob> logprobs;  ///< every token's, when asked for
+  std::size_t sent_logprobs = 0;                ///< of them, sent (streaming)
+  std::int64_t tokens = 0;                      ///< tokens so far
   std::optional<actors::finish_event> done;
   std::vector<double> gaps;  ///< seconds between tokens, per token
   steady::time_point last = steady::now();
@@ -456,7 +459,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
   task<bool> route(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex) {
     const auto method = ex.req.method();
     const auto& path = ex.path;
-    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" ||
+                            path == "/tokenize" || path == "/detokenize";
     if (method == http::verb::options) {
       reply r;
       r.status = 204;
@@ -472,6 +476,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     }
     if (completion) {
       if (method != http::verb::post) co_return co_await not_allowed(s, ex, "POST");
+      if (path == "/tokenize" || path == "/detokenize")
+        co_return co_await tokens(s, ex, path == "/tokenize");
       co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
     }
     if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {
@@ -576,6 +582,69 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     co_return co_await write_reply(s, ex, r);
   }
 
+  // vLLM's /tokenize and /detokenize: the head holds the tokenizer (and
+  // the chat template); the question waits on the pool, not on an I/O
+  // thread.
+  task<bool> tokens(beast::tcp_stream& s, exchange& ex, bool encode) {
+    if (auto e = authorized(ex)) {
+      auto out_ = error_reply(*e);
+      co_return co_await write_reply(s, ex, out_);
+    }
+    auto work = [this, encode,
+                 body = std::move(ex.req.body())]() -> std::expected<std::string, api_error> {
+      auto [d, client] = head();
+      auto refused = [](actors::error_code code, std::string why) {
+        return std::unexpected(rejection_error({code, std::move(why)}, false));
+      };
+      if (auto gone = client->gone(); !gone.empty()) {
+        ensure_reconnect();
+        return refused(actors::error_code::unavailable, "the cluster's head is gone: " + gone);
+      }
+      std::expected<std::string, api_error> out =
+          refused(actors::error_code::unavailable, "the head did not answer");
+      auto on_error = [&](caf::error& e) {
+        const auto code = actors::troupe_code(e);
+        out = refused(code ? static_cast<actors::error_code>(code) : actors::error_code::internal,
+                      actors::describe(sys, e));
+      };
+      caf::scoped_actor self{sys};
+      if (encode) {
+        auto r = parse_tokenize_request(body, opt.limits);
+        if (!r) return std::unexpected(r.error());
+        if (auto e = check_model(r->model, opt.model_name)) return std::unexpected(*e);
+        self->request(d, opt.submit_timeout, actors::tokenize_atom::value, std::move(r->job))
+            .receive(
+                [&](actors::tokenize_reply& t) {
+                  nlohmann::json j{{"count", t.tokens.size()},
+                                   {"max_model_len", t.context_length},
+                                   {"tokens", t.tokens}};
+                  out = j.dump();
+                },
+                on_error);
+      } else {
+        auto r = parse_detokenize_request(body, opt.limits);
+        if (!r) return std::unexpected(r.error());
+        if (auto e = check_model(r->model, opt.model_name)) return std::unexpected(*e);
+        self->request(d, opt.submit_timeout, actors::detokenize_atom::value, std::move(r->tokens))
+            .receive(
+                [&](std::string& text) {
+                  out = nlohmann::json{{"prompt", text}}.dump(
+                      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+                },
+                on_error);
+      }
+      return out;
+    };
+    auto res = co_await on_pool(std::move(work));
+    if (!res) {
+      auto out_ = error_reply(res.error());
+      co_return co_await write_reply(s, ex, out_);
+    }
+    reply out;
+    out.body = std::move(*res);
+    co_return co_await write_reply(s, ex, out);
+  }
+
   // A chat or text completion: parse, fetch images, submit, then answer
   // whole or stream.
   task<bool> complete(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex,
@@ -631,43 +700,18 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       }
     }
 
-    // Submit without waiting; the answer and the tokens wake this strand.
-    r->job.id = actors::random_job_id();
-    const auto job_id = r->job.id;
-    const auto id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(job_id);
+    // Submit without waiting, one job per choice; the answers and the
+    // tokens wake this strand.
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(1, r->n));
+    std::vector<std::shared_ptr<job_stream>> jobs;
+    std::vector<std::uint64_t> job_ids;
+    for (std::size_t i = 0; i < n; ++i) {
+      jobs.push_back(std::make_shared<job_stream>());
+      job_ids.push_back(actors::random_job_id());
+    }
+    const auto id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(job_ids[0]);
     const auto created = unix_now();
-    auto js = std::make_shared<job_stream>();
     const std::weak_ptr<conn_state> wc = c;
-    actors::client::callbacks cb;
-    cb.on_token = [js, wc](const actors::token_event& e) {
-      {
-        std::lock_guard lock(js->m);
-        const auto now = steady::now();
-        if (js->any && !e.tokens.empty()) {
-          const double gap = std::chrono::duration<double>(now - js->last).count() /
-                             static_cast<double>(e.tokens.size());
-          for (std::size_t i = 0; i < e.tokens.size(); ++i) js->gaps.push_back(gap);
-        }
-        js->any = js->any || !e.tokens.empty();
-        js->last = now;
-        if (!e.text.empty()) js->texts.push_back(e.text);
-      }
-      conn_state::notify(wc);
-    };
-    cb.on_finish = [js, wc, st = stats](const actors::finish_event& f) {
-      // Every end is counted here, also of a request whose client left.
-      std::vector<double> gaps;
-      {
-        std::lock_guard lock(js->m);
-        gaps = js->gaps;
-      }
-      st->finished(f, gaps);
-      {
-        std::lock_guard lock(js->m);
-        js->done = f;
-      }
-      conn_state::notify(wc);
-    };
     auto [d, client] = head();
     if (auto gone = client->gone(); !gone.empty()) ensure_reconnect();
     ++streams;
@@ -675,48 +719,116 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       std::atomic<std::int64_t>& n;
       ~leave() { --n; }
     } counted{streams};
-    client->submit_async(
-        std::move(r->job), std::move(cb),
-        [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
-          {
-            std::lock_guard lock(js->m);
-            js->ack = std::move(a);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto js = jobs[i];
+      actors::client::callbacks cb;
+      cb.on_token = [js, wc](const actors::token_event& e) {
+        {
+          std::lock_guard lock(js->m);
+          const auto now = steady::now();
+          if (js->any && !e.tokens.empty()) {
+            const double gap = std::chrono::duration<double>(now - js->last).count() /
+                               static_cast<double>(e.tokens.size());
+            for (std::size_t k = 0; k < e.tokens.size(); ++k) js->gaps.push_back(gap);
           }
-          conn_state::notify(wc);
-        },
-        opt.submit_timeout);
-    auto locked = [&](auto f) {
-      std::lock_guard lock(js->m);
+          js->any = js->any || !e.tokens.empty();
+          js->last = now;
+          js->tokens += static_cast<std::int64_t>(e.tokens.size());
+          if (!e.text.empty()) js->texts.push_back(e.text);
+          for (const auto& lp : e.logprobs) js->logprobs.push_back(lp);
+        }
+        conn_state::notify(wc);
+      };
+      cb.on_finish = [js, wc, st = stats](const actors::finish_event& f) {
+        // Every end is counted here, also of a request whose client left.
+        std::vector<double> gaps;
+        {
+          std::lock_guard lock(js->m);
+          gaps = js->gaps;
+        }
+        st->finished(f, gaps);
+        {
+          std::lock_guard lock(js->m);
+          js->done = f;
+        }
+        conn_state::notify(wc);
+      };
+      // Choice i samples with seed + i: n choices differ, and each is
+      // reproducible on its own.
+      auto job = i + 1 == n ? std::move(r->job) : r->job;
+      if (i + 1 == n) r->job.logprobs = job.logprobs;  // the JSON writers read it
+      job.id = job_ids[i];
+      job.seed += i;
+      client->submit_async(
+          std::move(job), std::move(cb),
+          [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
+            {
+              std::lock_guard lock(js->m);
+              js->ack = std::move(a);
+            }
+            conn_state::notify(wc);
+          },
+          opt.submit_timeout);
+    }
+    auto locked = [](job_stream& js, auto f) {
+      std::lock_guard lock(js.m);
       return f();
+    };
+    auto all = [&](auto pred) {
+      for (auto& js : jobs)
+        if (!locked(*js, [&] { return pred(*js); })) return false;
+      return true;
+    };
+    auto cancel_open = [&] {  // their KV blocks are freed
+      for (std::size_t i = 0; i < n; ++i)
+        if (!locked(*jobs[i], [&] { return jobs[i]->done.has_value(); }))
+          client->cancel_async(job_ids[i]);
     };
     // The head answers within submit_timeout, or the client says it did not.
     co_await wait_for(
-        *c, [&] { return locked([&] { return js->ack.has_value(); }); },
+        *c, [&] { return all([](job_stream& js) { return js.ack.has_value(); }); },
         steady::now() + opt.submit_timeout + 5s);
-    auto ack = locked([&] { return js->ack; });
-    if (!ack || !*ack) {
+    std::int64_t prompt_tokens = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto ack = locked(*jobs[i], [&] { return jobs[i]->ack; });
+      if (ack && *ack) {
+        prompt_tokens = (*ack)->prompt_tokens;
+        continue;
+      }
       const auto rej = ack ? ack->error()
                            : actors::client::rejection{actors::error_code::unavailable,
                                                        "the head did not answer"};
       if (rej.code == actors::error_code::unavailable) ensure_reconnect();
-      {
-        auto out_ = error_reply(rejection_error(rej, chat));
-        co_return co_await write_reply(s, ex, out_);
-      }
+      for (std::size_t k = 0; k < n; ++k)  // the choices that were accepted stop
+        if (auto a = locked(*jobs[k], [&] { return jobs[k]->ack; }); a && *a)
+          client->cancel_async(job_ids[k]);
+      auto out_ = error_reply(rejection_error(rej, chat));
+      co_return co_await write_reply(s, ex, out_);
     }
     watch_peer(c, s.socket());
+    auto count_usage = [&](std::optional<actors::finish_event>& failed) {
+      ex.prompt_tokens = prompt_tokens;
+      ex.completion_tokens = 0;
+      for (auto& js : jobs) {
+        auto done = locked(*js, [&] { return js->done; });
+        if (!done) continue;
+        ex.prompt_tokens = done->prompt_tokens;
+        ex.completion_tokens += static_cast<std::int64_t>(done->tokens.size());
+        if (done->reason == actors::finish_reason::error && !failed) failed = done;
+      }
+    };
 
     if (!r->stream) {
       co_await wait_for(
           *c,
           [&] {
-            return c->draining || c->peer_closed || locked([&] { return js->done.has_value(); });
+            return c->draining || c->peer_closed ||
+                   all([](job_stream& js) { return js.done.has_value(); });
           },
           steady::time_point::max());
       unwatch_peer(*c);
-      auto done = locked([&] { return js->done; });
-      if (!done) {
-        client->cancel_async(job_id);  // its KV blocks are freed
+      if (!all([](job_stream& js) { return js.done.has_value(); })) {
+        cancel_open();
         ex.keep_alive = false;
         if (c->peer_closed) {
           ex.status = 499;  // nginx's "client closed request", for the log
@@ -727,14 +839,20 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           co_return co_await write_reply(s, ex, out_);
         }
       }
-      ex.prompt_tokens = done->prompt_tokens;
-      ex.completion_tokens = static_cast<std::int64_t>(done->tokens.size());
-      if (done->reason == actors::finish_reason::error) {
-        auto out_ = error_reply(finish_error(*done));
+      std::optional<actors::finish_event> failed;
+      count_usage(failed);
+      if (failed) {
+        auto out_ = error_reply(finish_error(*failed));
         co_return co_await write_reply(s, ex, out_);
       }
+      std::vector<choice_output> choices;
+      for (auto& js : jobs)
+        locked(*js, [&] {
+          choices.push_back({*js->done, {js->logprobs.begin(), js->logprobs.end()}});
+          return 0;
+        });
       reply out;
-      out.body = completion_json(*r, id, created, *done);
+      out.body = completion_json(*r, id, created, choices);
       co_return co_await write_reply(s, ex, out);
     }
 
@@ -761,46 +879,99 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     std::string ev;  // the event being sent (a named local: see write_reply)
     auto event = [](const std::string& json) { return "data: " + json + "\n\n"; };
     bool ok = !ec;
-    if (ok && chat) {
-      ev = event(role_chunk_json(*r, id, created));
-      ok = co_await send(ev);
+    // Per choice: whether its end was sent, and where its logprobs' text
+    // offsets stand.
+    std::vector<bool> ended(n, false);
+    std::vector<std::int64_t> offset(n, static_cast<std::int64_t>(r->echo.size()));
+    auto usage_now = [&] {
+      usage_counts u{prompt_tokens, 0};
+      for (auto& js : jobs) u.completion += locked(*js, [&] { return js->tokens; });
+      return u;
+    };
+    for (std::size_t i = 0; ok && i < n; ++i) {
+      if (chat) {
+        ev = event(role_chunk_json(*r, id, created, static_cast<std::int64_t>(i)));
+        ok = co_await send(ev);
+      }
+      if (ok && !r->echo.empty()) {  // /v1/completions with echo: the prompt comes first
+        ev = event(chunk_json(*r, id, created, static_cast<std::int64_t>(i), r->echo, ""));
+        ok = co_await send(ev);
+      }
     }
-    if (ok && !r->echo.empty()) {  // /v1/completions with echo: the prompt comes first
-      ev = event(chunk_json(*r, id, created, r->echo, ""));
-      ok = co_await send(ev);
-    }
+    bool failed_sent = false;
     while (ok) {
       const bool woke = co_await wait_for(
           *c,
           [&] {
-            return c->draining || c->peer_closed ||
-                   locked([&] { return !js->texts.empty() || js->done.has_value(); });
+            if (c->draining || c->peer_closed) return true;
+            for (std::size_t i = 0; i < n; ++i)
+              if (locked(*jobs[i], [&] {
+                    return !jobs[i]->texts.empty() || (jobs[i]->done.has_value() && !ended[i]);
+                  }))
+                return true;
+            return false;
           },
           steady::now() + opt.sse_ping);
       if (c->peer_closed) {
         ok = false;
         break;
       }
-      std::string text;
-      std::optional<actors::finish_event> done;
-      locked([&] {
-        while (!js->texts.empty()) {
-          text += js->texts.front();
-          js->texts.pop_front();
+      bool sent = false;
+      for (std::size_t i = 0; ok && i < n && !failed_sent; ++i) {
+        if (ended[i]) continue;
+        std::string text;
+        std::vector<models::token_logprob> lps;
+        std::optional<actors::finish_event> done;
+        locked(*jobs[i], [&] {
+          auto& js = *jobs[i];
+          while (!js.texts.empty()) {
+            text += js.texts.front();
+            js.texts.pop_front();
+          }
+          done = js.done;
+          // Logprobs go with the text of their tokens (text a stop string
+          // may still take is held back; the end carries the rest).
+          if (!text.empty() || done) {
+            lps.assign(js.logprobs.begin() + static_cast<std::ptrdiff_t>(js.sent_logprobs),
+                       js.logprobs.end());
+            js.sent_logprobs = js.logprobs.size();
+          }
+          return 0;
+        });
+        const auto index = static_cast<std::int64_t>(i);
+        const auto at = offset[i];
+        for (const auto& lp : lps) offset[i] += static_cast<std::int64_t>(lp.piece.size());
+        if (done && done->reason == actors::finish_reason::error) {
+          const auto e = finish_error(*done);
+          stats->failed_http(e.status);
+          ev = event(error_json(e));
+          ok = co_await send(ev);
+          failed_sent = true;
+          break;
         }
-        done = js->done;
-        return 0;
-      });
-      if (!text.empty()) {
-        ev = event(chunk_json(*r, id, created, text, ""));
-        ok = co_await send(ev);
-      } else if (!woke) {
+        std::optional<usage_counts> u;
+        if (r->continuous_usage) u = usage_now();
+        if (!text.empty() || (done && !lps.empty())) {
+          ev = event(chunk_json(*r, id, created, index, text, "", lps, u ? &*u : nullptr, at));
+          ok = co_await send(ev);
+          sent = true;
+        }
+        if (ok && done) {
+          ev = event(chunk_json(*r, id, created, index, "", finish_reason(done->reason), {},
+                                u ? &*u : nullptr));
+          ok = co_await send(ev);
+          ended[i] = true;
+          sent = true;
+        }
+      }
+      if (ok && !sent && !woke) {
         ev = ": ping\n\n";  // a quiet stream (a long prefill) stays open
         ok = co_await send(ev);
       }
       if (!ok) break;
-      if (!done && c->draining) {
-        client->cancel_async(job_id);
+      const bool all_ended = std::all_of(ended.begin(), ended.end(), [](bool b) { return b; });
+      if (!all_ended && !failed_sent && c->draining) {
+        cancel_open();
         const auto e = shutting_down(true);
         stats->failed_http(e.status);
         ev = event(error_json(e));
@@ -810,21 +981,15 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
         ex.keep_alive = false;
         break;
       }
-      if (!done) continue;
-      ex.prompt_tokens = done->prompt_tokens;
-      ex.completion_tokens = static_cast<std::int64_t>(done->tokens.size());
-      if (done->reason == actors::finish_reason::error) {
-        const auto e = finish_error(*done);
-        stats->failed_http(e.status);
-        ev = event(error_json(e));
+      if (!all_ended && !failed_sent) continue;
+      std::optional<actors::finish_event> failed;
+      count_usage(failed);
+      if (failed_sent) {
+        cancel_open();
+      } else if (r->include_usage) {
+        usage_counts u{ex.prompt_tokens, ex.completion_tokens};
+        ev = event(usage_chunk_json(*r, id, created, u));
         ok = co_await send(ev);
-      } else {
-        ev = event(chunk_json(*r, id, created, "", finish_reason(done->reason)));
-        ok = co_await send(ev);
-        if (ok && r->include_usage) {
-          ev = event(chunk_json(*r, id, created, "", "", &*done));
-          ok = co_await send(ev);
-        }
       }
       ev = event("[DONE]");
       if (ok) ok = co_await send(ev);
@@ -838,10 +1003,10 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       unwatch_peer(*c);
       co_return ok&& ex.keep_alive;
     }
-    // The client went away (or could not be written to): its request stops
-    // and frees its KV blocks.
+    // The client went away (or could not be written to): its requests stop
+    // and free their KV blocks.
     unwatch_peer(*c);
-    if (!locked([&] { return js->done.has_value(); })) client->cancel_async(job_id);
+    cancel_open();
     if (c->peer_closed) ex.status = 499;
     ex.keep_alive = false;
     co_return false;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace troupe::serve {
@@ -40,8 +41,11 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
           return bad("'stream_options.include_usage' must be a boolean",
                      "stream_options.include_usage");
         r.include_usage = v.get<bool>();
-      } else if (k == "continuous_usage_stats" && (v.is_null() || v == false)) {
-        continue;
+      } else if (k == "continuous_usage_stats") {
+        if (!v.is_null() && !v.is_boolean())
+          return bad("'stream_options.continuous_usage_stats' must be a boolean",
+                     "stream_options.continuous_usage_stats");
+        r.continuous_usage = v.is_boolean() && v.get<bool>();
       } else {
         return bad("'stream_options." + k.substr(0, 64) + "' is not supported",
                    "stream_options." + k.substr(0, 64));
@@ -149,9 +153,36 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     if (!it->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     job.ignore_eos = it->get<bool>();
   }
-  if (auto it = j.find("n");
-      it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<std::int64_t>() == 1))
-    return bad("only n = 1 is supported", "n");
+  if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
+        it->get<std::int64_t>() > limits.max_n)
+      return bad("'n' must be an integer in [1, " + std::to_string(limits.max_n) + "]", "n");
+    r.n = it->get<std::int64_t>();
+  }
+  // Logprobs: chat asks with `logprobs: true` and `top_logprobs: k`;
+  // completions with `logprobs: k`.
+  const auto most = models::sampling_params::max_top_logprobs;
+  const std::string range = "an integer in [0, " + std::to_string(most) + "]";
+  auto lp = j.find("logprobs");
+  const bool has_lp = lp != j.end() && !lp->is_null();
+  if (r.chat) {
+    if (has_lp && !lp->is_boolean()) return bad("'logprobs' must be a boolean", "logprobs");
+    const bool on = has_lp && lp->get<bool>();
+    std::int64_t top = 0;
+    if (auto t = j.find("top_logprobs"); t != j.end() && !t->is_null()) {
+      if (!t->is_number_integer() || t->get<std::int64_t>() < 0 || t->get<std::int64_t>() > most)
+        return bad("'top_logprobs' must be " + range, "top_logprobs");
+      top = t->get<std::int64_t>();
+      if (!on) return bad("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
+    if (on) job.logprobs = static_cast<std::int32_t>(top);
+  } else if (has_lp) {
+    if (!lp->is_number_integer() || lp->get<std::int64_t>() < 0 || lp->get<std::int64_t>() > most)
+      return bad("'logprobs' must be " + range, "logprobs");
+    job.logprobs = static_cast<std::int32_t>(lp->get<std::int64_t>());
+    if (!r.echo.empty())
+      return bad("'echo' with 'logprobs' is not supported (no prompt logprobs)", "echo");
+  }
   return std::nullopt;
 }
 
@@ -169,9 +200,6 @@ struct field_rule {
 
 bool is_null(const json& v) {
   return v.is_null();
-}
-bool is_zero(const json& v) {
-  return v.is_null() || (v.is_number() && v.get<double>() == 0.0);
 }
 bool is_one(const json& v) {
   return v.is_null() || (v.is_number() && v.get<double>() == 1.0);
@@ -238,8 +266,8 @@ const field_rule field_rules[] = {
     {"repetition_penalty", true, true, nullptr, nullptr},
     {"logit_bias", true, true, nullptr, nullptr},
     {"stop_token_ids", true, true, nullptr, nullptr},
-    {"logprobs", true, true, [](const json& v) { return is_false(v) || is_zero(v); }, later_api},
-    {"top_logprobs", true, false, is_zero, later_api},
+    {"logprobs", true, true, nullptr, nullptr},
+    {"top_logprobs", true, false, nullptr, nullptr},
     {"echo", false, true, nullptr, nullptr},
     {"suffix", false, true, is_empty, later_api},
     {"best_of", false, true, is_one, "other than 1 is not supported"},
@@ -521,19 +549,121 @@ std::expected<api_request, api_error> parse_completion_request(std::string_view 
   api_request r;
   r.chat = false;
   r.job.max_tokens = 16;  // OpenAI's default for completions
+  // A string, token ids, or an array of one of either (OpenAI's batch of
+  // prompts: one here, several choices come from `n`).
+  const char* shape = "'prompt' must be a string or an array of token ids";
   auto p = j->find("prompt");
-  if (p == j->end() || !p->is_string())
-    return std::unexpected(bad("'prompt' must be a string", "prompt"));
-  r.job.prompt = p->get<std::string>();
-  if (r.job.prompt.empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
+  if (p == j->end()) return std::unexpected(bad(shape, "prompt"));
+  const json* one = &*p;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array()))
+    one = &(*p)[0];
+  else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
+    return std::unexpected(bad("one prompt per request ('n' asks for several choices)", "prompt"));
+  if (one->is_string()) {
+    r.job.prompt = one->get<std::string>();
+    if (r.job.prompt.empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
+  } else if (one->is_array()) {
+    if (one->empty()) return std::unexpected(bad("'prompt' is empty", "prompt"));
+    if (one->size() > limits.max_text_bytes)
+      return std::unexpected(
+          bad("'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " token ids",
+              "prompt"));
+    for (const auto& v : *one) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
+          v.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+        return std::unexpected(bad(shape, "prompt"));
+      r.job.prompt_ids.push_back(static_cast<std::int32_t>(v.get<std::int64_t>()));
+    }
+  } else {
+    return std::unexpected(bad(shape, "prompt"));
+  }
   if (auto e = j->find("echo"); e != j->end() && !e->is_null()) {
     if (!e->is_boolean()) return std::unexpected(bad("'echo' must be a boolean", "echo"));
+    if (e->get<bool>() && !r.job.prompt_ids.empty())
+      return std::unexpected(bad("'echo' with a prompt of token ids is not supported", "echo"));
     if (e->get<bool>()) r.echo = r.job.prompt;
   }
   if (r.job.prompt.size() > limits.max_text_bytes)
     return std::unexpected(bad(
         "'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes", "prompt"));
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
+  return r;
+}
+
+std::expected<api_request, api_error> parse_tokenize_request(std::string_view body,
+                                                             const request_limits& limits) {
+  auto j = parse_json(body, limits);
+  if (!j) return std::unexpected(j.error());
+  for (const auto& [key, v] : j->items()) {
+    const std::string shown = key.substr(0, 64);
+    if (key == "model" || key == "prompt" || key == "messages") continue;
+    if (key == "add_special_tokens" || key == "add_generation_prompt") {
+      // troupe renders prompts as it generates them: BOS added, and a
+      // chat ends with the assistant's turn opened.
+      if (v.is_null() || v == true) continue;
+      return std::unexpected(bad("'" + shown + "' other than true is not supported", shown));
+    }
+    return std::unexpected(
+        bad("unrecognized request argument '" + shown + "' for /tokenize", shown));
+  }
+  const bool has_prompt = j->contains("prompt"), has_messages = j->contains("messages");
+  if (has_prompt == has_messages)
+    return std::unexpected(
+        bad("give either 'prompt' or 'messages'", has_prompt ? "messages" : "prompt"));
+  api_request r;
+  if (has_messages) {
+    json chat{{"messages", (*j)["messages"]}};
+    auto c = parse_chat_request(chat.dump(), limits);
+    if (!c) return std::unexpected(c.error());
+    if (!c->job.images.empty() || !c->remote_images.empty())
+      return std::unexpected(
+          bad("/tokenize counts text only: images are not supported", "messages"));
+    r = std::move(*c);
+  } else {
+    const auto& p = (*j)["prompt"];
+    if (!p.is_string() || p.get<std::string>().empty())
+      return std::unexpected(bad("'prompt' must be a non-empty string", "prompt"));
+    if (p.get<std::string>().size() > limits.max_text_bytes)
+      return std::unexpected(
+          bad("'prompt' holds more than " + std::to_string(limits.max_text_bytes) + " bytes",
+              "prompt"));
+    r.chat = false;
+    r.job.prompt = p.get<std::string>();
+  }
+  r.model.clear();
+  if (auto m = j->find("model"); m != j->end() && !m->is_null()) {
+    if (!m->is_string()) return std::unexpected(bad("'model' must be a string", "model"));
+    r.model = m->get<std::string>().substr(0, 256);
+  }
+  return r;
+}
+
+std::expected<detokenize_request, api_error> parse_detokenize_request(
+    std::string_view body, const request_limits& limits) {
+  auto j = parse_json(body, limits);
+  if (!j) return std::unexpected(j.error());
+  detokenize_request r;
+  for (const auto& [key, v] : j->items()) {
+    const std::string shown = key.substr(0, 64);
+    if (key == "model") {
+      if (!v.is_null() && !v.is_string())
+        return std::unexpected(bad("'model' must be a string", "model"));
+      if (v.is_string()) r.model = v.get<std::string>().substr(0, 256);
+    } else if (key == "tokens") {
+      if (!v.is_array() || v.size() > limits.max_text_bytes)
+        return std::unexpected(bad("'tokens' must be an array of token ids", "tokens"));
+      for (const auto& t : v) {
+        if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+            t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+          return std::unexpected(bad("'tokens' must be an array of token ids", "tokens"));
+        r.tokens.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+      }
+    } else {
+      return std::unexpected(
+          bad("unrecognized request argument '" + shown + "' for /detokenize", shown));
+    }
+  }
+  if (!j->contains("tokens")) return std::unexpected(bad("'tokens' is missing", "tokens"));
   return r;
 }
 
@@ -544,32 +674,98 @@ std::string finish_reason(actors::finish_reason r) {
 }
 
 namespace {
-json usage_of(const actors::finish_event& f) {
-  const auto completion = static_cast<std::int64_t>(f.tokens.size());
-  return {{"prompt_tokens", f.prompt_tokens},
-          {"completion_tokens", completion},
-          {"total_tokens", f.prompt_tokens + completion}};
+json usage_of(const usage_counts& u) {
+  return {{"prompt_tokens", u.prompt},
+          {"completion_tokens", u.completion},
+          {"total_tokens", u.prompt + u.completion}};
+}
+
+// A token's bytes as OpenAI gives them (a piece may be part of a UTF-8
+// character: `token` then shows U+FFFD where `bytes` are exact).
+json bytes_of(const std::string& piece) {
+  json b = json::array();
+  for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json logprobs_object(bool chat, std::span<const models::token_logprob> lps,
+                     std::int64_t text_offset) {
+  if (chat) {
+    json content = json::array();
+    for (const auto& t : lps) {
+      json top = json::array();
+      for (std::size_t k = 0; k < t.top_ids.size(); ++k) {
+        const auto& piece = k < t.top_pieces.size() ? t.top_pieces[k] : std::string{};
+        top.push_back(
+            {{"token", piece}, {"logprob", t.top_logprobs[k]}, {"bytes", bytes_of(piece)}});
+      }
+      content.push_back({{"token", t.piece},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(t.piece)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const auto& t : lps) {
+    tokens.push_back(t.piece);
+    token_lps.push_back(t.logprob);
+    json top = json::object();
+    for (std::size_t k = 0; k < t.top_ids.size(); ++k)
+      top[k < t.top_pieces.size() ? t.top_pieces[k] : std::string{}] = t.top_logprobs[k];
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<std::int64_t>(t.piece.size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 }  // namespace
 
+std::string logprobs_json(bool chat, std::span<const models::token_logprob> logprobs,
+                          std::int64_t text_offset) {
+  return dump(logprobs_object(chat, logprobs, text_offset));
+}
+
 std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
-                            const actors::finish_event& f) {
-  json choice{{"index", 0}, {"finish_reason", finish_reason(f.reason)}, {"logprobs", nullptr}};
-  if (r.chat)
-    choice["message"] = {{"role", "assistant"}, {"content", f.text}};
-  else
-    choice["text"] = r.echo + f.text;  // echo: the prompt first
+                            const std::vector<choice_output>& choices) {
+  json list = json::array();
+  usage_counts usage;
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const auto& f = choices[i].done;
+    const bool lp = r.job.logprobs >= 0;
+    json choice{{"index", i},
+                {"finish_reason", finish_reason(f.reason)},
+                {"logprobs", lp ? logprobs_object(r.chat, choices[i].logprobs,
+                                                  static_cast<std::int64_t>(r.echo.size()))
+                                : json(nullptr)}};
+    if (r.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", f.text}};
+    else
+      choice["text"] = r.echo + f.text;  // echo: the prompt first
+    list.push_back(std::move(choice));
+    usage.prompt = f.prompt_tokens;  // the same prompt in every choice
+    usage.completion += static_cast<std::int64_t>(f.tokens.size());
+  }
   json j{{"id", id},
          {"object", r.chat ? "chat.completion" : "text_completion"},
          {"created", created},
          {"model", r.model},
-         {"choices", json::array({choice})},
-         {"usage", usage_of(f)}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+         {"choices", std::move(list)},
+         {"usage", usage_of(usage)}};
+  return dump(j);
 }
 
-std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created) {
-  json choice{{"index", 0},
+std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                            std::int64_t index) {
+  json choice{{"index", index},
               {"delta", {{"role", "assistant"}, {"content", ""}}},
               {"finish_reason", nullptr},
               {"logprobs", nullptr}};
@@ -578,30 +774,40 @@ std::string role_chunk_json(const api_request& r, const std::string& id, std::in
          {"created", created},
          {"model", r.model},
          {"choices", json::array({choice})}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return dump(j);
 }
 
 std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,
-                       const std::string& text, const std::string& finish,
-                       const actors::finish_event* usage) {
+                       std::int64_t index, const std::string& text, const std::string& finish,
+                       std::span<const models::token_logprob> logprobs, const usage_counts* usage,
+                       std::int64_t text_offset) {
   json j{{"id", id},
          {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
          {"created", created},
          {"model", r.model}};
-  if (usage) {
-    j["choices"] = json::array();
-    j["usage"] = usage_of(*usage);
-  } else {
-    json choice{{"index", 0},
-                {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
-                {"logprobs", nullptr}};
-    if (r.chat)
-      choice["delta"] = text.empty() && !finish.empty() ? json::object() : json{{"content", text}};
-    else
-      choice["text"] = text;
-    j["choices"] = json::array({choice});
-  }
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  json choice{{"index", index},
+              {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
+              {"logprobs", r.job.logprobs >= 0 && !logprobs.empty()
+                               ? logprobs_object(r.chat, logprobs, text_offset)
+                               : json(nullptr)}};
+  if (r.chat)
+    choice["delta"] = text.empty() && !finish.empty() ? json::object() : json{{"content", text}};
+  else
+    choice["text"] = text;
+  j["choices"] = json::array({choice});
+  if (usage) j["usage"] = usage_of(*usage);
+  return dump(j);
+}
+
+std::string usage_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                             const usage_counts& usage) {
+  json j{{"id", id},
+         {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+         {"created", created},
+         {"model", r.model},
+         {"choices", json::array()},
+         {"usage", usage_of(usage)}};
+  return dump(j);
 }
 
 }  // namespace troupe::serve

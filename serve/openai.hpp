@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <expected>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "actors/protocol/jobs.hpp"
+#include "models/sampling.hpp"
 
 namespace troupe::serve {
 
@@ -35,6 +37,7 @@ struct request_limits {
   std::size_t max_text_bytes = 1u << 20;
   std::int64_t max_tokens = 1 << 16;
   std::size_t max_stops = 16;
+  std::int64_t max_n = 16;  ///< choices per request (`n`)
   /// The body's JSON, checked while it is parsed (before a value is built
   /// past them): arrays and objects nested this deep at most, and this many
   /// values in all. A chat request nests about 6 deep.
@@ -51,8 +54,12 @@ struct api_request {
   std::string model;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
-  std::string echo;            ///< /v1/completions with echo: the prompt, sent before the text
-  actors::job_request job;     ///< id left 0
+  /// stream_options.continuous_usage_stats (vLLM's): every chunk carries the
+  /// usage so far.
+  bool continuous_usage = false;
+  std::string echo;         ///< /v1/completions with echo: the prompt, sent before the text
+  std::int64_t n = 1;       ///< choices: n jobs, seeds seed, seed + 1, ... (a seed given or not)
+  actors::job_request job;  ///< id left 0
   /// Images still to fetch: index in job.images (an empty placeholder
   /// there), the URL and the request field it came from.
   struct remote_image {
@@ -66,6 +73,19 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits = {});
 std::expected<api_request, api_error> parse_completion_request(std::string_view body,
                                                                const request_limits& limits = {});
+
+/// vLLM's /tokenize body: {"prompt": text} or {"messages": [...]} (the
+/// chat template applied, with the generation prompt), and `model`. Images
+/// are refused (their rows are counted at admission, not here).
+std::expected<api_request, api_error> parse_tokenize_request(std::string_view body,
+                                                             const request_limits& limits = {});
+/// vLLM's /detokenize body: {"tokens": [ids]}, and `model`.
+struct detokenize_request {
+  std::string model;
+  std::vector<std::int32_t> tokens;
+};
+std::expected<detokenize_request, api_error> parse_detokenize_request(
+    std::string_view body, const request_limits& limits = {});
 
 /// The bytes of a base64 `data:image/...;base64,` URL.
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
@@ -82,16 +102,40 @@ std::optional<api_error> check_model(const std::string& requested, const std::st
 /// OpenAI's finish_reason for a troupe finish reason.
 std::string finish_reason(actors::finish_reason r);
 
-/// A whole (non-streamed) response.
+/// One choice of a response: its job's end and, when asked for, the
+/// logprobs of its tokens.
+struct choice_output {
+  actors::finish_event done;
+  std::vector<models::token_logprob> logprobs;
+};
+/// Tokens of a response (all choices).
+struct usage_counts {
+  std::int64_t prompt = 0;
+  std::int64_t completion = 0;
+};
+
+/// A whole (non-streamed) response: choice i is choices[i].
 std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
-                            const actors::finish_event& f);
-/// A chat stream's first chunk: the role, no content yet (OpenAI's
-/// `{"role": "assistant", "content": ""}` delta).
-std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created);
-/// One stream chunk: `text` as the delta (chat) or text (completion); with
-/// `finish` the final chunk's finish_reason; with `usage` a usage-only chunk.
+                            const std::vector<choice_output>& choices);
+/// A chat stream's first chunk of choice `index`: the role, no content yet
+/// (OpenAI's `{"role": "assistant", "content": ""}` delta).
+std::string role_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                            std::int64_t index = 0);
+/// One stream chunk of choice `index`: `text` as the delta (chat) or text
+/// (completion) and the logprobs of the tokens it covers; with `finish` the
+/// choice's finish_reason; with `usage` (continuous_usage_stats) the usage
+/// so far. `text_offset`: where `text` starts in the choice's text (the
+/// completions logprobs' text_offset).
 std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,
-                       const std::string& text, const std::string& finish,
-                       const actors::finish_event* usage = nullptr);
+                       std::int64_t index, const std::string& text, const std::string& finish,
+                       std::span<const models::token_logprob> logprobs = {},
+                       const usage_counts* usage = nullptr, std::int64_t text_offset = 0);
+/// The usage-only chunk (stream_options.include_usage) after the last choice.
+std::string usage_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                             const usage_counts& usage);
+/// The `logprobs` object of a choice (chat: {"content": [...]}; completions:
+/// tokens, token_logprobs, top_logprobs, text_offset from `text_offset`).
+std::string logprobs_json(bool chat, std::span<const models::token_logprob> logprobs,
+                          std::int64_t text_offset = 0);
 
 }  // namespace troupe::serve

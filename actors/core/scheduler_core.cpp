@@ -489,14 +489,18 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
 }
 
 void scheduler_core::apply_sampled(request& r, const std::vector<std::int32_t>& sampled,
-                                   time_point now, core_events& out) {
+                                   std::vector<models::token_logprob>* logprobs, time_point now,
+                                   core_events& out) {
   if (!r.has_first) {
     r.has_first = true;
     r.first_token = now;
   }
-  tokens_out ev{r.id, {}, {}};
+  tokens_out ev{r.id, {}, {}, {}};
   auto reason = models::stop_reason::none;
-  for (auto tok : sampled) {  // tokens past a stop are dropped (the KV goes with the request)
+  for (std::size_t k = 0; k < sampled.size(); ++k) {
+    // Tokens past a stop are dropped (the KV goes with the request).
+    const auto tok = sampled[k];
+    if (logprobs) ev.logprobs.push_back(std::move((*logprobs)[k]));
     ++r.draws;
     r.tokens.push_back(tok);
     r.history.push_back(tok);
@@ -518,7 +522,7 @@ void scheduler_core::apply_sampled(request& r, const std::vector<std::int32_t>& 
            {}, out);
 }
 
-core_events scheduler_core::step_done(std::uint64_t step, const step_result& res) {
+core_events scheduler_core::step_done(std::uint64_t step, step_result res) {
   core_events out;
   auto node = steps_.extract(step);
   if (node.empty()) return out;
@@ -539,10 +543,13 @@ core_events scheduler_core::step_done(std::uint64_t step, const step_result& res
       stats_.step_rows += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.size()) - 1);
   }
   const own_work timing{stats_, *clock_};
-  bool valid = res.sampled.size() == fl.ids.size();
+  bool valid = res.sampled.size() == fl.ids.size() &&
+               (res.logprobs.empty() || res.logprobs.size() == fl.ids.size());
   for (std::size_t i = 0; valid && i < fl.ids.size(); ++i) {
     const auto n = static_cast<std::int64_t>(res.sampled[i].size());
     valid = fl.max_new[i] == 0 ? n == 0 : n >= 1 && n <= fl.max_new[i];
+    if (!res.logprobs.empty() && !res.logprobs[i].empty())
+      valid = valid && res.logprobs[i].size() == res.sampled[i].size();
     for (auto t : res.sampled[i]) valid = valid && t >= 0 && t < model_.vocab;
   }
   if (!valid) {
@@ -573,7 +580,8 @@ core_events scheduler_core::step_done(std::uint64_t step, const step_result& res
       continue;
     }
     if (sampled.empty()) continue;  // mid-prefill
-    apply_sampled(*r, sampled, now, out);
+    auto* lp = !res.logprobs.empty() && !res.logprobs[i].empty() ? &res.logprobs[i] : nullptr;
+    apply_sampled(*r, sampled, lp, now, out);
   }
   check_deadlines(out);
   return out;

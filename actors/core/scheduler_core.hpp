@@ -127,6 +127,9 @@ struct step_plan {
 /// What came back from the last stage.
 struct step_result {
   std::vector<std::vector<std::int32_t>> sampled;  ///< per planned sequence
+  /// Per planned sequence, one per sampled token where logprobs were asked
+  /// for (empty: none asked for in the step).
+  std::vector<std::vector<models::token_logprob>> logprobs;
   double compute_ms = 0;
   std::vector<double> stage_ms;
   std::int32_t passes = 1;
@@ -143,6 +146,7 @@ struct tokens_out {
   std::uint64_t id = 0;
   std::vector<std::int32_t> tokens;
   std::string text;
+  std::vector<models::token_logprob> logprobs;  ///< one per token, when asked for
 };
 
 /// A request ended.
@@ -205,7 +209,7 @@ class scheduler_core {
   /// their blocks back through `out`.
   std::optional<step_plan> plan_step(core_events& out);
   /// A step's output came back.
-  core_events step_done(std::uint64_t step, const step_result& out);
+  core_events step_done(std::uint64_t step, step_result out);
   /// A step failed. A lost peer stalls the pipeline until a reset (or,
   /// after stall_retry, tick recomputes the failed steps' requests).
   core_events step_failed(std::uint64_t step, step_failure kind, const std::string& why);
@@ -262,7 +266,8 @@ class scheduler_core {
   void check_deadlines(core_events& out);
   bool add_to_step(request& r, std::int64_t& budget, step_plan& plan, in_flight_step& fl);
   void plan_multi_step(step_plan& plan, in_flight_step& fl);
-  void apply_sampled(request& r, const std::vector<std::int32_t>& sampled, time_point now,
+  void apply_sampled(request& r, const std::vector<std::int32_t>& sampled,
+                     std::vector<models::token_logprob>* logprobs, time_point now,
                      core_events& out);
   void step_left(time_point now);
   void fail_all(const core_error& why, core_events& out);

@@ -20,7 +20,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 16;
+inline constexpr std::uint32_t protocol_version = 17;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -72,6 +72,8 @@ using drop_enc_atom = caf::atom_constant<caf::atom("dropenc")>;      ///< agent:
 using rows_atom = caf::atom_constant<caf::atom("rows")>;             ///< encoder: send image rows
 using forget_atom = caf::atom_constant<caf::atom("forget")>;         ///< encoder: drop held rows
 using discard_atom = caf::atom_constant<caf::atom("discard")>;       ///< KV store: take, throw away
+using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;     ///< door: a prompt's tokens
+using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;  ///< door: tokens' text
 
 // -- errors -------------------------------------------------------------------
 
@@ -104,6 +106,12 @@ template <class I>
 typename I::result_type inspect(I& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.seed, x.max_tokens,
-           x.stop_token_ids, x.stop_strings, x.bias_ids, x.bias_values, x.min_tokens);
+           x.stop_token_ids, x.stop_strings, x.bias_ids, x.bias_values, x.min_tokens, x.logprobs);
+}
+
+template <class I>
+typename I::result_type inspect(I& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.top_ids, x.top_logprobs,
+           x.piece, x.top_pieces);
 }
 }  // namespace troupe::models

@@ -165,7 +165,7 @@ typename I::result_type inspect(I& f, job_request& x) {
            x.ignore_eos, x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings,
            x.deadline_ms, x.turns, x.has_top_p, x.top_p, x.has_repetition_penalty,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.logit_bias_ids,
-           x.logit_bias_values, x.min_tokens, x.stop_token_ids);
+           x.logit_bias_values, x.min_tokens, x.stop_token_ids, x.logprobs, x.prompt_ids);
 }
 
 /// One node as the head sees it.
@@ -289,8 +289,23 @@ typename I::result_type inspect(I& f, migrate_report& x) {
 
 /// The head's door for clients (handed out in the gatekeeper's pass to a
 /// holder of the cluster's client certificate).
+/// A prompt's tokens as the head renders them (the chat template applied
+/// for a chat), and the context length served.
+struct tokenize_reply {
+  std::vector<std::int32_t> tokens;
+  std::int64_t context_length = 0;  ///< 0: no limit but the KV cache's
+  bool operator==(const tokenize_reply&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, tokenize_reply& x) {
+  return f(caf::meta::type_name("tokenize_reply"), x.tokens, x.context_length);
+}
+
 using frontdoor_actor =
     caf::typed_actor<caf::replies_to<submit_atom, job_request, client_sink_actor>::with<submit_ack>,
+                     caf::replies_to<tokenize_atom, job_request>::with<tokenize_reply>,
+                     caf::replies_to<detokenize_atom, std::vector<std::int32_t>>::with<std::string>,
                      caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
                      caf::replies_to<status_atom>::with<cluster_status>,
                      caf::replies_to<down_atom>::with<bool>,

@@ -61,6 +61,12 @@ struct job_request {
   std::vector<double> logit_bias_values;
   std::int64_t min_tokens = 0;               ///< no stop before this many tokens
   std::vector<std::int64_t> stop_token_ids;  ///< stop tokens besides the model's
+  /// Logprobs of each sampled token: -1 none; k >= 0: with its k most likely
+  /// alternatives (token_event.logprobs).
+  std::int32_t logprobs = -1;
+  /// The prompt as token ids (/v1/completions), used as they are instead of
+  /// `prompt` (no template, no BOS added); no images with them.
+  std::vector<std::int32_t> prompt_ids;
   bool operator==(const job_request&) const = default;
 };
 

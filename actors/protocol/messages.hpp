@@ -51,13 +51,14 @@ typename I::result_type inspect(I& f, generate_request& x) {
 /// Admission answer to a submit.
 struct submit_ack {
   std::uint64_t id = 0;
-  std::int64_t queued = 0;  ///< requests waiting ahead of this one
+  std::int64_t queued = 0;         ///< requests waiting ahead of this one
+  std::int64_t prompt_tokens = 0;  ///< the prompt's tokens (images' rows included)
   bool operator==(const submit_ack&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, submit_ack& x) {
-  return f(caf::meta::type_name("submit_ack"), x.id, x.queued);
+  return f(caf::meta::type_name("submit_ack"), x.id, x.queued, x.prompt_tokens);
 }
 
 /// Newly generated tokens and the text now safe to show.
@@ -65,12 +66,14 @@ struct token_event {
   std::uint64_t id = 0;
   std::vector<std::int32_t> tokens;
   std::string text;
+  /// With logprobs asked for: one per token of `tokens`, with its pieces.
+  std::vector<models::token_logprob> logprobs;
   bool operator==(const token_event&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text);
+  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text, x.logprobs);
 }
 
 template <class I>
@@ -96,8 +99,8 @@ struct sample_work {
            a.seed == b.seed && a.max_tokens == b.max_tokens &&
            a.stop_token_ids == b.stop_token_ids && a.stop_strings == b.stop_strings &&
            a.bias_ids == b.bias_ids && a.bias_values == b.bias_values &&
-           a.min_tokens == b.min_tokens && draws == o.draws && max_new == o.max_new &&
-           history == o.history;
+           a.min_tokens == b.min_tokens && a.logprobs == b.logprobs && draws == o.draws &&
+           max_new == o.max_new && history == o.history;
   }
 };
 
@@ -161,13 +164,15 @@ struct step_output {
   std::vector<double> stage_ms;  ///< each stage's part of compute_ms, in pipeline order
   std::vector<std::vector<std::int32_t>> sampled;
   std::int32_t passes = 1;  ///< decode passes run (multi-step)
+  /// Per sequence that asked for logprobs, one per sampled token (else empty).
+  std::vector<std::vector<models::token_logprob>> logprobs;
   bool operator==(const step_output&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, step_output& x) {
   return f(caf::meta::type_name("step_output"), x.step, x.logits, x.compute_ms, x.stage_ms,
-           x.sampled, x.passes);
+           x.sampled, x.passes, x.logprobs);
 }
 
 /// What a shard holds.

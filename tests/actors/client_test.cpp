@@ -19,7 +19,7 @@ scheduler_actor silent_scheduler(caf::actor_system& sys) {
   return sys.spawn([]() -> scheduler_actor::behavior_type {
     return {
         [](submit_atom, generate_request& r, client_sink_actor&) {
-          return submit_ack{r.id, 0};
+          return submit_ack{r.id, 0, 0};
         },
         [](cancel_atom, std::uint64_t) { return false; },
         [](stats_atom) { return scheduler_stats{}; },

@@ -69,6 +69,7 @@ models::sampling_params make(tag<models::sampling_params>, const actors_for_hand
   p.bias_ids = {5, 300};
   p.bias_values = {-100, 2.5};
   p.min_tokens = 3;
+  p.logprobs = 7;
   return p;
 }
 
@@ -82,11 +83,31 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
 }
 
 submit_ack make(tag<submit_ack>, const actors_for_handles&) {
-  return {.id = 7, .queued = 3};
+  return {.id = 7, .queued = 3, .prompt_tokens = 12};
+}
+
+models::token_logprob a_logprob(std::int32_t token, float lp) {
+  models::token_logprob x;
+  x.token = token;
+  x.logprob = lp;
+  x.top_ids = {token};
+  x.top_logprobs = {lp};
+  x.piece = "p" + std::to_string(token);
+  x.top_pieces = {x.piece};
+  return x;
 }
 
 token_event make(tag<token_event>, const actors_for_handles&) {
-  return {.id = 7, .tokens = {10, 11}, .text = "h\xC3\xA9llo"};
+  return {.id = 7,
+          .tokens = {10, 11},
+          .text = "h\xC3\xA9llo",
+          .logprobs = {{.token = 10,
+                        .logprob = -0.25f,
+                        .top_ids = {10, 3},
+                        .top_logprobs = {-0.25f, -1.5f},
+                        .piece = "h\xC3",
+                        .top_pieces = {"h\xC3", "x"}},
+                       a_logprob(11, -3.0f)}};
 }
 
 finish_event make(tag<finish_event>, const actors_for_handles&) {
@@ -143,7 +164,8 @@ step_output make(tag<step_output>, const actors_for_handles&) {
           .compute_ms = 2.5,
           .stage_ms = {1.0, 1.5},
           .sampled = {{}, {4, 5, 6}},
-          .passes = 3};
+          .passes = 3,
+          .logprobs = {{}, {a_logprob(4, -1.0f), a_logprob(5, -2.0f), a_logprob(6, -0.5f)}}};
 }
 
 shard_info make(tag<shard_info>, const actors_for_handles&) {
@@ -206,6 +228,14 @@ scheduler_stats make(tag<scheduler_stats>, const actors_for_handles&) {
 
 std::vector<std::int64_t> make(tag<std::vector<std::int64_t>>, const actors_for_handles&) {
   return {1, -2, 3, std::int64_t{1} << 40};
+}
+
+std::vector<std::int32_t> make(tag<std::vector<std::int32_t>>, const actors_for_handles&) {
+  return {1, -2, 3, 1 << 30};
+}
+
+tokenize_reply make(tag<tokenize_reply>, const actors_for_handles&) {
+  return {.tokens = {1, 15043, 3186}, .context_length = 2048};
 }
 
 node_status make(tag<node_status>, const actors_for_handles&) {
@@ -380,7 +410,9 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .logit_bias_ids = {7, 11},
           .logit_bias_values = {3.0, -50.0},
           .min_tokens = 4,
-          .stop_token_ids = {2, 13}};
+          .stop_token_ids = {2, 13},
+          .logprobs = 5,
+          .prompt_ids = {1, 2, 3}};
 }
 
 member_view make(tag<member_view>, const actors_for_handles& h) {
@@ -504,7 +536,7 @@ using messages =
               stage_order, device_probe, placement_decision, std::vector<placement_decision>,
               node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
               job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
-              migrate_request, migrate_report>;
+              migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -327,6 +327,110 @@ TEST_F(Gateway, SamplingFieldsChangeTheGeneration) {
   EXPECT_NE(outside.body.find("outside the vocabulary"), std::string::npos) << outside.body;
 }
 
+// logprobs, n, token-id prompts and /tokenize against the real cluster:
+// logprobs are the model's raw distribution (the chosen greedy token is
+// its top alternative, a logit_bias does not show in them), n choices are
+// seeds seed, seed + 1, ..., and a prompt's ids from /tokenize complete as
+// its text does.
+TEST_F(Gateway, LogprobsChoicesTokenPromptsAndTokenize) {
+  auto complete = [&](json body) {
+    const json defaults{{"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+    for (auto& [k, v] : defaults.items())
+      if (!body.contains(k)) body[k] = v;
+    if (!body.contains("prompt")) body["prompt"] = "A red circle and a blue";
+    auto r = post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto j = json::parse(r.body, nullptr, false);
+    return j.is_discarded() ? json::object() : j;
+  };
+  auto tk = post("/tokenize", {{"prompt", "A red circle and a blue"}});
+  ASSERT_EQ(tk.status, 200) << tk.body;
+  const auto ids = json::parse(tk.body)["tokens"];
+  ASSERT_GE(ids.size(), 5u) << tk.body;
+  EXPECT_EQ(json::parse(tk.body)["count"], ids.size());
+  auto dt = post("/detokenize", {{"tokens", ids}});
+  ASSERT_EQ(dt.status, 200) << dt.body;
+  EXPECT_NE(json::parse(dt.body)["prompt"].get<std::string>().find("A red circle and a blue"),
+            std::string::npos)
+      << dt.body;
+  const auto plain = complete({});
+  const auto by_ids = complete({{"prompt", ids}});
+  EXPECT_EQ(by_ids["choices"][0]["text"], plain["choices"][0]["text"]) << by_ids;
+  EXPECT_EQ(by_ids["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+  auto outside = post("/v1/completions", json{{"prompt", json::array({1, 99999999})}});
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  auto dt_outside = post("/detokenize", {{"tokens", {99999999}}});
+  EXPECT_EQ(dt_outside.status, 400) << dt_outside.body;
+
+  // Greedy with logprobs: each token is its own top alternative, their
+  // mass is at most 1, and the tokens' bytes are the text.
+  const auto lp = complete({{"logprobs", 3}});
+  const auto& l = lp["choices"][0]["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), 10u) << lp;
+  EXPECT_EQ(lp["choices"][0]["text"], plain["choices"][0]["text"]);
+  std::string joined;
+  for (std::size_t i = 0; i < 10; ++i) {
+    joined += l["tokens"][i].get<std::string>();
+    const double chosen = l["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    double best = -1e30, mass = 0;
+    for (auto& [piece, v] : l["top_logprobs"][i].items()) {
+      best = std::max(best, v.get<double>());
+      mass += std::exp(v.get<double>());
+    }
+    EXPECT_NEAR(chosen, best, 1e-6) << i;
+    EXPECT_LE(mass, 1.0 + 1e-5);
+  }
+  // (The text leaves out special tokens; logprobs name every token.)
+  for (auto at = joined.find("</s>"); at != std::string::npos; at = joined.find("</s>"))
+    joined.erase(at, 4);
+  EXPECT_EQ(joined, plain["choices"][0]["text"].get<std::string>());
+  // A bias forces token 300; its logprob stays the model's own (below 0
+  // by more than rounding somewhere: 300 is not the model's top choice at
+  // every step).
+  const auto forced = complete({{"logprobs", 0}, {"logit_bias", {{"300", 100}}}});
+  double lowest = 0;
+  for (const auto& v : forced["choices"][0]["logprobs"]["token_logprobs"])
+    lowest = std::min(lowest, v.get<double>());
+  EXPECT_LT(lowest, -0.01) << forced;
+
+  // n = 3 sampled choices: choice i is the request alone with seed + i.
+  const auto three = complete({{"n", 3}, {"temperature", 1.0}, {"seed", 7}});
+  ASSERT_EQ(three["choices"].size(), 3u) << three;
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) texts.insert(three["choices"][i]["text"].get<std::string>());
+  EXPECT_GE(texts.size(), 2u) << three;
+  EXPECT_EQ(three["usage"]["completion_tokens"], 30);
+  for (int i = 0; i < 3; ++i) {
+    const auto alone = complete({{"temperature", 1.0}, {"seed", 7 + i}});
+    EXPECT_EQ(alone["choices"][0]["text"], three["choices"][i]["text"]) << i;
+  }
+
+  // Chat, streamed: one logprob per generated token.
+  json chat{{"messages", json::array({{{"role", "user"}, {"content", "Name a shape."}}})},
+            {"max_tokens", 8},
+            {"temperature", 0},
+            {"logprobs", true},
+            {"top_logprobs", 2},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}}};
+  auto st = post("/v1/chat/completions", chat);
+  ASSERT_EQ(st.status, 200) << st.body;
+  int entries = 0, completion = -1;
+  for (std::size_t at = st.body.find("data: {"); at != std::string::npos;
+       at = st.body.find("data: {", at + 1)) {
+    auto e = json::parse(st.body.substr(at + 6, st.body.find('\n', at) - at - 6));
+    if (!e["choices"].empty() && !e["choices"][0]["logprobs"].is_null())
+      for (const auto& c : e["choices"][0]["logprobs"]["content"]) {
+        ++entries;
+        EXPECT_EQ(c["top_logprobs"].size(), 2u);
+      }
+    if (e.contains("usage") && e["usage"].is_object()) completion = e["usage"]["completion_tokens"];
+  }
+  EXPECT_GT(completion, 0) << st.body;
+  EXPECT_EQ(entries, completion) << st.body;
+}
+
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();

@@ -355,3 +355,30 @@ TEST(Sampling, LogitBiasAndMinTokens) {
   EXPECT_EQ(c.feed(2, "y"), "");  // the third may stop: the stop token does
   EXPECT_EQ(c.reason(), stop_reason::stop_token);
 }
+
+// Logprobs are the log-softmax of the raw logits (in long double here),
+// the top alternatives ordered by logit then id, whatever the sampling.
+TEST(Logprobs, AreTheLogSoftmaxAndTheTopAlternatives) {
+  long double z = 0;
+  for (float v : logits) z += std::exp(static_cast<long double>(v));
+  const auto lp = logprobs_of(logits, 5, 3);
+  EXPECT_EQ(lp.token, 5);
+  EXPECT_NEAR(lp.logprob, static_cast<double>(logits[5] - std::log(z)), 1e-6);
+  // 2.5 twice (ids 1 and 3: the lower id first), then 1.0 (id 0).
+  EXPECT_EQ(lp.top_ids, (std::vector<std::int32_t>{1, 3, 0}));
+  ASSERT_EQ(lp.top_logprobs.size(), 3u);
+  EXPECT_NEAR(lp.top_logprobs[2], static_cast<double>(logits[0] - std::log(z)), 1e-6);
+  double total = 0;
+  for (std::int32_t id = 0; id < 6; ++id) total += std::exp(logprobs_of(logits, id, 0).logprob);
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_TRUE(logprobs_of(logits, 2, 0).top_ids.empty());
+  EXPECT_EQ(logprobs_of(logits, 2, 50).top_ids.size(), 6u);  // no more than the vocabulary
+  // Large logits do not overflow.
+  const std::vector<float> big = {1000.0f, 999.0f};
+  EXPECT_NEAR(logprobs_of(big, 1, 0).logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-5);
+  sampling_params p;
+  p.logprobs = 21;
+  EXPECT_FALSE(p.validate());
+  p.logprobs = 20;
+  EXPECT_TRUE(p.validate());
+}

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <chrono>
@@ -40,12 +41,14 @@ struct head_log {
   bool answer = true;                      ///< false: submissions are never answered
   int tokens = 10;                         ///< per request (max_tokens 0 and larger)
   std::chrono::milliseconds every{100ms};  ///< between tokens
+  std::vector<std::uint64_t> seeds;        ///< of the jobs submitted (the door's thread)
 };
 
 // One job: a token every `every`, then its end; `halt` cancels it.
+// With logprobs asked for, token k has logprob -k/4 and piece "t".
 caf::behavior job_actor(caf::event_based_actor* self, actors::client_sink_actor sink,
                         std::uint64_t id, int n, std::chrono::milliseconds every,
-                        std::shared_ptr<head_log> log) {
+                        std::shared_ptr<head_log> log, std::int32_t logprobs = -1) {
   auto sent = std::make_shared<std::vector<std::int32_t>>();
   self->delayed_send(self, every, tick_atom::value);
   auto end = [=](actors::finish_reason why) {
@@ -62,7 +65,20 @@ caf::behavior job_actor(caf::event_based_actor* self, actors::client_sink_actor 
   return {
       [=](tick_atom) {
         sent->push_back(static_cast<std::int32_t>(sent->size()));
-        self->send(sink, actors::token_event{id, {sent->back()}, "t"});
+        std::vector<models::token_logprob> lps;
+        if (logprobs >= 0) {
+          models::token_logprob lp;
+          lp.token = sent->back();
+          lp.logprob = -0.25f * static_cast<float>(sent->back());
+          lp.piece = "t";
+          for (std::int32_t k = 0; k < logprobs; ++k) {
+            lp.top_ids.push_back(k);
+            lp.top_logprobs.push_back(-static_cast<float>(k));
+            lp.top_pieces.push_back("u");
+          }
+          lps.push_back(std::move(lp));
+        }
+        self->send(sink, actors::token_event{id, {sent->back()}, "t", std::move(lps)});
         if (static_cast<int>(sent->size()) >= n)
           end(actors::finish_reason::length);
         else
@@ -91,8 +107,22 @@ actors::frontdoor_actor::behavior_type fake_door(
         const int n = job.max_tokens > 0
                           ? static_cast<int>(std::min<std::int64_t>(job.max_tokens, log->tokens))
                           : log->tokens;
-        self->state.jobs[job.id] = self->spawn(job_actor, sink, job.id, n, log->every, log);
-        return actors::submit_ack{job.id, 0};
+        self->state.jobs[job.id] =
+            self->spawn(job_actor, sink, job.id, n, log->every, log, job.logprobs);
+        log->seeds.push_back(job.seed);
+        return actors::submit_ack{job.id, 0, 0};
+      },
+      // A tokenizer of one token per byte (what the gateway passes along).
+      [=](actors::tokenize_atom, actors::job_request& job) {
+        actors::tokenize_reply r;
+        for (unsigned char ch : job.prompt) r.tokens.push_back(ch);
+        r.context_length = 4096;
+        return r;
+      },
+      [=](actors::detokenize_atom, std::vector<std::int32_t>& ids) {
+        std::string text;
+        for (auto id : ids) text += static_cast<char>(id);
+        return text;
       },
       [=](actors::cancel_atom, std::uint64_t id) {
         auto it = self->state.jobs.find(id);
@@ -490,6 +520,107 @@ TEST_F(GatewayAsync, RoutesRequestIdsAndCors) {
       << metrics;
   EXPECT_NE(metrics.find("troupe:http_requests_total{status=\"204\"} 1\n"), std::string::npos)
       << metrics;
+}
+
+// n choices are n jobs (seeds seed, seed + 1, ...) merged into one
+// response; logprobs and usage come through whole and streamed; /tokenize
+// and /detokenize ask the head.
+TEST_F(GatewayAsync, ChoicesLogprobsAndTokenizePassThrough) {
+  log_->every = 5ms;
+  start({});
+  auto ask = [&](const std::string& request) {
+    raw_client c;
+    c.fd = connect_to(gw_->port());
+    c.request = request;
+    std::vector<raw_client> cs{c};
+    drive(cs, "", 20s);
+    return cs[0].response;
+  };
+  auto body_of = [](const std::string& response) {
+    const auto at = response.find("\r\n\r\n");
+    return at == std::string::npos ? std::string() : response.substr(at + 4);
+  };
+  const auto whole = ask(
+      post_request("/v1/completions",
+                   {{"prompt", "hi"}, {"max_tokens", 4}, {"n", 3}, {"logprobs", 2}, {"seed", 40}}));
+  ASSERT_EQ(whole.find("HTTP/1.1 200"), 0u) << whole;
+  auto j = nlohmann::json::parse(body_of(whole));
+  ASSERT_EQ(j["choices"].size(), 3u) << j;
+  for (int i = 0; i < 3; ++i) {
+    const auto& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["text"], "tttt");
+    ASSERT_EQ(c["logprobs"]["tokens"].size(), 4u) << c;
+    EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][3].get<float>(), -0.75f);
+    EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 1u);  // both alternatives are "u"
+    EXPECT_EQ(c["logprobs"]["text_offset"][2], 2);
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  ASSERT_EQ(log_->seeds.size(), 3u);
+  std::sort(log_->seeds.begin(), log_->seeds.end());
+  EXPECT_EQ(log_->seeds, (std::vector<std::uint64_t>{40, 41, 42}));
+
+  const auto streamed = ask(post_request(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+       {"max_tokens", 3},
+       {"n", 2},
+       {"logprobs", true},
+       {"top_logprobs", 1},
+       {"stream", true},
+       {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}}));
+  ASSERT_EQ(streamed.find("HTTP/1.1 200"), 0u) << streamed;
+  std::map<int, std::string> text;
+  std::map<int, int> logprobs, finished, roles;
+  int usage_chunks = 0, done = 0;
+  nlohmann::json last_usage;
+  for (std::size_t at = streamed.find("data: "); at != std::string::npos;
+       at = streamed.find("data: ", at + 1)) {
+    const auto line = streamed.substr(at + 6, streamed.find("\n", at) - at - 6);
+    if (line == "[DONE]") {
+      ++done;
+      continue;
+    }
+    auto e = nlohmann::json::parse(line);
+    if (e["choices"].empty()) {
+      last_usage = e["usage"];
+      continue;
+    }
+    const int i = e["choices"][0]["index"];
+    const auto& d = e["choices"][0]["delta"];
+    if (d.contains("role")) ++roles[i];
+    if (d.contains("content")) text[i] += d["content"].get<std::string>();
+    if (!e["choices"][0]["logprobs"].is_null())
+      logprobs[i] += static_cast<int>(e["choices"][0]["logprobs"]["content"].size());
+    if (!e["choices"][0]["finish_reason"].is_null()) ++finished[i];
+    if (e.contains("usage") && !d.contains("role")) ++usage_chunks;
+  }
+  EXPECT_EQ(done, 1);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(text[i], "ttt") << streamed;
+    EXPECT_EQ(logprobs[i], 3) << streamed;
+    EXPECT_EQ(finished[i], 1);
+    EXPECT_EQ(roles[i], 1);
+  }
+  EXPECT_GE(usage_chunks, 6) << streamed;  // every content and end chunk
+  EXPECT_EQ(last_usage["completion_tokens"], 6) << streamed;
+
+  const auto tok = ask(post_request("/tokenize", {{"prompt", "abc"}, {"model", "fake"}}));
+  ASSERT_EQ(tok.find("HTTP/1.1 200"), 0u) << tok;
+  auto t = nlohmann::json::parse(body_of(tok));
+  EXPECT_EQ(t["tokens"], nlohmann::json::array({97, 98, 99}));
+  EXPECT_EQ(t["count"], 3);
+  EXPECT_EQ(t["max_model_len"], 4096);
+  const auto detok = ask(post_request("/detokenize", {{"tokens", {104, 105}}}));
+  EXPECT_EQ(nlohmann::json::parse(body_of(detok))["prompt"], "hi") << detok;
+  const auto other = ask(post_request("/tokenize", {{"prompt", "abc"}, {"model", "gpt-4o"}}));
+  EXPECT_EQ(other.find("HTTP/1.1 404"), 0u) << other;
+  const auto both = ask(post_request(
+      "/tokenize", {{"prompt", "abc"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}));
+  EXPECT_EQ(both.find("HTTP/1.1 400"), 0u) << both;
+  const auto get = ask("GET /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(get.find("HTTP/1.1 405"), 0u) << get;
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ TEST(OpenAiParse, EveryMistakeNamesItsField) {
       {R"({"messages":[)" + user + R"(],"top_p":0})", 400, "top_p"},
       {R"({"messages":[)" + user + R"(],"stop":[1]})", 400, "stop"},
       {R"({"messages":[)" + user + R"(],"stream":"yes"})", 400, "stream"},
-      {R"({"messages":[)" + user + R"(],"n":2})", 400, "n"},
+      {R"({"messages":[)" + user + R"(],"n":99})", 400, "n"},
   };
   for (const auto& c : cases) {
     auto r = parse_chat_request(c.body);
@@ -246,18 +246,128 @@ TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
   f.text = "ab";
   f.tokens = {1, 2};
   f.prompt_tokens = 5;
-  auto j = json::parse(completion_json(r, "id1", 7, f));
+  auto j = json::parse(completion_json(r, "id1", 7, {{f, {}}}));
   EXPECT_EQ(j["choices"][0]["message"]["content"], "ab");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(j["usage"]["total_tokens"], 7);
-  auto c = json::parse(chunk_json(r, "id1", 7, "a", ""));
+  auto c = json::parse(chunk_json(r, "id1", 7, 0, "a", ""));
   EXPECT_EQ(c["choices"][0]["delta"]["content"], "a");
   EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
-  auto u = json::parse(chunk_json(r, "id1", 7, "", "", &f));
+  EXPECT_FALSE(c.contains("usage"));
+  auto u = json::parse(usage_chunk_json(r, "id1", 7, {5, 2}));
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(u["usage"]["total_tokens"], 7);
+  // continuous_usage_stats: a chunk carries the usage so far.
+  const usage_counts so_far{5, 1};
+  auto cu = json::parse(chunk_json(r, "id1", 7, 1, "a", "", {}, &so_far));
+  EXPECT_EQ(cu["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(cu["choices"][0]["index"], 1);
   // Invalid UTF-8 in a token's text does not break the JSON.
-  EXPECT_NO_THROW(json::parse(chunk_json(r, "id1", 7, std::string("\xff\xfe"), "")));
+  EXPECT_NO_THROW(json::parse(chunk_json(r, "id1", 7, 0, std::string("\xff\xfe"), "")));
+}
+
+troupe::models::token_logprob lp_of(std::int32_t tok, float lp, std::string piece) {
+  troupe::models::token_logprob x;
+  x.token = tok;
+  x.logprob = lp;
+  x.piece = std::move(piece);
+  x.top_ids = {tok, 9};
+  x.top_logprobs = {lp, lp - 1.0f};
+  x.top_pieces = {x.piece, "\xe2"};  // half a character: bytes stay exact
+  return x;
+}
+
+TEST(OpenAiResponses, LogprobsAndChoicesHaveOpenAisShape) {
+  api_request r;
+  r.chat = true;
+  r.model = "m";
+  r.job.logprobs = 2;
+  troupe::actors::finish_event f1, f2;
+  f1.reason = troupe::actors::finish_reason::stop;
+  f1.text = "hi";
+  f1.tokens = {4, 5};
+  f1.prompt_tokens = 3;
+  f2 = f1;
+  f2.text = "yo!";
+  f2.tokens = {6, 7, 8};
+  const std::vector<choice_output> choices{
+      {f1, {lp_of(4, -0.5f, "h"), lp_of(5, -0.25f, "i")}},
+      {f2, {lp_of(6, -1.0f, "y"), lp_of(7, -2.0f, "o"), lp_of(8, -3.0f, "!")}}};
+  auto j = json::parse(completion_json(r, "id", 1, choices));
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["message"]["content"], "yo!");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);  // one prompt
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  const auto& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "h");
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(content[0]["bytes"], json::array({104}));
+  ASSERT_EQ(content[1]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[1]["top_logprobs"][1]["bytes"], json::array({0xe2}));
+  EXPECT_FLOAT_EQ(content[1]["top_logprobs"][1]["logprob"].get<float>(), -1.25f);
+
+  // Completions: the legacy shape, offsets counted from the echoed prompt.
+  r.chat = false;
+  r.echo = "ab";
+  auto c = json::parse(completion_json(r, "id", 1, {choices[1]}));
+  const auto& l = c["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], json::array({"y", "o", "!"}));
+  EXPECT_EQ(l["text_offset"], json::array({2, 3, 4}));
+  EXPECT_FLOAT_EQ(l["token_logprobs"][2].get<float>(), -3.0f);
+  EXPECT_FLOAT_EQ(l["top_logprobs"][0]["y"].get<float>(), -1.0f);
+  EXPECT_EQ(c["choices"][0]["text"], "abyo!");
+}
+
+TEST(OpenAiRequests, LogprobsNAndTokenPromptsAreRead) {
+  auto chat = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3,"n":4})");
+  ASSERT_TRUE(chat) << chat.error().message;
+  EXPECT_EQ(chat->job.logprobs, 3);
+  EXPECT_EQ(chat->n, 4);
+  auto plain =
+      parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->job.logprobs, 0);
+  EXPECT_EQ(parse_chat_request(R"({"messages":[{"role":"user","content":"x"}]})")->job.logprobs,
+            -1);
+  // top_logprobs without logprobs, out of range, n out of range: refused by name.
+  auto no_lp =
+      parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})");
+  ASSERT_FALSE(no_lp);
+  EXPECT_EQ(no_lp.error().param, "top_logprobs");
+  EXPECT_FALSE(parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})"));
+  EXPECT_EQ(
+      parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"n":17})").error().param,
+      "n");
+  EXPECT_FALSE(parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"n":0})"));
+
+  auto comp = parse_completion_request(R"({"prompt":[1,15043,3186],"logprobs":5})");
+  ASSERT_TRUE(comp) << comp.error().message;
+  EXPECT_EQ(comp->job.prompt_ids, (std::vector<std::int32_t>{1, 15043, 3186}));
+  EXPECT_TRUE(comp->job.prompt.empty());
+  EXPECT_EQ(comp->job.logprobs, 5);
+  auto one = parse_completion_request(R"({"prompt":["hello"]})");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->job.prompt, "hello");
+  auto nested = parse_completion_request(R"({"prompt":[[7,8]]})");
+  ASSERT_TRUE(nested);
+  EXPECT_EQ(nested->job.prompt_ids, (std::vector<std::int32_t>{7, 8}));
+  EXPECT_EQ(parse_completion_request(R"({"prompt":["a","b"]})").error().param, "prompt");
+  EXPECT_FALSE(parse_completion_request(R"({"prompt":[1,-2]})"));
+  EXPECT_FALSE(parse_completion_request(R"({"prompt":[]})"));
+  EXPECT_FALSE(parse_completion_request(R"({"prompt":[1.5]})"));
+  EXPECT_EQ(parse_completion_request(R"({"prompt":[1,2],"echo":true})").error().param, "echo");
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"a","echo":true,"logprobs":1})").error().param,
+            "echo");
+  auto usage = parse_completion_request(
+      R"({"prompt":"a","stream":true,"stream_options":{"continuous_usage_stats":true}})");
+  ASSERT_TRUE(usage);
+  EXPECT_TRUE(usage->continuous_usage);
 }
 
 }  // namespace
@@ -276,11 +386,16 @@ TEST(OpenAiParse, UnsupportedFieldsAreRefusedByNameNeverIgnored) {
     bool accepted;
   };
   const probe probes[] = {
-      {true, "logprobs", true, false},
+      {true, "logprobs", true, true},
       {true, "logprobs", false, true},
-      {true, "top_logprobs", 3, false},
-      {false, "logprobs", 2, false},
+      {true, "logprobs", 2, false},      // chat's is a boolean
+      {true, "top_logprobs", 3, false},  // needs logprobs: true
+      {false, "logprobs", 2, true},
+      {false, "logprobs", true, false},  // completions' is a count
+      {false, "logprobs", 21, false},
       {false, "logprobs", nullptr, true},
+      {true, "n", 3, true},
+      {false, "n", 2, true},
       {true, "response_format", {{"type", "json_object"}}, false},
       {true, "response_format", {{"type", "text"}}, true},
       {false, "response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}, false},
@@ -318,7 +433,8 @@ TEST(OpenAiParse, UnsupportedFieldsAreRefusedByNameNeverIgnored) {
       {true, "frobnicate", 1, false},             // unknown
       {false, "messages", json::array(), false},  // the other endpoint's field
       {false, "max_completion_tokens", 4, false},
-      {true, "stream_options", {{"continuous_usage_stats", true}}, false},
+      {true, "stream_options", {{"continuous_usage_stats", true}}, true},
+      {true, "stream_options", {{"continuous_usage_stats", "yes"}}, false},
       {true, "stream_options", {{"include_usage", "yes"}}, false},
       {true, "ignore_eos", "yes", false},
   };

@@ -719,5 +719,41 @@ TEST(SchedulerCore, StopTokensEndTheRequestAndTimesComeFromTheClock) {
   EXPECT_EQ(s.tokens_out, 2);
 }
 
+// Logprobs from the last stage reach the client with their tokens, and
+// only for tokens kept (none past a stop).
+TEST(SchedulerCore, LogprobsTravelWithTheirTokens) {
+  harness h;
+  ASSERT_TRUE(h.submit(1, 4, 2));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  step_result r;
+  for (const auto& s : p->seqs) {
+    r.sampled.push_back(s.sample ? std::vector<std::int32_t>{42} : std::vector<std::int32_t>{});
+    models::token_logprob lp;
+    lp.token = 42;
+    lp.logprob = -0.5f;
+    r.logprobs.push_back(s.sample ? std::vector<models::token_logprob>{lp}
+                                  : std::vector<models::token_logprob>{});
+  }
+  h.take(h.core.step_done(p->step, r));
+  std::vector<models::token_logprob> seen;
+  for (const auto& e : h.events)
+    if (auto* t = std::get_if<tokens_out>(&e))
+      for (const auto& lp : t->logprobs) seen.push_back(lp);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_FLOAT_EQ(seen[0].logprob, -0.5f);
+  // A step whose logprobs do not match its tokens is the stage's error.
+  auto q = h.plan();
+  ASSERT_TRUE(q);
+  step_result bad;
+  for (const auto& s : q->seqs) {
+    bad.sampled.push_back(s.sample ? std::vector<std::int32_t>{7} : std::vector<std::int32_t>{});
+    bad.logprobs.push_back(std::vector<models::token_logprob>(3));
+  }
+  h.take(h.core.step_done(q->step, bad));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::error);
+}
+
 }  // namespace
 }  // namespace troupe::actors::core
