@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "models/grammar.hpp"
+
 namespace troupe::actors {
 
 std::expected<generate_request, caf::error> request_of(const prompt_setup& setup,
@@ -52,6 +54,22 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   if (auto v = check.validate(); !v)
     return std::unexpected(make_error(error_code::invalid_request, v.error().message));
   req.deadline_ms = job.deadline_ms;
+  if (!job.grammar.empty()) {
+    // The grammar ends on the model's stop tokens, which it needs; and it
+    // may be complete before min_tokens.
+    if (job.ignore_eos)
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        "ignore_eos cannot be combined with structured output"));
+    if (job.min_tokens > 0)
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        "min_tokens cannot be combined with structured output"));
+    if (req.params.stop_token_ids.empty())
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        "structured output needs the model's end-of-text token"));
+    if (job.grammar.size() > models::grammar_limits{}.max_bytes)
+      return std::unexpected(make_error(error_code::invalid_request, "the grammar is too large"));
+    req.grammar = std::move(job.grammar);
+  }
   return req;
 }
 

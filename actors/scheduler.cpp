@@ -11,6 +11,7 @@
 #include "actors/clock.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/log.hpp"
+#include "models/grammar.hpp"
 #include "models/llava.hpp"
 
 // The scheduler actor is the shell of core::scheduler_core: the core
@@ -38,6 +39,9 @@ struct shell_request {
   std::size_t encoded = 0;         // images encoded (this round)
   std::vector<bool> ready;  // images the core was told are ready (admission counts each once)
   double preprocess_ms = 0, encode_ms = 0;
+  std::optional<models::grammar_state> guide;  // a constrained request's place in its grammar
+  std::vector<std::int64_t> ends;              // its stop tokens (the grammar's end)
+  std::vector<std::uint64_t> mask;             // the tokens its grammar allows next
 };
 
 /// The rows one sequence of a step needs: `here` image rows of request
@@ -65,9 +69,10 @@ struct scheduler_state {
   encoder_actor encoder;
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
-  std::optional<core::time_point> timer_at;  // the earliest tick already on its way
-  std::deque<outgoing_step> outbox;          // planned, in order, not yet sent
-  std::uint64_t epoch = 0;                   // pipelines so far (a reset voids the outbox)
+  std::optional<core::time_point> timer_at;        // the earliest tick already on its way
+  std::deque<outgoing_step> outbox;                // planned, in order, not yet sent
+  std::uint64_t epoch = 0;                         // pipelines so far (a reset voids the outbox)
+  std::shared_ptr<const models::token_trie> trie;  // the vocabulary's, built for the first grammar
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -107,6 +112,35 @@ void emit(self_ptr self, core::core_events events) {
     if (auto* t = std::get_if<core::tokens_out>(&ev)) {
       auto it = st.requests.find(t->id);
       if (it == st.requests.end()) continue;
+      if (auto& g = it->second.guide) {
+        // Advance the grammar, and find what it allows next (the next
+        // step's mask) now: a dead end fails the request here.
+        bool ok = true, ended = false;
+        for (auto tok : t->tokens) {
+          const auto& ends = it->second.ends;
+          if (std::find(ends.begin(), ends.end(), tok) != ends.end()) {
+            ended = true;  // its end: request_done follows
+            break;
+          }
+          ok = static_cast<std::size_t>(tok) < st.trie->vocab() && g->accept(st.trie->piece(tok));
+          if (!ok) break;
+        }
+        if (ok && !ended) {
+          it->second.mask = g->allowed(*st.trie, it->second.ends);
+          ok = std::any_of(it->second.mask.begin(), it->second.mask.end(),
+                           [](std::uint64_t x) { return x != 0; });
+        }
+        if (!ok) {
+          const auto id = t->id;
+          logging::of("scheduler").warn("request {}: its grammar allows no token next", id);
+          self->send(it->second.client, token_event{id, std::move(t->tokens), std::move(t->text),
+                                                    std::move(t->logprobs)});
+          emit(self, st.core->fail(id, error_code::invalid_request,
+                                   "the grammar reached a point where no token of this model's "
+                                   "vocabulary can continue it"));
+          continue;
+        }
+      }
       // Logprobs carry their tokens' bytes: the gateway has no tokenizer.
       auto piece = [&](std::int32_t id) -> std::string {
         if (!st.model.tok) return {};
@@ -168,6 +202,8 @@ step_batch to_message(self_ptr self, core::step_plan& plan, std::vector<rows_fet
       w.sampling.draws = p.draws;
       w.sampling.max_new = p.max_new;
       w.sampling.history = std::move(p.history);
+      if (auto it = st.requests.find(p.id); it != st.requests.end() && it->second.guide)
+        w.sampling.allowed = it->second.mask;
     }
     const auto img = st.model.image_token;
     const auto here = img >= 0 ? std::count(w.tokens.begin(), w.tokens.end(), img) : 0;
@@ -362,7 +398,20 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   spec.params = q.params;
   spec.deadline_ms = q.deadline_ms;
   spec.images = n_images;
+  spec.guided = !q.grammar.empty();
   return spec;
+}
+
+/// The vocabulary's bytes in a trie, for grammars (special tokens have
+/// none: a grammar never allows them by their text).
+std::shared_ptr<const models::token_trie> vocabulary_trie(const model_frontend& model) {
+  std::vector<std::string> pieces(static_cast<std::size_t>(std::max<std::int64_t>(model.vocab, 0)));
+  for (std::size_t id = 0; id < pieces.size() && model.tok; ++id) {
+    const auto tid = static_cast<models::token_id>(id);
+    if (model.tok->is_special(tid)) continue;
+    if (auto p = model.tok->token_to_piece(tid)) pieces[id] = std::move(*p);
+  }
+  return std::make_shared<const models::token_trie>(pieces);
 }
 
 /// Sends a request's images to the encoder, which keeps their rows. The
@@ -458,6 +507,20 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           const auto id = req.id;
           auto images = std::move(req.images);
           const auto n_images = static_cast<std::int64_t>(images.size());
+          // A grammar is compiled, and its first mask found, before the
+          // request is taken: one that no token can start is refused.
+          std::optional<models::grammar_state> guide;
+          std::vector<std::uint64_t> mask;
+          if (!req.grammar.empty()) {
+            auto g = models::grammar::parse(req.grammar);
+            if (!g) return make_error(error_code::invalid_request, g.error().message);
+            if (!st.trie) st.trie = vocabulary_trie(st.model);
+            guide.emplace(*g);
+            mask = guide->allowed(*st.trie, req.params.stop_token_ids);
+            if (std::all_of(mask.begin(), mask.end(), [](std::uint64_t x) { return x == 0; }))
+              return make_error(error_code::invalid_request,
+                                "no token of this model's vocabulary can start the grammar");
+          }
           std::int64_t prompt_tokens = 0;
           auto ahead = st.core->submit(id, [&] {
             auto spec = prepare(st.model, req, n_images);
@@ -466,6 +529,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           });
           if (!ahead) return make_error(ahead.error().code, ahead.error().message);
           st.requests[id].client = std::move(client);
+          if (guide) {
+            st.requests[id].guide = std::move(guide);
+            st.requests[id].mask = std::move(mask);
+            st.requests[id].ends = req.params.stop_token_ids;
+          }
           if (n_images > 0) {
             st.requests[id].images = std::move(images);
             if (st.encoder)

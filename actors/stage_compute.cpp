@@ -1,6 +1,7 @@
 #include "actors/stage_compute.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -118,7 +119,7 @@ kernels::result<void> check_multi_step(const stage_resources& res, const step_ba
                                "multi-step decode needs a stage that holds the whole model");
   for (const auto& w : b.seqs)
     if (!w.sample || w.tokens.size() != 1 || !w.embeddings.empty() || w.all_logits ||
-        w.sampling.max_new < 1)
+        w.sampling.max_new < 1 || !w.sampling.allowed.empty())
       return kernels::make_error(errc::invalid_argument,
                                  "multi-step decode of sequence " + std::to_string(w.seq) +
                                      ": every sequence must sample from a one-token input");
@@ -149,7 +150,17 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
             auto& w = b.seqs[i];
             const std::span<const float> r(l->row_as<float>(rows[static_cast<std::size_t>(k)]),
                                            static_cast<std::size_t>(vocab));
-            const auto tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
+            std::int32_t tok = 0;
+            if (const auto& mask = w.sampling.allowed; !mask.empty()) {
+              // A grammar's mask: the tokens it refuses cannot be drawn.
+              std::vector<float> masked(r.begin(), r.end());
+              for (std::size_t id = 0; id < masked.size(); ++id)
+                if (id / 64 >= mask.size() || !((mask[id / 64] >> (id % 64)) & 1))
+                  masked[id] = -std::numeric_limits<float>::infinity();
+              tok = static_cast<std::int32_t>(samplers[i]->sample(masked, w.sampling.history));
+            } else {
+              tok = static_cast<std::int32_t>(samplers[i]->sample(r, w.sampling.history));
+            }
             o.sampled[i].push_back(tok);
             if (const auto top = w.sampling.params.logprobs; top >= 0)
               o.logprobs[i].push_back(models::logprobs_of(r, tok, top));

@@ -499,15 +499,13 @@ result<std::shared_ptr<const grammar>> grammar::parse(std::string_view gbnf,
 
 // -- the vocabulary's trie -------------------------------------------------------------------
 
-token_trie::token_trie(const std::vector<std::string>& pieces, std::vector<std::int32_t> ends)
-    : vocab_(pieces.size()), ends_(std::move(ends)), pieces_(pieces) {
+token_trie::token_trie(const std::vector<std::string>& pieces)
+    : vocab_(pieces.size()), pieces_(pieces) {
   std::vector<std::map<std::uint8_t, std::int32_t>> kids(1);
   nodes_.emplace_back();
   for (std::size_t id = 0; id < pieces.size(); ++id) {
     const auto& p = pieces[id];
     if (p.empty()) continue;
-    if (std::find(ends_.begin(), ends_.end(), static_cast<std::int32_t>(id)) != ends_.end())
-      continue;  // an end token is allowed by completeness, not by its bytes
     std::int32_t at = 0;
     for (unsigned char b : p) {
       auto& m = kids[static_cast<std::size_t>(at)];
@@ -641,14 +639,16 @@ bool grammar_state::finished() const {
          std::all_of(stacks_.begin(), stacks_.end(), [](const stack& s) { return s.empty(); });
 }
 
-std::vector<std::uint64_t> grammar_state::allowed(const token_trie& trie) const {
+std::vector<std::uint64_t> grammar_state::allowed(const token_trie& trie,
+                                                  const std::vector<std::int64_t>& ends) const {
   std::vector<std::uint64_t> bits((trie.vocab() + 63) / 64, 0);
   auto allow = [&](std::int32_t id) {
     bits[static_cast<std::size_t>(id) / 64] |= std::uint64_t{1} << (static_cast<unsigned>(id) % 64);
   };
   if (complete())
-    for (auto id : trie.ends())
-      if (id >= 0 && static_cast<std::size_t>(id) < trie.vocab()) allow(id);
+    for (auto id : ends)
+      if (id >= 0 && static_cast<std::size_t>(id) < trie.vocab())
+        allow(static_cast<std::int32_t>(id));
   // Depth first over the trie, each node's state derived from its parent's.
   struct frame {
     std::int32_t node;

@@ -68,11 +68,9 @@ class grammar {
 class token_trie {
  public:
   /// `pieces[id]`: the token's bytes; an empty piece (special and control
-  /// tokens) is never allowed by a grammar. `ends`: the tokens that end a
-  /// generation (allowed once the grammar is complete).
-  token_trie(const std::vector<std::string>& pieces, std::vector<std::int32_t> ends);
+  /// tokens) is never allowed by its bytes.
+  explicit token_trie(const std::vector<std::string>& pieces);
   std::size_t vocab() const { return vocab_; }
-  const std::vector<std::int32_t>& ends() const { return ends_; }
 
   struct node {
     std::vector<std::pair<std::uint8_t, std::int32_t>> next;  ///< byte -> child, sorted
@@ -84,7 +82,6 @@ class token_trie {
  private:
   std::size_t vocab_ = 0;
   std::vector<node> nodes_;
-  std::vector<std::int32_t> ends_;
   std::vector<std::string> pieces_;
 };
 
@@ -103,9 +100,10 @@ class grammar_state {
   /// Part of a UTF-8 character is pending (the last token ended inside it).
   bool pending() const { return !partial_.empty(); }
   /// The tokens allowed next, as a bit set over the vocabulary (64 tokens
-  /// a word): tokens whose bytes the grammar accepts, and the end tokens
-  /// when complete.
-  std::vector<std::uint64_t> allowed(const token_trie& trie) const;
+  /// a word): tokens whose bytes the grammar accepts, and `ends` (the
+  /// tokens that end a generation) when complete.
+  std::vector<std::uint64_t> allowed(const token_trie& trie,
+                                     const std::vector<std::int64_t>& ends) const;
 
  private:
   using stack = std::vector<std::int32_t>;

@@ -9,6 +9,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "models/grammar.hpp"
+
 namespace troupe::serve {
 
 using nlohmann::json;
@@ -21,6 +23,78 @@ api_error bad(const std::string& message, const std::string& param = "") {
   e.message = message;
   e.param = param;
   return e;
+}
+
+// Structured output: OpenAI's response_format, vLLM's guided_* fields and
+// llama-server's grammar, compiled to the GBNF the head constrains the
+// output with (one of them per request).
+std::optional<api_error> read_structured(const json& j, api_request& r) {
+  std::string grammar, from;
+  auto set = [&](const std::string& field, std::string text) -> std::optional<api_error> {
+    if (!from.empty())
+      return bad("'" + field + "' and '" + from + "' both constrain the output: give one", field);
+    from = field;
+    grammar = std::move(text);
+    return std::nullopt;
+  };
+  auto compiled = [&](const std::string& field,
+                      models::result<std::string> text) -> std::optional<api_error> {
+    if (!text) return bad("'" + field + "': " + text.error().message, field);
+    return set(field, std::move(*text));
+  };
+  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    auto type = it->is_object() ? it->find("type") : it->end();
+    if (!it->is_object() || type == it->end() || !type->is_string())
+      return bad("'response_format' must be an object with a 'type'", "response_format");
+    const auto t = type->get<std::string>();
+    if (t == "json_object") {
+      if (auto e = set("response_format", models::json_object_gbnf())) return e;
+    } else if (t == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object() || !js->contains("schema"))
+        return bad("'response_format.json_schema' must be an object with a 'schema'",
+                   "response_format.json_schema");
+      for (const auto& [k, v] : js->items())
+        if (k != "name" && k != "schema" && k != "strict" && k != "description")
+          return bad("'response_format.json_schema." + k.substr(0, 64) + "' is not supported",
+                     "response_format.json_schema");
+      if (auto e = compiled("response_format", models::json_schema_to_gbnf((*js)["schema"].dump())))
+        return e;
+    } else if (t != "text") {
+      return bad("'response_format.type' must be text, json_object or json_schema",
+                 "response_format");
+    }
+  }
+  if (auto it = j.find("guided_json"); it != j.end() && !it->is_null()) {
+    const auto schema = it->is_string() ? it->get<std::string>() : it->dump();
+    if (auto e = compiled("guided_json", models::json_schema_to_gbnf(schema))) return e;
+  }
+  if (auto it = j.find("guided_regex"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("'guided_regex' must be a string", "guided_regex");
+    if (auto e = compiled("guided_regex", models::regex_to_gbnf(it->get<std::string>()))) return e;
+  }
+  if (auto it = j.find("guided_choice"); it != j.end() && !it->is_null()) {
+    std::vector<std::string> choices;
+    if (it->is_array() && !it->empty() && it->size() <= 1024)
+      for (const auto& c : *it)
+        if (c.is_string() && !c.get<std::string>().empty()) choices.push_back(c.get<std::string>());
+    if (choices.empty() || choices.size() != it->size())
+      return bad("'guided_choice' must be an array of 1 to 1024 non-empty strings",
+                 "guided_choice");
+    if (auto e = set("guided_choice", models::choice_gbnf(choices))) return e;
+  }
+  for (const char* key : {"guided_grammar", "grammar"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return bad(std::string("'") + key + "' must be a string", key);
+    if (auto e = set(key, it->get<std::string>())) return e;
+  }
+  if (grammar.empty()) return std::nullopt;
+  // Checked here for a clear 400 (the head checks it again).
+  if (auto g = models::grammar::parse(grammar); !g)
+    return bad("'" + from + "': " + g.error().message, from);
+  r.job.grammar = std::move(grammar);
+  return std::nullopt;
 }
 
 // Reads the sampling fields both endpoints share.
@@ -159,6 +233,7 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
       return bad("'n' must be an integer in [1, " + std::to_string(limits.max_n) + "]", "n");
     r.n = it->get<std::int64_t>();
   }
+  if (auto e = read_structured(j, r)) return e;
   // Logprobs: chat asks with `logprobs: true` and `top_logprobs: k`;
   // completions with `logprobs: k`.
   const auto most = models::sampling_params::max_top_logprobs;
@@ -213,12 +288,6 @@ bool is_empty(const json& v) {
 bool is_any_bool(const json& v) {
   return v.is_null() || v.is_boolean();
 }
-bool is_text_format(const json& v) {
-  if (v.is_null()) return true;
-  if (!v.is_object()) return false;
-  auto t = v.find("type");
-  return v.size() == 1 && t != v.end() && t->is_string() && t->get<std::string>() == "text";
-}
 bool is_no_tool(const json& v) {
   return v.is_null() || (v.is_string() && v.get<std::string>() == "none");
 }
@@ -272,9 +341,12 @@ const field_rule field_rules[] = {
     {"suffix", false, true, is_empty, later_api},
     {"best_of", false, true, is_one, "other than 1 is not supported"},
     {"min_tokens", true, true, nullptr, nullptr},
-    {"response_format", true, true, is_text_format,
-     "other than {\"type\": \"text\"} is not "
-     "supported yet (no structured output)"},
+    {"response_format", true, true, nullptr, nullptr},
+    {"guided_json", true, true, nullptr, nullptr},
+    {"guided_regex", true, true, nullptr, nullptr},
+    {"guided_choice", true, true, nullptr, nullptr},
+    {"guided_grammar", true, true, nullptr, nullptr},
+    {"grammar", true, true, nullptr, nullptr},
     {"tools", true, false, is_empty, "are not supported yet (no tool calls)"},
     {"tool_choice", true, false, is_no_tool, "other than \"none\" is not supported yet"},
     {"parallel_tool_calls", true, false, is_any_bool, "must be a boolean"},

@@ -30,6 +30,7 @@ struct scheduler_core::request {
   bool has_first = false;
   std::optional<time_point> deadline;
   bool stop_string = false;
+  bool guided = false;  // one token per step: the shell masks each
 };
 
 namespace {
@@ -145,6 +146,7 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   auto r = std::make_unique<request>();
   r->id = id;
   r->params = std::move(q.params);
+  r->guided = q.guided;
   r->tokens = std::move(q.tokens);
   r->history.assign(r->tokens.begin(), r->tokens.end());
   r->prompt_len = static_cast<std::int64_t>(r->tokens.size());
@@ -386,6 +388,7 @@ void scheduler_core::plan_multi_step(step_plan& plan, in_flight_step& fl) {
     const auto& s = plan.seqs[i];
     const bool images = model_.image_token >= 0 && count_of(model_.image_token, s.tokens) > 0;
     if (fl.chunk[i] != 1 || !s.sample || images) fl.decode_only = false;
+    if (requests_[fl.ids[i]]->guided) fl.decode_only = false;  // a mask per token
   }
   if (!fl.decode_only || stages_ != 1 || opts_.max_decode_steps <= 1 || pass_ms_ <= 0) return;
   const auto k = static_cast<std::int64_t>(

@@ -99,6 +99,9 @@ struct request_spec {
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0: none; else after submission
   std::int64_t images = 0;       ///< images being encoded: it waits for image_ready
+  /// Constrained by a grammar: the shell sends each step's allowed tokens,
+  /// so its steps sample one token at a time (no multi-step decode).
+  bool guided = false;
 };
 
 /// One sequence's part of a planned step.

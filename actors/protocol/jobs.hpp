@@ -67,6 +67,9 @@ struct job_request {
   /// The prompt as token ids (/v1/completions), used as they are instead of
   /// `prompt` (no template, no BOS added); no images with them.
   std::vector<std::int32_t> prompt_ids;
+  /// The output follows this grammar (GBNF; the gateway compiles JSON
+  /// schemas, regexes and choices into it); empty: free text.
+  std::string grammar;
   bool operator==(const job_request&) const = default;
 };
 

@@ -40,12 +40,13 @@ struct generate_request {
   std::vector<image_data> images;           ///< one per <image> in the prompt
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
+  std::string grammar;           ///< GBNF the output must follow (empty: none)
 };
 
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
-           x.params, x.deadline_ms);
+           x.params, x.deadline_ms, x.grammar);
 }
 
 /// Admission answer to a submit.
@@ -90,6 +91,9 @@ struct sample_work {
   std::uint64_t draws = 0;         ///< the sampler's draw counter at the first token sampled here
   std::int64_t max_new = 1;  ///< tokens it may sample in this step (more than 1: multi-step decode)
   std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a penalty
+  /// A grammar's mask for this token: a bit per vocabulary id (64 a word);
+  /// empty: every token may come. Only with max_new 1.
+  std::vector<std::uint64_t> allowed;
   bool operator==(const sample_work& o) const {
     const auto& a = params;
     const auto& b = o.params;
@@ -100,13 +104,13 @@ struct sample_work {
            a.stop_token_ids == b.stop_token_ids && a.stop_strings == b.stop_strings &&
            a.bias_ids == b.bias_ids && a.bias_values == b.bias_values &&
            a.min_tokens == b.min_tokens && a.logprobs == b.logprobs && draws == o.draws &&
-           max_new == o.max_new && history == o.history;
+           max_new == o.max_new && history == o.history && allowed == o.allowed;
   }
 };
 
 template <class I>
 typename I::result_type inspect(I& f, sample_work& x) {
-  return f(caf::meta::type_name("sample_work"), x.params, x.draws, x.max_new, x.history);
+  return f(caf::meta::type_name("sample_work"), x.params, x.draws, x.max_new, x.history, x.allowed);
 }
 
 /// One sequence's part of a pipeline step.

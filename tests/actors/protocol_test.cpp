@@ -79,7 +79,8 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
           .prompt_tokens = {1, 5, 6},
           .images = {make(tag<image_data>{}, h), {"b.jpg", {0xff, 0xd8}}},
           .params = make(tag<models::sampling_params>{}, h),
-          .deadline_ms = 2500};
+          .deadline_ms = 2500,
+          .grammar = "root ::= \"a\""};
 }
 
 submit_ack make(tag<submit_ack>, const actors_for_handles&) {
@@ -131,7 +132,8 @@ sample_work make(tag<sample_work>, const actors_for_handles& h) {
   return {.params = make(tag<models::sampling_params>{}, h),
           .draws = 11,
           .max_new = 6,
-          .history = {1, 2, 3}};
+          .history = {1, 2, 3},
+          .allowed = {0x5, ~std::uint64_t{0}}};
 }
 
 seq_work make(tag<seq_work>, const actors_for_handles& h) {
@@ -412,7 +414,8 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .min_tokens = 4,
           .stop_token_ids = {2, 13},
           .logprobs = 5,
-          .prompt_ids = {1, 2, 3}};
+          .prompt_ids = {1, 2, 3},
+          .grammar = "root ::= [0-9]+"};
 }
 
 member_view make(tag<member_view>, const actors_for_handles& h) {

@@ -431,6 +431,96 @@ TEST_F(Gateway, LogprobsChoicesTokenPromptsAndTokenize) {
   EXPECT_EQ(entries, completion) << st.body;
 }
 
+// Structured output through the real cluster: sampled (not greedy) output
+// constrained by a JSON schema parses and follows it, a regex's output
+// matches std::regex, a choice is one of the choices; conflicts and
+// keywords troupe cannot enforce are 400s that name them.
+TEST_F(Gateway, StructuredOutputFollowsItsSchemaRegexOrChoice) {
+  const json schema = json::parse(R"({"type": "object",
+      "properties": {"shape": {"enum": ["circle", "square", "triangle"]},
+                     "count": {"type": "integer"},
+                     "label": {"type": "string", "maxLength": 8}},
+      "required": ["shape", "count"], "additionalProperties": false})");
+  int stopped = 0, cut = 0;
+  for (int seed = 0; seed < 8; ++seed) {
+    json body{{"messages", json::array({{{"role", "user"}, {"content", "Describe a shape."}}})},
+              {"temperature", 1.0},
+              {"seed", seed},
+              {"max_tokens", 120},
+              {"response_format",
+               {{"type", "json_schema"},
+                {"json_schema", {{"name", "shape"}, {"schema", schema}, {"strict", true}}}}}};
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto j = json::parse(r.body);
+    const auto& choice = j["choices"][0];
+    if (choice["finish_reason"] != "stop") {
+      ++cut;
+      continue;
+    }
+    ++stopped;
+    const auto content = choice["message"]["content"].get<std::string>();
+    auto out = json::parse(content, nullptr, false);
+    ASSERT_FALSE(out.is_discarded()) << content;
+    ASSERT_TRUE(out.is_object()) << content;
+    EXPECT_TRUE(out["shape"] == "circle" || out["shape"] == "square" || out["shape"] == "triangle")
+        << content;
+    EXPECT_TRUE(out["count"].is_number_integer()) << content;
+    if (out.contains("label")) {
+      EXPECT_TRUE(out["label"].is_string()) << content;
+    }
+    for (const auto& [k, v] : out.items())
+      EXPECT_TRUE(k == "shape" || k == "count" || k == "label") << content;
+  }
+  EXPECT_GE(stopped, 4) << "cut by max_tokens: " << cut;
+
+  auto complete = [&](json body) {
+    body["prompt"] = "A red circle and a blue";
+    body["max_tokens"] = 40;
+    body["temperature"] = 1.0;
+    return post("/v1/completions", body);
+  };
+  for (int seed = 0; seed < 4; ++seed) {
+    auto re = complete({{"guided_regex", "(red|blue) [a-z]{2,6}\\.[0-9]"}, {"seed", seed}});
+    ASSERT_EQ(re.status, 200) << re.body;
+    const auto text = json::parse(re.body)["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(std::regex_match(text, std::regex("(red|blue) [a-z]{2,6}\\.[0-9]"))) << text;
+    auto ch = complete({{"guided_choice", {"circle", "square"}}, {"seed", seed}});
+    ASSERT_EQ(ch.status, 200) << ch.body;
+    const auto pick = json::parse(ch.body)["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(pick == "circle" || pick == "square") << pick;
+  }
+  auto obj = post("/v1/chat/completions",
+                  {{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+                   {"max_tokens", 150},
+                   {"seed", 3},
+                   {"temperature", 0.7},
+                   {"response_format", {{"type", "json_object"}}}});
+  ASSERT_EQ(obj.status, 200) << obj.body;
+  const auto oj = json::parse(obj.body)["choices"][0];
+  if (oj["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(oj["message"]["content"].get<std::string>()).is_object()) << oj;
+  }
+
+  // Refusals, by name.
+  auto both = complete({{"guided_regex", "a"}, {"guided_choice", {"b"}}});
+  EXPECT_EQ(both.status, 400) << both.body;
+  EXPECT_EQ(json::parse(both.body)["error"]["param"], "guided_choice") << both.body;
+  auto keyword = post(
+      "/v1/chat/completions",
+      {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+       {"response_format",
+        {{"type", "json_schema"},
+         {"json_schema", {{"name", "n"}, {"schema", {{"type", "number"}, {"minimum", 1}}}}}}}});
+  EXPECT_EQ(keyword.status, 400) << keyword.body;
+  EXPECT_NE(keyword.body.find("minimum"), std::string::npos) << keyword.body;
+  auto no_end = complete({{"guided_choice", {"b"}}, {"ignore_eos", true}});
+  EXPECT_EQ(no_end.status, 400) << no_end.body;
+  auto bad_grammar = complete({{"grammar", "root ::= root \"a\""}});
+  EXPECT_EQ(bad_grammar.status, 400) << bad_grammar.body;
+  EXPECT_NE(bad_grammar.body.find("left-recursive"), std::string::npos) << bad_grammar.body;
+}
+
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();

@@ -37,7 +37,7 @@ bool allowed(const std::vector<std::uint64_t>& bits, std::int32_t id) {
 // The bundled model's vocabulary, every token's bytes.
 struct vocabulary {
   std::vector<std::string> pieces;
-  std::vector<std::int32_t> ends;
+  std::vector<std::int64_t> ends;
 };
 const vocabulary& bundled_vocabulary() {
   static const vocabulary v = [] {
@@ -63,10 +63,11 @@ const vocabulary& bundled_vocabulary() {
 std::optional<std::string> random_walk(const std::shared_ptr<const grammar>& g,
                                        const token_trie& trie, std::mt19937& rng,
                                        int max_tokens = 400) {
+  const auto& ends = bundled_vocabulary().ends;
   grammar_state s(g);
   std::string text;
   for (int step = 0; step < max_tokens; ++step) {
-    const auto bits = s.allowed(trie);
+    const auto bits = s.allowed(trie, ends);
     std::vector<std::int32_t> choices;
     for (std::size_t id = 0; id < trie.vocab(); ++id)
       if (allowed(bits, static_cast<std::int32_t>(id)))
@@ -75,8 +76,7 @@ std::optional<std::string> random_walk(const std::shared_ptr<const grammar>& g,
     if (choices.empty()) return std::nullopt;
     const auto pick =
         choices[std::uniform_int_distribution<std::size_t>(0, choices.size() - 1)(rng)];
-    const bool is_end =
-        std::find(trie.ends().begin(), trie.ends().end(), pick) != trie.ends().end();
+    const bool is_end = std::find(ends.begin(), ends.end(), pick) != ends.end();
     if (is_end || (s.complete() && rng() % 2 == 0)) {
       EXPECT_TRUE(s.complete());
       return text;
@@ -136,12 +136,12 @@ TEST(Grammar, CodePointsMaySpanTokens) {
 TEST(Grammar, TheMaskIsTheTokensTheGrammarAccepts) {
   const auto& v = bundled_vocabulary();
   ASSERT_GT(v.pieces.size(), 300u);
-  token_trie trie(v.pieces, v.ends);
+  token_trie trie(v.pieces);
   auto g = parse_ok(json_object_gbnf());
   std::mt19937 rng(3);
   grammar_state s(g);
   for (int step = 0; step < 40; ++step) {
-    const auto bits = s.allowed(trie);
+    const auto bits = s.allowed(trie, v.ends);
     std::vector<std::int32_t> ok;
     for (std::size_t id = 0; id < v.pieces.size(); ++id) {
       const auto tid = static_cast<std::int32_t>(id);
@@ -169,7 +169,7 @@ TEST(Grammar, TheMaskIsTheTokensTheGrammarAccepts) {
 
 TEST(JsonSchema, GeneratedObjectsParseAndFollowTheSchema) {
   const auto& v = bundled_vocabulary();
-  token_trie trie(v.pieces, v.ends);
+  token_trie trie(v.pieces);
   const json schema = json::parse(R"({
     "type": "object",
     "properties": {
@@ -262,7 +262,7 @@ std::wstring wide(const std::string& s) {
 
 TEST(Regex, GeneratedStringsMatchStdRegex) {
   const auto& v = bundled_vocabulary();
-  token_trie trie(v.pieces, v.ends);
+  token_trie trie(v.pieces);
   std::mt19937 rng(5);
   for (const char* re :
        {"[a-c]{2}\\d+", "(cat|dog)s?", "x(?:ab)*y", "[^0-9 ]{1,3}\\.", "\\w+@\\w+"}) {
