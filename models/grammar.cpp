@@ -134,7 +134,7 @@ class gbnf_parser {
   }
   std::int32_t fresh_rule(const std::string& base) {
     std::string name;
-    do name = base + "-" + std::to_string(++generated_);
+    do name = base + "/" + std::to_string(++generated_);  // "/": never a user rule
     while (ids_.count(name));
     const auto id = rule_id(name);
     defined_[static_cast<std::size_t>(id)] = true;

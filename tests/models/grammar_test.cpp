@@ -111,6 +111,9 @@ tail ::= ( "!" | ) # an empty alternative
     auto r = grammar::parse(bad);
     EXPECT_FALSE(r) << bad;
   }
+  // Rules the parser makes for groups never collide with the user's names.
+  auto named = parse_ok("root ::= x x-1\nx ::= (\"a\" | \"b\")+\nx-1 ::= (\"c\")?");
+  EXPECT_TRUE(accepts(named, {"abac"}));
   // x{2,4}: between two and four.
   auto rep = parse_ok("root ::= \"ab\"{2,4}");
   EXPECT_FALSE(accepts(rep, {"ab"}));
