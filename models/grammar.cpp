@@ -1047,7 +1047,19 @@ class regex_compiler {
 
 class schema_compiler {
  public:
-  explicit schema_compiler(const nlohmann::ordered_json& root) : root_(root) {}
+  /// `prefix` starts every rule it makes (several schemas in one grammar).
+  explicit schema_compiler(const nlohmann::ordered_json& root, std::string prefix = "")
+      : root_(root), prefix_(std::move(prefix)) {}
+
+  /// The schema's expression and the rules it uses (the JSON primitives
+  /// left out).
+  result<std::pair<std::string, std::string>> parts() {
+    auto r = rule_for(root_, "root");
+    if (!error_.empty()) return make_error(errc::invalid_argument, "json_schema: " + error_);
+    std::string rules;
+    for (const auto& [name, body] : rules_) rules += name + " ::= " + body + "\n";
+    return std::pair{r, rules};
+  }
 
   result<std::string> run() {
     auto r = rule_for(root_, "root");
@@ -1067,6 +1079,7 @@ class schema_compiler {
     std::string name;
     for (char c : hint) name += (std::isalnum(static_cast<unsigned char>(c)) ? c : '-');
     if (name.empty() || name.size() > 40) name = "s";
+    name = prefix_ + name;
     std::string unique = name;
     for (int i = 1;
          rules_.count(unique) || unique == "root" || unique.starts_with("json-") || unique == "ws";
@@ -1208,7 +1221,8 @@ class schema_compiler {
         fail("pattern must be a string", where);
         return "\"\"";
       }
-      auto re = regex_compiler(p->get<std::string>(), "re" + std::to_string(++regexes_) + "-", true)
+      auto re = regex_compiler(p->get<std::string>(),
+                               prefix_ + "re" + std::to_string(++regexes_) + "-", true)
                     .run();
       if (!re) {
         fail(re.error().message, where + ".pattern");
@@ -1325,6 +1339,7 @@ class schema_compiler {
   }
 
   const json& root_;
+  std::string prefix_;
   std::map<std::string, std::string> rules_;
   std::map<std::string, std::string> refs_;
   std::string error_;
@@ -1339,6 +1354,30 @@ result<std::string> json_schema_to_gbnf(std::string_view schema) {
   auto j = nlohmann::ordered_json::parse(schema, nullptr, false);
   if (j.is_discarded()) return make_error(errc::invalid_argument, "json_schema: not valid JSON");
   return schema_compiler(j).run();
+}
+
+result<std::string> tool_calls_gbnf(const std::vector<tool_spec>& tools, bool parallel) {
+  if (tools.empty()) return make_error(errc::invalid_argument, "no tools");
+  std::string calls, rules;
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    std::string args = "json-object";
+    if (!tools[i].parameters.empty()) {
+      auto j = nlohmann::ordered_json::parse(tools[i].parameters, nullptr, false);
+      if (j.is_discarded())
+        return make_error(errc::invalid_argument, tools[i].name + ": parameters: not valid JSON");
+      auto p = schema_compiler(j, "t" + std::to_string(i) + "-").parts();
+      if (!p) return make_error(errc::invalid_argument, tools[i].name + ": " + p.error().message);
+      args = p->first;
+      rules += p->second;
+    }
+    // Hermes-style: <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+    const auto name = nlohmann::json(tools[i].name).dump();
+    calls += std::string(calls.empty() ? "" : " | ") + "\"{\\\"name\\\": \" " + literal(name) +
+             " \", \\\"arguments\\\": \" " + args + " \"}\"";
+  }
+  std::string out = "root ::= call" + std::string(parallel ? " (\"\\n\" call)*" : "") + "\n";
+  out += "call ::= \"<tool_call>\\n\" (" + calls + ") \"\\n</tool_call>\"\n";
+  return out + rules + json_primitives;
 }
 
 std::string json_object_gbnf() {

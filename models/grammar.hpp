@@ -117,6 +117,17 @@ class grammar_state {
 /// optional properties) as GBNF. Keywords it cannot enforce are refused by
 /// name. `schema` is JSON text.
 result<std::string> json_schema_to_gbnf(std::string_view schema);
+/// A function a model may call: its name and its parameters' JSON Schema
+/// (empty: any JSON object).
+struct tool_spec {
+  std::string name;
+  std::string parameters;
+  std::string description;  ///< for the prompt only
+};
+/// Hermes-style tool calls, one (or with `parallel` one or more, a newline
+/// apart) of `<tool_call>\n{"name": "N", "arguments": {...}}\n</tool_call>`,
+/// the arguments following the tool's schema.
+result<std::string> tool_calls_gbnf(const std::vector<tool_spec>& tools, bool parallel);
 /// Any JSON object (response_format json_object).
 std::string json_object_gbnf();
 /// A regular expression (the common subset: literals, classes, ., groups,

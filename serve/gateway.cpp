@@ -103,6 +103,7 @@ struct job_stream {
   std::optional<std::expected<actors::submit_ack, actors::client::rejection>> ack;
   std::deque<std::string> texts;                ///< token texts not yet sent
   std::vector<models::token_logprob> logprobs;  ///< every token's, when asked for
+  std::string held;                             ///< with tools: the text, sent whole at the end
   std::size_t sent_logprobs = 0;                ///< of them, sent (streaming)
   std::int64_t tokens = 0;                      ///< tokens so far
   std::optional<actors::finish_event> done;
@@ -929,6 +930,10 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
             js.texts.pop_front();
           }
           done = js.done;
+          if (r->tools_active) {  // the reply goes whole, once it is known
+            js.held += text;
+            text.clear();
+          }
           // Logprobs go with the text of their tokens (text a stop string
           // may still take is held back; the end carries the rest).
           if (!text.empty() || done) {
@@ -956,9 +961,15 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           ok = co_await send(ev);
           sent = true;
         }
+        std::string finish = done ? finish_reason(done->reason) : "";
+        if (ok && done && r->tools_active) {
+          bool calls = false;
+          ev = event(tools_chunk_json(*r, id, created, index, jobs[i]->held, calls));
+          ok = co_await send(ev);
+          if (calls && done->reason == actors::finish_reason::stop) finish = "tool_calls";
+        }
         if (ok && done) {
-          ev = event(chunk_json(*r, id, created, index, "", finish_reason(done->reason), {},
-                                u ? &*u : nullptr));
+          ev = event(chunk_json(*r, id, created, index, "", finish, {}, u ? &*u : nullptr));
           ok = co_await send(ev);
           ended[i] = true;
           sent = true;

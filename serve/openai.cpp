@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "models/grammar.hpp"
 
@@ -94,6 +95,121 @@ std::optional<api_error> read_structured(const json& j, api_request& r) {
   if (auto g = models::grammar::parse(grammar); !g)
     return bad("'" + from + "': " + g.error().message, from);
   r.job.grammar = std::move(grammar);
+  return std::nullopt;
+}
+
+// The words that tell a model without tools in its chat template which
+// functions it may call and how (the Hermes format of <tool_call> tags,
+// which troupe parses back into OpenAI's tool_calls).
+std::string tools_prompt(const std::vector<models::tool_spec>& tools) {
+  std::string out =
+      "You can call functions to help answer. Each is described below as JSON, between <tools> "
+      "and </tools>:\n<tools>\n";
+  for (const auto& t : tools) {
+    json d{{"type", "function"}, {"function", {{"name", t.name}}}};
+    if (!t.description.empty()) d["function"]["description"] = t.description;
+    if (!t.parameters.empty()) d["function"]["parameters"] = json::parse(t.parameters);
+    out += d.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  }
+  return out +
+         "</tools>\nTo call one, answer with a JSON object holding its name and arguments, between "
+         "<tool_call> and </tool_call>:\n<tool_call>\n{\"name\": \"the function's name\", "
+         "\"arguments\": {\"a parameter\": \"its value\"}}\n</tool_call>";
+}
+
+// OpenAI's tools and tool_choice (chat): the tools are described to the
+// model in a system message; "required" or a named function constrain the
+// output to tool calls (a grammar); "auto" lets the model choose, and its
+// <tool_call> blocks become tool_calls.
+std::optional<api_error> read_tools(const json& j, api_request& r) {
+  auto tools = j.find("tools");
+  const bool has = tools != j.end() && !tools->is_null();
+  if (has && (!tools->is_array() || tools->size() > 128))
+    return bad("'tools' must be an array of at most 128 tools", "tools");
+  std::set<std::string> names;
+  for (std::size_t i = 0; has && i < tools->size(); ++i) {
+    const auto& t = (*tools)[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    auto fn = t.is_object() ? t.find("function") : t.end();
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" || fn == t.end() ||
+        !fn->is_object())
+      return bad(where + " must be {\"type\": \"function\", \"function\": {...}}", where);
+    for (const auto& [k, v] : fn->items())
+      if (k != "name" && k != "description" && k != "parameters" && k != "strict")
+        return bad(where + ".function." + k.substr(0, 64) + " is not supported", where);
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty() ||
+        name->get<std::string>().size() > 64)
+      return bad(where + ".function.name must be a string of 1 to 64 characters", where);
+    models::tool_spec spec;
+    spec.name = name->get<std::string>();
+    for (unsigned char c : spec.name)
+      if (!std::isalnum(c) && c != '_' && c != '-')
+        return bad(where + ".function.name may hold only letters, digits, _ and -", where);
+    if (!names.insert(spec.name).second)
+      return bad(where + ": a second tool named " + spec.name, where);
+    if (auto d = fn->find("description"); d != fn->end() && d->is_string())
+      spec.description = d->get<std::string>();
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
+      if (!p->is_object()) return bad(where + ".function.parameters must be a JSON Schema", where);
+      spec.parameters = p->dump();
+      // Checked now: a schema troupe cannot enforce is refused by name.
+      if (auto g = models::json_schema_to_gbnf(spec.parameters); !g)
+        return bad(where + ".function.parameters: " + g.error().message, where);
+    }
+    r.tools.push_back(std::move(spec));
+  }
+  std::string choice = has && !r.tools.empty() ? "auto" : "none";
+  std::string named;
+  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    if (c->is_string()) {
+      choice = c->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required")
+        return bad("'tool_choice' must be none, auto, required or a function", "tool_choice");
+    } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
+               (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+      choice = "named";
+      named = (*c)["function"]["name"].get<std::string>();
+      if (!names.count(named))
+        return bad("'tool_choice' names a function not in 'tools'", "tool_choice");
+    } else {
+      return bad(
+          "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}}",
+          "tool_choice");
+    }
+    if (choice != "none" && r.tools.empty())
+      return bad("'tool_choice' other than none needs 'tools'", "tool_choice");
+  }
+  bool parallel = true;
+  if (auto p = j.find("parallel_tool_calls"); p != j.end() && !p->is_null()) {
+    if (!p->is_boolean())
+      return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    parallel = p->get<bool>();
+  }
+  if (choice == "none") {
+    r.tools.clear();
+    return std::nullopt;
+  }
+  if (!r.job.grammar.empty())
+    return bad("'tool_choice' and a structured output field both constrain the output",
+               "tool_choice");
+  r.tools_active = true;
+  // The tools go first, in (or as) the system message.
+  auto& turns = r.job.turns;
+  const auto text = tools_prompt(r.tools);
+  if (!turns.empty() && turns.front().role == "system")
+    turns.front().content += "\n\n" + text;
+  else
+    turns.insert(turns.begin(), actors::chat_turn{"system", text, 0});
+  if (choice == "required" || choice == "named") {
+    std::vector<models::tool_spec> allowed;
+    for (const auto& t : r.tools)
+      if (choice == "required" || t.name == named) allowed.push_back(t);
+    auto g = models::tool_calls_gbnf(allowed, parallel && choice == "required");
+    if (!g) return bad("'tools': " + g.error().message, "tools");
+    r.job.grammar = std::move(*g);
+  }
   return std::nullopt;
 }
 
@@ -285,9 +401,6 @@ bool is_false(const json& v) {
 bool is_empty(const json& v) {
   return v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
 }
-bool is_any_bool(const json& v) {
-  return v.is_null() || v.is_boolean();
-}
 bool is_no_tool(const json& v) {
   return v.is_null() || (v.is_string() && v.get<std::string>() == "none");
 }
@@ -347,9 +460,9 @@ const field_rule field_rules[] = {
     {"guided_choice", true, true, nullptr, nullptr},
     {"guided_grammar", true, true, nullptr, nullptr},
     {"grammar", true, true, nullptr, nullptr},
-    {"tools", true, false, is_empty, "are not supported yet (no tool calls)"},
-    {"tool_choice", true, false, is_no_tool, "other than \"none\" is not supported yet"},
-    {"parallel_tool_calls", true, false, is_any_bool, "must be a boolean"},
+    {"tools", true, false, nullptr, nullptr},
+    {"tool_choice", true, false, nullptr, nullptr},
+    {"parallel_tool_calls", true, false, nullptr, nullptr},
     {"functions", true, false, is_empty, "(deprecated by OpenAI) are not supported"},
     {"function_call", true, false, is_no_tool, "(deprecated by OpenAI) is not supported"},
     {"modalities", true, false, is_text_only, "other than [\"text\"] is not supported"},
@@ -535,15 +648,44 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
       return std::unexpected(bad(where + ".role must be a string", where + ".role"));
     actors::chat_turn t;
     t.role = role->get<std::string>();
-    if (t.role != "system" && t.role != "user" && t.role != "assistant" && t.role != "developer")
-      return std::unexpected(
-          bad(where + ".role: '" + t.role.substr(0, 32) + "' is not system, user or assistant",
-              where + ".role"));
+    if (t.role != "system" && t.role != "user" && t.role != "assistant" && t.role != "developer" &&
+        t.role != "tool")
+      return std::unexpected(bad(
+          where + ".role: '" + t.role.substr(0, 32) + "' is not system, user, assistant or tool",
+          where + ".role"));
     if (t.role == "developer") t.role = "system";
+    // An assistant's earlier tool calls, in the Hermes form the model is
+    // asked to answer in.
+    std::string calls;
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (t.role != "assistant" || !tc->is_array())
+        return std::unexpected(bad(where + ".tool_calls must be an assistant's array of calls",
+                                   where + ".tool_calls"));
+      for (const auto& call : *tc) {
+        auto fn = call.is_object() ? call.find("function") : call.end();
+        if (fn == call.end() || !fn->is_object() || !fn->contains("name") ||
+            !(*fn)["name"].is_string())
+          return std::unexpected(
+              bad(where + ".tool_calls[]: a call needs function.name", where + ".tool_calls"));
+        json args = json::object();
+        if (auto a = fn->find("arguments"); a != fn->end() && a->is_string()) {
+          args = json::parse(a->get<std::string>(), nullptr, false);
+          if (args.is_discarded())
+            return std::unexpected(bad(where + ".tool_calls[]: arguments must be a JSON string",
+                                       where + ".tool_calls"));
+        }
+        calls += "<tool_call>\n" +
+                 json{{"name", (*fn)["name"]}, {"arguments", args}}.dump(
+                     -1, ' ', false, json::error_handler_t::replace) +
+                 "\n</tool_call>";
+      }
+    }
     auto content = m.find("content");
-    if (content == m.end() || content->is_null())
+    if ((content == m.end() || content->is_null()) && !calls.empty()) {
+      t.content = calls;
+    } else if (content == m.end() || content->is_null()) {
       return std::unexpected(bad(where + ".content is missing", where + ".content"));
-    if (content->is_string()) {
+    } else if (content->is_string()) {
       t.content = content->get<std::string>();
     } else if (content->is_array()) {
       for (std::size_t k = 0; k < content->size(); ++k) {
@@ -602,6 +744,14 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
       return std::unexpected(
           bad(where + ".content must be a string or an array of parts", where + ".content"));
     }
+    if (!calls.empty() && content != m.end() && !content->is_null())
+      t.content += (t.content.empty() ? "" : "\n") + calls;
+    if (t.role == "tool") {  // a function's answer, for the model to read
+      if (t.images > 0)
+        return std::unexpected(bad(where + ": a tool's content is text", where + ".content"));
+      t.role = "user";
+      t.content = "<tool_response>\n" + t.content + "\n</tool_response>";
+    }
     text_bytes += t.content.size();
     r.job.turns.push_back(std::move(t));
   }
@@ -610,6 +760,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
         "the messages hold more than " + std::to_string(limits.max_text_bytes) + " bytes of text",
         "messages"));
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
+  if (auto e = read_tools(*j, r)) return std::unexpected(*e);
   return r;
 }
 
@@ -799,7 +950,70 @@ json logprobs_object(bool chat, std::span<const models::token_logprob> lps,
 std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+
+// OpenAI's tool_calls: ids unique within the response (its id, the
+// choice, the call); a stream's carry their index.
+json calls_json(const tool_reply& t, const std::string& id, std::size_t choice, bool indexed) {
+  json calls = json::array();
+  for (std::size_t k = 0; k < t.calls.size(); ++k) {
+    const auto dash = id.find('-');
+    json c{{"id", "call_" + (dash == std::string::npos ? id : id.substr(dash + 1)) + "_" +
+                      std::to_string(choice) + "_" + std::to_string(k)},
+           {"type", "function"},
+           {"function", {{"name", t.calls[k].first}, {"arguments", t.calls[k].second}}}};
+    if (indexed) c["index"] = k;
+    calls.push_back(std::move(c));
+  }
+  return calls;
+}
 }  // namespace
+
+tool_reply parse_tool_calls(const std::string& text, const std::vector<models::tool_spec>& tools) {
+  static const std::string open = "<tool_call>", close = "</tool_call>";
+  tool_reply out;
+  std::string rest;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const auto b = text.find(open, at);
+    if (b == std::string::npos) break;
+    const auto e = text.find(close, b + open.size());
+    if (e == std::string::npos) break;
+    rest += text.substr(at, b - at);
+    const auto body = text.substr(b + open.size(), e - b - open.size());
+    auto j = json::parse(body, nullptr, false);
+    bool known = false;
+    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments") &&
+        j["arguments"].is_object())
+      for (const auto& t : tools) known = known || t.name == j["name"].get<std::string>();
+    if (known)
+      out.calls.emplace_back(j["name"].get<std::string>(), dump(j["arguments"]));
+    else
+      rest += text.substr(b, e + close.size() - b);  // not a call: it stays text
+    at = e + close.size();
+  }
+  rest += text.substr(std::min(at, text.size()));
+  // With calls, blank text around them is no content (OpenAI's null).
+  const bool blank = rest.find_first_not_of(" \t\r\n") == std::string::npos;
+  if (out.calls.empty() || !blank) out.content = rest;
+  return out;
+}
+
+std::string tools_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                             std::int64_t index, const std::string& text, bool& calls) {
+  const auto t = parse_tool_calls(text, r.tools);
+  calls = !t.calls.empty();
+  json delta = json::object();
+  if (t.content) delta["content"] = *t.content;
+  if (calls) delta["tool_calls"] = calls_json(t, id, static_cast<std::size_t>(index), true);
+  json choice{
+      {"index", index}, {"delta", delta}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+  json j{{"id", id},
+         {"object", "chat.completion.chunk"},
+         {"created", created},
+         {"model", r.model},
+         {"choices", json::array({choice})}};
+  return dump(j);
+}
 
 std::string logprobs_json(bool chat, std::span<const models::token_logprob> logprobs,
                           std::int64_t text_offset) {
@@ -818,10 +1032,19 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
                 {"logprobs", lp ? logprobs_object(r.chat, choices[i].logprobs,
                                                   static_cast<std::int64_t>(r.echo.size()))
                                 : json(nullptr)}};
-    if (r.chat)
+    if (r.chat && r.tools_active) {
+      const auto t = parse_tool_calls(f.text, r.tools);
+      choice["message"] = {{"role", "assistant"},
+                           {"content", t.content ? json(*t.content) : json(nullptr)}};
+      if (!t.calls.empty()) {
+        choice["message"]["tool_calls"] = calls_json(t, id, i, false);
+        if (f.reason == actors::finish_reason::stop) choice["finish_reason"] = "tool_calls";
+      }
+    } else if (r.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", f.text}};
-    else
+    } else {
       choice["text"] = r.echo + f.text;  // echo: the prompt first
+    }
     list.push_back(std::move(choice));
     usage.prompt = f.prompt_tokens;  // the same prompt in every choice
     usage.completion += static_cast<std::int64_t>(f.tokens.size());

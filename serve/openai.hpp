@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "actors/protocol/jobs.hpp"
+#include "models/grammar.hpp"
 #include "models/sampling.hpp"
 
 namespace troupe::serve {
@@ -57,8 +58,12 @@ struct api_request {
   /// stream_options.continuous_usage_stats (vLLM's): every chunk carries the
   /// usage so far.
   bool continuous_usage = false;
-  std::string echo;         ///< /v1/completions with echo: the prompt, sent before the text
-  std::int64_t n = 1;       ///< choices: n jobs, seeds seed, seed + 1, ... (a seed given or not)
+  std::string echo;    ///< /v1/completions with echo: the prompt, sent before the text
+  std::int64_t n = 1;  ///< choices: n jobs, seeds seed, seed + 1, ... (a seed given or not)
+  /// Chat tools (tool_choice not "none"): the output's <tool_call> blocks
+  /// become tool_calls (and a stream sends a choice's message whole at its end).
+  std::vector<models::tool_spec> tools;
+  bool tools_active = false;
   actors::job_request job;  ///< id left 0
   /// Images still to fetch: index in job.images (an empty placeholder
   /// there), the URL and the request field it came from.
@@ -130,6 +135,19 @@ std::string chunk_json(const api_request& r, const std::string& id, std::int64_t
                        std::int64_t index, const std::string& text, const std::string& finish,
                        std::span<const models::token_logprob> logprobs = {},
                        const usage_counts* usage = nullptr, std::int64_t text_offset = 0);
+/// A reply with tools: the text outside <tool_call> blocks (none when only
+/// blanks) and each call's name and arguments (JSON text). A block that is
+/// not a call of a known tool stays in the text.
+struct tool_reply {
+  std::optional<std::string> content;
+  std::vector<std::pair<std::string, std::string>> calls;
+};
+tool_reply parse_tool_calls(const std::string& text, const std::vector<models::tool_spec>& tools);
+/// A streamed tools reply of choice `index`, sent whole: its content and
+/// tool_calls in one delta; `calls` says whether it had any.
+std::string tools_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
+                             std::int64_t index, const std::string& text, bool& calls);
+
 /// The usage-only chunk (stream_options.include_usage) after the last choice.
 std::string usage_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
                              const usage_counts& usage);

@@ -521,6 +521,82 @@ TEST_F(Gateway, StructuredOutputFollowsItsSchemaRegexOrChoice) {
   EXPECT_NE(bad_grammar.body.find("left-recursive"), std::string::npos) << bad_grammar.body;
 }
 
+// Tools through the real cluster: "required" and a named function give
+// OpenAI tool_calls whose arguments follow the tool's schema (whole and
+// streamed); a reply to a tool's answer is accepted.
+TEST_F(Gateway, RequiredToolCallsFollowTheToolsSchema) {
+  const json tool = json::parse(R"({"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+      "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}}})");
+  const json clock = json::parse(R"({"type": "function", "function": {"name": "get_time"}})");
+  auto ask = [&](json extra) {
+    json body{{"messages", json::array({{{"role", "user"}, {"content", "Weather in Oslo?"}}})},
+              {"tools", json::array({tool, clock})},
+              {"max_tokens", 120},
+              {"temperature", 1.0}};
+    for (auto& [k, v] : extra.items()) body[k] = v;
+    return post("/v1/chat/completions", body);
+  };
+  int calls = 0;
+  for (int seed = 0; seed < 6; ++seed) {
+    auto r = ask({{"tool_choice", "required"}, {"seed", seed}, {"parallel_tool_calls", false}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto c = json::parse(r.body)["choices"][0];
+    if (c["finish_reason"] == "length") continue;
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    const auto& fn = c["message"]["tool_calls"][0]["function"];
+    const auto args = json::parse(fn["arguments"].get<std::string>());
+    ASSERT_TRUE(args.is_object());
+    if (fn["name"] == "get_weather") {
+      EXPECT_TRUE(args["city"].is_string()) << args;
+      for (const auto& [k, v] : args.items()) EXPECT_TRUE(k == "city" || k == "days") << args;
+    } else {
+      EXPECT_EQ(fn["name"], "get_time");
+    }
+    ++calls;
+  }
+  EXPECT_GE(calls, 3);
+  // A named function, streamed: the calls come in one delta at the end.
+  auto st = ask({{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+                 {"stream", true},
+                 {"seed", 1}});
+  ASSERT_EQ(st.status, 200) << st.body;
+  int deltas = 0;
+  std::string finish;
+  for (std::size_t at = st.body.find("data: {"); at != std::string::npos;
+       at = st.body.find("data: {", at + 1)) {
+    auto e = json::parse(st.body.substr(at + 6, st.body.find('\n', at) - at - 6));
+    const auto& ch = e["choices"][0];
+    if (ch["delta"].contains("tool_calls")) {
+      ++deltas;
+      EXPECT_EQ(ch["delta"]["tool_calls"][0]["function"]["name"], "get_weather") << e;
+      EXPECT_EQ(ch["delta"]["tool_calls"][0]["index"], 0);
+    }
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  if (finish != "length") {
+    EXPECT_EQ(deltas, 1) << st.body;
+    EXPECT_EQ(finish, "tool_calls") << st.body;
+  }
+  // The conversation goes on after the tool's answer.
+  json history{
+      {"messages",
+       json::array({{{"role", "user"}, {"content", "Weather in Oslo?"}},
+                    {{"role", "assistant"},
+                     {"content", nullptr},
+                     {"tool_calls", json::array({{{"id", "call_1"},
+                                                  {"type", "function"},
+                                                  {"function",
+                                                   {{"name", "get_weather"},
+                                                    {"arguments", "{\"city\": \"Oslo\"}"}}}}})}},
+                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}})},
+      {"tools", json::array({tool})},
+      {"max_tokens", 8}};
+  auto next = post("/v1/chat/completions", history);
+  EXPECT_EQ(next.status, 200) << next.body;
+}
+
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();

@@ -491,3 +491,118 @@ TEST(OpenAiModels, TheServedNameIsTheModelsOwnAndOthersAre404) {
   auto j = json::parse(error_json(*cut));
   EXPECT_EQ(j["error"]["code"], "model_not_found");
 }
+
+namespace {
+
+const char* weather_tool = R"({"type": "function", "function": {"name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": false}}})";
+
+}  // namespace
+
+// Tools: described to the model in the system message, required or named
+// calls constrained by a grammar, history with calls and tool answers in
+// the Hermes form, and the model's <tool_call> blocks parsed back.
+TEST(OpenAiTools, ToolsBecomeAPromptAGrammarAndToolCalls) {
+  json body{{"messages", json::array({{{"role", "user"}, {"content", "Weather in Oslo?"}}})},
+            {"tools", json::array({json::parse(weather_tool)})}};
+  auto plain = parse_chat_request(body.dump());
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_TRUE(plain->tools_active);  // auto by default
+  EXPECT_TRUE(plain->job.grammar.empty());
+  ASSERT_EQ(plain->job.turns.size(), 2u);
+  EXPECT_EQ(plain->job.turns[0].role, "system");
+  EXPECT_NE(plain->job.turns[0].content.find("get_weather"), std::string::npos);
+  EXPECT_NE(plain->job.turns[0].content.find("<tool_call>"), std::string::npos);
+
+  body["tool_choice"] = "required";
+  auto required = parse_chat_request(body.dump());
+  ASSERT_TRUE(required);
+  ASSERT_FALSE(required->job.grammar.empty());
+  auto g = troupe::models::grammar::parse(required->job.grammar);
+  ASSERT_TRUE(g);
+  troupe::models::grammar_state s(*g);
+  EXPECT_TRUE(
+      s.accept("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+               "\"Oslo\"}}\n</tool_call>"));
+  EXPECT_TRUE(s.complete());
+  troupe::models::grammar_state wrong(*g);
+  EXPECT_FALSE(wrong.accept("<tool_call>\n{\"name\": \"get_time\""));
+
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  EXPECT_EQ(parse_chat_request(body.dump()).error().param, "tool_choice");
+  body["tool_choice"] = "none";
+  auto none = parse_chat_request(body.dump());
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->tools_active);
+  EXPECT_EQ(none->job.turns.size(), 1u);  // no tools prompt
+  body["tool_choice"] = "required";
+  body["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(parse_chat_request(body.dump()).error().param, "tool_choice");
+  body.erase("response_format");
+  auto bad_params = json::parse(weather_tool);
+  bad_params["function"]["parameters"]["properties"]["city"]["format"] = "city";
+  body["tools"] = json::array({bad_params});
+  auto refused = parse_chat_request(body.dump());
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("format"), std::string::npos) << refused.error().message;
+
+  // History: an assistant's call and the tool's answer.
+  json history{
+      {"messages",
+       json::array({{{"role", "user"}, {"content", "Weather in Oslo?"}},
+                    {{"role", "assistant"},
+                     {"content", nullptr},
+                     {"tool_calls", json::array({{{"id", "call_1"},
+                                                  {"type", "function"},
+                                                  {"function",
+                                                   {{"name", "get_weather"},
+                                                    {"arguments", "{\"city\": \"Oslo\"}"}}}}})}},
+                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny, 4 C"}}})},
+      {"tools", json::array({json::parse(weather_tool)})}};
+  auto h = parse_chat_request(history.dump());
+  ASSERT_TRUE(h) << h.error().message;
+  ASSERT_EQ(h->job.turns.size(), 4u);
+  EXPECT_NE(h->job.turns[2].content.find("<tool_call>"), std::string::npos);
+  EXPECT_NE(h->job.turns[2].content.find("\"city\":\"Oslo\""), std::string::npos)
+      << h->job.turns[2].content;
+  EXPECT_EQ(h->job.turns[3].role, "user");
+  EXPECT_EQ(h->job.turns[3].content, "<tool_response>\nsunny, 4 C\n</tool_response>");
+
+  // Output: calls of known tools become tool_calls, the rest stays text.
+  const std::vector<troupe::models::tool_spec> tools{{"get_weather", "", ""}};
+  auto t = parse_tool_calls(
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Oslo\"}}\n</tool_call>\n<tool_call>{\"name\": \"unknown\", \"arguments\": {}}</tool_call>",
+      tools);
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].first, "get_weather");
+  EXPECT_EQ(json::parse(t.calls[0].second), json({{"city", "Oslo"}}));
+  ASSERT_TRUE(t.content);
+  EXPECT_NE(t.content->find("Let me check."), std::string::npos);
+  EXPECT_NE(t.content->find("unknown"), std::string::npos);
+  auto only = parse_tool_calls(
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\"}}\n</tool_call>",
+      tools);
+  EXPECT_FALSE(only.content);  // OpenAI's null content
+  EXPECT_EQ(parse_tool_calls("just text", tools).content, "just text");
+
+  api_request r;
+  r.chat = true;
+  r.model = "m";
+  r.tools = tools;
+  r.tools_active = true;
+  troupe::actors::finish_event f;
+  f.reason = troupe::actors::finish_reason::stop;
+  f.text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\"}}\n</tool_call>";
+  auto j = json::parse(completion_json(r, "chatcmpl-9", 1, {{f, {}}}));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_null());
+  const auto& call = j["choices"][0]["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>())["city"], "X");
+  EXPECT_EQ(call["id"], "call_9_0_0");
+}
