@@ -171,7 +171,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
   std::shared_ptr<net::io_context> ctx;
   tcp::acceptor acceptor;
   net::thread_pool pool;
-  std::shared_ptr<metrics> stats = std::make_shared<metrics>();
+  std::shared_ptr<metrics> stats = std::make_shared<metrics>(opt.model_name);  // after opt
   int bound_port = 0;
   std::atomic<bool> stopping{false};
   std::atomic<bool> serving{false};

@@ -35,25 +35,43 @@ void histogram::observe(double v) {
   ++count_;
 }
 
-void histogram::render(std::string& out, const std::string& name) const {
+void histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  const std::string pre = labels.empty() ? "" : labels + ",";
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";
   std::uint64_t cum = 0;
   for (std::size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
-    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+    out +=
+        name + "_bucket{" + pre + "le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
   }
   cum += counts_.back();
-  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
-  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  out += name + "_sum" + own + " " + num(sum_) + "\n" + name + "_count" + own + " " +
+         std::to_string(count_) + "\n";
 }
 
-metrics::metrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+namespace {
+const std::vector<double> token_bounds = {1,   2,    5,    10,   20,    50,    100,   200,
+                                          500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+const std::vector<double> request_seconds = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,
+                                             2.5,  5.0,  10.0, 15.0,  20.0,  30.0,
+                                             40.0, 50.0, 60.0, 120.0, 240.0, 480.0};
+}  // namespace
+
+metrics::metrics(std::string model_name)
+    : label_("model_name=\"" + escape(model_name) + "\""),
+      ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
              10.0, 20.0, 40.0, 80.0}),
       itl_({0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
             5.0, 7.5, 10.0, 20.0}),
       e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
             240.0, 480.0}),
-      queue_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}) {}
+      queue_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}),
+      prompt_hist_(token_bounds),
+      generation_hist_(token_bounds),
+      prefill_(request_seconds),
+      decode_(request_seconds),
+      inference_(request_seconds) {}
 
 void metrics::finished(const actors::finish_event& f, const std::vector<double>& gaps) {
   std::lock_guard lock(mtx_);
@@ -70,6 +88,15 @@ void metrics::finished(const actors::finish_event& f, const std::vector<double>&
   for (double g : gaps) itl_.observe(g);
   e2e_.observe(f.total_ms / 1e3);
   queue_.observe(f.queue_ms / 1e3);
+  if (f.reason == actors::finish_reason::error) return;
+  prompt_hist_.observe(static_cast<double>(std::max<std::int64_t>(0, f.prompt_tokens)));
+  generation_hist_.observe(static_cast<double>(f.tokens.size()));
+  // vLLM's phases: admission to first token, first token to end, and both.
+  inference_.observe(std::max(0.0, f.total_ms - f.queue_ms) / 1e3);
+  if (!f.tokens.empty()) {
+    prefill_.observe(std::max(0.0, f.ttft_ms - f.queue_ms) / 1e3);
+    decode_.observe(std::max(0.0, f.total_ms - f.ttft_ms) / 1e3);
+  }
 }
 
 void metrics::failed_http(int status) {
@@ -87,9 +114,11 @@ std::string metrics::render(const actors::cluster_status* s) const {
   std::lock_guard lock(mtx_);
   if (s) {
     head(out, "troupe:num_requests_running", "gauge", "Requests running on the cluster (with KV).");
-    out += "troupe:num_requests_running " + std::to_string(s->scheduler.running) + "\n";
+    out += "troupe:num_requests_running{" + label_ + "} " + std::to_string(s->scheduler.running) +
+           "\n";
     head(out, "troupe:num_requests_waiting", "gauge", "Requests waiting for admission.");
-    out += "troupe:num_requests_waiting " + std::to_string(s->scheduler.queued) + "\n";
+    out +=
+        "troupe:num_requests_waiting{" + label_ + "} " + std::to_string(s->scheduler.queued) + "\n";
     std::int64_t used = 0, total = 0;
     for (const auto& n : s->nodes) {
       used += n.report.kv_used_blocks;
@@ -97,11 +126,12 @@ std::string metrics::render(const actors::cluster_status* s) const {
     }
     head(out, "troupe:kv_cache_usage_perc", "gauge",
          "KV cache blocks in use over all stages, 0 to 1.");
-    out += "troupe:kv_cache_usage_perc " +
+    out += "troupe:kv_cache_usage_perc{" + label_ + "} " +
            num(total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0) + "\n";
     head(out, "troupe:num_preemptions_total", "counter",
          "Requests preempted (recomputed), by the head's scheduler.");
-    out += "troupe:num_preemptions_total " + std::to_string(s->scheduler.preemptions) + "\n";
+    out += "troupe:num_preemptions_total{" + label_ + "} " +
+           std::to_string(s->scheduler.preemptions) + "\n";
     head(out, "troupe:stage_replacements_total", "counter",
          "Times the head placed the model again after losing a node.");
     out += "troupe:stage_replacements_total " + std::to_string(s->replacements) + "\n";
@@ -128,8 +158,8 @@ std::string metrics::render(const actors::cluster_status* s) const {
   }
   head(out, "troupe:request_success_total", "counter", "Requests that ended, by finish reason.");
   for (const auto& [reason, n] : success_)
-    out += "troupe:request_success_total{finished_reason=\"" + escape(reason) + "\"} " +
-           std::to_string(n) + "\n";
+    out += "troupe:request_success_total{" + label_ + ",finished_reason=\"" + escape(reason) +
+           "\"} " + std::to_string(n) + "\n";
   head(out, "troupe:http_errors_total", "counter", "Requests the gateway refused, by HTTP status.");
   for (const auto& [status, n] : http_errors_)
     out += "troupe:http_errors_total{status=\"" + std::to_string(status) + "\"} " +
@@ -137,26 +167,41 @@ std::string metrics::render(const actors::cluster_status* s) const {
   head(out, "troupe:request_failure_total", "counter",
        "Requests that ended in an error after they were accepted, by error code.");
   for (const auto& [code, n] : failures_)
-    out +=
-        "troupe:request_failure_total{code=\"" + escape(code) + "\"} " + std::to_string(n) + "\n";
+    out += "troupe:request_failure_total{" + label_ + ",code=\"" + escape(code) + "\"} " +
+           std::to_string(n) + "\n";
   head(out, "troupe:http_requests_total", "counter", "HTTP responses sent, by status.");
   for (const auto& [status, n] : responses_)
     out += "troupe:http_requests_total{status=\"" + std::to_string(status) + "\"} " +
            std::to_string(n) + "\n";
   head(out, "troupe:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
-  out += "troupe:prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  out += "troupe:prompt_tokens_total{" + label_ + "} " + std::to_string(prompt_tokens_) + "\n";
   head(out, "troupe:generation_tokens_total", "counter", "Generated tokens of finished requests.");
-  out += "troupe:generation_tokens_total " + std::to_string(generation_tokens_) + "\n";
+  out +=
+      "troupe:generation_tokens_total{" + label_ + "} " + std::to_string(generation_tokens_) + "\n";
   head(out, "troupe:time_to_first_token_seconds", "histogram", "Time to first token.");
-  ttft_.render(out, "troupe:time_to_first_token_seconds");
+  ttft_.render(out, "troupe:time_to_first_token_seconds", label_);
   head(out, "troupe:inter_token_latency_seconds", "histogram",
        "Time between tokens as the gateway received them.");
-  itl_.render(out, "troupe:inter_token_latency_seconds");
+  itl_.render(out, "troupe:inter_token_latency_seconds", label_);
   head(out, "troupe:e2e_request_latency_seconds", "histogram",
        "Submission to end of each request.");
-  e2e_.render(out, "troupe:e2e_request_latency_seconds");
+  e2e_.render(out, "troupe:e2e_request_latency_seconds", label_);
   head(out, "troupe:request_queue_time_seconds", "histogram", "Submission to admission.");
-  queue_.render(out, "troupe:request_queue_time_seconds");
+  queue_.render(out, "troupe:request_queue_time_seconds", label_);
+  head(out, "troupe:request_prompt_tokens", "histogram", "Prompt tokens per finished request.");
+  prompt_hist_.render(out, "troupe:request_prompt_tokens", label_);
+  head(out, "troupe:request_generation_tokens", "histogram",
+       "Generated tokens per finished request.");
+  generation_hist_.render(out, "troupe:request_generation_tokens", label_);
+  head(out, "troupe:request_prefill_time_seconds", "histogram",
+       "Admission to first token of each finished request.");
+  prefill_.render(out, "troupe:request_prefill_time_seconds", label_);
+  head(out, "troupe:request_decode_time_seconds", "histogram",
+       "First token to end of each finished request.");
+  decode_.render(out, "troupe:request_decode_time_seconds", label_);
+  head(out, "troupe:request_inference_time_seconds", "histogram",
+       "Admission to end of each finished request.");
+  inference_.render(out, "troupe:request_inference_time_seconds", label_);
   return out;
 }
 

@@ -135,7 +135,8 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_EQ(curl(url_ + "/live").status, 200);
   EXPECT_EQ(curl(url_ + "/metrics").status, 401) << "the figures without the key";
   const auto before = metrics();
-  ASSERT_EQ(metric(before, "troupe:generation_tokens_total"), 0) << before;
+  ASSERT_EQ(metric(before, "troupe:generation_tokens_total{model_name=\"tiny-llava-shapes\"}"), 0)
+      << before;
 
   // The answer of the plain generation loop for the same image and prompt.
   const std::string img = std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_002.png";
@@ -236,16 +237,47 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
 
   // The counters grew by what was served.
   const auto after = metrics();
-  EXPECT_GT(metric(after, "troupe:generation_tokens_total"), 0) << after;
-  EXPECT_GT(metric(after, "troupe:prompt_tokens_total"), 0);
-  EXPECT_GE(metric(after, "troupe:e2e_request_latency_seconds_count"), 3);
-  EXPECT_GE(metric(after, "troupe:time_to_first_token_seconds_count"), 3);
-  EXPECT_GE(metric(after, "troupe:request_success_total{finished_reason=\"stop\"}"), 2);
+  EXPECT_GT(metric(after, "troupe:generation_tokens_total{model_name=\"tiny-llava-shapes\"}"), 0)
+      << after;
+  EXPECT_GT(metric(after, "troupe:prompt_tokens_total{model_name=\"tiny-llava-shapes\"}"), 0);
+  EXPECT_GE(
+      metric(after, "troupe:e2e_request_latency_seconds_count{model_name=\"tiny-llava-shapes\"}"),
+      3);
+  EXPECT_GE(
+      metric(after, "troupe:time_to_first_token_seconds_count{model_name=\"tiny-llava-shapes\"}"),
+      3);
+  // vLLM's per-request histograms, with the served name as model_name.
+  EXPECT_GE(metric(after, "troupe:request_prompt_tokens_count{model_name=\"tiny-llava-shapes\"}"),
+            3)
+      << after;
+  EXPECT_GT(metric(after, "troupe:request_generation_tokens_sum{model_name=\"tiny-llava-shapes\"}"),
+            0)
+      << after;
+  EXPECT_GE(
+      metric(after, "troupe:request_prefill_time_seconds_count{model_name=\"tiny-llava-shapes\"}"),
+      3)
+      << after;
+  EXPECT_GE(
+      metric(after, "troupe:request_decode_time_seconds_count{model_name=\"tiny-llava-shapes\"}"),
+      3)
+      << after;
+  EXPECT_GE(metric(after,
+                   "troupe:request_success_total{model_name=\"tiny-llava-shapes\",finished_reason="
+                   "\"stop\"}"),
+            2);
   EXPECT_GE(metric(after, "troupe:http_errors_total{status=\"401\"}"), 2);
   // The undecodable image failed after it was accepted: a failure, not a
   // success; and every response is counted by its status.
-  EXPECT_GE(metric(after, "troupe:request_failure_total{code=\"invalid request\"}"), 1) << after;
-  EXPECT_EQ(metric(after, "troupe:request_success_total{finished_reason=\"error\"}"), -1) << after;
+  EXPECT_GE(metric(after,
+                   "troupe:request_failure_total{model_name=\"tiny-llava-shapes\",code=\"invalid "
+                   "request\"}"),
+            1)
+      << after;
+  EXPECT_EQ(metric(after,
+                   "troupe:request_success_total{model_name=\"tiny-llava-shapes\",finished_reason="
+                   "\"error\"}"),
+            -1)
+      << after;
   EXPECT_GE(metric(after, "troupe:http_requests_total{status=\"200\"}"), 3) << after;
   EXPECT_GE(metric(after, "troupe:http_requests_total{status=\"400\"}"), 2) << after;
   EXPECT_EQ(metric(after, "troupe:node_up{node=\"n1\"}"), 1);
@@ -600,7 +632,8 @@ TEST_F(Gateway, RequiredToolCallsFollowTheToolsSchema) {
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();
-  ASSERT_EQ(metric(base, "troupe:kv_cache_usage_perc"), 0) << base;
+  ASSERT_EQ(metric(base, "troupe:kv_cache_usage_perc{model_name=\"tiny-llava-shapes\"}"), 0)
+      << base;
   auto sb = image_body_;
   sb["stream"] = true;
   sb["max_tokens"] = 4000;
@@ -614,9 +647,11 @@ TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   double kv = -1, running = -1, cancelled = -1;
   for (int i = 0; i < 100; ++i) {
     const auto m = metrics();
-    kv = metric(m, "troupe:kv_cache_usage_perc");
-    running = metric(m, "troupe:num_requests_running");
-    cancelled = metric(m, "troupe:request_success_total{finished_reason=\"cancelled\"}");
+    kv = metric(m, "troupe:kv_cache_usage_perc{model_name=\"tiny-llava-shapes\"}");
+    running = metric(m, "troupe:num_requests_running{model_name=\"tiny-llava-shapes\"}");
+    cancelled = metric(m,
+                       "troupe:request_success_total{model_name=\"tiny-llava-shapes\",finished_"
+                       "reason=\"cancelled\"}");
     if (kv == 0 && running == 0 && cancelled >= 1) break;
     std::this_thread::sleep_for(100ms);
   }
