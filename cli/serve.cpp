@@ -27,6 +27,7 @@ struct serve_args {
   bool remote_images = false, private_image_hosts = false;
   int io_threads = 2, keep_alive_s = 5, drain_s = 10, submit_timeout_ms = 10000;
   std::size_t max_connections = 8192;
+  std::size_t max_connections_per_client = 2048;
   std::vector<std::string> cors_origins;
   bool no_access_log = false;
 };
@@ -67,6 +68,7 @@ int run_serve(const serve_args& a) {
   go.drain = std::chrono::seconds(a.drain_s);
   go.submit_timeout = std::chrono::milliseconds(a.submit_timeout_ms);
   go.max_connections = a.max_connections;
+  go.max_connections_per_client = a.max_connections_per_client;
   go.cors_origins = a.cors_origins;
   go.access_log = !a.no_access_log;
   // When the head goes away (down and up, a restart), the gateway finds it
@@ -127,6 +129,9 @@ command_runner add_serve(CLI::App& app) {
   cmd->add_option("--max-connections", a->max_connections,
                   "Connections open at once; more are answered 503")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  cmd->add_option("--max-connections-per-client", a->max_connections_per_client,
+                  "Of them, from one client address (0: no limit); more are answered 503")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
   cmd->add_option("--keep-alive-s", a->keep_alive_s,
                   "An idle keep-alive connection closes after this")
       ->check(CLI::Range(1, 3600));

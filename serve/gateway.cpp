@@ -178,6 +178,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
   std::atomic<std::int64_t> connections{0}, streams{0};
 
   std::mutex conns_mtx;
+  std::map<net::ip::address, std::int64_t> per_peer;  ///< open connections by client address
   std::unordered_map<std::uint64_t, std::weak_ptr<conn_state>> conns;
   std::uint64_t next_conn = 0;
 
@@ -1025,7 +1026,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
 
   // -- connections ---------------------------------------------------------------------------
 
-  task<void> session(tcp::socket sock) {
+  task<void> session(tcp::socket sock, net::ip::address peer) {
     auto c = std::make_shared<conn_state>(ctx, strand_t(sock.get_executor()));
     std::uint64_t key = 0;
     {
@@ -1173,8 +1174,27 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     {
       std::lock_guard lock(conns_mtx);
       conns.erase(key);
+      if (auto it = per_peer.find(peer); it != per_peer.end() && --it->second <= 0)
+        per_peer.erase(it);
     }
     --connections;
+  }
+
+  // Answers a connection it will not serve with a 503 and closes it.
+  void refuse(tcp::socket& sock, const std::string& why) {
+    api_error e;
+    e.status = 503;
+    e.type = "server_error";
+    e.message = why;
+    stats->failed_http(503);
+    const auto body = error_json(e);
+    const auto msg =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
+        "1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    (void)::send(sock.native_handle(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    error_code ec;
+    sock.close(ec);
   }
 
   task<void> accept_loop() {
@@ -1196,28 +1216,35 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
         if (!std::exchange(said_full, true))
           actors::logging::of("gateway").warn("{} connections open: refusing more",
                                               opt.max_connections);
-        api_error e;
-        e.status = 503;
-        e.type = "server_error";
-        e.message = "too many open connections (" + std::to_string(opt.max_connections) + ")";
-        stats->failed_http(503);
-        const auto body = error_json(e);
-        const auto msg =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
-            "1\r\nConnection: close\r\nContent-Length: " +
-            std::to_string(body.size()) + "\r\n\r\n" + body;
-        (void)::send(sock.native_handle(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        sock.close(ec);
+        refuse(sock, "too many open connections (" + std::to_string(opt.max_connections) + ")");
         continue;
       }
       said_full = false;
+      // One client (an address) may not hold every connection.
+      const auto peer = sock.remote_endpoint(ec).address();
+      if (ec) {
+        sock.close(ec);
+        continue;
+      }
+      {
+        std::unique_lock lock(conns_mtx);
+        auto& mine = per_peer[peer];
+        if (opt.max_connections_per_client > 0 &&
+            mine >= static_cast<std::int64_t>(opt.max_connections_per_client)) {
+          lock.unlock();
+          refuse(sock, "too many open connections from " + peer.to_string() + " (" +
+                           std::to_string(opt.max_connections_per_client) + ")");
+          continue;
+        }
+        ++mine;
+      }
       // Tokens go out as they come: without this, Nagle's algorithm held a
       // stream's second small write until the client's delayed ACK (about
       // 40 ms added to every time to first token).
       sock.set_option(tcp::no_delay(true), ec);
       ++connections;
       auto ex = sock.get_executor();
-      net::co_spawn(ex, session(std::move(sock)), net::detached);
+      net::co_spawn(ex, session(std::move(sock), peer), net::detached);
     }
   }
 

@@ -43,6 +43,9 @@ struct gateway_options {
   /// gateway raises its open-file limit to fit (as far as the hard limit
   /// allows).
   std::size_t max_connections = 8192;
+  /// Of them, from one client address at most (0: no limit); one more is
+  /// answered 503 and closed.
+  std::size_t max_connections_per_client = 2048;
   std::chrono::seconds keep_alive{5};   ///< an idle connection closes after this
   std::chrono::seconds io_timeout{30};  ///< to read a request, or write a response part
   std::chrono::seconds sse_ping{15};    ///< a quiet stream gets a comment line this often

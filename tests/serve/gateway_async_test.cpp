@@ -435,6 +435,38 @@ TEST_F(GatewayAsync, StopEndsEveryStreamWithAnErrorAndDoneAndCancelsItsRequest) 
 // Keep-alive: one connection carries request after request; an idle one is
 // closed after keep_alive; a client that hangs up mid-request has its
 // request cancelled (a non-streamed one too).
+// One client address may hold max_connections_per_client connections; one
+// more gets a 503 at once, and a connection closing makes room again.
+TEST_F(GatewayAsync, OneClientCannotHoldEveryConnection) {
+  serve::gateway_options opt;
+  opt.max_connections_per_client = 4;
+  opt.keep_alive = 30s;
+  opt.io_timeout = 30s;
+  start(opt);
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(connect_to(gw_->port()));
+  // The gateway has taken all four (they wait for a request).
+  for (int i = 0; i < 200 && gw_->current().connections < 4; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(gw_->current().connections, 4);
+  auto ask = [&] {
+    raw_client c;
+    c.fd = connect_to(gw_->port());
+    c.request = "GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    std::vector<raw_client> cs{c};
+    drive(cs, "", 10s);
+    return cs[0].response;
+  };
+  const auto fifth = ask();
+  EXPECT_EQ(fifth.find("HTTP/1.1 503"), 0u) << fifth;
+  EXPECT_NE(fifth.find("too many open connections from 127.0.0.1"), std::string::npos) << fifth;
+  ::close(held.back());
+  held.pop_back();
+  for (int i = 0; i < 200 && gw_->current().connections > 3; ++i) std::this_thread::sleep_for(10ms);
+  const auto again = ask();
+  EXPECT_EQ(again.find("HTTP/1.1 200"), 0u) << again;
+  for (int fd : held) ::close(fd);
+}
+
 TEST_F(GatewayAsync, KeepAliveReusesAConnectionAndAHangUpCancels) {
   log_->tokens = 3;
   log_->every = 10ms;
