@@ -253,6 +253,46 @@ def _():
     assert client.models.retrieve(MODEL).id == MODEL
 
 
+# The parameter table CI also runs (with curl): every row through the
+# client, its status, its error's param and its expected values.
+TABLE = json.load(open(__file__.rsplit("/", 2)[0] + "/tests/fixtures/api/parameters.json"))
+
+
+def pointer(doc, path):
+    for part in path.strip("/").split("/"):
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+for row in TABLE["rows"]:
+    @case("table: " + row["name"])
+    def _(row=row):
+        body = dict(TABLE["base"][row["endpoint"]])
+        body.update({k: (MODEL if v == "<served>" else v) for k, v in row["body"].items()})
+        body.setdefault("model", MODEL)
+        path = "/chat/completions" if row["endpoint"] == "chat" else "/completions"
+        try:
+            if row.get("stream"):
+                events = list(client.post(path, body=body, cast_to=object, stream=True,
+                                          stream_cls=openai.Stream[object]))
+                assert events, "no events"
+                got = None
+            else:
+                got = client.post(path, body=body, cast_to=object)
+        except openai.APIStatusError as e:
+            assert e.status_code == row["status"], f"status {e.status_code}: {e}"
+            err = e.body if isinstance(e.body, dict) else {}
+            if "param" in row:
+                assert err.get("param") == row["param"], f"param {err.get('param')!r}: {e}"
+            if "code" in row:
+                assert e.code == row["code"], f"code {e.code!r}"
+            return
+        assert row["status"] == 200, f"accepted, wanted {row['status']}"
+        for path_, want in row.get("expect", {}).items():
+            value = pointer(got, path_)
+            assert (value is not None) if want == "<exists>" else value == want, (path_, value)
+
+
 for name, verdict, why in results:
     print(f"{verdict} {name}" + (f": {why}" if why else ""))
 failed = sum(v == "FAIL" for _, v, _ in results)

@@ -629,6 +629,52 @@ TEST_F(Gateway, RequiredToolCallsFollowTheToolsSchema) {
   EXPECT_EQ(next.status, 200) << next.body;
 }
 
+// Every parameter of tests/fixtures/api/parameters.json (the table
+// tools/openai_suite.py drives through the openai client), with curl:
+// each works, with the values its row expects, or gets its row's error
+// naming the field. None is silently ignored.
+TEST_F(Gateway, EveryParameterInTheTableWorksOrIsRefusedByName) {
+  std::ifstream f(std::string(TROUPE_FIXTURES_DIR) + "/api/parameters.json");
+  const auto table = json::parse(f);
+  ASSERT_GE(table["rows"].size(), 40u);
+  for (const auto& row : table["rows"]) {
+    const std::string endpoint = row["endpoint"];
+    SCOPED_TRACE(row["name"].get<std::string>());
+    json body = table["base"][endpoint];
+    for (auto& [k, v] : row["body"].items())
+      body[k] = v == "<served>" ? json("tiny-llava-shapes") : v;
+    auto r = post(endpoint == "chat" ? "/v1/chat/completions" : "/v1/completions", body);
+    EXPECT_EQ(r.status, row["status"].get<int>()) << r.body;
+    if (r.status != row["status"].get<int>()) continue;
+    if (row.value("stream", false)) {
+      EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << r.body;
+      EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << r.body;
+      continue;
+    }
+    const auto j = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.body;
+    if (row["status"] != 200) {
+      if (row.contains("param")) {
+        EXPECT_EQ(j["error"]["param"], row["param"]) << r.body;
+      }
+      if (row.contains("code")) {
+        EXPECT_EQ(j["error"]["code"], row["code"]) << r.body;
+      }
+      continue;
+    }
+    if (!row.contains("expect")) continue;
+    for (const auto& [pointer, want] : row["expect"].items()) {
+      const json::json_pointer at(pointer);
+      ASSERT_TRUE(j.contains(at)) << pointer << " missing: " << r.body;
+      if (want == "<exists>") {
+        EXPECT_FALSE(j[at].is_null()) << pointer << ": " << r.body;
+      } else {
+        EXPECT_EQ(j[at], want) << pointer << ": " << r.body;
+      }
+    }
+  }
+}
+
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
   // Baseline: nothing held.
   auto base = metrics();
