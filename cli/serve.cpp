@@ -15,6 +15,7 @@
 #include "cli/daemon.hpp"
 #include "cluster/certs.hpp"
 #include "serve/gateway.hpp"
+#include "serve/grpc_server.hpp"
 
 namespace troupe::cli {
 
@@ -30,6 +31,7 @@ struct serve_args {
   std::size_t max_connections_per_client = 2048;
   std::vector<std::string> cors_origins;
   bool no_access_log = false;
+  int grpc_port = -1;  ///< -1: no gRPC; 0: any free port
 };
 
 int run_serve(const serve_args& a) {
@@ -85,14 +87,35 @@ int run_serve(const serve_args& a) {
     actors::logging::of("gateway").error("{}", why);
     return 1;
   }
+  // The gRPC request layer, beside HTTP: the same checks, limits and key.
+  std::unique_ptr<serve::grpc_server> grpc;
+  if (a.grpc_port >= 0) {
+    serve::grpc_options g;
+    g.host = a.host;
+    g.port = a.grpc_port;
+    g.api_key = a.api_key;
+    g.model_name = go.model_name;
+    g.limits = go.limits;
+    g.limits.remote_images = false;  // no image URLs over gRPC
+    g.max_message_bytes = go.max_body_bytes;
+    grpc = std::make_unique<serve::grpc_server>(std::make_shared<actors::client>(sys, *door), g);
+    if (!grpc->start(why)) {
+      actors::logging::of("gateway").error("{}", why);
+      return 1;
+    }
+  }
   std::thread server([&] { gw.serve(); });
   std::printf("troupe serve: OpenAI-compatible API of cluster %s on http://%s:%d/v1 (head %s)\n",
               m->name.c_str(), a.host.c_str(), gw.port(), m->head.c_str());
+  if (grpc)
+    std::printf("troupe serve: gRPC (troupe.v1.Generation, grpc.health.v1) on %s:%d\n",
+                a.host.c_str(), grpc->port());
   std::fflush(stdout);
   wait_for_stop_signal(sigs);
   // Streams in flight end with an error chunk and [DONE], their requests
   // are cancelled on the cluster; then the process ends.
   exit_after(std::chrono::seconds(a.drain_s + 10), "troupe serve");
+  if (grpc) grpc->stop();
   gw.stop();
   server.join();
   return 0;
@@ -107,6 +130,10 @@ command_runner add_serve(CLI::App& app) {
   cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
   cmd->add_option("--host", a->host, "Address to listen on (default loopback)");
   cmd->add_option("--port", a->port, "Port (0: any free port; printed)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--grpc-port", a->grpc_port,
+                  "Also serve gRPC (proto/troupe_generate.proto) on this port (0: any free port; "
+                  "printed; default: no gRPC)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", a->model_name,

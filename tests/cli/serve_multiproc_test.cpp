@@ -78,9 +78,10 @@ class Gateway : public ::testing::Test {
     started_ = true;
     port_ = test::free_port();
     serve_ = std::make_unique<test::child_process>(
-        "serve", std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port",
-                                          std::to_string(port_), "--api-key", "sk-test",
-                                          "--max-body-mib", "1", "--allow-remote-images"});
+        "serve",
+        std::vector<std::string>{TROUPE_CLI, "serve", cs_.manifest, "--port", std::to_string(port_),
+                                 "--api-key", "sk-test", "--max-body-mib", "1",
+                                 "--allow-remote-images", "--grpc-port", "0"});
     auto line = serve_->expect("troupe serve:", 60000ms);
     ASSERT_TRUE(line) << "troupe serve did not start";
     url_ = "http://127.0.0.1:" + std::to_string(port_);
@@ -673,6 +674,27 @@ TEST_F(Gateway, EveryParameterInTheTableWorksOrIsRefusedByName) {
       }
     }
   }
+}
+
+// gRPC beside HTTP: a real client (Debian's python3-grpcio) checks
+// health, the key, unary and streamed generation, input in chunks, errors
+// and structured output (tests/serve/grpc_client.py).
+TEST_F(Gateway, GrpcServesGenerationWithHealthAuthAndChunkedInput) {
+  auto line = serve_->expect("troupe serve: gRPC", 10000ms);
+  ASSERT_TRUE(line) << "no gRPC line";
+  const auto colon = line->rfind(':');
+  const std::string port = line->substr(colon + 1);
+  const std::string cmd = "/usr/bin/python3 " + std::string(TROUPE_FIXTURES_DIR) +
+                          "/../serve/grpc_client.py " + port + " sk-test " + TROUPE_PROTO_PY +
+                          " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("grpc client: all checks passed"), std::string::npos) << out;
 }
 
 TEST_F(Gateway, ADisconnectCancelsTheRequestAndFreesItsKv) {
