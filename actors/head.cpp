@@ -389,6 +389,33 @@ void heartbeat(head_ptr self) {
   }
 }
 
+/// Renders a job's prompt on a worker thread of its own (the head keeps
+/// answering heartbeats and other jobs meanwhile), at most max_rendering at
+/// once; `done` gets the request and the promise, a failure goes to the
+/// promise.
+template <class T, class F>
+caf::result<T> render_prompt_of(head_ptr self, job_request job, F done) {
+  auto& st = self->state;
+  if (st.rendering >= st.cfg.max_rendering)
+    return make_error(
+        error_code::overloaded,
+        std::to_string(st.rendering) + " jobs are having their prompts prepared; retry later");
+  ++st.rendering;
+  auto rp = self->make_response_promise<T>();
+  auto worker = spawn_prompt_worker(self->system(), st.prompt, st.cfg.render);
+  self->request(worker, caf::infinite, render_atom::value, std::move(job))
+      .then(
+          [=](generate_request& req) mutable {
+            --self->state.rendering;
+            done(req, rp);
+          },
+          [=](caf::error& e) mutable {
+            --self->state.rendering;
+            rp.deliver(std::move(e));
+          });
+  return rp;
+}
+
 }  // namespace head_detail
 
 kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config cfg,
@@ -511,62 +538,29 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                               "status shows progress)");
           if (job.images.size() > 16)
             return make_error(error_code::invalid_request, "at most 16 images per job");
-          if (st.rendering >= st.cfg.max_rendering)
-            return make_error(error_code::overloaded,
-                              std::to_string(st.rendering) +
-                                  " jobs are having their prompts prepared; retry later");
-          // The prompt is rendered on a worker thread of its own: the head
-          // keeps answering heartbeats and other jobs meanwhile.
-          ++st.rendering;
-          auto rp = self->make_response_promise<submit_ack>();
-          auto worker = spawn_prompt_worker(self->system(), st.prompt, st.cfg.render);
-          self->request(worker, caf::infinite, render_atom::value, std::move(job))
-              .then(
-                  [=](generate_request& req) mutable {
-                    auto& st = self->state;
-                    --st.rendering;
-                    if (!st.scheduler) {
-                      rp.deliver(make_error(error_code::unavailable,
-                                            "the cluster stopped serving while the prompt was "
-                                            "prepared"));
-                      return;
-                    }
-                    self->request(st.scheduler, caf::infinite, submit_atom::value, std::move(req),
-                                  sink)
-                        .then([=](submit_ack& a) mutable { rp.deliver(a); },
-                              [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
-                  },
-                  [=](caf::error& e) mutable {
-                    --self->state.rendering;
-                    rp.deliver(std::move(e));
-                  });
-          return rp;
+          return render_prompt_of<submit_ack>(
+              self, std::move(job), [=](generate_request& req, auto& rp) {
+                auto& st = self->state;
+                if (!st.scheduler) {
+                  rp.deliver(make_error(error_code::unavailable,
+                                        "the cluster stopped serving while the prompt was "
+                                        "prepared"));
+                  return;
+                }
+                self->request(st.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
+                    .then([rp](submit_ack& a) mutable { rp.deliver(a); },
+                          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+              });
         },
         [=](tokenize_atom, job_request& job) -> caf::result<tokenize_reply> {
-          auto& st = self->state;
-          if (st.rendering >= st.cfg.max_rendering)
-            return make_error(error_code::overloaded,
-                              std::to_string(st.rendering) +
-                                  " jobs are having their prompts prepared; retry later");
-          ++st.rendering;
           job.images.clear();  // rendering needs their number only (turns.images)
-          auto rp = self->make_response_promise<tokenize_reply>();
-          auto worker = spawn_prompt_worker(self->system(), st.prompt, st.cfg.render);
-          self->request(worker, caf::infinite, render_atom::value, std::move(job))
-              .then(
-                  [=](generate_request& req) mutable {
-                    auto& st = self->state;
-                    --st.rendering;
-                    tokenize_reply out;
-                    out.tokens = std::move(req.prompt_tokens);
-                    out.context_length = st.frontend.context_length;
-                    rp.deliver(std::move(out));
-                  },
-                  [=](caf::error& e) mutable {
-                    --self->state.rendering;
-                    rp.deliver(std::move(e));
-                  });
-          return rp;
+          return render_prompt_of<tokenize_reply>(
+              self, std::move(job), [=](generate_request& req, auto& rp) {
+                tokenize_reply out;
+                out.tokens = std::move(req.prompt_tokens);
+                out.context_length = self->state.frontend.context_length;
+                rp.deliver(std::move(out));
+              });
         },
         [=](detokenize_atom, const std::vector<std::int32_t>& ids) -> caf::result<std::string> {
           const auto& tok = self->state.frontend.tok;

@@ -56,6 +56,25 @@ std::optional<range> utf8_span(std::string_view partial) {
   return range{lo, std::min(hi, max_code_point)};
 }
 
+// A backslash escape's character, for GBNF and regexes alike: \n \t \r \f
+// \v, else the character itself.
+std::uint32_t unescape(char e) {
+  switch (e) {
+    case 'n':
+      return '\n';
+    case 't':
+      return '\t';
+    case 'r':
+      return '\r';
+    case 'f':
+      return '\f';
+    case 'v':
+      return '\v';
+    default:
+      return static_cast<unsigned char>(e);
+  }
+}
+
 }  // namespace
 
 bool grammar::element::matches(std::uint32_t cp) const {
@@ -236,22 +255,10 @@ class gbnf_parser {
         if (v > max_code_point) error("a code point past U+10FFFF");
         return v;
       };
-      switch (c) {
-        case 'n':
-          return '\n';
-        case 't':
-          return '\t';
-        case 'r':
-          return '\r';
-        case 'x':
-          return hex(2);
-        case 'u':
-          return hex(4);
-        case 'U':
-          return hex(8);
-        default:
-          return static_cast<unsigned char>(c);  // \\ \" \[ \] \- ...
-      }
+      if (c == 'x') return hex(2);
+      if (c == 'u') return hex(4);
+      if (c == 'U') return hex(8);
+      return unescape(c);  // \n \t ..., or the character itself (\\ \" \[ \] \-)
     }
     const int n = utf8_length(static_cast<unsigned char>(s_[pos_]));
     if (n == 0 || pos_ + static_cast<std::size_t>(n) > s_.size()) {
@@ -1019,22 +1026,6 @@ class regex_compiler {
       return "";
     }
     return char_literal(next_char());
-  }
-  static std::uint32_t unescape(char e) {
-    switch (e) {
-      case 'n':
-        return '\n';
-      case 't':
-        return '\t';
-      case 'r':
-        return '\r';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
-      default:
-        return static_cast<unsigned char>(e);
-    }
   }
 
   std::string_view s_;

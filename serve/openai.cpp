@@ -951,6 +951,15 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// A stream chunk of `r`'s kind holding `choices`.
+json chunk_of(const api_request& r, const std::string& id, std::int64_t created, json choices) {
+  return {{"id", id},
+          {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", r.model},
+          {"choices", std::move(choices)}};
+}
+
 // OpenAI's tool_calls: ids unique within the response (its id, the
 // choice, the call); a stream's carry their index.
 json calls_json(const tool_reply& t, const std::string& id, std::size_t choice, bool indexed) {
@@ -1007,17 +1016,7 @@ std::string tools_chunk_json(const api_request& r, const std::string& id, std::i
   if (calls) delta["tool_calls"] = calls_json(t, id, static_cast<std::size_t>(index), true);
   json choice{
       {"index", index}, {"delta", delta}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
-  json j{{"id", id},
-         {"object", "chat.completion.chunk"},
-         {"created", created},
-         {"model", r.model},
-         {"choices", json::array({choice})}};
-  return dump(j);
-}
-
-std::string logprobs_json(bool chat, std::span<const models::token_logprob> logprobs,
-                          std::int64_t text_offset) {
-  return dump(logprobs_object(chat, logprobs, text_offset));
+  return dump(chunk_of(r, id, created, json::array({choice})));
 }
 
 std::string completion_json(const api_request& r, const std::string& id, std::int64_t created,
@@ -1064,22 +1063,13 @@ std::string role_chunk_json(const api_request& r, const std::string& id, std::in
               {"delta", {{"role", "assistant"}, {"content", ""}}},
               {"finish_reason", nullptr},
               {"logprobs", nullptr}};
-  json j{{"id", id},
-         {"object", "chat.completion.chunk"},
-         {"created", created},
-         {"model", r.model},
-         {"choices", json::array({choice})}};
-  return dump(j);
+  return dump(chunk_of(r, id, created, json::array({choice})));
 }
 
 std::string chunk_json(const api_request& r, const std::string& id, std::int64_t created,
                        std::int64_t index, const std::string& text, const std::string& finish,
                        std::span<const models::token_logprob> logprobs, const usage_counts* usage,
                        std::int64_t text_offset) {
-  json j{{"id", id},
-         {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
-         {"created", created},
-         {"model", r.model}};
   json choice{{"index", index},
               {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
               {"logprobs", r.job.logprobs >= 0 && !logprobs.empty()
@@ -1089,19 +1079,15 @@ std::string chunk_json(const api_request& r, const std::string& id, std::int64_t
     choice["delta"] = text.empty() && !finish.empty() ? json::object() : json{{"content", text}};
   else
     choice["text"] = text;
-  j["choices"] = json::array({choice});
+  auto j = chunk_of(r, id, created, json::array({choice}));
   if (usage) j["usage"] = usage_of(*usage);
   return dump(j);
 }
 
 std::string usage_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
                              const usage_counts& usage) {
-  json j{{"id", id},
-         {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
-         {"created", created},
-         {"model", r.model},
-         {"choices", json::array()},
-         {"usage", usage_of(usage)}};
+  auto j = chunk_of(r, id, created, json::array());
+  j["usage"] = usage_of(usage);
   return dump(j);
 }
 

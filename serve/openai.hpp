@@ -151,9 +151,5 @@ std::string tools_chunk_json(const api_request& r, const std::string& id, std::i
 /// The usage-only chunk (stream_options.include_usage) after the last choice.
 std::string usage_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
                              const usage_counts& usage);
-/// The `logprobs` object of a choice (chat: {"content": [...]}; completions:
-/// tokens, token_logprobs, top_logprobs, text_offset from `text_offset`).
-std::string logprobs_json(bool chat, std::span<const models::token_logprob> logprobs,
-                          std::int64_t text_offset = 0);
 
 }  // namespace troupe::serve
