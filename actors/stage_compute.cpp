@@ -132,8 +132,9 @@ kernels::result<void> sample_and_continue(stage_resources& res, step_batch& b, c
   const auto n = b.seqs.size();
   o.sampled.assign(n, {});
   o.logprobs.clear();
-  for (const auto& w : b.seqs)
-    if (w.sample && w.sampling.params.logprobs >= 0) o.logprobs.assign(n, {});
+  if (std::any_of(b.seqs.begin(), b.seqs.end(),
+                  [](const seq_work& w) { return w.sample && w.sampling.params.logprobs >= 0; }))
+    o.logprobs.assign(n, {});
   std::vector<std::optional<models::sampler>> samplers(n);
   // Samples sequence idx[k] from row rows[k] of `l`, the sequences in
   // parallel on the stage's workers (each sampler and output is its own).

@@ -20,6 +20,7 @@
 #include "actors/runtime.hpp"
 #include "models/grammar.hpp"
 #include "models/random_model.hpp"
+#include "tests/run_command.hpp"
 #include "tests/temp_path.hpp"
 #include "tests/tiny_model.hpp"
 
@@ -158,12 +159,7 @@ TEST_F(structured, FiveHundredSampledGenerationsValidateAgainstTheirSchemas) {
   std::ofstream(path) << report.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::string cmd = "/usr/bin/python3 " + std::string(TROUPE_FIXTURES_DIR) +
                           "/../../tools/validate_json_outputs.py " + path + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto [rc, out] = test::run_command(cmd);
   std::printf("%s", out.c_str());
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("validated " + std::to_string(stopped) + " outputs over " +

@@ -687,12 +687,7 @@ TEST_F(Gateway, GrpcServesGenerationWithHealthAuthAndChunkedInput) {
   const std::string cmd = "/usr/bin/python3 " + std::string(TROUPE_FIXTURES_DIR) +
                           "/../serve/grpc_client.py " + port + " sk-test " + TROUPE_PROTO_PY +
                           " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto [rc, out] = test::run_command(cmd);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("grpc client: all checks passed"), std::string::npos) << out;
 }
