@@ -187,6 +187,7 @@ std::optional<api_error> read_tools(const json& j, api_request& r) {
       return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
     parallel = p->get<bool>();
   }
+  r.parallel_tool_calls = parallel;
   if (choice == "none") {
     r.tools.clear();
     return std::nullopt;
@@ -951,6 +952,14 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The tool calls in a reply; without parallel_tool_calls the first only
+// (under "auto" the model is free to write more).
+tool_reply reply_of(const api_request& r, const std::string& text) {
+  auto t = parse_tool_calls(text, r.tools);
+  if (!r.parallel_tool_calls && t.calls.size() > 1) t.calls.resize(1);
+  return t;
+}
+
 // A stream chunk of `r`'s kind holding `choices`.
 json chunk_of(const api_request& r, const std::string& id, std::int64_t created, json choices) {
   return {{"id", id},
@@ -1009,7 +1018,7 @@ tool_reply parse_tool_calls(const std::string& text, const std::vector<models::t
 
 std::string tools_chunk_json(const api_request& r, const std::string& id, std::int64_t created,
                              std::int64_t index, const std::string& text, bool& calls) {
-  const auto t = parse_tool_calls(text, r.tools);
+  const auto t = reply_of(r, text);
   calls = !t.calls.empty();
   json delta = json::object();
   if (t.content) delta["content"] = *t.content;
@@ -1032,7 +1041,7 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
                                                   static_cast<std::int64_t>(r.echo.size()))
                                 : json(nullptr)}};
     if (r.chat && r.tools_active) {
-      const auto t = parse_tool_calls(f.text, r.tools);
+      const auto t = reply_of(r, f.text);
       choice["message"] = {{"role", "assistant"},
                            {"content", t.content ? json(*t.content) : json(nullptr)}};
       if (!t.calls.empty()) {

@@ -64,7 +64,8 @@ struct api_request {
   /// become tool_calls (and a stream sends a choice's message whole at its end).
   std::vector<models::tool_spec> tools;
   bool tools_active = false;
-  actors::job_request job;  ///< id left 0
+  bool parallel_tool_calls = true;  ///< false: one call at most, also under "auto"
+  actors::job_request job;          ///< id left 0
   /// Images still to fetch: index in job.images (an empty placeholder
   /// there), the URL and the request field it came from.
   struct remote_image {

@@ -605,4 +605,15 @@ TEST(OpenAiTools, ToolsBecomeAPromptAGrammarAndToolCalls) {
   EXPECT_EQ(call["function"]["name"], "get_weather");
   EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>())["city"], "X");
   EXPECT_EQ(call["id"], "call_9_0_0");
+  // parallel_tool_calls false: one call, also when the model wrote two.
+  f.text += "\n" + f.text;
+  EXPECT_EQ(json::parse(completion_json(r, "chatcmpl-9", 1,
+                                        {{f, {}}}))["choices"][0]["message"]["tool_calls"]
+                .size(),
+            2u);
+  r.parallel_tool_calls = false;
+  EXPECT_EQ(json::parse(completion_json(r, "chatcmpl-9", 1,
+                                        {{f, {}}}))["choices"][0]["message"]["tool_calls"]
+                .size(),
+            1u);
 }
