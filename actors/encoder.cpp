@@ -5,11 +5,15 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <list>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "actors/clock.hpp"
+#include "actors/core/block_hash.hpp"
 #include "actors/data_plane.hpp"
+#include "actors/scheduler.hpp"
 
 namespace troupe::actors {
 
@@ -26,7 +30,45 @@ struct pending_input {
   std::uint64_t request = 0;
   std::int32_t index = 0;
   caf::actor_addr owner;  ///< who asked (its requests' rows go when it does)
+  core::block_hash key;   ///< the encoder cache's key
 };
+
+/// Encoded images by key, least recently used first out, within a byte budget.
+class rows_cache {
+ public:
+  explicit rows_cache(std::int64_t capacity) : capacity_(capacity) {}
+  std::optional<tensor> take(const core::block_hash& key) {
+    auto it = map_.find(key);
+    if (it == map_.end()) return std::nullopt;
+    order_.splice(order_.end(), order_, it->second.at);  // most recently used now
+    return it->second.rows;
+  }
+  void put(const core::block_hash& key, tensor rows) {
+    const auto bytes = static_cast<std::int64_t>(rows.nbytes());
+    if (bytes > capacity_ || map_.contains(key)) return;
+    while (used_ + bytes > capacity_ && !order_.empty()) {
+      auto old = map_.find(order_.front());
+      used_ -= static_cast<std::int64_t>(old->second.rows.nbytes());
+      map_.erase(old);
+      order_.pop_front();
+    }
+    used_ += bytes;
+    map_.emplace(key, entry{std::move(rows), order_.insert(order_.end(), key)});
+  }
+
+ private:
+  struct entry {
+    tensor rows;
+    std::list<core::block_hash>::iterator at;
+  };
+  std::int64_t capacity_ = 0, used_ = 0;
+  std::list<core::block_hash> order_;
+  std::map<core::block_hash, entry> map_;
+};
+
+std::vector<std::uint8_t> bytes_of(const core::block_hash& h) {
+  return {h.begin(), h.end()};
+}
 
 /// A request's encoded images, held until the requester forgets them (or
 /// goes down): image index -> f32 [tokens, hidden].
@@ -41,6 +83,7 @@ struct encoder_state {
   std::uint64_t batches = 0;
   std::map<std::uint64_t, held_images> held;
   std::set<caf::actor_addr> watched;  ///< requesters monitored
+  std::optional<rows_cache> cache;
 };
 
 using self_ptr = encoder_actor::stateful_pointer<encoder_state>;
@@ -90,6 +133,13 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
     encode_reply rep;
     rep.rows = rows->dim(0);
     rep.hidden = rows->dim(1);
+    rep.hash = bytes_of(batch[i].key);
+    if (self->state.cache) {
+      // A copy of its own: the batch's output is not kept for one image.
+      auto own =
+          tensor::empty(res.dev->memory(), kernels::dtype::f32, {rows->dim(0), rows->dim(1)});
+      if (own && res.dev->copy(*rows, *own)) self->state.cache->put(batch[i].key, std::move(*own));
+    }
     auto& h = self->state.held[batch[i].request];
     h.owner = batch[i].owner;
     h.rows[batch[i].index] = std::move(*rows);
@@ -193,6 +243,7 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
   auto pc = models::load_image_processor_config(dir);
   if (!pc) return std::unexpected(pc.error());
   res->preprocessor = *pc;
+  res->weights_id = cache_namespace(path, plan, {}) + ";vision";
   return res;
 }
 
@@ -202,6 +253,7 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
   auto impl = [](self_ptr self, std::shared_ptr<encoder_resources> res,
                  encoder_options o) -> encoder_actor::behavior_type {
     pin_current_thread(res->device.cores);
+    if (res->cache_bytes > 0) self->state.cache.emplace(res->cache_bytes);
     // A requester that goes away forgets nothing: its requests' rows go
     // with it.
     self->set_down_handler([=](caf::down_msg& dm) {
@@ -233,13 +285,31 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
                                   "x" + std::to_string(pv->width) +
                                   " images but the vision tower takes " + std::to_string(side) +
                                   "x" + std::to_string(side));
+          // The image's name: the tower and the pixels it sees (which the
+          // preprocessor's settings made).
+          std::vector<std::uint8_t> named(res->weights_id.begin(), res->weights_id.end());
+          const auto* px = reinterpret_cast<const std::uint8_t*>(pv->data.data());
+          named.insert(named.end(), px, px + pv->data.size() * sizeof(float));
+          const auto key = core::sha256(named);
+          if (auto hit = self->state.cache ? self->state.cache->take(key) : std::nullopt) {
+            auto& h = self->state.held[req.request];
+            h.owner = owner;
+            h.rows[req.index] = *hit;
+            encode_reply rep;
+            rep.rows = hit->dim(0);
+            rep.hidden = hit->dim(1);
+            rep.preprocess_ms = ms_between(t0, clock::now());
+            rep.hash = bytes_of(key);
+            rep.cached = true;
+            return rep;
+          }
           // Bucket by the token count the input encodes to (fixed for a CLIP
           // tower; audio clips will differ).
           const std::int64_t bucket = res->model->tokens_per_image();
           auto promise = self->make_response_promise<encode_reply>();
           auto& q = self->state.buckets[bucket];
           q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()),
-                       req.request, req.index, owner});
+                       req.request, req.index, owner, key});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {

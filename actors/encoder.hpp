@@ -21,6 +21,11 @@ struct encoder_resources {
   std::shared_ptr<const models::llava_model> model;
   models::image_processor_config preprocessor;
   models::image_limits limits;
+  /// The encoder cache: an image's rows are kept under the SHA-256 of the
+  /// tower's identity (`weights_id`) and its preprocessed pixels, up to
+  /// this many bytes (least recently used out first; 0: no cache).
+  std::int64_t cache_bytes = std::int64_t{256} << 20;
+  std::string weights_id;  ///< the model's path and weight formats
 };
 
 /// Loads the vision tower and projector of the LLaVA folder `path` on `device`.
@@ -29,7 +34,8 @@ kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
     const models::quant_plan& plan);
 
 /// Spawns the encoder (detached, pinned): decodes and preprocesses each
-/// image on arrival, batches them, runs the vision tower + projector and
+/// image on arrival, answers at once from its cache an image it encoded
+/// before (the same pixels), batches the others, runs the vision tower + projector and
 /// answers each request with the embeddings' shape. It holds the rows (on
 /// its device) until the requester forgets the request or goes down, and
 /// sends a chunk's rows straight to the first stage's process when asked

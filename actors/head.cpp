@@ -129,6 +129,7 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       auto sopts = st.cfg.scheduler;
       sopts.kv = st.cfg.node.kv;
       sopts.kv_blocks = blocks;
+      sopts.cache_namespace = cache_namespace(st.cfg.node.model, st.cfg.node.plan, sopts.kv);
       st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
     } else {
       self->send(st.scheduler, pipeline_atom::value, shards, kvs);
@@ -572,6 +573,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                                 "token " + std::to_string(id) + " is outside the vocabulary (" +
                                     std::to_string(vocab) + " tokens)");
           return tok->decode(ids);
+        },
+        [=](reset_cache_atom) -> caf::result<std::int64_t> {
+          if (!self->state.scheduler)
+            return make_error(error_code::unavailable, "the model is not placed yet");
+          return self->delegate(self->state.scheduler, reset_cache_atom::value);
         },
         [=](cancel_atom, std::uint64_t id) -> caf::result<bool> {
           if (!self->state.scheduler) return false;

@@ -53,6 +53,7 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
     x.seq = seq;
     x.length = snap->length;
     x.live = snap->live;
+    x.ids = snap->ids;
   }
   auto ref = data_plane::local().send(dest == to_string(self->node()) ? std::string{} : dest,
                                       res.device.name, std::move(t));
@@ -94,6 +95,7 @@ std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv
   snap.sinks = o.sinks;
   snap.length = x.length;
   snap.live = x.live;
+  snap.ids = x.ids;
   const auto* p = static_cast<const std::byte*>(data->data());
   const auto want = static_cast<std::size_t>(snap.layers) * snap.live.size() * snap.block_bytes();
   if (static_cast<std::size_t>(data->shape().numel()) < want)
@@ -122,6 +124,8 @@ std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv
       return std::unexpected(make_error(error_code::invalid_request,
                                         "a KV delta of sequence " + std::to_string(x.seq) +
                                             ", which is not on " + res.device.name));
+    if (!x.ids.empty() && kv.local.empty())
+      if (auto r = kv.cache.name_blocks(); !r) return failed(r.error());
     auto s = kv.cache.import_sequence(snap);
     if (!s) return failed(s.error());
     kv.local.emplace(x.seq, *s);

@@ -54,6 +54,7 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   if (auto v = check.validate(); !v)
     return std::unexpected(make_error(error_code::invalid_request, v.error().message));
   req.deadline_ms = job.deadline_ms;
+  req.cache_salt = job.cache_salt;
   if (!job.grammar.empty()) {
     // The grammar ends on the model's stop tokens, which it needs; and it
     // may be complete before min_tokens.

@@ -294,6 +294,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   auto sopts = cfg.scheduler;
   sopts.kv = cfg.kv;
   sopts.kv_blocks = blocks;
+  sopts.cache_namespace = cache_namespace(cfg.model, cfg.plan, cfg.kv);
   if (sopts.micro_batches < 1) sopts.micro_batches = cfg.stages;
   rt->scheduler_ =
       spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());

@@ -13,6 +13,7 @@
 #include "actors/log.hpp"
 #include "models/grammar.hpp"
 #include "models/llava.hpp"
+#include "models/quant_mix.hpp"
 
 // The scheduler actor is the shell of core::scheduler_core: the core
 // decides (admission, steps, what outputs mean, when requests end); the
@@ -168,6 +169,7 @@ void emit(self_ptr self, core::core_events events) {
       f.text = std::move(d->text);
       f.prompt_tokens = d->prompt_tokens;
       f.preemptions = d->preemptions;
+      f.cached_tokens = d->cached_tokens;
       f.queue_ms = d->queue_ms;
       f.ttft_ms = d->ttft_ms;
       f.total_ms = d->total_ms;
@@ -197,6 +199,8 @@ step_batch to_message(self_ptr self, core::step_plan& plan, std::vector<rows_fet
     w.start = p.start;
     w.tokens = std::move(p.tokens);
     w.sample = p.sample;
+    w.blocks_from = p.blocks_from;
+    w.blocks = std::move(p.blocks);
     if (p.sample) {
       w.sampling.params = std::move(p.params);
       w.sampling.draws = p.draws;
@@ -399,6 +403,7 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   spec.deadline_ms = q.deadline_ms;
   spec.images = n_images;
   spec.guided = !q.grammar.empty();
+  spec.cache_salt = q.cache_salt;
   return spec;
 }
 
@@ -464,7 +469,14 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 ready.resize(it->second.images.size());
                 if (!ready[k]) {
                   ready[k] = true;
-                  st.core->image_ready(id);
+                  // The encoder's name for the image (its pixels) names the
+                  // KV of its rows.
+                  std::optional<core::block_hash> name;
+                  if (rep.hash.size() == 32) {
+                    name.emplace();
+                    std::copy(rep.hash.begin(), rep.hash.end(), name->begin());
+                  }
+                  st.core->image_ready(id, static_cast<std::int64_t>(k), name, rep.cached);
                 }
               }
               answered();
@@ -486,6 +498,23 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
 }
 
 }  // namespace
+
+std::string cache_namespace(const std::string& model, const models::quant_plan& plan,
+                            const models::kv_options& kv) {
+  std::string s = "model=" + model + ";weights=";
+  if (plan.mix)
+    s += "mix:" + std::string(models::to_string(*plan.mix));
+  else if (plan.default_format)
+    s += std::string(kernels::to_string(*plan.default_format));
+  else
+    s += "as-stored";
+  s += ";group=" + std::to_string(plan.int4_group);
+  for (const auto& [pattern, f] : plan.overrides)
+    s += ";" + pattern + "=" + std::string(kernels::to_string(f));
+  s += ";kv=" + std::string(kernels::to_string(kv.type)) + "/" + std::to_string(kv.block_size) +
+       (kv.summaries ? "/summaries" : "");
+  return s;
+}
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                                 scheduler_options opts, std::vector<shard_actor> stages,
@@ -552,6 +581,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           return true;
         },
         [=](stats_atom) { return self->state.core->stats(); },
+        [=](reset_cache_atom) {
+          const auto freed = self->state.core->reset_prefix_cache();
+          logging::of("scheduler").info("prefix cache reset: {} cached blocks freed", freed);
+          return freed;
+        },
         [](version_atom) { return protocol_version; },
         [=](tick_atom) {
           self->state.timer_at.reset();
@@ -615,6 +649,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
             logging::of("scheduler")
                 .error("route to stage {} of {}: ignored", index, st.stages.size());
           }
+          st.core->stage_moved();  // the new store holds only the live sequences' blocks
           st.core->resume();
           pump(self);
         },

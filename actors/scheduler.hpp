@@ -1,10 +1,12 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/core/scheduler_core.hpp"
 #include "actors/protocol.hpp"
+#include "models/weights.hpp"
 
 namespace troupe::actors {
 
@@ -18,6 +20,11 @@ using core::scheduler_options;
 /// sampling, streaming to each request's client, cancellation, deadlines
 /// and preemption (recompute) when KV blocks run out. `kv_stores` are the
 /// stages' KV stores; `encoder` may be invalid for a text-only model.
+/// The prefix cache's namespace for a model (scheduler_options::
+/// cache_namespace): its path, its weight formats and the KV layout.
+std::string cache_namespace(const std::string& model, const models::quant_plan& plan,
+                            const models::kv_options& kv);
+
 scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                                 scheduler_options opts, std::vector<shard_actor> stages,
                                 std::vector<kv_store_actor> kv_stores, encoder_actor encoder);

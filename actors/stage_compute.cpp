@@ -60,6 +60,27 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
   for (std::size_t i = 0; i < b.seqs.size(); ++i) {
     auto& w = b.seqs[i];
     auto it = kv.local.find(w.seq);
+    // Blocks named by the scheduler (prefix caching): the cache switches
+    // to them while it holds nothing (a new pipeline, or every sequence gone).
+    if (w.blocks_from >= 0 && !kv.cache.blocks_named() && kv.local.empty())
+      if (auto r = kv.cache.name_blocks(); !r) {
+        undo();
+        return std::unexpected(r.error());
+      }
+    if (it == kv.local.end() && w.blocks_from >= 0) {
+      // A new sequence, possibly starting after a cached prefix.
+      it = kv.local.emplace(w.seq, kv.cache.add_sequence()).first;
+      created.push_back(w.seq);
+      if (auto r = kv.cache.assign(it->second, w.blocks_from, w.blocks, w.start); !r) {
+        undo();
+        return std::unexpected(r.error());
+      }
+    } else if (it != kv.local.end() && w.blocks_from >= 0) {
+      if (auto r = kv.cache.assign(it->second, w.blocks_from, w.blocks, w.start); !r) {
+        undo();
+        return std::unexpected(r.error());
+      }
+    }
     if (it == kv.local.end()) {
       if (w.start != 0) {
         undo();

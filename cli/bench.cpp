@@ -59,6 +59,7 @@ std::optional<std::vector<int>> parse_levels(const std::string& s) {
 int run_bench(const bench_args& a) {
   const auto levels = parse_levels(a.concurrency);
   if (!levels) return 2;
+  if (a.prefix.on) return run_prefix_bench(a);
   if (!a.http.empty()) return run_http_bench(a, *levels);
   return run_local_bench(a, *levels);
 }
@@ -163,6 +164,7 @@ command_runner add_bench(CLI::App& app) {
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
   add_context_flags(*cmd, a->pipeline.context);
+  add_cache_flags(*cmd, a->pipeline.prefix_caching);
   cmd->add_option("--concurrency,-c", a->concurrency,
                   "Concurrency levels, comma-separated (default 1,4,16)");
   cmd->add_option("--requests,-n", a->requests,
@@ -181,6 +183,34 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--seed", a->seed);
   cmd->add_flag("--no-reference", a->no_reference, "Skip the plain-loop reference run");
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->add_flag("--prefix", a->prefix.on,
+                "Prefix caching's workloads, with the cache on and off in one run: a long shared "
+                "system prompt (TTFT), a multi-turn chat (prompt tokens computed), many users over "
+                "a few system prompts (hit rate, throughput)");
+  cmd->add_option("--prefix-system", a->prefix.system_tokens,
+                  "--prefix: tokens of the shared system prompt")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd->add_option("--prefix-question", a->prefix.question_tokens,
+                  "--prefix: tokens each request adds to a system prompt")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  cmd->add_option("--prefix-turns", a->prefix.turns, "--prefix: turns of the chat")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--prefix-turn-tokens", a->prefix.turn_tokens,
+                  "--prefix: tokens of each new chat message")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  cmd->add_option("--prefix-answer-tokens", a->prefix.answer_tokens,
+                  "--prefix: tokens of each chat answer")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  cmd->add_option("--prefix-systems", a->prefix.systems, "--prefix: system prompts the users share")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--prefix-users-system", a->prefix.users_system_tokens,
+                  "--prefix: tokens of each users' system prompt")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd->add_option("--prefix-users", a->prefix.users, "--prefix: user requests")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--prefix-concurrency", a->prefix.concurrency,
+                  "--prefix: user requests in flight at once")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--http", a->http,
                   "Benchmark an OpenAI-compatible server at this URL (e.g. http://127.0.0.1:8000; "
                   "troupe serve)");

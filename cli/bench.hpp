@@ -40,6 +40,17 @@ struct bench_args {
   std::vector<std::string> migrate;  // SHARD:NODE, done in turn mid-way through the last level
   bool no_keep_alive = false;        ///< --http: a new connection per request
   bool compare_client = false;  ///< --http: each level again through the client actor (--manifest)
+  /// --prefix: the prefix-caching workloads (bench_prefix.cpp).
+  struct prefix_workload {
+    bool on = false;
+    std::int64_t system_tokens = 2000, question_tokens = 48;
+    int probes = 5;
+    int turns = 10;
+    std::int64_t turn_tokens = 96, answer_tokens = 32;
+    int systems = 8;
+    std::int64_t users_system_tokens = 1000;
+    int users = 200, concurrency = 16;
+  } prefix;
 };
 
 inline double ms(clock::duration d) {
@@ -104,6 +115,9 @@ std::vector<std::string> image_files_in(const std::string& dir);
 
 /// The benchmark of the actor pipeline in this process.
 int run_local_bench(const bench_args& a, const std::vector<int>& levels);
+
+/// Prefix caching's workloads, with the cache on and off (--prefix).
+int run_prefix_bench(const bench_args& a);
 
 /// The benchmark of an OpenAI-compatible server at a.http.
 int run_http_bench(const bench_args& a, const std::vector<int>& levels);

@@ -147,7 +147,17 @@ json status_json(const actors::cluster_status& s) {
             {"rejected", q.rejected},
             {"finished", q.finished},
             {"preemptions", q.preemptions},
-            {"steps", q.steps}}}};
+            {"steps", q.steps}}},
+          {"prefix_cache",
+           {{"queries", q.prefix_queries},
+            {"hits", q.prefix_hits},
+            {"hit_rate", q.prefix_queries > 0 ? static_cast<double>(q.prefix_hits) /
+                                                    static_cast<double>(q.prefix_queries)
+                                              : 0.0},
+            {"cached_blocks", q.kv_cached_blocks},
+            {"cached_free_blocks", q.kv_cached_free},
+            {"evictions", q.kv_evictions}}},
+          {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
 }
 
 void print_status(const actors::cluster_status& s) {
@@ -178,6 +188,19 @@ void print_status(const actors::cluster_status& s) {
     std::printf(" (last: detected %.0f ms after the last heartbeat, resumed in %.0f ms)",
                 s.detect_ms, s.resume_ms);
   std::printf("; %lld migrations\n", static_cast<long long>(s.migrations));
+  if (q.prefix_queries > 0 || q.kv_cached_blocks > 0)
+    std::printf(
+        "prefix cache: %lld of %lld prompt tokens hit (%.1f%%); %lld blocks cached, %lld "
+        "of them free; %lld evicted\n",
+        static_cast<long long>(q.prefix_hits), static_cast<long long>(q.prefix_queries),
+        q.prefix_queries > 0
+            ? 100.0 * static_cast<double>(q.prefix_hits) / static_cast<double>(q.prefix_queries)
+            : 0.0,
+        static_cast<long long>(q.kv_cached_blocks), static_cast<long long>(q.kv_cached_free),
+        static_cast<long long>(q.kv_evictions));
+  if (q.images > 0)
+    std::printf("encoder cache: %lld of %lld images taken from it\n",
+                static_cast<long long>(q.image_cache_hits), static_cast<long long>(q.images));
   if (!s.links.empty()) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)

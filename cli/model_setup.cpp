@@ -65,6 +65,12 @@ void add_context_flags(CLI::App& cmd, models::context_options& context) {
                "Allow a --max-model-len past the positions the model was trained on");
 }
 
+void add_cache_flags(CLI::App& cmd, bool& prefix_caching) {
+  cmd.add_flag("!--no-prefix-caching", prefix_caching,
+               "Compute every prompt whole: no KV blocks kept and shared between requests "
+               "(prefix caching is on by default)");
+}
+
 void configure_pipeline_system(caf::actor_system_config& cfg, const pipeline_flags& f) {
   actors::configure_runtime(cfg);
   if (!f.remote_stage.empty() || !f.tp_peers.empty()) cfg.load<caf::io::middleman>();
@@ -85,6 +91,7 @@ actors::runtime_config pipeline_config(const pipeline_flags& f, const std::strin
   rc.scheduler.micro_batches = f.micro_batches;
   rc.scheduler.max_decode_steps = f.decode_steps;
   rc.scheduler.context = f.context;
+  rc.scheduler.prefix_caching = f.prefix_caching;
   return rc;
 }
 

@@ -156,6 +156,7 @@ int run_node(const node_args& a) {
     hc.scheduler.micro_batches = m->scheduler.micro_batches;
     hc.scheduler.context.max_model_len = m->scheduler.max_model_len;
     hc.scheduler.context.allow_long = m->scheduler.allow_long_context;
+    hc.scheduler.prefix_caching = m->scheduler.prefix_caching;
     hc.startup_grace =
         std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
     auto d = actors::spawn_head(sys, hc, agent);

@@ -446,13 +446,14 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   if (const auto* t = c.table(root, "scheduler", "", false)) {
     c.only_keys(*t, "scheduler",
                 {"queue_limit", "max_running", "token_budget", "micro_batches", "max_model_len",
-                 "allow_long_context"});
+                 "allow_long_context", "prefix_caching"});
     c.integer(*t, "queue_limit", "scheduler", m.scheduler.queue_limit, 1, 1 << 20);
     c.integer(*t, "max_running", "scheduler", m.scheduler.max_running, 1, 1 << 16);
     c.integer(*t, "token_budget", "scheduler", m.scheduler.token_budget, 16, 1 << 20);
     c.integer(*t, "micro_batches", "scheduler", m.scheduler.micro_batches, 0, 64);
     c.integer(*t, "max_model_len", "scheduler", m.scheduler.max_model_len, 1, 1 << 24);
     c.boolean(*t, "allow_long_context", "scheduler", m.scheduler.allow_long_context);
+    c.boolean(*t, "prefix_caching", "scheduler", m.scheduler.prefix_caching);
     if (m.scheduler.allow_long_context && m.scheduler.max_model_len == 0)
       c.error(checker::line_of(*t->get("allow_long_context")), "scheduler.allow_long_context",
               "allows a max_model_len past the model's positions, and none is set");

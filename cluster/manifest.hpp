@@ -87,6 +87,7 @@ struct scheduler_entry {
   int micro_batches = 0;            ///< 0: one per pipeline stage
   std::int64_t max_model_len = 0;   ///< 0: the model's positions
   bool allow_long_context = false;  ///< max_model_len past the model's positions
+  bool prefix_caching = true;       ///< keep and share full KV blocks between requests
 };
 
 struct transport_entry {

@@ -70,9 +70,65 @@ seq_id kv_cache::add_sequence() {
 void kv_cache::release(seq_id s) {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return;
-  for (auto b : it->second.table)
-    if (b != 0) free_.push_back(b);
+  if (!named_)
+    for (auto b : it->second.table)
+      if (b != 0) free_.push_back(b);
   seqs_.erase(it);
+}
+
+result<void> kv_cache::name_blocks() {
+  if (named_) return {};
+  if (!seqs_.empty())
+    return make_error(errc::invalid_argument,
+                      "the scheduler can name a KV cache's blocks only while it holds no sequence");
+  if (opts_.window > 0)
+    return make_error(errc::invalid_argument,
+                      "a KV cache with a sliding window frees its own blocks: the scheduler "
+                      "cannot name them");
+  named_ = true;
+  return {};
+}
+
+result<void> kv_cache::assign(seq_id s, std::int32_t from, std::span<const std::int32_t> ids,
+                              std::int64_t length) {
+  if (!named_) return make_error(errc::invalid_argument, "this KV cache picks its own blocks");
+  auto it = seqs_.find(s);
+  if (it == seqs_.end())
+    return make_error(errc::invalid_argument, "unknown sequence " + std::to_string(s));
+  auto& seq = it->second;
+  const std::int64_t B = opts_.block_size;
+  for (auto id : ids)
+    if (id < 1 || id >= n_blocks_)
+      return make_error(
+          errc::invalid_argument,
+          "KV block id " + std::to_string(id) + " is outside 1.." + std::to_string(n_blocks_ - 1));
+  if (seq.table.empty() && seq.length == 0) {
+    if (from != 0)
+      return make_error(
+          errc::invalid_argument,
+          "a new sequence's blocks must start at entry 0, not " + std::to_string(from));
+    if (length < 0 || length > static_cast<std::int64_t>(ids.size()) * B)
+      return make_error(errc::invalid_argument, "a cached prefix of " + std::to_string(length) +
+                                                    " tokens needs more than " +
+                                                    std::to_string(ids.size()) + " blocks");
+    seq.table.assign(ids.begin(), ids.end());
+    seq.length = length;
+    return {};
+  }
+  if (length != seq.length)
+    return make_error(errc::invalid_argument,
+                      "sequence " + std::to_string(s) + " holds " + std::to_string(seq.length) +
+                          " tokens, the blocks were named for " + std::to_string(length));
+  const std::int64_t holding = (seq.length + B - 1) / B;
+  if (from < holding || from > static_cast<std::int64_t>(seq.table.size()))
+    return make_error(errc::invalid_argument,
+                      "new blocks from entry " + std::to_string(from) + " of sequence " +
+                          std::to_string(s) + " would drop its tokens or leave a gap (" +
+                          std::to_string(holding) + " entries hold tokens, " +
+                          std::to_string(seq.table.size()) + " in its table)");
+  seq.table.resize(static_cast<std::size_t>(from));
+  seq.table.insert(seq.table.end(), ids.begin(), ids.end());
+  return {};
 }
 
 result<void> kv_cache::reserve(seq_id s, std::int64_t length) {
@@ -82,6 +138,10 @@ result<void> kv_cache::reserve(seq_id s, std::int64_t length) {
   auto& table = it->second.table;
   const auto need = static_cast<std::size_t>((length + opts_.block_size - 1) / opts_.block_size);
   if (need <= table.size()) return {};
+  if (named_)
+    return make_error(errc::invalid_argument,
+                      "sequence " + std::to_string(s) + " needs " + std::to_string(need) +
+                          " KV blocks but the scheduler named " + std::to_string(table.size()));
   const std::size_t more = need - table.size();
   if (more > free_.size())
     return make_error(errc::out_of_memory, "KV cache full: " + std::to_string(more) +
@@ -152,6 +212,17 @@ kv_usage kv_cache::usage() const {
   kv_usage u;
   u.total_blocks = total_blocks();
   u.free_blocks = free_blocks();
+  if (named_) {  // what no table holds (the scheduler also keeps cached blocks)
+    std::vector<bool> held(static_cast<std::size_t>(n_blocks_), false);
+    std::int64_t n = 0;
+    for (const auto& [id, seq] : seqs_)
+      for (auto b : seq.table)
+        if (b > 0 && b < n_blocks_ && !held[static_cast<std::size_t>(b)]) {
+          held[static_cast<std::size_t>(b)] = true;
+          ++n;
+        }
+    u.free_blocks = total_blocks() - n;
+  }
   u.sequences = static_cast<std::int64_t>(seqs_.size());
   for (const auto& [id, seq] : seqs_) u.tokens += seq.length;
   return u;
@@ -213,8 +284,10 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
   const std::int64_t B = c.block_size;
   const std::int64_t entries = (seq.length + B - 1) / B;
   for (std::int64_t b = 0; b < entries; ++b)
-    if (b >= from_block && seq.table[static_cast<std::size_t>(b)] != 0)
+    if (b >= from_block && seq.table[static_cast<std::size_t>(b)] != 0) {
       snap.live.push_back(static_cast<std::int32_t>(b));
+      if (named_) snap.ids.push_back(seq.table[static_cast<std::size_t>(b)]);
+    }
   const block_parts p = parts_of(c);
   const std::size_t per_block = 2 * p.data_bytes + 2 * p.scale_bytes;
   snap.data.resize(static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block);
@@ -343,6 +416,27 @@ static result<void> copy_blocks_in(std::vector<kernels::paged_kv_cache>& layers,
   return {};
 }
 
+result<void> kv_cache::check_ids(const kv_snapshot& snap) const {
+  if (!named_) {
+    if (!snap.ids.empty())
+      return make_error(errc::invalid_argument,
+                        "KV snapshot: block ids from a cache whose blocks the scheduler names, "
+                        "into one that picks its own");
+    return {};
+  }
+  if (snap.ids.size() != snap.live.size())
+    return make_error(errc::invalid_argument,
+                      "KV snapshot: " + std::to_string(snap.ids.size()) + " block ids for " +
+                          std::to_string(snap.live.size()) +
+                          " blocks (this cache's blocks are named by the scheduler)");
+  for (auto id : snap.ids)
+    if (id < 1 || id >= n_blocks_)
+      return make_error(errc::invalid_argument, "KV snapshot: block id " + std::to_string(id) +
+                                                    " is outside 1.." +
+                                                    std::to_string(n_blocks_ - 1));
+  return {};
+}
+
 result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
   const auto& c = layers_.front().config;
   auto bad = [](const std::string& what) {
@@ -401,6 +495,17 @@ result<seq_id> kv_cache::import_sequence(const kv_snapshot& snap) {
     return bad("data has " + std::to_string(snap.data.size()) + " bytes, expected " +
                std::to_string(want) + " (" + std::to_string(snap.layers) + " layers x " +
                std::to_string(snap.live.size()) + " blocks x " + std::to_string(per_block) + ")");
+  if (auto r = check_ids(snap); !r) return std::unexpected(r.error());
+  if (named_) {
+    sequence seq;
+    seq.length = snap.length;
+    seq.table.assign(snap.ids.begin(), snap.ids.end());
+    if (auto r = copy_blocks_in(layers_, dev_, seq.table, snap, p); !r)
+      return std::unexpected(r.error());
+    const seq_id id = next_++;
+    seqs_.emplace(id, std::move(seq));
+    return id;
+  }
   if (snap.live.size() > free_.size())
     return make_error(errc::out_of_memory, "KV cache full: importing needs " +
                                                std::to_string(snap.live.size()) + " blocks, " +
@@ -463,6 +568,19 @@ result<void> kv_cache::import_tail(seq_id s, const kv_snapshot& snap, std::int32
     return bad(
         "data has " + std::to_string(snap.data.size()) + " bytes, expected " +
         std::to_string(static_cast<std::size_t>(snap.layers) * snap.live.size() * per_block));
+  if (auto r = check_ids(snap); !r) return std::unexpected(r.error());
+  if (named_) {
+    // The named ids from the first block on; those before stay.
+    if (from_block > static_cast<std::int64_t>(seq.table.size()))
+      return bad("first block past the sequence's table");
+    std::vector<std::int32_t> table(seq.table.begin(), seq.table.begin() + from_block);
+    table.insert(table.end(), snap.ids.begin(), snap.ids.end());
+    if (auto r = copy_blocks_in(layers_, dev_, table, snap, p); !r)
+      return std::unexpected(r.error());
+    seq.table = std::move(table);
+    seq.length = snap.length;
+    return {};
+  }
   // New blocks for the entries the sequence does not have yet; the rest
   // are overwritten in place.
   const std::int64_t add = entries - static_cast<std::int64_t>(seq.table.size());

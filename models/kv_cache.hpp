@@ -56,6 +56,9 @@ struct kv_snapshot {
   std::vector<std::int32_t> live;
   /// Per layer, per live block: k, v (and i8 scales) bytes, in the order above.
   std::vector<std::byte> data;
+  /// From a cache whose blocks the scheduler names: each live block's id,
+  /// which an importing cache of that kind keeps (empty otherwise).
+  std::vector<std::int32_t> ids;
 
   /// Bytes of one block of one layer (k, v and, for i8, their scales); 0
   /// when the shape is invalid or too large.
@@ -77,8 +80,22 @@ class kv_cache {
                                  const kv_options& opts);
 
   seq_id add_sequence();
-  /// Frees the sequence's blocks.
+  /// Frees the sequence's blocks (named blocks: forgets its table).
   void release(seq_id s);
+
+  /// From now on the scheduler names every block (prefix caching, where
+  /// sequences share blocks): tables are set by `assign`, reserve only
+  /// checks that they cover, release forgets a table and frees nothing.
+  /// Only while the cache holds no sequence, and not with a window.
+  result<void> name_blocks();
+  bool blocks_named() const { return named_; }
+  /// Named blocks: sequence `s`'s table from entry `from` on becomes `ids`.
+  /// A new sequence (no table yet) takes `from` 0 and may start at
+  /// `length` > 0 tokens: a cached prefix its first blocks already hold.
+  /// An existing one keeps its length (`length` must equal it) and must
+  /// keep every entry that holds its tokens.
+  result<void> assign(seq_id s, std::int32_t from, std::span<const std::int32_t> ids,
+                      std::int64_t length);
   /// Makes room for `length` tokens of `s` (allocating blocks); an
   /// out_of_memory error leaves the sequence as it was.
   result<void> reserve(seq_id s, std::int64_t length);
@@ -136,6 +153,7 @@ class kv_cache {
   static result<kv_cache> create_with(
       const std::function<result<kernels::paged_kv_cache>(const kernels::kv_cache_config&)>& make,
       int layers, int n_kv_heads, int head_dim, const kv_options& opts);
+  result<void> check_ids(const kv_snapshot& snap) const;
   struct sequence {
     std::vector<std::int32_t> table;
     std::int64_t length = 0;
@@ -149,6 +167,7 @@ class kv_cache {
   kv_options opts_;
   std::int64_t n_blocks_ = 0;
   seq_id next_ = 1;
+  bool named_ = false;
 };
 
 }  // namespace troupe::models

@@ -121,6 +121,7 @@ struct exchange {
   steady::time_point t0 = steady::now();
   unsigned status = 0;
   std::int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::optional<std::int64_t> cached_tokens;  ///< known once a choice ended
   bool keep_alive = true;
 };
 
@@ -462,7 +463,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     const auto method = ex.req.method();
     const auto& path = ex.path;
     const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" ||
-                            path == "/tokenize" || path == "/detokenize";
+                            path == "/tokenize" || path == "/detokenize" ||
+                            path == "/reset_prefix_cache";
     if (method == http::verb::options) {
       reply r;
       r.status = 204;
@@ -478,8 +480,11 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     }
     if (completion) {
       if (method != http::verb::post) co_return co_await not_allowed(s, ex, "POST");
-      if (path == "/tokenize" || path == "/detokenize")
-        co_return co_await tokens(s, ex, path == "/tokenize");
+      if (path == "/tokenize" || path == "/detokenize" || path == "/reset_prefix_cache")
+        co_return co_await tokens(s, ex,
+                                  path == "/tokenize"     ? head_call::tokenize
+                                  : path == "/detokenize" ? head_call::detokenize
+                                                          : head_call::reset_cache);
       co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
     }
     if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {
@@ -584,15 +589,16 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     co_return co_await write_reply(s, ex, r);
   }
 
-  // vLLM's /tokenize and /detokenize: the head holds the tokenizer (and
-  // the chat template); the question waits on the pool, not on an I/O
-  // thread.
-  task<bool> tokens(beast::tcp_stream& s, exchange& ex, bool encode) {
+  // vLLM's /tokenize, /detokenize and /reset_prefix_cache: the head holds
+  // the tokenizer (and the chat template) and the scheduler's cache; the
+  // question waits on the pool, not on an I/O thread.
+  enum class head_call { tokenize, detokenize, reset_cache };
+  task<bool> tokens(beast::tcp_stream& s, exchange& ex, head_call what) {
     if (auto e = authorized(ex)) {
       auto out_ = error_reply(*e);
       co_return co_await write_reply(s, ex, out_);
     }
-    auto work = [this, encode,
+    auto work = [this, what,
                  body = std::move(ex.req.body())]() -> std::expected<std::string, api_error> {
       auto [d, client] = head();
       auto refused = [](actors::error_code code, std::string why) {
@@ -610,7 +616,14 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
                       actors::describe(sys, e));
       };
       caf::scoped_actor self{sys};
-      if (encode) {
+      if (what == head_call::reset_cache) {
+        self->request(d, opt.submit_timeout, actors::reset_cache_atom::value)
+            .receive(
+                [&](std::int64_t freed) {
+                  out = nlohmann::json{{"status", "ok"}, {"freed_blocks", freed}}.dump();
+                },
+                on_error);
+      } else if (what == head_call::tokenize) {
         auto r = parse_tokenize_request(body, opt.limits);
         if (!r) return std::unexpected(r.error());
         if (auto e = check_model(r->model, opt.model_name)) return std::unexpected(*e);
@@ -815,6 +828,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
         auto done = locked(*js, [&] { return js->done; });
         if (!done) continue;
         ex.prompt_tokens = done->prompt_tokens;
+        ex.cached_tokens = std::max(ex.cached_tokens.value_or(0), done->cached_tokens);
         ex.completion_tokens += static_cast<std::int64_t>(done->tokens.size());
         if (done->reason == actors::finish_reason::error && !failed) failed = done;
       }
@@ -886,7 +900,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     std::vector<bool> ended(n, false);
     std::vector<std::int64_t> offset(n, static_cast<std::int64_t>(r->echo.size()));
     auto usage_now = [&] {
-      usage_counts u{prompt_tokens, 0};
+      usage_counts u{prompt_tokens, 0, std::nullopt};
       for (auto& js : jobs) u.completion += locked(*js, [&] { return js->tokens; });
       return u;
     };
@@ -999,7 +1013,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       if (failed_sent) {
         cancel_open();
       } else if (r->include_usage) {
-        usage_counts u{ex.prompt_tokens, ex.completion_tokens};
+        usage_counts u{ex.prompt_tokens, ex.completion_tokens, ex.cached_tokens};
         ev = event(usage_chunk_json(*r, id, created, u));
         ok = co_await send(ev);
       }

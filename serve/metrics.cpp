@@ -128,6 +128,34 @@ std::string metrics::render(const actors::cluster_status* s) const {
          "KV cache blocks in use over all stages, 0 to 1.");
     out += "troupe:kv_cache_usage_perc{" + label_ + "} " +
            num(total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0) + "\n";
+    head(out, "troupe:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache (at each admission).");
+    out += "troupe:prefix_cache_queries_total{" + label_ + "} " +
+           std::to_string(s->scheduler.prefix_queries) + "\n";
+    head(out, "troupe:prefix_cache_hits_total", "counter",
+         "Of those, tokens whose KV came from the prefix cache.");
+    out += "troupe:prefix_cache_hits_total{" + label_ + "} " +
+           std::to_string(s->scheduler.prefix_hits) + "\n";
+    head(out, "troupe:kv_cached_blocks", "gauge",
+         "KV blocks with a prefix-cache name (per stage), held by a request or not.");
+    out += "troupe:kv_cached_blocks{" + label_ + "} " +
+           std::to_string(s->scheduler.kv_cached_blocks) + "\n";
+    head(out, "troupe:kv_cached_free_blocks", "gauge",
+         "Cached KV blocks no request holds (evictable; they count as free).");
+    out += "troupe:kv_cached_free_blocks{" + label_ + "} " +
+           std::to_string(s->scheduler.kv_cached_free) + "\n";
+    head(out, "troupe:prefix_cache_evictions_total", "counter",
+         "Cached KV blocks evicted (least recently used) to make room.");
+    out += "troupe:prefix_cache_evictions_total{" + label_ + "} " +
+           std::to_string(s->scheduler.kv_evictions) + "\n";
+    head(out, "troupe:encoder_cache_queries_total", "counter",
+         "Images of admitted requests (each looked up in the encoder cache).");
+    out += "troupe:encoder_cache_queries_total{" + label_ + "} " +
+           std::to_string(s->scheduler.images) + "\n";
+    head(out, "troupe:encoder_cache_hits_total", "counter",
+         "Of those, images whose rows came from the encoder cache (not encoded again).");
+    out += "troupe:encoder_cache_hits_total{" + label_ + "} " +
+           std::to_string(s->scheduler.image_cache_hits) + "\n";
     head(out, "troupe:num_preemptions_total", "counter",
          "Requests preempted (recomputed), by the head's scheduler.");
     out += "troupe:num_preemptions_total{" + label_ + "} " +

@@ -278,6 +278,9 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
     if (!it->is_number_integer()) return bad("'seed' must be an integer", "seed");
     job.seed = static_cast<std::uint64_t>(it->get<std::int64_t>());
   }
+  // check_fields saw to its shape.
+  if (auto it = j.find("cache_salt"); it != j.end() && it->is_string())
+    job.cache_salt = it->get<std::string>();
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     std::vector<std::string> stops;
     if (it->is_string()) {
@@ -420,6 +423,10 @@ bool is_string_map(const json& v) {  // `metadata`: tags with no effect on gener
     if (k.size() > 64 || !x.is_string() || x.get<std::string>().size() > 512) return false;
   return true;
 }
+bool is_salt(const json& v) {  // prefix caching's tenant separation
+  return v.is_null() ||
+         (v.is_string() && !v.get<std::string>().empty() && v.get<std::string>().size() <= 256);
+}
 bool is_short_string(const json& v) {  // `user`: an end-user id, metadata
   return v.is_null() || (v.is_string() && v.get<std::string>().size() <= 256);
 }
@@ -472,7 +479,7 @@ const field_rule field_rules[] = {
     {"reasoning_effort", true, false, is_null, "is not supported (no reasoning models)"},
     {"web_search_options", true, false, is_null, "is not supported"},
     {"priority", true, true, is_null, "is not supported yet (it comes with replicas)"},
-    {"cache_salt", true, true, is_null, "is not supported yet (it comes with prefix caching)"},
+    {"cache_salt", true, true, is_salt, "must be a non-empty string of at most 256 bytes"},
 };
 
 std::optional<api_error> check_fields(const json& j, bool chat) {
@@ -899,9 +906,11 @@ std::string finish_reason(actors::finish_reason r) {
 
 namespace {
 json usage_of(const usage_counts& u) {
-  return {{"prompt_tokens", u.prompt},
-          {"completion_tokens", u.completion},
-          {"total_tokens", u.prompt + u.completion}};
+  json j{{"prompt_tokens", u.prompt},
+         {"completion_tokens", u.completion},
+         {"total_tokens", u.prompt + u.completion}};
+  if (u.cached) j["prompt_tokens_details"] = {{"cached_tokens", *u.cached}};
+  return j;
 }
 
 // A token's bytes as OpenAI gives them (a piece may be part of a UTF-8
@@ -1055,6 +1064,7 @@ std::string completion_json(const api_request& r, const std::string& id, std::in
     }
     list.push_back(std::move(choice));
     usage.prompt = f.prompt_tokens;  // the same prompt in every choice
+    usage.cached = std::max(usage.cached.value_or(0), f.cached_tokens);
     usage.completion += static_cast<std::int64_t>(f.tokens.size());
   }
   json j{{"id", id},

@@ -118,6 +118,9 @@ struct choice_output {
 struct usage_counts {
   std::int64_t prompt = 0;
   std::int64_t completion = 0;
+  /// Prompt tokens whose KV came from the prefix cache, once known (the
+  /// request's end); shown as prompt_tokens_details.cached_tokens.
+  std::optional<std::int64_t> cached;
 };
 
 /// A whole (non-streamed) response: choice i is choices[i].

@@ -237,12 +237,12 @@ def _():
     raise AssertionError("accepted")
 
 
-@case("refused by name: best_of, suffix, priority, cache_salt, unknown fields")
+@case("refused by name: best_of, suffix, priority, an empty cache_salt, unknown fields")
 def _():
     refused(400, "best_of", endpoint="completions", best_of=3)
     refused(400, "suffix", endpoint="completions", suffix="end")
     refused(400, "priority", extra_body={"priority": 1})
-    refused(400, "cache_salt", extra_body={"cache_salt": "x"})
+    refused(400, "cache_salt", extra_body={"cache_salt": ""})
     refused(400, "frobnicate", extra_body={"frobnicate": 1})
     refused(400, "response_format", response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"type": "number", "minimum": 3}}})

@@ -31,6 +31,11 @@ struct scheduler_core::request {
   std::optional<time_point> deadline;
   bool stop_string = false;
   bool guided = false;  // one token per step: the shell masks each
+  block_chain chain;    // its full blocks' names (prefix caching)
+  std::string cache_salt;
+  std::int64_t published = 0;       // blocks of the current admission named so far
+  std::int64_t cached_tokens = -1;  // taken from the cache at the first admission
+  std::vector<std::optional<block_hash>> image_names;  // per image, once known
 };
 
 namespace {
@@ -56,7 +61,7 @@ scheduler_core::scheduler_core(model_frontend model, scheduler_options opts, int
       stages_(stages),
       auto_micro_batches_(opts_.micro_batches < 1),
       clock_(&clk),
-      books_(opts_.kv, opts_.kv_blocks) {
+      books_(opts_.kv, opts_.kv_blocks, opts_.prefix_caching) {
   if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);
   stats_.kv_total_blocks = opts_.kv_blocks;
 }
@@ -155,6 +160,11 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   r->submitted = clock_->now();
   if (q.deadline_ms > 0) r->deadline = r->submitted + std::chrono::milliseconds(q.deadline_ms);
   r->images_pending = q.images;
+  r->cache_salt = std::move(q.cache_salt);
+  r->image_names.resize(static_cast<std::size_t>(q.images));
+  for (std::size_t k = 0; k < q.image_hashes.size() && k < r->image_names.size(); ++k)
+    r->image_names[k] = q.image_hashes[k];
+  name_blocks_of(*r);
   r->ph = q.images > 0 ? phase::encoding : phase::waiting;
   ++stats_.accepted;
   ++queued_;
@@ -164,10 +174,29 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   return ahead;
 }
 
-bool scheduler_core::image_ready(std::uint64_t id) {
+void scheduler_core::name_blocks_of(request& r) {
+  // Named once every image is: an image's rows are named by its content.
+  if (!books_.names_blocks() || r.chain.enabled()) return;
+  std::vector<block_hash> images;
+  for (const auto& n : r.image_names) {
+    if (!n) return;
+    images.push_back(*n);
+  }
+  r.chain = block_chain(root_hash(opts_.cache_namespace, r.cache_salt), opts_.kv.block_size,
+                        model_.image_token, model_.tokens_per_image, std::move(images));
+  r.chain.extend(r.tokens);
+}
+
+bool scheduler_core::image_ready(std::uint64_t id, std::int64_t index,
+                                 std::optional<block_hash> name, bool cached) {
   auto* r = find(id);
   if (!r || r->ph != phase::encoding) return false;
+  ++stats_.images;
+  if (cached) ++stats_.image_cache_hits;
+  if (name && index >= 0 && index < std::ssize(r->image_names))
+    r->image_names[static_cast<std::size_t>(index)] = *name;
   if (--r->images_pending > 0 || r->cancelled) return false;
+  name_blocks_of(*r);
   r->ph = phase::waiting;
   waiting_.push_back(id);
   return true;
@@ -198,12 +227,25 @@ std::optional<core_events> scheduler_core::cancel(std::uint64_t id) {
   return out;
 }
 
+void scheduler_core::publish_blocks(request& r) {
+  if (r.seq == 0 || !r.chain.enabled()) return;
+  // Blocks wholly in the KV of every stage (`computed`) get their names.
+  const auto known = std::min(r.computed, static_cast<std::int64_t>(r.tokens.size()));
+  r.chain.extend(std::span(r.tokens).first(static_cast<std::size_t>(known)));
+  const auto full = std::min<std::int64_t>(static_cast<std::int64_t>(r.chain.hashes().size()),
+                                           known / opts_.kv.block_size);
+  for (; r.published < full; ++r.published)
+    books_.publish(r.seq, r.published, r.chain.hashes()[static_cast<std::size_t>(r.published)]);
+}
+
 void scheduler_core::release_kv(request& r, core_events& out) {
   if (r.seq == 0) return;
+  publish_blocks(r);  // what it computed stays cached
   const std::int64_t blocks = books_.release(r.seq);
   const std::int64_t seq = r.seq;
   r.seq = 0;
   r.computed = 0;
+  r.published = 0;
   // Stalled: the stores may be being replaced (a reset clears the books
   // and drops these); a retry on the same stores sends them then.
   if (stalled_)
@@ -235,6 +277,7 @@ void scheduler_core::finish(std::uint64_t id, finish_reason reason, core_error e
   f.text = r.text;
   f.prompt_tokens = r.prompt_len;
   f.preemptions = r.preemptions;
+  f.cached_tokens = std::max<std::int64_t>(0, r.cached_tokens);
   f.queue_ms = r.ph == phase::running || r.admit_order ? ms_between(r.submitted, r.admitted)
                                                        : ms_between(r.submitted, now);
   f.ttft_ms = r.has_first ? ms_between(r.submitted, r.first_token) : 0;
@@ -468,11 +511,31 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<std::int64_t>(plan.seqs.size()) < cap_seqs && n_running < o.max_running) {
     auto& r = *requests_[waiting_.front()];
-    // Admit only if the request's first chunk fits.
+    // Admit only if the request's first chunk fits. Cached blocks that
+    // start its tokens are taken first (all but the last token: its logits
+    // are needed).
     r.seq = next_seq_++;
+    std::int64_t hit = 0;
+    if (r.chain.enabled()) {
+      const auto cap = (static_cast<std::int64_t>(r.tokens.size()) - 1) / opts_.kv.block_size;
+      const auto& names = r.chain.hashes();
+      hit = books_.attach(r.seq, std::span(names).first(static_cast<std::size_t>(
+                                     std::min<std::int64_t>(cap, std::ssize(names))))) *
+            opts_.kv.block_size;
+      r.computed = hit;
+      r.published = hit / opts_.kv.block_size;
+    }
     if (!add_to_step(r, budget, plan, fl)) {
+      books_.release(r.seq);
       r.seq = 0;
+      r.computed = 0;
+      r.published = 0;
       break;
+    }
+    if (r.chain.enabled()) {
+      stats_.prefix_queries += static_cast<std::int64_t>(r.tokens.size());
+      stats_.prefix_hits += hit;
+      if (r.cached_tokens < 0) r.cached_tokens = hit;
     }
     waiting_.pop_front();
     --queued_;
@@ -483,6 +546,12 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   }
   if (plan.seqs.empty()) return std::nullopt;
   plan_multi_step(plan, fl);
+  if (books_.names_blocks())
+    for (auto& w : plan.seqs) {
+      auto d = books_.take_delta(w.seq);
+      w.blocks_from = d.from;
+      w.blocks = std::move(d.ids);
+    }
   plan.step = next_step_++;
   fl.sent = clock_->now();
   if (steps_.empty()) busy_since_ = fl.sent;
@@ -578,6 +647,7 @@ core_events scheduler_core::step_done(std::uint64_t step, step_result res) {
     r->computed +=
         fl.chunk[i] + std::max<std::int64_t>(0, static_cast<std::int64_t>(sampled.size()) - 1);
     books_.settle(r->seq, r->computed);  // a window frees what it no longer needs
+    publish_blocks(*r);
     if (r->cancelled) {
       finish(r->id, r->end_as, r->end_error, out);
       continue;
@@ -646,6 +716,7 @@ core_events scheduler_core::reset(int stages) {
     r->in_flight = false;
     r->seq = 0;
     r->computed = 0;
+    r->published = 0;
     if (r->ph == phase::running) running.push_back(r.get());
   }
   std::sort(running.begin(), running.end(),
@@ -674,6 +745,9 @@ scheduler_stats scheduler_core::stats() const {
   s.running = static_cast<std::int64_t>(requests_.size()) - queued_;
   s.kv_used_blocks = books_.used();
   s.kv_peak_blocks = books_.peak();
+  s.kv_cached_blocks = books_.named();
+  s.kv_cached_free = books_.cached_free();
+  s.kv_evictions = books_.evictions();
   s.stages = stages_;
   if (!steps_.empty()) s.in_flight_ms += ms_between(busy_since_, clock_->now());
   return s;

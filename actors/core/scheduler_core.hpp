@@ -27,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "actors/core/block_hash.hpp"
 #include "actors/core/clock.hpp"
 #include "actors/core/errors.hpp"
 #include "actors/core/kv_books.hpp"
@@ -88,6 +89,15 @@ struct scheduler_options {
   /// reset): the requests of the failed steps give their KV back and
   /// recompute on the same stages. A retry that fails again stalls again.
   std::chrono::milliseconds stall_retry{5000};
+  /// Prefix caching (on by default, as in vLLM): full KV blocks are named
+  /// and kept after their request ends; a request whose prompt starts with
+  /// named blocks takes them and computes only the rest. The books then
+  /// name every block id (kv_books). A sliding window turns it off (it
+  /// drops the prompt's early blocks, which a later prompt would need).
+  bool prefix_caching = true;
+  /// What makes the same tokens give other KV: the model, its weight
+  /// formats, the KV layout (the root of every block name).
+  std::string cache_namespace;
 };
 
 /// A request as the core takes it: the prompt already tokenized, with
@@ -102,6 +112,12 @@ struct request_spec {
   /// Constrained by a grammar: the shell sends each step's allowed tokens,
   /// so its steps sample one token at a time (no multi-step decode).
   bool guided = false;
+  /// Tenants that must not share cached KV give different salts.
+  std::string cache_salt;
+  /// One content hash per image, in prompt order (their rows' KV is named
+  /// by them); missing ones come with image_ready. A request whose images
+  /// are not all named is not cached.
+  std::vector<block_hash> image_hashes;
 };
 
 /// One sequence's part of a planned step.
@@ -118,6 +134,11 @@ struct planned_seq {
   std::uint64_t draws = 0;            ///< the sampler's draw counter
   std::int64_t max_new = 0;           ///< tokens it may sample (more than 1: multi-step decode)
   std::vector<std::int64_t> history;  ///< prompt and generated ids; only with a penalty
+  /// Naming books (prefix caching): the sequence's block table from entry
+  /// `blocks_from` on is `blocks` (-1: unchanged). A new sequence gets its
+  /// whole table, cached prefix blocks first (`start` then counts them).
+  std::int32_t blocks_from = -1;
+  std::vector<std::int32_t> blocks;
 };
 
 /// One micro-batch for the pipeline.
@@ -162,6 +183,7 @@ struct request_done {
   std::string text;
   std::int64_t prompt_tokens = 0;
   std::int64_t preemptions = 0;
+  std::int64_t cached_tokens = 0;  ///< prompt tokens taken from the prefix cache (first admission)
   double queue_ms = 0;
   double ttft_ms = 0;
   double total_ms = 0;
@@ -196,8 +218,11 @@ class scheduler_core {
   std::expected<std::int64_t, core_error> submit(
       std::uint64_t id, const std::function<std::expected<request_spec, core_error>()>& prepare);
   /// One of a request's images is encoded; true when it now waits for
-  /// admission (its last image).
-  bool image_ready(std::uint64_t id);
+  /// admission (its last image). `name`: the image's content hash (the
+  /// encoder's), which names the KV of its rows; `cached`: the encoder had
+  /// it (counted).
+  bool image_ready(std::uint64_t id, std::int64_t index = -1,
+                   std::optional<block_hash> name = std::nullopt, bool cached = false);
   /// Ends a request with an error: now, or when its step returns.
   core_events fail(std::uint64_t id, error_code code, std::string why);
   /// Cancels a request (now, or when its step returns); nullopt when it is
@@ -225,6 +250,12 @@ class scheduler_core {
   core_events reset(int stages);
   /// The stores freed blocks of an earlier kv_release.
   void kv_freed(std::int64_t blocks, std::uint64_t epoch);
+  /// A stage moved to a new store, which holds only the live sequences'
+  /// blocks: cached blocks nobody holds are forgotten.
+  void stage_moved() { books_.forget_names(); }
+  /// Empties the prefix cache (an admin call); returns the cached blocks
+  /// that became free. Blocks running requests hold stay theirs.
+  std::int64_t reset_prefix_cache() { return books_.forget_names(); }
   /// Live migration: plan no more steps until resume.
   void pause() { paused_ = true; }
   void resume() { paused_ = false; }
@@ -273,6 +304,8 @@ class scheduler_core {
                      std::vector<models::token_logprob>* logprobs, time_point now,
                      core_events& out);
   void step_left(time_point now);
+  void publish_blocks(request& r);
+  void name_blocks_of(request& r);
   void fail_all(const core_error& why, core_events& out);
 
   model_frontend model_;

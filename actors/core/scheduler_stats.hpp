@@ -20,6 +20,14 @@ struct scheduler_stats {
   std::int64_t prompt_tokens = 0;     ///< of finished requests
   std::int64_t generated_tokens = 0;  ///< of finished requests
   std::int64_t tokens_out = 0;        ///< every token streamed so far, finished or not
+  // Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits: tokens).
+  std::int64_t prefix_queries = 0;    ///< tokens of the prompts admitted
+  std::int64_t prefix_hits = 0;       ///< of those, tokens whose KV came from the cache
+  std::int64_t kv_cached_blocks = 0;  ///< named blocks now (held or not)
+  std::int64_t kv_cached_free = 0;    ///< named blocks nobody holds (evictable, count as free)
+  std::int64_t kv_evictions = 0;      ///< cached blocks evicted for a booking
+  std::int64_t images = 0;            ///< images of admitted requests, encoded or not
+  std::int64_t image_cache_hits = 0;  ///< of those, taken from the encoder cache
   // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
   // turns two samples into a breakdown).
   std::int64_t stages = 0;     ///< stages in the pipeline now

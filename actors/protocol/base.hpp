@@ -20,7 +20,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 17;
+inline constexpr std::uint32_t protocol_version = 18;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -74,6 +74,8 @@ using forget_atom = caf::atom_constant<caf::atom("forget")>;         ///< encode
 using discard_atom = caf::atom_constant<caf::atom("discard")>;       ///< KV store: take, throw away
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;     ///< door: a prompt's tokens
 using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;  ///< door: tokens' text
+/// Door and scheduler: empty the prefix cache (answers the blocks freed).
+using reset_cache_atom = caf::atom_constant<caf::atom("resetcache")>;
 
 // -- errors -------------------------------------------------------------------
 
@@ -95,9 +97,10 @@ template <class I>
 typename I::result_type inspect(I& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected,
            x.finished, x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks,
-           x.kv_peak_blocks, x.prompt_tokens, x.generated_tokens, x.tokens_out, x.stages,
-           x.step_rows, x.round_trip_ms, x.compute_ms, x.stage_compute_ms, x.in_flight_ms,
-           x.scheduler_ms);
+           x.kv_peak_blocks, x.prompt_tokens, x.generated_tokens, x.tokens_out, x.prefix_queries,
+           x.prefix_hits, x.kv_cached_blocks, x.kv_cached_free, x.kv_evictions, x.images,
+           x.image_cache_hits, x.stages, x.step_rows, x.round_trip_ms, x.compute_ms,
+           x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
 }
 }  // namespace troupe::actors::core
 

@@ -165,8 +165,8 @@ typename I::result_type inspect(I& f, job_request& x) {
            x.ignore_eos, x.has_temperature, x.temperature, x.max_tokens, x.seed, x.stop_strings,
            x.deadline_ms, x.turns, x.has_top_p, x.top_p, x.has_repetition_penalty,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.logit_bias_ids,
-           x.logit_bias_values, x.min_tokens, x.stop_token_ids, x.logprobs, x.prompt_ids,
-           x.grammar);
+           x.logit_bias_values, x.min_tokens, x.stop_token_ids, x.logprobs, x.prompt_ids, x.grammar,
+           x.cache_salt);
 }
 
 /// One node as the head sees it.
@@ -307,6 +307,7 @@ using frontdoor_actor =
     caf::typed_actor<caf::replies_to<submit_atom, job_request, client_sink_actor>::with<submit_ack>,
                      caf::replies_to<tokenize_atom, job_request>::with<tokenize_reply>,
                      caf::replies_to<detokenize_atom, std::vector<std::int32_t>>::with<std::string>,
+                     caf::replies_to<reset_cache_atom>::with<std::int64_t>,
                      caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
                      caf::replies_to<status_atom>::with<cluster_status>,
                      caf::replies_to<down_atom>::with<bool>,

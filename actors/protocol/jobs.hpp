@@ -70,6 +70,8 @@ struct job_request {
   /// The output follows this grammar (GBNF; the gateway compiles JSON
   /// schemas, regexes and choices into it); empty: free text.
   std::string grammar;
+  /// Requests with different salts never share cached KV (tenants).
+  std::string cache_salt;
   bool operator==(const job_request&) const = default;
 };
 
@@ -85,12 +87,13 @@ struct finish_event {
   std::string text;
   std::int64_t prompt_tokens = 0;
   std::int64_t preemptions = 0;
-  double queue_ms = 0;       ///< submission to admission
-  double ttft_ms = 0;        ///< submission to first token
-  double total_ms = 0;       ///< submission to end
-  bool stop_string = false;  ///< reason == stop because of a stop string (not a stop token)
-  double preprocess_ms = 0;  ///< image decoding and preprocessing (all images)
-  double encode_ms = 0;      ///< vision encoder batches this request's images were in
+  std::int64_t cached_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
+  double queue_ms = 0;             ///< submission to admission
+  double ttft_ms = 0;              ///< submission to first token
+  double total_ms = 0;             ///< submission to end
+  bool stop_string = false;        ///< reason == stop because of a stop string (not a stop token)
+  double preprocess_ms = 0;        ///< image decoding and preprocessing (all images)
+  double encode_ms = 0;            ///< vision encoder batches this request's images were in
   bool operator==(const finish_event&) const = default;
 };
 

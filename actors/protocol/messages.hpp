@@ -41,12 +41,13 @@ struct generate_request {
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
   std::string grammar;           ///< GBNF the output must follow (empty: none)
+  std::string cache_salt;        ///< prefix caching: requests share KV only with the same salt
 };
 
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
-           x.params, x.deadline_ms, x.grammar);
+           x.params, x.deadline_ms, x.grammar, x.cache_salt);
 }
 
 /// Admission answer to a submit.
@@ -81,7 +82,7 @@ template <class I>
 typename I::result_type inspect(I& f, finish_event& x) {
   return f(caf::meta::type_name("finish_event"), x.id, x.reason, x.code, x.error, x.tokens, x.text,
            x.prompt_tokens, x.preemptions, x.queue_ms, x.ttft_ms, x.total_ms, x.stop_string,
-           x.preprocess_ms, x.encode_ms);
+           x.preprocess_ms, x.encode_ms, x.cached_tokens);
 }
 
 /// How the last stage picks a sequence's next tokens: it samples on its own
@@ -123,13 +124,18 @@ struct seq_work {
   tensor_ref embeddings;          ///< f32 [count(embed_token), hidden]
   bool sample = false;            ///< the last stage samples its next token(s) (see `sampling`)
   sample_work sampling;
+  /// The scheduler names the blocks (prefix caching): the sequence's block
+  /// table from entry `blocks_from` on is `blocks` (-1: unchanged). A new
+  /// sequence then may start at `start` > 0: cached blocks hold those tokens.
+  std::int32_t blocks_from = -1;
+  std::vector<std::int32_t> blocks;
   bool operator==(const seq_work&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, seq_work& x) {
   return f(caf::meta::type_name("seq_work"), x.seq, x.start, x.tokens, x.all_logits, x.embed_token,
-           x.embeddings, x.sample, x.sampling);
+           x.embeddings, x.sample, x.sampling, x.blocks_from, x.blocks);
 }
 
 /// A step for one stage: the sequences and, past the first stage, the
@@ -221,12 +227,13 @@ struct kv_export {
   std::int64_t length = 0;
   std::vector<std::int32_t> live;  ///< block positions that hold data
   tensor_ref data;                 ///< u8 [bytes]
+  std::vector<std::int32_t> ids;   ///< block ids of `live`, where the scheduler names blocks
   bool operator==(const kv_export&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, kv_export& x) {
-  return f(caf::meta::type_name("kv_export"), x.seq, x.length, x.live, x.data);
+  return f(caf::meta::type_name("kv_export"), x.seq, x.length, x.live, x.data, x.ids);
 }
 
 /// The kinds of modality encoder (the audio encoder comes next).
@@ -257,14 +264,18 @@ struct encode_reply {
   std::int64_t hidden = 0;
   double preprocess_ms = 0;
   double encode_ms = 0;
-  std::int64_t batch = 0;  ///< size of the batch it was encoded in
+  std::int64_t batch = 0;  ///< size of the batch it was encoded in (0: from the cache)
+  /// The image's name: SHA-256 of the tower's identity and the preprocessed
+  /// pixels (the encoder cache's key, and what names its rows' KV blocks).
+  std::vector<std::uint8_t> hash;
+  bool cached = false;  ///< the rows came from the encoder cache
   bool operator==(const encode_reply&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, encode_reply& x) {
   return f(caf::meta::type_name("encode_reply"), x.rows, x.hidden, x.preprocess_ms, x.encode_ms,
-           x.batch);
+           x.batch, x.hash, x.cached);
 }
 
 /// Rows [first_row, first_row + rows) of a request's images, taken in
@@ -345,6 +356,8 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
     caf::replies_to<stats_atom>::with<scheduler_stats>,
     caf::replies_to<version_atom>::with<std::uint32_t>, caf::reacts_to<tick_atom>,
+    // Empty the prefix cache; answers the cached blocks that became free.
+    caf::replies_to<reset_cache_atom>::with<std::int64_t>,
     // From the node: the pipeline was restarted (every stage's KV is gone;
     // running requests recompute) or, with no stages, given up on.
     caf::reacts_to<pipeline_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,

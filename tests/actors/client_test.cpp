@@ -25,6 +25,7 @@ scheduler_actor silent_scheduler(caf::actor_system& sys) {
         [](stats_atom) { return scheduler_stats{}; },
         [](version_atom) { return protocol_version; },
         [](tick_atom) {},
+        [](reset_cache_atom) { return std::int64_t{0}; },
         [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
         [](encoder_atom, encoder_actor&) {},
         [](handover_atom, encoder_actor&, bool) { return true; },

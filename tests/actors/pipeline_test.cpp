@@ -305,6 +305,58 @@ TEST_F(pipeline_test, kv_exhaustion_completes_every_request_through_preemption) 
   expect_kv_free(*rt);
 }
 
+// Prefix caching (on by default): a request that repeats another's prompt
+// takes the KV of its full blocks from the cache and computes only the
+// rest, and its tokens are still those of the plain loop; the same
+// question about another image shares nothing past the image; with the
+// cache off nothing is taken. One and two stages (every stage holds the
+// blocks under the same ids). The encoder answers the repeated image from
+// its cache either way.
+TEST_F(pipeline_test, a_repeated_prompt_takes_its_prefix_from_the_cache_with_the_same_tokens) {
+  auto cases = mixed_cases(2);  // an image question, then another image
+  cases[1].text = cases[0].text;
+  ASSERT_NE(cases[0].image, cases[1].image);
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& pc : cases) want.push_back(ref().solo(pc));
+  const auto prompt = static_cast<std::int64_t>(ref().prompt_ids(cases[0]).size());
+  for (int stages : {1, 2})
+    for (bool caching : {true, false}) {
+      SCOPED_TRACE(std::to_string(stages) + " stage(s), caching " + (caching ? "on" : "off"));
+      runtime_config cfg;
+      cfg.scheduler.prefix_caching = caching;
+      auto rt = start(stages, cfg);
+      client c(sys, rt->scheduler());
+      auto first = c.run(ref().request(cases[0], client::next_id()), {});
+      ASSERT_TRUE(first) << first.error().message;
+      auto again = c.run(ref().request(cases[0], client::next_id()), {});
+      ASSERT_TRUE(again) << again.error().message;
+      auto other = c.run(ref().request(cases[1], client::next_id()), {});
+      ASSERT_TRUE(other) << other.error().message;
+      EXPECT_EQ(first->tokens, want[0]);
+      EXPECT_EQ(again->tokens, want[0]);
+      EXPECT_EQ(other->tokens, want[1]);
+      EXPECT_EQ(first->cached_tokens, 0);
+      const auto expanded = again->prompt_tokens;  // image rows included
+      EXPECT_GT(expanded, prompt);
+      if (caching) {
+        // Every full block but the one holding the last prompt token.
+        EXPECT_EQ(again->cached_tokens, (expanded - 1) / 16 * 16) << expanded;
+        EXPECT_LT(other->cached_tokens, 16) << "another image: only what precedes it can match";
+      } else {
+        EXPECT_EQ(again->cached_tokens, 0);
+        EXPECT_EQ(other->cached_tokens, 0);
+      }
+      const auto st = c.stats();
+      EXPECT_EQ(st.prefix_hits, caching ? again->cached_tokens + other->cached_tokens : 0);
+      // The encoder cache: the repeated image was not encoded again.
+      EXPECT_EQ(st.images, 3);
+      EXPECT_EQ(st.image_cache_hits, 1);
+      EXPECT_EQ(again->encode_ms, 0) << "no batch ran for it";
+      EXPECT_GT(first->encode_ms, 0);
+      expect_kv_free(*rt);
+    }
+}
+
 TEST_F(pipeline_test, queue_limit_rejects_with_overloaded_and_loses_nothing) {
   runtime_config cfg;
   cfg.scheduler.queue_limit = 64;

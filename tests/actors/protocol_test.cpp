@@ -80,7 +80,8 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
           .images = {make(tag<image_data>{}, h), {"b.jpg", {0xff, 0xd8}}},
           .params = make(tag<models::sampling_params>{}, h),
           .deadline_ms = 2500,
-          .grammar = "root ::= \"a\""};
+          .grammar = "root ::= \"a\"",
+          .cache_salt = "tenant-a"};
 }
 
 submit_ack make(tag<submit_ack>, const actors_for_handles&) {
@@ -120,6 +121,7 @@ finish_event make(tag<finish_event>, const actors_for_handles&) {
           .text = "h\xC3\xA9llo",
           .prompt_tokens = 12,
           .preemptions = 1,
+          .cached_tokens = 48,
           .queue_ms = 0.5,
           .ttft_ms = 3.25,
           .total_ms = 9.125,
@@ -144,7 +146,9 @@ seq_work make(tag<seq_work>, const actors_for_handles& h) {
           .embed_token = 3,
           .embeddings = a_ref(8),
           .sample = true,
-          .sampling = make(tag<sample_work>{}, h)};
+          .sampling = make(tag<sample_work>{}, h),
+          .blocks_from = 2,
+          .blocks = {7, 9, 4}};
 }
 
 step_batch make(tag<step_batch>, const actors_for_handles& h) {
@@ -190,7 +194,7 @@ kv_usage_info make(tag<kv_usage_info>, const actors_for_handles&) {
 }
 
 kv_export make(tag<kv_export>, const actors_for_handles&) {
-  return {.seq = 12, .length = 300, .live = {0, 17, 18}, .data = a_ref(11)};
+  return {.seq = 12, .length = 300, .live = {0, 17, 18}, .data = a_ref(11), .ids = {3, 5, 8}};
 }
 
 encode_request make(tag<encode_request>, const actors_for_handles&) {
@@ -198,7 +202,13 @@ encode_request make(tag<encode_request>, const actors_for_handles&) {
 }
 
 encode_reply make(tag<encode_reply>, const actors_for_handles&) {
-  return {.rows = 576, .hidden = 4096, .preprocess_ms = 0.25, .encode_ms = 1.75, .batch = 4};
+  return {.rows = 576,
+          .hidden = 4096,
+          .preprocess_ms = 0.25,
+          .encode_ms = 1.75,
+          .batch = 4,
+          .hash = std::vector<std::uint8_t>(32, 0xab),
+          .cached = true};
 }
 
 image_rows_request make(tag<image_rows_request>, const actors_for_handles&) {
@@ -219,6 +229,13 @@ scheduler_stats make(tag<scheduler_stats>, const actors_for_handles&) {
           .prompt_tokens = 11,
           .generated_tokens = 12,
           .tokens_out = 13,
+          .prefix_queries = 400,
+          .prefix_hits = 320,
+          .kv_cached_blocks = 21,
+          .kv_cached_free = 5,
+          .kv_evictions = 2,
+          .images = 6,
+          .image_cache_hits = 4,
           .stages = 3,
           .step_rows = 77,
           .round_trip_ms = 12.5,
@@ -415,7 +432,8 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .stop_token_ids = {2, 13},
           .logprobs = 5,
           .prompt_ids = {1, 2, 3},
-          .grammar = "root ::= [0-9]+"};
+          .grammar = "root ::= [0-9]+",
+          .cache_salt = "salt"};
 }
 
 member_view make(tag<member_view>, const actors_for_handles& h) {

@@ -190,7 +190,7 @@ encoder_actor fake_encoder(caf::actor_system& sys, std::shared_ptr<image_log> lo
     return {
         [log](encode_atom, const encode_request&) {
           ++log->encodes;
-          return encode_reply{per_image, hidden, 0.5, 1.0, 1};
+          return encode_reply{per_image, hidden, 0.5, 1.0, 1, {}, false};  // unnamed: not cached
         },
         [log, pool](rows_atom, const image_rows_request& q) -> caf::result<tensor_ref> {
           ++log->rows_requests;

@@ -379,3 +379,130 @@ TEST(KvSnapshotBlocks, ImportCopiesDataAndRebuildsSummaries) {
     EXPECT_EQ(b->usage().sequences, 1);
   }
 }
+
+// Prefix caching's premise: KV a sequence takes from another one's full
+// blocks (the scheduler names the blocks; the cache only writes where it
+// is told) is the KV it would have computed itself. A sequence that shares
+// the first blocks of another and computes only the rest gives the logits
+// of one that computed everything, bit for bit, at every step after, and
+// its blocks hold the same bytes; for every KV dtype, on the CPU and where
+// host code cannot touch the cache's memory.
+void shared_prefix_is_recomputed_prefix(k::device& dev, const std::string& path) {
+  auto m = llama_model::load(path, dev);
+  ASSERT_TRUE(m) << m.error().message;
+  std::mt19937 rng(11);
+  std::vector<std::int32_t> tokens(45);
+  for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % vocab);
+  const std::vector<std::int32_t> decode = {5, 17, 250, 3, 99};
+  auto logits_of = [&](const k::tensor& t) {
+    std::vector<float> host(static_cast<std::size_t>(t.numel()));
+    EXPECT_TRUE(dev.read(t, std::as_writable_bytes(std::span<float>(host))));
+    return host;
+  };
+  for (auto type : {k::dtype::f32, k::dtype::f16, k::dtype::i8}) {
+    SCOPED_TRACE(std::string(k::to_string(type)));
+    const kv_options opts{.block_size = 8, .type = type, .capacity_tokens = 256};
+    // Computed whole: the 45 tokens in one prefill, then decode.
+    auto whole = (*m)->make_cache(dev, opts);
+    ASSERT_TRUE(whole);
+    const auto w = whole->add_sequence();
+    std::vector<std::vector<float>> want;
+    auto l = (*m)->forward(dev, *whole, std::vector<step_input>{{w, tokens, false}});
+    ASSERT_TRUE(l) << l.error().message;
+    want.push_back(logits_of(*l));
+    for (std::size_t i = 0; i < decode.size(); ++i) {
+      auto d =
+          (*m)->forward(dev, *whole, std::vector<step_input>{{w, std::span(&decode[i], 1), false}});
+      ASSERT_TRUE(d);
+      want.push_back(logits_of(*d));
+    }
+    // Named blocks: sequence a computes the first 40 tokens in blocks 1..5;
+    // b takes blocks 1..4 (32 tokens) and computes tokens 32..44 in 6..7.
+    auto named = (*m)->make_cache(dev, opts);
+    ASSERT_TRUE(named);
+    ASSERT_TRUE(named->name_blocks());
+    const auto a = named->add_sequence();
+    ASSERT_TRUE(named->assign(a, 0, std::vector<std::int32_t>{1, 2, 3, 4, 5}, 0));
+    ASSERT_TRUE((*m)->forward(
+        dev, *named, std::vector<step_input>{{a, {tokens.begin(), tokens.begin() + 40}, false}}));
+    const auto b = named->add_sequence();
+    ASSERT_TRUE(named->assign(b, 0, std::vector<std::int32_t>{1, 2, 3, 4, 6, 7}, 32));
+    EXPECT_FALSE(named->reserve(b, 49)) << "a named cache never picks a block itself";
+    std::vector<std::vector<float>> got;
+    l = (*m)->forward(dev, *named,
+                      std::vector<step_input>{{b, {tokens.begin() + 32, tokens.end()}, false}});
+    ASSERT_TRUE(l) << l.error().message;
+    got.push_back(logits_of(*l));
+    for (std::size_t i = 0; i < decode.size(); ++i) {
+      if (i == 3) {  // past 48 tokens: the scheduler names one more block
+        ASSERT_TRUE(named->assign(b, 6, std::vector<std::int32_t>{8}, named->length(b)));
+      }
+      auto d =
+          (*m)->forward(dev, *named, std::vector<step_input>{{b, std::span(&decode[i], 1), false}});
+      ASSERT_TRUE(d) << d.error().message;
+      got.push_back(logits_of(*d));
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0)
+          << "step " << i;
+    auto x = whole->export_sequence(w);
+    auto y = named->export_sequence(b);
+    ASSERT_TRUE(x && y);
+    EXPECT_TRUE(x->data == y->data) << "the KV bytes";
+    EXPECT_EQ(y->ids, (std::vector<std::int32_t>{1, 2, 3, 4, 6, 7, 8}));
+    // Such a snapshot goes into another named cache at the same ids (a
+    // moved stage), and not into a cache that picks its own blocks.
+    auto moved = (*m)->make_cache(dev, opts);
+    ASSERT_TRUE(moved && moved->name_blocks());
+    auto id = moved->import_sequence(*y);
+    ASSERT_TRUE(id) << id.error().message;
+    EXPECT_EQ(
+        std::vector<std::int32_t>(moved->block_table(*id).begin(), moved->block_table(*id).end()),
+        y->ids);
+    auto plain = (*m)->make_cache(dev, opts);
+    ASSERT_TRUE(plain);
+    EXPECT_FALSE(plain->import_sequence(*y));
+  }
+}
+
+TEST_F(KvSnapshot, ASharedPrefixGivesTheLogitsAndKvOfARecomputedOne) {
+  auto cpu = k::cpu::cpu_device::with_threads(1);
+  shared_prefix_is_recomputed_prefix(*cpu, *path_);
+  troupe::test::remote_memory_device remote(1);
+  shared_prefix_is_recomputed_prefix(remote, *path_);
+}
+
+// A named cache refuses tables that would lose tokens or point outside it.
+TEST(KvNamedBlocks, AssignRefusesWhatWouldLoseTokensOrLeaveThePool) {
+  auto pool = k::memory_pool::create();
+  auto cache = kv_cache::create(*pool, 1, 1, 4, kv_options{.block_size = 4, .capacity_tokens = 32});
+  ASSERT_TRUE(cache);
+  const auto early = cache->add_sequence();
+  EXPECT_FALSE(cache->assign(early, 0, std::vector<std::int32_t>{1}, 0)) << "not named yet";
+  EXPECT_FALSE(cache->name_blocks()) << "it holds a sequence of its own";
+  cache->release(early);
+  ASSERT_TRUE(cache->name_blocks());
+  const auto s = cache->add_sequence();
+  EXPECT_FALSE(cache->assign(s, 0, std::vector<std::int32_t>{9}, 0)) << "8 blocks: 1..8";
+  EXPECT_FALSE(cache->assign(s, 0, std::vector<std::int32_t>{0}, 0)) << "0 is the hole";
+  EXPECT_FALSE(cache->assign(s, 0, std::vector<std::int32_t>{1}, 5)) << "5 tokens in 1 block";
+  EXPECT_FALSE(cache->assign(s, 1, std::vector<std::int32_t>{1}, 0)) << "a new table from 0";
+  ASSERT_TRUE(cache->assign(s, 0, std::vector<std::int32_t>{1, 2}, 0));
+  ASSERT_TRUE(cache->reserve(s, 6));
+  ASSERT_TRUE(cache->commit(s, 6));
+  EXPECT_FALSE(cache->assign(s, 1, std::vector<std::int32_t>{3}, 6)) << "entry 1 holds tokens";
+  EXPECT_FALSE(cache->assign(s, 3, std::vector<std::int32_t>{3}, 6)) << "a gap";
+  EXPECT_FALSE(cache->assign(s, 2, std::vector<std::int32_t>{3}, 5)) << "wrong length";
+  ASSERT_TRUE(cache->assign(s, 2, std::vector<std::int32_t>{3}, 6));
+  EXPECT_TRUE(cache->reserve(s, 12));
+  EXPECT_FALSE(cache->reserve(s, 13));
+  const auto u = cache->usage();
+  EXPECT_EQ(u.free_blocks, 5) << "3 of 8 in a table";
+  cache->release(s);
+  EXPECT_EQ(cache->usage().free_blocks, 8);
+  auto windowed = kv_cache::create(*pool, 1, 1, 4,
+                                   kv_options{.block_size = 4, .capacity_tokens = 32, .window = 8});
+  ASSERT_TRUE(windowed);
+  EXPECT_FALSE(windowed->name_blocks()) << "a window frees its own blocks";
+}

@@ -124,6 +124,7 @@ actors::frontdoor_actor::behavior_type fake_door(
         for (auto id : ids) text += static_cast<char>(id);
         return text;
       },
+      [=](actors::reset_cache_atom) { return std::int64_t{0}; },
       [=](actors::cancel_atom, std::uint64_t id) {
         auto it = self->state.jobs.find(id);
         if (it == self->state.jobs.end()) return false;

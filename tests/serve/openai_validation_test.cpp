@@ -246,7 +246,9 @@ TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
   f.text = "ab";
   f.tokens = {1, 2};
   f.prompt_tokens = 5;
+  f.cached_tokens = 4;
   auto j = json::parse(completion_json(r, "id1", 7, {{f, {}}}));
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
   EXPECT_EQ(j["choices"][0]["message"]["content"], "ab");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
@@ -255,14 +257,16 @@ TEST(OpenAiResponses, ChunksAndCompletionsHaveOpenAisShape) {
   EXPECT_EQ(c["choices"][0]["delta"]["content"], "a");
   EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(c.contains("usage"));
-  auto u = json::parse(usage_chunk_json(r, "id1", 7, {5, 2}));
+  auto u = json::parse(usage_chunk_json(r, "id1", 7, {5, 2, 3}));
+  EXPECT_EQ(u["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 2);
   EXPECT_EQ(u["usage"]["total_tokens"], 7);
   // continuous_usage_stats: a chunk carries the usage so far.
-  const usage_counts so_far{5, 1};
+  const usage_counts so_far{5, 1, std::nullopt};
   auto cu = json::parse(chunk_json(r, "id1", 7, 1, "a", "", {}, &so_far));
   EXPECT_EQ(cu["usage"]["completion_tokens"], 1);
+  EXPECT_FALSE(cu["usage"].contains("prompt_tokens_details")) << "not known mid-stream";
   EXPECT_EQ(cu["choices"][0]["index"], 1);
   // Invalid UTF-8 in a token's text does not break the JSON.
   EXPECT_NO_THROW(json::parse(chunk_json(r, "id1", 7, 0, std::string("\xff\xfe"), "")));
@@ -443,7 +447,10 @@ TEST(OpenAiParse, UnsupportedFieldsAreRefusedByNameNeverIgnored) {
       {false, "best_of", 3, false},
       {false, "best_of", 1, true},
       {true, "priority", 1, false},
-      {true, "cache_salt", "abc", false},
+      {true, "cache_salt", "abc", true},
+      {false, "cache_salt", "", false},
+      {true, "cache_salt", 7, false},
+      {true, "cache_salt", std::string(257, 's'), false},
       {true, "user", "someone", true},
       {true, "parallel_tool_calls", true, true},
       {true, "store", true, false},

@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <set>
+
 #include "tests/actors/core/test_tokenizer.hpp"
 
 namespace troupe::actors::core {
@@ -26,6 +30,9 @@ scheduler_options small_options() {
   o.kv.block_size = 4;
   o.kv_blocks = 64;
   o.stall_limit = 60s;
+  // The tests above the prefix-cache section count blocks (their prompts
+  // share prefixes, which a cache would take).
+  o.prefix_caching = false;
   return o;
 }
 
@@ -49,6 +56,22 @@ struct harness {
       std::iota(s.tokens.begin(), s.tokens.end(), 10);
       s.params.max_tokens = max_tokens;
       s.deadline_ms = deadline_ms;
+      return s;
+    });
+  }
+  /// Submits a request with exactly these prompt tokens (and images).
+  std::expected<std::int64_t, core_error> submit_tokens(std::uint64_t id,
+                                                        std::vector<std::int32_t> tokens,
+                                                        std::int64_t max_tokens,
+                                                        std::string salt = {},
+                                                        std::vector<block_hash> images = {}) {
+    return core.submit(id, [&]() -> std::expected<request_spec, core_error> {
+      request_spec s;
+      s.tokens = tokens;
+      s.params.max_tokens = max_tokens;
+      s.cache_salt = salt;
+      s.images = static_cast<std::int64_t>(images.size());
+      s.image_hashes = images;
       return s;
     });
   }
@@ -753,6 +776,210 @@ TEST(SchedulerCore, LogprobsTravelWithTheirTokens) {
   h.take(h.core.step_done(q->step, bad));
   ASSERT_EQ(h.done().size(), 1u);
   EXPECT_EQ(h.done()[0].reason, finish_reason::error);
+}
+
+}  // namespace
+}  // namespace troupe::actors::core
+
+// -- prefix caching ------------------------------------------------------------------------------
+
+namespace troupe::actors::core {
+namespace {
+
+scheduler_options caching_options() {
+  auto o = small_options();
+  o.prefix_caching = true;
+  o.cache_namespace = "test-model";
+  return o;
+}
+
+std::vector<std::int32_t> ramp(std::int32_t from, std::size_t n) {
+  std::vector<std::int32_t> t(n);
+  std::iota(t.begin(), t.end(), from);
+  return t;
+}
+
+/// The first step that carries request `id`, planned and answered until
+/// it comes (other requests' steps are answered on the way).
+std::optional<planned_seq> first_step_of(harness& h, std::uint64_t id) {
+  for (int i = 0; i < 1000; ++i) {
+    auto p = h.plan();
+    if (!p) return std::nullopt;
+    std::optional<planned_seq> found;
+    for (const auto& s : p->seqs)
+      if (s.id == id) found = s;
+    h.answer(*p);
+    if (found) return found;
+  }
+  return std::nullopt;
+}
+
+// A request whose prompt starts with the full blocks of one that ran takes
+// them: its first step starts after them, names its whole table (the cached
+// ids first) and the counters say so. All but the last prompt token may
+// come from the cache (its logits are needed).
+TEST(PrefixCache, ASecondRequestTakesTheFirstOnesFullBlocks) {
+  harness h(caching_options());
+  const auto prompt = ramp(10, 18);  // blocks of 4: four full, two tokens over
+  ASSERT_TRUE(h.submit_tokens(1, prompt, 3));
+  auto first = first_step_of(h, 1);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->start, 0);
+  EXPECT_EQ(first->blocks_from, 0);
+  ASSERT_EQ(first->blocks.size(), 5u);  // 18 tokens
+  ASSERT_TRUE(run_to_end(h, 1));
+  auto ext = prompt;
+  for (std::int32_t t : {90, 91, 92, 93, 94}) ext.push_back(t);
+  ASSERT_TRUE(h.submit_tokens(2, ext, 2));
+  auto second = first_step_of(h, 2);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->start, 16) << "four full blocks of 4 came from the cache";
+  EXPECT_EQ(second->tokens, std::vector<std::int32_t>(ext.begin() + 16, ext.end()));
+  EXPECT_EQ(second->blocks_from, 0);
+  ASSERT_EQ(second->blocks.size(), 6u);  // 23 tokens
+  EXPECT_TRUE(std::equal(first->blocks.begin(), first->blocks.begin() + 4, second->blocks.begin()))
+      << "the same block ids";
+  EXPECT_NE(second->blocks[4], first->blocks[4]) << "the partial block is not shared";
+  auto d = run_to_end(h, 2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->cached_tokens, 16);
+  const auto st = h.core.stats();
+  EXPECT_EQ(st.prefix_queries, 18 + 23);
+  EXPECT_EQ(st.prefix_hits, 16);
+  // The same prompt again: everything but its last token's block.
+  ASSERT_TRUE(h.submit_tokens(3, prompt, 1));
+  auto third = first_step_of(h, 3);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->start, 16);
+  // A prompt of exactly four blocks: three come from the cache, the last
+  // is computed again for its logits.
+  ASSERT_TRUE(h.submit_tokens(4, ramp(10, 16), 1));
+  auto fourth = first_step_of(h, 4);
+  ASSERT_TRUE(fourth);
+  EXPECT_EQ(fourth->start, 12);
+}
+
+// No false hits: the same tokens under another salt, with another image in
+// the same place, or under another model namespace share nothing; the same
+// image does.
+TEST(PrefixCache, ADifferentSaltImageOrNamespaceNeverHits) {
+  const auto img = std::int32_t{7};  // the model's image token; 3 rows per image
+  std::vector<std::int32_t> prompt = {10, 11, img, img, img, 12, 13, 14, 15, 16, 17, 18};
+  const auto a = sha256("image a"), b = sha256("image b");
+  harness h(caching_options(), 1, img);
+  auto run = [&](std::uint64_t id, std::string salt, block_hash image) -> std::int64_t {
+    EXPECT_TRUE(h.submit_tokens(id, prompt, 1, salt, {image}));
+    h.core.image_ready(id);
+    auto d = run_to_end(h, id);
+    EXPECT_TRUE(d);
+    return d ? d->cached_tokens : -1;
+  };
+  EXPECT_EQ(run(1, "", a), 0);
+  EXPECT_EQ(run(2, "", a), 8) << "the same image: two full blocks of the 12 tokens";
+  EXPECT_EQ(run(3, "", b), 0) << "another image in the first block";
+  EXPECT_EQ(run(4, "tenant-2", a), 0) << "another salt";
+  EXPECT_EQ(run(5, "tenant-2", a), 8) << "the same salt again";
+
+  auto other = caching_options();
+  other.cache_namespace = "test-model;weights=q8_0";
+  harness g(other, 1, img);
+  // Same tokens and image, another namespace: the names differ.
+  block_chain x(root_hash("test-model", ""), 4, img, 3, {a});
+  block_chain y(root_hash("test-model;weights=q8_0", ""), 4, img, 3, {a});
+  x.extend(prompt);
+  y.extend(prompt);
+  ASSERT_EQ(x.hashes().size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NE(x.hashes()[i], y.hashes()[i]);
+}
+
+// Under a pool too small for everything, cached blocks nobody holds count
+// as free: admission keeps going, evicting the least recently used, and a
+// request never gets blocks another one still holds.
+TEST(PrefixCache, EvictionUnderPressureKeepsAdmissionWorking) {
+  auto o = caching_options();
+  o.kv_blocks = 12;  // 48 tokens
+  harness h(o);
+  for (std::uint64_t id = 1; id <= 12; ++id) {
+    // Distinct prompts of 24 tokens: 6 blocks each, 5 of them full and named.
+    ASSERT_TRUE(h.submit_tokens(id, ramp(static_cast<std::int32_t>(20 * id), 24), 2));
+    auto d = run_to_end(h, id);
+    ASSERT_TRUE(d) << id;
+    EXPECT_EQ(d->reason, finish_reason::length) << id;
+    EXPECT_LE(h.core.books().used(), 0) << "nothing held once it ended";
+  }
+  const auto st = h.core.stats();
+  EXPECT_GT(st.kv_evictions, 0);
+  EXPECT_LE(st.kv_cached_blocks, 12);
+  EXPECT_EQ(st.kv_cached_blocks, st.kv_cached_free);
+  // The last prompt is still cached (most recently used).
+  ASSERT_TRUE(h.submit_tokens(20, ramp(20 * 12, 24), 1));
+  auto d = run_to_end(h, 20);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->cached_tokens, 20);
+  // Two requests at once over a pool that holds 12 blocks: the tables
+  // never share an id unless it is a named prefix block.
+  ASSERT_TRUE(h.submit_tokens(21, ramp(300, 20), 4));
+  ASSERT_TRUE(h.submit_tokens(22, ramp(330, 20), 4));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->seqs.size(), 2u);
+  for (auto x : p->seqs[0].blocks)
+    EXPECT_EQ(std::count(p->seqs[1].blocks.begin(), p->seqs[1].blocks.end(), x), 0) << x;
+}
+
+// Generated tokens' blocks are named too (a multi-turn chat's next prompt
+// repeats the answer), and a preempted request takes its own blocks back.
+TEST(PrefixCache, GeneratedBlocksAreCachedAndAPreemptedRequestReusesItsOwn) {
+  harness h(caching_options());
+  ASSERT_TRUE(h.submit_tokens(1, ramp(10, 6), 6));  // answers 42 x 6
+  auto d = run_to_end(h, 1);
+  ASSERT_TRUE(d);
+  ASSERT_EQ(d->tokens.size(), 6u);
+  auto next = ramp(10, 6);
+  next.insert(next.end(), d->tokens.begin(), d->tokens.end());  // 12 tokens
+  next.push_back(99);
+  ASSERT_TRUE(h.submit_tokens(2, next, 1));
+  auto again = run_to_end(h, 2);
+  ASSERT_TRUE(again);
+  // 11 tokens of request 1 are in the KV (its last sampled token never
+  // went through the model): two full blocks.
+  EXPECT_EQ(again->cached_tokens, 8);
+}
+
+// The books and a stage's cache agree on every id: the stage's named
+// tables, built from nothing but the steps' deltas, equal the books'.
+TEST(PrefixCache, StepDeltasRebuildTheBooksTables) {
+  auto o = caching_options();
+  o.max_decode_steps = 4;
+  o.multi_step_ms = 100;
+  harness h(o);
+  std::map<std::int64_t, std::vector<std::int32_t>> tables;
+  for (std::uint64_t id = 1; id <= 6; ++id)
+    ASSERT_TRUE(h.submit_tokens(id, ramp(10 + static_cast<std::int32_t>(id % 2), 9 + id), 7));
+  for (int i = 0; i < 200 && h.done().size() < 6; ++i) {
+    auto p = h.plan();
+    ASSERT_TRUE(p);
+    step_result r;
+    r.compute_ms = 1;
+    r.passes = p->decode_steps;
+    for (const auto& s : p->seqs) {
+      if (s.blocks_from >= 0) {
+        auto& t = tables[s.seq];
+        ASSERT_LE(static_cast<std::size_t>(s.blocks_from), t.size());
+        t.resize(static_cast<std::size_t>(s.blocks_from));
+        t.insert(t.end(), s.blocks.begin(), s.blocks.end());
+      }
+      const auto have = h.core.books().table(s.seq);
+      EXPECT_EQ(tables[s.seq], std::vector<std::int32_t>(have.begin(), have.end()))
+          << "seq " << s.seq;
+      r.sampled.push_back(
+          s.sample ? std::vector<std::int32_t>(
+                         static_cast<std::size_t>(std::max<std::int64_t>(1, s.max_new)), 42)
+                   : std::vector<std::int32_t>{});
+    }
+    h.take(h.core.step_done(p->step, r));
+  }
+  EXPECT_EQ(h.done().size(), 6u);
 }
 
 }  // namespace

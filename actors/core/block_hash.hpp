@@ -1,0 +1,81 @@
+#pragma once
+
+// Names of full KV blocks for prefix caching: a SHA-256 chain. Block i's
+// name covers its parent's name (block i-1's, or the root for block 0), its
+// token ids and the content hash of every image whose rows fill some of its
+// positions; the root covers the cache's namespace (the model, its weight
+// formats, the KV layout: what makes the same tokens give other KV) and the
+// request's cache_salt. Two prompts share block i's name only when they
+// share everything up to the end of block i under the same model and salt.
+// A 256-bit name: a 64-bit one could collide and hand one tenant's KV to
+// another.
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace troupe::actors::core {
+
+using block_hash = std::array<std::uint8_t, 32>;
+
+struct block_hash_hasher {
+  std::size_t operator()(const block_hash& h) const noexcept {
+    std::size_t x = 0;  // the name is already uniform: its first bytes do
+    for (std::size_t i = 0; i < sizeof(x); ++i) x = (x << 8) | h[i];
+    return x;
+  }
+};
+
+/// SHA-256 of `bytes`.
+block_hash sha256(std::span<const std::uint8_t> bytes);
+inline block_hash sha256(std::string_view s) {
+  return sha256(std::span(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
+}
+
+/// The chain's root: the namespace and the salt (each length-prefixed, so
+/// that no two pairs give the same bytes).
+block_hash root_hash(std::string_view ns, std::string_view salt);
+
+/// One block's name: parent, then the block's tokens (int32 little-endian),
+/// then the hashes of the images whose rows it holds, in order.
+block_hash chain_hash(const block_hash& parent, std::span<const std::int32_t> tokens,
+                      std::span<const block_hash> images);
+
+/// Lowercase hex (logs, tests).
+std::string to_hex(const block_hash& h);
+
+/// The names of a sequence's full blocks, extended as its tokens grow.
+/// Image tokens (`image_token`, each image `tokens_per_image` of them in a
+/// row, in the order of `images`) bring their image's hash into each block
+/// they fall in.
+class block_chain {
+ public:
+  block_chain() = default;
+  block_chain(block_hash root, int block_size, std::int32_t image_token,
+              std::int64_t tokens_per_image, std::vector<block_hash> images)
+      : root_(root),
+        block_size_(block_size),
+        image_token_(image_token),
+        per_image_(tokens_per_image),
+        images_(std::move(images)) {}
+
+  /// Names every full block of `tokens` not named yet (tokens only grow:
+  /// the prefix named before must be unchanged).
+  void extend(std::span<const std::int32_t> tokens);
+  const std::vector<block_hash>& hashes() const { return hashes_; }
+  bool enabled() const { return block_size_ > 0; }
+
+ private:
+  block_hash root_{};
+  int block_size_ = 0;
+  std::int32_t image_token_ = -1;
+  std::int64_t per_image_ = 0;
+  std::vector<block_hash> images_;
+  std::vector<block_hash> hashes_;
+  std::int64_t image_tokens_seen_ = 0;  // in the named blocks
+};
+
+}  // namespace troupe::actors::core
