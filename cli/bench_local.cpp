@@ -278,6 +278,13 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
                             {"output_tokens_per_s", ref.batch_out},
                             {"gain", ref.single_out > 0 ? ref.batch_out / ref.single_out : 0}};
     j["preemptions"] = stats.preemptions;
+    j["prefix_cache"] = {
+        {"queries", stats.prefix_queries},
+        {"hits", stats.prefix_hits},
+        {"hit_rate", stats.prefix_queries > 0 ? static_cast<double>(stats.prefix_hits) /
+                                                    static_cast<double>(stats.prefix_queries)
+                                              : 0.0}};
+    j["encoder_cache"] = {{"images", stats.images}, {"hits", stats.image_cache_hits}};
     for (const auto& r : results) {
       auto l = level_json(r, base);
       l["decode_tokens_per_s_per_request"] = r.single_decode_tps;
@@ -326,6 +333,17 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
         r.chunks > 0 ? static_cast<double>(r.output_tokens) / static_cast<double>(r.chunks) : 0.0,
         r.concurrency);
   std::printf("\npreemptions: %lld\n", static_cast<long long>(stats.preemptions));
+  // The workload repeats its prompts: with prefix caching (the default) most
+  // prompt tokens come from the cache (--no-prefix-caching computes them all).
+  std::printf(
+      "prefix cache: %lld of %lld prompt tokens hit (%.1f%%)%s; encoder cache: %lld of %lld "
+      "images\n",
+      static_cast<long long>(stats.prefix_hits), static_cast<long long>(stats.prefix_queries),
+      stats.prefix_queries > 0 ? 100.0 * static_cast<double>(stats.prefix_hits) /
+                                     static_cast<double>(stats.prefix_queries)
+                               : 0.0,
+      a.pipeline.prefix_caching ? "" : " (off)", static_cast<long long>(stats.image_cache_hits),
+      static_cast<long long>(stats.images));
   // The pipeline bubble: a micro-batch's round trip is the stages' compute
   // on it plus waiting behind another micro-batch and the hand-offs.
   std::printf(

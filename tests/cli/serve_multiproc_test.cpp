@@ -390,6 +390,32 @@ TEST_F(Gateway, LogprobsChoicesTokenPromptsAndTokenize) {
   const auto by_ids = complete({{"prompt", ids}});
   EXPECT_EQ(by_ids["choices"][0]["text"], plain["choices"][0]["text"]) << by_ids;
   EXPECT_EQ(by_ids["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+  // Prefix caching: a repeated prompt's full blocks (all but the one with
+  // its last token) come from the cache; after /reset_prefix_cache none do,
+  // then they are cached again; another cache_salt shares nothing. The
+  // answers never change.
+  const json long_prompt =
+      "A red circle and a blue square sit above a green triangle, left of a yellow star, and "
+      "the picture has a white background with a thin black frame around it";
+  const auto first = complete({{"prompt", long_prompt}});
+  const auto prompt_len = first["usage"]["prompt_tokens"].get<std::int64_t>();
+  ASSERT_GT(prompt_len, 16) << "the test needs a full block of 16";
+  const std::int64_t full = (prompt_len - 1) / 16 * 16;
+  const auto repeated = complete({{"prompt", long_prompt}});
+  EXPECT_EQ(repeated["usage"]["prompt_tokens_details"]["cached_tokens"], full) << repeated;
+  EXPECT_EQ(repeated["choices"][0]["text"], first["choices"][0]["text"]);
+  auto reset = post("/reset_prefix_cache", json::object());
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_GE(json::parse(reset.body)["freed_blocks"].get<std::int64_t>(), full / 16) << reset.body;
+  const auto cold = complete({{"prompt", long_prompt}});
+  EXPECT_EQ(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << cold;
+  EXPECT_EQ(cold["choices"][0]["text"], first["choices"][0]["text"]);
+  const auto salted = complete({{"prompt", long_prompt}, {"cache_salt", "tenant-a"}});
+  EXPECT_EQ(salted["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+      << "another salt shares nothing";
+  const auto salted_again = complete({{"prompt", long_prompt}, {"cache_salt", "tenant-a"}});
+  EXPECT_EQ(salted_again["usage"]["prompt_tokens_details"]["cached_tokens"], full) << salted_again;
+  EXPECT_EQ(salted_again["choices"][0]["text"], first["choices"][0]["text"]);
   auto outside = post("/v1/completions", json{{"prompt", json::array({1, 99999999})}});
   EXPECT_EQ(outside.status, 400) << outside.body;
   auto dt_outside = post("/detokenize", {{"tokens", {99999999}}});
