@@ -237,6 +237,22 @@ def _():
     raise AssertionError("accepted")
 
 
+@case("prefix caching: a repeated prompt's full blocks are cached_tokens; another cache_salt shares none")
+def _():
+    prompt = ("A purple hexagon sits below an orange circle, right of a grey square, and the "
+              "picture has a black background with a thin white frame around it")
+    ask = dict(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    first = client.completions.create(**ask)
+    again = client.completions.create(**ask)
+    full = (first.usage.prompt_tokens - 1) // 16 * 16
+    assert full > 0, first.usage
+    assert again.usage.prompt_tokens_details.cached_tokens == full, again.usage
+    assert again.choices[0].text == first.choices[0].text
+    salted = client.completions.create(**ask, extra_body={"cache_salt": "tenant-b"})
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0, salted.usage
+    assert salted.choices[0].text == first.choices[0].text
+
+
 @case("refused by name: best_of, suffix, priority, an empty cache_salt, unknown fields")
 def _():
     refused(400, "best_of", endpoint="completions", best_of=3)
