@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -119,7 +120,7 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     shards.push_back(h.shard);
     kvs.push_back(h.kv);
   }
-  auto done = [self, epoch, shards, kvs, handles](std::int64_t blocks) {
+  auto done = [self, epoch, shards, kvs, handles](std::int64_t blocks, std::int64_t slot_bytes) {
     auto& st = self->state;
     if (epoch != st.epoch) return;
     st.handles = handles;
@@ -130,6 +131,9 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       sopts.kv = st.cfg.node.kv;
       sopts.kv_blocks = blocks;
       sopts.cache_namespace = cache_namespace(st.cfg.node.model, st.cfg.node.plan, sopts.kv);
+      sopts.host_blocks = sopts.kv.tiers.host_tokens / sopts.kv.block_size;
+      sopts.disk_blocks = sopts.kv.tiers.disk_tokens / sopts.kv.block_size;
+      sopts.kv_slot_bytes = slot_bytes;
       st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
     } else {
       self->send(st.scheduler, pipeline_atom::value, shards, kvs);
@@ -170,12 +174,30 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
   };
   if (st.scheduler) {
-    done(0);
+    done(0, 0);
     return;
   }
-  self->request(kvs.front(), st.cfg.node.timeout, usage_atom::value)
-      .then([done](const kv_usage_info& u) { done(u.total_blocks); },
-            [self, epoch](caf::error& e) {
+  // Every store's block count (the smallest bounds the books) and block
+  // bytes (their sum: one block over the whole model, for the tier counters).
+  struct gathered {
+    std::int64_t blocks = std::numeric_limits<std::int64_t>::max();
+    std::int64_t bytes = 0;
+    std::size_t left = 0;
+    bool failed = false;
+  };
+  auto g = std::make_shared<gathered>();
+  g->left = kvs.size();
+  for (const auto& kv : kvs)
+    self->request(kv, st.cfg.node.timeout, usage_atom::value)
+        .then(
+            [done, g](const kv_usage_info& u) {
+              g->blocks = std::min(g->blocks, u.total_blocks);
+              g->bytes += u.slot_bytes;
+              if (--g->left == 0 && !g->failed) done(g->blocks, g->bytes);
+            },
+            [self, epoch, g](caf::error& e) {
+              if (g->failed) return;
+              g->failed = true;
               if (epoch != self->state.epoch) return;
               self->state.placing = false;
               event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e),

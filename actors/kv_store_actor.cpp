@@ -145,10 +145,23 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
     return {
         [=](usage_atom) {
           std::lock_guard lock(res->kv->mtx);
-          const auto u = res->kv->cache.usage();
-          return kv_usage_info{res->device.name, res->kv->cache.options().block_size,
-                               u.total_blocks,   u.free_blocks,
-                               u.sequences,      u.tokens};
+          const auto& kv = *res->kv;
+          const auto u = kv.cache.usage();
+          kv_usage_info info;
+          info.device = res->device.name;
+          info.block_size = kv.cache.options().block_size;
+          info.total_blocks = u.total_blocks;
+          info.free_blocks = u.free_blocks;
+          info.sequences = u.sequences;
+          info.tokens = u.tokens;
+          info.slot_bytes = static_cast<std::int64_t>(kv.cache.slot_bytes());
+          if (kv.tiers) {
+            info.host_slots = kv.tiers->host_slots();
+            info.disk_slots = kv.tiers->disk_slots();
+            info.tier_moves = kv.tiers->moves();
+            info.tier_bytes = kv.tiers->bytes_moved();
+          }
+          return info;
         },
         [=](free_atom, const std::vector<std::int64_t>& seqs) -> std::int64_t {
           if (res->tp)  // the group's other ranks hold the other KV heads of these sequences

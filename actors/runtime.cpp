@@ -183,6 +183,16 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   auto devices = cfg.devices.empty() ? std::vector<device_spec>{{"cpu", {}}} : cfg.devices;
   if (cfg.stages < 1)
     return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
+  if (cfg.kv.tiers.host_tokens > 0 || cfg.kv.tiers.disk_tokens > 0) {
+    if (!cfg.scheduler.prefix_caching || cfg.kv.window > 0)
+      return kernels::make_error(errc::invalid_argument,
+                                 "KV host and disk tiers hold prefix-cached blocks: they need "
+                                 "prefix caching (and no sliding window)");
+    if (!cfg.remote_tail.empty() || !cfg.tp_peers.empty())
+      return kernels::make_error(errc::invalid_argument,
+                                 "KV host and disk tiers do not combine with --remote-stage or "
+                                 "--tp-peer yet (the worker processes have no tiers)");
+  }
   // The decoder's shape decides the layer split.
   auto setup = load_prompt_setup(cfg.model);
   if (!setup) return std::unexpected(setup.error());
@@ -295,6 +305,10 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   sopts.kv = cfg.kv;
   sopts.kv_blocks = blocks;
   sopts.cache_namespace = cache_namespace(cfg.model, cfg.plan, cfg.kv);
+  sopts.host_blocks = cfg.kv.tiers.host_tokens / cfg.kv.block_size;
+  sopts.disk_blocks = cfg.kv.tiers.disk_tokens / cfg.kv.block_size;
+  for (const auto& r : rt->stage_res_)
+    sopts.kv_slot_bytes += static_cast<std::int64_t>(r->kv->cache.slot_bytes());
   if (sopts.micro_batches < 1) sopts.micro_batches = cfg.stages;
   rt->scheduler_ =
       spawn_scheduler(sys, rt->frontend_, sopts, rt->shards(), rt->kv_stores(), rt->encoder());

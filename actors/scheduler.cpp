@@ -193,6 +193,7 @@ step_batch to_message(self_ptr self, core::step_plan& plan, std::vector<rows_fet
   batch.step = plan.step;
   batch.decode_steps = plan.decode_steps;
   batch.return_logits = false;
+  batch.moves = std::move(plan.moves);
   for (auto& p : plan.seqs) {
     seq_work w;
     w.seq = p.seq;

@@ -78,6 +78,17 @@ kernels::result<std::shared_ptr<stage_resources>> make_stage(
   if (!cache) return std::unexpected(cache.error());
   res->model = std::move(*model);
   res->kv = std::make_shared<stage_kv>(std::move(*cache));
+  // Lower tiers: as many slots as the scheduler's books count (tokens /
+  // block size, the same on every stage), a slot being one block of every
+  // layer here.
+  const auto& t = kv.tiers;
+  if (t.host_tokens > 0 || t.disk_tokens > 0) {
+    auto& c = res->kv->cache;
+    auto tiers = models::kv_tiers::create(c.slot_bytes(), t.host_tokens / kv.block_size,
+                                          t.disk_tokens / kv.block_size, t.disk_dir);
+    if (!tiers) return std::unexpected(tiers.error());
+    res->kv->tiers = std::move(*tiers);
+  }
   return res;
 }
 

@@ -21,6 +21,7 @@
 #include "actors/shard_actor.hpp"
 #include "actors/tp_group.hpp"
 #include "models/kv_cache.hpp"
+#include "models/kv_tiers.hpp"
 #include "models/llama.hpp"
 
 namespace troupe::actors {
@@ -30,6 +31,7 @@ namespace troupe::actors {
 struct stage_kv {
   std::mutex mtx;
   models::kv_cache cache;
+  std::unique_ptr<models::kv_tiers> tiers;  ///< host and disk tiers; null: none
   std::unordered_map<std::int64_t, models::seq_id> local;
   std::uint64_t generation = 0;  ///< bumped when a restarted pipeline takes over
 

@@ -48,6 +48,15 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
     // resets onto the new one and runs it again there (not a failed step).
     return kernels::make_error(errc::device_unavailable,
                                "this shard was replaced by a restarted pipeline");
+  // Block copies between the tiers come first: a block written below may
+  // be the one another is copied out of.
+  if (!b.moves.empty()) {
+    if (!kv.tiers)
+      return kernels::make_error(errc::invalid_argument,
+                                 "the step moves KV blocks between tiers, and this stage has none "
+                                 "(the stages' [kv] tiers differ from the scheduler's)");
+    if (auto r = kv.tiers->apply(kv.cache, b.moves); !r) return std::unexpected(r.error());
+  }
   // Resolve sequences: a sequence starts with start == 0; every later step
   // must agree with the cache on where it continues.
   std::vector<std::int64_t> created;

@@ -164,7 +164,7 @@ command_runner add_bench(CLI::App& app) {
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
   add_context_flags(*cmd, a->pipeline.context);
-  add_cache_flags(*cmd, a->pipeline.prefix_caching);
+  add_cache_flags(*cmd, a->pipeline);
   cmd->add_option("--concurrency,-c", a->concurrency,
                   "Concurrency levels, comma-separated (default 1,4,16)");
   cmd->add_option("--requests,-n", a->requests,

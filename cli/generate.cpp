@@ -396,7 +396,7 @@ command_runner add_generate(CLI::App& app, bool run) {
                   "to ~2 ms; 1 = off)")
       ->check(CLI::Range(1, 64));
   add_context_flags(*cmd, a->pipeline.context);
-  add_cache_flags(*cmd, a->pipeline.prefix_caching);
+  add_cache_flags(*cmd, a->pipeline);
   if (!run)
     cmd->add_flag("--direct", a->direct,
                   "Run the plain generation loop in this thread instead of the actor pipeline");

@@ -65,10 +65,19 @@ void add_context_flags(CLI::App& cmd, models::context_options& context) {
                "Allow a --max-model-len past the positions the model was trained on");
 }
 
-void add_cache_flags(CLI::App& cmd, bool& prefix_caching) {
-  cmd.add_flag("!--no-prefix-caching", prefix_caching,
+void add_cache_flags(CLI::App& cmd, pipeline_flags& f) {
+  cmd.add_flag("!--no-prefix-caching", f.prefix_caching,
                "Compute every prompt whole: no KV blocks kept and shared between requests "
                "(prefix caching is on by default)");
+  cmd.add_option("--kv-host-tokens", f.tiers.host_tokens,
+                 "KV host tier per stage, in tokens: cached and preempted blocks go there "
+                 "instead of being recomputed (0: none)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  cmd.add_option("--kv-disk-tokens", f.tiers.disk_tokens,
+                 "KV disk tier per stage, in tokens (a memory-mapped file; 0: none)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 32));
+  cmd.add_option("--kv-disk-dir", f.tiers.disk_dir,
+                 "Folder of the KV disk tier's file (default: the temporary folder)");
 }
 
 void configure_pipeline_system(caf::actor_system_config& cfg, const pipeline_flags& f) {
@@ -88,6 +97,7 @@ actors::runtime_config pipeline_config(const pipeline_flags& f, const std::strin
   rc.stages = f.stages;
   rc.plan = plan;
   rc.kv = kv;
+  rc.kv.tiers = f.tiers;
   rc.scheduler.micro_batches = f.micro_batches;
   rc.scheduler.max_decode_steps = f.decode_steps;
   rc.scheduler.context = f.context;

@@ -61,12 +61,13 @@ struct pipeline_flags {
   int stages = 1, micro_batches = 0, decode_steps = 16;
   models::context_options context;  ///< --max-model-len, --allow-long-context
   bool prefix_caching = true;       ///< --no-prefix-caching turns it off
+  models::kv_tier_options tiers;    ///< --kv-host-tokens, --kv-disk-tokens, --kv-disk-dir
 };
 
 /// --max-model-len and --allow-long-context on `cmd`.
 void add_context_flags(CLI::App& cmd, models::context_options& context);
-/// --no-prefix-caching on `cmd`.
-void add_cache_flags(CLI::App& cmd, bool& prefix_caching);
+/// --no-prefix-caching and the KV tier flags on `cmd`.
+void add_cache_flags(CLI::App& cmd, pipeline_flags& f);
 
 /// The runtime's CAF settings, and the middleman where a stage or a
 /// tensor-parallel rank runs in another process.

@@ -356,8 +356,9 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   m.path = path;
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
-  c.only_keys(root, "",
-              {"cluster", "model", "parallelism", "placement", "scheduler", "transport", "nodes"});
+  c.only_keys(
+      root, "",
+      {"cluster", "model", "kv", "parallelism", "placement", "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
     c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
@@ -457,6 +458,19 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
     if (m.scheduler.allow_long_context && m.scheduler.max_model_len == 0)
       c.error(checker::line_of(*t->get("allow_long_context")), "scheduler.allow_long_context",
               "allows a max_model_len past the model's positions, and none is set");
+  }
+
+  if (const auto* t = c.table(root, "kv", "", false)) {
+    c.only_keys(*t, "kv", {"host_tokens", "disk_tokens", "disk_dir"});
+    c.integer(*t, "host_tokens", "kv", m.kv.host_tokens, 0, std::int64_t{1} << 30);
+    c.integer(*t, "disk_tokens", "kv", m.kv.disk_tokens, 0, std::int64_t{1} << 32);
+    c.str(*t, "disk_dir", "kv", m.kv.disk_dir);
+    if (!m.kv.disk_dir.empty() && std::filesystem::path(m.kv.disk_dir).is_relative())
+      m.kv.disk_dir = (std::filesystem::path(m.dir) / m.kv.disk_dir).string();
+    if ((m.kv.host_tokens > 0 || m.kv.disk_tokens > 0) && !m.scheduler.prefix_caching)
+      c.error(checker::line_of(*t), "kv",
+              "host and disk tiers hold named (prefix-cached) blocks: they need "
+              "scheduler.prefix_caching = true");
   }
 
   if (const auto* t = c.table(root, "transport", "", false)) {

@@ -57,6 +57,14 @@ struct model_entry {
   std::int64_t ctx_tokens = 8192;  ///< KV capacity per stage, tokens
 };
 
+/// Lower tiers of every stage's KV store (docs/kv-cache.md), in tokens
+/// like model.ctx.
+struct kv_entry {
+  std::int64_t host_tokens = 0;
+  std::int64_t disk_tokens = 0;
+  std::string disk_dir;  ///< resolved against the manifest's directory; empty: the temp folder
+};
+
 struct parallelism_entry {
   /// Pipeline stages; 0 = "auto" (the placement decides).
   int pipeline_stages = 0;
@@ -106,6 +114,7 @@ struct manifest {
   /// {manifest} are replaced. Loopback hosts run as local processes.
   std::string launch = "ssh {host} troupe node --manifest {manifest} --name {name}";
   model_entry model;
+  kv_entry kv;
   parallelism_entry parallelism;
   placement_entry placement;
   scheduler_entry scheduler;

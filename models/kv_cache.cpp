@@ -333,6 +333,74 @@ result<kv_snapshot> kv_cache::export_sequence(seq_id s, std::int32_t from_block)
   return snap;
 }
 
+namespace {
+
+/// The tensors of one layer a block has rows in, in slot order.
+std::vector<const kernels::tensor*> block_rows(const kernels::paged_kv_cache& l) {
+  std::vector<const kernels::tensor*> v{&l.k, &l.v};
+  if (!l.k_scales.empty_view()) v.push_back(&l.k_scales);
+  if (!l.v_scales.empty_view()) v.push_back(&l.v_scales);
+  if (l.has_summaries()) v.push_back(&l.k_summary);
+  return v;
+}
+
+std::size_t row_bytes(const kernels::tensor& t) {
+  const auto rows = t.shape()[0];
+  return rows > 0 ? t.nbytes() / static_cast<std::size_t>(rows) : 0;
+}
+
+}  // namespace
+
+std::size_t kv_cache::slot_bytes() const {
+  std::size_t n = 0;
+  for (const auto& l : layers_)
+    for (const auto* t : block_rows(l)) n += row_bytes(*t);
+  return n;
+}
+
+result<void> kv_cache::read_block(std::int32_t id, std::span<std::byte> out) const {
+  if (id < 1 || id >= n_blocks_ || out.size() != slot_bytes())
+    return make_error(errc::invalid_argument, "read_block: block " + std::to_string(id) +
+                                                  " or a slot of " + std::to_string(out.size()) +
+                                                  " bytes does not fit this cache");
+  std::size_t at = 0;
+  for (const auto& l : layers_)
+    for (const auto* t : block_rows(l)) {
+      const auto n = row_bytes(*t);
+      if (dev_ == nullptr) {
+        std::memcpy(out.data() + at,
+                    t->data_as<const std::byte>() + n * static_cast<std::size_t>(id), n);
+      } else {
+        auto row = t->slice_rows(id, 1);
+        if (!row) return std::unexpected(row.error());
+        if (auto r = dev_->read(*row, out.subspan(at, n)); !r) return r;
+      }
+      at += n;
+    }
+  return {};
+}
+
+result<void> kv_cache::write_block(std::int32_t id, std::span<const std::byte> in) {
+  if (id < 1 || id >= n_blocks_ || in.size() != slot_bytes())
+    return make_error(errc::invalid_argument, "write_block: block " + std::to_string(id) +
+                                                  " or a slot of " + std::to_string(in.size()) +
+                                                  " bytes does not fit this cache");
+  std::size_t at = 0;
+  for (const auto& l : layers_)
+    for (const auto* t : block_rows(l)) {
+      const auto n = row_bytes(*t);
+      if (dev_ == nullptr) {
+        std::memcpy(t->data_as<std::byte>() + n * static_cast<std::size_t>(id), in.data() + at, n);
+      } else {
+        auto row = t->slice_rows(id, 1);
+        if (!row) return std::unexpected(row.error());
+        if (auto r = dev_->write(*row, in.subspan(at, n)); !r) return r;
+      }
+      at += n;
+    }
+  return {};
+}
+
 /// copy_blocks_in for a cache in a device's memory: each part of a block
 /// is written through the device, and the block's key summary is rebuilt in
 /// a one-block host cache (the same kernel as on the host) and written too.

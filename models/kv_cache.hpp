@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -12,14 +13,24 @@
 
 namespace troupe::models {
 
+/// Token capacities of the lower tiers (per stage, like kv_options'
+/// capacity_tokens), from the manifest's [kv] table.
+struct kv_tier_options {
+  std::int64_t host_tokens = 0;  ///< 0: no host tier
+  std::int64_t disk_tokens = 0;  ///< 0: no disk tier
+  std::string disk_dir;          ///< empty: the system's temporary folder
+  bool operator==(const kv_tier_options&) const = default;
+};
+
 /// Shape and policy of a model's KV cache.
 struct kv_options {
   int block_size = 16;
   kernels::dtype type = kernels::dtype::f32;  ///< f32, f16 or i8
   std::int64_t capacity_tokens = 4096;        ///< total tokens over all sequences
-  int window = 0;          ///< > 0: sliding window; blocks that fall out of it are freed
-  int sinks = 0;           ///< tokens kept from the start of a sequence with a window
-  bool summaries = false;  ///< per-block key summaries (sparse attention)
+  int window = 0;           ///< > 0: sliding window; blocks that fall out of it are freed
+  int sinks = 0;            ///< tokens kept from the start of a sequence with a window
+  bool summaries = false;   ///< per-block key summaries (sparse attention)
+  kv_tier_options tiers{};  ///< lower tiers of the stage's store (models/kv_tiers.hpp)
 };
 
 using seq_id = std::int64_t;
@@ -140,6 +151,16 @@ class kv_cache {
   /// free blocks: out_of_memory. On any error the cache is unchanged.
   result<void> import_tail(seq_id s, const kv_snapshot& snap, std::int32_t from_block);
   std::span<const std::int32_t> block_table(seq_id s) const;
+
+  /// Bytes of one block over every layer (k, v, int8 scales and key
+  /// summaries, whole rows): a slot of a lower KV tier (models/kv_tiers.hpp).
+  std::size_t slot_bytes() const;
+  /// Copies block `id` of every layer out to `out` (slot_bytes() bytes) /
+  /// in from `in`, through the device where host code cannot touch its
+  /// memory. The block's owner (the scheduler's books) decides what it
+  /// holds; these do not look at the tables. Bad id or size: invalid_argument.
+  result<void> read_block(std::int32_t id, std::span<std::byte> out) const;
+  result<void> write_block(std::int32_t id, std::span<const std::byte> in);
   bool contains(seq_id s) const { return seqs_.count(s) != 0; }
 
   kernels::paged_kv_cache& layer(int l) { return layers_[static_cast<std::size_t>(l)]; }

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -65,6 +66,20 @@ std::string to_hex(const block_hash& h) {
   std::string s(64, '0');
   for (std::size_t i = 0; i < h.size(); ++i) std::snprintf(&s[2 * i], 3, "%02x", h[i]);
   return s;
+}
+
+std::optional<block_hash> block_chain::partial(std::span<const std::int32_t> tokens,
+                                               std::int64_t index, std::int64_t count) const {
+  const std::int64_t B = block_size_;
+  if (B <= 0 || index < 0 || index > std::ssize(hashes_) || count > std::ssize(tokens))
+    return std::nullopt;
+  const auto start = index * B;
+  if (count <= start || count - start >= B) return std::nullopt;
+  const auto part =
+      tokens.subspan(static_cast<std::size_t>(start), static_cast<std::size_t>(count - start));
+  if (image_token_ >= 0 && std::find(part.begin(), part.end(), image_token_) != part.end())
+    return std::nullopt;
+  return chain_hash(index == 0 ? root_ : hashes_[static_cast<std::size_t>(index - 1)], part, {});
 }
 
 void block_chain::extend(std::span<const std::int32_t> tokens) {

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +67,13 @@ class block_chain {
   /// the prefix named before must be unchanged).
   void extend(std::span<const std::int32_t> tokens);
   const std::vector<block_hash>& hashes() const { return hashes_; }
+  /// The name of a partly filled block: block `index` (at most the full
+  /// blocks named so far) holding `tokens`' positions [index * B, count),
+  /// fewer than B. Its token count is in the name, so it never equals a
+  /// full block's. None when that is empty or a full block, or when it
+  /// holds image rows.
+  std::optional<block_hash> partial(std::span<const std::int32_t> tokens, std::int64_t index,
+                                    std::int64_t count) const;
   bool enabled() const { return block_size_ > 0; }
 
  private:

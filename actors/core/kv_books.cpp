@@ -4,9 +4,26 @@
 
 namespace troupe::actors::core {
 
-kv_books::kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks)
+using models::kv_move;
+using models::kv_tier;
+
+kv_books::kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks,
+                   std::int64_t host_blocks, std::int64_t disk_blocks)
     : layout_(layout), total_(total_blocks), naming_(name_blocks && layout.window <= 0) {
-  if (naming_) clear();
+  if (naming_) {
+    lower_[0].slots = std::max<std::int64_t>(0, host_blocks);
+    lower_[1].slots = std::max<std::int64_t>(0, disk_blocks);
+    clear();
+  }
+}
+
+void kv_books::tier::reset() {
+  free.clear();
+  lru.clear();
+  names.clear();
+  name.assign(static_cast<std::size_t>(slots), block_hash{});
+  at.assign(static_cast<std::size_t>(slots), lru.end());
+  for (auto i = slots; i-- > 0;) free.push_back(static_cast<std::int32_t>(i));
 }
 
 bool kv_books::reserve(std::int64_t seq, std::int64_t committed, std::int64_t reserved) {
@@ -104,6 +121,8 @@ void kv_books::clear() {
   blocks_.assign(static_cast<std::size_t>(std::max<std::int64_t>(total_, 0)) + 1, block{});
   free_.clear();
   for (auto id = total_; id >= 1; --id) free_.push_back(static_cast<std::int32_t>(id));
+  for (auto& t : lower_) t.reset();
+  moves_.clear();
 }
 
 std::int64_t kv_books::held(std::int64_t seq) const {
@@ -128,7 +147,91 @@ std::int32_t kv_books::take_block() {
   names_.erase(b.name);
   b.named = false;
   ++evictions_;
+  demote(b.name, kv_tier::device, id);  // its copy goes out before the block is written
   return id;
+}
+
+void kv_books::demote(const block_hash& name, kv_tier from, std::int32_t index) {
+  for (int k = static_cast<int>(from); k < 2; ++k) {
+    auto& t = lower_[k];
+    if (t.free.empty() && t.lru.empty()) continue;  // none, or its only slots are on the move
+    std::int32_t slot = 0;
+    if (!t.free.empty()) {
+      slot = t.free.back();
+      t.free.pop_back();
+    } else {
+      // The tier's least recent block goes further down first (its copy is
+      // queued before the one that overwrites its slot).
+      slot = t.lru.front();
+      t.lru.pop_front();
+      const auto victim = t.name[static_cast<std::size_t>(slot)];
+      t.names.erase(victim);
+      demote(victim, static_cast<kv_tier>(k + 1), slot);
+    }
+    const auto to = static_cast<kv_tier>(k + 1);
+    moves_.push_back(
+        kv_move{static_cast<std::uint8_t>(from), index, static_cast<std::uint8_t>(to), slot});
+    ++moved_[static_cast<int>(from)][static_cast<int>(to)];
+    t.name[static_cast<std::size_t>(slot)] = name;
+    t.at[static_cast<std::size_t>(slot)] = t.lru.insert(t.lru.end(), slot);
+    t.names.emplace(name, slot);
+    return;
+  }
+  ++dropped_;
+}
+
+std::pair<kv_tier, std::int32_t> kv_books::find_lower(const block_hash& name) const {
+  for (int k = 0; k < 2; ++k)
+    if (auto it = lower_[k].names.find(name); it != lower_[k].names.end())
+      return {static_cast<kv_tier>(k + 1), it->second};
+  return {kv_tier::device, -1};
+}
+
+std::int32_t kv_books::promote(const block_hash& name, kv_tier from, std::int32_t slot,
+                               bool keep_name) {
+  if (available() <= 0) return -1;
+  auto& t = lower_[static_cast<int>(from) - 1];
+  // Out of the tier, but the slot is not free until its copy is out.
+  t.names.erase(name);
+  t.lru.erase(t.at[static_cast<std::size_t>(slot)]);
+  const auto id = take_block();  // may send another block down first
+  moves_.push_back(kv_move{static_cast<std::uint8_t>(from), slot,
+                           static_cast<std::uint8_t>(kv_tier::device), id});
+  ++moved_[static_cast<int>(from)][0];
+  t.free.push_back(slot);
+  auto& b = blocks_[static_cast<std::size_t>(id)];
+  b.refs = 1;
+  ++used_;
+  if (keep_name) {
+    b.named = true;
+    b.name = name;
+    names_.emplace(name, id);
+  }
+  return id;
+}
+
+void kv_books::take_ref(std::int32_t id) {
+  auto& b = blocks_[static_cast<std::size_t>(id)];
+  if (b.refs++ == 0) {
+    lru_.erase(b.lru);
+    ++used_;
+  }
+}
+
+std::vector<kv_move> kv_books::take_moves() {
+  std::vector<kv_move> out;
+  out.swap(moves_);
+  return out;
+}
+
+std::int64_t kv_books::tier_slots(kv_tier t) const {
+  return t == kv_tier::device ? total_ : lower_[static_cast<int>(t) - 1].slots;
+}
+
+std::int64_t kv_books::tier_used(kv_tier t) const {
+  if (t == kv_tier::device) return used_ + static_cast<std::int64_t>(lru_.size());
+  const auto& l = lower_[static_cast<int>(t) - 1];
+  return l.slots - static_cast<std::int64_t>(l.free.size());
 }
 
 void kv_books::drop_ref(std::int32_t id) {
@@ -144,25 +247,49 @@ void kv_books::drop_ref(std::int32_t id) {
 std::int64_t kv_books::cached_prefix(std::span<const block_hash> names) const {
   std::int64_t n = 0;
   for (const auto& h : names) {
-    if (!names_.contains(h)) break;
+    if (!names_.contains(h) && find_lower(h).first == kv_tier::device) break;
     ++n;
   }
   return n;
 }
 
-std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> names) {
+std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> names,
+                              const block_hash* partial, bool* took_partial) {
+  if (took_partial) *took_partial = false;
   if (!naming_) return 0;
   auto& s = seqs_[seq];
   if (!s.table.empty()) return 0;
   for (const auto& h : names) {
-    auto it = names_.find(h);
-    if (it == names_.end()) break;
-    auto& b = blocks_[static_cast<std::size_t>(it->second)];
-    if (b.refs++ == 0) {
-      lru_.erase(b.lru);
-      ++used_;
+    if (auto it = names_.find(h); it != names_.end()) {
+      take_ref(it->second);
+      s.table.push_back(it->second);
+      continue;
     }
-    s.table.push_back(it->second);
+    const auto [t, slot] = find_lower(h);
+    if (t == kv_tier::device) break;
+    const auto id = promote(h, t, slot, true);
+    if (id < 0) break;
+    s.table.push_back(id);
+  }
+  if (partial && s.table.size() == names.size()) {
+    // A partly filled block is the sequence's own from now on: it writes
+    // its next tokens into it. Taken only where nobody else holds it.
+    if (auto it = names_.find(*partial); it != names_.end()) {
+      const auto id = it->second;
+      auto& b = blocks_[static_cast<std::size_t>(id)];
+      if (b.refs == 0) {
+        take_ref(id);
+        names_.erase(it);
+        b.named = false;
+        s.table.push_back(id);
+        if (took_partial) *took_partial = true;
+      }
+    } else if (const auto [t, slot] = find_lower(*partial); t != kv_tier::device) {
+      if (const auto id = promote(*partial, t, slot, false); id >= 0) {
+        s.table.push_back(id);
+        if (took_partial) *took_partial = true;
+      }
+    }
   }
   s.delta_from = 0;
   peak_ = std::max(peak_, used_);
@@ -176,7 +303,7 @@ void kv_books::publish(std::int64_t seq, std::int64_t index, const block_hash& n
       index >= static_cast<std::int64_t>(it->second.table.size()))
     return;
   auto& b = blocks_[static_cast<std::size_t>(it->second.table[static_cast<std::size_t>(index)])];
-  if (b.named || names_.contains(name)) return;
+  if (b.named || names_.contains(name) || find_lower(name).first != kv_tier::device) return;
   b.named = true;
   b.name = name;
   names_.emplace(name, it->second.table[static_cast<std::size_t>(index)]);
@@ -205,6 +332,7 @@ std::int64_t kv_books::forget_names() {
   lru_.clear();
   for (auto& [h, id] : names_) blocks_[static_cast<std::size_t>(id)].named = false;
   names_.clear();
+  for (auto& t : lower_) t.reset();
   return freed;
 }
 

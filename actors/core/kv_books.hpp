@@ -25,6 +25,14 @@
 //   stays cached, counts as free in `available()` and is evicted least
 //   recently used when a booking needs it. Because the books decide every
 //   id, the stages never disagree with them about what a block holds.
+//
+// Tiers (naming books with lower tiers): a cached block evicted from the
+// device goes down to the host tier (and from there, least recently used
+// first, to the disk tier) instead of being lost; a prefix found in a lower
+// tier comes back up into a fresh device block. The books pick every slot
+// of every tier too and queue the copies (`take_moves`), which the next
+// step carries to every stage ahead of its compute. A lower tier holds
+// only named blocks nobody holds.
 
 #include <cstdint>
 #include <list>
@@ -34,13 +42,17 @@
 
 #include "actors/core/block_hash.hpp"
 #include "models/kv_cache.hpp"
+#include "models/kv_tiers.hpp"
 
 namespace troupe::actors::core {
 
 class kv_books {
  public:
-  /// `name_blocks`: the naming books above (needs a layout without a window).
-  kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks = false);
+  /// `name_blocks`: the naming books above (needs a layout without a
+  /// window); `host_blocks`, `disk_blocks`: its lower tiers' slots (naming
+  /// books only).
+  kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks = false,
+           std::int64_t host_blocks = 0, std::int64_t disk_blocks = 0);
 
   /// Blocks a sequence holds with `committed` tokens in its cache and room
   /// for `reserved` (>= committed) tokens.
@@ -83,8 +95,14 @@ class kv_books {
   /// How many of `names`, from the first, are cached.
   std::int64_t cached_prefix(std::span<const block_hash> names) const;
   /// A new sequence (holding nothing) takes the cached blocks named by
-  /// `names`' longest cached prefix; returns how many.
-  std::int64_t attach(std::int64_t seq, std::span<const block_hash> names);
+  /// `names`' longest cached prefix, bringing those in lower tiers up into
+  /// device blocks while there is room; returns how many. With `partial`,
+  /// when every one of `names` was taken: also the block named `partial`
+  /// (a partly filled last block a preempted sequence left), which becomes
+  /// the sequence's own (unnamed: it will write into it); `*took_partial`
+  /// says whether it was.
+  std::int64_t attach(std::int64_t seq, std::span<const block_hash> names,
+                      const block_hash* partial = nullptr, bool* took_partial = nullptr);
   /// `seq`'s block `index` (full, computed on every stage) is named `name`,
   /// unless that name is taken (another sequence computed the same block:
   /// this one stays private) or the block has a name already.
@@ -106,6 +124,21 @@ class kv_books {
   std::int64_t cached_free() const { return static_cast<std::int64_t>(lru_.size()); }
   std::int64_t evictions() const { return evictions_; }
 
+  // -- tiers (naming books only) ------------------------------------------------------------
+
+  /// Copies the stages must carry out, in order, before the next step's
+  /// compute (the ones queued since the last call).
+  std::vector<models::kv_move> take_moves();
+  bool has_moves() const { return !moves_.empty(); }
+  std::int64_t tier_slots(models::kv_tier t) const;
+  std::int64_t tier_used(models::kv_tier t) const;
+  /// Blocks moved from tier `from` to tier `to` so far.
+  std::int64_t moved(models::kv_tier from, models::kv_tier to) const {
+    return moved_[static_cast<int>(from)][static_cast<int>(to)];
+  }
+  /// Cached blocks dropped from the lowest tier (lost for good).
+  std::int64_t dropped() const { return dropped_; }
+
  private:
   struct block {
     block_hash name{};
@@ -117,8 +150,29 @@ class kv_books {
     std::vector<std::int32_t> table;
     std::int32_t delta_from = -1;
   };
+  /// A lower tier: slots holding named blocks nobody holds.
+  struct tier {
+    std::int64_t slots = 0;
+    std::vector<std::int32_t> free;
+    std::list<std::int32_t> lru;   ///< occupied slots, least recently used first
+    std::vector<block_hash> name;  ///< by slot
+    std::vector<std::list<std::int32_t>::iterator> at;  ///< by slot: its place in lru
+    std::unordered_map<block_hash, std::int32_t, block_hash_hasher> names;
+    void reset();
+  };
   std::int32_t take_block();
   void drop_ref(std::int32_t id);
+  /// Puts block `name`, now at `index` of tier `from`, into the first
+  /// lower tier with slots (evicting that tier's least recent further
+  /// down), queueing the copy; dropped when there is none.
+  void demote(const block_hash& name, models::kv_tier from, std::int32_t index);
+  /// Finds `name` in a lower tier: the tier (device: none) and slot.
+  std::pair<models::kv_tier, std::int32_t> find_lower(const block_hash& name) const;
+  /// Brings `name` up from slot `slot` of `t` into a new device block
+  /// (named `name` when `keep_name`); -1 when no device block is available.
+  std::int32_t promote(const block_hash& name, models::kv_tier t, std::int32_t slot,
+                       bool keep_name);
+  void take_ref(std::int32_t id);
 
   models::kv_options layout_;
   std::int64_t total_ = 0;
@@ -133,6 +187,10 @@ class kv_books {
   std::unordered_map<block_hash, std::int32_t, block_hash_hasher> names_;
   std::unordered_map<std::int64_t, sequence> seqs_;
   std::int64_t evictions_ = 0;
+  tier lower_[2];  ///< host, disk
+  std::vector<models::kv_move> moves_;
+  std::int64_t moved_[3][3] = {};
+  std::int64_t dropped_ = 0;
 };
 
 }  // namespace troupe::actors::core

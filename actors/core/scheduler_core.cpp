@@ -36,6 +36,10 @@ struct scheduler_core::request {
   std::int64_t published = 0;       // blocks of the current admission named so far
   std::int64_t cached_tokens = -1;  // taken from the cache at the first admission
   std::vector<std::optional<block_hash>> image_names;  // per image, once known
+  // Preempted: the tokens its KV held (restored or recomputed at the next
+  // admission), and the name of its partly filled last block, if named.
+  std::int64_t lost = 0;
+  std::optional<block_hash> partial;
 };
 
 namespace {
@@ -61,7 +65,8 @@ scheduler_core::scheduler_core(model_frontend model, scheduler_options opts, int
       stages_(stages),
       auto_micro_batches_(opts_.micro_batches < 1),
       clock_(&clk),
-      books_(opts_.kv, opts_.kv_blocks, opts_.prefix_caching) {
+      books_(opts_.kv, opts_.kv_blocks, opts_.prefix_caching, opts_.host_blocks,
+             opts_.disk_blocks) {
   if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);
   stats_.kv_total_blocks = opts_.kv_blocks;
 }
@@ -297,6 +302,16 @@ void scheduler_core::fail_all(const core_error& why, core_events& out) {
 }
 
 void scheduler_core::preempt(request& r, core_events& out) {
+  if (r.seq != 0 && r.chain.enabled()) {
+    // Its full blocks stay cached (release_kv names them); so does its
+    // partly filled last one, under a name of its own, so that it resumes
+    // where it was when nothing evicts them (a lower tier keeps them).
+    publish_blocks(r);
+    const auto index = r.computed / opts_.kv.block_size;
+    r.partial = r.chain.partial(r.tokens, index, r.computed);
+    if (r.partial) books_.publish(r.seq, index, *r.partial);
+  }
+  if (r.seq != 0) r.lost = r.computed;  // (a reset counted it already)
   release_kv(r, out);
   r.ph = phase::waiting;
   ++r.preemptions;
@@ -333,6 +348,9 @@ core_events scheduler_core::tick() {
     stalled_ = false;
     for (const auto& rel : stall_releases_) out.emplace_back(std::in_place_type<kv_release>, rel);
     stall_releases_.clear();
+    // The failed steps reached some stages and not others (their tier
+    // moves too): only the blocks running requests hold stay sure.
+    books_.forget_names();
     std::vector<request*> victims;
     for (auto id : stall_victims_)
       if (auto* r = find(id); r && !r->in_flight && r->ph == phase::running &&
@@ -492,23 +510,31 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   }
   step_plan plan;
   in_flight_step fl;
+  bool preempted = false;
   for (auto* r : running) {
+    if (r->ph != phase::running) continue;  // preempted below
     if (static_cast<std::int64_t>(plan.seqs.size()) >= cap_seqs || budget <= 0) break;
-    if (add_to_step(*r, budget, plan, fl)) continue;
-    // Out of KV blocks: preempt the youngest running request that is not
-    // in flight (possibly this one) and try again later.
-    request* victim = nullptr;
-    for (auto* c : running)
-      if (!c->in_flight && (!victim || c->admit_order > victim->admit_order)) victim = c;
-    if (victim) {
+    bool added = false;
+    while (!(added = add_to_step(*r, budget, plan, fl))) {
+      // Out of KV blocks: preempt the youngest running request that is not
+      // in flight (possibly this one). Naming books free its blocks at
+      // once: try again; counting ones once the stores freed them.
+      request* victim = nullptr;
+      for (auto* c : running)
+        if (c->ph == phase::running && !c->in_flight &&
+            (!victim || c->admit_order > victim->admit_order))
+          victim = c;
+      if (!victim) break;
       preempt(*victim, out);
-      if (victim == r) continue;
+      preempted = true;
+      if (victim == r || !books_.names_blocks()) break;
     }
-    break;
+    if (!added && r->ph == phase::running) break;
   }
-  // Admissions (FCFS) while KV blocks and the running cap allow.
+  // Admissions (FCFS) while KV blocks and the running cap allow; none in a
+  // step that had to preempt (as vLLM: the pool is short now).
   std::int64_t n_running = active;
-  while (!waiting_.empty() && budget > 0 &&
+  while (!preempted && !waiting_.empty() && budget > 0 &&
          static_cast<std::int64_t>(plan.seqs.size()) < cap_seqs && n_running < o.max_running) {
     auto& r = *requests_[waiting_.front()];
     // Admit only if the request's first chunk fits. Cached blocks that
@@ -517,15 +543,23 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
     r.seq = next_seq_++;
     std::int64_t hit = 0;
     if (r.chain.enabled()) {
-      const auto cap = (static_cast<std::int64_t>(r.tokens.size()) - 1) / opts_.kv.block_size;
-      const auto& names = r.chain.hashes();
-      hit = books_.attach(r.seq, std::span(names).first(static_cast<std::size_t>(
-                                     std::min<std::int64_t>(cap, std::ssize(names))))) *
-            opts_.kv.block_size;
+      const auto B = opts_.kv.block_size;
+      auto cap = std::min<std::int64_t>((static_cast<std::int64_t>(r.tokens.size()) - 1) / B,
+                                        std::ssize(r.chain.hashes()));
+      // A preempted request's partly filled block follows its full ones.
+      if (r.partial) cap = std::min(cap, r.lost / B);
+      bool took = false;
+      const auto full =
+          books_.attach(r.seq, std::span(r.chain.hashes()).first(static_cast<std::size_t>(cap)),
+                        r.partial && cap == r.lost / B ? &*r.partial : nullptr, &took);
+      hit = full * B + (took ? r.lost - full * B : 0);
       r.computed = hit;
-      r.published = hit / opts_.kv.block_size;
+      r.published = full;
     }
     if (!add_to_step(r, budget, plan, fl)) {
+      // A partly filled block it took is its own: named again, it stays cached.
+      if (r.partial && r.computed % opts_.kv.block_size != 0)
+        books_.publish(r.seq, r.computed / opts_.kv.block_size, *r.partial);
       books_.release(r.seq);
       r.seq = 0;
       r.computed = 0;
@@ -537,6 +571,12 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
       stats_.prefix_hits += hit;
       if (r.cached_tokens < 0) r.cached_tokens = hit;
     }
+    if (r.lost > 0) {
+      stats_.restored_tokens += std::min(hit, r.lost);
+      stats_.recomputed_tokens += std::max<std::int64_t>(0, r.lost - hit);
+      r.lost = 0;
+    }
+    r.partial.reset();
     waiting_.pop_front();
     --queued_;
     r.ph = phase::running;
@@ -546,12 +586,15 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   }
   if (plan.seqs.empty()) return std::nullopt;
   plan_multi_step(plan, fl);
-  if (books_.names_blocks())
+  if (books_.names_blocks()) {
     for (auto& w : plan.seqs) {
       auto d = books_.take_delta(w.seq);
       w.blocks_from = d.from;
       w.blocks = std::move(d.ids);
     }
+    plan.moves = books_.take_moves();
+    fl.moves = !plan.moves.empty();
+  }
   plan.step = next_step_++;
   fl.sent = clock_->now();
   if (steps_.empty()) busy_since_ = fl.sent;
@@ -667,6 +710,9 @@ core_events scheduler_core::step_failed(std::uint64_t step, step_failure kind,
   if (node.empty()) return out;
   step_left(clock_->now());
   if (kind == step_failure::refused) {
+    // Some stages may have carried out its tier moves and others not: what
+    // the books say the tiers hold is no longer sure.
+    if (node.mapped().moves) books_.forget_names();
     // The stage refused or failed this step: that would happen again.
     for (auto id : node.mapped().ids)
       if (auto* r = find(id)) {
@@ -714,6 +760,8 @@ core_events scheduler_core::reset(int stages) {
   std::vector<request*> running;
   for (auto& [id, r] : requests_) {
     r->in_flight = false;
+    if (r->seq != 0) r->lost = r->computed;
+    r->partial.reset();
     r->seq = 0;
     r->computed = 0;
     r->published = 0;
@@ -748,6 +796,18 @@ scheduler_stats scheduler_core::stats() const {
   s.kv_cached_blocks = books_.named();
   s.kv_cached_free = books_.cached_free();
   s.kv_evictions = books_.evictions();
+  using models::kv_tier;
+  s.kv_host_blocks = books_.tier_slots(kv_tier::host);
+  s.kv_host_used = books_.tier_used(kv_tier::host);
+  s.kv_disk_blocks = books_.tier_slots(kv_tier::disk);
+  s.kv_disk_used = books_.tier_used(kv_tier::disk);
+  s.kv_to_host = books_.moved(kv_tier::device, kv_tier::host);
+  s.kv_from_host = books_.moved(kv_tier::host, kv_tier::device);
+  s.kv_to_disk =
+      books_.moved(kv_tier::device, kv_tier::disk) + books_.moved(kv_tier::host, kv_tier::disk);
+  s.kv_from_disk = books_.moved(kv_tier::disk, kv_tier::device);
+  s.kv_dropped = books_.dropped();
+  s.kv_slot_bytes = opts_.kv_slot_bytes;
   s.stages = stages_;
   if (!steps_.empty()) s.in_flight_ms += ms_between(busy_since_, clock_->now());
   return s;

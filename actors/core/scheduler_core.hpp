@@ -98,6 +98,13 @@ struct scheduler_options {
   /// What makes the same tokens give other KV: the model, its weight
   /// formats, the KV layout (the root of every block name).
   std::string cache_namespace;
+  /// Lower KV tiers (prefix caching only), slots per stage: cached blocks
+  /// evicted from the device go there instead of being lost, and a
+  /// preempted request's blocks (its partly filled last one included) wait
+  /// there, so that it resumes without recomputing.
+  std::int64_t host_blocks = 0;
+  std::int64_t disk_blocks = 0;
+  std::int64_t kv_slot_bytes = 0;  ///< bytes of one block over every stage (counters)
 };
 
 /// A request as the core takes it: the prompt already tokenized, with
@@ -145,6 +152,9 @@ struct planned_seq {
 struct step_plan {
   std::uint64_t step = 0;
   std::vector<planned_seq> seqs;
+  /// Block copies between KV tiers every stage carries out, in order,
+  /// before it computes the step.
+  std::vector<models::kv_move> moves;
   std::int32_t decode_steps = 1;  ///< multi-step decode passes (one stage only)
 };
 
@@ -251,7 +261,7 @@ class scheduler_core {
   /// The stores freed blocks of an earlier kv_release.
   void kv_freed(std::int64_t blocks, std::uint64_t epoch);
   /// A stage moved to a new store, which holds only the live sequences'
-  /// blocks: cached blocks nobody holds are forgotten.
+  /// blocks: cached blocks nobody holds are forgotten (the lower tiers too).
   void stage_moved() { books_.forget_names(); }
   /// Empties the prefix cache (an admin call); returns the cached blocks
   /// that became free. Blocks running requests hold stay theirs.
@@ -290,6 +300,7 @@ class scheduler_core {
     std::vector<std::int64_t> chunk;
     std::vector<std::int64_t> max_new;  ///< per sequence: tokens it may sample (0: none)
     bool decode_only = false;           ///< every sequence decodes one token (no prefill)
+    bool moves = false;                 ///< it carried tier moves
     time_point sent;
   };
 

@@ -11,6 +11,7 @@
 
 #include "actors/core/errors.hpp"
 #include "actors/core/scheduler_stats.hpp"
+#include "models/kv_tiers.hpp"
 #include "models/sampling.hpp"
 
 namespace troupe::actors {
@@ -20,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 18;
+inline constexpr std::uint32_t protocol_version = 19;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -98,13 +99,20 @@ typename I::result_type inspect(I& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.queued, x.running, x.accepted, x.rejected,
            x.finished, x.preemptions, x.steps, x.kv_total_blocks, x.kv_used_blocks,
            x.kv_peak_blocks, x.prompt_tokens, x.generated_tokens, x.tokens_out, x.prefix_queries,
-           x.prefix_hits, x.kv_cached_blocks, x.kv_cached_free, x.kv_evictions, x.images,
-           x.image_cache_hits, x.stages, x.step_rows, x.round_trip_ms, x.compute_ms,
-           x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
+           x.prefix_hits, x.kv_cached_blocks, x.kv_cached_free, x.kv_evictions, x.kv_host_blocks,
+           x.kv_host_used, x.kv_disk_blocks, x.kv_disk_used, x.kv_to_host, x.kv_from_host,
+           x.kv_to_disk, x.kv_from_disk, x.kv_dropped, x.kv_slot_bytes, x.recomputed_tokens,
+           x.restored_tokens, x.images, x.image_cache_hits, x.stages, x.step_rows, x.round_trip_ms,
+           x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
 }
 }  // namespace troupe::actors::core
 
 namespace troupe::models {
+template <class I>
+typename I::result_type inspect(I& f, kv_move& x) {
+  return f(caf::meta::type_name("kv_move"), x.from, x.from_index, x.to, x.to_index);
+}
+
 template <class I>
 typename I::result_type inspect(I& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,

@@ -154,13 +154,16 @@ struct step_batch {
   /// multi-step scheduling).
   std::int32_t decode_steps = 1;
   bool return_logits = true;  ///< the last stage also returns the logits rows
+  /// Block copies between the KV tiers (the scheduler's books decide them),
+  /// carried out by every stage, in order, before it computes the step.
+  std::vector<models::kv_move> moves;
   bool operator==(const step_batch&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, step_batch& x) {
   return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.stage_ms,
-           x.decode_steps, x.return_logits);
+           x.decode_steps, x.return_logits, x.moves);
 }
 
 /// What the last stage returns: per sequence the tokens it sampled (empty
@@ -211,13 +214,19 @@ struct kv_usage_info {
   std::int64_t free_blocks = 0;
   std::int64_t sequences = 0;
   std::int64_t tokens = 0;
+  std::int64_t slot_bytes = 0;  ///< bytes of one block over this stage's layers
+  std::int64_t host_slots = 0;  ///< lower tiers (blocks)
+  std::int64_t disk_slots = 0;
+  std::int64_t tier_moves = 0;  ///< blocks moved between tiers here so far
+  std::int64_t tier_bytes = 0;  ///< ... bytes
   bool operator==(const kv_usage_info&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, kv_usage_info& x) {
   return f(caf::meta::type_name("kv_usage_info"), x.device, x.block_size, x.total_blocks,
-           x.free_blocks, x.sequences, x.tokens);
+           x.free_blocks, x.sequences, x.tokens, x.slot_bytes, x.host_slots, x.disk_slots,
+           x.tier_moves, x.tier_bytes);
 }
 
 /// A sequence's KV blocks exported to host memory (swap or migration):

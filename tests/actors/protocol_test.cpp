@@ -161,7 +161,8 @@ step_batch make(tag<step_batch>, const actors_for_handles& h) {
           .compute_ms = 1.5,
           .stage_ms = {0.5, 1.0},
           .decode_steps = 8,
-          .return_logits = false};
+          .return_logits = false,
+          .moves = {{0, 5, 1, 2}, {1, 3, 2, 7}}};
 }
 
 step_output make(tag<step_output>, const actors_for_handles&) {
@@ -190,7 +191,12 @@ kv_usage_info make(tag<kv_usage_info>, const actors_for_handles&) {
           .total_blocks = 255,
           .free_blocks = 200,
           .sequences = 3,
-          .tokens = 700};
+          .tokens = 700,
+          .slot_bytes = 360448,
+          .host_slots = 64,
+          .disk_slots = 1024,
+          .tier_moves = 12,
+          .tier_bytes = 4325376};
 }
 
 kv_export make(tag<kv_export>, const actors_for_handles&) {
@@ -234,6 +240,18 @@ scheduler_stats make(tag<scheduler_stats>, const actors_for_handles&) {
           .kv_cached_blocks = 21,
           .kv_cached_free = 5,
           .kv_evictions = 2,
+          .kv_host_blocks = 64,
+          .kv_host_used = 10,
+          .kv_disk_blocks = 256,
+          .kv_disk_used = 30,
+          .kv_to_host = 40,
+          .kv_from_host = 11,
+          .kv_to_disk = 30,
+          .kv_from_disk = 3,
+          .kv_dropped = 1,
+          .kv_slot_bytes = 1441792,
+          .recomputed_tokens = 17,
+          .restored_tokens = 900,
           .images = 6,
           .image_cache_hits = 4,
           .stages = 3,

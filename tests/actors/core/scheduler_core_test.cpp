@@ -982,5 +982,189 @@ TEST(PrefixCache, StepDeltasRebuildTheBooksTables) {
   EXPECT_EQ(h.done().size(), 6u);
 }
 
+// -- KV tiers ------------------------------------------------------------------------------------
+
+/// What the stages would hold, built from nothing but the steps: every
+/// device block, host and disk slot as the tokens in its positions. It
+/// carries out each step's moves, takes its table deltas and writes its
+/// tokens, and checks that every position a step says is in the KV (before
+/// `start`) holds the request's token there: a block the books sent to the
+/// wrong place, or brought back into the wrong one, fails it.
+struct simulated_stage {
+  int B = 4;
+  std::map<std::int32_t, std::vector<std::int32_t>> tier[3];  // device, host, disk
+  std::map<std::int64_t, std::vector<std::int32_t>> tables;
+  std::map<std::uint64_t, std::vector<std::int32_t>>* tokens = nullptr;  // per request
+  std::int64_t checked = 0;
+
+  void run(const step_plan& p) {
+    for (const auto& m : p.moves) {
+      ASSERT_LT(m.from, 3);
+      ASSERT_LT(m.to, 3);
+      ASSERT_TRUE(tier[m.from].count(m.from_index))
+          << "a move out of tier " << int(m.from) << " slot " << m.from_index << ", never written";
+      tier[m.to][m.to_index] = tier[m.from][m.from_index];
+    }
+    for (const auto& s : p.seqs) {
+      auto& t = tables[s.seq];
+      if (s.blocks_from >= 0) {
+        ASSERT_LE(static_cast<std::size_t>(s.blocks_from), t.size());
+        t.resize(static_cast<std::size_t>(s.blocks_from));
+        t.insert(t.end(), s.blocks.begin(), s.blocks.end());
+      }
+      const auto& want = (*tokens)[s.id];
+      for (std::int64_t pos = 0; pos < s.start; ++pos) {
+        const auto id = t.at(static_cast<std::size_t>(pos / B));
+        ASSERT_TRUE(tier[0].count(id)) << "position " << pos << " of request " << s.id;
+        ASSERT_EQ(tier[0][id][static_cast<std::size_t>(pos % B)],
+                  want[static_cast<std::size_t>(pos)])
+            << "request " << s.id << " position " << pos << " (block " << id << ")";
+        ++checked;
+      }
+      for (std::size_t k = 0; k < s.tokens.size(); ++k) {
+        const auto pos = s.start + static_cast<std::int64_t>(k);
+        const auto id = t.at(static_cast<std::size_t>(pos / B));
+        auto& blk = tier[0][id];
+        blk.resize(static_cast<std::size_t>(B), -1);
+        blk[static_cast<std::size_t>(pos % B)] = s.tokens[k];
+      }
+    }
+  }
+};
+
+struct tier_run {
+  scheduler_stats stats;
+  std::map<std::uint64_t, std::vector<std::int32_t>> answers;
+  std::int64_t checked = 0;
+};
+
+/// Six requests of distinct prompts over a pool that holds about two of
+/// them: preemptions all along. Each answer token depends on the request's
+/// whole history, so a wrong restore would also change the answers.
+tier_run run_under_pressure(std::int64_t host_blocks, std::int64_t disk_blocks,
+                            std::int64_t kv_blocks = 12) {
+  auto o = caching_options();
+  o.kv_blocks = kv_blocks;
+  o.host_blocks = host_blocks;
+  o.disk_blocks = disk_blocks;
+  harness h(o);
+  std::map<std::uint64_t, std::vector<std::int32_t>> tokens;
+  simulated_stage sim;
+  sim.tokens = &tokens;
+  for (std::uint64_t id = 1; id <= 6; ++id) {
+    auto prompt = ramp(static_cast<std::int32_t>(30 * id), 10 + id);
+    tokens[id] = prompt;
+    EXPECT_TRUE(h.submit_tokens(id, prompt, 13));
+  }
+  for (int i = 0; i < 2000 && h.done().size() < 6; ++i) {
+    auto p = h.plan();
+    if (!p) {
+      ADD_FAILURE() << "no step planned with " << h.done().size() << " done, running "
+                    << h.core.running() << ", queued " << h.core.queued() << ", used "
+                    << h.core.books().used() << " of " << h.core.books().total();
+      break;
+    }
+    sim.run(*p);
+    if (::testing::Test::HasFatalFailure()) break;
+    step_result r;
+    for (const auto& s : p->seqs) {
+      if (!s.sample) {
+        r.sampled.emplace_back();
+        continue;
+      }
+      const auto& t = tokens[s.id];
+      std::int64_t x = static_cast<std::int64_t>(s.id);
+      for (auto v : t) x = (x * 31 + v) % 1000003;
+      const auto next = static_cast<std::int32_t>(10 + x % 300);
+      r.sampled.push_back({next});
+      tokens[s.id].push_back(next);
+    }
+    h.take(h.core.step_done(p->step, r));
+  }
+  tier_run out;
+  out.stats = h.core.stats();
+  out.checked = sim.checked;
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
+    out.answers[d.id] = d.tokens;
+  }
+  EXPECT_EQ(out.answers.size(), 6u);
+  return out;
+}
+
+// The target of issue 27: under a KV pool too small for the load, with a
+// host tier, preempted requests resume without recomputing a token (their
+// full blocks and their partly filled last one come back from the tier),
+// and every token any step reads back is the right one.
+TEST(KvTiers, PreemptionWithAHostTierRecomputesNothing) {
+  const auto none = run_under_pressure(0, 0);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(none.stats.preemptions, 0);
+  EXPECT_GT(none.stats.recomputed_tokens, 0) << "without a tier, preemption recomputes";
+  const auto host = run_under_pressure(256, 0);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(host.stats.preemptions, 0);
+  EXPECT_EQ(host.stats.recomputed_tokens, 0);
+  EXPECT_GT(host.stats.restored_tokens, 0);
+  EXPECT_GT(host.stats.kv_to_host, 0);
+  EXPECT_GT(host.stats.kv_from_host, 0);
+  EXPECT_GT(host.checked, none.checked) << "restored positions are read back and checked";
+  EXPECT_EQ(host.answers, none.answers);
+}
+
+// A host tier of two blocks spills to disk (least recently used first);
+// a disk tier alone takes the device's evictions directly. Either way
+// nothing is recomputed, and with neither big enough blocks are dropped
+// and recomputed, still correctly.
+TEST(KvTiers, HostSpillsToDiskAndDiskAloneWorks) {
+  const auto ref = run_under_pressure(0, 0);
+  const auto spill = run_under_pressure(2, 256);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(spill.stats.kv_to_disk, 0);
+  EXPECT_GT(spill.stats.kv_from_disk, 0);
+  EXPECT_EQ(spill.stats.recomputed_tokens, 0);
+  EXPECT_EQ(spill.answers, ref.answers);
+  const auto disk = run_under_pressure(0, 256);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(disk.stats.kv_to_host, 0);
+  EXPECT_GT(disk.stats.kv_from_disk, 0);
+  EXPECT_EQ(disk.stats.recomputed_tokens, 0);
+  EXPECT_EQ(disk.answers, ref.answers);
+  const auto small = run_under_pressure(2, 2);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(small.stats.kv_dropped, 0);
+  EXPECT_EQ(small.answers, ref.answers);
+}
+
+// A prefix evicted from the device comes back from the host tier for a new
+// request (not only for the one preempted), and an admin reset forgets the
+// tiers too.
+TEST(KvTiers, AnEvictedPrefixComesBackFromTheHostTier) {
+  auto o = caching_options();
+  o.kv_blocks = 8;  // 32 tokens
+  o.host_blocks = 64;
+  harness h(o);
+  const auto system = ramp(100, 20);  // five full blocks
+  ASSERT_TRUE(h.submit_tokens(1, system, 1));
+  ASSERT_TRUE(run_to_end(h, 1));
+  for (std::uint64_t id = 2; id <= 4; ++id) {  // push it out of the device
+    ASSERT_TRUE(h.submit_tokens(id, ramp(static_cast<std::int32_t>(200 + 40 * id), 24), 1));
+    ASSERT_TRUE(run_to_end(h, id));
+  }
+  EXPECT_GT(h.core.stats().kv_to_host, 0);
+  auto ext = system;
+  ext.push_back(7);
+  ASSERT_TRUE(h.submit_tokens(5, ext, 1));
+  auto d = run_to_end(h, 5);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->cached_tokens, 20);
+  EXPECT_GT(h.core.stats().kv_from_host, 0);
+  h.core.reset_prefix_cache();
+  EXPECT_EQ(h.core.stats().kv_host_used, 0);
+  ASSERT_TRUE(h.submit_tokens(6, ext, 1));
+  auto e = run_to_end(h, 6);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->cached_tokens, 0);
+}
 }  // namespace
 }  // namespace troupe::actors::core
