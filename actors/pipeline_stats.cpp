@@ -59,4 +59,21 @@ std::string pipeline_breakdown::describe() const {
   return out;
 }
 
+std::string describe_kv_tiers(const scheduler_stats& s) {
+  if (s.kv_host_blocks + s.kv_disk_blocks <= 0) return {};
+  const auto moved = s.kv_to_host + s.kv_from_host + s.kv_to_disk + s.kv_from_disk;
+  char buf[384];
+  std::snprintf(buf, sizeof buf,
+                "KV tiers: host %lld of %lld blocks used, disk %lld of %lld; moved device->host "
+                "%lld, host->device %lld, ->disk %lld, disk->device %lld (%.1f MiB in all); %lld "
+                "dropped",
+                static_cast<long long>(s.kv_host_used), static_cast<long long>(s.kv_host_blocks),
+                static_cast<long long>(s.kv_disk_used), static_cast<long long>(s.kv_disk_blocks),
+                static_cast<long long>(s.kv_to_host), static_cast<long long>(s.kv_from_host),
+                static_cast<long long>(s.kv_to_disk), static_cast<long long>(s.kv_from_disk),
+                static_cast<double>(moved * s.kv_slot_bytes) / (1 << 20),
+                static_cast<long long>(s.kv_dropped));
+  return buf;
+}
+
 }  // namespace troupe::actors

@@ -45,4 +45,9 @@ struct pipeline_breakdown {
 std::optional<pipeline_breakdown> breakdown_between(const scheduler_stats& a,
                                                     const scheduler_stats& b, double wall_s);
 
+/// The KV tiers' line of `troupe status` and `troupe bench`: slots used,
+/// blocks moved each way and their bytes, blocks dropped; empty without
+/// tiers.
+std::string describe_kv_tiers(const scheduler_stats& s);
+
 }  // namespace troupe::actors

@@ -211,6 +211,15 @@ command_runner add_bench(CLI::App& app) {
   cmd->add_option("--prefix-concurrency", a->prefix.concurrency,
                   "--prefix: user requests in flight at once")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--prefix-swap-requests", a->prefix.swap_requests,
+                  "--prefix: requests at once over a KV pool too small for them (preemption)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--prefix-swap-ctx", a->prefix.swap_ctx,
+                  "--prefix: that pool, in tokens (the comparison's is large enough for all)")
+      ->check(CLI::Range(std::int64_t{16}, std::int64_t{1} << 24));
+  cmd->add_option("--prefix-swap-host", a->prefix.swap_host_tokens,
+                  "--prefix: the host tier (tokens) preempted requests' blocks go to")
+      ->check(CLI::Range(std::int64_t{16}, std::int64_t{1} << 30));
   cmd->add_option("--http", a->http,
                   "Benchmark an OpenAI-compatible server at this URL (e.g. http://127.0.0.1:8000; "
                   "troupe serve)");

@@ -50,6 +50,11 @@ struct bench_args {
     int systems = 8;
     std::int64_t users_system_tokens = 1000;
     int users = 200, concurrency = 16;
+    /// Preemption under a KV pool too small for the load: requests at once,
+    /// the pool (tokens per stage), and the host tier that takes the blocks.
+    int swap_requests = 16;
+    std::int64_t swap_prompt_tokens = 256, swap_answer_tokens = 128;
+    std::int64_t swap_ctx = 2048, swap_host_tokens = 16384;
   } prefix;
 };
 

@@ -336,19 +336,7 @@ int run_local_bench(const bench_args& a, const std::vector<int>& levels) {
               static_cast<long long>(stats.preemptions),
               static_cast<long long>(stats.restored_tokens),
               static_cast<long long>(stats.recomputed_tokens));
-  if (stats.kv_host_blocks + stats.kv_disk_blocks > 0)
-    std::printf(
-        "KV tiers: host %lld/%lld blocks, disk %lld/%lld; moved device->host %lld, host->device "
-        "%lld, ->disk %lld, disk->device %lld (%.1f MiB), dropped %lld\n",
-        static_cast<long long>(stats.kv_host_used), static_cast<long long>(stats.kv_host_blocks),
-        static_cast<long long>(stats.kv_disk_used), static_cast<long long>(stats.kv_disk_blocks),
-        static_cast<long long>(stats.kv_to_host), static_cast<long long>(stats.kv_from_host),
-        static_cast<long long>(stats.kv_to_disk), static_cast<long long>(stats.kv_from_disk),
-        static_cast<double>(
-            (stats.kv_to_host + stats.kv_from_host + stats.kv_to_disk + stats.kv_from_disk) *
-            stats.kv_slot_bytes) /
-            (1 << 20),
-        static_cast<long long>(stats.kv_dropped));
+  if (const auto t = actors::describe_kv_tiers(stats); !t.empty()) std::printf("%s\n", t.c_str());
   // The workload repeats its prompts: with prefix caching (the default) most
   // prompt tokens come from the cache (--no-prefix-caching computes them all).
   std::printf(

@@ -5,7 +5,10 @@
 //   extends it, against the first request's;
 // - a multi-turn chat: the prompt tokens computed against the tokens each
 //   turn adds;
-// - many users over a few long system prompts: hit rate and throughput.
+// - many users over a few long system prompts: hit rate and throughput;
+// - preemption under a KV pool too small for the load: without a host tier
+//   (recomputed tokens), with one (none recomputed), against a pool large
+//   enough for all (the answers must be the same).
 // Prompts are random token ids (no special tokens): the cache works on ids,
 // and a random-weight model has no text worth reading.
 #include <spdlog/spdlog.h>
@@ -253,6 +256,69 @@ int run_prefix_bench(const bench_args& a) {
     f.users_mean_ttft = bench::mean(ttfts);
     return f;
   };
+  // 4. Preemption: every request at once over a pool too small for them.
+  struct swap_figures {
+    double seconds = 0, out_tps = 0;
+    actors::scheduler_stats stats;
+    std::vector<std::vector<std::int32_t>> answers;
+    int failed = 0;
+  };
+  std::vector<std::vector<std::int32_t>> swap_prompts;
+  for (int i = 0; i < p.swap_requests; ++i)
+    swap_prompts.push_back(random_tokens(p.swap_prompt_tokens));
+  auto run_swap = [&](std::int64_t ctx, std::int64_t host) -> std::optional<swap_figures> {
+    caf::actor_system_config cfg;
+    auto flags = a.pipeline;
+    flags.prefix_caching = true;
+    flags.tiers = {host, 0, {}};
+    if (flags.context.max_model_len == 0)
+      flags.context = {p.swap_prompt_tokens + p.swap_answer_tokens + 64, true};
+    configure_pipeline_system(cfg, flags);
+    caf::actor_system sys{cfg};
+    auto skv = kv;
+    skv.capacity_tokens = ctx;
+    auto rc = pipeline_config(flags, a.model, *devices, precision->plan, skv);
+    rc.scheduler.queue_limit = std::max(64, p.swap_requests);
+    auto rt = actors::local_runtime::start(sys, rc);
+    if (!rt) {
+      spdlog::error("{}", rt.error().message);
+      return std::nullopt;
+    }
+    actors::client client(sys, (*rt)->scheduler());
+    std::vector<actors::generate_request> reqs;
+    for (const auto& prompt : swap_prompts) {
+      actors::generate_request r;
+      r.prompt_tokens = prompt;
+      r.params = params;
+      r.params.max_tokens = p.swap_answer_tokens;
+      reqs.push_back(std::move(r));
+    }
+    swap_figures f;
+    const auto t0 = clock::now();
+    auto got = run_requests(client, std::move(reqs), p.swap_requests);
+    f.seconds = ms(clock::now() - t0) / 1e3;
+    f.stats = client.stats();
+    std::int64_t out = 0;
+    for (const auto& r : got) {
+      f.failed += r.ok ? 0 : 1;
+      out += r.generated;
+      f.answers.push_back(r.tokens);
+    }
+    f.out_tps = f.seconds > 0 ? static_cast<double>(out) / f.seconds : 0;
+    return f;
+  };
+  spdlog::info("prefix bench: preemption, a pool of {} tokens without a host tier", p.swap_ctx);
+  auto swap_none = run_swap(p.swap_ctx, 0);
+  spdlog::info("prefix bench: preemption, with a host tier of {} tokens", p.swap_host_tokens);
+  auto swap_host = run_swap(p.swap_ctx, p.swap_host_tokens);
+  spdlog::info("prefix bench: the same requests over a pool that holds them all");
+  auto swap_big = run_swap(p.swap_requests * (p.swap_prompt_tokens + p.swap_answer_tokens + 32), 0);
+  if (!swap_none || !swap_host || !swap_big) {
+    spdlog::error("the preemption workload could not start (the log says why)");
+    return 1;
+  }
+  const bool swap_same =
+      swap_none->answers == swap_big->answers && swap_host->answers == swap_big->answers;
   spdlog::info("prefix bench: the pipeline with the cache on");
   auto on = run_all(true);
   spdlog::info("prefix bench: the pipeline with the cache off");
@@ -297,8 +363,27 @@ int run_prefix_bench(const bench_args& a) {
                   {"mean_ttft_ms_cache_off", off->users_mean_ttft},
                   {"speedup", speedup},
                   {"failed", on->users_failed + off->users_failed}};
+    auto swap_json = [](const swap_figures& f) {
+      return nlohmann::json{{"seconds", f.seconds},
+                            {"output_tokens_per_s", f.out_tps},
+                            {"preemptions", f.stats.preemptions},
+                            {"restored_tokens", f.stats.restored_tokens},
+                            {"recomputed_tokens", f.stats.recomputed_tokens},
+                            {"blocks_to_host", f.stats.kv_to_host},
+                            {"blocks_from_host", f.stats.kv_from_host},
+                            {"failed", f.failed}};
+    };
+    j["preemption"] = {{"requests", p.swap_requests},
+                       {"prompt_tokens", p.swap_prompt_tokens},
+                       {"answer_tokens", p.swap_answer_tokens},
+                       {"pool_tokens", p.swap_ctx},
+                       {"host_tier_tokens", p.swap_host_tokens},
+                       {"same_answers_as_a_pool_that_holds_all", swap_same},
+                       {"no_tier", swap_json(*swap_none)},
+                       {"host_tier", swap_json(*swap_host)},
+                       {"large_pool", swap_json(*swap_big)}};
     std::puts(j.dump(2).c_str());
-    return same ? 0 : 1;
+    return same && swap_same ? 0 : 1;
   }
   std::printf("troupe bench --prefix: %s, %lld tokens per answer (greedy, no stop token)\n",
               a.model.c_str(), static_cast<long long>(a.max_tokens));
@@ -328,7 +413,26 @@ int run_prefix_bench(const bench_args& a) {
               off->users_mean_ttft);
   if (on->users_failed + off->users_failed > 0)
     std::printf("\nfailed requests: %d\n", on->users_failed + off->users_failed);
-  return same ? 0 : 1;
+  std::printf(
+      "\npreemption: %d requests of %lld + %lld tokens at once over a pool of %lld tokens per "
+      "stage\nanswers without a tier, with a host tier and over a pool that holds them all: %s\n\n",
+      p.swap_requests, static_cast<long long>(p.swap_prompt_tokens),
+      static_cast<long long>(p.swap_answer_tokens), static_cast<long long>(p.swap_ctx),
+      swap_same ? "identical" : "DIFFERENT (a defect)");
+  std::printf(
+      "| pool | preemptions | tokens restored | tokens recomputed | blocks to / from host | "
+      "output tokens/s | failed |\n|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, f] :
+       {std::pair<std::string, const swap_figures*>{"small, no tier", &*swap_none},
+        {"small, host tier of " + std::to_string(p.swap_host_tokens) + " tokens", &*swap_host},
+        {"large enough for all", &*swap_big}})
+    std::printf("| %s | %lld | %lld | %lld | %lld / %lld | %.1f | %d |\n", name.c_str(),
+                static_cast<long long>(f->stats.preemptions),
+                static_cast<long long>(f->stats.restored_tokens),
+                static_cast<long long>(f->stats.recomputed_tokens),
+                static_cast<long long>(f->stats.kv_to_host),
+                static_cast<long long>(f->stats.kv_from_host), f->out_tps, f->failed);
+  return same && swap_same ? 0 : 1;
 }
 
 }  // namespace troupe::cli::serve_bench

@@ -23,6 +23,7 @@
 
 #include "actors/cluster.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/pipeline_stats.hpp"
 #include "cli/cluster_setup.hpp"
 #include "cli/commands.hpp"
 #include "cli/daemon.hpp"
@@ -198,6 +199,11 @@ void print_status(const actors::cluster_status& s) {
             : 0.0,
         static_cast<long long>(q.kv_cached_blocks), static_cast<long long>(q.kv_cached_free),
         static_cast<long long>(q.kv_evictions));
+  if (const auto t = actors::describe_kv_tiers(q); !t.empty()) std::printf("%s\n", t.c_str());
+  if (q.restored_tokens + q.recomputed_tokens > 0)
+    std::printf("tokens whose KV a preemption or node loss took: %lld restored, %lld recomputed\n",
+                static_cast<long long>(q.restored_tokens),
+                static_cast<long long>(q.recomputed_tokens));
   if (q.images > 0)
     std::printf("encoder cache: %lld of %lld images taken from it\n",
                 static_cast<long long>(q.image_cache_hits), static_cast<long long>(q.images));

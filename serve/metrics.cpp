@@ -1,6 +1,7 @@
 #include "serve/metrics.hpp"
 
 #include <cstdio>
+#include <tuple>
 
 namespace troupe::serve {
 
@@ -148,6 +149,44 @@ std::string metrics::render(const actors::cluster_status* s) const {
          "Cached KV blocks evicted (least recently used) to make room.");
     out += "troupe:prefix_cache_evictions_total{" + label_ + "} " +
            std::to_string(s->scheduler.kv_evictions) + "\n";
+    // KV tiers: slots and use per tier, blocks and bytes moved between
+    // tiers, tokens a preemption or reset lost (restored or recomputed).
+    const auto& q = s->scheduler;
+    head(out, "troupe:kv_tier_blocks", "gauge",
+         "Slots of each KV tier (per stage; device: the compute pool).");
+    head(out, "troupe:kv_tier_used_blocks", "gauge", "Of those, slots holding a block.");
+    for (const auto& [tier, slots, used] :
+         {std::tuple{"device", q.kv_total_blocks, q.kv_used_blocks + q.kv_cached_free},
+          std::tuple{"host", q.kv_host_blocks, q.kv_host_used},
+          std::tuple{"disk", q.kv_disk_blocks, q.kv_disk_used}}) {
+      const std::string l = "{" + label_ + ",tier=\"" + tier + "\"} ";
+      out += "troupe:kv_tier_blocks" + l + std::to_string(slots) + "\n";
+      out += "troupe:kv_tier_used_blocks" + l + std::to_string(used) + "\n";
+    }
+    head(out, "troupe:kv_tier_moved_blocks_total", "counter",
+         "KV blocks copied from one tier to another (every stage's part of a block).");
+    head(out, "troupe:kv_tier_moved_bytes_total", "counter",
+         "Bytes of those copies over every stage.");
+    for (const auto& [from, to, n] :
+         {std::tuple{"device", "host", q.kv_to_host}, std::tuple{"host", "device", q.kv_from_host},
+          std::tuple{"upper", "disk", q.kv_to_disk},
+          std::tuple{"disk", "device", q.kv_from_disk}}) {
+      const std::string l = "{" + label_ + ",from=\"" + from + "\",to=\"" + to + "\"} ";
+      out += "troupe:kv_tier_moved_blocks_total" + l + std::to_string(n) + "\n";
+      out += "troupe:kv_tier_moved_bytes_total" + l + std::to_string(n * q.kv_slot_bytes) + "\n";
+    }
+    head(out, "troupe:kv_tier_dropped_blocks_total", "counter",
+         "Cached KV blocks evicted past the lowest tier (lost).");
+    out += "troupe:kv_tier_dropped_blocks_total{" + label_ + "} " + std::to_string(q.kv_dropped) +
+           "\n";
+    head(out, "troupe:kv_restored_tokens_total", "counter",
+         "Tokens whose KV a preempted or reset request got back from the cache or a tier.");
+    out += "troupe:kv_restored_tokens_total{" + label_ + "} " + std::to_string(q.restored_tokens) +
+           "\n";
+    head(out, "troupe:kv_recomputed_tokens_total", "counter",
+         "Tokens whose KV a preempted or reset request lost and computed again.");
+    out += "troupe:kv_recomputed_tokens_total{" + label_ + "} " +
+           std::to_string(q.recomputed_tokens) + "\n";
     head(out, "troupe:encoder_cache_queries_total", "counter",
          "Images of admitted requests (each looked up in the encoder cache).");
     out += "troupe:encoder_cache_queries_total{" + label_ + "} " +

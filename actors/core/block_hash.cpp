@@ -77,9 +77,19 @@ std::optional<block_hash> block_chain::partial(std::span<const std::int32_t> tok
   if (count <= start || count - start >= B) return std::nullopt;
   const auto part =
       tokens.subspan(static_cast<std::size_t>(start), static_cast<std::size_t>(count - start));
-  if (image_token_ >= 0 && std::find(part.begin(), part.end(), image_token_) != part.end())
-    return std::nullopt;
-  return chain_hash(index == 0 ? root_ : hashes_[static_cast<std::size_t>(index - 1)], part, {});
+  // Image rows name their image, as in a full block.
+  std::vector<block_hash> here;
+  if (image_token_ >= 0 && per_image_ > 0) {
+    auto seen = std::count(tokens.begin(), tokens.begin() + start, image_token_);
+    std::size_t last = static_cast<std::size_t>(-1);
+    for (auto t : part) {
+      if (t != image_token_) continue;
+      const auto k = static_cast<std::size_t>(seen++ / per_image_);
+      if (k != last) here.push_back(k < images_.size() ? images_[k] : block_hash{});
+      last = k;
+    }
+  }
+  return chain_hash(index == 0 ? root_ : hashes_[static_cast<std::size_t>(index - 1)], part, here);
 }
 
 void block_chain::extend(std::span<const std::int32_t> tokens) {

@@ -70,8 +70,7 @@ class block_chain {
   /// The name of a partly filled block: block `index` (at most the full
   /// blocks named so far) holding `tokens`' positions [index * B, count),
   /// fewer than B. Its token count is in the name, so it never equals a
-  /// full block's. None when that is empty or a full block, or when it
-  /// holds image rows.
+  /// full block's. None when that is empty or a full block.
   std::optional<block_hash> partial(std::span<const std::int32_t> tokens, std::int64_t index,
                                     std::int64_t count) const;
   bool enabled() const { return block_size_ > 0; }

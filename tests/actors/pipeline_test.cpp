@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "models/llava.hpp"
 #include "models/tokenizer.hpp"
 #include "tests/remote_memory_device.hpp"
+#include "tests/temp_path.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -288,21 +290,42 @@ TEST_F(pipeline_test, kv_exhaustion_completes_every_request_through_preemption) 
   }
   std::vector<std::vector<std::int32_t>> want;
   for (const auto& pc : cases) want.push_back(ref().solo(pc));
-  auto rt = start(2, cfg);
-  client c(sys, rt->scheduler());
-  std::vector<generate_request> reqs;
-  for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
-  auto got = run_all(c, reqs);
-  std::int64_t preemptions = 0;
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, want[i])
-        << "request " << i << ": " << to_string(got[i].reason) << " " << got[i].error;
-    preemptions += got[i].preemptions;
+  const auto dir = test::temp_path("kv-disk-tier");
+  std::filesystem::create_directories(dir);
+  // No tier; a host tier (issue 27's target: nothing recomputed); a host
+  // tier of two blocks over a disk tier (blocks spill to disk and come back
+  // from there).
+  for (const models::kv_tier_options& tiers :
+       {models::kv_tier_options{}, models::kv_tier_options{16 * 64, 0, {}},
+        models::kv_tier_options{16 * 2, 16 * 64, dir}}) {
+    SCOPED_TRACE("host " + std::to_string(tiers.host_tokens) + ", disk " +
+                 std::to_string(tiers.disk_tokens));
+    cfg.kv.tiers = tiers;
+    auto rt = start(2, cfg);
+    client c(sys, rt->scheduler());
+    std::vector<generate_request> reqs;
+    for (const auto& pc : cases) reqs.push_back(ref().request(pc, client::next_id()));
+    auto got = run_all(c, reqs);
+    std::int64_t preemptions = 0;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i])
+          << "request " << i << ": " << to_string(got[i].reason) << " " << got[i].error;
+      preemptions += got[i].preemptions;
+    }
+    EXPECT_GT(preemptions, 0) << "the test did not exhaust the KV cache";
+    const auto st = c.stats();
+    EXPECT_LE(st.kv_peak_blocks, st.kv_total_blocks);
+    if (tiers.host_tokens > 0) {
+      EXPECT_EQ(st.recomputed_tokens, 0);
+      EXPECT_GT(st.restored_tokens, 0);
+      EXPECT_GT(st.kv_to_host, 0);
+      EXPECT_GT(st.kv_from_host + st.kv_from_disk, 0);
+    }
+    if (tiers.disk_tokens > 0) {
+      EXPECT_GT(st.kv_to_disk, 0);
+    }
+    expect_kv_free(*rt);
   }
-  EXPECT_GT(preemptions, 0) << "the test did not exhaust the KV cache";
-  const auto st = c.stats();
-  EXPECT_LE(st.kv_peak_blocks, st.kv_total_blocks);
-  expect_kv_free(*rt);
 }
 
 // Prefix caching (on by default): a request that repeats another's prompt

@@ -303,5 +303,35 @@ TEST(BlockHash, Sha256MatchesTheStandardsTestVectorAndChainsDependOnEveryInput) 
   EXPECT_EQ(z.hashes(), x.hashes());
 }
 
+// A partly filled block's name: never a full block's (its token count is
+// in it), and it depends on its parent, its tokens and its images.
+TEST(BlockHash, APartialBlockNameDependsOnItsTokensParentAndImages) {
+  const auto root = root_hash("model", "");
+  const std::vector<std::int32_t> toks = {1, 2, 3, 4, 5, 6, 7};
+  block_chain x(root, 4, -1, 0, {});
+  x.extend(toks);
+  ASSERT_EQ(x.hashes().size(), 1u);
+  const auto p = x.partial(toks, 1, 7);  // positions 4..6
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, chain_hash(x.hashes()[0], std::vector<std::int32_t>{5, 6, 7}, {}));
+  EXPECT_NE(*p, *x.partial(toks, 1, 6));
+  auto other = toks;
+  other[0] = 9;  // another parent
+  block_chain y(root, 4, -1, 0, {});
+  y.extend(other);
+  EXPECT_NE(*p, *y.partial(other, 1, 7));
+  EXPECT_FALSE(x.partial(toks, 1, 4)) << "empty";
+  EXPECT_FALSE(x.partial(toks, 0, 4)) << "a full block";
+  EXPECT_FALSE(x.partial(toks, 2, 7)) << "past the named blocks";
+  // Image rows (token 0, two rows per image) bring their image in.
+  const std::vector<std::int32_t> img = {1, 0, 0, 2, 0, 0, 3};
+  block_chain a(root, 4, 0, 2, {sha256("a"), sha256("b")});
+  block_chain b(root, 4, 0, 2, {sha256("a"), sha256("c")});
+  a.extend(img);
+  b.extend(img);
+  EXPECT_EQ(a.hashes(), b.hashes()) << "the first block holds rows of image a only";
+  EXPECT_NE(*a.partial(img, 1, 7), *b.partial(img, 1, 7)) << "the second image differs";
+}
+
 }  // namespace
 }  // namespace troupe::actors::core
