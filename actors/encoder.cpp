@@ -31,6 +31,16 @@ struct pending_input {
   std::int32_t index = 0;
   caf::actor_addr owner;  ///< who asked (its requests' rows go when it does)
   core::block_hash key;   ///< the encoder cache's key
+  /// The same image asked for again while this one waits: answered with
+  /// its rows (encoded once), as cache hits.
+  struct follower {
+    caf::typed_response_promise<encode_reply> promise;
+    double preprocess_ms = 0;
+    std::uint64_t request = 0;
+    std::int32_t index = 0;
+    caf::actor_addr owner;
+  };
+  std::vector<follower> followers;
 };
 
 /// Encoded images by key, least recently used first out, within a byte budget.
@@ -117,15 +127,18 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   ++self->state.batches;
   const std::int64_t T = res.model->tokens_per_image();
   for (std::size_t i = 0; i < n; ++i) {
+    auto fail = [&](const caf::error& e) {
+      batch[i].promise.deliver(e);
+      for (auto& f : batch[i].followers) f.promise.deliver(e);
+    };
     if (!out) {
-      batch[i].promise.deliver(
-          make_error(error_code::internal,
-                     "vision encoder on " + res.device.name + ": " + out.error().message));
+      fail(make_error(error_code::internal,
+                      "vision encoder on " + res.device.name + ": " + out.error().message));
       continue;
     }
     auto rows = out->slice_rows(static_cast<std::int64_t>(i) * T, T);
     if (!rows) {
-      batch[i].promise.deliver(make_error(error_code::internal, rows.error().message));
+      fail(make_error(error_code::internal, rows.error().message));
       continue;
     }
     // Held here until the scheduler has the first stage take them (rows,
@@ -139,6 +152,15 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
       auto own =
           tensor::empty(res.dev->memory(), kernels::dtype::f32, {rows->dim(0), rows->dim(1)});
       if (own && res.dev->copy(*rows, *own)) self->state.cache->put(batch[i].key, std::move(*own));
+    }
+    for (auto& f : batch[i].followers) {  // the same rows (read only), no encoding of theirs
+      auto& h = self->state.held[f.request];
+      h.owner = f.owner;
+      h.rows[f.index] = *rows;
+      encode_reply same = rep;
+      same.preprocess_ms = f.preprocess_ms;
+      same.cached = true;
+      f.promise.deliver(std::move(same));
     }
     auto& h = self->state.held[batch[i].request];
     h.owner = batch[i].owner;
@@ -287,10 +309,10 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
                                   "x" + std::to_string(side));
           // The image's name: the tower and the pixels it sees (which the
           // preprocessor's settings made).
-          std::vector<std::uint8_t> named(res->weights_id.begin(), res->weights_id.end());
-          const auto* px = reinterpret_cast<const std::uint8_t*>(pv->data.data());
-          named.insert(named.end(), px, px + pv->data.size() * sizeof(float));
-          const auto key = core::sha256(named);
+          const auto key =
+              core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(res->weights_id.data()),
+                                     res->weights_id.size()),
+                           std::as_bytes(std::span(pv->data)));
           if (auto hit = self->state.cache ? self->state.cache->take(key) : std::nullopt) {
             auto& h = self->state.held[req.request];
             h.owner = owner;
@@ -308,8 +330,23 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           const std::int64_t bucket = res->model->tokens_per_image();
           auto promise = self->make_response_promise<encode_reply>();
           auto& q = self->state.buckets[bucket];
-          q.push_back({std::move(pv->data), promise, clock::now(), ms_between(t0, clock::now()),
-                       req.request, req.index, owner, key});
+          // The same image already waits (two requests sent it at once):
+          // this one takes its rows when that batch runs.
+          for (auto& p : q)
+            if (p.key == key) {
+              p.followers.push_back(
+                  {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
+              return promise;
+            }
+          q.push_back({std::move(pv->data),
+                       promise,
+                       clock::now(),
+                       ms_between(t0, clock::now()),
+                       req.request,
+                       req.index,
+                       owner,
+                       key,
+                       {}});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {

@@ -345,10 +345,37 @@ void replace(head_ptr self, const std::string& trigger,
   (*load)(plan.size() - 1);
 }
 
+/// Takes the scheduler's block events since the last read into the head's
+/// index of cached blocks.
+void follow_block_events(head_ptr self) {
+  auto& st = self->state;
+  if (!st.scheduler || st.block_events_asked) return;
+  st.block_events_asked = true;
+  self->request(st.scheduler, st.cfg.node.timeout, kv_events_atom::value, st.block_events_next)
+      .then(
+          [self](const kv_events& ev) {
+            auto& st = self->state;
+            st.block_events_asked = false;
+            for (const auto& m : ev.events) {
+              core::kv_books::event e;
+              e.what = static_cast<core::kv_books::event::kind>(m.what);
+              e.tier = static_cast<models::kv_tier>(m.tier);
+              if (m.what > 2 || m.tier > 2 || (m.what != 2 && m.name.size() != e.name.size()))
+                continue;
+              std::copy(m.name.begin(), m.name.end(), e.name.begin());
+              st.blocks.apply(e);
+            }
+            st.block_events += ev.events.size();
+            st.block_events_next = ev.next;
+          },
+          [self](caf::error&) { self->state.block_events_asked = false; });
+}
+
 void heartbeat(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
   stats_line(self);
+  follow_block_events(self);
   // The head's own node is this process; a node loading weights for the
   // head is busy, its connection up (a drop is noticed as such).
   for (const auto& [name, r] : st.rt)

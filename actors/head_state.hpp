@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/cluster_common.hpp"
+#include "actors/core/block_index.hpp"
 #include "actors/encoder.hpp"
 #include "actors/head.hpp"
 #include "actors/placement_control.hpp"
@@ -50,6 +51,12 @@ struct head_state {
   std::optional<cluster::membership> members;
   std::map<std::string, member_rt> rt;
   scheduler_actor scheduler;
+  // The pipeline's cached blocks, followed from the scheduler's block
+  // events at each heartbeat (for a router: which prefixes are where).
+  core::block_index blocks;
+  std::uint64_t block_events_next = 0;
+  std::uint64_t block_events = 0;  // taken in so far
+  bool block_events_asked = false;
   encoder_actor encoder;
   std::string encoder_where;
   std::vector<cluster::stage_slot> plan;

@@ -25,6 +25,10 @@ cluster_status status_of(head_ptr self) {
   s.last_event = st.last_event;
   s.detect_ms = st.detect_ms;
   s.resume_ms = st.resume_ms;
+  using models::kv_tier;
+  s.indexed_blocks = {st.blocks.count(kv_tier::device), st.blocks.count(kv_tier::host),
+                      st.blocks.count(kv_tier::disk)};
+  s.block_events = st.block_events;
   s.actor_restarts = st.actor_restarts;
   s.migrations = st.migrations;
   s.migration = st.migrating ? st.migration_phase : std::string{};

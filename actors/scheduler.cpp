@@ -74,11 +74,62 @@ struct scheduler_state {
   std::deque<outgoing_step> outbox;                // planned, in order, not yet sent
   std::uint64_t epoch = 0;                         // pipelines so far (a reset voids the outbox)
   std::shared_ptr<const models::token_trie> trie;  // the vocabulary's, built for the first grammar
+  // The books' block events, numbered [events_first, events_next), the
+  // last kv_books::max_events kept for the head (kv_events_atom).
+  std::deque<kv_block_event> events;
+  std::uint64_t events_first = 0, events_next = 0;
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
 void pump(self_ptr self);
+
+kv_block_event to_message(const core::kv_books::event& e) {
+  kv_block_event m;
+  m.what = static_cast<std::uint8_t>(e.what);
+  m.tier = static_cast<std::uint8_t>(e.tier);
+  if (e.what != core::kv_books::event::kind::cleared) m.name.assign(e.name.begin(), e.name.end());
+  return m;
+}
+
+/// Takes the core's block events into the numbered log.
+void collect_events(self_ptr self) {
+  auto& st = self->state;
+  bool overflowed = false;
+  auto fresh = st.core->take_block_events(&overflowed);
+  if (overflowed) {  // some were lost: every follower starts over
+    st.events.clear();
+    st.events_first = st.events_next;
+  }
+  for (const auto& e : fresh) {
+    st.events.push_back(to_message(e));
+    ++st.events_next;
+  }
+  while (st.events.size() > core::kv_books::max_events) {
+    st.events.pop_front();
+    ++st.events_first;
+  }
+}
+
+/// The events from number `since` on, or the cache's contents when the
+/// log no longer (or never) had that number.
+kv_events events_since(self_ptr self, std::uint64_t since) {
+  collect_events(self);
+  auto& st = self->state;
+  kv_events out;
+  out.next = st.events_next;
+  if (since >= st.events_first && since <= st.events_next) {
+    out.events.assign(st.events.begin() + static_cast<std::ptrdiff_t>(since - st.events_first),
+                      st.events.end());
+    return out;
+  }
+  out.resync = true;
+  out.events.push_back(to_message(core::kv_books::event{core::kv_books::event::kind::cleared}));
+  for (const auto& [name, tier] : st.core->books().contents())
+    out.events.push_back(
+        to_message(core::kv_books::event{core::kv_books::event::kind::stored, name, tier}));
+  return out;
+}
 
 /// Frees a sequence's blocks on every store; the core's books follow once
 /// all have.
@@ -377,6 +428,7 @@ void pump(self_ptr self) {
     st.pause_waiters.clear();
   }
   arm_timer(self);
+  collect_events(self);  // the books' buffer stays small between the head's reads
 }
 
 /// Tokenizes a request and expands its images' placeholders.
@@ -582,6 +634,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           return true;
         },
         [=](stats_atom) { return self->state.core->stats(); },
+        [=](kv_events_atom, std::uint64_t since) { return events_since(self, since); },
         [=](reset_cache_atom) {
           const auto freed = self->state.core->reset_prefix_cache();
           logging::of("scheduler").info("prefix cache reset: {} cached blocks freed", freed);

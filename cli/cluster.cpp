@@ -158,6 +158,20 @@ json status_json(const actors::cluster_status& s) {
             {"cached_blocks", q.kv_cached_blocks},
             {"cached_free_blocks", q.kv_cached_free},
             {"evictions", q.kv_evictions}}},
+          {"kv_tiers",
+           {{"slot_bytes", q.kv_slot_bytes},
+            {"host_blocks", q.kv_host_blocks},
+            {"host_used", q.kv_host_used},
+            {"disk_blocks", q.kv_disk_blocks},
+            {"disk_used", q.kv_disk_used},
+            {"to_host", q.kv_to_host},
+            {"from_host", q.kv_from_host},
+            {"to_disk", q.kv_to_disk},
+            {"from_disk", q.kv_from_disk},
+            {"dropped", q.kv_dropped},
+            {"restored_tokens", q.restored_tokens},
+            {"recomputed_tokens", q.recomputed_tokens}}},
+          {"block_index", {{"blocks", s.indexed_blocks}, {"events", s.block_events}}},
           {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
 }
 
@@ -200,6 +214,13 @@ void print_status(const actors::cluster_status& s) {
         static_cast<long long>(q.kv_cached_blocks), static_cast<long long>(q.kv_cached_free),
         static_cast<long long>(q.kv_evictions));
   if (const auto t = actors::describe_kv_tiers(q); !t.empty()) std::printf("%s\n", t.c_str());
+  if (s.indexed_blocks.size() == 3 && s.block_events > 0)
+    std::printf(
+        "block index (the head's, from %llu block events): %lld on the device, %lld in host "
+        "memory, %lld on disk\n",
+        static_cast<unsigned long long>(s.block_events),
+        static_cast<long long>(s.indexed_blocks[0]), static_cast<long long>(s.indexed_blocks[1]),
+        static_cast<long long>(s.indexed_blocks[2]));
   if (q.restored_tokens + q.recomputed_tokens > 0)
     std::printf("tokens whose KV a preemption or node loss took: %lld restored, %lld recomputed\n",
                 static_cast<long long>(q.restored_tokens),

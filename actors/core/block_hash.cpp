@@ -35,6 +35,13 @@ block_hash sha256(std::span<const std::uint8_t> bytes) {
   return d.done();
 }
 
+block_hash sha256(std::span<const std::uint8_t> a, std::span<const std::byte> b) {
+  digest d;
+  d.add(a.data(), a.size());
+  d.add(b.data(), b.size());
+  return d.done();
+}
+
 block_hash root_hash(std::string_view ns, std::string_view salt) {
   digest d;
   d.add("troupe-kv-prefix-v1", 19);

@@ -32,6 +32,8 @@ struct block_hash_hasher {
 
 /// SHA-256 of `bytes`.
 block_hash sha256(std::span<const std::uint8_t> bytes);
+/// SHA-256 of `a` followed by `b` (no copy of either).
+block_hash sha256(std::span<const std::uint8_t> a, std::span<const std::byte> b);
 inline block_hash sha256(std::string_view s) {
   return sha256(std::span(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
 }

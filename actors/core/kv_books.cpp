@@ -123,6 +123,7 @@ void kv_books::clear() {
   for (auto id = total_; id >= 1; --id) free_.push_back(static_cast<std::int32_t>(id));
   for (auto& t : lower_) t.reset();
   moves_.clear();
+  note(event::kind::cleared, {}, kv_tier::device);
 }
 
 std::int64_t kv_books::held(std::int64_t seq) const {
@@ -147,6 +148,7 @@ std::int32_t kv_books::take_block() {
   names_.erase(b.name);
   b.named = false;
   ++evictions_;
+  note(event::kind::removed, b.name, kv_tier::device);
   demote(b.name, kv_tier::device, id);  // its copy goes out before the block is written
   return id;
 }
@@ -166,6 +168,7 @@ void kv_books::demote(const block_hash& name, kv_tier from, std::int32_t index) 
       t.lru.pop_front();
       const auto victim = t.name[static_cast<std::size_t>(slot)];
       t.names.erase(victim);
+      note(event::kind::removed, victim, static_cast<kv_tier>(k + 1));
       demote(victim, static_cast<kv_tier>(k + 1), slot);
     }
     const auto to = static_cast<kv_tier>(k + 1);
@@ -175,6 +178,7 @@ void kv_books::demote(const block_hash& name, kv_tier from, std::int32_t index) 
     t.name[static_cast<std::size_t>(slot)] = name;
     t.at[static_cast<std::size_t>(slot)] = t.lru.insert(t.lru.end(), slot);
     t.names.emplace(name, slot);
+    note(event::kind::stored, name, to);
     return;
   }
   ++dropped_;
@@ -193,6 +197,7 @@ std::int32_t kv_books::promote(const block_hash& name, kv_tier from, std::int32_
   auto& t = lower_[static_cast<int>(from) - 1];
   // Out of the tier, but the slot is not free until its copy is out.
   t.names.erase(name);
+  note(event::kind::removed, name, from);
   t.lru.erase(t.at[static_cast<std::size_t>(slot)]);
   const auto id = take_block();  // may send another block down first
   moves_.push_back(kv_move{static_cast<std::uint8_t>(from), slot,
@@ -206,6 +211,7 @@ std::int32_t kv_books::promote(const block_hash& name, kv_tier from, std::int32_
     b.named = true;
     b.name = name;
     names_.emplace(name, id);
+    note(event::kind::stored, name, kv_tier::device);
   }
   return id;
 }
@@ -271,6 +277,7 @@ std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> name
     if (id < 0) break;
     s.table.push_back(id);
   }
+  const auto full = static_cast<std::int64_t>(s.table.size());
   if (partial && s.table.size() == names.size()) {
     // A partly filled block is the sequence's own from now on: it writes
     // its next tokens into it. Taken only where nobody else holds it.
@@ -279,6 +286,7 @@ std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> name
       auto& b = blocks_[static_cast<std::size_t>(id)];
       if (b.refs == 0) {
         take_ref(id);
+        note(event::kind::removed, b.name, kv_tier::device);
         names_.erase(it);
         b.named = false;
         s.table.push_back(id);
@@ -294,7 +302,7 @@ std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> name
   s.delta_from = 0;
   peak_ = std::max(peak_, used_);
   if (s.table.empty()) seqs_.erase(seq);
-  return static_cast<std::int64_t>(s.table.size());
+  return full;  // the partial block is not a full one
 }
 
 void kv_books::publish(std::int64_t seq, std::int64_t index, const block_hash& name) {
@@ -307,6 +315,7 @@ void kv_books::publish(std::int64_t seq, std::int64_t index, const block_hash& n
   b.named = true;
   b.name = name;
   names_.emplace(name, it->second.table[static_cast<std::size_t>(index)]);
+  note(event::kind::stored, name, kv_tier::device);
 }
 
 kv_books::delta kv_books::take_delta(std::int64_t seq) {
@@ -333,7 +342,33 @@ std::int64_t kv_books::forget_names() {
   for (auto& [h, id] : names_) blocks_[static_cast<std::size_t>(id)].named = false;
   names_.clear();
   for (auto& t : lower_) t.reset();
+  note(event::kind::cleared, {}, kv_tier::device);
   return freed;
+}
+
+void kv_books::note(event::kind k, const block_hash& name, kv_tier t) {
+  if (!naming_) return;
+  if (events_.size() >= max_events) {
+    events_.clear();
+    overflowed_ = true;
+  }
+  events_.push_back(event{k, name, t});
+}
+
+std::vector<kv_books::event> kv_books::take_events(bool* overflowed) {
+  if (overflowed) *overflowed = overflowed_;
+  overflowed_ = false;
+  std::vector<event> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<std::pair<block_hash, kv_tier>> kv_books::contents() const {
+  std::vector<std::pair<block_hash, kv_tier>> out;
+  for (const auto& [h, id] : names_) out.emplace_back(h, kv_tier::device);
+  for (int k = 0; k < 2; ++k)
+    for (const auto& [h, slot] : lower_[k].names) out.emplace_back(h, static_cast<kv_tier>(k + 1));
+  return out;
 }
 
 }  // namespace troupe::actors::core

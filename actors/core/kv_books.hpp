@@ -96,7 +96,8 @@ class kv_books {
   std::int64_t cached_prefix(std::span<const block_hash> names) const;
   /// A new sequence (holding nothing) takes the cached blocks named by
   /// `names`' longest cached prefix, bringing those in lower tiers up into
-  /// device blocks while there is room; returns how many. With `partial`,
+  /// device blocks while there is room; returns how many (full blocks:
+  /// the partial one below is not counted). With `partial`,
   /// when every one of `names` was taken: also the block named `partial`
   /// (a partly filled last block a preempted sequence left), which becomes
   /// the sequence's own (unnamed: it will write into it); `*took_partial`
@@ -138,6 +139,26 @@ class kv_books {
   }
   /// Cached blocks dropped from the lowest tier (lost for good).
   std::int64_t dropped() const { return dropped_; }
+
+  // -- block events (naming books only) -------------------------------------------------------
+
+  /// A change of what the cache holds, as one following it from outside (a
+  /// router choosing the replica with a prompt's prefix) sees it: vLLM's
+  /// KV events BlockStored, BlockRemoved and AllBlocksCleared.
+  struct event {
+    enum class kind : std::uint8_t { stored, removed, cleared };
+    kind what = kind::stored;
+    block_hash name{};
+    models::kv_tier tier = models::kv_tier::device;
+    bool operator==(const event&) const = default;
+  };
+  /// The events since the last call, oldest first. Kept up to `max_events`
+  /// between calls; past that they are dropped and `*overflowed` is set
+  /// (the follower then starts over from contents()).
+  std::vector<event> take_events(bool* overflowed);
+  /// Every named block and its tier, nobody's or held.
+  std::vector<std::pair<block_hash, models::kv_tier>> contents() const;
+  static constexpr std::size_t max_events = 1 << 16;
 
  private:
   struct block {
@@ -191,6 +212,9 @@ class kv_books {
   std::vector<models::kv_move> moves_;
   std::int64_t moved_[3][3] = {};
   std::int64_t dropped_ = 0;
+  std::vector<event> events_;
+  bool overflowed_ = false;
+  void note(event::kind k, const block_hash& name, models::kv_tier t);
 };
 
 }  // namespace troupe::actors::core

@@ -289,6 +289,10 @@ class scheduler_core {
   std::uint64_t epoch() const { return epoch_; }
   int micro_batches() const { return opts_.micro_batches; }
   const kv_books& books() const { return books_; }
+  /// The books' block events since the last call (kv_books::take_events).
+  std::vector<kv_books::event> take_block_events(bool* overflowed) {
+    return books_.take_events(overflowed);
+  }
   /// Counters, with the gauges (queued, running, KV, in flight) as of now.
   scheduler_stats stats() const;
 

@@ -77,6 +77,7 @@ using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;     ///< door: 
 using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;  ///< door: tokens' text
 /// Door and scheduler: empty the prefix cache (answers the blocks freed).
 using reset_cache_atom = caf::atom_constant<caf::atom("resetcache")>;
+using kv_events_atom = caf::atom_constant<caf::atom("kvevents")>;  ///< scheduler: block events
 
 // -- errors -------------------------------------------------------------------
 

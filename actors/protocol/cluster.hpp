@@ -241,6 +241,11 @@ struct cluster_status {
   /// Where the pipeline's time went over the last ~10 s (measured;
   /// pipeline_stats.hpp), "" before there are two samples.
   std::string pipeline_detail;
+  /// The head's index of the pipeline's cached KV blocks (followed from the
+  /// scheduler's block events, for routing): blocks per tier (device, host,
+  /// disk), and the events taken in.
+  std::vector<std::int64_t> indexed_blocks;
+  std::uint64_t block_events = 0;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -250,7 +255,7 @@ typename I::result_type inspect(I& f, cluster_status& x) {
            x.placement, x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms,
            x.resume_ms, x.actor_restarts, x.migrations, x.migration, x.migration_done,
            x.stages_total, x.stages_loaded, x.links, x.link_bytes, x.plan_detail, x.decisions,
-           x.pipeline_detail);
+           x.pipeline_detail, x.indexed_blocks, x.block_events);
 }
 
 /// `troupe migrate`: what to move where. `shard` is a stage index

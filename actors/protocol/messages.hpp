@@ -360,6 +360,37 @@ using encoder_actor =
                      caf::replies_to<version_atom>::with<std::uint32_t>>;
 
 /// Admission, continuous batching and streaming for one model.
+/// One block event (core::kv_books::event): what (0 stored, 1 removed,
+/// 2 cleared), the tier (0 device, 1 host, 2 disk) and the block's name
+/// (32 bytes; empty for cleared).
+struct kv_block_event {
+  std::uint8_t what = 0;
+  std::uint8_t tier = 0;
+  std::vector<std::uint8_t> name;
+  bool operator==(const kv_block_event&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, kv_block_event& x) {
+  return f(caf::meta::type_name("kv_block_event"), x.what, x.tier, x.name);
+}
+
+/// A scheduler's block events from a sequence number on: `events` carry
+/// numbers [next - events.size(), next). With `resync` the follower's
+/// number was too old (or new): the events are a `cleared` and then every
+/// block the cache holds, as `stored`.
+struct kv_events {
+  std::uint64_t next = 0;
+  bool resync = false;
+  std::vector<kv_block_event> events;
+  bool operator==(const kv_events&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, kv_events& x) {
+  return f(caf::meta::type_name("kv_events"), x.next, x.resync, x.events);
+}
+
 using scheduler_actor = caf::typed_actor<
     caf::replies_to<submit_atom, generate_request, client_sink_actor>::with<submit_ack>,
     caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
@@ -367,6 +398,8 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<version_atom>::with<std::uint32_t>, caf::reacts_to<tick_atom>,
     // Empty the prefix cache; answers the cached blocks that became free.
     caf::replies_to<reset_cache_atom>::with<std::int64_t>,
+    // Block events from this sequence number on (a router's view).
+    caf::replies_to<kv_events_atom, std::uint64_t>::with<kv_events>,
     // From the node: the pipeline was restarted (every stage's KV is gone;
     // running requests recompute) or, with no stages, given up on.
     caf::reacts_to<pipeline_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,

@@ -26,6 +26,7 @@ scheduler_actor silent_scheduler(caf::actor_system& sys) {
         [](version_atom) { return protocol_version; },
         [](tick_atom) {},
         [](reset_cache_atom) { return std::int64_t{0}; },
+        [](kv_events_atom, std::uint64_t) { return kv_events{}; },
         [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
         [](encoder_atom, encoder_actor&) {},
         [](handover_atom, encoder_actor&, bool) { return true; },

@@ -380,6 +380,30 @@ TEST_F(pipeline_test, a_repeated_prompt_takes_its_prefix_from_the_cache_with_the
     }
 }
 
+// The same new image in two requests sent at once: the second joins the
+// first's wait for the vision tower (encoded once, counted as a hit), and
+// both answers are the plain loop's.
+TEST_F(pipeline_test, the_same_image_sent_twice_at_once_is_encoded_once) {
+  const auto pc = mixed_cases(1)[0];
+  ASSERT_FALSE(pc.image.empty());
+  const auto want = ref().solo(pc);
+  runtime_config cfg;
+  cfg.encoder.max_wait_ms = 200;  // both arrive within one batch window
+  cfg.encoder.min_batch = 4;
+  auto rt = start(1, cfg);
+  client c(sys, rt->scheduler());
+  auto got =
+      run_all(c, {ref().request(pc, client::next_id()), ref().request(pc, client::next_id())});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].tokens, want) << got[0].error;
+  EXPECT_EQ(got[1].tokens, want) << got[1].error;
+  const auto st = c.stats();
+  EXPECT_EQ(st.images, 2);
+  EXPECT_EQ(st.image_cache_hits, 1);
+  EXPECT_EQ(std::min(got[0].encode_ms, got[1].encode_ms), 0) << "one of them ran no batch";
+  expect_kv_free(*rt);
+}
+
 TEST_F(pipeline_test, queue_limit_rejects_with_overloaded_and_loses_nothing) {
   runtime_config cfg;
   cfg.scheduler.queue_limit = 64;

@@ -271,6 +271,17 @@ std::vector<std::int32_t> make(tag<std::vector<std::int32_t>>, const actors_for_
   return {1, -2, 3, 1 << 30};
 }
 
+kv_block_event make(tag<kv_block_event>, const actors_for_handles&) {
+  return {.what = 1, .tier = 2, .name = std::vector<std::uint8_t>(32, 0x3c)};
+}
+
+kv_events make(tag<kv_events>, const actors_for_handles&) {
+  return {.next = 77,
+          .resync = true,
+          .events = {{.what = 2, .tier = 0, .name = {}},
+                     {.what = 0, .tier = 1, .name = std::vector<std::uint8_t>(32, 0x5a)}}};
+}
+
 tokenize_reply make(tag<tokenize_reply>, const actors_for_handles&) {
   return {.tokens = {1, 15043, 3186}, .context_length = 2048};
 }
@@ -494,7 +505,9 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
           .link_bytes = {1 << 20, 1 << 21},
           .plan_detail = "plan: 2 stages",
           .decisions = make(tag<std::vector<placement_decision>>{}, h),
-          .pipeline_detail = "  over 10.0 s: 4.0 steps/s"};
+          .pipeline_detail = "  over 10.0 s: 4.0 steps/s",
+          .indexed_blocks = {120, 64, 900},
+          .block_events = 4242};
 }
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {
@@ -575,7 +588,8 @@ using messages =
               stage_order, device_probe, placement_decision, std::vector<placement_decision>,
               node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
               job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
-              migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>>;
+              migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>,
+              kv_block_event, kv_events>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -118,6 +118,53 @@ TEST(SchedulerShell, StreamsARequestToItsEnd) {
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
 }
 
+// The block events the head follows: numbered from 0 (a `cleared`
+// first), a number already read gives nothing new, and a number the log
+// never had gives a resync: `cleared` and then every cached block.
+TEST(SchedulerShell, BlockEventsAreNumberedAndAStaleNumberResyncs) {
+  fixture f;
+  auto s = f.scheduler({f.stage(stage_mode::answer)});
+  generate_request r;
+  r.id = 1;
+  for (std::int32_t t = 10; t < 50; ++t) r.prompt_tokens.push_back(t);  // two full blocks
+  r.params.max_tokens = 3;
+  caf::anon_send(s, submit_atom::value, std::move(r), f.sink);
+  f.sched->run();
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  auto ask = [&](std::uint64_t since) {
+    auto out = std::make_shared<std::optional<kv_events>>();
+    f.sys->spawn([s, since, out](caf::event_based_actor* self) {
+      self->request(s, caf::infinite, kv_events_atom::value, since).then([out](kv_events& e) {
+        *out = std::move(e);
+      });
+    });
+    f.sched->run();
+    EXPECT_TRUE(*out);
+    return out->value_or(kv_events{});
+  };
+  const auto first = ask(0);
+  EXPECT_FALSE(first.resync);
+  ASSERT_EQ(first.events.size(), 3u);
+  EXPECT_EQ(first.next, 3u);
+  EXPECT_EQ(first.events[0].what, 2) << "cleared";
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(first.events[i].what, 0) << "stored";
+    EXPECT_EQ(first.events[i].tier, 0) << "on the device";
+    EXPECT_EQ(first.events[i].name.size(), 32u);
+  }
+  EXPECT_NE(first.events[1].name, first.events[2].name);
+  const auto again = ask(first.next);
+  EXPECT_FALSE(again.resync);
+  EXPECT_TRUE(again.events.empty());
+  EXPECT_EQ(again.next, first.next);
+  const auto stale = ask(first.next + 100);
+  EXPECT_TRUE(stale.resync);
+  ASSERT_EQ(stale.events.size(), 3u);
+  EXPECT_EQ(stale.events[0].what, 2);
+  EXPECT_EQ(stale.next, first.next);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
 TEST(SchedulerShell, ADeadlineFiresOnTheActorClock) {
   fixture f;
   auto s = f.scheduler({});  // no pipeline yet: the request waits

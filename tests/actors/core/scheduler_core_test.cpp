@@ -3,6 +3,8 @@
 // with no actors, threads or processes.
 #include "actors/core/scheduler_core.hpp"
 
+#include "actors/core/block_index.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1042,7 +1044,8 @@ struct tier_run {
 /// them: preemptions all along. Each answer token depends on the request's
 /// whole history, so a wrong restore would also change the answers.
 tier_run run_under_pressure(std::int64_t host_blocks, std::int64_t disk_blocks,
-                            std::int64_t kv_blocks = 12) {
+                            std::int64_t kv_blocks = 12, std::uint64_t requests = 6,
+                            std::int64_t max_tokens = 13) {
   auto o = caching_options();
   o.kv_blocks = kv_blocks;
   o.host_blocks = host_blocks;
@@ -1051,12 +1054,12 @@ tier_run run_under_pressure(std::int64_t host_blocks, std::int64_t disk_blocks,
   std::map<std::uint64_t, std::vector<std::int32_t>> tokens;
   simulated_stage sim;
   sim.tokens = &tokens;
-  for (std::uint64_t id = 1; id <= 6; ++id) {
+  for (std::uint64_t id = 1; id <= requests; ++id) {
     auto prompt = ramp(static_cast<std::int32_t>(30 * id), 10 + id);
     tokens[id] = prompt;
-    EXPECT_TRUE(h.submit_tokens(id, prompt, 13));
+    EXPECT_TRUE(h.submit_tokens(id, prompt, max_tokens));
   }
-  for (int i = 0; i < 2000 && h.done().size() < 6; ++i) {
+  for (int i = 0; i < 5000 && h.done().size() < requests; ++i) {
     auto p = h.plan();
     if (!p) {
       ADD_FAILURE() << "no step planned with " << h.done().size() << " done, running "
@@ -1088,7 +1091,7 @@ tier_run run_under_pressure(std::int64_t host_blocks, std::int64_t disk_blocks,
     EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
     out.answers[d.id] = d.tokens;
   }
-  EXPECT_EQ(out.answers.size(), 6u);
+  EXPECT_EQ(out.answers.size(), requests);
   return out;
 }
 
@@ -1110,6 +1113,12 @@ TEST(KvTiers, PreemptionWithAHostTierRecomputesNothing) {
   EXPECT_GT(host.stats.kv_from_host, 0);
   EXPECT_GT(host.checked, none.checked) << "restored positions are read back and checked";
   EXPECT_EQ(host.answers, none.answers);
+  // Longer answers: requests are preempted again after they took their
+  // partly filled block back (and filled it), which must be named anew.
+  const auto twice = run_under_pressure(256, 0, 16, 8, 40);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(twice.stats.preemptions, 8);
+  EXPECT_EQ(twice.stats.recomputed_tokens, 0);
 }
 
 // A host tier of two blocks spills to disk (least recently used first);
@@ -1165,6 +1174,53 @@ TEST(KvTiers, AnEvictedPrefixComesBackFromTheHostTier) {
   auto e = run_to_end(h, 6);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->cached_tokens, 0);
+}
+
+// Block events: an index that follows nothing but the events knows, after
+// every step, exactly the blocks the books name and in which tier, through
+// evictions to host and disk, promotions, preemptions and an admin reset;
+// and it answers a prompt's cached prefix as the books do.
+TEST(KvTiers, BlockEventsKeepAnOutsideIndexExact) {
+  auto o = caching_options();
+  o.kv_blocks = 12;
+  o.host_blocks = 4;
+  o.disk_blocks = 64;
+  harness h(o);
+  block_index index;
+  auto follow = [&] {
+    bool overflowed = false;
+    for (const auto& e : h.core.take_block_events(&overflowed)) index.apply(e);
+    ASSERT_FALSE(overflowed);
+    auto want = h.core.books().contents();
+    ASSERT_EQ(index.size(), static_cast<std::int64_t>(want.size()));
+    for (const auto& [name, tier] : want) {
+      auto got = index.find(name);
+      ASSERT_TRUE(got) << to_hex(name);
+      EXPECT_EQ(*got, tier) << to_hex(name);
+    }
+  };
+  for (std::uint64_t id = 1; id <= 8; ++id)
+    ASSERT_TRUE(h.submit_tokens(id, ramp(static_cast<std::int32_t>(7 * id), 9 + id), 12));
+  for (int i = 0; i < 2000 && h.done().size() < 8; ++i) {
+    auto p = h.plan();
+    ASSERT_TRUE(p);
+    h.answer(*p, static_cast<std::int32_t>(40 + i % 50));
+    follow();
+    if (HasFatalFailure()) return;
+  }
+  ASSERT_EQ(h.done().size(), 8u);
+  const auto st = h.core.stats();
+  EXPECT_GT(st.kv_to_host, 0);
+  EXPECT_GT(st.kv_to_disk, 0);
+  EXPECT_GT(index.count(models::kv_tier::disk), 0);
+  // The index answers a prefix lookup as the books do.
+  block_chain chain(root_hash("test-model", ""), 4, -1, 0, {});
+  chain.extend(ramp(7 * 8, 17));
+  EXPECT_EQ(index.cached_prefix(chain.hashes()), h.core.books().cached_prefix(chain.hashes()));
+  EXPECT_GT(index.cached_prefix(chain.hashes()), 0);
+  h.core.reset_prefix_cache();
+  follow();
+  EXPECT_EQ(index.size(), 0);
 }
 }  // namespace
 }  // namespace troupe::actors::core
