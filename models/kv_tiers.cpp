@@ -38,6 +38,19 @@ result<std::unique_ptr<kv_tiers>> kv_tiers::create(std::size_t slot_bytes, std::
       return make_error(errc::invalid_argument, "KV host tier: " + std::to_string(host_slots) +
                                                     " slots of " + std::to_string(slot_bytes) +
                                                     " bytes is too large");
+    // Pages are taken as slots fill, so a tier larger than the machine's
+    // memory would only fail later, by swapping or the OOM killer: refuse it.
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 &&
+        t->host_len_ / static_cast<std::size_t>(page) >= static_cast<std::size_t>(pages))
+      return make_error(
+          errc::out_of_memory,
+          "KV host tier: " + std::to_string(host_slots) + " blocks of " +
+              std::to_string(slot_bytes) + " bytes (" + std::to_string(t->host_len_ >> 20) +
+              " MiB) exceed this machine's " +
+              std::to_string((static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)) >>
+                             20) +
+              " MiB of memory");
     void* p = ::mmap(nullptr, t->host_len_, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)

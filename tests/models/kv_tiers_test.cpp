@@ -153,4 +153,11 @@ TEST(KvTierStore, TheDiskFileLeavesNoNameAndAMissingFolderIsAClearError) {
   auto huge = kv_tiers::create(std::size_t{1} << 30, std::int64_t{1} << 30, 0, {});
   ASSERT_FALSE(huge);
   EXPECT_EQ(huge.error().code, k::errc::invalid_argument);
+  // A host tier larger than the machine's memory (4 TiB here) is refused
+  // up front, not left to fail page by page.
+  auto more = kv_tiers::create(std::size_t{1} << 30, std::int64_t{1} << 12, 0, {});
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().code, k::errc::out_of_memory);
+  EXPECT_NE(more.error().message.find("exceed this machine's"), std::string::npos)
+      << more.error().message;
 }
