@@ -358,47 +358,58 @@ std::size_t kv_cache::slot_bytes() const {
   return n;
 }
 
-result<void> kv_cache::read_block(std::int32_t id, std::span<std::byte> out) const {
-  if (id < 1 || id >= n_blocks_ || out.size() != slot_bytes())
-    return make_error(errc::invalid_argument, "read_block: block " + std::to_string(id) +
-                                                  " or a slot of " + std::to_string(out.size()) +
+namespace {
+
+/// Calls `copy(tensor, row bytes, offset in the slot)` for each row block
+/// `id` has, every layer, in slot order, after checking the id and the
+/// slot's size; stops at the first error.
+template <class F>
+result<void> for_each_block_row(const std::vector<kernels::paged_kv_cache>& layers,
+                                std::int64_t n_blocks, std::int32_t id, std::size_t slot,
+                                std::size_t want, const char* what, F&& copy) {
+  if (id < 1 || id >= n_blocks || slot != want)
+    return make_error(errc::invalid_argument, std::string(what) + ": block " + std::to_string(id) +
+                                                  " or a slot of " + std::to_string(slot) +
                                                   " bytes does not fit this cache");
   std::size_t at = 0;
-  for (const auto& l : layers_)
+  for (const auto& l : layers)
     for (const auto* t : block_rows(l)) {
       const auto n = row_bytes(*t);
-      if (dev_ == nullptr) {
-        std::memcpy(out.data() + at,
-                    t->data_as<const std::byte>() + n * static_cast<std::size_t>(id), n);
-      } else {
-        auto row = t->slice_rows(id, 1);
-        if (!row) return std::unexpected(row.error());
-        if (auto r = dev_->read(*row, out.subspan(at, n)); !r) return r;
-      }
+      if (auto r = copy(*t, n, at); !r) return r;
       at += n;
     }
   return {};
 }
 
-result<void> kv_cache::write_block(std::int32_t id, std::span<const std::byte> in) {
-  if (id < 1 || id >= n_blocks_ || in.size() != slot_bytes())
-    return make_error(errc::invalid_argument, "write_block: block " + std::to_string(id) +
-                                                  " or a slot of " + std::to_string(in.size()) +
-                                                  " bytes does not fit this cache");
-  std::size_t at = 0;
-  for (const auto& l : layers_)
-    for (const auto* t : block_rows(l)) {
-      const auto n = row_bytes(*t);
-      if (dev_ == nullptr) {
-        std::memcpy(t->data_as<std::byte>() + n * static_cast<std::size_t>(id), in.data() + at, n);
-      } else {
-        auto row = t->slice_rows(id, 1);
+}  // namespace
+
+result<void> kv_cache::read_block(std::int32_t id, std::span<std::byte> out) const {
+  return for_each_block_row(
+      layers_, n_blocks_, id, out.size(), slot_bytes(), "read_block",
+      [&](const kernels::tensor& t, std::size_t n, std::size_t at) -> result<void> {
+        if (dev_ == nullptr) {
+          std::memcpy(out.data() + at,
+                      t.data_as<const std::byte>() + n * static_cast<std::size_t>(id), n);
+          return {};
+        }
+        auto row = t.slice_rows(id, 1);
         if (!row) return std::unexpected(row.error());
-        if (auto r = dev_->write(*row, in.subspan(at, n)); !r) return r;
-      }
-      at += n;
-    }
-  return {};
+        return dev_->read(*row, out.subspan(at, n));
+      });
+}
+
+result<void> kv_cache::write_block(std::int32_t id, std::span<const std::byte> in) {
+  return for_each_block_row(
+      layers_, n_blocks_, id, in.size(), slot_bytes(), "write_block",
+      [&](const kernels::tensor& t, std::size_t n, std::size_t at) -> result<void> {
+        if (dev_ == nullptr) {
+          std::memcpy(t.data_as<std::byte>() + n * static_cast<std::size_t>(id), in.data() + at, n);
+          return {};
+        }
+        auto row = t.slice_rows(id, 1);
+        if (!row) return std::unexpected(row.error());
+        return dev_->write(*row, in.subspan(at, n));
+      });
 }
 
 /// copy_blocks_in for a cache in a device's memory: each part of a block
