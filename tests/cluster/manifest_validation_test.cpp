@@ -142,6 +142,10 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "m.toml:11: scheduler.queue_limit: must be in [1, "},
       {head + node + "[scheduler]\nqueue_limit = \"many\"\n",
        "m.toml:11: scheduler.queue_limit: expected an integer"},
+      {head + node + "[kv]\nhost_tokens = -1\n", "m.toml:11: kv.host_tokens: must be in [0, "},
+      {head + node + "[kv]\nswap = 4\n", "m.toml:11: kv.swap: unknown key"},
+      {head + node + "[scheduler]\nprefix_caching = false\n[kv]\nhost_tokens = 1024\n",
+       "m.toml:12: kv: host and disk tiers hold named (prefix-cached) blocks"},
       {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = "
               "\"cpu\" }]\n",
        "m.toml:8: nodes[0].port: must be in [1, 65535], got 70000"},
@@ -206,6 +210,23 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
         << "wanted: " << c.expect << "\ngot:\n"
         << joined(m.error());
   }
+}
+
+// [kv]: the tiers' sizes, and a relative disk folder resolved against the
+// manifest's directory.
+TEST(Manifest, KvTiers) {
+  const std::string text = std::string(good) +
+                           "\n[kv]\nhost_tokens = 65536\ndisk_tokens = 262144\ndisk_dir = "
+                           "\"kv\"\n";
+  auto m = parse_manifest(text, "/etc/troupe/lab.toml");
+  ASSERT_TRUE(m) << joined(m.error());
+  EXPECT_EQ(m->kv.host_tokens, 65536);
+  EXPECT_EQ(m->kv.disk_tokens, 262144);
+  EXPECT_EQ(m->kv.disk_dir, "/etc/troupe/kv");
+  auto none = parse_manifest(good, "/etc/troupe/lab.toml");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->kv.host_tokens, 0);
+  EXPECT_EQ(none->kv.disk_dir, "");
 }
 
 TEST(Manifest, SeveralMistakesAreAllReported) {
