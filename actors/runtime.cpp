@@ -183,6 +183,16 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   auto devices = cfg.devices.empty() ? std::vector<device_spec>{{"cpu", {}}} : cfg.devices;
   if (cfg.stages < 1)
     return kernels::make_error(errc::invalid_argument, "--stages must be at least 1");
+  for (const auto& [what, tokens] : {std::pair{"--kv-host-tokens", cfg.kv.tiers.host_tokens},
+                                     std::pair{"--kv-disk-tokens", cfg.kv.tiers.disk_tokens}})
+    if (tokens > 0 && tokens < cfg.kv.block_size)
+      return kernels::make_error(errc::invalid_argument,
+                                 std::string(what) + " " + std::to_string(tokens) +
+                                     " holds no KV block of " + std::to_string(cfg.kv.block_size) +
+                                     " tokens; 0 turns the tier off");
+  if (!cfg.kv.tiers.disk_dir.empty() && cfg.kv.tiers.disk_tokens == 0)
+    return kernels::make_error(errc::invalid_argument,
+                               "--kv-disk-dir without --kv-disk-tokens: there is no disk tier");
   if (cfg.kv.tiers.host_tokens > 0 || cfg.kv.tiers.disk_tokens > 0) {
     if (!cfg.scheduler.prefix_caching || cfg.kv.window > 0)
       return kernels::make_error(errc::invalid_argument,

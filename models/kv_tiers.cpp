@@ -16,11 +16,15 @@ using kernels::make_error;
 
 namespace {
 
-/// slots * bytes, or 0 past 2^46 (64 TiB: no tier is that large).
-std::size_t tier_bytes(std::size_t slot_bytes, std::int64_t slots) {
-  if (slots <= 0 || slot_bytes == 0) return 0;
+/// slots * bytes of tier `what`; an error past 2^46 (64 TiB: no tier is
+/// that large).
+result<std::size_t> tier_bytes(const char* what, std::size_t slot_bytes, std::int64_t slots) {
   const auto n = static_cast<unsigned __int128>(slot_bytes) * static_cast<std::uint64_t>(slots);
-  return n > (static_cast<unsigned __int128>(1) << 46) ? 0 : static_cast<std::size_t>(n);
+  if (slot_bytes == 0 || n > (static_cast<unsigned __int128>(1) << 46))
+    return make_error(errc::invalid_argument,
+                      std::string("KV ") + what + " tier: " + std::to_string(slots) + " slots of " +
+                          std::to_string(slot_bytes) + " bytes is too large");
+  return static_cast<std::size_t>(n);
 }
 
 }  // namespace
@@ -33,11 +37,9 @@ result<std::unique_ptr<kv_tiers>> kv_tiers::create(std::size_t slot_bytes, std::
   std::unique_ptr<kv_tiers> t(new kv_tiers);
   t->slot_bytes_ = slot_bytes;
   if (host_slots > 0) {
-    t->host_len_ = tier_bytes(slot_bytes, host_slots);
-    if (t->host_len_ == 0)
-      return make_error(errc::invalid_argument, "KV host tier: " + std::to_string(host_slots) +
-                                                    " slots of " + std::to_string(slot_bytes) +
-                                                    " bytes is too large");
+    auto len = tier_bytes("host", slot_bytes, host_slots);
+    if (!len) return std::unexpected(len.error());
+    t->host_len_ = *len;
     // Pages are taken as slots fill, so a tier larger than the machine's
     // memory would only fail later, by swapping or the OOM killer: refuse it.
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
@@ -60,11 +62,9 @@ result<std::unique_ptr<kv_tiers>> kv_tiers::create(std::size_t slot_bytes, std::
     t->host_slots_ = host_slots;
   }
   if (disk_slots > 0) {
-    t->disk_len_ = tier_bytes(slot_bytes, disk_slots);
-    if (t->disk_len_ == 0)
-      return make_error(errc::invalid_argument, "KV disk tier: " + std::to_string(disk_slots) +
-                                                    " slots of " + std::to_string(slot_bytes) +
-                                                    " bytes is too large");
+    auto len = tier_bytes("disk", slot_bytes, disk_slots);
+    if (!len) return std::unexpected(len.error());
+    t->disk_len_ = *len;
     std::error_code ec;
     const std::filesystem::path dir = disk_dir.empty() ? std::filesystem::temp_directory_path(ec)
                                                        : std::filesystem::path(disk_dir);

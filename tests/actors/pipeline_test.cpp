@@ -380,6 +380,28 @@ TEST_F(pipeline_test, a_repeated_prompt_takes_its_prefix_from_the_cache_with_the
     }
 }
 
+// KV tier settings that would do nothing, or could not work, are refused
+// at start with the reason.
+TEST_F(pipeline_test, kv_tier_settings_that_cannot_work_are_refused) {
+  struct bad {
+    models::kv_tier_options tiers;
+    bool caching;
+    const char* why;
+  };
+  for (const auto& b : {bad{{8, 0, {}}, true, "holds no KV block of 16"},
+                        bad{{0, 0, "/tmp"}, true, "--kv-disk-dir without --kv-disk-tokens"},
+                        bad{{1024, 0, {}}, false, "need prefix caching"},
+                        bad{{0, 1024, "/nonexistent/troupe-kv"}, true, "/nonexistent/troupe-kv"}}) {
+    runtime_config cfg;
+    cfg.model = model_dir;
+    cfg.kv.tiers = b.tiers;
+    cfg.scheduler.prefix_caching = b.caching;
+    auto rt = local_runtime::start(sys, cfg);
+    ASSERT_FALSE(rt) << b.why;
+    EXPECT_NE(rt.error().message.find(b.why), std::string::npos) << rt.error().message;
+  }
+}
+
 // The same new image in two requests sent at once: the second joins the
 // first's wait for the vision tower (encoded once, counted as a hit), and
 // both answers are the plain loop's.

@@ -144,6 +144,10 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "m.toml:11: scheduler.queue_limit: expected an integer"},
       {head + node + "[kv]\nhost_tokens = -1\n", "m.toml:11: kv.host_tokens: must be in [0, "},
       {head + node + "[kv]\nswap = 4\n", "m.toml:11: kv.swap: unknown key"},
+      {head + node + "[kv]\nhost_tokens = 8\n",
+       "m.toml:11: kv.host_tokens: holds no KV block of 16 tokens"},
+      {head + node + "[kv]\ndisk_dir = \"/var/tmp\"\n",
+       "m.toml:11: kv.disk_dir: set without kv.disk_tokens"},
       {head + node + "[scheduler]\nprefix_caching = false\n[kv]\nhost_tokens = 1024\n",
        "m.toml:12: kv: host and disk tiers hold named (prefix-cached) blocks"},
       {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = "
