@@ -11,10 +11,12 @@
 #include <memory>
 #include <mutex>
 
+#include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/head_placement.hpp"
 #include "actors/head_state.hpp"
 #include "actors/head_status.hpp"
+#include "actors/kv_vault.hpp"
 #include "actors/log.hpp"
 #include "actors/migration.hpp"
 #include "models/llama.hpp"
@@ -134,7 +136,21 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       sopts.host_blocks = sopts.kv.tiers.host_tokens / sopts.kv.block_size;
       sopts.disk_blocks = sopts.kv.tiers.disk_tokens / sopts.kv.block_size;
       sopts.kv_slot_bytes = slot_bytes;
+      if (st.cfg.node.kv.tiers.store_tokens > 0 && sopts.prefix_caching && st.layers > 0)
+        sopts.remote_blocks = st.cfg.node.kv.tiers.store_tokens / sopts.kv.block_size;
       st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+      if (sopts.remote_blocks > 0) {
+        kv_vault_options vo;
+        vo.slots = sopts.remote_blocks;
+        vo.layers = st.layers;
+        vo.layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
+        vo.notify = st.scheduler;
+        st.vault = spawn_kv_vault(self->system(), vo);
+        self->send(st.scheduler, vault_atom::value, st.vault, data_plane::local().address());
+        event(self, "KV store: " + std::to_string(vo.slots) + " blocks of " +
+                        std::to_string(slot_bytes) + " bytes in " + st.cfg.node.name +
+                        "'s process (a copy of every full block)");
+      }
     } else {
       self->send(st.scheduler, pipeline_atom::value, shards, kvs);
     }
@@ -563,6 +579,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
       // The scheduler and the encoder go with the head.
       auto& st = self->state;
       if (st.scheduler) self->send_exit(st.scheduler, em.reason);
+      if (st.vault) self->send_exit(st.vault, em.reason);
       if (st.encoder) self->send_exit(st.encoder, em.reason);
       self->quit(em.reason);
     });

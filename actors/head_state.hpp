@@ -51,6 +51,9 @@ struct head_state {
   std::optional<cluster::membership> members;
   std::map<std::string, member_rt> rt;
   scheduler_actor scheduler;
+  /// The remote KV tier's store (kv.store_tokens): copies of every full
+  /// block, in this process, outliving the stages' nodes.
+  kv_vault_actor vault;
   // The pipeline's cached blocks, followed from the scheduler's block
   // events at each heartbeat (for a router: which prefixes are where).
   core::block_index blocks;

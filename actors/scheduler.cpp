@@ -78,6 +78,10 @@ struct scheduler_state {
   // last kv_books::max_events kept for the head (kv_events_atom).
   std::deque<kv_block_event> events;
   std::uint64_t events_first = 0, events_next = 0;
+  // The remote KV tier's store (none: no remote tier) and its process's
+  // data-plane address, named in the steps that copy to or from it.
+  kv_vault_actor vault;
+  std::vector<std::uint8_t> vault_address;
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -245,6 +249,13 @@ step_batch to_message(self_ptr self, core::step_plan& plan, std::vector<rows_fet
   batch.decode_steps = plan.decode_steps;
   batch.return_logits = false;
   batch.moves = std::move(plan.moves);
+  for (const auto& m : batch.moves)
+    if (m.from == static_cast<std::uint8_t>(models::kv_tier::remote) ||
+        m.to == static_cast<std::uint8_t>(models::kv_tier::remote)) {
+      batch.vault = st.vault;
+      batch.vault_address = st.vault_address;
+      break;
+    }
   for (auto& p : plan.seqs) {
     seq_work w;
     w.seq = p.seq;
@@ -635,6 +646,17 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
         },
         [=](stats_atom) { return self->state.core->stats(); },
         [=](kv_events_atom, std::uint64_t since) { return events_since(self, since); },
+        [=](vault_atom, kv_vault_actor& vault, std::vector<std::uint8_t>& address) {
+          self->state.vault = std::move(vault);
+          self->state.vault_address = std::move(address);
+        },
+        [=](vault_ok_atom, const vault_blocks& b) {
+          std::vector<std::pair<std::int32_t, core::block_hash>> ok;
+          for (std::size_t i = 0; i < b.slots.size() && i < b.names.size(); ++i)
+            ok.emplace_back(b.slots[i], b.names[i]);
+          self->state.core->remote_stored(ok);
+          collect_events(self);
+        },
         [=](reset_cache_atom) {
           const auto freed = self->state.core->reset_prefix_cache();
           logging::of("scheduler").info("prefix cache reset: {} cached blocks freed", freed);

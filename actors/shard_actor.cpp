@@ -1,6 +1,7 @@
 #include "actors/shard_actor.hpp"
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,82 @@ caf::result<step_output> answer(shard_actor::stateful_pointer<shard_state> self,
   j->maybe_deliver();
   self->state.joins.forget_if_done(j);
   return caf::delegated<step_output>{};
+}
+
+/// The step's remote-tier moves, this stage's side: `in` gets the rows of
+/// its layers of each block the step brings back, fetched from the vault
+/// now (the step waits for them); `puts` are the blocks it copies out.
+struct remote_plan {
+  vault_blocks gets, puts;
+  bool any = false;
+};
+
+remote_plan remote_moves_of(const step_batch& b, const models::layer_range& r) {
+  remote_plan p;
+  constexpr auto remote = static_cast<std::uint8_t>(models::kv_tier::remote);
+  for (const auto& m : b.moves) {
+    if (m.from == remote) {
+      p.gets.slots.push_back(m.from_index);
+      p.gets.names.push_back(m.name);
+    } else if (m.to == remote) {
+      p.puts.slots.push_back(m.to_index);
+      p.puts.names.push_back(m.name);
+    } else {
+      continue;
+    }
+    p.any = true;
+  }
+  for (auto* v : {&p.gets, &p.puts}) {
+    v->first_layer = r.first;
+    v->layers = r.last - r.first;
+  }
+  return p;
+}
+
+/// Fetches `p.gets` from the vault into `rows` (blocking: the shard is a
+/// detached actor, and the step cannot compute before they are in).
+std::string fetch_remote(caf::actor_system& sys, const caf::node_id& self_node, const step_batch& b,
+                         remote_plan& p, kernels::tensor& rows) {
+  if (!b.vault) return "the step restores KV blocks from a remote store it does not name";
+  auto& dp = data_plane::local();
+  const auto key = data_plane_key(self_node, b.vault->node());
+  if (!key.empty() && !dp.reachable(key))
+    if (auto c = dp.connect(key, b.vault_address); !c)
+      return "the data plane to the KV store: " + c.error().message;
+  p.gets.dest = to_string(self_node);
+  std::string err;
+  caf::scoped_actor s{sys};
+  s->request(b.vault, std::chrono::seconds(60), vault_get_atom::value, p.gets)
+      .receive(
+          [&](tensor_ref& ref) {
+            static const auto pool = kernels::memory_pool::create();
+            auto t = dp.take(ref, *pool);
+            if (!t)
+              err = "KV rows from the remote store: " + t.error().message;
+            else
+              rows = std::move(*t);
+          },
+          [&](caf::error& e) { err = "the remote KV store: " + describe(sys, e); });
+  return err;
+}
+
+/// Puts the rows a step copied out into the vault (asynchronously: the
+/// vault confirms to the scheduler once it holds every layer).
+void put_remote(shard_actor::stateful_pointer<shard_state> self, const stage_resources& res,
+                const step_batch& b, remote_plan& p, std::vector<std::byte> rows) {
+  if (p.puts.slots.empty() || rows.empty() || !b.vault) return;
+  auto& dp = data_plane::local();
+  const auto key = data_plane_key(self->node(), b.vault->node());
+  if (!key.empty() && !dp.reachable(key))
+    if (auto c = dp.connect(key, b.vault_address); !c) return;  // the copies stay unconfirmed
+  static const auto pool = kernels::memory_pool::create();
+  auto t = kernels::tensor::empty(*pool, kernels::dtype::u8, {std::ssize(rows)});
+  if (!t) return;
+  std::memcpy(t->data(), rows.data(), rows.size());
+  auto ref = dp.send(key, res.device.name, std::move(*t));
+  if (!ref) return;
+  p.puts.data = std::move(*ref);
+  self->send(b.vault, vault_put_atom::value, std::move(p.puts));
 }
 
 }  // namespace
@@ -105,7 +182,24 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             res->tp->step = b.step;
             res->tp->calls = 0;
           }
-          auto out = run_stage(*res, b, generation);
+          // Copies to and from the remote KV tier: this stage's layers.
+          auto rp = remote_moves_of(b, res->model->range());
+          remote_rows rr;
+          kernels::tensor fetched;
+          if (rp.any) {
+            if (res->tp && res->tp->size > 1)
+              return answer(self, join,
+                            fail("a remote KV tier with a tensor-parallel stage is not "
+                                 "supported yet"));
+            if (!rp.gets.slots.empty()) {
+              if (auto e = fetch_remote(self->system(), self->node(), b, rp, fetched); !e.empty())
+                return answer(self, join, fail(e));
+              rr.in = std::span(static_cast<const std::byte*>(fetched.data()),
+                                static_cast<std::size_t>(fetched.shape().numel()));
+            }
+          }
+          auto out = run_stage(*res, b, generation, rp.any ? &rr : nullptr);
+          if (out && rp.any) put_remote(self, *res, b, rp, std::move(rr.out));
           ++self->state.steps;
           // The previous stage's process is gone, or this shard was replaced.
           if (!out &&

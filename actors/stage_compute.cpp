@@ -26,7 +26,60 @@ kernels::memory_pool& input_pool(kernels::device& dev) {
 
 }  // namespace
 
-kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation) {
+namespace {
+
+bool remote_move(const models::kv_move& m) {
+  return m.from == static_cast<std::uint8_t>(models::kv_tier::remote) ||
+         m.to == static_cast<std::uint8_t>(models::kv_tier::remote);
+}
+
+/// Carries out a step's moves in order: runs between the local tiers go
+/// to kv_tiers, the remote tier's rows come from and go to `remote`.
+kernels::result<void> apply_moves(stage_kv& kv, std::span<const models::kv_move> moves,
+                                  remote_rows* remote) {
+  const auto slot = kv.cache.slot_bytes();
+  std::size_t in_at = 0;
+  for (std::size_t i = 0; i < moves.size();) {
+    if (!remote_move(moves[i])) {
+      auto j = i;
+      while (j < moves.size() && !remote_move(moves[j])) ++j;
+      if (!kv.tiers)
+        return kernels::make_error(
+            errc::invalid_argument,
+            "the step moves KV blocks between tiers, and this stage has none "
+            "(the stages' [kv] tiers differ from the scheduler's)");
+      if (auto r = kv.tiers->apply(kv.cache, moves.subspan(i, j - i)); !r) return r;
+      i = j;
+      continue;
+    }
+    const auto& m = moves[i++];
+    if (!remote)
+      return kernels::make_error(errc::invalid_argument,
+                                 "the step moves KV blocks to or from a remote store this stage "
+                                 "was not given");
+    if (m.to == static_cast<std::uint8_t>(models::kv_tier::device)) {
+      if (in_at + slot > remote->in.size())
+        return kernels::make_error(errc::invalid_argument,
+                                   "fewer KV rows from the remote store than the step restores");
+      if (auto r = kv.cache.write_block(m.to_index, remote->in.subspan(in_at, slot)); !r) return r;
+      in_at += slot;
+    } else if (m.from == static_cast<std::uint8_t>(models::kv_tier::device)) {
+      const auto at = remote->out.size();
+      remote->out.resize(at + slot);
+      if (auto r = kv.cache.read_block(m.from_index, std::span(remote->out).subspan(at, slot)); !r)
+        return r;
+    } else {
+      return kernels::make_error(errc::invalid_argument,
+                                 "a remote KV move that neither starts nor ends on the device");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint64_t generation,
+                                  remote_rows* remote) {
   const auto& model = *res.model;
   const auto range = model.range();
   std::vector<models::step_input> inputs(b.seqs.size());
@@ -50,13 +103,8 @@ kernels::result<tensor> run_stage(stage_resources& res, step_batch& b, std::uint
                                "this shard was replaced by a restarted pipeline");
   // Block copies between the tiers come first: a block written below may
   // be the one another is copied out of.
-  if (!b.moves.empty()) {
-    if (!kv.tiers)
-      return kernels::make_error(errc::invalid_argument,
-                                 "the step moves KV blocks between tiers, and this stage has none "
-                                 "(the stages' [kv] tiers differ from the scheduler's)");
-    if (auto r = kv.tiers->apply(kv.cache, b.moves); !r) return std::unexpected(r.error());
-  }
+  if (!b.moves.empty())
+    if (auto r = apply_moves(kv, b.moves, remote); !r) return std::unexpected(r.error());
   // Resolve sequences: a sequence starts with start == 0; every later step
   // must agree with the cache on where it continues.
   std::vector<std::int64_t> created;

@@ -7,7 +7,10 @@
 // step of a shard that a restarted pipeline replaced fails with
 // errc::device_unavailable.
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "actors/protocol.hpp"
 #include "actors/stage.hpp"
@@ -15,10 +18,20 @@
 
 namespace troupe::actors {
 
+/// A step's copies to and from the remote KV tier, on this stage's side:
+/// `in` holds this stage's rows of each block the step brings back (in the
+/// order of its remote -> device moves), fetched from the vault before the
+/// step; `out` receives the rows of each block it copies out (in the order
+/// of its device -> remote moves), which the caller then puts in the vault.
+struct remote_rows {
+  std::span<const std::byte> in;
+  std::vector<std::byte> out;
+};
+
 /// Runs this stage's part of a step; returns the activations (or logits on
-/// the last stage).
+/// the last stage). `remote`: where the step has remote-tier moves.
 kernels::result<kernels::tensor> run_stage(stage_resources& res, step_batch& b,
-                                           std::uint64_t generation);
+                                           std::uint64_t generation, remote_rows* remote = nullptr);
 
 /// Checks a multi-step batch: only a whole-model stage runs one, and every
 /// sequence must sample from a one-token input without embeddings.

@@ -58,7 +58,7 @@ kernels::result<actors::node_config> node_config_of(const cluster::manifest& m,
                                m.path + ": model.kv_type: " + kv.error().message);
   c.kv.type = *kv;
   c.kv.capacity_tokens = m.model.ctx_tokens;
-  c.kv.tiers = {m.kv.host_tokens, m.kv.disk_tokens, m.kv.disk_dir};
+  c.kv.tiers = {m.kv.host_tokens, m.kv.disk_tokens, m.kv.disk_dir, m.kv.store_tokens};
   c.timeout = std::chrono::milliseconds(m.transport.timeout_ms);
   return c;
 }

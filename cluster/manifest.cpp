@@ -461,16 +461,19 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
 
   if (const auto* t = c.table(root, "kv", "", false)) {
-    c.only_keys(*t, "kv", {"host_tokens", "disk_tokens", "disk_dir"});
+    c.only_keys(*t, "kv", {"host_tokens", "disk_tokens", "disk_dir", "store_tokens"});
     c.integer(*t, "host_tokens", "kv", m.kv.host_tokens, 0, std::int64_t{1} << 30);
     c.integer(*t, "disk_tokens", "kv", m.kv.disk_tokens, 0, std::int64_t{1} << 32);
+    c.integer(*t, "store_tokens", "kv", m.kv.store_tokens, 0, std::int64_t{1} << 30);
     c.str(*t, "disk_dir", "kv", m.kv.disk_dir);
     if (!m.kv.disk_dir.empty() && std::filesystem::path(m.kv.disk_dir).is_relative())
       m.kv.disk_dir = (std::filesystem::path(m.dir) / m.kv.disk_dir).string();
     // A tier smaller than one block (16 tokens) would hold nothing, and a
     // folder without a disk tier would be ignored: both are refused.
-    for (const auto* key : {"host_tokens", "disk_tokens"}) {
-      const auto v = std::string_view(key) == "host_tokens" ? m.kv.host_tokens : m.kv.disk_tokens;
+    for (const auto* key : {"host_tokens", "disk_tokens", "store_tokens"}) {
+      const auto v = std::string_view(key) == "host_tokens"   ? m.kv.host_tokens
+                     : std::string_view(key) == "disk_tokens" ? m.kv.disk_tokens
+                                                              : m.kv.store_tokens;
       if (v > 0 && v < 16)
         c.error(checker::line_of(*t->get(key)), std::string("kv.") + key,
                 "holds no KV block of 16 tokens; 0 turns the tier off");
@@ -478,9 +481,10 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
     if (!m.kv.disk_dir.empty() && m.kv.disk_tokens == 0)
       c.error(checker::line_of(*t->get("disk_dir")), "kv.disk_dir",
               "set without kv.disk_tokens: there is no disk tier to put there");
-    if ((m.kv.host_tokens > 0 || m.kv.disk_tokens > 0) && !m.scheduler.prefix_caching)
+    if ((m.kv.host_tokens > 0 || m.kv.disk_tokens > 0 || m.kv.store_tokens > 0) &&
+        !m.scheduler.prefix_caching)
       c.error(checker::line_of(*t), "kv",
-              "host and disk tiers hold named (prefix-cached) blocks: they need "
+              "host, disk and store tiers hold named (prefix-cached) blocks: they need "
               "scheduler.prefix_caching = true");
   }
 

@@ -63,6 +63,9 @@ struct kv_entry {
   std::int64_t host_tokens = 0;
   std::int64_t disk_tokens = 0;
   std::string disk_dir;  ///< resolved against the manifest's directory; empty: the temp folder
+  /// The remote tier: a KV store in the head's process holding a copy of
+  /// every full block, so that a lost stage's KV is restored, not recomputed.
+  std::int64_t store_tokens = 0;
 };
 
 struct parallelism_entry {

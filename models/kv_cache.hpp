@@ -19,6 +19,9 @@ struct kv_tier_options {
   std::int64_t host_tokens = 0;  ///< 0: no host tier
   std::int64_t disk_tokens = 0;  ///< 0: no disk tier
   std::string disk_dir;          ///< empty: the system's temporary folder
+  /// The remote tier (a cluster's KV store on another node, for the whole
+  /// pipeline; the stages hold no part of it): 0: none.
+  std::int64_t store_tokens = 0;
   bool operator==(const kv_tier_options&) const = default;
 };
 

@@ -121,6 +121,8 @@ result<void> kv_tiers::apply(kv_cache& cache, std::span<const kv_move> moves) {
         return i >= 0 && i < host_slots_;
       case kv_tier::disk:
         return i >= 0 && i < disk_slots_;
+      case kv_tier::remote:
+        return false;  // the stage's own (over the data plane)
     }
     return false;
   };

@@ -13,6 +13,7 @@
 // configured folder, unlinked at once (it goes with the process, whatever
 // way the process ends) and memory-mapped.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,16 +24,20 @@
 
 namespace troupe::models {
 
-/// Where a block is.
-enum class kv_tier : std::uint8_t { device = 0, host = 1, disk = 2 };
+/// Where a block is. `remote` is a KV store on another node (a vault,
+/// actors/kv_vault.hpp) that keeps copies of full blocks: a stage carries
+/// those moves out itself, over the data plane; kv_tiers refuses them.
+enum class kv_tier : std::uint8_t { device = 0, host = 1, disk = 2, remote = 3 };
 
-/// One block moving from one tier's slot (a device block id, a host or
-/// disk slot) to another's.
+/// One block moving from one tier's slot (a device block id, a host, disk
+/// or remote slot) to another's. `name` (the block's name, a SHA-256) goes
+/// with moves to and from the remote tier, whose store checks it.
 struct kv_move {
   std::uint8_t from = 0;  ///< a kv_tier
   std::int32_t from_index = 0;
   std::uint8_t to = 0;  ///< a kv_tier
   std::int32_t to_index = 0;
+  std::array<std::uint8_t, 32> name{};
   bool operator==(const kv_move&) const = default;
 };
 

@@ -4,7 +4,14 @@ namespace troupe::actors::core {
 
 void block_index::apply(const kv_books::event& e) {
   using kind = kv_books::event::kind;
-  if (static_cast<int>(e.tier) > 2) return;
+  if (static_cast<int>(e.tier) > 3) return;
+  if (e.tier == models::kv_tier::remote && e.what != kind::cleared) {
+    if (e.what == kind::stored)
+      count_[3] += remote_.insert(e.name).second;
+    else
+      count_[3] -= static_cast<std::int64_t>(remote_.erase(e.name));
+    return;
+  }
   switch (e.what) {
     case kind::cleared:
       clear();
@@ -26,21 +33,29 @@ void block_index::apply(const kv_books::event& e) {
   }
 }
 
+std::int64_t block_index::size() const {
+  auto n = static_cast<std::int64_t>(blocks_.size());
+  for (const auto& h : remote_) n += !blocks_.contains(h);
+  return n;
+}
+
 void block_index::clear() {
   blocks_.clear();
+  remote_.clear();
   for (auto& c : count_) c = 0;
 }
 
 std::optional<models::kv_tier> block_index::find(const block_hash& name) const {
   auto it = blocks_.find(name);
-  if (it == blocks_.end()) return std::nullopt;
-  return it->second;
+  if (it != blocks_.end()) return it->second;
+  if (remote_.contains(name)) return models::kv_tier::remote;
+  return std::nullopt;
 }
 
 std::int64_t block_index::cached_prefix(std::span<const block_hash> names) const {
   std::int64_t n = 0;
   for (const auto& h : names) {
-    if (!blocks_.contains(h)) break;
+    if (!blocks_.contains(h) && !remote_.contains(h)) break;
     ++n;
   }
   return n;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/core/block_hash.hpp"
 #include "actors/core/kv_books.hpp"
@@ -22,15 +23,19 @@ class block_index {
   void apply(const kv_books::event& e);
   void clear();
 
-  std::int64_t size() const { return static_cast<std::int64_t>(blocks_.size()); }
+  /// Blocks held in some tier (one in a local tier and in the remote one counts once).
+  std::int64_t size() const;
   std::int64_t count(models::kv_tier t) const { return count_[static_cast<int>(t)]; }
+  /// The nearest tier that holds `name`.
   std::optional<models::kv_tier> find(const block_hash& name) const;
   /// How many of `names`, from the first, some tier holds.
   std::int64_t cached_prefix(std::span<const block_hash> names) const;
 
  private:
   std::unordered_map<block_hash, models::kv_tier, block_hash_hasher> blocks_;
-  std::int64_t count_[3] = {};
+  /// The remote tier keeps copies: a block there may be in another tier too.
+  std::unordered_set<block_hash, block_hash_hasher> remote_;
+  std::int64_t count_[4] = {};
 };
 
 }  // namespace troupe::actors::core

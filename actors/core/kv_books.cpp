@@ -8,11 +8,13 @@ using models::kv_move;
 using models::kv_tier;
 
 kv_books::kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks,
-                   std::int64_t host_blocks, std::int64_t disk_blocks)
+                   std::int64_t host_blocks, std::int64_t disk_blocks, std::int64_t remote_blocks)
     : layout_(layout), total_(total_blocks), naming_(name_blocks && layout.window <= 0) {
   if (naming_) {
     lower_[0].slots = std::max<std::int64_t>(0, host_blocks);
     lower_[1].slots = std::max<std::int64_t>(0, disk_blocks);
+    remote_.slots = std::max<std::int64_t>(0, remote_blocks);
+    remote_.reset();
     clear();
   }
 }
@@ -23,6 +25,8 @@ void kv_books::tier::reset() {
   names.clear();
   name.assign(static_cast<std::size_t>(slots), block_hash{});
   at.assign(static_cast<std::size_t>(slots), lru.end());
+  confirmed.assign(static_cast<std::size_t>(slots), 0);
+  pending = 0;
   for (auto i = slots; i-- > 0;) free.push_back(static_cast<std::int32_t>(i));
 }
 
@@ -123,7 +127,24 @@ void kv_books::clear() {
   for (auto id = total_; id >= 1; --id) free_.push_back(static_cast<std::int32_t>(id));
   for (auto& t : lower_) t.reset();
   moves_.clear();
+  // The remote tier outlives the stages: what its store confirmed stays;
+  // copies on their way may never arrive (their stage may be the lost one).
+  for (std::int32_t slot = 0; slot < remote_.slots; ++slot) {
+    const auto i = static_cast<std::size_t>(slot);
+    if (remote_.at[i] == remote_.lru.end() || remote_.confirmed[i]) continue;
+    remote_.names.erase(remote_.name[i]);
+    remote_.lru.erase(remote_.at[i]);
+    remote_.at[i] = remote_.lru.end();
+    remote_.free.push_back(slot);
+    --remote_.pending;
+  }
   note(event::kind::cleared, {}, kv_tier::device);
+  note_remote();
+}
+
+void kv_books::note_remote() {
+  for (auto slot : remote_.lru)
+    note(event::kind::stored, remote_.name[static_cast<std::size_t>(slot)], kv_tier::remote);
 }
 
 std::int64_t kv_books::held(std::int64_t seq) const {
@@ -231,11 +252,13 @@ std::vector<kv_move> kv_books::take_moves() {
 }
 
 std::int64_t kv_books::tier_slots(kv_tier t) const {
+  if (t == kv_tier::remote) return remote_.slots;
   return t == kv_tier::device ? total_ : lower_[static_cast<int>(t) - 1].slots;
 }
 
 std::int64_t kv_books::tier_used(kv_tier t) const {
   if (t == kv_tier::device) return used_ + static_cast<std::int64_t>(lru_.size());
+  if (t == kv_tier::remote) return remote_.slots - std::ssize(remote_.free) - remote_.pending;
   const auto& l = lower_[static_cast<int>(t) - 1];
   return l.slots - static_cast<std::int64_t>(l.free.size());
 }
@@ -253,7 +276,7 @@ void kv_books::drop_ref(std::int32_t id) {
 std::int64_t kv_books::cached_prefix(std::span<const block_hash> names) const {
   std::int64_t n = 0;
   for (const auto& h : names) {
-    if (!names_.contains(h) && find_lower(h).first == kv_tier::device) break;
+    if (!names_.contains(h) && find_lower(h).first == kv_tier::device && find_remote(h) < 0) break;
     ++n;
   }
   return n;
@@ -272,8 +295,11 @@ std::int64_t kv_books::attach(std::int64_t seq, std::span<const block_hash> name
       continue;
     }
     const auto [t, slot] = find_lower(h);
-    if (t == kv_tier::device) break;
-    const auto id = promote(h, t, slot, true);
+    std::int32_t id = -1;
+    if (t != kv_tier::device)
+      id = promote(h, t, slot, true);
+    else if (const auto r = find_remote(h); r >= 0)
+      id = promote_remote(h, r);
     if (id < 0) break;
     s.table.push_back(id);
   }
@@ -335,15 +361,93 @@ std::span<const std::int32_t> kv_books::table(std::int64_t seq) const {
   return it->second.table;
 }
 
-std::int64_t kv_books::forget_names() {
+std::int64_t kv_books::forget_names(bool keep_remote) {
   const auto freed = static_cast<std::int64_t>(lru_.size());
   for (auto id : lru_) free_.push_back(id);
   lru_.clear();
   for (auto& [h, id] : names_) blocks_[static_cast<std::size_t>(id)].named = false;
   names_.clear();
   for (auto& t : lower_) t.reset();
+  if (!keep_remote) remote_.reset();
   note(event::kind::cleared, {}, kv_tier::device);
+  note_remote();
   return freed;
+}
+
+void kv_books::back_up(const block_hash& name) {
+  if (!naming_ || remote_.slots == 0) return;
+  auto& t = remote_;
+  if (auto it = t.names.find(name); it != t.names.end()) {
+    t.lru.splice(t.lru.end(), t.lru, t.at[static_cast<std::size_t>(it->second)]);
+    return;
+  }
+  auto dev = names_.find(name);
+  if (dev == names_.end()) return;
+  std::int32_t slot = 0;
+  if (!t.free.empty()) {
+    slot = t.free.back();
+    t.free.pop_back();
+  } else {
+    // The least recently used copy makes room (a late confirmation of it
+    // then names another block and is ignored).
+    slot = t.lru.front();
+    t.lru.pop_front();
+    const auto i = static_cast<std::size_t>(slot);
+    t.names.erase(t.name[i]);
+    if (t.confirmed[i])
+      note(event::kind::removed, t.name[i], kv_tier::remote);
+    else
+      --t.pending;
+  }
+  const auto i = static_cast<std::size_t>(slot);
+  t.name[i] = name;
+  t.confirmed[i] = 0;
+  ++t.pending;
+  t.at[i] = t.lru.insert(t.lru.end(), slot);
+  t.names.emplace(name, slot);
+  kv_move m{static_cast<std::uint8_t>(kv_tier::device), dev->second,
+            static_cast<std::uint8_t>(kv_tier::remote), slot};
+  m.name = name;
+  moves_.push_back(m);
+  ++moved_[0][3];
+}
+
+bool kv_books::confirm(std::int32_t slot, const block_hash& name) {
+  if (slot < 0 || slot >= remote_.slots) return false;
+  const auto i = static_cast<std::size_t>(slot);
+  if (remote_.at[i] == remote_.lru.end() || remote_.name[i] != name || remote_.confirmed[i])
+    return false;
+  remote_.confirmed[i] = 1;
+  --remote_.pending;
+  note(event::kind::stored, name, kv_tier::remote);
+  return true;
+}
+
+std::int32_t kv_books::find_remote(const block_hash& name) const {
+  auto it = remote_.names.find(name);
+  if (it == remote_.names.end() || !remote_.confirmed[static_cast<std::size_t>(it->second)])
+    return -1;
+  return it->second;
+}
+
+std::int32_t kv_books::promote_remote(const block_hash& name, std::int32_t slot) {
+  if (available() <= 0) return -1;
+  auto& t = remote_;
+  t.lru.splice(t.lru.end(), t.lru, t.at[static_cast<std::size_t>(slot)]);  // the copy stays
+  const auto id = take_block();
+  kv_move m{static_cast<std::uint8_t>(kv_tier::remote), slot,
+            static_cast<std::uint8_t>(kv_tier::device), id};
+  m.name = name;
+  moves_.push_back(m);
+  ++moved_[3][0];
+  auto& b = blocks_[static_cast<std::size_t>(id)];
+  b.refs = 1;
+  ++used_;
+  b.named = true;
+  b.name = name;
+  names_.emplace(name, id);
+  note(event::kind::stored, name, kv_tier::device);
+  return id;
 }
 
 void kv_books::note(event::kind k, const block_hash& name, kv_tier t) {
@@ -368,6 +472,8 @@ std::vector<std::pair<block_hash, kv_tier>> kv_books::contents() const {
   for (const auto& [h, id] : names_) out.emplace_back(h, kv_tier::device);
   for (int k = 0; k < 2; ++k)
     for (const auto& [h, slot] : lower_[k].names) out.emplace_back(h, static_cast<kv_tier>(k + 1));
+  for (const auto& [h, slot] : remote_.names)
+    if (remote_.confirmed[static_cast<std::size_t>(slot)]) out.emplace_back(h, kv_tier::remote);
   return out;
 }
 

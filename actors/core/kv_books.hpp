@@ -33,6 +33,14 @@
 // of every tier too and queue the copies (`take_moves`), which the next
 // step carries to every stage ahead of its compute. A lower tier holds
 // only named blocks nobody holds.
+//
+// The remote tier (a KV store on another node, actors/kv_vault.hpp) is
+// different: it keeps copies. Each block named on the device is also
+// copied there (the next step carries the copy, which each stage sends
+// asynchronously); the store confirms a block once every layer has
+// arrived (`confirm`), and only confirmed blocks count. They outlive a
+// pipeline reset (`clear`): when a node dies, the new stages take the
+// blocks back from the store instead of recomputing them.
 
 #include <cstdint>
 #include <list>
@@ -52,7 +60,8 @@ class kv_books {
   /// window); `host_blocks`, `disk_blocks`: its lower tiers' slots (naming
   /// books only).
   kv_books(models::kv_options layout, std::int64_t total_blocks, bool name_blocks = false,
-           std::int64_t host_blocks = 0, std::int64_t disk_blocks = 0);
+           std::int64_t host_blocks = 0, std::int64_t disk_blocks = 0,
+           std::int64_t remote_blocks = 0);
 
   /// Blocks a sequence holds with `committed` tokens in its cache and room
   /// for `reserved` (>= committed) tokens.
@@ -78,7 +87,7 @@ class kv_books {
   /// The stores freed `blocks` released earlier.
   void freed(std::int64_t blocks) { used_ -= blocks; }
   /// Every store was replaced (a pipeline reset): nothing is held, nothing
-  /// cached.
+  /// cached, but for the remote tier's confirmed blocks.
   void clear();
 
   std::int64_t held(std::int64_t seq) const;
@@ -117,10 +126,12 @@ class kv_books {
   delta take_delta(std::int64_t seq);
   std::span<const std::int32_t> table(std::int64_t seq) const;
   /// Forgets every name: cached blocks nobody holds are free again, held
-  /// ones stay with their sequences as private blocks. For an admin reset,
-  /// and after a stage moved (the new one holds only live sequences' blocks).
+  /// ones stay with their sequences as private blocks. For an admin reset
+  /// (`keep_remote` false), and after a stage moved (the new one holds only
+  /// live sequences' blocks) or a step that carried copies failed part-way
+  /// (the remote tier is sure: its store checks every layer's name).
   /// Returns the cached blocks that became free.
-  std::int64_t forget_names();
+  std::int64_t forget_names(bool keep_remote = false);
   std::int64_t named() const { return static_cast<std::int64_t>(names_.size()); }
   std::int64_t cached_free() const { return static_cast<std::int64_t>(lru_.size()); }
   std::int64_t evictions() const { return evictions_; }
@@ -139,6 +150,18 @@ class kv_books {
   }
   /// Cached blocks dropped from the lowest tier (lost for good).
   std::int64_t dropped() const { return dropped_; }
+
+  // -- the remote tier ------------------------------------------------------------------------
+
+  /// Copies the device block named `name` to the remote tier (a move in the
+  /// next step), unless a copy is there or on its way; the tier's least
+  /// recent block makes room when it is full. No remote tier: nothing.
+  void back_up(const block_hash& name);
+  /// The store holds every layer of `name` in remote slot `slot`. False
+  /// when the slot holds another block now (a late answer).
+  bool confirm(std::int32_t slot, const block_hash& name);
+  /// Blocks copied to the remote tier whose store has not confirmed them.
+  std::int64_t remote_pending() const { return remote_.pending; }
 
   // -- block events (naming books only) -------------------------------------------------------
 
@@ -179,6 +202,8 @@ class kv_books {
     std::vector<block_hash> name;  ///< by slot
     std::vector<std::list<std::int32_t>::iterator> at;  ///< by slot: its place in lru
     std::unordered_map<block_hash, std::int32_t, block_hash_hasher> names;
+    std::vector<char> confirmed;  ///< by slot (the remote tier)
+    std::int64_t pending = 0;     ///< the remote tier: slots not confirmed yet
     void reset();
   };
   std::int32_t take_block();
@@ -194,6 +219,14 @@ class kv_books {
   std::int32_t promote(const block_hash& name, models::kv_tier t, std::int32_t slot,
                        bool keep_name);
   void take_ref(std::int32_t id);
+  /// Confirmed remote slot of `name`, or -1.
+  std::int32_t find_remote(const block_hash& name) const;
+  /// Copies remote slot `slot` into a new device block named `name`; -1
+  /// when no device block is available.
+  std::int32_t promote_remote(const block_hash& name, std::int32_t slot);
+  /// After a `cleared` event: the remote blocks, stored again (a follower
+  /// drops every tier on `cleared`).
+  void note_remote();
 
   models::kv_options layout_;
   std::int64_t total_ = 0;
@@ -209,8 +242,9 @@ class kv_books {
   std::unordered_map<std::int64_t, sequence> seqs_;
   std::int64_t evictions_ = 0;
   tier lower_[2];  ///< host, disk
+  tier remote_;    ///< copies
   std::vector<models::kv_move> moves_;
-  std::int64_t moved_[3][3] = {};
+  std::int64_t moved_[4][4] = {};
   std::int64_t dropped_ = 0;
   std::vector<event> events_;
   bool overflowed_ = false;

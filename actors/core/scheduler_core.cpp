@@ -65,8 +65,8 @@ scheduler_core::scheduler_core(model_frontend model, scheduler_options opts, int
       stages_(stages),
       auto_micro_batches_(opts_.micro_batches < 1),
       clock_(&clk),
-      books_(opts_.kv, opts_.kv_blocks, opts_.prefix_caching, opts_.host_blocks,
-             opts_.disk_blocks) {
+      books_(opts_.kv, opts_.kv_blocks, opts_.prefix_caching, opts_.host_blocks, opts_.disk_blocks,
+             opts_.remote_blocks) {
   if (auto_micro_batches_) opts_.micro_batches = std::max(1, stages_);
   stats_.kv_total_blocks = opts_.kv_blocks;
 }
@@ -239,8 +239,11 @@ void scheduler_core::publish_blocks(request& r) {
   r.chain.extend(std::span(r.tokens).first(static_cast<std::size_t>(known)));
   const auto full = std::min<std::int64_t>(static_cast<std::int64_t>(r.chain.hashes().size()),
                                            known / opts_.kv.block_size);
-  for (; r.published < full; ++r.published)
-    books_.publish(r.seq, r.published, r.chain.hashes()[static_cast<std::size_t>(r.published)]);
+  for (; r.published < full; ++r.published) {
+    const auto& name = r.chain.hashes()[static_cast<std::size_t>(r.published)];
+    books_.publish(r.seq, r.published, name);
+    books_.back_up(name);  // a copy to the remote tier, if there is one
+  }
 }
 
 void scheduler_core::release_kv(request& r, core_events& out) {
@@ -338,6 +341,10 @@ void scheduler_core::check_deadlines(core_events& out) {
   }
 }
 
+void scheduler_core::remote_stored(std::span<const std::pair<std::int32_t, block_hash>> blocks) {
+  for (const auto& [slot, name] : blocks) remote_confirmed_ += books_.confirm(slot, name);
+}
+
 core_events scheduler_core::tick() {
   core_events out;
   if (stalled_ && stalled_epoch_ == epoch_ && clock_->now() - stall_began_ < opts_.stall_limit &&
@@ -349,8 +356,9 @@ core_events scheduler_core::tick() {
     for (const auto& rel : stall_releases_) out.emplace_back(std::in_place_type<kv_release>, rel);
     stall_releases_.clear();
     // The failed steps reached some stages and not others (their tier
-    // moves too): only the blocks running requests hold stay sure.
-    books_.forget_names();
+    // moves too): only the blocks running requests hold stay sure (and
+    // the remote tier's, whose store checks every layer).
+    books_.forget_names(true);
     std::vector<request*> victims;
     for (auto id : stall_victims_)
       if (auto* r = find(id); r && !r->in_flight && r->ph == phase::running &&
@@ -712,7 +720,7 @@ core_events scheduler_core::step_failed(std::uint64_t step, step_failure kind,
   if (kind == step_failure::refused) {
     // Some stages may have carried out its tier moves and others not: what
     // the books say the tiers hold is no longer sure.
-    if (node.mapped().moves) books_.forget_names();
+    if (node.mapped().moves) books_.forget_names(true);
     // The stage refused or failed this step: that would happen again.
     for (auto id : node.mapped().ids)
       if (auto* r = find(id)) {
@@ -807,6 +815,12 @@ scheduler_stats scheduler_core::stats() const {
       books_.moved(kv_tier::device, kv_tier::disk) + books_.moved(kv_tier::host, kv_tier::disk);
   s.kv_from_disk = books_.moved(kv_tier::disk, kv_tier::device);
   s.kv_dropped = books_.dropped();
+  s.kv_remote_blocks = books_.tier_slots(kv_tier::remote);
+  s.kv_remote_used = books_.tier_used(kv_tier::remote);
+  s.kv_remote_pending = books_.remote_pending();
+  s.kv_to_remote = books_.moved(kv_tier::device, kv_tier::remote);
+  s.kv_from_remote = books_.moved(kv_tier::remote, kv_tier::device);
+  s.kv_remote_confirmed = remote_confirmed_;
   s.kv_slot_bytes = opts_.kv_slot_bytes;
   s.stages = stages_;
   if (!steps_.empty()) s.in_flight_ms += ms_between(busy_since_, clock_->now());

@@ -105,6 +105,10 @@ struct scheduler_options {
   std::int64_t host_blocks = 0;
   std::int64_t disk_blocks = 0;
   std::int64_t kv_slot_bytes = 0;  ///< bytes of one block over every stage (counters)
+  /// The remote tier (prefix caching only): slots of a KV store on another
+  /// node that keeps a copy of every full block, so that a pipeline reset
+  /// (a node lost) restores the blocks instead of recomputing them.
+  std::int64_t remote_blocks = 0;
 };
 
 /// A request as the core takes it: the prompt already tokenized, with
@@ -262,7 +266,9 @@ class scheduler_core {
   void kv_freed(std::int64_t blocks, std::uint64_t epoch);
   /// A stage moved to a new store, which holds only the live sequences'
   /// blocks: cached blocks nobody holds are forgotten (the lower tiers too).
-  void stage_moved() { books_.forget_names(); }
+  void stage_moved() { books_.forget_names(true); }
+  /// The remote store holds every layer of these blocks (slot, name).
+  void remote_stored(std::span<const std::pair<std::int32_t, block_hash>> blocks);
   /// Empties the prefix cache (an admin call); returns the cached blocks
   /// that became free. Blocks running requests hold stay theirs.
   std::int64_t reset_prefix_cache() { return books_.forget_names(); }
@@ -342,7 +348,8 @@ class scheduler_core {
   scheduler_stats stats_;
   double pass_ms_ = 0;       ///< measured time of one decode pass (multi-step sizing); 0 = not yet
   std::uint64_t epoch_ = 0;  ///< bumped by every reset
-  bool stalled_ = false;     ///< a stage is gone: wait for the reset
+  std::int64_t remote_confirmed_ = 0;
+  bool stalled_ = false;  ///< a stage is gone: wait for the reset
   std::uint64_t stalled_epoch_ = 0;
   time_point stalled_since_{};
   bool stall_open_ = false;   ///< from a failed step until a step comes back or a reset

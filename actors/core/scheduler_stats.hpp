@@ -27,16 +27,22 @@ struct scheduler_stats {
   std::int64_t kv_cached_free = 0;    ///< named blocks nobody holds (evictable, count as free)
   std::int64_t kv_evictions = 0;      ///< cached blocks evicted for a booking
   // KV tiers (blocks; bytes = blocks * kv_slot_bytes).
-  std::int64_t kv_host_blocks = 0;  ///< host tier slots
-  std::int64_t kv_host_used = 0;    ///< ... holding a block
-  std::int64_t kv_disk_blocks = 0;  ///< disk tier slots
-  std::int64_t kv_disk_used = 0;    ///< ... holding a block
-  std::int64_t kv_to_host = 0;      ///< blocks moved device -> host
-  std::int64_t kv_from_host = 0;    ///< host -> device
-  std::int64_t kv_to_disk = 0;      ///< device or host -> disk
-  std::int64_t kv_from_disk = 0;    ///< disk -> device
-  std::int64_t kv_dropped = 0;      ///< cached blocks lost past the lowest tier
-  std::int64_t kv_slot_bytes = 0;   ///< bytes of one block over every stage
+  std::int64_t kv_host_blocks = 0;       ///< host tier slots
+  std::int64_t kv_host_used = 0;         ///< ... holding a block
+  std::int64_t kv_disk_blocks = 0;       ///< disk tier slots
+  std::int64_t kv_disk_used = 0;         ///< ... holding a block
+  std::int64_t kv_to_host = 0;           ///< blocks moved device -> host
+  std::int64_t kv_from_host = 0;         ///< host -> device
+  std::int64_t kv_to_disk = 0;           ///< device or host -> disk
+  std::int64_t kv_from_disk = 0;         ///< disk -> device
+  std::int64_t kv_dropped = 0;           ///< cached blocks lost past the lowest tier
+  std::int64_t kv_remote_blocks = 0;     ///< remote tier slots (a store on another node)
+  std::int64_t kv_remote_used = 0;       ///< ... holding a confirmed copy
+  std::int64_t kv_remote_pending = 0;    ///< ... a copy on its way
+  std::int64_t kv_to_remote = 0;         ///< blocks copied device -> remote
+  std::int64_t kv_from_remote = 0;       ///< remote -> device
+  std::int64_t kv_remote_confirmed = 0;  ///< copies the store confirmed
+  std::int64_t kv_slot_bytes = 0;        ///< bytes of one block over every stage
   /// Tokens whose KV a request had and lost (a preemption, a reset) and
   /// computed again; restored ones came back from the cache or a tier.
   std::int64_t recomputed_tokens = 0;

@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 19;
+inline constexpr std::uint32_t protocol_version = 20;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -78,6 +78,10 @@ using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;  ///< door:
 /// Door and scheduler: empty the prefix cache (answers the blocks freed).
 using reset_cache_atom = caf::atom_constant<caf::atom("resetcache")>;
 using kv_events_atom = caf::atom_constant<caf::atom("kvevents")>;  ///< scheduler: block events
+using vault_put_atom = caf::atom_constant<caf::atom("vaultput")>;  ///< vault: take blocks' rows
+using vault_get_atom = caf::atom_constant<caf::atom("vaultget")>;  ///< vault: send blocks' rows
+using vault_ok_atom = caf::atom_constant<caf::atom("vaultok")>;    ///< scheduler: blocks confirmed
+using vault_atom = caf::atom_constant<caf::atom("vault")>;         ///< scheduler: the remote tier
 
 // -- errors -------------------------------------------------------------------
 
@@ -102,16 +106,18 @@ typename I::result_type inspect(I& f, scheduler_stats& x) {
            x.kv_peak_blocks, x.prompt_tokens, x.generated_tokens, x.tokens_out, x.prefix_queries,
            x.prefix_hits, x.kv_cached_blocks, x.kv_cached_free, x.kv_evictions, x.kv_host_blocks,
            x.kv_host_used, x.kv_disk_blocks, x.kv_disk_used, x.kv_to_host, x.kv_from_host,
-           x.kv_to_disk, x.kv_from_disk, x.kv_dropped, x.kv_slot_bytes, x.recomputed_tokens,
-           x.restored_tokens, x.images, x.image_cache_hits, x.stages, x.step_rows, x.round_trip_ms,
-           x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
+           x.kv_to_disk, x.kv_from_disk, x.kv_dropped, x.kv_remote_blocks, x.kv_remote_used,
+           x.kv_remote_pending, x.kv_to_remote, x.kv_from_remote, x.kv_remote_confirmed,
+           x.kv_slot_bytes, x.recomputed_tokens, x.restored_tokens, x.images, x.image_cache_hits,
+           x.stages, x.step_rows, x.round_trip_ms, x.compute_ms, x.stage_compute_ms, x.in_flight_ms,
+           x.scheduler_ms);
 }
 }  // namespace troupe::actors::core
 
 namespace troupe::models {
 template <class I>
 typename I::result_type inspect(I& f, kv_move& x) {
-  return f(caf::meta::type_name("kv_move"), x.from, x.from_index, x.to, x.to_index);
+  return f(caf::meta::type_name("kv_move"), x.from, x.from_index, x.to, x.to_index, x.name);
 }
 
 template <class I>

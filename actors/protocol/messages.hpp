@@ -138,6 +138,51 @@ typename I::result_type inspect(I& f, seq_work& x) {
            x.embeddings, x.sample, x.sampling, x.blocks_from, x.blocks);
 }
 
+/// Blocks of the remote KV tier (actors/kv_vault.hpp): remote slots, the
+/// name of the block each holds, and a run of layers. A stage puts the rows
+/// of its layers of each block (layer-major, as kv_cache::read_block lays
+/// them out) and gets them back; the vault confirms to the scheduler the
+/// slots whose every layer it holds under one name (no data then).
+struct vault_blocks {
+  std::vector<std::int32_t> slots;
+  std::vector<std::array<std::uint8_t, 32>> names;  ///< one per slot
+  std::int32_t first_layer = 0;
+  std::int32_t layers = 0;
+  tensor_ref data;   ///< put: u8 [slots x layers x bytes of a layer's block]
+  std::string dest;  ///< get: the data-plane key of the process to send the rows to
+  bool operator==(const vault_blocks&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, vault_blocks& x) {
+  return f(caf::meta::type_name("vault_blocks"), x.slots, x.names, x.first_layer, x.layers, x.data,
+           x.dest);
+}
+
+/// What a vault holds and did.
+struct vault_info {
+  std::int64_t slots = 0;
+  std::int32_t layers = 0;
+  std::int64_t layer_bytes = 0;  ///< one layer's rows of one block (0: nothing stored yet)
+  std::int64_t bytes = 0;        ///< held now
+  std::int64_t complete = 0;     ///< slots holding every layer under one name
+  std::int64_t puts = 0, gets = 0, refused = 0;
+  bool operator==(const vault_info&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, vault_info& x) {
+  return f(caf::meta::type_name("vault_info"), x.slots, x.layers, x.layer_bytes, x.bytes,
+           x.complete, x.puts, x.gets, x.refused);
+}
+
+/// The remote KV tier's store: copies of full blocks, per layer, on a node
+/// apart from the stages (actors/kv_vault.hpp).
+using kv_vault_actor =
+    caf::typed_actor<caf::reacts_to<vault_put_atom, vault_blocks>,
+                     caf::replies_to<vault_get_atom, vault_blocks>::with<tensor_ref>,
+                     caf::replies_to<usage_atom>::with<vault_info>>;
+
 /// A step for one stage: the sequences and, past the first stage, the
 /// previous stage's activations.
 struct step_batch {
@@ -157,13 +202,17 @@ struct step_batch {
   /// Block copies between the KV tiers (the scheduler's books decide them),
   /// carried out by every stage, in order, before it computes the step.
   std::vector<models::kv_move> moves;
+  /// With moves to or from the remote tier: its store, and the data-plane
+  /// address of the store's process (a stage connects to it once).
+  kv_vault_actor vault;
+  std::vector<std::uint8_t> vault_address;
   bool operator==(const step_batch&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, step_batch& x) {
   return f(caf::meta::type_name("step_batch"), x.step, x.seqs, x.hidden, x.compute_ms, x.stage_ms,
-           x.decode_steps, x.return_logits, x.moves);
+           x.decode_steps, x.return_logits, x.moves, x.vault, x.vault_address);
 }
 
 /// What the last stage returns: per sequence the tokens it sampled (empty
@@ -400,6 +449,10 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<reset_cache_atom>::with<std::int64_t>,
     // Block events from this sequence number on (a router's view).
     caf::replies_to<kv_events_atom, std::uint64_t>::with<kv_events>,
+    // The remote tier: its store and the store's data-plane address; from
+    // the store, the blocks it now holds whole (slots and names).
+    caf::reacts_to<vault_atom, kv_vault_actor, std::vector<std::uint8_t>>,
+    caf::reacts_to<vault_ok_atom, vault_blocks>,
     // From the node: the pipeline was restarted (every stage's KV is gone;
     // running requests recompute) or, with no stages, given up on.
     caf::reacts_to<pipeline_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,

@@ -27,6 +27,8 @@ scheduler_actor silent_scheduler(caf::actor_system& sys) {
         [](tick_atom) {},
         [](reset_cache_atom) { return std::int64_t{0}; },
         [](kv_events_atom, std::uint64_t) { return kv_events{}; },
+        [](vault_atom, kv_vault_actor&, std::vector<std::uint8_t>&) {},
+        [](vault_ok_atom, const vault_blocks&) {},
         [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
         [](encoder_atom, encoder_actor&) {},
         [](handover_atom, encoder_actor&, bool) { return true; },

@@ -151,6 +151,36 @@ seq_work make(tag<seq_work>, const actors_for_handles& h) {
           .blocks = {7, 9, 4}};
 }
 
+std::array<std::uint8_t, 32> a_name(std::uint8_t v) {
+  std::array<std::uint8_t, 32> n{};
+  for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<std::uint8_t>(v + i);
+  return n;
+}
+
+vault_blocks make(tag<vault_blocks>, const actors_for_handles&) {
+  return {.slots = {3, 0},
+          .names = {a_name(1), a_name(2)},
+          .first_layer = 2,
+          .layers = 5,
+          .data = a_ref(11),
+          .dest = "node-7"};
+}
+
+vault_info make(tag<vault_info>, const actors_for_handles&) {
+  return {.slots = 64,
+          .layers = 22,
+          .layer_bytes = 32768,
+          .bytes = 1 << 20,
+          .complete = 9,
+          .puts = 40,
+          .gets = 3,
+          .refused = 1};
+}
+
+kv_vault_actor make(tag<kv_vault_actor>, const actors_for_handles& h) {
+  return handle<kv_vault_actor>(h.d);
+}
+
 step_batch make(tag<step_batch>, const actors_for_handles& h) {
   seq_work second;
   second.seq = 4;
@@ -162,7 +192,9 @@ step_batch make(tag<step_batch>, const actors_for_handles& h) {
           .stage_ms = {0.5, 1.0},
           .decode_steps = 8,
           .return_logits = false,
-          .moves = {{0, 5, 1, 2}, {1, 3, 2, 7}}};
+          .moves = {{0, 5, 1, 2, {}}, {1, 3, 2, 7, {}}, {3, 4, 0, 9, a_name(0x41)}},
+          .vault = handle<kv_vault_actor>(h.d),
+          .vault_address = {1, 2, 3}};
 }
 
 step_output make(tag<step_output>, const actors_for_handles&) {
@@ -249,6 +281,12 @@ scheduler_stats make(tag<scheduler_stats>, const actors_for_handles&) {
           .kv_to_disk = 30,
           .kv_from_disk = 3,
           .kv_dropped = 1,
+          .kv_remote_blocks = 512,
+          .kv_remote_used = 200,
+          .kv_remote_pending = 4,
+          .kv_to_remote = 210,
+          .kv_from_remote = 80,
+          .kv_remote_confirmed = 206,
           .kv_slot_bytes = 1441792,
           .recomputed_tokens = 17,
           .restored_tokens = 900,
@@ -589,7 +627,7 @@ using messages =
               node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
               job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
               migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>,
-              kv_block_event, kv_events>;
+              kv_block_event, kv_events, vault_blocks, vault_info, kv_vault_actor>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -200,8 +200,8 @@ inline bool wait_mid_decode(job_run& run, int lo, int hi) {
 
 class ClusterLoopback : public ::testing::Test {
  protected:
-  void up(const std::string& name) {
-    cs_ = make_manifest(name, {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+  void up(const std::string& name, const std::string& extra = "") {
+    cs_ = make_manifest(name, {"127.0.0.1", "127.0.0.1", "127.0.0.1"}, extra);
     auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     ASSERT_NE(r.out.find("troupe: cluster " + name + " ready"), std::string::npos) << r.out;

@@ -149,7 +149,7 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
       {head + node + "[kv]\ndisk_dir = \"/var/tmp\"\n",
        "m.toml:11: kv.disk_dir: set without kv.disk_tokens"},
       {head + node + "[scheduler]\nprefix_caching = false\n[kv]\nhost_tokens = 1024\n",
-       "m.toml:12: kv: host and disk tiers hold named (prefix-cached) blocks"},
+       "m.toml:12: kv: host, disk and store tiers hold named (prefix-cached) blocks"},
       {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = "
               "\"cpu\" }]\n",
        "m.toml:8: nodes[0].port: must be in [1, 65535], got 70000"},

@@ -994,18 +994,36 @@ TEST(PrefixCache, StepDeltasRebuildTheBooksTables) {
 /// wrong place, or brought back into the wrong one, fails it.
 struct simulated_stage {
   int B = 4;
-  std::map<std::int32_t, std::vector<std::int32_t>> tier[3];  // device, host, disk
+  // device, host, disk and the remote store (which outlives the stage)
+  std::map<std::int32_t, std::vector<std::int32_t>> tier[4];
+  std::map<std::int32_t, block_hash> remote_name;
   std::map<std::int64_t, std::vector<std::int32_t>> tables;
   std::map<std::uint64_t, std::vector<std::int32_t>>* tokens = nullptr;  // per request
   std::int64_t checked = 0;
+  /// Copies the remote store took in the last step: what it confirms.
+  std::vector<std::pair<std::int32_t, block_hash>> stored;
+
+  /// The node died: a new stage holds nothing; the remote store keeps all.
+  void replace() {
+    for (int t = 0; t < 3; ++t) tier[t].clear();
+    tables.clear();
+  }
 
   void run(const step_plan& p) {
+    stored.clear();
     for (const auto& m : p.moves) {
-      ASSERT_LT(m.from, 3);
-      ASSERT_LT(m.to, 3);
+      ASSERT_LT(m.from, 4);
+      ASSERT_LT(m.to, 4);
       ASSERT_TRUE(tier[m.from].count(m.from_index))
           << "a move out of tier " << int(m.from) << " slot " << m.from_index << ", never written";
+      if (m.from == 3) {
+        ASSERT_EQ(remote_name.at(m.from_index), m.name) << "remote slot " << m.from_index;
+      }
       tier[m.to][m.to_index] = tier[m.from][m.from_index];
+      if (m.to == 3) {
+        remote_name[m.to_index] = m.name;
+        stored.emplace_back(m.to_index, m.name);
+      }
     }
     for (const auto& s : p.seqs) {
       auto& t = tables[s.seq];
@@ -1119,6 +1137,99 @@ TEST(KvTiers, PreemptionWithAHostTierRecomputesNothing) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   EXPECT_GT(twice.stats.preemptions, 8);
   EXPECT_EQ(twice.stats.recomputed_tokens, 0);
+}
+
+/// Eight requests decoding past their prompts; at step `reset_at` the node
+/// holding the stage dies and a new one replaces it (a pipeline reset).
+/// With a remote tier, every full block was copied to a store that
+/// outlives the node and confirmed once there.
+tier_run run_with_node_loss(std::int64_t remote_blocks, int reset_at) {
+  auto o = caching_options();
+  o.kv_blocks = 256;
+  o.remote_blocks = remote_blocks;
+  harness h(o);
+  std::map<std::uint64_t, std::vector<std::int32_t>> tokens;
+  simulated_stage sim;
+  sim.tokens = &tokens;
+  constexpr std::uint64_t requests = 8;
+  for (std::uint64_t id = 1; id <= requests; ++id) {
+    auto prompt = ramp(static_cast<std::int32_t>(40 * id), 17 + id);
+    tokens[id] = prompt;
+    EXPECT_TRUE(h.submit_tokens(id, prompt, 30));
+  }
+  for (int i = 0; i < 5000 && h.done().size() < requests; ++i) {
+    if (i == reset_at) {
+      sim.replace();
+      h.take(h.core.reset(1));
+    }
+    auto p = h.plan();
+    if (!p) {
+      ADD_FAILURE() << "no step planned";
+      break;
+    }
+    sim.run(*p);
+    if (::testing::Test::HasFatalFailure()) break;
+    step_result r;
+    for (const auto& s : p->seqs) {
+      if (!s.sample) {
+        r.sampled.emplace_back();
+        continue;
+      }
+      std::int64_t x = static_cast<std::int64_t>(s.id);
+      for (auto v : tokens[s.id]) x = (x * 31 + v) % 1000003;
+      const auto next = static_cast<std::int32_t>(10 + x % 300);
+      r.sampled.push_back({next});
+      tokens[s.id].push_back(next);
+    }
+    h.take(h.core.step_done(p->step, r));
+    // The store confirms what arrived (after the step: asynchronously).
+    h.core.remote_stored(sim.stored);
+  }
+  tier_run out;
+  out.stats = h.core.stats();
+  out.checked = sim.checked;
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
+    out.answers[d.id] = d.tokens;
+  }
+  EXPECT_EQ(out.answers.size(), requests);
+  return out;
+}
+
+// The failover target of issue 27: after a node loss, each request takes
+// its full blocks back from the remote store and recomputes at most its
+// last block and its partly filled one; every position read back holds the
+// right token and the answers are those of a run without the loss.
+TEST(KvTiers, ANodeLossRestoresFullBlocksFromTheRemoteStore) {
+  const auto clean = run_with_node_loss(0, -1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const auto recompute = run_with_node_loss(0, 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(recompute.answers, clean.answers);
+  EXPECT_EQ(recompute.stats.restored_tokens, 0);
+  EXPECT_GT(recompute.stats.recomputed_tokens, 8 * 20) << "everything recomputed";
+  const auto restore = run_with_node_loss(1024, 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(restore.answers, clean.answers);
+  EXPECT_GT(restore.stats.kv_to_remote, 0);
+  EXPECT_GT(restore.stats.kv_from_remote, 0);
+  EXPECT_EQ(restore.stats.kv_remote_pending, 0);
+  EXPECT_EQ(restore.stats.recomputed_tokens + restore.stats.restored_tokens,
+            recompute.stats.recomputed_tokens)
+      << "the same tokens were lost";
+  EXPECT_GT(restore.stats.restored_tokens, 0);
+  // At most the partly filled block per request (block size 4): the last
+  // full block was confirmed one step after it filled, before the loss.
+  EXPECT_LE(restore.stats.recomputed_tokens, 8 * 4);
+  EXPECT_GT(restore.checked, recompute.checked - recompute.stats.recomputed_tokens)
+      << "restored positions are read back and checked";
+  // A remote tier of two blocks: its least recent copies make room; a
+  // late confirmation of one is ignored; what is left restores correctly.
+  const auto tight = run_with_node_loss(2, 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(tight.answers, clean.answers);
+  EXPECT_LE(tight.stats.kv_remote_used, 2);
+  EXPECT_GT(tight.stats.recomputed_tokens, restore.stats.recomputed_tokens);
 }
 
 // A host tier of two blocks spills to disk (least recently used first);
