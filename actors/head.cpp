@@ -83,6 +83,9 @@ void step_down(head_ptr self, const std::string& name, const std::string& why) {
   ::kill(::getpid(), SIGTERM);  // the main thread waits for it
 }
 
+void ensure_vault(head_ptr self);
+void vault_lost(head_ptr self, const std::string& why);
+
 void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   auto& st = self->state;
   auto& r = st.rt[name];
@@ -92,6 +95,7 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   const auto* m = st.members->find(name);
   st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
+  if (st.vault && st.vault_on == name) vault_lost(self, "node " + name + " lost");
   if (st.encoder && st.encoder_owner == name && st.encoder_home && !st.draining) {
     // The vision encoder ran there: it runs on the head again (its weights
     // stayed loaded here), and the scheduler sends the images it was
@@ -111,6 +115,82 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
     st.lost_at = steady::now();
     replace(self, "node " + name + " lost");
   }
+}
+
+/// The cluster's KV store: spawned once the scheduler is (and again after
+/// its node was lost and came back) on kv.store_node: in this process, or
+/// by that node's agent once it is up.
+void ensure_vault(head_ptr self) {
+  auto& st = self->state;
+  if (st.vault || st.vault_loading || st.vault_slots <= 0 || !st.scheduler || st.draining ||
+      st.vault_layer_bytes <= 0)
+    return;
+  const auto& named = st.cfg.node.m.kv.store_node;
+  const std::string where = named.empty() ? st.cfg.node.name : named;
+  vault_order o;
+  o.slots = st.vault_slots;
+  o.layers = st.layers;
+  o.layer_bytes = st.vault_layer_bytes;
+  o.notify = st.scheduler;
+  auto adopt = [self, where, o](kv_vault_actor v, std::vector<std::uint8_t> address) {
+    auto& st = self->state;
+    st.vault = std::move(v);
+    st.vault_on = where;
+    ++st.vault_stores;
+    self->monitor(st.vault);
+    self->send(st.scheduler, vault_atom::value, st.vault, std::move(address));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB",
+                  static_cast<double>(o.slots) * o.layers * o.layer_bytes / (1 << 20));
+    event(self, "KV store on " + where + ": " + std::to_string(o.slots) + " blocks (" + buf +
+                    "), a copy of every full block");
+  };
+  if (where == st.cfg.node.name) {
+    kv_vault_options vo;
+    vo.slots = o.slots;
+    vo.layers = o.layers;
+    vo.layer_bytes = o.layer_bytes;
+    vo.notify = o.notify;
+    adopt(spawn_kv_vault(self->system(), vo), data_plane::local().address());
+    return;
+  }
+  auto it = st.rt.find(where);
+  if (it == st.rt.end() || !it->second.agent || !st.members->is_up(where) ||
+      it->second.report.engine_address.empty())
+    return;  // once it is up and has reported
+  if (steady::now() - st.vault_tried < std::chrono::seconds(5)) return;
+  st.vault_tried = steady::now();
+  st.vault_loading = true;
+  const auto agent = it->second.agent;
+  const auto address = it->second.report.engine_address;
+  self->request(agent, st.cfg.node.timeout, load_vault_atom::value, o)
+      .then(
+          [self, where, agent, address, adopt](kv_vault_actor& v) {
+            auto& st = self->state;
+            st.vault_loading = false;
+            if (st.rt[where].agent != agent || st.draining) {
+              caf::anon_send_exit(v, caf::exit_reason::user_shutdown);  // its node went meanwhile
+              return;
+            }
+            adopt(std::move(v), address);
+          },
+          [self, where](caf::error& e) {
+            self->state.vault_loading = false;
+            event(self, "the KV store on " + where + ": " + describe(self->system(), e), true);
+          });
+}
+
+/// The KV store is gone (its node lost, or it stopped): the scheduler stops
+/// counting on its copies; a new one is ordered when its node is back.
+void vault_lost(head_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.vault) return;
+  self->demonitor(st.vault.address());
+  st.vault = kv_vault_actor{};
+  if (st.scheduler)
+    self->send(st.scheduler, vault_atom::value, kv_vault_actor{}, std::vector<std::uint8_t>{});
+  event(self, "the KV store on " + st.vault_on + " is gone (" + why + "); its copies with it",
+        true);
 }
 
 void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_handles> handles) {
@@ -139,18 +219,9 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       if (st.cfg.node.kv.tiers.store_tokens > 0 && sopts.prefix_caching && st.layers > 0)
         sopts.remote_blocks = st.cfg.node.kv.tiers.store_tokens / sopts.kv.block_size;
       st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
-      if (sopts.remote_blocks > 0) {
-        kv_vault_options vo;
-        vo.slots = sopts.remote_blocks;
-        vo.layers = st.layers;
-        vo.layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
-        vo.notify = st.scheduler;
-        st.vault = spawn_kv_vault(self->system(), vo);
-        self->send(st.scheduler, vault_atom::value, st.vault, data_plane::local().address());
-        event(self, "KV store: " + std::to_string(vo.slots) + " blocks of " +
-                        std::to_string(slot_bytes) + " bytes in " + st.cfg.node.name +
-                        "'s process (a copy of every full block)");
-      }
+      st.vault_slots = sopts.remote_blocks;
+      st.vault_layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
+      ensure_vault(self);
     } else {
       self->send(st.scheduler, pipeline_atom::value, shards, kvs);
     }
@@ -376,7 +447,7 @@ void follow_block_events(head_ptr self) {
               core::kv_books::event e;
               e.what = static_cast<core::kv_books::event::kind>(m.what);
               e.tier = static_cast<models::kv_tier>(m.tier);
-              if (m.what > 2 || m.tier > 2 || (m.what != 2 && m.name.size() != e.name.size()))
+              if (m.what > 2 || m.tier > 3 || (m.what != 2 && m.name.size() != e.name.size()))
                 continue;
               std::copy(m.name.begin(), m.name.end(), e.name.begin());
               st.blocks.apply(e);
@@ -392,6 +463,7 @@ void heartbeat(head_ptr self) {
   const auto now = steady::now();
   stats_line(self);
   follow_block_events(self);
+  ensure_vault(self);
   // The head's own node is this process; a node loading weights for the
   // head is busy, its connection up (a drop is noticed as such).
   for (const auto& [name, r] : st.rt)
@@ -449,7 +521,10 @@ void heartbeat(head_ptr self) {
   if (!st.ready && !st.placing && !st.draining) {
     const auto usable = st.members->usable();
     const bool grace_over = steady::now() - st.started > st.cfg.startup_grace;
-    if ((usable.size() == st.cfg.node.m.nodes.size() && (measured_all(self) || !st.auto_place)) ||
+    const auto stage_nodes = static_cast<std::size_t>(
+        std::count_if(st.cfg.node.m.nodes.begin(), st.cfg.node.m.nodes.end(),
+                      [](const auto& n) { return n.holds_stages(); }));
+    if ((usable.size() == stage_nodes && (measured_all(self) || !st.auto_place)) ||
         (grace_over && !usable.empty()))
       replace(self, "start");
   }
@@ -529,6 +604,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     st.prompt = std::make_shared<const prompt_setup>(std::move(prompt));
     st.frontend = std::move(fe);
     st.members.emplace(std::move(names), st.cfg.membership);
+    for (const auto& n : st.cfg.node.m.nodes)
+      if (!n.holds_stages()) st.members->holds_no_stages(n.name);
     st.auto_place = st.cfg.node.m.parallelism.pipeline_stages == 0;
     {
       // The planner's view of the model: its shapes, and the format the
@@ -585,6 +662,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     });
     self->set_down_handler([self](caf::down_msg& dm) {
       auto& st = self->state;
+      if (st.vault && st.vault.address() == dm.source)
+        return vault_lost(self, self->system().render(dm.reason));
       for (auto& [name, r] : st.rt) {
         if (!r.agent || r.agent.address() != dm.source) continue;
         if (auto t = st.members->gone(

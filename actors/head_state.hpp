@@ -52,8 +52,15 @@ struct head_state {
   std::map<std::string, member_rt> rt;
   scheduler_actor scheduler;
   /// The remote KV tier's store (kv.store_tokens): copies of every full
-  /// block, in this process, outliving the stages' nodes.
+  /// block, on kv.store_node (this process, or a node's), outliving the
+  /// stages' nodes.
   kv_vault_actor vault;
+  std::string vault_on;  ///< its node
+  std::int64_t vault_slots = 0;
+  std::int64_t vault_layer_bytes = 0;
+  bool vault_loading = false;
+  steady::time_point vault_tried{};
+  std::int64_t vault_stores = 0;  ///< ordered so far
   // The pipeline's cached blocks, followed from the scheduler's block
   // events at each heartbeat (for a router: which prefixes are where).
   core::block_index blocks;

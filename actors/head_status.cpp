@@ -27,7 +27,9 @@ cluster_status status_of(head_ptr self) {
   s.resume_ms = st.resume_ms;
   using models::kv_tier;
   s.indexed_blocks = {st.blocks.count(kv_tier::device), st.blocks.count(kv_tier::host),
-                      st.blocks.count(kv_tier::disk)};
+                      st.blocks.count(kv_tier::disk), st.blocks.count(kv_tier::remote)};
+  s.kv_store = st.vault ? st.vault_on : std::string{};
+  s.kv_stores = st.vault_stores;
   s.block_events = st.block_events;
   s.actor_restarts = st.actor_restarts;
   s.migrations = st.migrations;

@@ -132,8 +132,13 @@ kv_vault_actor spawn_kv_vault(caf::actor_system& sys, kv_vault_options opts) {
               std::memcpy(out, row.data(), row.size());
               out += row.size();
             }
-          auto ref = data_plane::local().send(
-              b.dest == to_string(self->node()) ? std::string{} : b.dest, "host", std::move(*t));
+          auto& dp = data_plane::local();
+          const auto key = b.dest == to_string(self->node()) ? std::string{} : b.dest;
+          if (!key.empty() && !dp.reachable(key))
+            if (auto c = dp.connect(key, b.dest_address); !c)
+              return make_error(error_code::peer_lost,
+                                "KV vault: the data plane to " + key + ": " + c.error().message);
+          auto ref = dp.send(key, "host", std::move(*t));
           if (!ref) return make_error(error_code::peer_lost, "KV vault: " + ref.error().message);
           return std::move(*ref);
         },

@@ -16,6 +16,7 @@
 #include "actors/device_probe.hpp"
 #include "actors/encoder.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/kv_vault.hpp"
 #include "actors/log.hpp"
 #include "actors/stage.hpp"
 #include "cluster/head_lease.hpp"
@@ -54,6 +55,7 @@ struct agent_state {
   node_config cfg;
   std::vector<held_stage> stages;
   encoder_actor encoder;  ///< a vision encoder moved here (live migration)
+  kv_vault_actor vault;   ///< the cluster's KV store, when the head put it here
   std::uint64_t epoch = 0;
   std::string failure;
   device_probe probe;                            ///< measured at start
@@ -238,6 +240,8 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
     }
     self->set_exit_handler([self](caf::exit_msg& em) {
       drop_stages(self);  // the stage actors go with the agent
+      if (self->state.vault)
+        caf::anon_send_exit(self->state.vault, caf::exit_reason::user_shutdown);
       if (self->state.encoder)
         caf::anon_send_exit(self->state.encoder, caf::exit_reason::user_shutdown);
       self->quit(em.reason);
@@ -256,8 +260,37 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         [=](drop_atom) -> caf::result<std::int32_t> {
           if (auto e = refuse_unless_head(self)) return e;
           const auto n = static_cast<std::int32_t>(self->state.stages.size());
-          drop_stages(self);
+          drop_stages(self);  // (a KV store stays: the head's next order replaces it)
           return n;
+        },
+        [=](load_vault_atom, const vault_order& o) -> caf::result<kv_vault_actor> {
+          if (auto e = refuse_unless_head(self)) return e;
+          auto& st = self->state;
+          if (o.slots <= 0 || o.layers <= 0 || o.layer_bytes <= 0 || o.slots > (1 << 30) ||
+              o.layer_bytes > (std::int64_t{1} << 30))
+            return make_error(error_code::invalid_request,
+                              "node " + st.cfg.name + ": a KV store order of " +
+                                  std::to_string(o.slots) + " blocks of " +
+                                  std::to_string(o.layers) + " layers x " +
+                                  std::to_string(o.layer_bytes) + " bytes");
+          const double bytes = static_cast<double>(o.slots) * o.layers * o.layer_bytes;
+          if (st.cfg.memory_limit > 0 && static_cast<double>(resident_bytes()) + bytes >
+                                             static_cast<double>(st.cfg.memory_limit))
+            return make_error(error_code::kv_exhausted,
+                              "node " + st.cfg.name + ": a KV store of " +
+                                  gib(static_cast<std::int64_t>(bytes)) +
+                                  " does not fit its memory limit of " + gib(st.cfg.memory_limit) +
+                                  " (manifest; it uses " + gib(resident_bytes()) + " now)");
+          if (st.vault) caf::anon_send_exit(st.vault, caf::exit_reason::user_shutdown);
+          kv_vault_options vo;
+          vo.slots = o.slots;
+          vo.layers = o.layers;
+          vo.layer_bytes = o.layer_bytes;
+          vo.notify = o.notify;
+          st.vault = spawn_kv_vault(self->system(), vo);
+          logging::of("agent").info("node {}: holds the cluster's KV store ({} blocks, {})",
+                                    st.cfg.name, o.slots, gib(static_cast<std::int64_t>(bytes)));
+          return st.vault;
         },
         [=](ping_atom) -> caf::result<node_report> {
           if (auto e = refuse_unless_head(self)) return e;

@@ -60,7 +60,22 @@ std::string pipeline_breakdown::describe() const {
 }
 
 std::string describe_kv_tiers(const scheduler_stats& s) {
-  if (s.kv_host_blocks + s.kv_disk_blocks <= 0) return {};
+  if (s.kv_host_blocks + s.kv_disk_blocks + s.kv_remote_blocks <= 0) return {};
+  std::string store;
+  if (s.kv_remote_blocks > 0) {
+    char b[256];
+    std::snprintf(
+        b, sizeof b,
+        "KV store: %lld of %lld blocks hold a whole copy (%lld on their way); copied "
+        "device->store %lld, store->device %lld (%.1f MiB in all)",
+        static_cast<long long>(s.kv_remote_used), static_cast<long long>(s.kv_remote_blocks),
+        static_cast<long long>(s.kv_remote_pending), static_cast<long long>(s.kv_to_remote),
+        static_cast<long long>(s.kv_from_remote),
+        static_cast<double>((s.kv_to_remote + s.kv_from_remote) * s.kv_slot_bytes) / (1 << 20));
+    store = b;
+    if (s.kv_host_blocks + s.kv_disk_blocks <= 0) return store;
+    store = "\n" + store;
+  }
   const auto moved = s.kv_to_host + s.kv_from_host + s.kv_to_disk + s.kv_from_disk;
   char buf[384];
   std::snprintf(buf, sizeof buf,
@@ -73,7 +88,7 @@ std::string describe_kv_tiers(const scheduler_stats& s) {
                 static_cast<long long>(s.kv_to_disk), static_cast<long long>(s.kv_from_disk),
                 static_cast<double>(moved * s.kv_slot_bytes) / (1 << 20),
                 static_cast<long long>(s.kv_dropped));
-  return buf;
+  return buf + store;
 }
 
 }  // namespace troupe::actors

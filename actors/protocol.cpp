@@ -39,6 +39,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<vault_blocks>("troupe::vault_blocks");
   cfg.add_message_type<vault_info>("troupe::vault_info");
   cfg.add_message_type<kv_vault_actor>("troupe::kv_vault_actor");
+  cfg.add_message_type<vault_order>("troupe::vault_order");
   cfg.add_message_type<step_batch>("troupe::step_batch");
   cfg.add_message_type<step_output>("troupe::step_output");
   cfg.add_message_type<shard_info>("troupe::shard_info");

@@ -589,7 +589,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
     auto& st = self->state;
     st.model = model;
     st.clk.emplace(self->clock());
+    const bool store = opts.remote_blocks > 0;
     st.core.emplace(std::move(model), std::move(opts), static_cast<int>(stages.size()), *st.clk);
+    if (store) st.core->remote_online(false);  // until the store is there (vault_atom)
     st.stages = std::move(stages);
     st.kv_stores = std::move(kv_stores);
     st.encoder = std::move(encoder);
@@ -647,10 +649,17 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
         [=](stats_atom) { return self->state.core->stats(); },
         [=](kv_events_atom, std::uint64_t since) { return events_since(self, since); },
         [=](vault_atom, kv_vault_actor& vault, std::vector<std::uint8_t>& address) {
-          self->state.vault = std::move(vault);
-          self->state.vault_address = std::move(address);
+          // A new store (or none): the copies of the one before are gone.
+          auto& st = self->state;
+          st.core->remote_online(false);
+          st.vault = std::move(vault);
+          st.vault_address = std::move(address);
+          if (st.vault) st.core->remote_online(true);
+          collect_events(self);
         },
         [=](vault_ok_atom, const vault_blocks& b) {
+          // Only the store now in use confirms (a replaced one's late word is not).
+          if (!self->state.vault || self->current_sender() != self->state.vault) return;
           std::vector<std::pair<std::int32_t, core::block_hash>> ok;
           for (std::size_t i = 0; i < b.slots.size() && i < b.names.size(); ++i)
             ok.emplace_back(b.slots[i], b.names[i]);

@@ -93,6 +93,7 @@ std::string fetch_remote(caf::actor_system& sys, const caf::node_id& self_node, 
     if (auto c = dp.connect(key, b.vault_address); !c)
       return "the data plane to the KV store: " + c.error().message;
   p.gets.dest = to_string(self_node);
+  p.gets.dest_address = dp.address();
   std::string err;
   caf::scoped_actor s{sys};
   s->request(b.vault, std::chrono::seconds(60), vault_get_atom::value, p.gets)

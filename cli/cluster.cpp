@@ -169,9 +169,15 @@ json status_json(const actors::cluster_status& s) {
             {"to_disk", q.kv_to_disk},
             {"from_disk", q.kv_from_disk},
             {"dropped", q.kv_dropped},
+            {"store_blocks", q.kv_remote_blocks},
+            {"store_used", q.kv_remote_used},
+            {"store_pending", q.kv_remote_pending},
+            {"to_store", q.kv_to_remote},
+            {"from_store", q.kv_from_remote},
             {"restored_tokens", q.restored_tokens},
             {"recomputed_tokens", q.recomputed_tokens}}},
           {"block_index", {{"blocks", s.indexed_blocks}, {"events", s.block_events}}},
+          {"kv_store", {{"node", s.kv_store}, {"ordered", s.kv_stores}}},
           {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
 }
 
@@ -214,6 +220,9 @@ void print_status(const actors::cluster_status& s) {
         static_cast<long long>(q.kv_cached_blocks), static_cast<long long>(q.kv_cached_free),
         static_cast<long long>(q.kv_evictions));
   if (const auto t = actors::describe_kv_tiers(q); !t.empty()) std::printf("%s\n", t.c_str());
+  if (q.kv_remote_blocks > 0)
+    std::printf("KV store: %s\n", s.kv_store.empty() ? "none running (its node is not up)"
+                                                     : ("on " + s.kv_store).c_str());
   if (s.indexed_blocks.size() == 3 && s.block_events > 0)
     std::printf(
         "block index (the head's, from %llu block events): %lld on the device, %lld in host "

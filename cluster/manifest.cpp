@@ -209,7 +209,7 @@ void parse_device(checker& c, const toml::table& t, const std::string& where, de
 }
 
 void parse_node(checker& c, const toml::table& t, const std::string& where, node_entry& n) {
-  c.only_keys(t, where, {"name", "host", "port", "devices", "model_path"});
+  c.only_keys(t, where, {"name", "host", "port", "devices", "model_path", "role"});
   n.line = checker::line_of(t);
   c.str(t, "name", where, n.name, true);
   if (t.get("name") && !n.name.empty() && !valid_name(n.name))
@@ -224,6 +224,10 @@ void parse_node(checker& c, const toml::table& t, const std::string& where, node
             "must not listen everywhere)");
   c.integer(t, "port", where, n.port, 1, 65535, true);
   c.str(t, "model_path", where, n.model_path);
+  c.str(t, "role", where, n.role);
+  if (n.role != "stages" && n.role != "kv")
+    c.error(checker::line_of(*t.get("role")), where + ".role",
+            "'" + n.role + "': \"stages\" (the default) or \"kv\" (only the KV store)");
   const auto* devs = t.get("devices");
   if (!devs) {
     c.error(n.line, where + ".devices",
@@ -461,7 +465,11 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
 
   if (const auto* t = c.table(root, "kv", "", false)) {
-    c.only_keys(*t, "kv", {"host_tokens", "disk_tokens", "disk_dir", "store_tokens"});
+    c.only_keys(*t, "kv", {"host_tokens", "disk_tokens", "disk_dir", "store_tokens", "store_node"});
+    c.str(*t, "store_node", "kv", m.kv.store_node);
+    if (!m.kv.store_node.empty() && m.kv.store_tokens == 0)
+      c.error(checker::line_of(*t->get("store_node")), "kv.store_node",
+              "set without kv.store_tokens: there is no store to put there");
     c.integer(*t, "host_tokens", "kv", m.kv.host_tokens, 0, std::int64_t{1} << 30);
     c.integer(*t, "disk_tokens", "kv", m.kv.disk_tokens, 0, std::int64_t{1} << 32);
     c.integer(*t, "store_tokens", "kv", m.kv.store_tokens, 0, std::int64_t{1} << 30);
@@ -545,9 +553,35 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
   if (!m.head.empty() && !m.nodes.empty() && !m.node(m.head))
     c.error(0, "cluster.head", "'" + m.head + "' is not the name of any node");
+  // The KV store's node: named, else the node of role "kv", else the head.
+  {
+    std::vector<const node_entry*> kv_nodes;
+    for (const auto& e : m.nodes)
+      if (!e.holds_stages()) kv_nodes.push_back(&e);
+    if (kv_nodes.size() > 1)
+      c.error(kv_nodes[1]->line, "nodes." + kv_nodes[1]->name + ".role",
+              "a second node of role \"kv\" (one KV store per cluster)");
+    for (const auto* e : kv_nodes) {
+      if (e->name == m.head)
+        c.error(e->line, "nodes." + e->name + ".role",
+                "the head runs the scheduler and takes stages: it cannot be of role \"kv\"");
+      if (m.kv.store_tokens == 0)
+        c.error(e->line, "nodes." + e->name + ".role",
+                "\"kv\" without kv.store_tokens: the node would hold nothing");
+    }
+    if (m.kv.store_node.empty() && m.kv.store_tokens > 0)
+      m.kv.store_node = kv_nodes.empty() ? m.head : kv_nodes.front()->name;
+    if (!m.kv.store_node.empty() && !m.nodes.empty() && !m.node(m.kv.store_node))
+      c.error(0, "kv.store_node", "'" + m.kv.store_node + "' is not the name of any node");
+    for (const auto* e : kv_nodes)
+      if (m.kv.store_tokens > 0 && e->name != m.kv.store_node)
+        c.error(e->line, "nodes." + e->name + ".role",
+                "\"kv\", but kv.store_node puts the store on '" + m.kv.store_node + "'");
+  }
   const int devices_total = [&] {
     int n = 0;
-    for (const auto& e : m.nodes) n += static_cast<int>(e.devices.size());
+    for (const auto& e : m.nodes)
+      if (e.holds_stages()) n += static_cast<int>(e.devices.size());
     return n;
   }();
   if (m.parallelism.pipeline_stages > 0 && devices_total > 0 &&

@@ -44,7 +44,11 @@ struct node_entry {
   int port = 0;      ///< its control-plane (CAF, TLS) port
   std::vector<device_entry> devices;
   std::string model_path;  ///< the model on this node (empty: the cluster's)
+  /// "stages" (the default): it may hold stages and encoders; "kv": it
+  /// holds neither, only the cluster's KV store (kv.store_node).
+  std::string role = "stages";
   int line = 0;
+  bool holds_stages() const { return role != "kv"; }
 };
 
 struct model_entry {
@@ -63,9 +67,12 @@ struct kv_entry {
   std::int64_t host_tokens = 0;
   std::int64_t disk_tokens = 0;
   std::string disk_dir;  ///< resolved against the manifest's directory; empty: the temp folder
-  /// The remote tier: a KV store in the head's process holding a copy of
-  /// every full block, so that a lost stage's KV is restored, not recomputed.
+  /// The remote tier: a KV store holding a copy of every full block, so
+  /// that a lost stage's KV is restored, not recomputed.
   std::int64_t store_tokens = 0;
+  /// The node whose process runs the store: empty: the node of role "kv",
+  /// if there is one, else the head.
+  std::string store_node;
 };
 
 struct parallelism_entry {

@@ -108,8 +108,17 @@ std::vector<std::string> membership::due_for_join(time_point now) {
 std::vector<std::string> membership::usable() const {
   std::vector<std::string> out;
   for (const auto& m : members_)
-    if (m.state == member_state::up) out.push_back(m.name);
+    if (m.state == member_state::up && m.holds_stages) out.push_back(m.name);
   return out;
+}
+
+void membership::holds_no_stages(const std::string& name) {
+  if (auto* m = get(name)) m->holds_stages = false;
+}
+
+bool membership::is_up(const std::string& name) const {
+  const auto* m = find(name);
+  return m && m->state == member_state::up;
 }
 
 std::string describe(const std::vector<stage_slot>& plan) {

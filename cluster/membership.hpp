@@ -42,6 +42,7 @@ class membership {
     std::optional<time_point> last_try;   ///< last join attempt
     std::int64_t joins = 0;
     std::int64_t losses = 0;
+    bool holds_stages = true;  ///< false: a node of role "kv" (the KV store only)
   };
 
   /// A change the head acts on.
@@ -67,8 +68,12 @@ class membership {
 
   const member* find(const std::string& name) const;
   const std::vector<member>& members() const { return members_; }
-  /// Names of the nodes that may hold stages, in manifest order.
+  /// Names of the nodes that may hold stages (up, and not of role "kv"),
+  /// in manifest order.
   std::vector<std::string> usable() const;
+  /// The node holds no stage (role "kv"): never in usable().
+  void holds_no_stages(const std::string& name);
+  bool is_up(const std::string& name) const;
   const membership_options& options() const { return opt_; }
 
  private:

@@ -158,7 +158,8 @@ std::string metrics::render(const actors::cluster_status* s) const {
     for (const auto& [tier, slots, used] :
          {std::tuple{"device", q.kv_total_blocks, q.kv_used_blocks + q.kv_cached_free},
           std::tuple{"host", q.kv_host_blocks, q.kv_host_used},
-          std::tuple{"disk", q.kv_disk_blocks, q.kv_disk_used}}) {
+          std::tuple{"disk", q.kv_disk_blocks, q.kv_disk_used},
+          std::tuple{"store", q.kv_remote_blocks, q.kv_remote_used}}) {
       const std::string l = "{" + label_ + ",tier=\"" + tier + "\"} ";
       out += "troupe:kv_tier_blocks" + l + std::to_string(slots) + "\n";
       out += "troupe:kv_tier_used_blocks" + l + std::to_string(used) + "\n";
@@ -169,8 +170,9 @@ std::string metrics::render(const actors::cluster_status* s) const {
          "Bytes of those copies over every stage.");
     for (const auto& [from, to, n] :
          {std::tuple{"device", "host", q.kv_to_host}, std::tuple{"host", "device", q.kv_from_host},
-          std::tuple{"upper", "disk", q.kv_to_disk},
-          std::tuple{"disk", "device", q.kv_from_disk}}) {
+          std::tuple{"upper", "disk", q.kv_to_disk}, std::tuple{"disk", "device", q.kv_from_disk},
+          std::tuple{"device", "store", q.kv_to_remote},
+          std::tuple{"store", "device", q.kv_from_remote}}) {
       const std::string l = "{" + label_ + ",from=\"" + from + "\",to=\"" + to + "\"} ";
       out += "troupe:kv_tier_moved_blocks_total" + l + std::to_string(n) + "\n";
       out += "troupe:kv_tier_moved_bytes_total" + l + std::to_string(n * q.kv_slot_bytes) + "\n";
@@ -178,6 +180,10 @@ std::string metrics::render(const actors::cluster_status* s) const {
     head(out, "troupe:kv_tier_dropped_blocks_total", "counter",
          "Cached KV blocks evicted past the lowest tier (lost).");
     out += "troupe:kv_tier_dropped_blocks_total{" + label_ + "} " + std::to_string(q.kv_dropped) +
+           "\n";
+    head(out, "troupe:kv_store_pending_blocks", "gauge",
+         "Blocks copied to the KV store whose every layer has not arrived yet.");
+    out += "troupe:kv_store_pending_blocks{" + label_ + "} " + std::to_string(q.kv_remote_pending) +
            "\n";
     head(out, "troupe:kv_restored_tokens_total", "counter",
          "Tokens whose KV a preempted or reset request got back from the cache or a tier.");

@@ -374,8 +374,17 @@ std::int64_t kv_books::forget_names(bool keep_remote) {
   return freed;
 }
 
+void kv_books::remote_online(bool on) {
+  if (!naming_ || remote_.slots == 0 || on == remote_on_) return;
+  remote_on_ = on;
+  for (auto slot : remote_.lru)
+    if (remote_.confirmed[static_cast<std::size_t>(slot)])
+      note(event::kind::removed, remote_.name[static_cast<std::size_t>(slot)], kv_tier::remote);
+  remote_.reset();
+}
+
 void kv_books::back_up(const block_hash& name) {
-  if (!naming_ || remote_.slots == 0) return;
+  if (!naming_ || remote_.slots == 0 || !remote_on_) return;
   auto& t = remote_;
   if (auto it = t.names.find(name); it != t.names.end()) {
     t.lru.splice(t.lru.end(), t.lru, t.at[static_cast<std::size_t>(it->second)]);

@@ -162,6 +162,11 @@ class kv_books {
   bool confirm(std::int32_t slot, const block_hash& name);
   /// Blocks copied to the remote tier whose store has not confirmed them.
   std::int64_t remote_pending() const { return remote_.pending; }
+  /// Whether the remote tier's store is there. Off: no copies are made or
+  /// taken, and what it held is forgotten (the store went with it); on
+  /// again, it starts empty.
+  void remote_online(bool on);
+  bool remote_on() const { return remote_on_ && remote_.slots > 0; }
 
   // -- block events (naming books only) -------------------------------------------------------
 
@@ -243,6 +248,7 @@ class kv_books {
   std::int64_t evictions_ = 0;
   tier lower_[2];  ///< host, disk
   tier remote_;    ///< copies
+  bool remote_on_ = true;
   std::vector<models::kv_move> moves_;
   std::int64_t moved_[4][4] = {};
   std::int64_t dropped_ = 0;

@@ -269,6 +269,8 @@ class scheduler_core {
   void stage_moved() { books_.forget_names(true); }
   /// The remote store holds every layer of these blocks (slot, name).
   void remote_stored(std::span<const std::pair<std::int32_t, block_hash>> blocks);
+  /// The remote store is there (or gone, with its copies).
+  void remote_online(bool on) { books_.remote_online(on); }
   /// Empties the prefix cache (an admin call); returns the cached blocks
   /// that became free. Blocks running requests hold stay theirs.
   std::int64_t reset_prefix_cache() { return books_.forget_names(); }

@@ -82,6 +82,7 @@ using vault_put_atom = caf::atom_constant<caf::atom("vaultput")>;  ///< vault: t
 using vault_get_atom = caf::atom_constant<caf::atom("vaultget")>;  ///< vault: send blocks' rows
 using vault_ok_atom = caf::atom_constant<caf::atom("vaultok")>;    ///< scheduler: blocks confirmed
 using vault_atom = caf::atom_constant<caf::atom("vault")>;         ///< scheduler: the remote tier
+using load_vault_atom = caf::atom_constant<caf::atom("loadvault")>;  ///< agent: spawn the KV store
 
 // -- errors -------------------------------------------------------------------
 

@@ -132,6 +132,21 @@ typename I::result_type inspect(I& f, encoder_order& x) {
 /// A node's agent, handed to the head in the gatekeeper's pass: it loads
 /// and drops the stages the head places on the node, answers heartbeats,
 /// and stops the node.
+/// The head's order for the cluster's KV store (a vault) on a node: its
+/// size and whom it confirms whole blocks to (actors/kv_vault.hpp).
+struct vault_order {
+  std::int64_t slots = 0;
+  std::int32_t layers = 0;
+  std::int64_t layer_bytes = 0;
+  scheduler_actor notify;
+  bool operator==(const vault_order&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, vault_order& x) {
+  return f(caf::meta::type_name("vault_order"), x.slots, x.layers, x.layer_bytes, x.notify);
+}
+
 using node_agent_actor = caf::typed_actor<
     caf::replies_to<load_atom, stage_order>::with<stage_handles>,
     caf::replies_to<drop_atom>::with<std::int32_t>, caf::replies_to<ping_atom>::with<node_report>,
@@ -152,7 +167,9 @@ using node_agent_actor = caf::typed_actor<
     caf::replies_to<drop_enc_atom, encoder_order>::with<std::int32_t>,
     // Link measurement: receives a tensor the head pushed over the
     // data plane and answers its size in bytes.
-    caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>>;
+    caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>,
+    // Spawns the cluster's KV store here (replacing one spawned before).
+    caf::replies_to<load_vault_atom, vault_order>::with<kv_vault_actor>>;
 
 template <class I>
 typename I::result_type inspect(I& f, chat_turn& x) {
@@ -243,9 +260,13 @@ struct cluster_status {
   std::string pipeline_detail;
   /// The head's index of the pipeline's cached KV blocks (followed from the
   /// scheduler's block events, for routing): blocks per tier (device, host,
-  /// disk), and the events taken in.
+  /// disk, store), and the events taken in.
   std::vector<std::int64_t> indexed_blocks;
   std::uint64_t block_events = 0;
+  /// The cluster's KV store (kv.store_tokens): its node ("" when none runs
+  /// now), and how many were ordered so far (one more after its node came back).
+  std::string kv_store;
+  std::int64_t kv_stores = 0;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -255,7 +276,7 @@ typename I::result_type inspect(I& f, cluster_status& x) {
            x.placement, x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms,
            x.resume_ms, x.actor_restarts, x.migrations, x.migration, x.migration_done,
            x.stages_total, x.stages_loaded, x.links, x.link_bytes, x.plan_detail, x.decisions,
-           x.pipeline_detail, x.indexed_blocks, x.block_events);
+           x.pipeline_detail, x.indexed_blocks, x.block_events, x.kv_store, x.kv_stores);
 }
 
 /// `troupe migrate`: what to move where. `shard` is a stage index

@@ -150,13 +150,14 @@ struct vault_blocks {
   std::int32_t layers = 0;
   tensor_ref data;   ///< put: u8 [slots x layers x bytes of a layer's block]
   std::string dest;  ///< get: the data-plane key of the process to send the rows to
+  std::vector<std::uint8_t> dest_address;  ///< ... and its engine address (connected once)
   bool operator==(const vault_blocks&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, vault_blocks& x) {
   return f(caf::meta::type_name("vault_blocks"), x.slots, x.names, x.first_layer, x.layers, x.data,
-           x.dest);
+           x.dest, x.dest_address);
 }
 
 /// What a vault holds and did.

@@ -163,7 +163,12 @@ vault_blocks make(tag<vault_blocks>, const actors_for_handles&) {
           .first_layer = 2,
           .layers = 5,
           .data = a_ref(11),
-          .dest = "node-7"};
+          .dest = "node-7",
+          .dest_address = {9, 8, 7}};
+}
+
+vault_order make(tag<vault_order>, const actors_for_handles& h) {
+  return {.slots = 128, .layers = 22, .layer_bytes = 65536, .notify = handle<scheduler_actor>(h.a)};
 }
 
 vault_info make(tag<vault_info>, const actors_for_handles&) {
@@ -544,8 +549,10 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
           .plan_detail = "plan: 2 stages",
           .decisions = make(tag<std::vector<placement_decision>>{}, h),
           .pipeline_detail = "  over 10.0 s: 4.0 steps/s",
-          .indexed_blocks = {120, 64, 900},
-          .block_events = 4242};
+          .indexed_blocks = {120, 64, 900, 30},
+          .block_events = 4242,
+          .kv_store = "n3",
+          .kv_stores = 2};
 }
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {
@@ -627,7 +634,7 @@ using messages =
               node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
               job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
               migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>,
-              kv_block_event, kv_events, vault_blocks, vault_info, kv_vault_actor>;
+              kv_block_event, kv_events, vault_blocks, vault_info, kv_vault_actor, vault_order>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

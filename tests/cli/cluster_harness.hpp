@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <thread>
@@ -200,8 +201,17 @@ inline bool wait_mid_decode(job_run& run, int lo, int hi) {
 
 class ClusterLoopback : public ::testing::Test {
  protected:
-  void up(const std::string& name, const std::string& extra = "") {
+  /// `edit`, if given, rewrites the manifest's text before `up`.
+  void up(const std::string& name, const std::string& extra = "",
+          const std::function<void(std::string&)>& edit = {}) {
     cs_ = make_manifest(name, {"127.0.0.1", "127.0.0.1", "127.0.0.1"}, extra);
+    if (edit) {
+      std::ifstream in(cs_.manifest);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      in.close();
+      edit(text);
+      std::ofstream(cs_.manifest) << text;
+    }
     auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     ASSERT_NE(r.out.find("troupe: cluster " + name + " ready"), std::string::npos) << r.out;

@@ -258,8 +258,9 @@ class ClusterKvStore : public ClusterLoopback {
     std::int64_t restored = 0, recomputed = 0;
     actors::scheduler_stats before, after;
   };
-  void lose_n1_past_500(const std::string& name, const std::string& extra, loss& out) {
-    up(name, extra);
+  void lose_n1_past_500(const std::string& name, const std::string& extra, loss& out,
+                        const std::function<void(std::string&)>& edit = {}) {
+    up(name, extra, edit);
     client c(m_);
     ASSERT_TRUE(c.ok());
     constexpr int jobs = 8;
@@ -302,6 +303,63 @@ TEST_F(ClusterKvStore, SigkillRestoresTheLostStagesKvFromTheStore) {
   EXPECT_GT(l.restored, 8 * 500) << "recomputed " << l.recomputed;
   // At most one full block and the partly filled one (16 tokens each) per request.
   EXPECT_LE(l.recomputed, 8 * 2 * 16) << "restored " << l.restored;
+}
+
+// The store on a node of its own (role "kv"): it holds no stage (a
+// pipeline of n0 and n1), the stages reach it over the data plane, and
+// when n1 dies the stage that takes its layers over on n0 fetches them
+// from n2. Then the store's own node dies: the cluster serves on without
+// it (a loss recomputes again) until the node is back and a new store is
+// ordered there.
+TEST_F(ClusterKvStore, AStoreOnANodeWithoutStagesServesTheNewStage) {
+  loss l;
+  lose_n1_past_500("vaultnode", "[kv]\nstore_tokens = 32768\n", l, [](std::string& text) {
+    text.replace(text.find("pipeline_stages = 3"), 19, "pipeline_stages = 2");
+    text += "role = \"kv\"\n";  // the last [[nodes]] table: n2
+  });
+  if (HasFatalFailure()) return;
+  EXPECT_GT(l.before.kv_to_remote, 0) << "no block was copied to the store";
+  EXPECT_GT(l.restored, 8 * 500) << "recomputed " << l.recomputed;
+  EXPECT_LE(l.recomputed, 8 * 2 * 16) << "restored " << l.restored;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto s = c.status();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->placement.find("n2"), std::string::npos) << "a stage on the store's node";
+  const auto* n2 = c.member(*s, "n2");
+  ASSERT_NE(n2, nullptr);
+  EXPECT_TRUE(n2->report.stages.empty());
+  EXPECT_EQ(s->kv_store, "n2");
+  EXPECT_EQ(s->kv_stores, 1);
+  ASSERT_GE(s->indexed_blocks.size(), 4u);
+  EXPECT_GT(s->indexed_blocks[3], 0) << "the head's index does not know the store's blocks";
+  // The store's node dies: its copies are forgotten, requests still run.
+  ::kill(pid_of("n2"), SIGKILL);
+  auto gone = c.wait_for(
+      [](const actors::cluster_status& st) {
+        return st.kv_store.empty() && st.scheduler.kv_remote_used == 0;
+      },
+      20s);
+  ASSERT_TRUE(gone.has_value()) << "the store's loss was not noticed";
+  auto f = actors::client(c.sys(), c.door()).run(job(3, 64, true));
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  EXPECT_EQ(f->reason, actors::finish_reason::length) << f->error;
+  // Back: a new store there, which takes copies again.
+  test::child_process revived("n2-again",
+                              {TROUPE_CLI, "node", "--manifest", cs_.manifest, "--name", "n2"});
+  auto again = c.wait_for(
+      [](const actors::cluster_status& st) { return st.kv_stores >= 2 && st.kv_store == "n2"; },
+      30s);
+  EXPECT_TRUE(again.has_value()) << "no new store on n2";
+  const auto copied = c.status()->scheduler.kv_to_remote;
+  auto g = actors::client(c.sys(), c.door()).run(job(4, 64, true));
+  ASSERT_TRUE(g.has_value()) << g.error().message;
+  auto confirmed = c.wait_for(
+      [&](const actors::cluster_status& st) {
+        return st.scheduler.kv_to_remote > copied && st.scheduler.kv_remote_used > 0;
+      },
+      20s);
+  EXPECT_TRUE(confirmed.has_value()) << "the new store took no copies";
 }
 
 TEST_F(ClusterKvStore, WithoutAStoreTheSameLossRecomputesEverything) {

@@ -150,6 +150,24 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "m.toml:11: kv.disk_dir: set without kv.disk_tokens"},
       {head + node + "[scheduler]\nprefix_caching = false\n[kv]\nhost_tokens = 1024\n",
        "m.toml:12: kv: host, disk and store tiers hold named (prefix-cached) blocks"},
+      {head + node + "[kv]\nstore_tokens = 4\n",
+       "m.toml:11: kv.store_tokens: holds no KV block of 16 tokens"},
+      {head + node + "[kv]\nstore_node = \"a\"\n",
+       "m.toml:11: kv.store_node: set without kv.store_tokens"},
+      {head + node + "[kv]\nstore_tokens = 4096\nstore_node = \"zz\"\n",
+       "kv.store_node: 'zz' is not the name of any node"},
+      {head + node + "role = \"cache\"\n",
+       "m.toml:10: nodes[0].role: 'cache': \"stages\" (the default) or \"kv\""},
+      {head + node + "role = \"kv\"\n[kv]\nstore_tokens = 4096\n",
+       "nodes.a.role: the head runs the scheduler and takes stages"},
+      {head + node +
+           "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7401\ndevices = [{ type = "
+           "\"cpu\" }]\nrole = \"kv\"\n",
+       "nodes.b.role: \"kv\" without kv.store_tokens: the node would hold nothing"},
+      {head + node +
+           "[[nodes]]\nname = \"b\"\nhost = \"127.0.0.1\"\nport = 7401\ndevices = [{ type = "
+           "\"cpu\" }]\nrole = \"kv\"\n[kv]\nstore_tokens = 4096\nstore_node = \"a\"\n",
+       "nodes.b.role: \"kv\", but kv.store_node puts the store on 'a'"},
       {head + "[[nodes]]\nname = \"a\"\nhost = \"127.0.0.1\"\nport = 70000\ndevices = [{ type = "
               "\"cpu\" }]\n",
        "m.toml:8: nodes[0].port: must be in [1, 65535], got 70000"},
@@ -227,10 +245,29 @@ TEST(Manifest, KvTiers) {
   EXPECT_EQ(m->kv.host_tokens, 65536);
   EXPECT_EQ(m->kv.disk_tokens, 262144);
   EXPECT_EQ(m->kv.disk_dir, "/etc/troupe/kv");
+  EXPECT_EQ(m->kv.store_tokens, 0);
+  EXPECT_EQ(m->kv.store_node, "") << "no store, no node for it";
   auto none = parse_manifest(good, "/etc/troupe/lab.toml");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->kv.host_tokens, 0);
   EXPECT_EQ(none->kv.disk_dir, "");
+  // A store: on the head unless a node of role "kv" is there.
+  auto store = parse_manifest(std::string(good) + "\n[kv]\nstore_tokens = 65536\n", "lab.toml");
+  ASSERT_TRUE(store) << joined(store.error());
+  EXPECT_EQ(store->kv.store_tokens, 65536);
+  EXPECT_EQ(store->kv.store_node, store->head);
+  for (const auto& n : store->nodes) EXPECT_TRUE(n.holds_stages()) << n.name;
+  // A node of role "kv" holds it (and no stage).
+  auto kv_node = parse_manifest(std::string(good) +
+                                    "\n[[nodes]]\nname = \"c\"\nhost = \"10.0.0.3\"\nport = "
+                                    "7400\ndevices = [{ type = \"cpu\", memory = \"64GiB\" }]\n"
+                                    "role = \"kv\"\n[kv]\nstore_tokens = 1048576\n",
+                                "lab.toml");
+  ASSERT_TRUE(kv_node) << joined(kv_node.error());
+  EXPECT_EQ(kv_node->kv.store_node, "c");
+  ASSERT_NE(kv_node->node("c"), nullptr);
+  EXPECT_FALSE(kv_node->node("c")->holds_stages());
+  EXPECT_TRUE(kv_node->node("a")->holds_stages());
 }
 
 TEST(Manifest, SeveralMistakesAreAllReported) {
