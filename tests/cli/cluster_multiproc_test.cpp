@@ -258,9 +258,15 @@ class ClusterKvStore : public ClusterLoopback {
     std::int64_t restored = 0, recomputed = 0;
     actors::scheduler_stats before, after;
   };
+  // TROUPE_KV_STORE_MODEL (a model path) runs these on that model instead
+  // of the bundled one, for the figures of docs/performance.md (minutes on
+  // a TinyLlama-sized model); CI leaves it unset.
   void lose_n1_past_500(const std::string& name, const std::string& extra, loss& out,
                         const std::function<void(std::string&)>& edit = {}) {
-    up(name, extra, edit);
+    const char* model = std::getenv("TROUPE_KV_STORE_MODEL");
+    const bool big = model != nullptr && *model != 0;
+    text_only_jobs() = big;  // (the bundled model's jobs carry an image)
+    up(name, big ? extra + "[model]\npath = \"" + model + "\"\nctx = 8192\n" : extra, edit);
     client c(m_);
     ASSERT_TRUE(c.ok());
     constexpr int jobs = 8;
@@ -270,7 +276,8 @@ class ClusterKvStore : public ClusterLoopback {
     ASSERT_TRUE(before.has_value());
     out.before = before->scheduler;
     auto run = start_jobs(c, jobs, tokens, true);
-    ASSERT_TRUE(wait_mid_decode(*run, 500, 600)) << "the requests did not pass 500 tokens together";
+    ASSERT_TRUE(wait_mid_decode(*run, 500, 600, big ? 600000 : 60000))
+        << "the requests did not pass 500 tokens together";
     const auto killed = steady::now();
     ::kill(pid_of("n1"), SIGKILL);
     join(*run);
@@ -367,7 +374,9 @@ TEST_F(ClusterKvStore, WithoutAStoreTheSameLossRecomputesEverything) {
   lose_n1_past_500("novault", "", l);
   if (HasFatalFailure()) return;
   EXPECT_EQ(l.after.kv_remote_blocks, 0);
-  EXPECT_EQ(l.restored, 0);
+  // (Only blocks the prompts share come back: a request readmitted first
+  // computes them again, the others find them cached.)
+  EXPECT_LT(l.restored, l.recomputed / 10);
   EXPECT_GT(l.recomputed, 8 * 500);
 }
 
