@@ -30,6 +30,20 @@ void kv_books::tier::reset() {
   for (auto i = slots; i-- > 0;) free.push_back(static_cast<std::int32_t>(i));
 }
 
+std::int32_t kv_books::tier::take(bool* evicted) {
+  *evicted = free.empty();
+  std::int32_t slot = 0;
+  if (!*evicted) {
+    slot = free.back();
+    free.pop_back();
+    return slot;
+  }
+  slot = lru.front();
+  lru.pop_front();
+  names.erase(name[static_cast<std::size_t>(slot)]);
+  return slot;
+}
+
 bool kv_books::reserve(std::int64_t seq, std::int64_t committed, std::int64_t reserved) {
   if (naming_) {
     auto& s = seqs_[seq];
@@ -178,17 +192,12 @@ void kv_books::demote(const block_hash& name, kv_tier from, std::int32_t index) 
   for (int k = static_cast<int>(from); k < 2; ++k) {
     auto& t = lower_[k];
     if (t.free.empty() && t.lru.empty()) continue;  // none, or its only slots are on the move
-    std::int32_t slot = 0;
-    if (!t.free.empty()) {
-      slot = t.free.back();
-      t.free.pop_back();
-    } else {
+    bool evicted = false;
+    const auto slot = t.take(&evicted);
+    if (evicted) {
       // The tier's least recent block goes further down first (its copy is
       // queued before the one that overwrites its slot).
-      slot = t.lru.front();
-      t.lru.pop_front();
       const auto victim = t.name[static_cast<std::size_t>(slot)];
-      t.names.erase(victim);
       note(event::kind::removed, victim, static_cast<kv_tier>(k + 1));
       demote(victim, static_cast<kv_tier>(k + 1), slot);
     }
@@ -392,17 +401,12 @@ void kv_books::back_up(const block_hash& name) {
   }
   auto dev = names_.find(name);
   if (dev == names_.end()) return;
-  std::int32_t slot = 0;
-  if (!t.free.empty()) {
-    slot = t.free.back();
-    t.free.pop_back();
-  } else {
+  bool evicted = false;
+  const auto slot = t.take(&evicted);
+  if (evicted) {
     // The least recently used copy makes room (a late confirmation of it
     // then names another block and is ignored).
-    slot = t.lru.front();
-    t.lru.pop_front();
     const auto i = static_cast<std::size_t>(slot);
-    t.names.erase(t.name[i]);
     if (t.confirmed[i])
       note(event::kind::removed, t.name[i], kv_tier::remote);
     else

@@ -210,6 +210,10 @@ class kv_books {
     std::vector<char> confirmed;  ///< by slot (the remote tier)
     std::int64_t pending = 0;     ///< the remote tier: slots not confirmed yet
     void reset();
+    /// A free slot, else the least recently used one, taken out of the LRU
+    /// list and its name forgotten; `*evicted` says which (the caller deals
+    /// with the block that was there).
+    std::int32_t take(bool* evicted);
   };
   std::int32_t take_block();
   void drop_ref(std::int32_t id);

@@ -3,6 +3,8 @@
 
 #include <caf/all.hpp>
 
+#include <functional>
+
 #include "actors/protocol.hpp"
 
 namespace troupe::test {
@@ -15,6 +17,36 @@ inline caf::actor_system_config& actor_config() {
     return c;
   }();
   return cfg;
+}
+
+/// A scheduler that accepts every request and never answers it, and
+/// hands every store confirmation (vault_ok_atom) to `on_vault_ok`.
+inline actors::scheduler_actor idle_scheduler(
+    caf::actor_system& sys, std::function<void(const actors::vault_blocks&)> on_vault_ok = {}) {
+  using namespace actors;
+  return sys.spawn([on_vault_ok]() -> scheduler_actor::behavior_type {
+    return {
+        [](submit_atom, generate_request& r, client_sink_actor&) {
+          return submit_ack{r.id, 0, 0};
+        },
+        [](cancel_atom, std::uint64_t) { return false; },
+        [](stats_atom) { return scheduler_stats{}; },
+        [](version_atom) { return protocol_version; },
+        [](tick_atom) {},
+        [](reset_cache_atom) { return std::int64_t{0}; },
+        [](kv_events_atom, std::uint64_t) { return kv_events{}; },
+        [](vault_atom, kv_vault_actor&, std::vector<std::uint8_t>&) {},
+        [on_vault_ok](vault_ok_atom, const vault_blocks& b) {
+          if (on_vault_ok) on_vault_ok(b);
+        },
+        [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
+        [](encoder_atom, encoder_actor&) {},
+        [](handover_atom, encoder_actor&, bool) { return true; },
+        [](pause_atom) { return std::int64_t{0}; },
+        [](reroute_atom, std::int32_t, shard_actor&, kv_store_actor&) {},
+        [](resume_atom) {},
+    };
+  });
 }
 
 }  // namespace troupe::test

@@ -14,34 +14,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// A scheduler that accepts every request and never answers it.
-scheduler_actor silent_scheduler(caf::actor_system& sys) {
-  return sys.spawn([]() -> scheduler_actor::behavior_type {
-    return {
-        [](submit_atom, generate_request& r, client_sink_actor&) {
-          return submit_ack{r.id, 0, 0};
-        },
-        [](cancel_atom, std::uint64_t) { return false; },
-        [](stats_atom) { return scheduler_stats{}; },
-        [](version_atom) { return protocol_version; },
-        [](tick_atom) {},
-        [](reset_cache_atom) { return std::int64_t{0}; },
-        [](kv_events_atom, std::uint64_t) { return kv_events{}; },
-        [](vault_atom, kv_vault_actor&, std::vector<std::uint8_t>&) {},
-        [](vault_ok_atom, const vault_blocks&) {},
-        [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
-        [](encoder_atom, encoder_actor&) {},
-        [](handover_atom, encoder_actor&, bool) { return true; },
-        [](pause_atom) { return std::int64_t{0}; },
-        [](reroute_atom, std::int32_t, shard_actor&, kv_store_actor&) {},
-        [](resume_atom) {},
-    };
-  });
-}
-
 TEST(Client, AnOpenRequestEndsWhenItsSchedulerGoesAway) {
   caf::actor_system sys{test::actor_config()};
-  auto sched = silent_scheduler(sys);
+  auto sched = test::idle_scheduler(sys);
   client c(sys, sched);
   generate_request req;
   req.id = client::next_id();

@@ -36,34 +36,6 @@ struct confirmations {
   }
 };
 
-scheduler_actor recording_scheduler(caf::actor_system& sys, std::shared_ptr<confirmations> c) {
-  return sys.spawn([c]() -> scheduler_actor::behavior_type {
-    return {
-        [](submit_atom, generate_request& r, client_sink_actor&) {
-          return submit_ack{r.id, 0, 0};
-        },
-        [](cancel_atom, std::uint64_t) { return false; },
-        [](stats_atom) { return scheduler_stats{}; },
-        [](version_atom) { return protocol_version; },
-        [](tick_atom) {},
-        [](reset_cache_atom) { return std::int64_t{0}; },
-        [](kv_events_atom, std::uint64_t) { return kv_events{}; },
-        [](vault_atom, kv_vault_actor&, std::vector<std::uint8_t>&) {},
-        [c](vault_ok_atom, const vault_blocks& b) {
-          std::lock_guard lock(c->mtx);
-          for (std::size_t i = 0; i < b.slots.size(); ++i)
-            c->got.emplace_back(b.slots[i], b.names[i]);
-        },
-        [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
-        [](encoder_atom, encoder_actor&) {},
-        [](handover_atom, encoder_actor&, bool) { return true; },
-        [](pause_atom) { return std::int64_t{0}; },
-        [](reroute_atom, std::int32_t, shard_actor&, kv_store_actor&) {},
-        [](resume_atom) {},
-    };
-  });
-}
-
 struct kv_vault_test : ::testing::Test {
   caf::actor_system sys{test::actor_config()};
   caf::scoped_actor self{sys};
@@ -76,7 +48,10 @@ struct kv_vault_test : ::testing::Test {
     o.slots = 4;
     o.layers = 3;
     o.layer_bytes = layer_bytes;
-    o.notify = recording_scheduler(sys, seen);
+    o.notify = test::idle_scheduler(sys, [c = seen](const vault_blocks& b) {
+      std::lock_guard lock(c->mtx);
+      for (std::size_t i = 0; i < b.slots.size(); ++i) c->got.emplace_back(b.slots[i], b.names[i]);
+    });
     vault = spawn_kv_vault(sys, o);
   }
   void TearDown() override { self->send_exit(vault, caf::exit_reason::user_shutdown); }

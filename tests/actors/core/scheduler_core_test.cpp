@@ -1058,6 +1058,39 @@ struct tier_run {
   std::int64_t checked = 0;
 };
 
+/// The last stage's answer to a step: each sampling request's next token
+/// depends on its whole history (so a wrong restore changes the answers),
+/// appended to `tokens`.
+step_result sample_from_history(const step_plan& p,
+                                std::map<std::uint64_t, std::vector<std::int32_t>>& tokens) {
+  step_result r;
+  for (const auto& s : p.seqs) {
+    if (!s.sample) {
+      r.sampled.emplace_back();
+      continue;
+    }
+    std::int64_t x = static_cast<std::int64_t>(s.id);
+    for (auto v : tokens[s.id]) x = (x * 31 + v) % 1000003;
+    const auto next = static_cast<std::int32_t>(10 + x % 300);
+    r.sampled.push_back({next});
+    tokens[s.id].push_back(next);
+  }
+  return r;
+}
+
+/// The run's figures and answers, every request finished by its length.
+tier_run collect(harness& h, const simulated_stage& sim, std::uint64_t requests) {
+  tier_run out;
+  out.stats = h.core.stats();
+  out.checked = sim.checked;
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
+    out.answers[d.id] = d.tokens;
+  }
+  EXPECT_EQ(out.answers.size(), requests);
+  return out;
+}
+
 /// Six requests of distinct prompts over a pool that holds about two of
 /// them: preemptions all along. Each answer token depends on the request's
 /// whole history, so a wrong restore would also change the answers.
@@ -1087,30 +1120,9 @@ tier_run run_under_pressure(std::int64_t host_blocks, std::int64_t disk_blocks,
     }
     sim.run(*p);
     if (::testing::Test::HasFatalFailure()) break;
-    step_result r;
-    for (const auto& s : p->seqs) {
-      if (!s.sample) {
-        r.sampled.emplace_back();
-        continue;
-      }
-      const auto& t = tokens[s.id];
-      std::int64_t x = static_cast<std::int64_t>(s.id);
-      for (auto v : t) x = (x * 31 + v) % 1000003;
-      const auto next = static_cast<std::int32_t>(10 + x % 300);
-      r.sampled.push_back({next});
-      tokens[s.id].push_back(next);
-    }
-    h.take(h.core.step_done(p->step, r));
+    h.take(h.core.step_done(p->step, sample_from_history(*p, tokens)));
   }
-  tier_run out;
-  out.stats = h.core.stats();
-  out.checked = sim.checked;
-  for (const auto& d : h.done()) {
-    EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
-    out.answers[d.id] = d.tokens;
-  }
-  EXPECT_EQ(out.answers.size(), requests);
-  return out;
+  return collect(h, sim, requests);
 }
 
 // The target of issue 27: under a KV pool too small for the load, with a
@@ -1169,31 +1181,11 @@ tier_run run_with_node_loss(std::int64_t remote_blocks, int reset_at) {
     }
     sim.run(*p);
     if (::testing::Test::HasFatalFailure()) break;
-    step_result r;
-    for (const auto& s : p->seqs) {
-      if (!s.sample) {
-        r.sampled.emplace_back();
-        continue;
-      }
-      std::int64_t x = static_cast<std::int64_t>(s.id);
-      for (auto v : tokens[s.id]) x = (x * 31 + v) % 1000003;
-      const auto next = static_cast<std::int32_t>(10 + x % 300);
-      r.sampled.push_back({next});
-      tokens[s.id].push_back(next);
-    }
-    h.take(h.core.step_done(p->step, r));
+    h.take(h.core.step_done(p->step, sample_from_history(*p, tokens)));
     // The store confirms what arrived (after the step: asynchronously).
     h.core.remote_stored(sim.stored);
   }
-  tier_run out;
-  out.stats = h.core.stats();
-  out.checked = sim.checked;
-  for (const auto& d : h.done()) {
-    EXPECT_EQ(d.reason, finish_reason::length) << d.id << " " << d.error;
-    out.answers[d.id] = d.tokens;
-  }
-  EXPECT_EQ(out.answers.size(), requests);
-  return out;
+  return collect(h, sim, requests);
 }
 
 // The failover target of issue 27: after a node loss, each request takes
