@@ -35,6 +35,9 @@ bool whole(const vault_state& st, std::size_t slot, const name_t& name) {
 /// the model. Empty string when it is sound.
 std::string check(const vault_state& st, const vault_blocks& b) {
   if (b.slots.size() != b.names.size()) return "one name per slot is needed";
+  if (std::ssize(b.slots) > st.opts.slots)  // (a get's answer is sized by it)
+    return std::to_string(b.slots.size()) + " slots asked of a vault of " +
+           std::to_string(st.opts.slots);
   if (b.first_layer < 0 || b.layers < 1 || b.first_layer + b.layers > st.opts.layers)
     return "layers [" + std::to_string(b.first_layer) + ", " +
            std::to_string(b.first_layer + b.layers) + ") are outside the model's " +

@@ -162,6 +162,17 @@ TEST_F(kv_vault_test, puts_that_do_not_fit_are_refused_and_hold_nothing) {
   EXPECT_EQ(seen->size(), 0u);
   EXPECT_FALSE(get(0, 1, 0, 1));
   EXPECT_FALSE(get(0, 1, 0, 4)) << "layers outside the model";
+  // More slots than the vault has (its answer would be sized by them).
+  put(3, 5, 0, 3, rows(3, 0, 3, 5));
+  vault_blocks many;
+  many.slots.assign(5, 3);
+  many.names.assign(5, name_of(5));
+  many.layers = 3;
+  bool refused = false;
+  self->request(vault, 10s, vault_get_atom::value, many)
+      .receive([](tensor_ref&) {}, [&](caf::error&) { refused = true; });
+  EXPECT_TRUE(refused);
+  EXPECT_TRUE(get(3, 5, 0, 3));
 }
 
 }  // namespace
