@@ -55,6 +55,7 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
     return std::unexpected(make_error(error_code::invalid_request, v.error().message));
   req.deadline_ms = job.deadline_ms;
   req.cache_salt = job.cache_salt;
+  req.priority = job.priority;
   if (!job.grammar.empty()) {
     // The grammar ends on the model's stop tokens, which it needs; and it
     // may be complete before min_tokens.

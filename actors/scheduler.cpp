@@ -468,6 +468,7 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   spec.images = n_images;
   spec.guided = !q.grammar.empty();
   spec.cache_salt = q.cache_salt;
+  spec.priority = q.priority;
   return spec;
 }
 

@@ -52,6 +52,7 @@ struct cluster_args {
   double temperature = 0;
   bool set_temperature = false;
   std::uint64_t seed = 0;
+  std::int32_t priority = 0;
   std::string shard, to;  // migrate
 };
 
@@ -527,6 +528,7 @@ int run_submit(const cluster_args& a) {
   job.temperature = a.temperature;
   job.max_tokens = a.max_tokens;
   job.seed = a.seed;
+  job.priority = a.priority;
   constexpr std::uintmax_t max_image = 32u << 20;
   for (const auto& f : a.images) {
     auto bytes = models::read_file_bytes(f, max_image);
@@ -717,6 +719,10 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
                     "Sampling temperature (default: the model's; 0 = greedy)")
         ->each([a](const std::string&) { a->set_temperature = true; });
     cmd->add_option("--seed", a->seed, "Sampling seed");
+    cmd->add_option("--priority", a->priority,
+                    "A lower value is admitted first, and may preempt a running job of a higher "
+                    "one (vLLM's priority)")
+        ->capture_default_str();
     cmd->add_flag("--ignore-eos", a->ignore_eos,
                   "Generate --max-tokens tokens, past end-of-sequence tokens");
     cmd->add_flag("--stream", a->stream, "Print tokens as they come");

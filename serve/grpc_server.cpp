@@ -100,6 +100,7 @@ std::expected<api_request, grpc::Status> to_api(const pb::GenerateRequest& q,
     b["stop_token_ids"] =
         json(std::vector<std::int64_t>(q.stop_token_ids().begin(), q.stop_token_ids().end()));
   if (q.ignore_eos()) b["ignore_eos"] = true;
+  if (q.priority() != 0) b["priority"] = q.priority();
   if (q.has_top_logprobs()) {
     if (chat) {
       b["logprobs"] = true;

@@ -281,6 +281,13 @@ std::optional<api_error> read_common(const json& j, api_request& r, const reques
   // check_fields saw to its shape.
   if (auto it = j.find("cache_salt"); it != j.end() && it->is_string())
     job.cache_salt = it->get<std::string>();
+  if (auto it = j.find("priority"); it != j.end() && !it->is_null()) {
+    using lim = std::numeric_limits<std::int32_t>;
+    if (!it->is_number_integer() || it->get<std::int64_t>() < lim::min() ||
+        it->get<std::int64_t>() > lim::max())
+      return bad("'priority' must be an integer (a lower value is served first)", "priority");
+    job.priority = static_cast<std::int32_t>(it->get<std::int64_t>());
+  }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     std::vector<std::string> stops;
     if (it->is_string()) {
@@ -478,7 +485,7 @@ const field_rule field_rules[] = {
     {"prediction", true, false, is_null, later_api},
     {"reasoning_effort", true, false, is_null, "is not supported (no reasoning models)"},
     {"web_search_options", true, false, is_null, "is not supported"},
-    {"priority", true, true, is_null, "is not supported yet (it comes with replicas)"},
+    {"priority", true, true, nullptr, nullptr},
     {"cache_salt", true, true, is_salt, "must be a non-empty string of at most 256 bytes"},
 };
 

@@ -253,11 +253,19 @@ def _():
     assert salted.choices[0].text == first.choices[0].text
 
 
-@case("refused by name: best_of, suffix, priority, an empty cache_salt, unknown fields")
+@case("priority: an integer is taken (the same text), anything else refused by name")
+def _():
+    ask = dict(model=MODEL, prompt="Count: one two", max_tokens=6, temperature=0, seed=3)
+    plain = client.completions.create(**ask)
+    urgent = client.completions.create(**ask, extra_body={"priority": -5})
+    assert urgent.choices[0].text == plain.choices[0].text
+    refused(400, "priority", extra_body={"priority": "high"})
+
+
+@case("refused by name: best_of, suffix, an empty cache_salt, unknown fields")
 def _():
     refused(400, "best_of", endpoint="completions", best_of=3)
     refused(400, "suffix", endpoint="completions", suffix="end")
-    refused(400, "priority", extra_body={"priority": 1})
     refused(400, "cache_salt", extra_body={"cache_salt": ""})
     refused(400, "frobnicate", extra_body={"frobnicate": 1})
     refused(400, "response_format", response_format={"type": "json_schema", "json_schema": {

@@ -33,6 +33,7 @@ struct scheduler_core::request {
   bool guided = false;  // one token per step: the shell masks each
   block_chain chain;    // its full blocks' names (prefix caching)
   std::string cache_salt;
+  std::int32_t priority = 0;        // lower first
   std::int64_t published = 0;       // blocks of the current admission named so far
   std::int64_t cached_tokens = -1;  // taken from the cache at the first admission
   std::vector<std::optional<block_hash>> image_names;  // per image, once known
@@ -166,6 +167,7 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   if (q.deadline_ms > 0) r->deadline = r->submitted + std::chrono::milliseconds(q.deadline_ms);
   r->images_pending = q.images;
   r->cache_salt = std::move(q.cache_salt);
+  r->priority = q.priority;
   r->image_names.resize(static_cast<std::size_t>(q.images));
   for (std::size_t k = 0; k < q.image_hashes.size() && k < r->image_names.size(); ++k)
     r->image_names[k] = q.image_hashes[k];
@@ -174,9 +176,21 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   ++stats_.accepted;
   ++queued_;
   const auto ahead = queued_ - 1;
-  if (r->ph == phase::waiting) waiting_.push_back(id);
+  const bool waits = r->ph == phase::waiting;
   requests_.emplace(id, std::move(r));
+  if (waits) enqueue(id, false);
   return ahead;
+}
+
+void scheduler_core::enqueue(std::uint64_t id, bool front) {
+  // In order of priority; within one, behind those there (a new request)
+  // or ahead of them (a preempted one, admitted before them).
+  const auto p = requests_.at(id)->priority;
+  auto at = std::find_if(waiting_.begin(), waiting_.end(), [&](std::uint64_t w) {
+    const auto q = requests_.at(w)->priority;
+    return front ? q >= p : q > p;
+  });
+  waiting_.insert(at, id);
 }
 
 void scheduler_core::name_blocks_of(request& r) {
@@ -203,7 +217,7 @@ bool scheduler_core::image_ready(std::uint64_t id, std::int64_t index,
   if (--r->images_pending > 0 || r->cancelled) return false;
   name_blocks_of(*r);
   r->ph = phase::waiting;
-  waiting_.push_back(id);
+  enqueue(id, false);
   return true;
 }
 
@@ -320,7 +334,7 @@ void scheduler_core::preempt(request& r, core_events& out) {
   ++r.preemptions;
   ++stats_.preemptions;
   ++queued_;
-  waiting_.push_front(r.id);
+  enqueue(r.id, true);
 }
 
 // -- time ------------------------------------------------------------------------------------
@@ -476,6 +490,23 @@ void scheduler_core::plan_multi_step(step_plan& plan, in_flight_step& fl) {
   plan.decode_steps = static_cast<std::int32_t>(most);
 }
 
+namespace {
+
+/// Of `running`, the request a more urgent one may preempt: running, not
+/// in flight, of the highest priority value, the youngest among those.
+template <class Request>
+Request* least_urgent(const std::vector<Request*>& running) {
+  Request* victim = nullptr;
+  for (auto* c : running)
+    if (c->ph == decltype(c->ph)::running && !c->in_flight &&
+        (!victim ||
+         std::pair(c->priority, c->admit_order) > std::pair(victim->priority, victim->admit_order)))
+      victim = c;
+  return victim;
+}
+
+}  // namespace
+
 std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   const own_work timing{stats_, *clock_};
   if (paused_ || stalled_ || stages_ < 1) return std::nullopt;
@@ -489,8 +520,10 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
     ++active;
     if (!r->in_flight) running.push_back(r.get());
   }
-  std::sort(running.begin(), running.end(),
-            [](const request* a, const request* b) { return a->admit_order < b->admit_order; });
+  // Priority first (a lower value), then the oldest admission.
+  std::sort(running.begin(), running.end(), [](const request* a, const request* b) {
+    return std::pair(a->priority, a->admit_order) < std::pair(b->priority, b->admit_order);
+  });
   // Split the active sequences evenly over the micro-batches so that all
   // stages have work.
   const std::int64_t cap_seqs = std::max<std::int64_t>(
@@ -516,6 +549,33 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
     budget =
         std::clamp<std::int64_t>(share, std::min<std::int64_t>(32, o.token_budget), o.token_budget);
   }
+  // Priorities: while waiting requests are kept out by the running cap or
+  // the pool, and a running request (not in flight) has a higher priority
+  // value than the next of them, that one is preempted (the least urgent,
+  // the youngest among them) before the step takes its running requests:
+  // room for each waiting request in turn and those before it.
+  {
+    std::int64_t want_seqs = 0, want_blocks = 0;
+    const std::vector<std::uint64_t> ahead(waiting_.begin(), waiting_.end());
+    for (auto id : ahead) {
+      const auto& w = *requests_[id];
+      auto* v = least_urgent(running);
+      if (!v || v->priority <= w.priority) break;
+      const auto chunk = std::min<std::int64_t>(
+          {static_cast<std::int64_t>(w.tokens.size()) - w.computed, o.prefill_chunk, budget});
+      ++want_seqs;
+      want_blocks += books_.blocks_for(0, std::max<std::int64_t>(chunk, 1));
+      auto kept_out = [&] {
+        return active + want_seqs > o.max_running || books_.available() < want_blocks;
+      };
+      while (kept_out() && v && v->priority > w.priority) {
+        preempt(*v, out);
+        --active;
+        v = least_urgent(running);
+      }
+      if (kept_out()) break;
+    }
+  }
   step_plan plan;
   in_flight_step fl;
   bool preempted = false;
@@ -524,14 +584,11 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
     if (static_cast<std::int64_t>(plan.seqs.size()) >= cap_seqs || budget <= 0) break;
     bool added = false;
     while (!(added = add_to_step(*r, budget, plan, fl))) {
-      // Out of KV blocks: preempt the youngest running request that is not
-      // in flight (possibly this one). Naming books free its blocks at
-      // once: try again; counting ones once the stores freed them.
-      request* victim = nullptr;
-      for (auto* c : running)
-        if (c->ph == phase::running && !c->in_flight &&
-            (!victim || c->admit_order > victim->admit_order))
-          victim = c;
+      // Out of KV blocks: preempt the running request of the highest
+      // priority value, the youngest among them, that is not in flight
+      // (possibly this one). Naming books free its blocks at once: try
+      // again; counting ones once the stores freed them.
+      request* victim = least_urgent(running);
       if (!victim) break;
       preempt(*victim, out);
       preempted = true;
@@ -539,8 +596,9 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
     }
     if (!added && r->ph == phase::running) break;
   }
-  // Admissions (FCFS) while KV blocks and the running cap allow; none in a
-  // step that had to preempt (as vLLM: the pool is short now).
+  // Admissions (by priority, first come first within one) while KV blocks
+  // and the running cap allow; none in a step that had to preempt for its
+  // running requests (as vLLM: the pool is short now).
   std::int64_t n_running = active;
   while (!preempted && !waiting_.empty() && budget > 0 &&
          static_cast<std::int64_t>(plan.seqs.size()) < cap_seqs && n_running < o.max_running) {

@@ -125,6 +125,10 @@ struct request_spec {
   bool guided = false;
   /// Tenants that must not share cached KV give different salts.
   std::string cache_salt;
+  /// vLLM's priority: a lower value is served first. Admission takes the
+  /// waiting request of the lowest value (first come first within one),
+  /// and a waiting request may preempt a running one of a higher value.
+  std::int32_t priority = 0;
   /// One content hash per image, in prompt order (their rows' KV is named
   /// by them); missing ones come with image_ready. A request whose images
   /// are not all named is not cached.
@@ -320,6 +324,9 @@ class scheduler_core {
   void finish(std::uint64_t id, finish_reason reason, core_error error, core_events& out);
   void release_kv(request& r, core_events& out);
   void preempt(request& r, core_events& out);
+  /// Puts a waiting request in the queue by its priority: behind its
+  /// equals, or (`front`: a preempted one) ahead of them.
+  void enqueue(std::uint64_t id, bool front);
   void check_deadlines(core_events& out);
   bool add_to_step(request& r, std::int64_t& budget, step_plan& plan, in_flight_step& fl);
   void plan_multi_step(step_plan& plan, in_flight_step& fl);

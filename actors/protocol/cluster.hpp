@@ -183,7 +183,7 @@ typename I::result_type inspect(I& f, job_request& x) {
            x.deadline_ms, x.turns, x.has_top_p, x.top_p, x.has_repetition_penalty,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.logit_bias_ids,
            x.logit_bias_values, x.min_tokens, x.stop_token_ids, x.logprobs, x.prompt_ids, x.grammar,
-           x.cache_salt);
+           x.cache_salt, x.priority);
 }
 
 /// One node as the head sees it.

@@ -72,6 +72,9 @@ struct job_request {
   std::string grammar;
   /// Requests with different salts never share cached KV (tenants).
   std::string cache_salt;
+  /// vLLM's priority: a lower value is admitted first, and may preempt a
+  /// running request of a higher one.
+  std::int32_t priority = 0;
   bool operator==(const job_request&) const = default;
 };
 

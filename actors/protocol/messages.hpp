@@ -42,12 +42,13 @@ struct generate_request {
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
   std::string grammar;           ///< GBNF the output must follow (empty: none)
   std::string cache_salt;        ///< prefix caching: requests share KV only with the same salt
+  std::int32_t priority = 0;     ///< vLLM's: a lower value is admitted first, and may preempt
 };
 
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
-           x.params, x.deadline_ms, x.grammar, x.cache_salt);
+           x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority);
 }
 
 /// Admission answer to a submit.

@@ -81,7 +81,8 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
           .params = make(tag<models::sampling_params>{}, h),
           .deadline_ms = 2500,
           .grammar = "root ::= \"a\"",
-          .cache_salt = "tenant-a"};
+          .cache_salt = "tenant-a",
+          .priority = -7};
 }
 
 submit_ack make(tag<submit_ack>, const actors_for_handles&) {
@@ -505,7 +506,8 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .logprobs = 5,
           .prompt_ids = {1, 2, 3},
           .grammar = "root ::= [0-9]+",
-          .cache_salt = "salt"};
+          .cache_salt = "salt",
+          .priority = 3};
 }
 
 member_view make(tag<member_view>, const actors_for_handles& h) {

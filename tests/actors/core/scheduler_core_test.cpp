@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <set>
@@ -1325,5 +1326,175 @@ TEST(KvTiers, BlockEventsKeepAnOutsideIndexExact) {
   follow();
   EXPECT_EQ(index.size(), 0);
 }
+// -- priorities -----------------------------------------------------------------------------------
+
+/// Submits a request of `prompt` tokens with a priority.
+void submit_with_priority(harness& h, std::uint64_t id, std::int32_t priority,
+                          std::int64_t prompt = 6, std::int64_t max_tokens = 4) {
+  auto r = h.core.submit(id, [&]() -> std::expected<request_spec, core_error> {
+    request_spec q;
+    q.tokens = ramp(static_cast<std::int32_t>(10 + id), static_cast<std::size_t>(prompt));
+    q.params.max_tokens = max_tokens;
+    q.priority = priority;
+    return q;
+  });
+  ASSERT_TRUE(r) << r.error().message;
+}
+
+/// Runs steps (10 ms each) until `ids` have all sampled a first token, or
+/// `limit` steps; the step each got its first token in (-1: none).
+std::map<std::uint64_t, int> first_token_steps(harness& h, const std::vector<std::uint64_t>& ids,
+                                               int limit) {
+  std::map<std::uint64_t, int> first;
+  for (auto id : ids) first[id] = -1;
+  for (int step = 0; step < limit; ++step) {
+    auto p = h.plan();
+    if (!p) break;
+    for (const auto& q : p->seqs)
+      if (q.sample && first.count(q.id) && first[q.id] < 0) first[q.id] = step;
+    h.clk.advance(10ms);
+    h.answer(*p);
+    if (std::all_of(first.begin(), first.end(), [](const auto& f) { return f.second >= 0; })) break;
+  }
+  return first;
+}
+
+// Admission takes the waiting request of the lowest priority value, first
+// come first within one.
+TEST(Priority, AdmissionTakesTheLowestValueFirstAndFirstComeWithinOne) {
+  auto o = small_options();
+  o.max_running = 1;
+  harness h(o);
+  submit_with_priority(h, 1, -10);  // running first; nobody outranks it
+  for (auto [id, p] : {std::pair{2, 5}, {3, 1}, {4, 1}, {5, -3}, {6, 5}})
+    submit_with_priority(h, static_cast<std::uint64_t>(id), p, 6, 1);
+  std::vector<std::uint64_t> order;
+  for (int i = 0; i < 100 && h.done().size() < 6; ++i) {
+    auto p = h.plan();
+    ASSERT_TRUE(p);
+    for (const auto& q : p->seqs)
+      if (order.empty() || order.back() != q.id) order.push_back(q.id);
+    h.answer(*p);
+  }
+  EXPECT_EQ(order, (std::vector<std::uint64_t>{1, 5, 3, 4, 2, 6}));
+  EXPECT_EQ(h.core.stats().preemptions, 0);
+}
+
+// A waiting request of a lower value preempts a running one of a higher
+// value when the running cap keeps it out; the preempted one resumes
+// (ahead of its equals) and every answer has its length.
+TEST(Priority, AMoreUrgentRequestPreemptsTheLeastUrgentRunningOne) {
+  auto o = small_options();
+  o.max_running = 2;
+  harness h(o);
+  submit_with_priority(h, 1, 10, 6, 12);
+  submit_with_priority(h, 2, 10, 6, 12);
+  submit_with_priority(h, 3, 20, 6, 12);  // waits: the cap
+  for (int i = 0; i < 3; ++i) {
+    auto p = h.plan();
+    ASSERT_TRUE(p);
+    h.answer(*p);
+  }
+  submit_with_priority(h, 4, 0, 6, 3);
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  std::set<std::uint64_t> in;
+  for (const auto& q : p->seqs) in.insert(q.id);
+  EXPECT_TRUE(in.count(4)) << "the urgent request was not admitted";
+  EXPECT_TRUE(in.count(1)) << "the older of the two was preempted";
+  EXPECT_FALSE(in.count(2)) << "the youngest of the least urgent was not";
+  EXPECT_EQ(h.core.stats().preemptions, 1);
+  h.answer(*p);
+  for (int i = 0; i < 200 && h.done().size() < 4; ++i) {
+    auto q = h.plan();
+    ASSERT_TRUE(q);
+    h.answer(*q);
+  }
+  std::map<std::uint64_t, std::size_t> lengths;
+  std::vector<std::uint64_t> finish_order;
+  for (const auto& d : h.done()) {
+    EXPECT_EQ(d.reason, finish_reason::length) << d.id;
+    lengths[d.id] = d.tokens.size();
+    finish_order.push_back(d.id);
+  }
+  EXPECT_EQ(lengths, (std::map<std::uint64_t, std::size_t>{{1, 12}, {2, 12}, {3, 12}, {4, 3}}));
+  EXPECT_EQ(finish_order.front(), 4u);
+  EXPECT_EQ(finish_order.back(), 3u)
+      << "the preempted request resumes before a later equal-or-worse one";
+}
+
+// Out of KV blocks (naming books), a more urgent request takes the blocks
+// of a less urgent running one instead of waiting for it to end.
+TEST(Priority, AMoreUrgentRequestTakesKvFromALessUrgentOne) {
+  auto o = caching_options();
+  o.kv_blocks = 8;  // 32 tokens
+  harness h(o);
+  submit_with_priority(h, 1, 10, 20, 8);  // 28 tokens: 7 blocks
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.answer(*p);
+  submit_with_priority(h, 2, 0, 12, 2);  // needs 3 blocks, 1 is free
+  bool admitted = false;
+  for (int i = 0; i < 3 && !admitted; ++i) {
+    auto q = h.plan();
+    ASSERT_TRUE(q);
+    for (const auto& s : q->seqs) admitted |= s.id == 2;
+    h.answer(*q);
+  }
+  EXPECT_TRUE(admitted) << "the urgent request waited for the KV of a less urgent one";
+  EXPECT_GE(h.core.stats().preemptions, 1);
+  for (int i = 0; i < 200 && h.done().size() < 2; ++i) {
+    auto q = h.plan();
+    ASSERT_TRUE(q);
+    h.answer(*q);
+  }
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_EQ(h.done()[0].id, 2u);
+  for (const auto& d : h.done()) EXPECT_EQ(d.reason, finish_reason::length) << d.id;
+}
+
+// Issue 28's test: with the queue full of low-priority requests (40 of
+// them behind a running cap of 4), urgent requests keep the latency they
+// have on an idle scheduler; without priorities they wait for the queue.
+TEST(Priority, UrgentRequestsKeepTheirLatencyWhileTheQueueIsFullOfLowPriorityOnes) {
+  auto run = [](bool loaded, std::int32_t urgent_priority) {
+    auto o = small_options();
+    o.max_running = 4;
+    o.queue_limit = 64;
+    o.kv_blocks = 256;
+    harness h(o);
+    if (loaded) {
+      for (std::uint64_t id = 100; id < 140; ++id) submit_with_priority(h, id, 10, 8, 16);
+      for (int i = 0; i < 5; ++i) {  // the first four are decoding
+        auto p = h.plan();
+        if (!p) break;
+        h.clk.advance(10ms);
+        h.answer(*p);
+      }
+    }
+    std::vector<std::uint64_t> urgent;
+    for (std::uint64_t id = 1; id <= 4; ++id) {
+      submit_with_priority(h, id, urgent_priority, 8, 4);
+      urgent.push_back(id);
+    }
+    auto first = first_token_steps(h, urgent, 2000);
+    int worst = 0;
+    for (const auto& [id, step] : first) {
+      EXPECT_GE(step, 0) << "request " << id << " never got a token";
+      worst = std::max(worst, step);
+    }
+    return worst;
+  };
+  const int idle = run(false, 0);
+  const int with_priority = run(true, 0);
+  const int without = run(true, 10);
+  std::printf(
+      "[ priority ] steps to the last urgent first token: idle %d, a queue of 40 "
+      "low-priority requests: %d with priorities, %d without\n",
+      idle, with_priority, without);
+  EXPECT_LE(with_priority, idle + 1) << "the urgent requests lost their latency";
+  EXPECT_GE(without, 10 * std::max(1, with_priority)) << "the load was not a queue";
+}
+
 }  // namespace
 }  // namespace troupe::actors::core
