@@ -35,9 +35,6 @@ bool whole(const vault_state& st, std::size_t slot, const name_t& name) {
 /// the model. Empty string when it is sound.
 std::string check(const vault_state& st, const vault_blocks& b) {
   if (b.slots.size() != b.names.size()) return "one name per slot is needed";
-  if (std::ssize(b.slots) > st.opts.slots)  // (a get's answer is sized by it)
-    return std::to_string(b.slots.size()) + " slots asked of a vault of " +
-           std::to_string(st.opts.slots);
   if (b.first_layer < 0 || b.layers < 1 || b.first_layer + b.layers > st.opts.layers)
     return "layers [" + std::to_string(b.first_layer) + ", " +
            std::to_string(b.first_layer + b.layers) + ") are outside the model's " +
@@ -115,6 +112,9 @@ kv_vault_actor spawn_kv_vault(caf::actor_system& sys, kv_vault_options opts) {
             return make_error(error_code::not_found, "KV vault: " + why);
           };
           if (auto why = check(st, b); !why.empty()) return refuse(why);
+          if (std::ssize(b.slots) > st.opts.slots)  // (the answer is sized by them)
+            return refuse(std::to_string(b.slots.size()) + " slots asked of a vault of " +
+                          std::to_string(st.opts.slots));
           for (std::size_t i = 0; i < b.slots.size(); ++i)
             for (std::int32_t l = 0; l < b.layers; ++l) {
               const auto slot = static_cast<std::size_t>(b.slots[i]);
