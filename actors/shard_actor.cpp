@@ -1,7 +1,6 @@
 #include "actors/shard_actor.hpp"
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -113,17 +112,13 @@ std::string fetch_remote(caf::actor_system& sys, const caf::node_id& self_node, 
 /// Puts the rows a step copied out into the vault (asynchronously: the
 /// vault confirms to the scheduler once it holds every layer).
 void put_remote(shard_actor::stateful_pointer<shard_state> self, const stage_resources& res,
-                const step_batch& b, remote_plan& p, std::vector<std::byte> rows) {
-  if (p.puts.slots.empty() || rows.empty() || !b.vault) return;
+                const step_batch& b, remote_plan& p, kernels::tensor rows) {
+  if (p.puts.slots.empty() || rows.shape().numel() == 0 || !b.vault) return;
   auto& dp = data_plane::local();
   const auto key = data_plane_key(self->node(), b.vault->node());
   if (!key.empty() && !dp.reachable(key))
     if (auto c = dp.connect(key, b.vault_address); !c) return;  // the copies stay unconfirmed
-  static const auto pool = kernels::memory_pool::create();
-  auto t = kernels::tensor::empty(*pool, kernels::dtype::u8, {std::ssize(rows)});
-  if (!t) return;
-  std::memcpy(t->data(), rows.data(), rows.size());
-  auto ref = dp.send(key, res.device.name, std::move(*t));
+  auto ref = dp.send(key, res.device.name, std::move(rows));
   if (!ref) return;
   p.puts.data = std::move(*ref);
   self->send(b.vault, vault_put_atom::value, std::move(p.puts));
@@ -186,7 +181,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           // Copies to and from the remote KV tier: this stage's layers.
           auto rp = remote_moves_of(b, res->model->range());
           remote_rows rr;
-          kernels::tensor fetched;
+          kernels::tensor fetched, copied;
           if (rp.any) {
             if (res->tp && res->tp->size > 1)
               return answer(self, join,
@@ -198,9 +193,21 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
               rr.in = std::span(static_cast<const std::byte*>(fetched.data()),
                                 static_cast<std::size_t>(fetched.shape().numel()));
             }
+            if (!rp.puts.slots.empty()) {
+              // The rows go out as they are read: one buffer, no copy of it.
+              static const auto pool = kernels::memory_pool::create();
+              auto t =
+                  kernels::tensor::empty(*pool, kernels::dtype::u8,
+                                         {std::ssize(rp.puts.slots) *
+                                          static_cast<std::int64_t>(res->kv->cache.slot_bytes())});
+              if (!t) return answer(self, join, fail(t.error().message));
+              copied = std::move(*t);
+              rr.out = std::span(static_cast<std::byte*>(copied.data()),
+                                 static_cast<std::size_t>(copied.shape().numel()));
+            }
           }
           auto out = run_stage(*res, b, generation, rp.any ? &rr : nullptr);
-          if (out && rp.any) put_remote(self, *res, b, rp, std::move(rr.out));
+          if (out && rp.any) put_remote(self, *res, b, rp, std::move(copied));
           ++self->state.steps;
           // The previous stage's process is gone, or this shard was replaced.
           if (!out &&

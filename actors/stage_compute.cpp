@@ -38,7 +38,7 @@ bool remote_move(const models::kv_move& m) {
 kernels::result<void> apply_moves(stage_kv& kv, std::span<const models::kv_move> moves,
                                   remote_rows* remote) {
   const auto slot = kv.cache.slot_bytes();
-  std::size_t in_at = 0;
+  std::size_t in_at = 0, out_at = 0;
   for (std::size_t i = 0; i < moves.size();) {
     if (!remote_move(moves[i])) {
       auto j = i;
@@ -64,10 +64,12 @@ kernels::result<void> apply_moves(stage_kv& kv, std::span<const models::kv_move>
       if (auto r = kv.cache.write_block(m.to_index, remote->in.subspan(in_at, slot)); !r) return r;
       in_at += slot;
     } else if (m.from == static_cast<std::uint8_t>(models::kv_tier::device)) {
-      const auto at = remote->out.size();
-      remote->out.resize(at + slot);
-      if (auto r = kv.cache.read_block(m.from_index, std::span(remote->out).subspan(at, slot)); !r)
+      if (out_at + slot > remote->out.size())
+        return kernels::make_error(errc::invalid_argument,
+                                   "more KV blocks to copy out than room was made for");
+      if (auto r = kv.cache.read_block(m.from_index, remote->out.subspan(out_at, slot)); !r)
         return r;
+      out_at += slot;
     } else {
       return kernels::make_error(errc::invalid_argument,
                                  "a remote KV move that neither starts nor ends on the device");

@@ -21,11 +21,12 @@ namespace troupe::actors {
 /// A step's copies to and from the remote KV tier, on this stage's side:
 /// `in` holds this stage's rows of each block the step brings back (in the
 /// order of its remote -> device moves), fetched from the vault before the
-/// step; `out` receives the rows of each block it copies out (in the order
-/// of its device -> remote moves), which the caller then puts in the vault.
+/// step; `out` (sized by the caller: a slot per device -> remote move)
+/// receives the rows of each block it copies out, in the order of those
+/// moves, which the caller then puts in the vault.
 struct remote_rows {
   std::span<const std::byte> in;
-  std::vector<std::byte> out;
+  std::span<std::byte> out;
 };
 
 /// Runs this stage's part of a step; returns the activations (or logits on
