@@ -41,4 +41,16 @@ std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys,
   return out;
 }
 
+std::expected<std::string, std::string> scale_replicas(caf::actor_system& sys,
+                                                       const frontdoor_actor& door,
+                                                       std::int32_t replicas,
+                                                       std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  std::expected<std::string, std::string> out = std::unexpected(std::string("no answer"));
+  self->request(door, timeout, scale_atom::value, replicas)
+      .receive([&](std::string& r) { out = std::move(r); },
+               [&](caf::error& e) { out = std::unexpected(describe(sys, e)); });
+  return out;
+}
+
 }  // namespace troupe::actors

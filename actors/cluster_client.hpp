@@ -33,4 +33,11 @@ std::expected<migrate_report, std::string> migrate_shard(caf::actor_system& sys,
                                                          migrate_request req,
                                                          std::chrono::milliseconds timeout);
 
+/// Asks the head to run `replicas` replicas (`troupe scale`): what it
+/// does, or why not.
+std::expected<std::string, std::string> scale_replicas(caf::actor_system& sys,
+                                                       const frontdoor_actor& door,
+                                                       std::int32_t replicas,
+                                                       std::chrono::milliseconds timeout);
+
 }  // namespace troupe::actors

@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 
+#include "actors/core/block_hash.hpp"
+#include "actors/core/router.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/head_placement.hpp"
@@ -93,7 +95,7 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   r.agent = node_agent_actor{};
   forget_joined_node(name);
   const auto* m = st.members->find(name);
-  st.detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
+  const double detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
   if (st.vault && st.vault_on == name) vault_lost(self, "node " + name + " lost");
   if (st.encoder && st.encoder_owner == name && st.encoder_home && !st.draining) {
@@ -104,16 +106,25 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
     st.encoder_where = st.cfg.node.name + " " + st.encoder_home->device.name;
     st.encoder_owner.clear();
     ++st.actor_restarts;
-    if (st.scheduler) self->send(st.scheduler, encoder_atom::value, st.encoder);
+    for (auto& p : st.reps)
+      if (p.scheduler) self->send(p.scheduler, encoder_atom::value, st.encoder);
     event(self,
           "the vision encoder is re-placed on " + st.cfg.node.name + " (" + name + " held it)",
           true);
   }
-  const bool held =
-      std::any_of(st.plan.begin(), st.plan.end(), [&](const auto& s) { return s.node == name; });
-  if ((held || st.placing) && !st.draining) {
-    st.lost_at = steady::now();
-    replace(self, "node " + name + " lost");
+  for (auto& p : st.reps) {
+    // The replicas that held it (or were placing on it) are placed again;
+    // the others serve on.
+    const bool held =
+        std::any_of(p.plan.begin(), p.plan.end(), [&](const auto& s) { return s.node == name; });
+    if ((held || (p.placing && in_replica(p, name))) && !st.draining) {
+      p.detect_ms = detect_ms;
+      st.detect_ms = detect_ms;
+      p.lost_at = steady::now();
+      replace(self, p.index,
+              (st.reps.size() > 1 ? "replica " + std::to_string(p.index) + ": node " : "node ") +
+                  name + " lost");
+    }
   }
 }
 
@@ -122,8 +133,9 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
 /// by that node's agent once it is up.
 void ensure_vault(head_ptr self) {
   auto& st = self->state;
-  if (st.vault || st.vault_loading || st.vault_slots <= 0 || !st.scheduler || st.draining ||
-      st.vault_layer_bytes <= 0)
+  // One store serves one pipeline: spawn_head refuses it with replicas.
+  if (st.vault || st.vault_loading || st.vault_slots <= 0 || st.reps.size() != 1 ||
+      !st.reps[0].scheduler || st.draining || st.vault_layer_bytes <= 0)
     return;
   const auto& named = st.cfg.node.m.kv.store_node;
   const std::string where = named.empty() ? st.cfg.node.name : named;
@@ -131,14 +143,14 @@ void ensure_vault(head_ptr self) {
   o.slots = st.vault_slots;
   o.layers = st.layers;
   o.layer_bytes = st.vault_layer_bytes;
-  o.notify = st.scheduler;
+  o.notify = st.reps[0].scheduler;
   auto adopt = [self, where, o](kv_vault_actor v, std::vector<std::uint8_t> address) {
     auto& st = self->state;
     st.vault = std::move(v);
     st.vault_on = where;
     ++st.vault_stores;
     self->monitor(st.vault);
-    self->send(st.scheduler, vault_atom::value, st.vault, std::move(address));
+    self->send(st.reps[0].scheduler, vault_atom::value, st.vault, std::move(address));
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.1f MiB",
                   static_cast<double>(o.slots) * o.layers * o.layer_bytes / (1 << 20));
@@ -187,28 +199,31 @@ void vault_lost(head_ptr self, const std::string& why) {
   if (!st.vault) return;
   self->demonitor(st.vault.address());
   st.vault = kv_vault_actor{};
-  if (st.scheduler)
-    self->send(st.scheduler, vault_atom::value, kv_vault_actor{}, std::vector<std::uint8_t>{});
+  for (auto& p : st.reps)
+    if (p.scheduler)
+      self->send(p.scheduler, vault_atom::value, kv_vault_actor{}, std::vector<std::uint8_t>{});
   event(self, "the KV store on " + st.vault_on + " is gone (" + why + "); its copies with it",
         true);
 }
 
-void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_handles> handles) {
+void finish_placement(head_ptr self, int r, std::uint64_t epoch,
+                      std::vector<stage_handles> handles) {
   auto& st = self->state;
-  if (epoch != st.epoch) return;
+  if (epoch != rep(self, r).epoch) return;
   std::vector<shard_actor> shards;
   std::vector<kv_store_actor> kvs;
   for (const auto& h : handles) {
     shards.push_back(h.shard);
     kvs.push_back(h.kv);
   }
-  auto done = [self, epoch, shards, kvs, handles](std::int64_t blocks, std::int64_t slot_bytes) {
+  auto done = [self, r, epoch, shards, kvs, handles](std::int64_t blocks, std::int64_t slot_bytes) {
     auto& st = self->state;
-    if (epoch != st.epoch) return;
-    st.handles = handles;
-    st.placing = false;
-    st.placement_ok = true;
-    if (!st.scheduler) {
+    auto& p = rep(self, r);
+    if (epoch != p.epoch) return;
+    p.handles = handles;
+    p.placing = false;
+    p.placement_ok = true;
+    if (!p.scheduler) {
       auto sopts = st.cfg.scheduler;
       sopts.kv = st.cfg.node.kv;
       sopts.kv_blocks = blocks;
@@ -218,38 +233,43 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
       sopts.kv_slot_bytes = slot_bytes;
       if (st.cfg.node.kv.tiers.store_tokens > 0 && sopts.prefix_caching && st.layers > 0)
         sopts.remote_blocks = st.cfg.node.kv.tiers.store_tokens / sopts.kv.block_size;
-      st.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
-      st.vault_slots = sopts.remote_blocks;
-      st.vault_layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
-      ensure_vault(self);
+      st.cache_ns = sopts.cache_namespace;
+      p.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+      if (r == 0) {
+        st.vault_slots = sopts.remote_blocks;
+        st.vault_layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
+        ensure_vault(self);
+      }
     } else {
-      self->send(st.scheduler, pipeline_atom::value, shards, kvs);
+      self->send(p.scheduler, pipeline_atom::value, shards, kvs);
     }
-    st.ready = true;
+    p.ready = true;
+    const std::string who = st.reps.size() > 1 ? "replica " + std::to_string(r) + ": " : "";
     std::string how =
-        "placed " + cluster::describe(st.plan) + " (placement " + std::to_string(epoch) + ")";
-    if (st.lost_at) {
-      st.resume_ms = ms_since(*st.lost_at);
-      ++st.replacements;
-      st.actor_restarts += static_cast<std::int64_t>(st.plan.size());
-      st.lost_at.reset();
+        who + "placed " + cluster::describe(p.plan) + " (placement " + std::to_string(epoch) + ")";
+    if (p.lost_at) {
+      p.resume_ms = ms_since(*p.lost_at);
+      st.resume_ms = p.resume_ms;
+      ++p.replacements;
+      st.actor_restarts += static_cast<std::int64_t>(p.plan.size());
+      p.lost_at.reset();
       char buf[64];
-      std::snprintf(buf, sizeof buf, "; requests resume %.0f ms after the loss", st.resume_ms);
+      std::snprintf(buf, sizeof buf, "; requests resume %.0f ms after the loss", p.resume_ms);
       how += buf;
     }
     event(self, how);
     decision_applied(self, st.placing_decision);
     st.placing_decision.reset();
     st.rebalancing = false;
-    if (st.resume_after_placement) {
-      st.resume_after_placement = false;
-      self->send(st.scheduler,
+    if (p.resume_after_placement) {
+      p.resume_after_placement = false;
+      self->send(p.scheduler,
                  resume_atom::value);  // after the reset: the requests recompute on the new stages
     }
     if (!st.want_encoder_on.empty() && st.encoder && st.want_encoder_on != encoder_node(self)) {
       const auto to = st.want_encoder_on;
       self->request(caf::actor_cast<frontdoor_actor>(self), std::chrono::minutes(10),
-                    migrate_atom::value, migrate_request{"vision", to})
+                    migrate_atom::value, migrate_request{"vision", to, 0})
           .then([](const migrate_report&) {},
                 [self, to](caf::error& e) {
                   event(self,
@@ -260,7 +280,7 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
     st.want_encoder_on.clear();
     heartbeat(self);  // fresh reports: `troupe status` shows the new stages at once
   };
-  if (st.scheduler) {
+  if (rep(self, r).scheduler) {
     done(0, 0);
     return;
   }
@@ -282,95 +302,110 @@ void finish_placement(head_ptr self, std::uint64_t epoch, std::vector<stage_hand
               g->bytes += u.slot_bytes;
               if (--g->left == 0 && !g->failed) done(g->blocks, g->bytes);
             },
-            [self, epoch, g](caf::error& e) {
+            [self, r, epoch, g](caf::error& e) {
               if (g->failed) return;
               g->failed = true;
-              if (epoch != self->state.epoch) return;
-              self->state.placing = false;
+              auto& p = rep(self, r);
+              if (epoch != p.epoch) return;
+              p.placing = false;
               event(self, "placement " + std::to_string(epoch) + ": " + describe(self->system(), e),
                     true);
             });
 }
 
-// Every 10 s while requests come: one line with the load and the token rates.
-void stats_line(head_ptr self) {
-  auto& st = self->state;
-  if (!st.scheduler || steady::now() - st.last_stats_line < std::chrono::seconds(10)) return;
-  const auto since = st.last_stats_line;
-  st.last_stats_line = steady::now();
-  self->request(st.scheduler, 5s, stats_atom::value)
+// Every 10 s while requests come: one line per replica with the load and
+// the token rates.
+void stats_line(head_ptr self, int r) {
+  auto& p = rep(self, r);
+  if (!p.scheduler || steady::now() - p.last_stats_line < std::chrono::seconds(10)) return;
+  const auto since = p.last_stats_line;
+  p.last_stats_line = steady::now();
+  self->request(p.scheduler, 5s, stats_atom::value)
       .then(
-          [self, since](const scheduler_stats& s) {
+          [self, r, since](const scheduler_stats& s) {
             auto& st = self->state;
-            const auto& p = st.last_stats;
+            auto& p = rep(self, r);
+            const auto& prev = p.last_stats;
             const double secs = std::chrono::duration<double>(steady::now() - since).count();
-            if (s.accepted != p.accepted || s.running > 0 || s.queued > 0) {
+            if (s.accepted != prev.accepted || s.running > 0 || s.queued > 0) {
               std::int64_t used = 0, total = 0;
-              for (const auto& [name, r] : st.rt) {
-                used += r.report.kv_used_blocks;
-                total += r.report.kv_total_blocks;
+              for (const auto& [name, n] : st.rt) {
+                if (!in_replica(p, name)) continue;
+                used += n.report.kv_used_blocks;
+                total += n.report.kv_total_blocks;
               }
               logging::of("head").info(
-                  "{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} tokens/s, "
-                  "generation {:.1f} tokens/s; "
-                  "{} finished",
+                  "{}{} running, {} waiting; KV {:.1f}% ({} of {} blocks); prompt {:.1f} "
+                  "tokens/s, generation {:.1f} tokens/s; {} finished",
+                  st.reps.size() > 1 ? "replica " + std::to_string(r) + ": " : std::string{},
                   s.running, s.queued,
                   total > 0 ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0.0,
-                  used, total, static_cast<double>(s.prompt_tokens - p.prompt_tokens) / secs,
-                  static_cast<double>(s.generated_tokens - p.generated_tokens) / secs, s.finished);
+                  used, total, static_cast<double>(s.prompt_tokens - prev.prompt_tokens) / secs,
+                  static_cast<double>(s.generated_tokens - prev.generated_tokens) / secs,
+                  s.finished);
             }
-            st.last_stats = s;
+            p.last_stats = s;
           },
           [](caf::error&) {});
 }
 
 }  // namespace
 
-void replace(head_ptr self, const std::string& trigger,
+void replace(head_ptr self, int r, const std::string& trigger,
              std::optional<std::vector<cluster::stage_slot>> forced) {
   auto& st = self->state;
   if (st.draining) return;
-  const auto epoch = ++st.epoch;
-  const auto plan = forced ? std::move(*forced) : choose_slots(self, trigger);
+  auto& p = rep(self, r);
+  const auto epoch = ++st.epochs;
+  p.epoch = epoch;
+  const auto plan = forced ? std::move(*forced) : choose_slots(self, r, trigger);
+  const std::string who = st.reps.size() > 1 ? "replica " + std::to_string(r) + ": " : "";
   if (plan.empty()) {
-    st.placing = false;
-    event(self, "no node can hold the model now (the head is not up)", true);
+    p.placing = false;
+    p.placement_ok = false;
+    p.ready = false;  // the router sends it nothing until it is placed again
+    p.plan.clear();
+    const auto why = st.reps.size() > 1 ? who + "none of its nodes is up; it waits for one"
+                                        : "no node can hold the model now (the head is not up)";
+    if (st.last_event != why) event(self, why, true);
     return;
   }
-  st.placing = true;
-  // Nodes left out of the new plan let go of what they hold.
-  for (auto& [name, r] : st.rt) {
+  p.placing = true;
+  // Its nodes left out of the new plan let go of what they hold.
+  for (auto& [name, n] : st.rt) {
     const bool in =
         std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
-    if (!in && r.agent)
-      self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
+    if (!in && n.agent && in_replica(p, name))
+      self->request(n.agent, st.cfg.node.timeout, drop_atom::value)
           .then([](std::int32_t) {}, [](caf::error&) {});
   }
-  st.plan = plan;
-  st.stages_total = static_cast<std::int32_t>(plan.size());
-  st.stages_loaded = 0;
-  event(self, "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
+  p.plan = plan;
+  p.stages_total = static_cast<std::int32_t>(plan.size());
+  p.stages_loaded = 0;
+  event(self,
+        who + "placing " + cluster::describe(plan) + " (placement " + std::to_string(epoch) + ")");
   auto handles = std::make_shared<std::vector<stage_handles>>(plan.size());
   auto load = std::make_shared<std::function<void(std::size_t)>>();
-  *load = [self, epoch, plan, handles, load](std::size_t i) {
+  *load = [self, r, epoch, plan, handles, load](std::size_t i) {
     auto& st = self->state;
-    if (epoch != st.epoch) return;
+    if (epoch != rep(self, r).epoch) return;
     const auto& slot = plan[i];
     auto agent = st.rt[slot.node].agent;
-    auto fail = [self, epoch, slot](const std::string& why) {
+    auto retry = [self, r, epoch](const std::string& why) {
       auto& st = self->state;
-      if (epoch != st.epoch) return;
-      st.placing = false;
-      st.placement_ok = false;
-      event(self,
-            "placing layers [" + std::to_string(slot.first_layer) + "," +
-                std::to_string(slot.last_layer) + ") on " + slot.node + " failed: " + why +
-                "; trying again",
-            true);
+      auto& p = rep(self, r);
+      if (epoch != p.epoch) return;
+      p.placing = false;
+      p.placement_ok = false;
+      event(self, why + "; trying again", true);
       if (!st.retry_queued) {
         st.retry_queued = true;
         self->delayed_send(self, 500ms, tick_atom::value);
       }
+    };
+    auto fail = [retry, slot](const std::string& why) {
+      retry("placing layers [" + std::to_string(slot.first_layer) + "," +
+            std::to_string(slot.last_layer) + ") on " + slot.node + " failed: " + why);
     };
     if (!agent) return fail("the node is not up");
     stage_order o;
@@ -387,9 +422,11 @@ void replace(head_ptr self, const std::string& trigger,
     auto busy = loading_on(self, slot.node);
     self->request(agent, st.cfg.node.timeout, load_atom::value, o)
         .then(
-            [self, epoch, handles, load, i, slot, n = plan.size(), busy](stage_handles& h) {
-              if (epoch != self->state.epoch) return;
-              ++self->state.stages_loaded;
+            [self, r, epoch, handles, load, i, slot, n = plan.size(), busy,
+             retry](stage_handles& h) {
+              auto& p = rep(self, r);
+              if (epoch != p.epoch) return;
+              ++p.stages_loaded;
               event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," +
                               std::to_string(slot.last_layer) + ") on " + slot.node + " (" +
                               std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
@@ -403,24 +440,14 @@ void replace(head_ptr self, const std::string& trigger,
                   // sends it image rows over the data plane.
                   self->request(own, st.cfg.node.timeout, connect_atom::value, (*handles)[0],
                                 slot.node)
-                      .then(
-                          [self, epoch, handles](bool) { finish_placement(self, epoch, *handles); },
-                          [self, epoch, slot, enc_node](caf::error& e) {
-                            auto& st = self->state;
-                            if (epoch != st.epoch) return;
-                            st.placing = false;
-                            st.placement_ok = false;
-                            event(self,
-                                  "connecting " + enc_node + " (the encoder) to " + slot.node +
-                                      ": " + describe(self->system(), e) + "; trying again",
-                                  true);
-                            if (!st.retry_queued) {
-                              st.retry_queued = true;
-                              self->delayed_send(self, 500ms, tick_atom::value);
-                            }
-                          });
+                      .then([self, r, epoch,
+                             handles](bool) { finish_placement(self, r, epoch, *handles); },
+                            [self, slot, enc_node, retry](caf::error& e) {
+                              retry("connecting " + enc_node + " (the encoder) to " + slot.node +
+                                    ": " + describe(self->system(), e));
+                            });
                 } else {
-                  finish_placement(self, epoch, *handles);
+                  finish_placement(self, r, epoch, *handles);
                 }
                 *load = nullptr;  // breaks the cycle
               } else {
@@ -432,17 +459,18 @@ void replace(head_ptr self, const std::string& trigger,
   (*load)(plan.size() - 1);
 }
 
-/// Takes the scheduler's block events since the last read into the head's
-/// index of cached blocks.
-void follow_block_events(head_ptr self) {
+/// Takes replica `r`'s block events since the last read into its index of
+/// cached blocks.
+void follow_block_events(head_ptr self, int r) {
   auto& st = self->state;
-  if (!st.scheduler || st.block_events_asked) return;
-  st.block_events_asked = true;
-  self->request(st.scheduler, st.cfg.node.timeout, kv_events_atom::value, st.block_events_next)
+  auto& p = rep(self, r);
+  if (!p.scheduler || p.block_events_asked) return;
+  p.block_events_asked = true;
+  self->request(p.scheduler, st.cfg.node.timeout, kv_events_atom::value, p.block_events_next)
       .then(
-          [self](const kv_events& ev) {
-            auto& st = self->state;
-            st.block_events_asked = false;
+          [self, r](const kv_events& ev) {
+            auto& p = rep(self, r);
+            p.block_events_asked = false;
             for (const auto& m : ev.events) {
               core::kv_books::event e;
               e.what = static_cast<core::kv_books::event::kind>(m.what);
@@ -450,19 +478,21 @@ void follow_block_events(head_ptr self) {
               if (m.what > 2 || m.tier > 3 || (m.what != 2 && m.name.size() != e.name.size()))
                 continue;
               std::copy(m.name.begin(), m.name.end(), e.name.begin());
-              st.blocks.apply(e);
+              p.blocks.apply(e);
             }
-            st.block_events += ev.events.size();
-            st.block_events_next = ev.next;
+            p.block_events += ev.events.size();
+            p.block_events_next = ev.next;
           },
-          [self](caf::error&) { self->state.block_events_asked = false; });
+          [self, r](caf::error&) { rep(self, r).block_events_asked = false; });
 }
 
 void heartbeat(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
-  stats_line(self);
-  follow_block_events(self);
+  for (const auto& p : st.reps) {
+    stats_line(self, p.index);
+    follow_block_events(self, p.index);
+  }
   ensure_vault(self);
   // The head's own node is this process; a node loading weights for the
   // head is busy, its connection up (a drop is noticed as such).
@@ -503,31 +533,86 @@ void heartbeat(head_ptr self) {
                 step_down(self, name, describe(self->system(), e));
             });
   }
-  if (st.scheduler)
-    self->request(st.scheduler, 5s, stats_atom::value)
-        .then(
-            [self](const scheduler_stats& s) {
-              const auto now = steady::now();
-              self->state.tokens.add(now, s.tokens_out);
-              auto& q = self->state.stat_samples;
-              q.emplace_back(now, s);
-              while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
-            },
-            [](caf::error&) {});
+  for (auto& p : st.reps)
+    if (p.scheduler)
+      self->request(p.scheduler, 5s, stats_atom::value)
+          .then(
+              [self, r = p.index, routed = p.routed](const scheduler_stats& s) {
+                const auto now = steady::now();
+                auto& p = rep(self, r);
+                p.tokens.add(now, s.tokens_out);
+                p.routed_at_stats = routed;  // what it had been sent when it answered
+                auto& q = p.stat_samples;
+                q.emplace_back(now, s);
+                while (q.size() > 1 && now - q.front().first > 60s) q.pop_front();
+              },
+              [](caf::error&) {});
+  retire_drained(self);
   measure_decisions(self);
   policy_tick(self);
   // The first placement: once every node is up and measured (or, after the
   // grace period, whoever is).
-  if (!st.ready && !st.placing && !st.draining) {
+  if (!st.grouped && !st.draining) {
     const auto usable = st.members->usable();
     const bool grace_over = steady::now() - st.started > st.cfg.startup_grace;
     const auto stage_nodes = static_cast<std::size_t>(
         std::count_if(st.cfg.node.m.nodes.begin(), st.cfg.node.m.nodes.end(),
                       [](const auto& n) { return n.holds_stages(); }));
     if ((usable.size() == stage_nodes && (measured_all(self) || !st.auto_place)) ||
-        (grace_over && !usable.empty()))
-      replace(self, "start");
+        (grace_over && !usable.empty())) {
+      group_replicas(self);
+      for (const auto& p : st.reps) replace(self, p.index, "start");
+    }
   }
+}
+
+std::chrono::milliseconds st_timeout(head_ptr self) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(self->state.cfg.node.timeout);
+}
+
+/// The replica for a job (-1: none runs): the router's choice among those
+/// serving, from their load and the cached prefix of the job's prompt;
+/// while none serves (a re-placement), the least loaded that has a
+/// scheduler (its requests wait there).
+int route(head_ptr self, const generate_request& req) {
+  auto& st = self->state;
+  if (st.reps.size() == 1) return st.reps[0].scheduler ? 0 : -1;
+  std::vector<core::block_hash> names;
+  const auto& m = st.cfg.node.m;
+  if (m.router.prefix && !st.cache_ns.empty() && st.cfg.node.kv.block_size > 0 &&
+      st.cfg.scheduler.prefix_caching) {
+    // The prompt's full blocks up to its first image (an image's blocks
+    // are named after its pixels, which only its encoder hashes).
+    auto end = req.prompt_tokens.end();
+    if (st.frontend.image_token >= 0)
+      end = std::find(req.prompt_tokens.begin(), end, st.frontend.image_token);
+    core::block_chain chain(core::root_hash(st.cache_ns, req.cache_salt), st.cfg.node.kv.block_size,
+                            -1, 0, {});
+    chain.extend(std::span(req.prompt_tokens.begin(), end));
+    names = chain.hashes();
+  }
+  std::vector<core::replica_load> loads(st.reps.size());
+  bool any = false;
+  for (std::size_t i = 0; i < st.reps.size(); ++i) {
+    const auto& p = st.reps[i];
+    auto& l = loads[i];
+    l.serving = p.serving();
+    any = any || l.serving;
+    const scheduler_stats last =
+        p.stat_samples.empty() ? scheduler_stats{} : p.stat_samples.back().second;
+    l.outstanding = last.running + last.queued + (p.routed - p.routed_at_stats);
+    l.free_blocks = last.kv_total_blocks - last.kv_used_blocks + last.kv_cached_free;
+    l.cached_blocks = names.empty() ? 0 : p.blocks.cached_prefix(names);
+  }
+  if (!any)
+    for (std::size_t i = 0; i < st.reps.size(); ++i)
+      loads[i].serving = st.reps[i].scheduler && !st.reps[i].retiring && !st.reps[i].retired;
+  core::router_options o;
+  o.prefix = m.router.prefix;
+  o.max_imbalance = m.router.max_imbalance;
+  const auto c = core::choose_replica(loads, o, st.route_turn++);
+  if (c.replica >= 0) ++(c.by_prefix ? st.routed_by_prefix : st.routed_by_load);
+  return c.replica;
 }
 
 /// Renders a job's prompt on a worker thread of its own (the head keeps
@@ -604,6 +689,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     st.prompt = std::make_shared<const prompt_setup>(std::move(prompt));
     st.frontend = std::move(fe);
     st.members.emplace(std::move(names), st.cfg.membership);
+    st.reps.resize(1);  // more once the nodes are grouped (group_replicas)
     for (const auto& n : st.cfg.node.m.nodes)
       if (!n.holds_stages()) st.members->holds_no_stages(n.name);
     st.auto_place = st.cfg.node.m.parallelism.pipeline_stages == 0;
@@ -655,7 +741,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     self->set_exit_handler([self](caf::exit_msg& em) {
       // The scheduler and the encoder go with the head.
       auto& st = self->state;
-      if (st.scheduler) self->send_exit(st.scheduler, em.reason);
+      for (auto& p : st.reps)
+        if (p.scheduler) self->send_exit(p.scheduler, em.reason);
       if (st.vault) self->send_exit(st.vault, em.reason);
       if (st.encoder) self->send_exit(st.encoder, em.reason);
       self->quit(em.reason);
@@ -678,7 +765,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           auto& st = self->state;
           if (st.draining)
             return make_error(error_code::unavailable, "the cluster is shutting down");
-          if (!st.scheduler)
+          if (std::none_of(st.reps.begin(), st.reps.end(),
+                           [](const replica_rt& p) { return p.scheduler; }))
             return make_error(error_code::unavailable,
                               "the cluster is not ready yet: it is placing the model (troupe "
                               "status shows progress)");
@@ -686,14 +774,16 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
             return make_error(error_code::invalid_request, "at most 16 images per job");
           return render_prompt_of<submit_ack>(
               self, std::move(job), [=](generate_request& req, auto& rp) {
-                auto& st = self->state;
-                if (!st.scheduler) {
+                const auto r = route(self, req);
+                if (r < 0) {
                   rp.deliver(make_error(error_code::unavailable,
                                         "the cluster stopped serving while the prompt was "
                                         "prepared"));
                   return;
                 }
-                self->request(st.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
+                auto& p = rep(self, r);
+                ++p.routed;
+                self->request(p.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
                     .then([rp](submit_ack& a) mutable { rp.deliver(a); },
                           [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
               });
@@ -720,33 +810,79 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           return tok->decode(ids);
         },
         [=](reset_cache_atom) -> caf::result<std::int64_t> {
-          if (!self->state.scheduler)
+          // Every replica's cache: the blocks freed, summed.
+          auto schedulers = schedulers_of(self);
+          if (schedulers.empty())
             return make_error(error_code::unavailable, "the model is not placed yet");
-          return self->delegate(self->state.scheduler, reset_cache_atom::value);
+          if (schedulers.size() == 1)
+            return self->delegate(schedulers.front(), reset_cache_atom::value);
+          auto rp = self->make_response_promise<std::int64_t>();
+          auto sum = std::make_shared<std::pair<std::int64_t, std::size_t>>(0, schedulers.size());
+          for (const auto& s : schedulers)
+            self->request(s, st_timeout(self), reset_cache_atom::value)
+                .then(
+                    [rp, sum](std::int64_t n) mutable {
+                      sum->first += n;
+                      if (--sum->second == 0) rp.deliver(sum->first);
+                    },
+                    [rp, sum](caf::error& e) mutable {
+                      if (sum->second == 0) return;
+                      sum->second = 0;
+                      rp.deliver(std::move(e));
+                    });
+          return rp;
         },
         [=](cancel_atom, std::uint64_t id) -> caf::result<bool> {
-          if (!self->state.scheduler) return false;
-          return self->delegate(self->state.scheduler, cancel_atom::value, id);
+          // The job is on one replica; each is asked (a cancel is rare).
+          auto schedulers = schedulers_of(self);
+          if (schedulers.empty()) return false;
+          if (schedulers.size() == 1)
+            return self->delegate(schedulers.front(), cancel_atom::value, id);
+          auto rp = self->make_response_promise<bool>();
+          auto left = std::make_shared<std::pair<bool, std::size_t>>(false, schedulers.size());
+          for (const auto& s : schedulers) {
+            auto one = [rp, left](bool found) mutable {
+              left->first = left->first || found;
+              if (--left->second == 0) rp.deliver(left->first);
+            };
+            self->request(s, st_timeout(self), cancel_atom::value, id)
+                .then([one](bool found) mutable { one(found); },
+                      [one](caf::error&) mutable { one(false); });
+          }
+          return rp;
         },
         [=](status_atom) -> caf::result<cluster_status> {
           auto rp = self->make_response_promise<cluster_status>();
-          auto s = status_of(self);
-          if (!self->state.scheduler) {
-            rp.deliver(std::move(s));
+          auto s = std::make_shared<cluster_status>(status_of(self));
+          auto& st = self->state;
+          auto left = std::make_shared<std::size_t>(0);
+          for (const auto& p : st.reps)
+            if (p.scheduler) ++*left;
+          if (*left == 0) {
+            rp.deliver(std::move(*s));
             return rp;
           }
-          self->request(self->state.scheduler, 5s, stats_atom::value)
-              .then(
-                  [rp, s](const scheduler_stats& x) mutable {
-                    s.scheduler = x;
-                    rp.deliver(std::move(s));
-                  },
-                  [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
+          // Each replica's counters now; the cluster's are their sum.
+          for (const auto& p : st.reps) {
+            if (!p.scheduler) continue;
+            auto one = [rp, s, left,
+                        i = static_cast<std::size_t>(p.index)](const scheduler_stats* x) mutable {
+              if (x) {
+                s->scheduler += *x;
+                if (i < s->replicas.size()) fill_replica_view(s->replicas[i], *x);
+              }
+              if (--*left == 0) rp.deliver(std::move(*s));
+            };
+            self->request(p.scheduler, 5s, stats_atom::value)
+                .then([one](const scheduler_stats& x) mutable { one(&x); },
+                      [one](caf::error&) mutable { one(nullptr); });
+          }
           return rp;
         },
         [=](migrate_atom, const migrate_request& req) -> caf::result<migrate_report> {
           return start_migration(self, req);
         },
+        [=](scale_atom, std::int32_t n) -> caf::result<std::string> { return scale_to(self, n); },
         [=](down_atom) -> caf::result<bool> {
           auto& st = self->state;
           auto rp = self->make_response_promise<bool>();
@@ -769,14 +905,22 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
             check_drain(self);
             self->delayed_send(self, st.members->options().heartbeat_every, tick_atom::value);
           }
-          if (!st.placing && !st.draining && st.ready) {
+          for (auto& p : st.reps) {
+            if (p.placing || p.retired || st.draining || !st.grouped) continue;
             // A placement that failed: try again with whoever is up.
             const bool complete =
-                !st.plan.empty() && std::all_of(st.plan.begin(), st.plan.end(), [&](const auto& s) {
+                !p.plan.empty() && std::all_of(p.plan.begin(), p.plan.end(), [&](const auto& s) {
                   const auto* m = st.members->find(s.node);
                   return m && m->state != cluster::member_state::lost;
                 });
-            if (!complete || !st.placement_ok) replace(self);
+            if (complete && p.placement_ok) continue;
+            // A replica none of whose nodes is up (nor a spare of another's) waits.
+            if (st.reps.size() > 1 && replica_usable(self, p.index).empty()) {
+              p.ready = false;
+              p.plan.clear();
+              continue;
+            }
+            replace(self, p.index);
           }
         },
         [=](joined_atom, const std::string& name, gate_pass& pass) {
@@ -794,10 +938,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           joined_node_is(name, r.agent->node());
           auto t = st.members->joined(name, steady::now());
           event(self, "node " + name + " " + t.why);
-          if (st.auto_place && st.ready &&
+          if (st.auto_place && st.grouped && st.reps.size() == 1 &&
               std::find(st.joined_since.begin(), st.joined_since.end(), name) ==
                   st.joined_since.end())
-            st.joined_since.push_back(name);  // the policy looks again once it is measured
+            st.joined_since.push_back(name);       // the policy looks again once it is measured
+          if (st.grouped) adopt_node(self, name);  // a node no replica has yet
           // What it may still hold from before it was lost is stale.
           self->request(r.agent, st.cfg.node.timeout, drop_atom::value)
               .then([](std::int32_t) {}, [](caf::error&) {});

@@ -3,6 +3,7 @@
 // The head's state and what its files share (head.cpp, head_placement.cpp,
 // migration.cpp, head_status.cpp). Internal to them, not for use elsewhere.
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -42,6 +43,49 @@ struct member_rt {
   int loading = 0;       ///< loads asked of it and not answered: its agent is busy, not gone
 };
 
+/// One copy of the model's pipeline (parallelism.replicas): the nodes it
+/// places its stages on, its stages and its scheduler. The router sends
+/// each job to one; a replica that loses a node is placed again on its
+/// other nodes while the others serve on.
+struct replica_rt {
+  int index = 0;
+  /// Its nodes (replicas > 1: a share of the nodes with stages; empty with
+  /// one replica: every node).
+  std::vector<std::string> nodes;
+  scheduler_actor scheduler;
+  std::vector<cluster::stage_slot> plan;
+  std::uint64_t epoch = 0;  ///< its placement's (numbered across replicas)
+  bool placing = false, ready = false, placement_ok = false;
+  std::int64_t replacements = 0;
+  std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
+  std::vector<stage_handles> handles;                ///< the placed stages' actors, in order
+  double detect_ms = -1, resume_ms = -1;
+  std::optional<steady::time_point> lost_at;
+  bool resume_after_placement = false;  ///< a re-split paused the scheduler
+  // Its cached blocks, followed from the scheduler's block events at each
+  // heartbeat (the router: which prefixes are where).
+  core::block_index blocks;
+  std::uint64_t block_events_next = 0;
+  std::uint64_t block_events = 0;  // taken in so far
+  bool block_events_asked = false;
+  steady::time_point last_stats_line = steady::now();
+  scheduler_stats last_stats;
+  token_rate tokens;
+  /// The scheduler's counters at each heartbeat, the last minute of them
+  /// (status: where the pipeline's time went; the router: its load).
+  std::deque<std::pair<steady::time_point, scheduler_stats>> stat_samples;
+  /// Scaled away (troupe scale): the router sends it nothing; once its
+  /// requests have finished it retires: its stages and scheduler go, its
+  /// nodes become another replica's spares. A retired replica's slot is
+  /// taken again by the next scale up.
+  bool retiring = false, retired = false;
+  steady::time_point retiring_since{};
+  std::int64_t routed = 0;           ///< jobs the router sent it
+  std::int64_t routed_at_stats = 0;  ///< ... when its stats last came
+  /// Serves now: placed, its scheduler running, not being placed again.
+  bool serving() const { return scheduler && ready && !placing && !retiring && !retired; }
+};
+
 struct head_state {
   head_config cfg;
   std::shared_ptr<const prompt_setup> prompt;  // shared with the prompt workers
@@ -50,7 +94,13 @@ struct head_state {
   int layers = 0;
   std::optional<cluster::membership> members;
   std::map<std::string, member_rt> rt;
-  scheduler_actor scheduler;
+  /// The model's pipelines (parallelism.replicas): one unless replicas > 1.
+  std::vector<replica_rt> reps;
+  std::uint64_t epochs = 0;  ///< placements so far, every replica's (a node's epoch only grows)
+  bool grouped = false;      ///< the replicas' nodes are chosen (at the first placement)
+  std::string cache_ns;      ///< the schedulers' prefix-cache namespace (the router names blocks)
+  std::int64_t routed_by_load = 0, routed_by_prefix = 0;  ///< the router's choices
+  std::uint64_t route_turn = 0;  ///< shares jobs among equally loaded replicas
   /// The remote KV tier's store (kv.store_tokens): copies of every full
   /// block, on kv.store_node (this process, or a node's), outliving the
   /// stages' nodes.
@@ -61,24 +111,13 @@ struct head_state {
   bool vault_loading = false;
   steady::time_point vault_tried{};
   std::int64_t vault_stores = 0;  ///< ordered so far
-  // The pipeline's cached blocks, followed from the scheduler's block
-  // events at each heartbeat (for a router: which prefixes are where).
-  core::block_index blocks;
-  std::uint64_t block_events_next = 0;
-  std::uint64_t block_events = 0;  // taken in so far
-  bool block_events_asked = false;
   encoder_actor encoder;
   std::string encoder_where;
-  std::vector<cluster::stage_slot> plan;
-  std::uint64_t epoch = 0;
-  bool placing = false, ready = false, draining = false, retry_queued = false, placement_ok = false;
-  bool stepped_down = false;  // a node follows a newer head (step_down)
-  std::int64_t replacements = 0;
+  bool draining = false, retry_queued = false;
+  bool stepped_down = false;        // a node follows a newer head (step_down)
   std::int64_t actor_restarts = 0;  ///< stages loaded again after a loss
   std::int64_t migrations = 0;
-  std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
-  std::vector<stage_handles> handles;                ///< the placed stages' actors, in order
-  bool migrating = false;                            ///< one live migration at a time
+  bool migrating = false;  ///< one live migration at a time
   /// What it is doing (troupe migrate's progress bar) and how far, 0 to 1;
   /// a stage's migration sets both from its phases (migration.cpp).
   std::string migration_phase;
@@ -90,12 +129,9 @@ struct head_state {
   /// Node names by CAF node id (data-plane link labels), kept after a loss.
   std::map<std::string, std::string> node_names;
   std::string last_event;
-  double detect_ms = -1, resume_ms = -1;
-  std::optional<steady::time_point> lost_at;
+  double detect_ms = -1, resume_ms = -1;  ///< the latest loss of any replica's node
   steady::time_point started = steady::now(), last_heartbeat;
   std::vector<caf::typed_response_promise<bool>> drain_waiters;
-  steady::time_point last_stats_line = steady::now();
-  scheduler_stats last_stats;
   steady::time_point drain_since;
   bool drain_checking = false;
 
@@ -123,10 +159,6 @@ struct head_state {
     std::optional<steady::time_point> settled;
   };
   std::vector<pending_measure> to_measure;
-  token_rate tokens;
-  /// The scheduler's counters at each heartbeat, the last minute of them
-  /// (status: where the pipeline's time went).
-  std::deque<std::pair<steady::time_point, scheduler_stats>> stat_samples;
   std::vector<std::string>
       joined_since;  ///< nodes that joined after the first placement, not yet re-planned for
   steady::time_point next_policy = steady::now();
@@ -134,10 +166,20 @@ struct head_state {
   std::optional<std::size_t>
       placing_decision;         ///< the decision the placement under way carries out
   std::string want_encoder_on;  ///< the planner's node for the encoder, moved there after placing
-  bool resume_after_placement = false;  ///< a re-split paused the scheduler
 };
 
 using head_ptr = head_core_actor::stateful_pointer<head_state>;
+
+/// Replica `r` (an index into reps).
+inline replica_rt& rep(head_ptr self, int r) {
+  return self->state.reps[static_cast<std::size_t>(r)];
+}
+
+/// Whether `node` is one of replica `p`'s nodes (with one replica, every node is).
+inline bool in_replica(const replica_rt& p, const std::string& node) {
+  if (p.retired) return false;
+  return p.nodes.empty() || std::find(p.nodes.begin(), p.nodes.end(), node) != p.nodes.end();
+}
 
 // -- head.cpp -----------------------------------------------------------------
 
@@ -149,9 +191,9 @@ void event(head_ptr self, const std::string& what, bool warn = false);
 // heartbeats, and is not lost for that while its connection holds.
 std::shared_ptr<void> loading_on(head_ptr self, const std::string& node);
 
-// Places the model afresh (a new placement epoch): `forced` stages, or
+// Places replica `r` afresh (a new placement epoch): `forced` stages, or
 // those choose_slots picks for `trigger`.
-void replace(head_ptr self, const std::string& trigger = "retry",
+void replace(head_ptr self, int r, const std::string& trigger = "retry",
              std::optional<std::vector<cluster::stage_slot>> forced = std::nullopt);
 
 // One heartbeat (every heartbeat_every, and after a placement or a

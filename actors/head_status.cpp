@@ -1,5 +1,6 @@
 #include "actors/head_status.hpp"
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 
@@ -16,27 +17,56 @@ cluster_status status_of(head_ptr self) {
   cluster_status s;
   s.cluster = st.cfg.node.m.name;
   s.head = st.cfg.node.m.head;
-  s.ready = st.ready && !st.placing;
+  const bool one = st.reps.size() == 1;
+  s.ready = std::any_of(st.reps.begin(), st.reps.end(),
+                        [](const replica_rt& p) { return p.ready && !p.placing; });
   s.draining = st.draining;
-  s.epoch = st.epoch;
-  s.placement = cluster::describe(st.plan);
+  s.epoch = st.epochs;
   s.encoder = st.encoder_where;
-  s.replacements = st.replacements;
   s.last_event = st.last_event;
+  s.indexed_blocks.assign(4, 0);
   s.detect_ms = st.detect_ms;
   s.resume_ms = st.resume_ms;
-  using models::kv_tier;
-  s.indexed_blocks = {st.blocks.count(kv_tier::device), st.blocks.count(kv_tier::host),
-                      st.blocks.count(kv_tier::disk), st.blocks.count(kv_tier::remote)};
+  for (const auto& p : st.reps) {
+    if (!p.retired) {
+      if (!s.placement.empty()) s.placement += "; ";
+      if (!one) s.placement += "replica " + std::to_string(p.index) + ": ";
+      s.placement += p.plan.empty() ? std::string("(none)") : cluster::describe(p.plan);
+    }
+    if (one) s.placement = cluster::describe(p.plan);
+    s.replacements += p.replacements;
+    using models::kv_tier;
+    for (int t = 0; t < 4; ++t) s.indexed_blocks[t] += p.blocks.count(static_cast<kv_tier>(t));
+    s.block_events += p.block_events;
+    s.stages_total += p.stages_total;
+    s.stages_loaded += p.stages_loaded;
+    replica_view v;
+    v.index = p.index;
+    v.nodes = p.nodes;
+    v.placement = cluster::describe(p.plan);
+    v.ready = p.ready && !p.placing && !p.retired;
+    v.state = p.retired                      ? "retired"
+              : p.retiring                   ? "draining"
+              : p.placing                    ? "placing"
+              : v.ready                      ? "serving"
+              : p.plan.empty() && st.grouped ? "waiting"
+                                             : "placing";
+    v.epoch = p.epoch;
+    v.routed = p.routed;
+    v.replacements = p.replacements;
+    v.resume_ms = p.resume_ms;
+    v.cached_blocks = p.blocks.size();
+    if (!p.stat_samples.empty()) fill_replica_view(v, p.stat_samples.back().second);
+    s.replicas.push_back(std::move(v));
+  }
+  s.routed_by_prefix = st.routed_by_prefix;
+  s.routed_by_load = st.routed_by_load;
   s.kv_store = st.vault ? st.vault_on : std::string{};
   s.kv_stores = st.vault_stores;
-  s.block_events = st.block_events;
   s.actor_restarts = st.actor_restarts;
   s.migrations = st.migrations;
   s.migration = st.migrating ? st.migration_phase : std::string{};
   s.migration_done = st.migrating ? st.migration_done : 0.0;
-  s.stages_total = st.stages_total;
-  s.stages_loaded = st.stages_loaded;
   for (const auto& [name, r] : st.rt)
     if (r.agent) st.node_names[to_string(r.agent->node())] = name;
   std::map<std::string, std::int64_t> links;
@@ -71,9 +101,9 @@ cluster_status status_of(head_ptr self) {
     }
     s.nodes.push_back(std::move(v));
   }
-  if (st.model_prof && !st.plan.empty()) {
+  if (st.model_prof && one && !st.reps[0].plan.empty()) {
     const auto prof = profile_now(self);
-    if (auto cur = plan_of(st.plan, prof, st.precision, encoder_node(self))) {
+    if (auto cur = plan_of(st.reps[0].plan, prof, st.precision, encoder_node(self))) {
       if (auto e = placement::evaluate(*cur, prof, *st.model_prof, st.work))
         s.plan_detail = e->describe();
       else
@@ -85,17 +115,37 @@ cluster_status status_of(head_ptr self) {
   s.decisions = st.decisions;
   // Where the pipeline's time went: the latest sample against the newest
   // one at least 10 s older.
-  if (st.stat_samples.size() >= 2) {
-    const auto& [t1, b] = st.stat_samples.back();
-    for (auto it = st.stat_samples.rbegin(); it != st.stat_samples.rend(); ++it) {
-      if (t1 - it->first < 10s && std::next(it) != st.stat_samples.rend()) continue;
-      if (auto p = breakdown_between(it->second, b,
-                                     std::chrono::duration<double>(t1 - it->first).count()))
-        s.pipeline_detail = p->describe();
+  for (const auto& p : st.reps) {
+    const auto& q = p.stat_samples;
+    if (q.size() < 2) continue;
+    const auto& [t1, b] = q.back();
+    for (auto it = q.rbegin(); it != q.rend(); ++it) {
+      if (t1 - it->first < 10s && std::next(it) != q.rend()) continue;
+      if (auto d = breakdown_between(it->second, b,
+                                     std::chrono::duration<double>(t1 - it->first).count())) {
+        if (!one) s.pipeline_detail += "replica " + std::to_string(p.index) + ": ";
+        s.pipeline_detail += d->describe();
+        if (!one) s.pipeline_detail += "\n";
+      }
       break;
     }
   }
   return s;
+}
+
+std::vector<scheduler_actor> schedulers_of(head_ptr self) {
+  std::vector<scheduler_actor> out;
+  for (const auto& p : self->state.reps)
+    if (p.scheduler) out.push_back(p.scheduler);
+  return out;
+}
+
+void fill_replica_view(replica_view& v, const scheduler_stats& x) {
+  v.running = x.running;
+  v.queued = x.queued;
+  v.kv_total_blocks = x.kv_total_blocks;
+  v.kv_used_blocks = x.kv_used_blocks;
+  v.finished = x.finished;
 }
 
 namespace {
@@ -116,20 +166,33 @@ void stop_all(head_ptr self) {
 void check_drain(head_ptr self) {
   auto& st = self->state;
   if (!st.draining || st.drain_waiters.empty() || st.drain_checking) return;
-  if (!st.scheduler || steady::now() - st.drain_since > 120s) return stop_all(self);
+  const auto schedulers = schedulers_of(self);
+  if (schedulers.empty() || steady::now() - st.drain_since > 120s) return stop_all(self);
   st.drain_checking = true;
-  self->request(st.scheduler, 5s, stats_atom::value)
-      .then(
-          [self](const scheduler_stats& s) {
-            self->state.drain_checking = false;
-            if (s.queued == 0 && s.running == 0) return stop_all(self);
-            self->state.last_event = "draining: " + std::to_string(s.running) + " running, " +
-                                     std::to_string(s.queued) + " queued";
-          },
-          [self](caf::error&) {
-            self->state.drain_checking = false;
-            stop_all(self);
-          });
+  // Every replica's requests, summed.
+  struct tally {
+    std::int64_t running = 0, queued = 0;
+    std::size_t left = 0;
+    bool failed = false;
+  };
+  auto t = std::make_shared<tally>();
+  t->left = schedulers.size();
+  auto one = [self, t](const scheduler_stats* s) {
+    if (s) {
+      t->running += s->running;
+      t->queued += s->queued;
+    } else {
+      t->failed = true;
+    }
+    if (--t->left > 0) return;
+    self->state.drain_checking = false;
+    if (t->failed || (t->queued == 0 && t->running == 0)) return stop_all(self);
+    self->state.last_event = "draining: " + std::to_string(t->running) + " running, " +
+                             std::to_string(t->queued) + " queued";
+  };
+  for (const auto& sch : schedulers)
+    self->request(sch, 5s, stats_atom::value)
+        .then([one](const scheduler_stats& s) { one(&s); }, [one](caf::error&) { one(nullptr); });
 }
 
 }  // namespace troupe::actors::head_detail

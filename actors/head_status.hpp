@@ -11,6 +11,12 @@ namespace troupe::actors::head_detail {
 // adds those).
 cluster_status status_of(head_ptr self);
 
+// The load figures of a replica's view from its scheduler's counters.
+void fill_replica_view(replica_view& v, const scheduler_stats& x);
+
+// Every replica's scheduler that runs.
+std::vector<scheduler_actor> schedulers_of(head_ptr self);
+
 // Called on every tick while draining: stops everything once no request
 // is queued or running (or after two minutes).
 void check_drain(head_ptr self);

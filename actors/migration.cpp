@@ -13,6 +13,7 @@
 #include "actors/data_plane.hpp"
 #include "actors/encoder.hpp"
 #include "actors/head_placement.hpp"
+#include "actors/head_status.hpp"
 #include "actors/log.hpp"
 
 namespace troupe::actors::head_detail {
@@ -24,6 +25,7 @@ struct migration {
   caf::typed_response_promise<migrate_report> rp;
   core::migration_phases phases;  ///< where it is (what `troupe status` shows)
   std::size_t index = 0;
+  std::size_t replica = 0;  ///< the stage's replica
   std::uint64_t epoch = 0;
   stage_handles old_h, new_h;
   cluster::stage_slot slot;
@@ -80,10 +82,12 @@ void migration_fail(head_ptr self, const migration_ptr& m, const std::string& wh
   if (m->phases.finished()) return;
   enter(self, *m, core::migration_phase::failed);
   auto& st = self->state;
+  auto& pipe = st.reps[m->replica];
   st.migrating = false;
-  if (m->paused && st.scheduler) self->send(st.scheduler, resume_atom::value);  // resume as it was
+  if (m->paused && pipe.scheduler)
+    self->send(pipe.scheduler, resume_atom::value);  // resume as it was
   // The new actors (if any) go; the old ones kept serving.
-  if (m->new_h.shard && st.epoch == m->epoch) {
+  if (m->new_h.shard && pipe.epoch == m->epoch) {
     auto it = st.rt.find(m->target);
     if (it != st.rt.end() && it->second.agent && !(m->target == m->slot.node))
       self->request(it->second.agent, st.cfg.node.timeout, drop_stage_atom::value,
@@ -96,7 +100,7 @@ void migration_fail(head_ptr self, const migration_ptr& m, const std::string& wh
 
 bool migration_stale(head_ptr self, const migration_ptr& m) {
   if (m->phases.finished()) return true;
-  if (self->state.epoch != m->epoch) {
+  if (self->state.reps[m->replica].epoch != m->epoch) {
     migration_fail(self, m, "the cluster was placed again meanwhile (a node was lost)");
     return true;
   }
@@ -207,13 +211,15 @@ void migration_switch(head_ptr self, migration_ptr m) {
   auto resume = [self, m] {
     if (migration_stale(self, m)) return;
     auto& st = self->state;
-    self->send(st.scheduler, reroute_atom::value, static_cast<std::int32_t>(m->index),
+    auto& pipe = st.reps[m->replica];
+    self->send(pipe.scheduler, reroute_atom::value, static_cast<std::int32_t>(m->index),
                m->new_h.shard, m->new_h.kv);
     m->rep.pause_ms = ms_since(m->pause_sent);
     m->paused = false;
     // The old actors go; the head's books follow the new ones.
-    st.handles[m->index] = m->new_h;
-    st.plan[m->index].node = m->target;
+    pipe.handles[m->index] = m->new_h;
+    pipe.plan[m->index].node = m->target;
+    if (!in_replica(pipe, m->target)) pipe.nodes.push_back(m->target);
     ++st.migrations;
     enter(self, *m, core::migration_phase::dropping);
     auto it = st.rt.find(m->slot.node);
@@ -245,7 +251,7 @@ void migration_switch(head_ptr self, migration_ptr m) {
   };
   if (m->index == 0) return resume();
   // The stage before forwards to the new shard from now on.
-  const auto& prev = st.plan[m->index - 1];
+  const auto& prev = st.reps[m->replica].plan[m->index - 1];
   auto it = st.rt.find(prev.node);
   if (it == st.rt.end() || !it->second.agent)
     return migration_fail(self, m, "the node of the stage before is not up");
@@ -268,12 +274,13 @@ void migration_verify(head_ptr self, migration_ptr m) {
   auto& st = self->state;
   auto a = st.rt[m->slot.node].agent;
   auto b = st.rt[m->target].agent;
-  self->request(a, st.cfg.node.timeout, connect_atom::value, st.handles[0], st.cfg.node.name)
+  self->request(a, st.cfg.node.timeout, connect_atom::value, st.reps[m->replica].handles[0],
+                st.cfg.node.name)
       .then(
           [self, m, b](bool) {
             auto& st = self->state;
-            self->request(b, st.cfg.node.timeout, connect_atom::value, st.handles[0],
-                          st.cfg.node.name)
+            self->request(b, st.cfg.node.timeout, connect_atom::value,
+                          st.reps[m->replica].handles[0], st.cfg.node.name)
                 .then([self, m](bool) { migration_verify_now(self, m); },
                       [self, m](caf::error&) { migration_verify_now(self, m); });
           },
@@ -328,7 +335,7 @@ void migration_pause(head_ptr self, migration_ptr m) {
   m->pause_sent = steady::now();
   m->paused = true;
   enter(self, *m, core::migration_phase::paused);
-  self->request(st.scheduler, st.cfg.node.timeout, pause_atom::value)
+  self->request(st.reps[m->replica].scheduler, st.cfg.node.timeout, pause_atom::value)
       .then(
           [self, m](std::int64_t) {
             if (migration_stale(self, m)) return;
@@ -451,26 +458,42 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
               // The scheduler switches and drains the old encoder itself (its
               // own encode requests are ordered before its flush), answering
               // once the old one has answered all of them.
-              if (st.scheduler) {
-                self->request(st.scheduler, st.cfg.node.timeout, handover_atom::value, st.encoder,
-                              true)
-                    .then([retire](bool) mutable { retire(); },
-                          [retire](caf::error&) mutable { retire(); });
-              } else {
-                retire();
-              }
+              // Every replica's scheduler does so; the old one retires once
+              // all have answered.
+              const auto schedulers = schedulers_of(self);
+              if (schedulers.empty()) return retire();
+              auto left = std::make_shared<std::size_t>(schedulers.size());
+              for (const auto& sch : schedulers)
+                self->request(sch, st.cfg.node.timeout, handover_atom::value, st.encoder, true)
+                    .then(
+                        [retire, left](bool) mutable {
+                          if (--*left == 0) retire();
+                        },
+                        [retire, left](caf::error&) mutable {
+                          if (--*left == 0) retire();
+                        });
             };
-            // The new encoder sends image rows to the first stage's process:
-            // its node reaches that one first.
+            // The new encoder sends image rows to each replica's first
+            // stage's process: its node reaches those first.
             auto& st = self->state;
-            const auto first =
-                st.plan.empty() || st.handles.empty() ? std::string{} : st.plan[0].node;
-            if (first.empty() || first == rep->to) return switch_over(fresh);
-            self->request(target, st.cfg.node.timeout, connect_atom::value, st.handles[0], first)
-                .then([switch_over, fresh](bool) mutable { switch_over(fresh); },
-                      [self, fail, first](caf::error& e) mutable {
+            std::vector<std::pair<stage_handles, std::string>> firsts;
+            for (const auto& p : st.reps)
+              if (!p.plan.empty() && !p.handles.empty() && p.plan[0].node != rep->to)
+                firsts.emplace_back(p.handles[0], p.plan[0].node);
+            if (firsts.empty()) return switch_over(fresh);
+            auto left = std::make_shared<std::size_t>(firsts.size());
+            auto failed = std::make_shared<bool>(false);
+            for (const auto& f : firsts)
+              self->request(target, st.cfg.node.timeout, connect_atom::value, f.first, f.second)
+                  .then(
+                      [switch_over, fresh, left, failed](bool) mutable {
+                        if (--*left == 0 && !*failed) switch_over(fresh);
+                      },
+                      [self, fail, first = f.second, failed](caf::error& e) mutable {
+                        if (*failed) return;
+                        *failed = true;
                         fail("connecting it to " + first +
-                             " (the first stage): " + describe(self->system(), e));
+                             " (a first stage): " + describe(self->system(), e));
                       });
           },
           [self, fail, busy](caf::error& e) mutable {
@@ -506,20 +529,31 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   auto refuse = [](error_code c, const std::string& why) {
     return caf::result<migrate_report>(make_error(c, why));
   };
-  if (!st.ready || st.placing || !st.scheduler)
+  if (req.replica < 0 || static_cast<std::size_t>(req.replica) >= st.reps.size())
+    return refuse(error_code::invalid_request, "no replica " + std::to_string(req.replica) +
+                                                   " (the cluster runs " +
+                                                   std::to_string(st.reps.size()) + ")");
+  auto& pipe = st.reps[static_cast<std::size_t>(req.replica)];
+  if (!pipe.ready || pipe.placing || !pipe.scheduler)
     return refuse(error_code::unavailable, "the model is not placed yet");
   if (st.draining) return refuse(error_code::unavailable, "the cluster is shutting down");
   if (st.migrating) return refuse(error_code::unavailable, "another migration is under way");
   if (req.shard == "vision" || req.shard == "encoder") return start_encoder_migration(self, req);
-  const auto idx = stage_named(st.plan, req.shard);
+  // A node is one replica's: its agent holds one placement at a time.
+  for (const auto& other : st.reps)
+    if (other.index != pipe.index && !other.nodes.empty() && in_replica(other, req.to))
+      return refuse(error_code::invalid_request,
+                    "node " + req.to + " belongs to replica " + std::to_string(other.index));
+  const auto& plan = pipe.plan;
+  const auto idx = stage_named(plan, req.shard);
   if (!idx)
-    return refuse(error_code::invalid_request,
-                  "no stage '" + req.shard.substr(0, 64) + "' in the placement " +
-                      cluster::describe(st.plan) + " (give an index from 0 or a range as printed)");
-  if (st.handles.size() != st.plan.size())
+    return refuse(error_code::invalid_request, "no stage '" + req.shard.substr(0, 64) +
+                                                   "' in the placement " + cluster::describe(plan) +
+                                                   " (give an index from 0 or a range as printed)");
+  if (pipe.handles.size() != plan.size())
     return refuse(error_code::unavailable, "the placement's actors are not known yet");
   if (auto why = target_refusal(st, req.to)) return caf::result<migrate_report>(std::move(*why));
-  const auto& slot = st.plan[*idx];
+  const auto& slot = plan[*idx];
   if (slot.node == req.to)
     return refuse(error_code::invalid_request,
                   "stage " + std::to_string(*idx) + " already runs on " + req.to);
@@ -532,8 +566,9 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   auto m = std::make_shared<migration>();
   m->rp = self->make_response_promise<migrate_report>();
   m->index = *idx;
-  m->epoch = st.epoch;
-  m->old_h = st.handles[*idx];
+  m->replica = static_cast<std::size_t>(pipe.index);
+  m->epoch = pipe.epoch;
+  m->old_h = pipe.handles[*idx];
   m->slot = slot;
   m->target = req.to;
   m->block_size = std::max(1, st.cfg.node.kv.block_size);
@@ -550,12 +585,12 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   o.first_layer = slot.first_layer;
   o.last_layer = slot.last_layer;
   o.embed = *idx == 0;
-  o.head = *idx + 1 == st.plan.size();
-  o.epoch = st.epoch;
-  if (*idx + 1 < st.plan.size()) {
+  o.head = *idx + 1 == plan.size();
+  o.epoch = pipe.epoch;
+  if (*idx + 1 < plan.size()) {
     o.has_next = true;
-    o.next = st.handles[*idx + 1];
-    o.next_node = st.plan[*idx + 1].node;
+    o.next = pipe.handles[*idx + 1];
+    o.next_node = plan[*idx + 1].node;
   }
   const auto t_load = steady::now();
   auto busy = loading_on(self, req.to);

@@ -75,6 +75,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<chat_turn>>("troupe::chat_turns");
   cfg.add_message_type<job_request>("troupe::job_request");
   cfg.add_message_type<member_view>("troupe::member_view");
+  cfg.add_message_type<replica_view>("troupe::replica_view");
+  cfg.add_message_type<std::vector<replica_view>>("troupe::replica_views");
   cfg.add_message_type<std::vector<member_view>>("troupe::member_views");
   cfg.add_message_type<cluster_status>("troupe::cluster_status");
   cfg.add_message_type<frontdoor_actor>("troupe::frontdoor_actor");

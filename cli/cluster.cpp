@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
@@ -54,6 +55,7 @@ struct cluster_args {
   std::uint64_t seed = 0;
   std::int32_t priority = 0;
   std::string shard, to;  // migrate
+  int replica = 0;
 };
 
 /// A CAF system that acts as the cluster's client.
@@ -120,6 +122,22 @@ json status_json(const actors::cluster_status& s) {
                          {"measured_tokens_per_s_before", d.measured_tps_before},
                          {"measured_tokens_per_s_after", d.measured_tps_after},
                          {"state", d.state}});
+  json replicas = json::array();
+  for (const auto& r : s.replicas)
+    replicas.push_back({{"index", r.index},
+                        {"nodes", r.nodes},
+                        {"placement", r.placement},
+                        {"ready", r.ready},
+                        {"placement_epoch", r.epoch},
+                        {"running", r.running},
+                        {"queued", r.queued},
+                        {"kv_used_blocks", r.kv_used_blocks},
+                        {"kv_total_blocks", r.kv_total_blocks},
+                        {"finished", r.finished},
+                        {"routed", r.routed},
+                        {"replacements", r.replacements},
+                        {"resume_ms", r.resume_ms},
+                        {"cached_blocks", r.cached_blocks}});
   const auto& q = s.scheduler;
   json links = json::object();
   for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
@@ -179,6 +197,8 @@ json status_json(const actors::cluster_status& s) {
             {"recomputed_tokens", q.recomputed_tokens}}},
           {"block_index", {{"blocks", s.indexed_blocks}, {"events", s.block_events}}},
           {"kv_store", {{"node", s.kv_store}, {"ordered", s.kv_stores}}},
+          {"replicas", replicas},
+          {"router", {{"by_prefix", s.routed_by_prefix}, {"by_load", s.routed_by_load}}},
           {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
 }
 
@@ -199,6 +219,23 @@ void print_status(const actors::cluster_status& s) {
                 n.report.stages.empty() ? "-" : n.report.stages.c_str(),
                 n.report.rss_bytes ? mib(n.report.rss_bytes).c_str() : "-", kv.c_str(),
                 n.report.failure.c_str());
+  }
+  if (s.replicas.size() > 1) {
+    std::printf("%-8s %-10s %-24s %-9s %-8s %-8s %-16s %-8s %s\n", "REPLICA", "STATE", "NODES",
+                "RUNNING", "QUEUED", "ROUTED", "KV (used/total)", "LOSSES", "PLACEMENT");
+    for (const auto& r : s.replicas) {
+      std::string nodes;
+      for (const auto& n : r.nodes) nodes += (nodes.empty() ? "" : ",") + n;
+      const auto kv = std::to_string(r.kv_used_blocks) + "/" + std::to_string(r.kv_total_blocks);
+      std::printf("%-8d %-10s %-24s %-9lld %-8lld %-8lld %-16s %-8lld %s\n", r.index,
+                  r.state.c_str(), nodes.c_str(), static_cast<long long>(r.running),
+                  static_cast<long long>(r.queued), static_cast<long long>(r.routed), kv.c_str(),
+                  static_cast<long long>(r.replacements),
+                  r.placement.empty() ? "-" : r.placement.c_str());
+    }
+    std::printf("router: %lld jobs sent where their prefix was cached, %lld by load\n",
+                static_cast<long long>(s.routed_by_prefix),
+                static_cast<long long>(s.routed_by_load));
   }
   const auto& q = s.scheduler;
   std::printf(
@@ -224,7 +261,7 @@ void print_status(const actors::cluster_status& s) {
   if (q.kv_remote_blocks > 0)
     std::printf("KV store: %s\n", s.kv_store.empty() ? "none running (its node is not up)"
                                                      : ("on " + s.kv_store).c_str());
-  if (s.indexed_blocks.size() == 3 && s.block_events > 0)
+  if (s.indexed_blocks.size() >= 3 && s.block_events > 0)
     std::printf(
         "block index (the head's, from %llu block events): %lld on the device, %lld in host "
         "memory, %lld on disk\n",
@@ -426,7 +463,12 @@ int run_up(const cluster_args& a) {
           std::fflush(stdout);
           last_line = line;
         }
-        if (s->ready) {
+        // Every replica placed (a replica whose nodes are all down waits:
+        // --timeout says how long).
+        const bool all = std::all_of(
+            s->replicas.begin(), s->replicas.end(),
+            [](const actors::replica_view& r) { return r.ready || r.state == "retired"; });
+        if (s->ready && all) {
           const auto& h = m->head_node();
           char done[1024];
           std::snprintf(done, sizeof done,
@@ -595,6 +637,41 @@ int run_down(const cluster_args& a) {
   return ask_down(*sys, *m, a.timeout_s);
 }
 
+int run_scale(const cluster_args& a) {
+  auto m = load_manifest_or_report(a.manifest);
+  if (!m) return 2;
+  auto c = open_client(*m, "scale");
+  if (!c) return 1;
+  auto r = actors::scale_replicas(*c->sys, c->door, a.replica, 30s);
+  if (!r) {
+    spdlog::error("scale: {}", r.error());
+    return 1;
+  }
+  std::printf("troupe: %s\n", r->c_str());
+  std::fflush(stdout);
+  if (a.timeout_s <= 0) return 0;
+  // Until as many serve, and none is left draining.
+  const auto until = steady::now() + std::chrono::seconds(a.timeout_s);
+  while (steady::now() < until) {
+    if (auto s = actors::query_status(*c->sys, c->door, 5s)) {
+      int serving = 0;
+      bool draining = false;
+      for (const auto& v : s->replicas) {
+        serving += v.state == "serving";
+        draining = draining || v.state == "draining";
+      }
+      if (serving == a.replica && !draining) {
+        std::printf("troupe: %d replicas serving\n", serving);
+        return 0;
+      }
+    }
+    std::this_thread::sleep_for(250ms);
+  }
+  spdlog::error("scale: not {} replicas serving after {} s (troupe status shows why)", a.replica,
+                a.timeout_s);
+  return 1;
+}
+
 int run_migrate(const cluster_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
@@ -628,7 +705,7 @@ int run_migrate(const cluster_args& a) {
   std::optional<std::expected<actors::migrate_report, std::string>> got;
   std::mutex mtx;
   std::thread worker([&] {
-    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to},
+    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to, a.replica},
                                    std::chrono::seconds(a.timeout_s));
     std::lock_guard lock(mtx);
     got = std::move(x);
@@ -729,6 +806,21 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
     cmd->add_flag("--json", a->json, "One JSON object: text, tokens, timings");
     return [a] { return run_submit(*a); };
   }
+  if (which == "scale") {
+    auto* cmd = app.add_subcommand(
+        "scale",
+        "Run this many replicas of the model: new ones take nodes that hold nothing, fewer "
+        "retire the newest once their requests are done");
+    cmd->add_option("manifest", a->manifest, "The cluster's manifest")->required();
+    cmd->add_option("--replicas", a->replica, "How many replicas to run")
+        ->required()
+        ->check(CLI::Range(1, 256));
+    cmd->add_option("--wait", a->timeout_s,
+                    "Seconds to wait for the new replicas to serve (or the retired ones to "
+                    "finish); 0: answer at once")
+        ->check(CLI::Range(0, 86400));
+    return [a] { return run_scale(*a); };
+  }
   if (which == "migrate") {
     auto* cmd = app.add_subcommand(
         "migrate",
@@ -742,6 +834,10 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
            "--to", a->to,
            "The node to move it to (NODE or NODE:DEVICE; the node's manifest device is used)")
         ->required();
+    cmd->add_option("--replica", a->replica,
+                    "The stage's replica (parallelism.replicas), as status numbers them")
+        ->check(CLI::Range(0, 255))
+        ->capture_default_str();
     cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")
         ->check(CLI::Range(1, 86400));
     cmd->add_flag("--json", a->json, "One JSON object");

@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   auto status = troupe::cli::add_cluster(app, "status");
   auto submit = troupe::cli::add_cluster(app, "submit");
   auto migrate = troupe::cli::add_cluster(app, "migrate");
+  auto scale = troupe::cli::add_cluster(app, "scale");
   auto down = troupe::cli::add_cluster(app, "down");
   auto serve = troupe::cli::add_serve(app);
   bench->allow_extras();  // everything after `bench-kernels` goes to bench_kernels
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("submit")) return submit();
   if (app.got_subcommand("down")) return down();
   if (app.got_subcommand("migrate")) return migrate();
+  if (app.got_subcommand("scale")) return scale();
   if (app.got_subcommand("serve")) return serve();
   if (*bench) {
     // bench_kernels lives next to this binary in the build tree.

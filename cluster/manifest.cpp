@@ -360,9 +360,9 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   m.path = path;
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
-  c.only_keys(
-      root, "",
-      {"cluster", "model", "kv", "parallelism", "placement", "scheduler", "transport", "nodes"});
+  c.only_keys(root, "",
+              {"cluster", "model", "kv", "parallelism", "router", "placement", "scheduler",
+               "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
     c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
@@ -416,7 +416,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
 
   if (const auto* t = c.table(root, "parallelism", "", false)) {
-    c.only_keys(*t, "parallelism", {"pipeline_stages", "tensor_parallel"});
+    c.only_keys(*t, "parallelism", {"pipeline_stages", "tensor_parallel", "replicas"});
     if (const auto* n = t->get("pipeline_stages")) {
       if (n->is_string() && n->as_string()->get() == "auto")
         m.parallelism.pipeline_stages = 0;
@@ -432,6 +432,21 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
       else
         c.integer(*t, "tensor_parallel", "parallelism", m.parallelism.tensor_parallel, 1, 256);
     }
+    if (const auto* n = t->get("replicas")) {
+      if (n->is_string() && n->as_string()->get() == "auto")
+        m.parallelism.replicas = 0;
+      else if (n->is_integer())
+        c.integer(*t, "replicas", "parallelism", m.parallelism.replicas, 1, 256);
+      else
+        c.error(checker::line_of(*n), "parallelism.replicas",
+                "expected \"auto\" or a number of replicas");
+    }
+  }
+
+  if (const auto* t = c.table(root, "router", "", false)) {
+    c.only_keys(*t, "router", {"prefix", "max_imbalance"});
+    c.boolean(*t, "prefix", "router", m.router.prefix);
+    c.integer(*t, "max_imbalance", "router", m.router.max_imbalance, 0, 1000000);
   }
 
   if (const auto* t = c.table(root, "placement", "", false)) {
@@ -591,6 +606,25 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
                 std::to_string(m.parallelism.tensor_parallel) + " tensor-parallel ranks need " +
                 std::to_string(m.parallelism.pipeline_stages * m.parallelism.tensor_parallel) +
                 " devices; the nodes have " + std::to_string(devices_total));
+  const int stage_nodes = static_cast<int>(std::count_if(
+      m.nodes.begin(), m.nodes.end(), [](const auto& e) { return e.holds_stages(); }));
+  if (m.parallelism.replicas > 1 && !m.nodes.empty()) {
+    const int per = std::max(1, m.parallelism.pipeline_stages);
+    if (m.parallelism.replicas * per > stage_nodes)
+      c.error(0, "parallelism.replicas",
+              std::to_string(m.parallelism.replicas) + " replicas" +
+                  (per > 1 ? " of " + std::to_string(per) + " stages" : std::string{}) +
+                  " need at least " + std::to_string(m.parallelism.replicas * per) +
+                  " nodes holding stages (each replica has nodes of its own); the manifest has " +
+                  std::to_string(stage_nodes));
+  }
+  if (m.parallelism.replicas != 1 && m.kv.store_tokens > 0)
+    c.error(0, "kv.store_tokens",
+            "a KV store serves one replica so far: leave it out, or set parallelism.replicas = 1");
+  if (m.parallelism.replicas != 1 && m.parallelism.tensor_parallel > 1)
+    c.error(0, "parallelism.replicas",
+            "replicas of tensor-parallel stages are not built yet (tensor_parallel = " +
+                std::to_string(m.parallelism.tensor_parallel) + ")");
   if (!c.errors.empty()) return std::unexpected(manifest_error{std::move(c.errors)});
   return m;
 }

@@ -79,6 +79,18 @@ struct parallelism_entry {
   /// Pipeline stages; 0 = "auto" (the placement decides).
   int pipeline_stages = 0;
   int tensor_parallel = 1;
+  /// Copies of the model's pipeline, each on its own nodes; 0 = "auto"
+  /// (as many as the nodes hold).
+  int replicas = 1;
+};
+
+/// How the head chooses a replica for each job (docs/manifest.md).
+struct router_entry {
+  /// Send a job where the longest prefix of its prompt is cached...
+  bool prefix = true;
+  /// ... unless that replica has this many more requests (waiting and
+  /// running) than the least loaded one.
+  int max_imbalance = 4;
 };
 
 /// How the head places the model and re-plans (docs/manifest.md). The
@@ -126,6 +138,7 @@ struct manifest {
   model_entry model;
   kv_entry kv;
   parallelism_entry parallelism;
+  router_entry router;
   placement_entry placement;
   scheduler_entry scheduler;
   transport_entry transport;

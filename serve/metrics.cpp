@@ -219,6 +219,36 @@ std::string metrics::render(const actors::cluster_status* s) const {
     for (std::size_t i = 0; i < s->links.size() && i < s->link_bytes.size(); ++i)
       out += "troupe:transfer_bytes_total{link=\"" + escape(s->links[i]) + "\"} " +
              std::to_string(s->link_bytes[i]) + "\n";
+    head(out, "troupe:replica_up", "gauge",
+         "1 while a replica of the model's pipeline is placed and serving, else 0.");
+    for (const auto& r : s->replicas)
+      out += "troupe:replica_up{replica=\"" + std::to_string(r.index) + "\"} " +
+             (r.ready ? "1" : "0") + "\n";
+    head(out, "troupe:replica_requests_running", "gauge",
+         "Requests running on each replica (at the head's last heartbeat).");
+    for (const auto& r : s->replicas)
+      out += "troupe:replica_requests_running{replica=\"" + std::to_string(r.index) + "\"} " +
+             std::to_string(r.running) + "\n";
+    head(out, "troupe:replica_requests_waiting", "gauge",
+         "Requests waiting on each replica (at the head's last heartbeat).");
+    for (const auto& r : s->replicas)
+      out += "troupe:replica_requests_waiting{replica=\"" + std::to_string(r.index) + "\"} " +
+             std::to_string(r.queued) + "\n";
+    head(out, "troupe:replica_kv_used_blocks", "gauge", "KV blocks in use on each replica.");
+    for (const auto& r : s->replicas)
+      out += "troupe:replica_kv_used_blocks{replica=\"" + std::to_string(r.index) + "\"} " +
+             std::to_string(r.kv_used_blocks) + "\n";
+    head(out, "troupe:replica_routed_total", "counter", "Jobs the router sent each replica.");
+    for (const auto& r : s->replicas)
+      out += "troupe:replica_routed_total{replica=\"" + std::to_string(r.index) + "\"} " +
+             std::to_string(r.routed) + "\n";
+    head(out, "troupe:router_decisions_total", "counter",
+         "The router's choices, by reason: prefix (the replica with the longest cached prefix of "
+         "the prompt) or load (the least loaded).");
+    out += "troupe:router_decisions_total{reason=\"prefix\"} " +
+           std::to_string(s->routed_by_prefix) + "\n";
+    out += "troupe:router_decisions_total{reason=\"load\"} " + std::to_string(s->routed_by_load) +
+           "\n";
     head(out, "troupe:node_up", "gauge", "1 while the node is up (answers heartbeats), else 0.");
     for (const auto& n : s->nodes)
       out += "troupe:node_up{node=\"" + escape(n.name) + "\"} " +

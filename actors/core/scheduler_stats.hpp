@@ -59,6 +59,11 @@ struct scheduler_stats {
   double in_flight_ms = 0;               ///< wall time with at least one step in flight
   double scheduler_ms = 0;  ///< the scheduler's own work: building steps, handling outputs
   bool operator==(const scheduler_stats&) const = default;
+
+  /// Adds another pipeline's counters (the cluster's are its replicas'
+  /// sum). kv_slot_bytes is one block's, alike in every replica; stage
+  /// times add up position by position.
+  scheduler_stats& operator+=(const scheduler_stats& o);
 };
 
 }  // namespace troupe::actors::core

@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 20;
+inline constexpr std::uint32_t protocol_version = 21;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -83,6 +83,7 @@ using vault_get_atom = caf::atom_constant<caf::atom("vaultget")>;  ///< vault: s
 using vault_ok_atom = caf::atom_constant<caf::atom("vaultok")>;    ///< scheduler: blocks confirmed
 using vault_atom = caf::atom_constant<caf::atom("vault")>;         ///< scheduler: the remote tier
 using load_vault_atom = caf::atom_constant<caf::atom("loadvault")>;  ///< agent: spawn the KV store
+using scale_atom = caf::atom_constant<caf::atom("scale")>;  ///< head: run this many replicas
 
 // -- errors -------------------------------------------------------------------
 

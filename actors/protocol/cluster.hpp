@@ -227,6 +227,34 @@ typename I::result_type inspect(I& f, placement_decision& x) {
            x.measured_tps_before, x.measured_tps_after, x.state);
 }
 
+/// One replica of the model's pipeline (parallelism.replicas) as the head
+/// sees it: where it runs and how loaded it is.
+struct replica_view {
+  std::int32_t index = 0;
+  std::vector<std::string> nodes;  ///< the nodes it places on
+  std::string placement;           ///< its stages, "" while it has none
+  bool ready = false;              ///< placed and serving
+  /// "serving", "placing", "waiting" (none of its nodes is up), "draining"
+  /// (scaled away: finishing its requests) or "retired".
+  std::string state;
+  std::uint64_t epoch = 0;  ///< its placement's number
+  std::int64_t running = 0, queued = 0;
+  std::int64_t kv_total_blocks = 0, kv_used_blocks = 0;
+  std::int64_t finished = 0;
+  std::int64_t routed = 0;         ///< jobs the router sent it
+  std::int64_t replacements = 0;   ///< placed again after losing a node
+  double resume_ms = -1;           ///< its last loss: "lost" to serving again
+  std::int64_t cached_blocks = 0;  ///< blocks in the head's index of its cache
+  bool operator==(const replica_view&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, replica_view& x) {
+  return f(caf::meta::type_name("replica_view"), x.index, x.nodes, x.placement, x.ready, x.state,
+           x.epoch, x.running, x.queued, x.kv_total_blocks, x.kv_used_blocks, x.finished, x.routed,
+           x.replacements, x.resume_ms, x.cached_blocks);
+}
+
 /// The cluster as the head sees it (`troupe status`).
 struct cluster_status {
   std::string cluster;
@@ -267,6 +295,11 @@ struct cluster_status {
   /// now), and how many were ordered so far (one more after its node came back).
   std::string kv_store;
   std::int64_t kv_stores = 0;
+  /// Each replica (one entry with one), and the router's choices so far:
+  /// jobs sent where their prefix was cached, and by load alone.
+  std::vector<replica_view> replicas;
+  std::int64_t routed_by_prefix = 0;
+  std::int64_t routed_by_load = 0;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -276,21 +309,24 @@ typename I::result_type inspect(I& f, cluster_status& x) {
            x.placement, x.encoder, x.nodes, x.scheduler, x.replacements, x.last_event, x.detect_ms,
            x.resume_ms, x.actor_restarts, x.migrations, x.migration, x.migration_done,
            x.stages_total, x.stages_loaded, x.links, x.link_bytes, x.plan_detail, x.decisions,
-           x.pipeline_detail, x.indexed_blocks, x.block_events, x.kv_store, x.kv_stores);
+           x.pipeline_detail, x.indexed_blocks, x.block_events, x.kv_store, x.kv_stores, x.replicas,
+           x.routed_by_prefix, x.routed_by_load);
 }
 
 /// `troupe migrate`: what to move where. `shard` is a stage index
 /// ("1", "stage1"), a layer range as `troupe status` prints it ("[1,2)")
-/// or "vision" (the encoder); `to` is a node name.
+/// or "vision" (the encoder); `to` is a node name; `replica` the stage's
+/// replica (parallelism.replicas; 0 with one).
 struct migrate_request {
   std::string shard;
   std::string to;
+  std::int32_t replica = 0;
   bool operator==(const migrate_request&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, migrate_request& x) {
-  return f(caf::meta::type_name("migrate_request"), x.shard, x.to);
+  return f(caf::meta::type_name("migrate_request"), x.shard, x.to, x.replica);
 }
 
 /// What a migration did and what it cost.
@@ -337,7 +373,8 @@ using frontdoor_actor =
                      caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
                      caf::replies_to<status_atom>::with<cluster_status>,
                      caf::replies_to<down_atom>::with<bool>,
-                     caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>>;
+                     caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>,
+                     caf::replies_to<scale_atom, std::int32_t>::with<std::string>>;
 
 /// The gatekeeper's answer once the caller proved who it is: to another
 /// node, the node's agent; to a client, the head's door.

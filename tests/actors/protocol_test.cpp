@@ -526,6 +526,31 @@ std::vector<member_view> make(tag<std::vector<member_view>>, const actors_for_ha
   return {make(tag<member_view>{}, h), second};
 }
 
+replica_view make(tag<replica_view>, const actors_for_handles&) {
+  return {.index = 1,
+          .nodes = {"n2", "n3"},
+          .placement = "n2 [0,4)",
+          .ready = true,
+          .state = "serving",
+          .epoch = 7,
+          .running = 3,
+          .queued = 2,
+          .kv_total_blocks = 512,
+          .kv_used_blocks = 40,
+          .finished = 99,
+          .routed = 104,
+          .replacements = 1,
+          .resume_ms = 321.5,
+          .cached_blocks = 77};
+}
+
+std::vector<replica_view> make(tag<std::vector<replica_view>>, const actors_for_handles& h) {
+  auto second = make(tag<replica_view>{}, h);
+  second.index = 0;
+  second.nodes = {"n0"};
+  return {second, make(tag<replica_view>{}, h)};
+}
+
 cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
   return {.cluster = "c1",
           .head = "n0",
@@ -554,7 +579,10 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
           .indexed_blocks = {120, 64, 900, 30},
           .block_events = 4242,
           .kv_store = "n3",
-          .kv_stores = 2};
+          .kv_stores = 2,
+          .replicas = make(tag<std::vector<replica_view>>{}, h),
+          .routed_by_prefix = 60,
+          .routed_by_load = 44};
 }
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {
@@ -566,7 +594,7 @@ encoder_order make(tag<encoder_order>, const actors_for_handles&) {
 }
 
 migrate_request make(tag<migrate_request>, const actors_for_handles&) {
-  return {.shard = "[1,2)", .to = "node2"};
+  return {.shard = "[1,2)", .to = "node2", .replica = 2};
 }
 
 migrate_report make(tag<migrate_report>, const actors_for_handles&) {
@@ -634,9 +662,10 @@ using messages =
               std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass, gatekeeper_actor,
               stage_order, device_probe, placement_decision, std::vector<placement_decision>,
               node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
-              job_request, member_view, std::vector<member_view>, cluster_status, frontdoor_actor,
-              migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>,
-              kv_block_event, kv_events, vault_blocks, vault_info, kv_vault_actor, vault_order>;
+              job_request, member_view, std::vector<member_view>, replica_view,
+              std::vector<replica_view>, cluster_status, frontdoor_actor, migrate_request,
+              migrate_report, tokenize_reply, std::vector<std::int32_t>, kv_block_event, kv_events,
+              vault_blocks, vault_info, kv_vault_actor, vault_order>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -976,6 +976,232 @@ TEST(ClusterPlacement, ALoadedDeviceIsOffloaded) {
   stop();
 }
 
+// Replicas (parallelism.replicas = 2, one stage each): the three nodes
+// split into [n0, n1] and [n2]; replica 0 runs on n0 (n1 is its spare),
+// replica 1 on n2. Jobs are shared between the two; when n2 dies mid-decode
+// replica 1 takes n1 (replica 0 does not use it) and its requests resume
+// there, while replica 0's requests never stop. Every answer is the one of
+// the run before, whichever replica served it.
+class ClusterReplicas : public ClusterLoopback {
+ protected:
+  void up_two(const std::string& name, const std::string& extra = "") {
+    up(name, extra, [](std::string& text) {
+      text.replace(text.find("pipeline_stages = 3"), 19, "pipeline_stages = 1\nreplicas = 2");
+    });
+  }
+  static const actors::replica_view* replica(const actors::cluster_status& s, int i) {
+    return static_cast<std::size_t>(i) < s.replicas.size()
+               ? &s.replicas[static_cast<std::size_t>(i)]
+               : nullptr;
+  }
+};
+
+TEST_F(ClusterReplicas, JobsAreSharedAndALostReplicaIsPlacedAgainWhileTheOtherServes) {
+  up_two("replicas");
+  if (HasFatalFailure()) return;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto s0 = c.status();
+  ASSERT_TRUE(s0.has_value());
+  ASSERT_EQ(s0->replicas.size(), 2u) << s0->placement;
+  EXPECT_EQ(s0->replicas[0].nodes, (std::vector<std::string>{"n0", "n1"}));
+  EXPECT_EQ(s0->replicas[1].nodes, (std::vector<std::string>{"n2"}));
+  EXPECT_EQ(s0->replicas[0].placement.find("n0"), 0u) << s0->replicas[0].placement;
+  EXPECT_EQ(s0->replicas[1].placement.find("n2"), 0u) << s0->replicas[1].placement;
+  const auto* n1 = c.member(*s0, "n1");
+  ASSERT_NE(n1, nullptr);
+  EXPECT_TRUE(n1->report.stages.empty()) << "the spare holds " << n1->report.stages;
+
+  constexpr int jobs = 8;
+  constexpr std::int64_t tokens = 800;
+  auto ref = reference_run(c, jobs, tokens);
+  auto s1 = c.status();
+  ASSERT_TRUE(s1.has_value());
+  // Both took a share (the router sends each job to the less loaded).
+  EXPECT_GE(s1->replicas[0].routed, 2) << s1->replicas[1].routed;
+  EXPECT_GE(s1->replicas[1].routed, 2) << s1->replicas[0].routed;
+  EXPECT_EQ(s1->replicas[0].routed + s1->replicas[1].routed, jobs);
+  EXPECT_EQ(s1->routed_by_load + s1->routed_by_prefix, jobs);
+
+  auto run = start_jobs(c, jobs, tokens, true);
+  // A failed assertion below returns: the jobs' threads are joined first.
+  struct joiner {
+    job_run& r;
+    ~joiner() {
+      for (auto& t : r.threads)
+        if (t.joinable()) t.join();
+    }
+  } joined{*run};
+  // Every job started and none near its end (the replicas run at their
+  // own pace: replica 1's node has both cores).
+  ASSERT_TRUE(wait_mid_decode(*run, 1, 600)) << "the requests did not decode together";
+  auto mid = c.status();
+  ASSERT_TRUE(mid.has_value());
+  const auto on_r1 = mid->replicas[1].routed - s1->replicas[1].routed;
+  ASSERT_GT(on_r1, 0);
+  ASSERT_LT(on_r1, jobs);
+  // Tokens of the jobs on replica 0 (never preempted) after the kill,
+  // before replica 1 serves again: replica 0 went on meanwhile.
+  std::vector<int> at_kill(jobs);
+  for (int i = 0; i < jobs; ++i)
+    at_kill[static_cast<std::size_t>(i)] = run->streamed[static_cast<std::size_t>(i)];
+  const auto killed = steady::now();
+  ::kill(pid_of("n2"), SIGKILL);
+  auto back = c.wait_for(
+      [](const actors::cluster_status& st) {
+        return st.replicas.size() == 2 && st.replicas[1].replacements >= 1 && st.replicas[1].ready;
+      },
+      30s);
+  ASSERT_TRUE(back.has_value()) << "replica 1 was not placed again";
+  std::vector<int> at_back(jobs);
+  for (int i = 0; i < jobs; ++i)
+    at_back[static_cast<std::size_t>(i)] = run->streamed[static_cast<std::size_t>(i)];
+  const double back_ms = ms_since(killed);
+  for (auto& t : run->threads) t.join();
+  const int recomputed = expect_same_answers(*run, *ref);
+  EXPECT_EQ(recomputed, on_r1) << "only replica 1's requests lose their KV";
+  int served_meanwhile = 0;
+  for (int i = 0; i < jobs; ++i) {
+    const auto& d = run->done[static_cast<std::size_t>(i)];
+    if (d && d->preemptions == 0)
+      served_meanwhile +=
+          at_back[static_cast<std::size_t>(i)] - at_kill[static_cast<std::size_t>(i)];
+  }
+  EXPECT_GT(served_meanwhile, 0) << "replica 0 stopped while replica 1 was placed again";
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  const auto* r1 = replica(*after, 1);
+  ASSERT_NE(r1, nullptr);
+  EXPECT_EQ(r1->placement.find("n1"), 0u) << "replica 1 did not take the spare: " << r1->placement;
+  EXPECT_EQ(after->replicas[0].replacements, 0);
+  EXPECT_EQ(after->replicas[0].nodes, (std::vector<std::string>{"n0"}));
+  std::printf(
+      "[ replicas ] SIGKILL of replica 1's node with %d jobs mid-decode (%lld on replica 1): "
+      "replica 1 serving again on n1 %.0f ms after the signal (resumed %.0f ms after the loss was "
+      "noticed); replica 0 streamed %d tokens meanwhile; every answer as before\n",
+      jobs, static_cast<long long>(on_r1), back_ms, r1->resume_ms, served_meanwhile);
+}
+
+// The router sends a job where its prompt's prefix is cached: one job
+// first, then jobs sharing its long prefix one at a time (equal loads,
+// which alone would alternate between the replicas) all go to the replica
+// that served the first; a job with another prefix goes by load.
+TEST_F(ClusterReplicas, JobsGoWhereTheirPrefixIsCached) {
+  up_two("prefix");
+  if (HasFatalFailure()) return;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  std::string shared;
+  for (int i = 0; i < 12; ++i) shared += "The harbour lights blink twice before the ferry leaves. ";
+  auto ask = [&](const std::string& prompt) {
+    actors::job_request j;
+    j.id = actors::random_job_id();
+    j.prompt = prompt;
+    j.max_tokens = 4;
+    auto f = actors::client(c.sys(), c.door()).run(j);
+    EXPECT_TRUE(f.has_value()) << (f ? "" : f.error().message);
+  };
+  ask(shared + "What comes first?");
+  std::this_thread::sleep_for(1500ms);  // the head's index takes the blocks in at its heartbeats
+  auto s0 = c.status();
+  ASSERT_TRUE(s0.has_value());
+  ASSERT_EQ(s0->replicas.size(), 2u);
+  const int first = s0->replicas[0].routed == 1 ? 0 : 1;
+  ASSERT_EQ(s0->replicas[static_cast<std::size_t>(first)].routed, 1);
+  EXPECT_GT(s0->replicas[static_cast<std::size_t>(first)].cached_blocks, 0)
+      << "the head's index has none of its blocks";
+  for (int i = 0; i < 5; ++i) ask(shared + "Question " + std::to_string(i) + "?");
+  auto s1 = c.status();
+  ASSERT_TRUE(s1.has_value());
+  EXPECT_EQ(s1->replicas[static_cast<std::size_t>(first)].routed, 6)
+      << "jobs sharing the prefix went elsewhere";
+  EXPECT_EQ(s1->routed_by_prefix, 5);
+  EXPECT_GT(s1->scheduler.prefix_hits, 0);
+  std::printf(
+      "[ replicas ] 5 jobs sharing a prefix: %lld to the replica holding it (%lld blocks in the "
+      "head's index of it); prefix hits %lld of %lld prompt tokens\n",
+      static_cast<long long>(s1->replicas[static_cast<std::size_t>(first)].routed - 1),
+      static_cast<long long>(s0->replicas[static_cast<std::size_t>(first)].cached_blocks),
+      static_cast<long long>(s1->scheduler.prefix_hits),
+      static_cast<long long>(s1->scheduler.prefix_queries));
+}
+
+// troupe scale at run time: one replica on n0 becomes three (n1 and n2
+// held nothing), jobs spread over them; then back to one while jobs
+// decode: replicas 1 and 2 take no more, finish theirs untouched (no
+// preemption, the same tokens) and retire, their nodes dropping their
+// stages. A fourth replica has no node and is refused with the count.
+TEST_F(ClusterReplicas, ScaleUpAndDownWhileJobsRun) {
+  up("scale", "", [](std::string& text) {
+    text.replace(text.find("pipeline_stages = 3"), 19, "pipeline_stages = 1");
+  });
+  if (HasFatalFailure()) return;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto s0 = c.status();
+  ASSERT_TRUE(s0.has_value());
+  ASSERT_EQ(s0->replicas.size(), 1u);
+  auto r = test::troupe_cli("scale " + cs_.manifest + " --replicas 3 --wait 60");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 replicas serving"), std::string::npos) << r.out;
+  auto s1 = c.status();
+  ASSERT_TRUE(s1.has_value());
+  ASSERT_EQ(s1->replicas.size(), 3u);
+  for (const auto& v : s1->replicas) EXPECT_EQ(v.state, "serving") << v.index;
+  EXPECT_EQ(s1->replicas[1].placement.find("n1"), 0u) << s1->replicas[1].placement;
+  EXPECT_EQ(s1->replicas[2].placement.find("n2"), 0u) << s1->replicas[2].placement;
+  auto four = test::troupe_cli("scale " + cs_.manifest + " --replicas 4");
+  EXPECT_NE(four.exit_code, 0);
+  EXPECT_NE(four.out.find("4 replicas need 1 more node that holds nothing; 0 are free"),
+            std::string::npos)
+      << four.out;
+
+  constexpr int jobs = 6;
+  constexpr std::int64_t tokens = 600;
+  auto ref = reference_run(c, jobs, tokens);
+  auto s2 = c.status();
+  ASSERT_TRUE(s2.has_value());
+  for (const auto& v : s2->replicas) EXPECT_GE(v.routed, 1) << "replica " << v.index;
+
+  auto run = start_jobs(c, jobs, tokens, true);
+  struct joiner {
+    job_run& r;
+    ~joiner() {
+      for (auto& t : r.threads)
+        if (t.joinable()) t.join();
+    }
+  } joined{*run};
+  ASSERT_TRUE(wait_mid_decode(*run, 1, 400)) << "the requests did not decode together";
+  auto down = test::troupe_cli("scale " + cs_.manifest + " --replicas 1 --wait 120");
+  EXPECT_EQ(down.exit_code, 0) << down.out;
+  for (auto& t : run->threads) t.join();
+  EXPECT_EQ(expect_same_answers(*run, *ref), 0) << "a request was preempted by the scale down";
+  auto s3 = c.status();
+  ASSERT_TRUE(s3.has_value());
+  ASSERT_EQ(s3->replicas.size(), 3u);
+  EXPECT_EQ(s3->replicas[0].state, "serving");
+  EXPECT_EQ(s3->replicas[1].state, "retired");
+  EXPECT_EQ(s3->replicas[2].state, "retired");
+  auto dropped = c.wait_for(
+      [&](const actors::cluster_status& st) {
+        const auto* a = c.member(st, "n1");
+        const auto* b = c.member(st, "n2");
+        return a && b && a->report.stages.empty() && b->report.stages.empty();
+      },
+      10s);
+  EXPECT_TRUE(dropped.has_value()) << "n1 and n2 still hold stages";
+  auto one = actors::client(c.sys(), c.door()).run(job(2, 32, true));
+  ASSERT_TRUE(one.has_value()) << one.error().message;
+  auto s4 = c.status();
+  ASSERT_TRUE(s4.has_value());
+  EXPECT_EQ(s4->replicas[0].routed, s3->replicas[0].routed + 1);
+  // And up again: a retired slot is taken anew.
+  auto again = test::troupe_cli("scale " + cs_.manifest + " --replicas 2 --wait 60");
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  std::printf("[ replicas ] scaled 1 -> 3 -> 1 (with %d jobs decoding, none preempted) -> 2: %s\n",
+              jobs, again.out.c_str());
+}
+
 // A manifest may place a node on a GPU; where the machine has none, the
 // node refuses to start and `up` says which device, from the node's log.
 TEST(ClusterDevices, ANodeOnAMissingGpuRefusesToStartNamingTheDevice) {

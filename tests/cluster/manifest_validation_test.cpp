@@ -150,6 +150,18 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "m.toml:11: kv.disk_dir: set without kv.disk_tokens"},
       {head + node + "[scheduler]\nprefix_caching = false\n[kv]\nhost_tokens = 1024\n",
        "m.toml:12: kv: host, disk and store tiers hold named (prefix-cached) blocks"},
+      {head + node + "[parallelism]\nreplicas = 2\n",
+       "parallelism.replicas: 2 replicas need at least 2 nodes holding stages (each replica has "
+       "nodes of its own); the manifest has 1"},
+      {head + node + "[parallelism]\nreplicas = \"many\"\n",
+       "m.toml:11: parallelism.replicas: expected \"auto\" or a number of replicas"},
+      {head + node + "[parallelism]\nreplicas = 0\n",
+       "m.toml:11: parallelism.replicas: must be in [1, "},
+      {head + node + "[parallelism]\nreplicas = \"auto\"\n[kv]\nstore_tokens = 4096\n",
+       "kv.store_tokens: a KV store serves one replica so far"},
+      {head + node + "[router]\nmax_imbalance = -1\n",
+       "m.toml:11: router.max_imbalance: must be in [0, "},
+      {head + node + "[router]\nsticky = true\n", "m.toml:11: router.sticky: unknown key"},
       {head + node + "[kv]\nstore_tokens = 4\n",
        "m.toml:11: kv.store_tokens: holds no KV block of 16 tokens"},
       {head + node + "[kv]\nstore_node = \"a\"\n",
@@ -236,6 +248,34 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
 
 // [kv]: the tiers' sizes, and a relative disk folder resolved against the
 // manifest's directory.
+TEST(Manifest, ReplicasAndTheRouter) {
+  auto one = parse_manifest(good, "lab.toml");
+  ASSERT_TRUE(one) << joined(one.error());
+  EXPECT_EQ(one->parallelism.replicas, 1);
+  EXPECT_TRUE(one->router.prefix);
+  EXPECT_EQ(one->router.max_imbalance, 4);
+  // Two nodes, one stage each: two replicas fit; "auto" is 0.
+  std::string text = good;
+  text.replace(text.find("pipeline_stages = 2"), 19, "pipeline_stages = 1\nreplicas = 2");
+  auto two = parse_manifest(text + "\n[router]\nprefix = false\nmax_imbalance = 9\n", "lab.toml");
+  ASSERT_TRUE(two) << joined(two.error());
+  EXPECT_EQ(two->parallelism.replicas, 2);
+  EXPECT_FALSE(two->router.prefix);
+  EXPECT_EQ(two->router.max_imbalance, 9);
+  text.replace(text.find("replicas = 2"), 12, "replicas = \"auto\"");
+  auto each = parse_manifest(text, "lab.toml");
+  ASSERT_TRUE(each) << joined(each.error());
+  EXPECT_EQ(each->parallelism.replicas, 0);
+  // Two replicas of two stages need four nodes.
+  std::string four = good;
+  four.replace(four.find("tensor_parallel = 1"), 19, "replicas = 2");
+  auto short_of = parse_manifest(four, "lab.toml");
+  ASSERT_FALSE(short_of);
+  EXPECT_NE(joined(short_of.error()).find("2 replicas of 2 stages need at least 4 nodes"),
+            std::string::npos)
+      << joined(short_of.error());
+}
+
 TEST(Manifest, KvTiers) {
   const std::string text = std::string(good) +
                            "\n[kv]\nhost_tokens = 65536\ndisk_tokens = 262144\ndisk_dir = "

@@ -143,6 +143,9 @@ actors::frontdoor_actor::behavior_type fake_door(
       [=](actors::migrate_atom, actors::migrate_request&) -> caf::result<actors::migrate_report> {
         return caf::make_error(caf::sec::unexpected_message);
       },
+      [=](actors::scale_atom, std::int32_t) -> caf::result<std::string> {
+        return caf::make_error(caf::sec::unexpected_message);
+      },
   };
 }
 
