@@ -417,30 +417,21 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
 
   if (const auto* t = c.table(root, "parallelism", "", false)) {
     c.only_keys(*t, "parallelism", {"pipeline_stages", "tensor_parallel", "replicas"});
-    if (const auto* n = t->get("pipeline_stages")) {
+    // "auto" (stored as `when_auto`) or a number in [1, hi].
+    auto auto_or = [&](std::string_view key, int& out, int when_auto, int hi, const char* what) {
+      const auto* n = t->get(key);
+      if (!n) return;
       if (n->is_string() && n->as_string()->get() == "auto")
-        m.parallelism.pipeline_stages = 0;
+        out = when_auto;
       else if (n->is_integer())
-        c.integer(*t, "pipeline_stages", "parallelism", m.parallelism.pipeline_stages, 1, 1024);
+        c.integer(*t, key, "parallelism", out, 1, hi);
       else
-        c.error(checker::line_of(*n), "parallelism.pipeline_stages",
-                "expected \"auto\" or a number of stages");
-    }
-    if (const auto* n = t->get("tensor_parallel")) {
-      if (n->is_string() && n->as_string()->get() == "auto")
-        m.parallelism.tensor_parallel = 1;
-      else
-        c.integer(*t, "tensor_parallel", "parallelism", m.parallelism.tensor_parallel, 1, 256);
-    }
-    if (const auto* n = t->get("replicas")) {
-      if (n->is_string() && n->as_string()->get() == "auto")
-        m.parallelism.replicas = 0;
-      else if (n->is_integer())
-        c.integer(*t, "replicas", "parallelism", m.parallelism.replicas, 1, 256);
-      else
-        c.error(checker::line_of(*n), "parallelism.replicas",
-                "expected \"auto\" or a number of replicas");
-    }
+        c.error(checker::line_of(*n), "parallelism." + std::string(key),
+                std::string("expected \"auto\" or a number of ") + what);
+    };
+    auto_or("pipeline_stages", m.parallelism.pipeline_stages, 0, 1024, "stages");
+    auto_or("tensor_parallel", m.parallelism.tensor_parallel, 1, 256, "ranks");
+    auto_or("replicas", m.parallelism.replicas, 0, 256, "replicas");
   }
 
   if (const auto* t = c.table(root, "router", "", false)) {

@@ -166,8 +166,15 @@ inline std::unique_ptr<job_run> start_jobs(client& c, int n, std::int64_t max_to
 }
 
 inline void join(job_run& r) {
-  for (auto& t : r.threads) t.join();
+  for (auto& t : r.threads)
+    if (t.joinable()) t.join();
 }
+
+/// Joins a run's threads when it goes (a failed assertion returns early).
+struct joiner {
+  job_run& r;
+  ~joiner() { join(r); }
+};
 
 /// Runs jobs 1..n to their end: the answers of a run without failures or
 /// moves (a job that did not end fails the test).

@@ -1024,14 +1024,7 @@ TEST_F(ClusterReplicas, JobsAreSharedAndALostReplicaIsPlacedAgainWhileTheOtherSe
   EXPECT_EQ(s1->routed_by_load + s1->routed_by_prefix, jobs);
 
   auto run = start_jobs(c, jobs, tokens, true);
-  // A failed assertion below returns: the jobs' threads are joined first.
-  struct joiner {
-    job_run& r;
-    ~joiner() {
-      for (auto& t : r.threads)
-        if (t.joinable()) t.join();
-    }
-  } joined{*run};
+  joiner joined{*run};  // a failed assertion below returns: the jobs' threads are joined first
   // Every job started and none near its end (the replicas run at their
   // own pace: replica 1's node has both cores).
   ASSERT_TRUE(wait_mid_decode(*run, 1, 600)) << "the requests did not decode together";
@@ -1057,7 +1050,7 @@ TEST_F(ClusterReplicas, JobsAreSharedAndALostReplicaIsPlacedAgainWhileTheOtherSe
   for (int i = 0; i < jobs; ++i)
     at_back[static_cast<std::size_t>(i)] = run->streamed[static_cast<std::size_t>(i)];
   const double back_ms = ms_since(killed);
-  for (auto& t : run->threads) t.join();
+  join(*run);
   const int recomputed = expect_same_answers(*run, *ref);
   EXPECT_EQ(recomputed, on_r1) << "only replica 1's requests lose their KV";
   int served_meanwhile = 0;
@@ -1194,18 +1187,19 @@ TEST_F(ClusterReplicas, ScaleUpAndDownWhileJobsRun) {
   for (const auto& v : s2->replicas) EXPECT_GE(v.routed, 1) << "replica " << v.index;
 
   auto run = start_jobs(c, jobs, tokens, true);
-  struct joiner {
-    job_run& r;
-    ~joiner() {
-      for (auto& t : r.threads)
-        if (t.joinable()) t.join();
-    }
-  } joined{*run};
-  // Every job streaming, none done (the replicas run at their own pace).
-  ASSERT_TRUE(wait_mid_decode(*run, 1, 1200)) << "the requests did not decode together";
+  joiner joined{*run};
+  // Every job streaming (the replicas run at their own pace; an image
+  // request starts once the head's encoder, on a loaded core, got to it).
+  ASSERT_TRUE(wait_mid_decode(*run, 1, static_cast<int>(tokens)))
+      << "the requests did not all start";
+  auto pre = c.status();
+  ASSERT_TRUE(pre.has_value());
+  ASSERT_EQ(pre->replicas.size(), 3u);
+  EXPECT_GT(pre->replicas[1].running + pre->replicas[2].running, 0)
+      << "nothing left running on the replicas that retire";
   auto down = test::troupe_cli("scale " + cs_.manifest + " --replicas 1 --wait 120");
   EXPECT_EQ(down.exit_code, 0) << down.out;
-  for (auto& t : run->threads) t.join();
+  join(*run);
   EXPECT_EQ(expect_same_answers(*run, *ref), 0) << "a request was preempted by the scale down";
   auto s3 = c.status();
   ASSERT_TRUE(s3.has_value());
