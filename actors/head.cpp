@@ -570,6 +570,11 @@ std::chrono::milliseconds st_timeout(head_ptr self) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(self->state.cfg.node.timeout);
 }
 
+/// How long, and how many, block names of prompts just routed count as
+/// cached on their replica before its block events confirm them.
+constexpr auto sent_blocks_ttl = std::chrono::seconds(10);
+constexpr std::size_t max_sent_blocks = 1 << 16;
+
 /// The replica for a job (-1: none runs): the router's choice among those
 /// serving, from their load and the cached prefix of the job's prompt;
 /// while none serves (a re-placement), the least loaded that has a
@@ -603,6 +608,15 @@ int route(head_ptr self, const generate_request& req) {
     l.outstanding = last.running + last.queued + (p.routed - p.routed_at_stats);
     l.free_blocks = last.kv_total_blocks - last.kv_used_blocks + last.kv_cached_free;
     l.cached_blocks = names.empty() ? 0 : p.blocks.cached_prefix(names);
+    // Blocks of prompts sent there in the last seconds count as cached:
+    // its block events name them only once computed and followed.
+    std::int64_t sent = 0;
+    for (const auto& n : names) {
+      auto it = p.sent_blocks.find(n);
+      if (it == p.sent_blocks.end() || steady::now() - it->second > sent_blocks_ttl) break;
+      ++sent;
+    }
+    l.cached_blocks = std::max(l.cached_blocks, sent);
   }
   if (!any)
     for (std::size_t i = 0; i < st.reps.size(); ++i)
@@ -610,8 +624,33 @@ int route(head_ptr self, const generate_request& req) {
   core::router_options o;
   o.prefix = m.router.prefix;
   o.max_imbalance = m.router.max_imbalance;
-  const auto c = core::choose_replica(loads, o, st.route_turn++);
-  if (c.replica >= 0) ++(c.by_prefix ? st.routed_by_prefix : st.routed_by_load);
+  o.min_share = m.router.min_prefix_share;
+  // The prompt's full blocks, its images' rows included (each image token
+  // becomes tokens_per_image positions).
+  auto positions = static_cast<std::int64_t>(req.prompt_tokens.size());
+  if (st.frontend.image_token >= 0 && st.frontend.tokens_per_image > 1)
+    positions += (st.frontend.tokens_per_image - 1) *
+                 static_cast<std::int64_t>(std::count(
+                     req.prompt_tokens.begin(), req.prompt_tokens.end(), st.frontend.image_token));
+  const auto prompt_blocks = positions / std::max(1, st.cfg.node.kv.block_size);
+  const auto c = core::choose_replica(loads, o, prompt_blocks, st.route_turn++);
+  if (c.replica < 0) return c.replica;
+  ++(c.by_prefix ? st.routed_by_prefix : st.routed_by_load);
+  auto& p = rep(self, c.replica);
+  const auto now = steady::now();
+  for (const auto& n : names) {
+    p.sent_blocks[n] = now;
+    p.sent_order.emplace_back(n, now);
+  }
+  // Bounded: the oldest go past a size or an age (a name sent again keeps
+  // its newer time).
+  while (!p.sent_order.empty() && (p.sent_order.size() > max_sent_blocks ||
+                                   now - p.sent_order.front().second > sent_blocks_ttl)) {
+    const auto& [n, t] = p.sent_order.front();
+    auto it = p.sent_blocks.find(n);
+    if (it != p.sent_blocks.end() && it->second == t) p.sent_blocks.erase(it);
+    p.sent_order.pop_front();
+  }
   return c.replica;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "actors/cluster_common.hpp"
@@ -80,6 +81,11 @@ struct replica_rt {
   /// taken again by the next scale up.
   bool retiring = false, retired = false;
   steady::time_point retiring_since{};
+  /// The full blocks of the prompts the router sent it lately, before its
+  /// block events name them (a prompt repeated at once goes where the
+  /// first went): each name with when it was sent, oldest first.
+  std::unordered_map<core::block_hash, steady::time_point, core::block_hash_hasher> sent_blocks;
+  std::deque<std::pair<core::block_hash, steady::time_point>> sent_order;
   std::int64_t routed = 0;           ///< jobs the router sent it
   std::int64_t routed_at_stats = 0;  ///< ... when its stats last came
   /// Serves now: placed, its scheduler running, not being placed again.

@@ -435,9 +435,10 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
 
   if (const auto* t = c.table(root, "router", "", false)) {
-    c.only_keys(*t, "router", {"prefix", "max_imbalance"});
+    c.only_keys(*t, "router", {"prefix", "max_imbalance", "min_prefix_share"});
     c.boolean(*t, "prefix", "router", m.router.prefix);
     c.integer(*t, "max_imbalance", "router", m.router.max_imbalance, 0, 1000000);
+    c.number(*t, "min_prefix_share", "router", m.router.min_prefix_share, 0.0, 1.0);
   }
 
   if (const auto* t = c.table(root, "placement", "", false)) {

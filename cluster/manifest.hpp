@@ -91,6 +91,10 @@ struct router_entry {
   /// ... unless that replica has this many more requests (waiting and
   /// running) than the least loaded one.
   int max_imbalance = 4;
+  /// ... and only when it holds at least this share of the prompt's full
+  /// blocks more than the least loaded replica (a chat template's few
+  /// blocks, which every prompt shares, do not pull jobs together).
+  double min_prefix_share = 0.5;
 };
 
 /// How the head places the model and re-plans (docs/manifest.md). The

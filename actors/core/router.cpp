@@ -1,11 +1,12 @@
 #include "actors/core/router.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace troupe::actors::core {
 
 route_choice choose_replica(std::span<const replica_load> loads, const router_options& opt,
-                            std::uint64_t turn) {
+                            std::int64_t prompt_blocks, std::uint64_t turn) {
   route_choice out;
   // The least loaded: fewest outstanding, then most free KV; among equals
   // the turn picks.
@@ -44,9 +45,12 @@ route_choice choose_replica(std::span<const replica_load> loads, const router_op
         (l.cached_blocks == b.cached_blocks && l.outstanding < b.outstanding))
       best = static_cast<int>(i);
   }
-  if (best >= 0 && loads[static_cast<std::size_t>(best)].cached_blocks >
-                       loads[static_cast<std::size_t>(out.replica)].cached_blocks)
-    out.replica = best;
+  if (best >= 0) {
+    const auto gain = loads[static_cast<std::size_t>(best)].cached_blocks -
+                      loads[static_cast<std::size_t>(out.replica)].cached_blocks;
+    const auto need = opt.min_share * static_cast<double>(std::max<std::int64_t>(prompt_blocks, 1));
+    if (gain > 0 && static_cast<double>(gain) >= need) out.replica = best;
+  }
   out.by_prefix = loads[static_cast<std::size_t>(out.replica)].cached_blocks > 0;
   return out;
 }

@@ -21,6 +21,10 @@ struct replica_load {
 struct router_options {
   bool prefix = true;              ///< weigh cached prefixes
   std::int64_t max_imbalance = 4;  ///< a prefix wins over at most this many more outstanding
+  /// ... and only when it holds at least this share of the prompt's full
+  /// blocks more than the least loaded replica does (a short prefix that
+  /// every prompt shares, a chat template's, does not pull jobs together).
+  double min_share = 0.5;
 };
 
 struct route_choice {
@@ -31,7 +35,9 @@ struct route_choice {
 /// Chooses among `loads`. Ties in load go to the most free KV, then in
 /// turn by `turn` (a counter of the caller's), so that equal replicas
 /// share the jobs.
+/// `prompt_blocks`: the job's prompt's full blocks (what cached_blocks
+/// counts within).
 route_choice choose_replica(std::span<const replica_load> loads, const router_options& opt,
-                            std::uint64_t turn);
+                            std::int64_t prompt_blocks, std::uint64_t turn);
 
 }  // namespace troupe::actors::core

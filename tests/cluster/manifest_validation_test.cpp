@@ -162,6 +162,8 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
       {head + node + "[router]\nmax_imbalance = -1\n",
        "m.toml:11: router.max_imbalance: must be in [0, "},
       {head + node + "[router]\nsticky = true\n", "m.toml:11: router.sticky: unknown key"},
+      {head + node + "[router]\nmin_prefix_share = 1.5\n",
+       "m.toml:11: router.min_prefix_share: must be in [0"},
       {head + node + "[kv]\nstore_tokens = 4\n",
        "m.toml:11: kv.store_tokens: holds no KV block of 16 tokens"},
       {head + node + "[kv]\nstore_node = \"a\"\n",
@@ -254,14 +256,18 @@ TEST(Manifest, ReplicasAndTheRouter) {
   EXPECT_EQ(one->parallelism.replicas, 1);
   EXPECT_TRUE(one->router.prefix);
   EXPECT_EQ(one->router.max_imbalance, 4);
+  EXPECT_DOUBLE_EQ(one->router.min_prefix_share, 0.5);
   // Two nodes, one stage each: two replicas fit; "auto" is 0.
   std::string text = good;
   text.replace(text.find("pipeline_stages = 2"), 19, "pipeline_stages = 1\nreplicas = 2");
-  auto two = parse_manifest(text + "\n[router]\nprefix = false\nmax_imbalance = 9\n", "lab.toml");
+  auto two = parse_manifest(
+      text + "\n[router]\nprefix = false\nmax_imbalance = 9\nmin_prefix_share = 0.25\n",
+      "lab.toml");
   ASSERT_TRUE(two) << joined(two.error());
   EXPECT_EQ(two->parallelism.replicas, 2);
   EXPECT_FALSE(two->router.prefix);
   EXPECT_EQ(two->router.max_imbalance, 9);
+  EXPECT_DOUBLE_EQ(two->router.min_prefix_share, 0.25);
   text.replace(text.find("replicas = 2"), 12, "replicas = \"auto\"");
   auto each = parse_manifest(text, "lab.toml");
   ASSERT_TRUE(each) << joined(each.error());
