@@ -98,16 +98,18 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   const double detect_ms = m && m->last_seen ? ms_since(*m->last_seen) : -1;
   event(self, "node " + name + " lost: " + why, true);
   if (st.vault && st.vault_on == name) vault_lost(self, "node " + name + " lost");
+  encoder_node_lost(self, name);
   if (st.encoder && st.encoder_owner == name && st.encoder_home && !st.draining) {
     // The vision encoder ran there: it runs on the head again (its weights
     // stayed loaded here), and the scheduler sends the images it was
     // encoding, or whose rows it held, to this one.
+    const auto lost_encoder = st.encoder;
     st.encoder = spawn_encoder(self->system(), st.encoder_home, st.cfg.encoder);
     st.encoder_where = st.cfg.node.name + " " + st.encoder_home->device.name;
     st.encoder_owner.clear();
     ++st.actor_restarts;
-    for (auto& p : st.reps)
-      if (p.scheduler) self->send(p.scheduler, encoder_atom::value, st.encoder);
+    // The lost one and its rows are gone; the other replicas serve on.
+    push_encoder_pool(self, {lost_encoder});
     event(self,
           "the vision encoder is re-placed on " + st.cfg.node.name + " (" + name + " held it)",
           true);
@@ -235,6 +237,10 @@ void finish_placement(head_ptr self, int r, std::uint64_t epoch,
         sopts.remote_blocks = st.cfg.node.kv.tiers.store_tokens / sopts.kv.block_size;
       st.cache_ns = sopts.cache_namespace;
       p.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+      if (!st.enc_extra.empty())  // the other encoder replicas too
+        self->request(p.scheduler, 5s, encoders_atom::value, encoder_pool(self),
+                      std::vector<encoder_actor>{})
+            .then([](std::int64_t) {}, [](caf::error&) {});
       if (r == 0) {
         st.vault_slots = sopts.remote_blocks;
         st.vault_layer_bytes = slot_bytes / st.layers;  // every layer's block is alike
@@ -244,6 +250,7 @@ void finish_placement(head_ptr self, int r, std::uint64_t epoch,
       self->send(p.scheduler, pipeline_atom::value, shards, kvs);
     }
     p.ready = true;
+    connect_encoders_to(self, r);
     const std::string who = st.reps.size() > 1 ? "replica " + std::to_string(r) + ": " : "";
     std::string how =
         who + "placed " + cluster::describe(p.plan) + " (placement " + std::to_string(epoch) + ")";
@@ -548,6 +555,7 @@ void heartbeat(head_ptr self) {
               },
               [](caf::error&) {});
   retire_drained(self);
+  encoder_service_tick(self);
   measure_decisions(self);
   policy_tick(self);
   // The first placement: once every node is up and measured (or, after the
@@ -699,6 +707,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                                    "(tensor parallelism runs with troupe worker --tp-rank)");
   auto prompt = load_prompt_setup(cfg.node.model);
   if (!prompt) return std::unexpected(prompt.error());
+  if (!prompt->llava && (m.encoders.vision.min > 1 || m.encoders.vision.max > 1))
+    return kernels::make_error(
+        kernels::errc::invalid_argument,
+        m.path + ": [encoders.vision] asks for " + std::to_string(m.encoders.vision.max) +
+            " vision encoder replicas, but " + cfg.node.model + " has no vision encoder");
   model_frontend fe;
   fe.tok = prompt->tok;
   fe.vocab = prompt->text.vocab_size;
@@ -774,6 +787,16 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
       st.encoder = spawn_encoder(self->system(), enc, st.cfg.encoder);
       st.encoder_where = st.cfg.node.name + " " + enc->device.name;
       st.encoder_home = enc;
+      auto sc = st.cfg.node.m.encoders.vision;
+      core::encoder_scaling o;
+      o.min = sc.min;
+      o.max = sc.max;
+      o.up_queue = sc.up_queue;
+      o.up_latency_ms = sc.up_latency_ms;
+      o.up_after_s = sc.up_after_s;
+      o.down_after_s = sc.down_after_s;
+      st.enc_clock.emplace(self->clock());
+      st.enc_scaler.emplace(o, *st.enc_clock);
     }
     st.rt[st.cfg.node.name].agent = own;
     st.members->joined(st.cfg.node.name, steady::now());
@@ -784,6 +807,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
         if (p.scheduler) self->send_exit(p.scheduler, em.reason);
       if (st.vault) self->send_exit(st.vault, em.reason);
       if (st.encoder) self->send_exit(st.encoder, em.reason);
+      for (const auto& e : st.enc_extra)
+        if (e.actor) self->send_exit(e.actor, em.reason);
       self->quit(em.reason);
     });
     self->set_down_handler([self](caf::down_msg& dm) {

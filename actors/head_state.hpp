@@ -12,8 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/clock.hpp"
 #include "actors/cluster_common.hpp"
 #include "actors/core/block_index.hpp"
+#include "actors/core/encoder_scaler.hpp"
 #include "actors/encoder.hpp"
 #include "actors/head.hpp"
 #include "actors/placement_control.hpp"
@@ -90,6 +92,17 @@ struct replica_rt {
   std::int64_t routed_at_stats = 0;  ///< ... when its stats last came
   /// Serves now: placed, its scheduler running, not being placed again.
   bool serving() const { return scheduler && ready && !placing && !retiring && !retired; }
+};
+
+/// A replica of the vision encoder beyond the first (`[encoders.vision]`
+/// max > 1), on a node's agent. The first (st.encoder) is the head's own
+/// or where a migration moved it.
+struct encoder_replica_rt {
+  encoder_actor actor;  ///< invalid while loading
+  std::string node;     ///< the node whose agent runs it
+  std::string where;    ///< "node device"
+  enum class phase : std::uint8_t { loading, serving, draining } state = phase::loading;
+  steady::time_point since = steady::now();  ///< in this phase
 };
 
 struct head_state {
@@ -172,6 +185,19 @@ struct head_state {
   std::optional<std::size_t>
       placing_decision;         ///< the decision the placement under way carries out
   std::string want_encoder_on;  ///< the planner's node for the encoder, moved there after placing
+
+  // -- the vision encoder's replicas (head_encoders.cpp) --
+  std::vector<encoder_replica_rt> enc_extra;  ///< beyond st.encoder
+  std::optional<actor_clock_source> enc_clock;
+  std::optional<core::encoder_scaler> enc_scaler;  ///< with a vision encoder
+  std::int64_t enc_seen_encodes = 0;               ///< the schedulers' counters, last read
+  double enc_seen_wait_ms = 0;
+  std::int64_t enc_waiting = 0;  ///< images waiting at the last heartbeat
+  double enc_mean_wait_ms = -1;  ///< ... their mean wait since the one before (-1: none answered)
+  std::int64_t enc_scale_ups = 0, enc_scale_downs = 0;
+  std::map<std::string, steady::time_point> enc_failed;  ///< nodes where a load failed, and when
+  bool enc_drain_asking = false;  ///< the schedulers are asked whether a drained one is free
+  std::string enc_no_room;        ///< the last "no node has room" said (said once)
 };
 
 using head_ptr = head_core_actor::stateful_pointer<head_state>;
@@ -186,6 +212,21 @@ inline bool in_replica(const replica_rt& p, const std::string& node) {
   if (p.retired) return false;
   return p.nodes.empty() || std::find(p.nodes.begin(), p.nodes.end(), node) != p.nodes.end();
 }
+
+// -- head_encoders.cpp: the vision encoder's replicas ---------------------------
+
+/// The encoders images go to: the first, then the other serving ones.
+std::vector<encoder_actor> encoder_pool(head_ptr self);
+/// Tells every scheduler the pool, and the encoders `lost` with their rows.
+void push_encoder_pool(head_ptr self, const std::vector<encoder_actor>& lost = {});
+/// At each heartbeat: the service's load, a replica more or fewer, drained ones stopped.
+void encoder_service_tick(head_ptr self);
+/// Node `name` was lost: its encoder replica with it.
+void encoder_node_lost(head_ptr self, const std::string& name);
+/// Replica `r` was placed: every encoder replica reaches its first stage.
+void connect_encoders_to(head_ptr self, int r);
+/// Whether an encoder replica beyond the first runs (or loads) on `node`.
+bool hosts_encoder_replica(head_ptr self, const std::string& node);
 
 // -- head.cpp -----------------------------------------------------------------
 

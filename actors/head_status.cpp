@@ -23,6 +23,24 @@ cluster_status status_of(head_ptr self) {
   s.draining = st.draining;
   s.epoch = st.epochs;
   s.encoder = st.encoder_where;
+  if (st.encoder) {
+    s.encoder_replicas.push_back(st.encoder_where);
+    s.encoder_states.push_back("serving");
+    for (const auto& e : st.enc_extra) {
+      s.encoder_replicas.push_back(e.where);
+      s.encoder_states.push_back(e.state == encoder_replica_rt::phase::loading   ? "loading"
+                                 : e.state == encoder_replica_rt::phase::serving ? "serving"
+                                                                                 : "draining");
+    }
+    s.encoder_waiting = st.enc_waiting;
+    s.encoder_wait_ms = st.enc_mean_wait_ms;
+    s.encoder_scale_ups = st.enc_scale_ups;
+    s.encoder_scale_downs = st.enc_scale_downs;
+    if (st.enc_scaler) {
+      s.encoder_min = st.enc_scaler->options().min;
+      s.encoder_max = st.enc_scaler->options().max;
+    }
+  }
   s.last_event = st.last_event;
   s.indexed_blocks.assign(4, 0);
   s.detect_ms = st.detect_ms;

@@ -391,6 +391,9 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
   const std::string from = st.encoder_where.substr(0, st.encoder_where.find(' '));
   if (from == req.to)
     return refuse(error_code::invalid_request, "the vision encoder already runs on " + req.to);
+  if (hosts_encoder_replica(self, req.to))
+    return refuse(error_code::invalid_request,
+                  "node " + req.to + " runs another replica of the vision encoder");
   auto target = st.rt[req.to].agent;
   if (!target) return refuse(error_code::unavailable, "node " + req.to + " is not joined");
   auto rp = self->make_response_promise<migrate_report>();
@@ -464,7 +467,7 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
               if (schedulers.empty()) return retire();
               auto left = std::make_shared<std::size_t>(schedulers.size());
               for (const auto& sch : schedulers)
-                self->request(sch, st.cfg.node.timeout, handover_atom::value, st.encoder, true)
+                self->request(sch, st.cfg.node.timeout, handover_atom::value, old, st.encoder, true)
                     .then(
                         [retire, left](bool) mutable {
                           if (--*left == 0) retire();

@@ -37,6 +37,8 @@ struct shell_request {
   client_sink_actor client;
   std::vector<image_data> images;  // kept to encode again if their holder is gone
   encoder_actor holder;            // the encoder holding the rows
+  encoder_actor sent_to;           // the encoder of this round (its images out)
+  std::uint64_t round = 0;         // the images' sendings to an encoder so far
   std::size_t encoded = 0;         // images encoded (this round)
   std::vector<bool> ready;  // images the core was told are ready (admission counts each once)
   double preprocess_ms = 0, encode_ms = 0;
@@ -67,7 +69,14 @@ struct scheduler_state {
   std::optional<core::scheduler_core> core;
   std::vector<shard_actor> stages;
   std::vector<kv_store_actor> kv_stores;
-  encoder_actor encoder;
+  // The encoder replicas images go to (the one with the fewest of this
+  // scheduler's images unanswered), and the images each encoder has
+  // unanswered (also one left out of the pool, until it answers).
+  std::vector<encoder_actor> encoders;
+  std::vector<std::pair<encoder_actor, std::int64_t>> unanswered;
+  std::uint64_t encoder_turn = 0;
+  std::int64_t encodes = 0;   // images answered
+  double encode_wait_ms = 0;  // their waits, summed
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
   std::optional<core::time_point> timer_at;        // the earliest tick already on its way
@@ -388,7 +397,7 @@ void fetch_rows(self_ptr self, std::uint64_t step, rows_fetch f, int encodes_lef
     encode_images(self, f.id, [=] { fetch_rows(self, step, f, encodes_left - 1); });
   };
   if (!it->second.holder) {
-    if (encodes_left > 0 && st.encoder) return encode_again();
+    if (encodes_left > 0 && !st.encoders.empty()) return encode_again();
     return give_up(error_code::internal, "no encoder holds them");
   }
   image_rows_request q{f.id, f.before, f.here, to_string(st.stages.front()->node())};
@@ -397,7 +406,7 @@ void fetch_rows(self_ptr self, std::uint64_t step, rows_fetch f, int encodes_lef
             [=](caf::error& e) {
               auto& st = self->state;
               if (epoch != st.epoch) return;  // the step is void anyway
-              if (encodes_left > 0 && st.requests.count(f.id) && st.encoder) {
+              if (encodes_left > 0 && st.requests.count(f.id) && !st.encoders.empty()) {
                 logging::of("scheduler")
                     .warn("image rows of request {}: {}; encoding its images again", f.id,
                           describe(self->system(), e));
@@ -414,6 +423,40 @@ void fetch_rows(self_ptr self, std::uint64_t step, rows_fetch f, int encodes_lef
 void forget_holders(scheduler_state& st, const encoder_actor& old) {
   for (auto& [id, r] : st.requests)
     if (r.holder && (!old || r.holder == old)) r.holder = encoder_actor{};
+}
+
+bool in_pool(const scheduler_state& st, const encoder_actor& e) {
+  return std::find(st.encoders.begin(), st.encoders.end(), e) != st.encoders.end();
+}
+
+std::int64_t& unanswered_of(scheduler_state& st, const encoder_actor& e) {
+  for (auto& [enc, n] : st.unanswered)
+    if (enc == e) return n;
+  return st.unanswered.emplace_back(e, 0).second;
+}
+
+/// Drops the counts of encoders out of the pool with nothing unanswered.
+void prune_unanswered(scheduler_state& st) {
+  std::erase_if(st.unanswered,
+                [&](const auto& u) { return u.second <= 0 && !in_pool(st, u.first); });
+}
+
+/// The pool's encoder with the fewest images unanswered (ties in turn).
+encoder_actor pick_encoder(scheduler_state& st) {
+  if (st.encoders.empty()) return {};
+  const auto n = st.encoders.size();
+  const auto start = static_cast<std::size_t>(st.encoder_turn++ % n);
+  encoder_actor best;
+  std::int64_t least = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto& e = st.encoders[(start + k) % n];
+    const auto load = unanswered_of(st, e);
+    if (!best || load < least) {
+      best = e;
+      least = load;
+    }
+  }
+  return best;
 }
 
 /// Sends every step the core plans (through the outbox, once its image
@@ -495,10 +538,29 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
     if (again) again();
     return;
   }
-  const auto enc = st.encoder;
+  const auto enc = pick_encoder(st);
+  if (!enc) {
+    emit(self, st.core->fail(id, error_code::unavailable, "no vision encoder serves now"));
+    if (again) again();
+    return;
+  }
   rit->second.holder = encoder_actor{};
+  rit->second.sent_to = enc;
   rit->second.encoded = 0;
+  const auto round = ++rit->second.round;
   const auto n = rit->second.images.size();
+  unanswered_of(st, enc) += static_cast<std::int64_t>(n);
+  const auto sent_at = std::chrono::steady_clock::now();
+  // Counts an answer (or an error) of `enc`: its load and the wait.
+  auto counted = [self, enc, sent_at] {
+    auto& st = self->state;
+    --unanswered_of(st, enc);
+    ++st.encodes;
+    st.encode_wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at)
+            .count();
+    prune_unanswered(st);
+  };
   auto left = std::make_shared<std::size_t>(n);
   auto answered = [self, again, left] {
     if (--*left == 0 && again) again();
@@ -509,6 +571,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
     self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
             [=](encode_reply& rep) {
+              counted();
               auto& st = self->state;
               auto it = st.requests.find(id);
               if (it == st.requests.end()) {  // ended meanwhile: the encoder may let go
@@ -524,8 +587,9 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 it->second.preprocess_ms += rep.preprocess_ms;
                 it->second.encode_ms += rep.encode_ms;
               }
-              // An encoder replaced meanwhile stops: what it holds goes with it.
-              if (enc == st.encoder && ++it->second.encoded == it->second.images.size())
+              // Only this round's answers count: the images of a round
+              // sent to an encoder that was lost went out again since.
+              if (round == it->second.round && ++it->second.encoded == it->second.images.size())
                 it->second.holder = enc;
               if (!again) {
                 // Once per image, also when it was sent again to an encoder
@@ -547,9 +611,11 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               answered();
             },
             [=](caf::error& e) {
-              if (enc != self->state.encoder) {
-                // An encoder that was replaced (its node was lost): the new
-                // one has these images too.
+              counted();
+              auto it = self->state.requests.find(id);
+              if (it == self->state.requests.end() || round != it->second.round) {
+                // A round that was sent again (its encoder was lost): the
+                // new round has these images too.
                 answered();
                 return;
               }
@@ -560,6 +626,31 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               answered();
             });
   }
+}
+
+/// The encoder pool is now `pool`; the encoders in `lost` are gone with
+/// their rows: what they were encoding goes out again. Answers the
+/// requests whose rows are held by an encoder outside the pool.
+std::int64_t set_pool(self_ptr self, std::vector<encoder_actor> pool,
+                      const std::vector<encoder_actor>& lost) {
+  auto& st = self->state;
+  std::erase_if(pool, [](const encoder_actor& e) { return !e; });
+  st.encoders = std::move(pool);
+  auto gone = [&](const encoder_actor& e) {
+    return e && std::find(lost.begin(), lost.end(), e) != lost.end();
+  };
+  std::erase_if(st.unanswered, [&](const auto& u) { return gone(u.first); });
+  prune_unanswered(st);
+  std::vector<std::uint64_t> again;
+  std::int64_t held_outside = 0;
+  for (auto& [id, r] : st.requests) {
+    if (gone(r.holder)) r.holder = encoder_actor{};
+    if (!r.images.empty() && r.encoded < r.images.size() && gone(r.sent_to)) again.push_back(id);
+    if (r.holder && !in_pool(st, r.holder)) ++held_outside;
+  }
+  for (auto id : again) encode_images(self, id, {});
+  pump(self);
+  return held_outside;
 }
 
 }  // namespace
@@ -595,7 +686,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
     if (store) st.core->remote_online(false);  // until the store is there (vault_atom)
     st.stages = std::move(stages);
     st.kv_stores = std::move(kv_stores);
-    st.encoder = std::move(encoder);
+    if (encoder) st.encoders.push_back(std::move(encoder));
     return {
         [=](submit_atom, generate_request& req,
             client_sink_actor& client) -> caf::result<submit_ack> {
@@ -632,7 +723,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           }
           if (n_images > 0) {
             st.requests[id].images = std::move(images);
-            if (st.encoder)
+            if (!st.encoders.empty())
               encode_images(self, id, nullptr);
             else
               emit(self, st.core->fail(id, error_code::invalid_request, "no encoder for images"));
@@ -647,7 +738,14 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           pump(self);
           return true;
         },
-        [=](stats_atom) { return self->state.core->stats(); },
+        [=](stats_atom) {
+          auto& st = self->state;
+          auto s = st.core->stats();
+          for (const auto& [e, n] : st.unanswered) s.encode_waiting += std::max<std::int64_t>(n, 0);
+          s.encodes = st.encodes;
+          s.encode_wait_ms = st.encode_wait_ms;
+          return s;
+        },
         [=](kv_events_atom, std::uint64_t since) { return events_since(self, since); },
         [=](vault_atom, kv_vault_actor& vault, std::vector<std::uint8_t>& address) {
           // A new store (or none): the copies of the one before are gone.
@@ -694,19 +792,23 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           pump(self);
         },
         [=](encoder_atom, encoder_actor& e) {
-          // A new encoder after a restart or a lost node: the old one and
-          // its rows are gone, and what it was still encoding is sent again
-          // (its answers may never come).
-          auto& st = self->state;
-          forget_holders(st, encoder_actor{});
-          st.encoder = std::move(e);
-          std::vector<std::uint64_t> waiting;
-          for (const auto& [id, r] : st.requests)
-            if (!r.images.empty() && r.encoded < r.images.size()) waiting.push_back(id);
-          for (auto id : waiting) encode_images(self, id, {});
+          // A new encoder after a restart or a lost node: the old ones and
+          // their rows are gone.
+          auto lost = std::move(self->state.encoders);
+          set_pool(self, e ? std::vector<encoder_actor>{e} : std::vector<encoder_actor>{}, lost);
         },
-        [=](handover_atom, encoder_actor& e, bool drain) -> caf::result<bool> {
-          auto old = std::exchange(self->state.encoder, std::move(e));
+        [=](encoders_atom, std::vector<encoder_actor>& pool, std::vector<encoder_actor>& lost) {
+          return set_pool(self, std::move(pool), lost);
+        },
+        [=](handover_atom, encoder_actor& old, encoder_actor& fresh,
+            bool drain) -> caf::result<bool> {
+          auto& pool = self->state.encoders;
+          auto at = std::find(pool.begin(), pool.end(), old);
+          if (at != pool.end())
+            *at = fresh;
+          else
+            pool.push_back(fresh);
+          pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
           // Steps sent from now on fetch no rows from the old encoder, which
           // stops once drained: their images are encoded again on the new one.
           forget_holders(self->state, old);

@@ -139,6 +139,17 @@ json status_json(const actors::cluster_status& s) {
                         {"resume_ms", r.resume_ms},
                         {"cached_blocks", r.cached_blocks}});
   const auto& q = s.scheduler;
+  json enc_list = json::array();
+  for (std::size_t i = 0; i < s.encoder_replicas.size() && i < s.encoder_states.size(); ++i)
+    enc_list.push_back({{"where", s.encoder_replicas[i]}, {"state", s.encoder_states[i]}});
+  json encoders = {{"vision",
+                    {{"replicas", enc_list},
+                     {"min", s.encoder_min},
+                     {"max", s.encoder_max},
+                     {"images_waiting", s.encoder_waiting},
+                     {"mean_wait_ms", s.encoder_wait_ms},
+                     {"scale_ups", s.encoder_scale_ups},
+                     {"scale_downs", s.encoder_scale_downs}}}};
   json links = json::object();
   for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
     links[s.links[i]] = s.link_bytes[i];
@@ -199,6 +210,7 @@ json status_json(const actors::cluster_status& s) {
           {"kv_store", {{"node", s.kv_store}, {"ordered", s.kv_stores}}},
           {"replicas", replicas},
           {"router", {{"by_prefix", s.routed_by_prefix}, {"by_load", s.routed_by_load}}},
+          {"encoders", encoders},
           {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
 }
 
@@ -207,7 +219,21 @@ void print_status(const actors::cluster_status& s) {
               s.ready ? "ready" : "not ready", s.draining ? " (draining)" : "", s.head.c_str(),
               static_cast<unsigned long long>(s.epoch),
               s.placement.empty() ? "-" : s.placement.c_str());
-  if (!s.encoder.empty()) std::printf("vision encoder: %s\n", s.encoder.c_str());
+  if (s.encoder_replicas.size() > 1 || s.encoder_max > 1) {
+    std::string list;
+    for (std::size_t i = 0; i < s.encoder_replicas.size() && i < s.encoder_states.size(); ++i)
+      list += (list.empty() ? "" : ", ") + s.encoder_replicas[i] +
+              (s.encoder_states[i] == "serving" ? "" : " (" + s.encoder_states[i] + ")");
+    std::printf(
+        "vision encoder: %zu of %d-%d replicas: %s; %lld images waiting",
+        std::count(s.encoder_states.begin(), s.encoder_states.end(), std::string("serving")),
+        s.encoder_min, s.encoder_max, list.c_str(), static_cast<long long>(s.encoder_waiting));
+    if (s.encoder_wait_ms >= 0) std::printf(", %.0f ms mean wait", s.encoder_wait_ms);
+    std::printf("; %lld added, %lld drained so far\n", static_cast<long long>(s.encoder_scale_ups),
+                static_cast<long long>(s.encoder_scale_downs));
+  } else if (!s.encoder.empty()) {
+    std::printf("vision encoder: %s\n", s.encoder.c_str());
+  }
   std::printf("%-10s %-22s %-8s %-14s %-22s %-10s %-18s %s\n", "NODE", "ADDRESS", "STATE", "DEVICE",
               "STAGES", "MEMORY", "KV (used/total)", "PROBLEM");
   for (const auto& n : s.nodes) {

@@ -361,8 +361,8 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
   c.only_keys(root, "",
-              {"cluster", "model", "kv", "parallelism", "router", "placement", "scheduler",
-               "transport", "nodes"});
+              {"cluster", "model", "kv", "parallelism", "router", "encoders", "placement",
+               "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
     c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
@@ -439,6 +439,27 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
     c.boolean(*t, "prefix", "router", m.router.prefix);
     c.integer(*t, "max_imbalance", "router", m.router.max_imbalance, 0, 1000000);
     c.number(*t, "min_prefix_share", "router", m.router.min_prefix_share, 0.0, 1.0);
+  }
+
+  int vision_max_line = 0;
+  if (const auto* t = c.table(root, "encoders", "", false)) {
+    c.only_keys(*t, "encoders", {"vision"});
+    if (const auto* v = c.table(*t, "vision", "encoders", false)) {
+      auto& e = m.encoders.vision;
+      c.only_keys(*v, "encoders.vision",
+                  {"min", "max", "up_queue", "up_latency_ms", "up_after_s", "down_after_s"});
+      c.integer(*v, "min", "encoders.vision", e.min, 1, 1024);
+      c.integer(*v, "max", "encoders.vision", e.max, 1, 1024);
+      if (!v->get("max")) e.max = std::max(e.max, e.min);
+      if (v->get("max")) vision_max_line = checker::line_of(*v->get("max"));
+      if (e.max < e.min)
+        c.error(checker::line_of(v->get("max") ? *v->get("max") : *v), "encoders.vision.max",
+                std::to_string(e.max) + " is below min (" + std::to_string(e.min) + ")");
+      c.number(*v, "up_queue", "encoders.vision", e.up_queue, 0.5, 1e6);
+      c.number(*v, "up_latency_ms", "encoders.vision", e.up_latency_ms, 1, 3.6e6);
+      c.number(*v, "up_after_s", "encoders.vision", e.up_after_s, 0, 86400);
+      c.number(*v, "down_after_s", "encoders.vision", e.down_after_s, 0, 86400);
+    }
   }
 
   if (const auto* t = c.table(root, "placement", "", false)) {
@@ -610,6 +631,13 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
                   " nodes holding stages (each replica has nodes of its own); the manifest has " +
                   std::to_string(stage_nodes));
   }
+  // One encoder replica per node at most (an agent runs one of a kind).
+  if (m.encoders.vision.max > stage_nodes && stage_nodes > 0)
+    c.error(vision_max_line, "encoders.vision.max",
+            std::to_string(m.encoders.vision.max) +
+                " replicas of the vision encoder need as many nodes holding stages (one per "
+                "node); the manifest has " +
+                std::to_string(stage_nodes));
   if (m.parallelism.replicas != 1 && m.kv.store_tokens > 0)
     c.error(0, "kv.store_tokens",
             "a KV store serves one replica so far: leave it out, or set parallelism.replicas = 1");

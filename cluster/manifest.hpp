@@ -97,6 +97,22 @@ struct router_entry {
   double min_prefix_share = 0.5;
 };
 
+/// A modality encoder's replicas (docs/manifest.md, [encoders.vision]):
+/// between min and max of them, one per node at most, added when images
+/// queue or wait too long, drained after a quiet cooldown.
+struct encoder_service_entry {
+  int min = 1;
+  int max = 1;
+  double up_queue = 4;          ///< images waiting per replica past which it is overloaded
+  double up_latency_ms = 1000;  ///< ... or the mean wait of an image past which it is
+  double up_after_s = 2;        ///< overloaded this long: one replica more
+  double down_after_s = 60;     ///< quiet this long: one replica fewer
+};
+
+struct encoders_entry {
+  encoder_service_entry vision;
+};
+
 /// How the head places the model and re-plans (docs/manifest.md). The
 /// policy runs with parallelism.pipeline_stages = "auto".
 struct placement_entry {
@@ -143,6 +159,7 @@ struct manifest {
   kv_entry kv;
   parallelism_entry parallelism;
   router_entry router;
+  encoders_entry encoders;
   placement_entry placement;
   scheduler_entry scheduler;
   transport_entry transport;

@@ -249,6 +249,25 @@ std::string metrics::render(const actors::cluster_status* s) const {
            std::to_string(s->routed_by_prefix) + "\n";
     out += "troupe:router_decisions_total{reason=\"load\"} " + std::to_string(s->routed_by_load) +
            "\n";
+    if (!s->encoder_replicas.empty()) {
+      head(out, "troupe:encoder_replicas", "gauge",
+           "Replicas of each modality encoder, by state (serving, loading, draining).");
+      for (const char* state : {"serving", "loading", "draining"})
+        out += std::string("troupe:encoder_replicas{kind=\"vision\",state=\"") + state + "\"} " +
+               std::to_string(std::count(s->encoder_states.begin(), s->encoder_states.end(),
+                                         std::string(state))) +
+               "\n";
+      head(out, "troupe:encoder_images_waiting", "gauge",
+           "Images sent to an encoder and not yet answered (at the head's last heartbeat).");
+      out += "troupe:encoder_images_waiting{kind=\"vision\"} " +
+             std::to_string(s->encoder_waiting) + "\n";
+      head(out, "troupe:encoder_scale_total", "counter",
+           "Encoder replicas added (up) and drained (down) by the autoscaler.");
+      out += "troupe:encoder_scale_total{kind=\"vision\",direction=\"up\"} " +
+             std::to_string(s->encoder_scale_ups) + "\n";
+      out += "troupe:encoder_scale_total{kind=\"vision\",direction=\"down\"} " +
+             std::to_string(s->encoder_scale_downs) + "\n";
+    }
     head(out, "troupe:node_up", "gauge", "1 while the node is up (answers heartbeats), else 0.");
     for (const auto& n : s->nodes)
       out += "troupe:node_up{node=\"" + escape(n.name) + "\"} " +

@@ -49,6 +49,11 @@ struct scheduler_stats {
   std::int64_t restored_tokens = 0;
   std::int64_t images = 0;            ///< images of admitted requests, encoded or not
   std::int64_t image_cache_hits = 0;  ///< of those, taken from the encoder cache
+  // The encoders' load as this scheduler sees it (the head scales the
+  // encoder service from these).
+  std::int64_t encode_waiting = 0;  ///< images sent to an encoder, not yet answered
+  std::int64_t encodes = 0;         ///< images answered so far
+  double encode_wait_ms = 0;        ///< their waits (sent until answered), summed
   // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
   // turns two samples into a breakdown).
   std::int64_t stages = 0;     ///< stages in the pipeline now

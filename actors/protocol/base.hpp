@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 21;
+inline constexpr std::uint32_t protocol_version = 22;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -55,18 +55,19 @@ using probe_atom = caf::atom_constant<caf::atom("probe")>;
 using render_atom = caf::atom_constant<caf::atom("render")>;
 // Each atom names one operation of one interface (a stale or misrouted
 // message can never be read as another operation).
-using forward_atom = caf::atom_constant<caf::atom("forward")>;       ///< shard: forward steps to
-using push_kv_atom = caf::atom_constant<caf::atom("pushkv")>;        ///< KV store: export to a peer
-using merge_kv_atom = caf::atom_constant<caf::atom("mergekv")>;      ///< KV store: import a delta
-using clear_atom = caf::atom_constant<caf::atom("clear")>;           ///< KV store: drop everything
-using pipeline_atom = caf::atom_constant<caf::atom("pipeline")>;     ///< scheduler: new stages
-using encoder_atom = caf::atom_constant<caf::atom("encoder")>;       ///< scheduler: new encoder
-using handover_atom = caf::atom_constant<caf::atom("handover")>;     ///< scheduler: encoder moved
-using reroute_atom = caf::atom_constant<caf::atom("reroute")>;       ///< scheduler: stage moved
-using resume_atom = caf::atom_constant<caf::atom("resume")>;         ///< scheduler: steps go on
-using notify_atom = caf::atom_constant<caf::atom("notify")>;         ///< node: whom to tell
-using relink_atom = caf::atom_constant<caf::atom("relink")>;         ///< agent: stage's next
-using connect_atom = caf::atom_constant<caf::atom("connect")>;       ///< agent: reach a node
+using forward_atom = caf::atom_constant<caf::atom("forward")>;    ///< shard: forward steps to
+using push_kv_atom = caf::atom_constant<caf::atom("pushkv")>;     ///< KV store: export to a peer
+using merge_kv_atom = caf::atom_constant<caf::atom("mergekv")>;   ///< KV store: import a delta
+using clear_atom = caf::atom_constant<caf::atom("clear")>;        ///< KV store: drop everything
+using pipeline_atom = caf::atom_constant<caf::atom("pipeline")>;  ///< scheduler: new stages
+using encoder_atom = caf::atom_constant<caf::atom("encoder")>;    ///< scheduler: new encoder
+using handover_atom = caf::atom_constant<caf::atom("handover")>;  ///< scheduler: encoder moved
+using encoders_atom = caf::atom_constant<caf::atom("encoders")>;  ///< scheduler: the encoder pool
+using reroute_atom = caf::atom_constant<caf::atom("reroute")>;    ///< scheduler: stage moved
+using resume_atom = caf::atom_constant<caf::atom("resume")>;      ///< scheduler: steps go on
+using notify_atom = caf::atom_constant<caf::atom("notify")>;      ///< node: whom to tell
+using relink_atom = caf::atom_constant<caf::atom("relink")>;      ///< agent: stage's next
+using connect_atom = caf::atom_constant<caf::atom("connect")>;    ///< agent: reach a node
 using drop_stage_atom = caf::atom_constant<caf::atom("dropstage")>;  ///< agent: one stage
 using load_enc_atom = caf::atom_constant<caf::atom("loadenc")>;      ///< agent: spawn an encoder
 using drop_enc_atom = caf::atom_constant<caf::atom("dropenc")>;      ///< agent: stop an encoder
@@ -111,8 +112,8 @@ typename I::result_type inspect(I& f, scheduler_stats& x) {
            x.kv_to_disk, x.kv_from_disk, x.kv_dropped, x.kv_remote_blocks, x.kv_remote_used,
            x.kv_remote_pending, x.kv_to_remote, x.kv_from_remote, x.kv_remote_confirmed,
            x.kv_slot_bytes, x.recomputed_tokens, x.restored_tokens, x.images, x.image_cache_hits,
-           x.stages, x.step_rows, x.round_trip_ms, x.compute_ms, x.stage_compute_ms, x.in_flight_ms,
-           x.scheduler_ms);
+           x.encode_waiting, x.encodes, x.encode_wait_ms, x.stages, x.step_rows, x.round_trip_ms,
+           x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
 }
 }  // namespace troupe::actors::core
 

@@ -300,6 +300,17 @@ struct cluster_status {
   std::vector<replica_view> replicas;
   std::int64_t routed_by_prefix = 0;
   std::int64_t routed_by_load = 0;
+  /// The vision encoder's replicas ([encoders.vision]): where each runs
+  /// ("node device") and its state ("serving", "loading", "draining"),
+  /// the first being `encoder`; images waiting at an encoder and their
+  /// mean wait over the last heartbeat (-1: none answered); replicas
+  /// added and drained so far; the manifest's bounds.
+  std::vector<std::string> encoder_replicas;
+  std::vector<std::string> encoder_states;
+  std::int64_t encoder_waiting = 0;
+  double encoder_wait_ms = -1;
+  std::int64_t encoder_scale_ups = 0, encoder_scale_downs = 0;
+  std::int32_t encoder_min = 0, encoder_max = 0;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -310,7 +321,9 @@ typename I::result_type inspect(I& f, cluster_status& x) {
            x.resume_ms, x.actor_restarts, x.migrations, x.migration, x.migration_done,
            x.stages_total, x.stages_loaded, x.links, x.link_bytes, x.plan_detail, x.decisions,
            x.pipeline_detail, x.indexed_blocks, x.block_events, x.kv_store, x.kv_stores, x.replicas,
-           x.routed_by_prefix, x.routed_by_load);
+           x.routed_by_prefix, x.routed_by_load, x.encoder_replicas, x.encoder_states,
+           x.encoder_waiting, x.encoder_wait_ms, x.encoder_scale_ups, x.encoder_scale_downs,
+           x.encoder_min, x.encoder_max);
 }
 
 /// `troupe migrate`: what to move where. `shard` is a stage index

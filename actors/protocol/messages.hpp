@@ -458,12 +458,19 @@ using scheduler_actor = caf::typed_actor<
     // From the node: the pipeline was restarted (every stage's KV is gone;
     // running requests recompute) or, with no stages, given up on.
     caf::reacts_to<pipeline_atom, std::vector<shard_actor>, std::vector<kv_store_actor>>,
-    // From the node: the vision encoder was replaced.
+    // From the node: the vision encoder was replaced (every one before is gone).
     caf::reacts_to<encoder_atom, encoder_actor>,
-    // Live migration: use this encoder from now on; with `true`, the old
-    // one is flushed and the answer comes once it has answered every
-    // request sent to it.
-    caf::replies_to<handover_atom, encoder_actor, bool>::with<bool>,
+    // From the head: the encoder replicas to send images to (the first
+    // list), and those lost (the second: their rows and their unanswered
+    // images are gone). One left out and not lost keeps the rows it holds
+    // until their requests end; the answer counts the requests whose rows
+    // such encoders still hold (0: they may stop).
+    caf::replies_to<encoders_atom, std::vector<encoder_actor>,
+                    std::vector<encoder_actor>>::with<std::int64_t>,
+    // Live migration: use the second encoder instead of the first from
+    // now on; with `true`, the old one is flushed and the answer comes
+    // once it has answered every request sent to it.
+    caf::replies_to<handover_atom, encoder_actor, encoder_actor, bool>::with<bool>,
     // Live migration: stop issuing steps; the answer (the running count)
     // comes once no step is in flight.
     caf::replies_to<pause_atom>::with<std::int64_t>,

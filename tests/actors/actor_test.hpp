@@ -41,7 +41,10 @@ inline actors::scheduler_actor idle_scheduler(
         },
         [](pipeline_atom, std::vector<shard_actor>&, std::vector<kv_store_actor>&) {},
         [](encoder_atom, encoder_actor&) {},
-        [](handover_atom, encoder_actor&, bool) { return true; },
+        [](encoders_atom, std::vector<encoder_actor>&, std::vector<encoder_actor>&) {
+          return std::int64_t{0};
+        },
+        [](handover_atom, encoder_actor&, encoder_actor&, bool) { return true; },
         [](pause_atom) { return std::int64_t{0}; },
         [](reroute_atom, std::int32_t, shard_actor&, kv_store_actor&) {},
         [](resume_atom) {},

@@ -582,7 +582,15 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
           .kv_stores = 2,
           .replicas = make(tag<std::vector<replica_view>>{}, h),
           .routed_by_prefix = 60,
-          .routed_by_load = 44};
+          .routed_by_load = 44,
+          .encoder_replicas = {"n0 cpu", "n2 cpu:0-0 (1 GiB)"},
+          .encoder_states = {"serving", "draining"},
+          .encoder_waiting = 7,
+          .encoder_wait_ms = 312.5,
+          .encoder_scale_ups = 3,
+          .encoder_scale_downs = 2,
+          .encoder_min = 1,
+          .encoder_max = 4};
 }
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {

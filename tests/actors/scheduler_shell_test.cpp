@@ -361,5 +361,85 @@ TEST(SchedulerShell, RowsAnEncoderKeepsLosingFailTheRequestWithTheReason) {
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
 }
 
+// An encoder that takes images and never answers (its node hangs).
+encoder_actor silent_encoder(caf::actor_system& sys, std::shared_ptr<int> taken) {
+  return sys.spawn([taken](encoder_actor::pointer self) -> encoder_actor::behavior_type {
+    auto held = std::make_shared<std::vector<caf::typed_response_promise<encode_reply>>>();
+    return {
+        [self, taken, held](encode_atom, const encode_request&) -> caf::result<encode_reply> {
+          ++*taken;
+          held->push_back(self->make_response_promise<encode_reply>());
+          return held->back();
+        },
+        [](rows_atom, const image_rows_request&) -> caf::result<tensor_ref> {
+          return make_error(error_code::not_found, "nothing held here");
+        },
+        [](forget_atom, std::uint64_t) {},
+        [](flush_atom, std::int64_t) {},
+        [](version_atom) { return protocol_version; },
+    };
+  });
+}
+
+// The encoder replicas ([encoders.vision]): the scheduler sends each
+// request's images to the pool's encoder with the fewest unanswered, in
+// turn when equal, and every request still gets each of its rows once.
+TEST(SchedulerShell, RequestsAreSharedAmongThePoolsEncoders) {
+  image_fixture f;
+  auto s = f.scheduler();
+  auto other_log = std::make_shared<image_log>();
+  auto other = fake_encoder(*f.sys, other_log);
+  // Its first encoder (another with the same log), and one more.
+  auto mine = fake_encoder(*f.sys, f.log);
+  caf::anon_send(s, encoders_atom::value, std::vector<encoder_actor>{mine, other},
+                 std::vector<encoder_actor>{});
+  f.sched->run();
+  for (std::uint64_t id = 20; id < 24; ++id) f.submit_images(s, id);
+  ASSERT_EQ(f.got->finished.size(), 4u);
+  for (const auto& fin : f.got->finished) EXPECT_EQ(fin.reason, finish_reason::length) << fin.error;
+  EXPECT_EQ(f.log->encodes + other_log->encodes, 8);
+  EXPECT_EQ(other_log->encodes, 4) << "half the requests' images went to the second encoder";
+  EXPECT_EQ(f.log->mismatches, 0);
+  EXPECT_EQ(f.log->rows_seen.size(), 4 * every_row().size()) << "every row of every request once";
+  // Rows come from the encoder that encoded them: each lets go of its own.
+  EXPECT_EQ(other_log->forgotten.size(), 2u);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+// An encoder lost with its node: the images it was encoding (and will
+// never answer) go to another of the pool, and the request ends as it
+// would have.
+TEST(SchedulerShell, ALostEncodersImagesGoToAnotherOfThePool) {
+  image_fixture f;
+  auto s = f.scheduler();
+  auto taken = std::make_shared<int>(0);
+  auto hung = silent_encoder(*f.sys, taken);
+  auto good = fake_encoder(*f.sys, f.log);
+  caf::anon_send(s, encoders_atom::value, std::vector<encoder_actor>{hung},
+                 std::vector<encoder_actor>{});
+  f.sched->run();
+  f.submit_images(s, 30);
+  EXPECT_EQ(*taken, 2);
+  EXPECT_TRUE(f.got->finished.empty()) << "waits on its images";
+  caf::anon_send(s, encoders_atom::value, std::vector<encoder_actor>{good},
+                 std::vector<encoder_actor>{hung});
+  f.sched->run();
+  ASSERT_EQ(f.got->finished.size(), 1u);
+  EXPECT_EQ(f.got->finished[0].reason, finish_reason::length) << f.got->finished[0].error;
+  EXPECT_EQ(f.log->encodes, 2);
+  EXPECT_EQ(f.log->rows_seen, every_row());
+  // A pool left empty: a request with images is refused with the reason.
+  caf::anon_send(s, encoders_atom::value, std::vector<encoder_actor>{},
+                 std::vector<encoder_actor>{good});
+  f.sched->run();
+  f.submit_images(s, 31);
+  ASSERT_EQ(f.got->finished.size(), 2u);
+  EXPECT_EQ(f.got->finished[1].reason, finish_reason::error);
+  EXPECT_NE(f.got->finished[1].error.find("encoder"), std::string::npos)
+      << f.got->finished[1].error;
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(hung, caf::exit_reason::user_shutdown);
+}
+
 }  // namespace
 }  // namespace troupe::actors

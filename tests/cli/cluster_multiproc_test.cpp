@@ -1233,6 +1233,110 @@ TEST_F(ClusterReplicas, ScaleUpAndDownWhileJobsRun) {
               jobs, again.out.c_str());
 }
 
+// The vision encoder as a service of its own ([encoders.vision]): images
+// that wait make the head add a replica on a free node (one stage on n0,
+// so n1 and n2 hold none); requests keep the answers they would have had
+// wherever their images were encoded; a quiet spell drains the replica
+// and stops it; and a replica lost with its node hands its images to the
+// others while the requests go on.
+TEST_F(ClusterLoopback, TheVisionEncoderScalesWithItsQueueAndSurvivesItsNode) {
+  up("encsvc",
+     "\n[encoders.vision]\nmax = 2\nup_queue = 1\nup_latency_ms = 1\nup_after_s = 0\n"
+     "down_after_s = 3\n",
+     [](std::string& text) {
+       text.replace(text.find("pipeline_stages = 3"), 19, "pipeline_stages = 1");
+     });
+  if (HasFatalFailure()) return;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto serving = [](const actors::cluster_status& s) {
+    return std::count(s.encoder_states.begin(), s.encoder_states.end(), std::string("serving"));
+  };
+  auto s0 = c.status();
+  ASSERT_TRUE(s0.has_value());
+  EXPECT_EQ(serving(*s0), 1) << "no image has come yet";
+  EXPECT_EQ(s0->encoder_min, 1);
+  EXPECT_EQ(s0->encoder_max, 2);
+  EXPECT_EQ(s0->encoder_scale_ups, 0);
+
+  constexpr int jobs = 8;
+  constexpr std::int64_t tokens = 24;
+  auto ref = reference_run(c, jobs, tokens);
+  // Its images waited longer than up_latency_ms: a second replica, on a
+  // node that holds no stage.
+  auto two = c.wait_for([&](const actors::cluster_status& s) { return serving(s) == 2; }, 30s);
+  ASSERT_TRUE(two.has_value()) << "no second vision encoder replica";
+  auto s1 = c.status();
+  ASSERT_TRUE(s1.has_value());
+  ASSERT_EQ(s1->encoder_replicas.size(), 2u);
+  EXPECT_EQ(s1->encoder_replicas[0].rfind("n0 ", 0), 0u) << s1->encoder_replicas[0];
+  const std::string extra = s1->encoder_replicas[1].substr(0, s1->encoder_replicas[1].find(' '));
+  EXPECT_TRUE(extra == "n1" || extra == "n2") << s1->encoder_replicas[1];
+  EXPECT_EQ(s1->encoder_scale_ups, 1);
+  EXPECT_NE(s1->last_event.find("vision encoder"), std::string::npos) << s1->last_event;
+  // The same jobs through both replicas: the same answers.
+  {
+    auto run = start_jobs(c, jobs, tokens, true);
+    join(*run);
+    EXPECT_EQ(expect_same_answers(*run, *ref), 0);
+  }
+  // The replica encoded some of them: its node holds no stage, so what it
+  // sent the first stage's process (n0) over the data plane is image rows.
+  std::int64_t rows_bytes = 0;
+  auto s1b = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)
+          if (s.links[i] == extra + "->n0") rows_bytes = s.link_bytes[i];
+        return rows_bytes > 0;
+      },
+      5s);
+  EXPECT_TRUE(s1b.has_value()) << "no image rows came from the replica on " << extra;
+  // Quiet for down_after_s: drained, then stopped.
+  auto one = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        return s.encoder_replicas.size() == 1 && s.encoder_scale_downs >= 1;
+      },
+      30s);
+  ASSERT_TRUE(one.has_value()) << "the idle replica was not drained";
+  // Load again: a replica again; its node is killed while images arrive.
+  reference_run(c, jobs, tokens);
+  ASSERT_TRUE(
+      c.wait_for([&](const actors::cluster_status& s) { return serving(s) == 2; }, 30s).has_value())
+      << "no second replica the second time";
+  auto s2 = c.status();
+  ASSERT_TRUE(s2.has_value());
+  ASSERT_EQ(s2->encoder_replicas.size(), 2u);
+  const std::string victim = s2->encoder_replicas[1].substr(0, s2->encoder_replicas[1].find(' '));
+  ASSERT_NE(victim, "n0");
+  auto run = start_jobs(c, jobs, tokens, true);
+  joiner joined{*run};
+  ::kill(pid_of(victim), SIGKILL);
+  join(*run);
+  EXPECT_EQ(expect_same_answers(*run, *ref), 0);
+  auto lost = c.wait_for(
+      [&](const actors::cluster_status& s) {
+        const auto* m = c.member(s, victim);
+        if (!m || m->state != cluster::member_state::lost) return false;
+        for (const auto& r : s.encoder_replicas)
+          if (r.rfind(victim + " ", 0) == 0) return false;
+        return true;
+      },
+      20s);
+  EXPECT_TRUE(lost.has_value()) << "the lost node's replica is still listed";
+  auto after = actors::client(c.sys(), c.door()).run(job(3, tokens, true));
+  ASSERT_TRUE(after.has_value()) << after.error().message;
+  EXPECT_EQ(after->tokens, ref->done[2]->tokens);
+  auto s3 = c.status();
+  ASSERT_TRUE(s3.has_value());
+  std::printf(
+      "[ encoders ] vision replicas: 1 -> 2 in %.0f ms after the first burst, drained after %.0f "
+      "ms quiet (%lld bytes of image rows from it); %lld added, %lld drained; the replica on %s "
+      "lost with its node, %d jobs answered "
+      "the same\n",
+      *two, *one, static_cast<long long>(rows_bytes), static_cast<long long>(s3->encoder_scale_ups),
+      static_cast<long long>(s3->encoder_scale_downs), victim.c_str(), jobs);
+}
+
 // A manifest may place a node on a GPU; where the machine has none, the
 // node refuses to start and `up` says which device, from the node's log.
 TEST(ClusterDevices, ANodeOnAMissingGpuRefusesToStartNamingTheDevice) {

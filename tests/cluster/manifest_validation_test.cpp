@@ -282,6 +282,42 @@ TEST(Manifest, ReplicasAndTheRouter) {
       << joined(short_of.error());
 }
 
+TEST(Manifest, EncoderServices) {
+  auto plain = parse_manifest(good, "lab.toml");
+  ASSERT_TRUE(plain) << joined(plain.error());
+  EXPECT_EQ(plain->encoders.vision.min, 1);
+  EXPECT_EQ(plain->encoders.vision.max, 1);
+  EXPECT_DOUBLE_EQ(plain->encoders.vision.up_queue, 4);
+  EXPECT_DOUBLE_EQ(plain->encoders.vision.up_latency_ms, 1000);
+  EXPECT_DOUBLE_EQ(plain->encoders.vision.up_after_s, 2);
+  EXPECT_DOUBLE_EQ(plain->encoders.vision.down_after_s, 60);
+  auto set = parse_manifest(std::string(good) +
+                                "\n[encoders.vision]\nmin = 1\nmax = 2\nup_queue = 2.5\n"
+                                "up_latency_ms = 300\nup_after_s = 1\ndown_after_s = 5\n",
+                            "lab.toml");
+  ASSERT_TRUE(set) << joined(set.error());
+  EXPECT_EQ(set->encoders.vision.max, 2);
+  EXPECT_DOUBLE_EQ(set->encoders.vision.up_queue, 2.5);
+  EXPECT_DOUBLE_EQ(set->encoders.vision.up_latency_ms, 300);
+  EXPECT_DOUBLE_EQ(set->encoders.vision.up_after_s, 1);
+  EXPECT_DOUBLE_EQ(set->encoders.vision.down_after_s, 5);
+  // min alone: max follows it.
+  auto fixed = parse_manifest(std::string(good) + "\n[encoders.vision]\nmin = 2\n", "lab.toml");
+  ASSERT_TRUE(fixed) << joined(fixed.error());
+  EXPECT_EQ(fixed->encoders.vision.max, 2);
+  auto refused = [](const std::string& extra, const std::string& says) {
+    auto m = parse_manifest(std::string(good) + extra, "lab.toml");
+    ASSERT_FALSE(m) << extra;
+    EXPECT_NE(joined(m.error()).find(says), std::string::npos) << joined(m.error());
+  };
+  refused("\n[encoders.vision]\nmin = 2\nmax = 1\n", "encoders.vision.max: 1 is below min (2)");
+  refused("\n[encoders.vision]\nmax = 3\n", "3 replicas of the vision encoder need as many nodes");
+  refused("\n[encoders.vision]\nmin = 0\n", "encoders.vision.min: must be in [1, 1024]");
+  refused("\n[encoders.vision]\nqueue = 3\n", "encoders.vision.queue: unknown key");
+  refused("\n[encoders.audio]\nmax = 1\n", "encoders.audio: unknown key");
+  refused("\n[encoders.vision]\nup_queue = 0\n", "encoders.vision.up_queue: must be in");
+}
+
 TEST(Manifest, KvTiers) {
   const std::string text = std::string(good) +
                            "\n[kv]\nhost_tokens = 65536\ndisk_tokens = 262144\ndisk_dir = "
