@@ -225,9 +225,11 @@ void parse_node(checker& c, const toml::table& t, const std::string& where, node
   c.integer(t, "port", where, n.port, 1, 65535, true);
   c.str(t, "model_path", where, n.model_path);
   c.str(t, "role", where, n.role);
-  if (n.role != "stages" && n.role != "kv")
+  if (n.role != "stages" && n.role != "kv" && n.role != "head")
     c.error(checker::line_of(*t.get("role")), where + ".role",
-            "'" + n.role + "': \"stages\" (the default) or \"kv\" (only the KV store)");
+            "'" + n.role +
+                "': \"stages\" (the default), \"kv\" (only the KV store) or \"head\" (the head "
+                "without stages)");
   const auto* devs = t.get("devices");
   if (!devs) {
     c.error(n.line, where + ".devices",
@@ -585,7 +587,11 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   {
     std::vector<const node_entry*> kv_nodes;
     for (const auto& e : m.nodes)
-      if (!e.holds_stages()) kv_nodes.push_back(&e);
+      if (e.role == "kv")
+        kv_nodes.push_back(&e);
+      else if (e.role == "head" && e.name != m.head)
+        c.error(e.line, "nodes." + e.name + ".role",
+                "\"head\", but the cluster's head is '" + m.head + "'");
     if (kv_nodes.size() > 1)
       c.error(kv_nodes[1]->line, "nodes." + kv_nodes[1]->name + ".role",
               "a second node of role \"kv\" (one KV store per cluster)");
@@ -632,12 +638,17 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
                   std::to_string(stage_nodes));
   }
   // One encoder replica per node at most (an agent runs one of a kind).
-  if (m.encoders.vision.max > stage_nodes && stage_nodes > 0)
+  if (stage_nodes == 0 && !m.nodes.empty())
+    c.error(0, "nodes", "no node may hold stages (every node is of role \"kv\" or \"head\")");
+  // The first replica runs on the head, the others on nodes holding stages.
+  const auto* head_node = m.head.empty() ? nullptr : m.node(m.head);
+  const int encoder_hosts = stage_nodes + (head_node && head_node->role == "head" ? 1 : 0);
+  if (m.encoders.vision.max > encoder_hosts && stage_nodes > 0)
     c.error(vision_max_line, "encoders.vision.max",
             std::to_string(m.encoders.vision.max) +
                 " replicas of the vision encoder need as many nodes holding stages (one per "
                 "node); the manifest has " +
-                std::to_string(stage_nodes));
+                std::to_string(encoder_hosts));
   if (m.parallelism.replicas != 1 && m.kv.store_tokens > 0)
     c.error(0, "kv.store_tokens",
             "a KV store serves one replica so far: leave it out, or set parallelism.replicas = 1");

@@ -45,10 +45,12 @@ struct node_entry {
   std::vector<device_entry> devices;
   std::string model_path;  ///< the model on this node (empty: the cluster's)
   /// "stages" (the default): it may hold stages and encoders; "kv": it
-  /// holds neither, only the cluster's KV store (kv.store_node).
+  /// holds neither, only the cluster's KV store (kv.store_node); "head"
+  /// (the head only): it holds no stage, only what the head runs (the
+  /// schedulers, the router, the first vision encoder replica).
   std::string role = "stages";
   int line = 0;
-  bool holds_stages() const { return role != "kv"; }
+  bool holds_stages() const { return role == "stages"; }
 };
 
 struct model_entry {

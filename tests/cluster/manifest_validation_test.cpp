@@ -171,7 +171,7 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
       {head + node + "[kv]\nstore_tokens = 4096\nstore_node = \"zz\"\n",
        "kv.store_node: 'zz' is not the name of any node"},
       {head + node + "role = \"cache\"\n",
-       "m.toml:10: nodes[0].role: 'cache': \"stages\" (the default) or \"kv\""},
+       "m.toml:10: nodes[0].role: 'cache': \"stages\" (the default), \"kv\""},
       {head + node + "role = \"kv\"\n[kv]\nstore_tokens = 4096\n",
        "nodes.a.role: the head runs the scheduler and takes stages"},
       {head + node +
@@ -316,6 +316,38 @@ TEST(Manifest, EncoderServices) {
   refused("\n[encoders.vision]\nqueue = 3\n", "encoders.vision.queue: unknown key");
   refused("\n[encoders.audio]\nmax = 1\n", "encoders.audio: unknown key");
   refused("\n[encoders.vision]\nup_queue = 0\n", "encoders.vision.up_queue: must be in");
+}
+
+// A head that holds no stage (a dedicated head: schedulers, router,
+// gateway) leaves every stage to the other nodes.
+TEST(Manifest, AHeadOfRoleHeadHoldsNoStage) {
+  std::string text = good;
+  text.replace(text.find("pipeline_stages = 2"), 19, "pipeline_stages = 1");
+  const auto at = text.find("name = \"a\"");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(text.find('\n', at) + 1, "role = \"head\"\n");
+  auto m = parse_manifest(text, "lab.toml");
+  ASSERT_TRUE(m) << joined(m.error());
+  EXPECT_FALSE(m->head_node().holds_stages());
+  EXPECT_EQ(m->head_node().role, "head");
+  // Two replicas would need two nodes with stages: only b is left.
+  auto two = text;
+  two.replace(two.find("pipeline_stages = 1"), 19, "pipeline_stages = 1\nreplicas = 2");
+  auto refused = parse_manifest(two, "lab.toml");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(joined(refused.error()).find("2 replicas need at least 2 nodes holding stages"),
+            std::string::npos)
+      << joined(refused.error());
+  // Only the head may be of role "head".
+  std::string other = good;
+  const auto n1 = other.find("name = \"b\"");
+  ASSERT_NE(n1, std::string::npos);
+  other.insert(other.find('\n', n1) + 1, "role = \"head\"\n");
+  auto wrong = parse_manifest(other, "lab.toml");
+  ASSERT_FALSE(wrong);
+  EXPECT_NE(joined(wrong.error()).find("\"head\", but the cluster's head is 'a'"),
+            std::string::npos)
+      << joined(wrong.error());
 }
 
 TEST(Manifest, KvTiers) {
