@@ -373,7 +373,7 @@ void replace(head_ptr self, int r, const std::string& trigger,
     p.ready = false;  // the router sends it nothing until it is placed again
     p.plan.clear();
     const auto why = st.reps.size() > 1 ? who + "none of its nodes is up; it waits for one"
-                                        : "no node can hold the model now (the head is not up)";
+                                        : "no node can hold the model now (none is up)";
     if (st.last_event != why) event(self, why, true);
     return;
   }

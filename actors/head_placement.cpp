@@ -515,14 +515,17 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, int r, const std::s
   const bool one = st.reps.size() == 1;
   const auto usable = replica_usable(self, r);
   if (usable.empty()) return {};
-  // The head's node is the first stage's with one replica; a replica of
-  // several starts on the head's node when it has it, else on its first.
+  // The head's node is the first stage's with one replica (unless it holds
+  // no stage: role "head"); a replica of several starts on the head's node
+  // when it has it, else on its first.
+  const auto* head_node = st.cfg.node.m.node(st.cfg.node.m.head);
+  const bool head_stages = head_node && head_node->holds_stages();
   const bool has_head = std::find(usable.begin(), usable.end(), st.cfg.node.m.head) != usable.end();
-  const std::string first = one || has_head ? st.cfg.node.m.head : usable.front();
+  const std::string first = (one && head_stages) || has_head ? st.cfg.node.m.head : usable.front();
   auto fixed = [&] {
     return fixed_slots(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable, first);
   };
-  if (!st.auto_place || !st.model_prof || (one && !has_head)) return fixed();
+  if (!st.auto_place || !st.model_prof || (one && !has_head && head_stages)) return fixed();
   const auto prof = profile_now(self, one ? nullptr : &usable);
   placement_decision d;
   d.trigger = one ? trigger : "replica " + std::to_string(r) + ": " + trigger;

@@ -22,20 +22,19 @@ membership::membership(std::vector<std::string> names, membership_options opt) :
   for (auto& n : names) {
     member m;
     m.name = std::move(n);
+    index_.emplace(m.name, members_.size());
     members_.push_back(std::move(m));
   }
 }
 
 membership::member* membership::get(const std::string& name) {
-  auto it = std::find_if(members_.begin(), members_.end(),
-                         [&](const member& m) { return m.name == name; });
-  return it == members_.end() ? nullptr : &*it;
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &members_[it->second];
 }
 
 const membership::member* membership::find(const std::string& name) const {
-  auto it = std::find_if(members_.begin(), members_.end(),
-                         [&](const member& m) { return m.name == name; });
-  return it == members_.end() ? nullptr : &*it;
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &members_[it->second];
 }
 
 membership::transition membership::joined(const std::string& name, time_point now) {

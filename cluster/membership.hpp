@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace troupe::cluster {
@@ -79,6 +80,7 @@ class membership {
  private:
   member* get(const std::string& name);
   std::vector<member> members_;
+  std::unordered_map<std::string, std::size_t> index_;  ///< name -> place in members_
   membership_options opt_;
 };
 
