@@ -11,14 +11,18 @@
 # load driver (`troupe bench --http`, 8 streams per replica node) share the
 # cores that are left, in one cgroup with the quota that is left (2 - 4 x
 # QUOTA). Each setup's row reports the CPU each group used while the load
-# ran (from cpuacct.usage), and how often the quota throttled it.
+# ran (from cpuacct.usage), and how often the quota throttled it. After
+# each setup, a control: N in-process `troupe bench` runs at once, each in
+# a node's cgroup, with no cluster (what the hardware gives N quotas).
 #
 # Random-weight TinyLlama-shaped Q4_0 model (`troupe write-model`), one
 # stage per replica (`pipeline_stages = 1`, `replicas = N`).
 #
 #   sudo bench/scaling.sh [TROUPE_BINARY] [ROUNDS (1)] [MODEL.gguf]
 # Environment: QUOTA (0.375 cores per node), RATE (1gbit), STREAMS (8 per
-# node), TOKENS (64 per request).
+# node), TOKENS (64 per request), NODES ("1 2 4"; the first is the
+# reference), ROUTER (keys for [router], e.g. "prefix = false"), ALONE (1:
+# the control runs; 0: not).
 set -euo pipefail
 troupe=$(realpath "${1:-$(dirname "$0")/../build/cli/troupe}")
 rounds=${2:-1}
@@ -26,6 +30,9 @@ quota=${QUOTA:-0.375}
 rate=${RATE:-1gbit}
 streams=${STREAMS:-8}
 tokens=${TOKENS:-64}
+sizes=${NODES:-1 2 4}
+router=${ROUTER:-}
+alone_too=${ALONE:-1}
 [ "$(id -u)" = 0 ] || {
   echo "scaling.sh: needs root (network namespaces, cgroups, tc)" >&2
   exit 1
@@ -151,6 +158,8 @@ path = "$model"
 [parallelism]
 pipeline_stages = 1
 replicas = $n
+[router]
+$router
 [scheduler]
 max_running = 64
 queue_limit = 256
@@ -226,17 +235,41 @@ TOML
     "$(echo "$thr / $n / $secs" | bc -l)"
 }
 
+# alone N: N processes of `troupe bench` (the model in-process, no
+# cluster), each in node i's cgroup on node i's core, all at once: what the
+# hardware gives N quotas by themselves. Prints their summed out tok/s.
+alone() {
+  local n=$1 pids=() total=0
+  mkdir -p "$dir/alone$n"
+  for i in $(seq "$n"); do
+    sh -c "echo \$\$ > /sys/fs/cgroup/cpu/$cg/n$i/tasks; echo \$\$ > /sys/fs/cgroup/cpuacct/$cg/n$i/tasks; exec \"$troupe\" bench -m \"$model\" --devices cpu:$(((i - 1) % 2)) -c $streams -n $((3 * streams)) --max-tokens $tokens --no-reference" \
+      > "$dir/alone$n/n$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  for i in $(seq "$n"); do
+    local t
+    t=$(grep -E "^\| $streams \|" "$dir/alone$n/n$i.log" | head -1 | awk -F'|' '{gsub(/ /, "", $6); print $6}')
+    total=$(echo "$total + ${t:-0}" | bc -l)
+  done
+  echo "$total"
+}
+
 echo "model $model; quota $quota cores per node (period 10 ms), head + gateway + driver $(echo "2 - 4 * $quota" | bc -l) cores together; links $rate; $streams streams per node, $tokens tokens per request; logs in $dir"
-printf "%-6s %-6s %11s %8s %12s %7s %10s %9s %9s %12s\n" round nodes "out tok/s" "x one" \
-  "per node" failed "node cpu" "head cpu" "gw+drv cpu" "throttled/s"
+printf "%-6s %-6s %11s %8s %9s %7s %10s %10s %9s %10s %12s %9s\n" round nodes "out tok/s" "x one" \
+  "per node" failed "node cpu" "head cpu" "gw+drv cpu" "throttled/s" "alone tok/s" "vs alone"
 for r in $(seq "$rounds"); do
   one=
-  for n in 1 2 4; do
+  for n in $sizes; do
     read -r tps failed ncpu hcpu ccpu thr < <(run "$n")
     [ -n "$one" ] || one=$tps
     x=$(echo "$tps / $one" | bc -l)
-    printf "%-6s %-6s %11.1f %8.2f %12.2f %7s %10.2f %9.2f %9.2f %12.1f\n" "$r" "$n" "$tps" "$x" \
-      "$(echo "$x / $n" | bc -l)" "$failed" "$ncpu" "$hcpu" "$ccpu" "$thr"
+    al=$([ "$alone_too" = 1 ] && alone "$n" || echo "$tps")
+    printf "%-6s %-6s %11.1f %8.2f %9.2f %7s %10.2f %10.2f %9.2f %10.1f %12.1f %9.2f\n" "$r" "$n" \
+      "$tps" "$x" "$(echo "$x / $n" | bc -l)" "$failed" "$ncpu" "$hcpu" "$ccpu" "$thr" "$al" \
+      "$(echo "$tps / $al" | bc -l)"
   done
 done
 echo "per node = (N nodes' tok/s / one node's) / N: the target is >= 0.85 at N = 2 and 4"
+echo "alone = N in-process \`troupe bench\` runs at once in the same cgroups (no cluster): the hardware's"
+echo "own scaling under the quotas; vs alone = the cluster's tok/s / that (troupe's share of the loss)"
