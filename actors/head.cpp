@@ -54,6 +54,9 @@ bool from_this_process(head_ptr self) {
   return s && s->node() == self->node();
 }
 
+/// Joins under way at once at most (heartbeat).
+constexpr int max_joins_in_flight = 16;
+
 void start_join(head_ptr self, const std::string& name) {
   auto& st = self->state;
   auto& r = st.rt[name];
@@ -516,8 +519,18 @@ void heartbeat(head_ptr self) {
     else
       event(self, "node " + t.name + " " + cluster::to_string(t.to) + ": " + t.why, true);
   }
+  // Joins are paced: each is a TLS handshake, and the node checks the
+  // head's address with another one back. A thousand at once (a large
+  // manifest starting) time each other out; those left wait for their
+  // next turn (membership's rejoin_every).
+  int room = max_joins_in_flight -
+             static_cast<int>(std::count_if(st.rt.begin(), st.rt.end(),
+                                            [](const auto& r) { return r.second.joining; }));
   for (const auto& name : st.members->due_for_join(now))
-    if (name != st.cfg.node.name) start_join(self, name);
+    if (name != st.cfg.node.name && room > 0 && !st.rt[name].joining) {
+      start_join(self, name);
+      --room;
+    }
   for (auto& [name, r] : st.rt) {
     if (!r.agent) continue;
     const auto* m = st.members->find(name);
