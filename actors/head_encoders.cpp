@@ -29,6 +29,13 @@ constexpr auto drain_limit = 120s;
 /// A node where loading a replica failed is not tried again for this long.
 constexpr auto failed_pause = 60s;
 
+/// The replica loading on `node`, if one is.
+encoder_replica_rt* loading_on_node(head_state& st, const std::string& node) {
+  for (auto& e : st.enc_extra)
+    if (e.node == node && e.state == phase::loading) return &e;
+  return nullptr;
+}
+
 int serving_count(const head_state& st) {
   int n = st.encoder ? 1 : 0;
   for (const auto& e : st.enc_extra)
@@ -122,20 +129,14 @@ void add_replica(head_ptr self, const std::string& node, const std::string& why)
       .then(
           [self, node, agent, fail, busy, t0](encoder_actor& fresh) {
             auto& st = self->state;
-            auto it = std::find_if(st.enc_extra.begin(), st.enc_extra.end(),
-                                   [&](const auto& x) { return x.node == node; });
-            if (it == st.enc_extra.end() || it->state != phase::loading) return;  // lost meanwhile
+            if (!loading_on_node(st, node)) return;  // lost meanwhile
             // It sends image rows to each replica's first stage: its node
             // reaches theirs first.
-            std::vector<std::pair<stage_handles, std::string>> firsts;
-            for (const auto& p : st.reps)
-              if (!p.plan.empty() && !p.handles.empty() && p.plan[0].node != node)
-                firsts.emplace_back(p.handles[0], p.plan[0].node);
+            const auto firsts = first_stages_away_from(self, node);
             auto ready = [self, node, fresh, t0] {
               auto& st = self->state;
-              auto it = std::find_if(st.enc_extra.begin(), st.enc_extra.end(),
-                                     [&](const auto& x) { return x.node == node; });
-              if (it == st.enc_extra.end() || it->state != phase::loading) return;
+              auto* it = loading_on_node(st, node);
+              if (!it) return;
               it->actor = fresh;
               it->state = phase::serving;
               it->since = steady::now();
@@ -242,6 +243,15 @@ void push_encoder_pool(head_ptr self, const std::vector<encoder_actor>& lost) {
   for (const auto& s : schedulers_of(self))
     self->request(s, 5s, encoders_atom::value, pool, lost)
         .then([](std::int64_t) {}, [](caf::error&) {});
+}
+
+std::vector<std::pair<stage_handles, std::string>> first_stages_away_from(head_ptr self,
+                                                                          const std::string& node) {
+  std::vector<std::pair<stage_handles, std::string>> out;
+  for (const auto& p : self->state.reps)
+    if (!p.plan.empty() && !p.handles.empty() && p.plan[0].node != node)
+      out.emplace_back(p.handles[0], p.plan[0].node);
+  return out;
 }
 
 bool hosts_encoder_replica(head_ptr self, const std::string& node) {

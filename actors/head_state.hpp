@@ -225,6 +225,10 @@ void encoder_service_tick(head_ptr self);
 void encoder_node_lost(head_ptr self, const std::string& name);
 /// Replica `r` was placed: every encoder replica reaches its first stage.
 void connect_encoders_to(head_ptr self, int r);
+/// Each placed replica's first stage (its handles and node) not on `node`:
+/// where an encoder there must reach over the data plane.
+std::vector<std::pair<stage_handles, std::string>> first_stages_away_from(head_ptr self,
+                                                                          const std::string& node);
 /// Whether an encoder replica beyond the first runs (or loads) on `node`.
 bool hosts_encoder_replica(head_ptr self, const std::string& node);
 

@@ -479,10 +479,7 @@ caf::result<migrate_report> start_encoder_migration(head_ptr self, const migrate
             // The new encoder sends image rows to each replica's first
             // stage's process: its node reaches those first.
             auto& st = self->state;
-            std::vector<std::pair<stage_handles, std::string>> firsts;
-            for (const auto& p : st.reps)
-              if (!p.plan.empty() && !p.handles.empty() && p.plan[0].node != rep->to)
-                firsts.emplace_back(p.handles[0], p.plan[0].node);
+            const auto firsts = first_stages_away_from(self, rep->to);
             if (firsts.empty()) return switch_over(fresh);
             auto left = std::make_shared<std::size_t>(firsts.size());
             auto failed = std::make_shared<bool>(false);
