@@ -1,11 +1,15 @@
 #include "actors/client.hpp"
 
+#include "actors/log.hpp"
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace troupe::actors {
 
@@ -13,9 +17,22 @@ struct client::shared {
   std::mutex mtx;
   std::unordered_map<std::uint64_t, callbacks> cbs;
   std::optional<std::string> gone;  ///< the target went away: why
+  frontdoor_actor door;             ///< the door now (a failover replaces it)
+  // -- with a failover ---------------------------------------------------------
+  std::optional<client::failover> fo;
+  /// Each open job's tokens received so far (what a new head resumes from).
+  std::unordered_map<std::uint64_t, std::vector<std::int32_t>> seen;
+  /// Events count only from this node (the head now): a head that was
+  /// replaced and comes back must not add tokens to a stream.
+  caf::node_id source;
+  std::int64_t reattached = 0, failovers = 0;
+  bool failing_over = false;  ///< new jobs wait for the door of the head that takes over
 };
 
 namespace {
+
+/// The sink, and (from this process only) the door to watch after a failover.
+using sink_actor = client_sink_actor::extend<caf::reacts_to<attach_atom, frontdoor_actor>>;
 
 /// A finish event for a request whose target went away.
 finish_event gone_event(std::uint64_t id, const std::string& why) {
@@ -27,29 +44,136 @@ finish_event gone_event(std::uint64_t id, const std::string& why) {
   return f;
 }
 
-client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer self,
-                                           std::shared_ptr<client::shared> sh,
-                                           caf::actor_addr target, std::string what) {
+/// Ends every open job with `why` (the target went away for good).
+void end_open(const std::shared_ptr<client::shared>& sh, const std::string& why) {
+  std::unordered_map<std::uint64_t, client::callbacks> open;
+  {
+    std::lock_guard lock(sh->mtx);
+    sh->gone = why;
+    sh->failing_over = false;
+    open.swap(sh->cbs);
+    sh->seen.clear();
+  }
+  for (auto& [id, cb] : open)
+    if (cb.on_finish) cb.on_finish(gone_event(id, why));
+}
+
+/// After the door went away: a door again (the head, or its standby), and
+/// every open job attached to it from the tokens received; on a thread of
+/// its own (reconnecting blocks).
+void fail_over(caf::actor_system& sys, std::shared_ptr<client::shared> sh, sink_actor sink,
+               std::string why) {
+  sys.spawn<caf::detached>([sh, sink, why](caf::blocking_actor* b) {
+    auto fo = *sh->fo;
+    logging::of("client").warn("{}: looking for the head that takes over", why);
+    const auto deadline = std::chrono::steady_clock::now() + fo.window;
+    std::string last = why;
+    std::unordered_set<std::uint64_t> attached;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto d = fo.reconnect ? fo.reconnect() : std::unexpected(std::string("no way to reconnect"));
+      if (d && *d) {
+        std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> open;
+        {
+          std::lock_guard lock(sh->mtx);
+          sh->source = d->node();
+          for (const auto& [id, cb] : sh->cbs)
+            if (!attached.count(id)) open.emplace_back(id, sh->seen[id]);
+        }
+        bool again = false;
+        for (auto& [id, toks] : open) {
+          const auto left = std::max<std::chrono::milliseconds>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::steady_clock::now()),
+              std::chrono::milliseconds(1));
+          b->request(*d, left, attach_atom::value, id, toks,
+                     caf::actor_cast<client_sink_actor>(sink))
+              .receive(
+                  [&, id = id](submit_ack&) {
+                    attached.insert(id);
+                    std::lock_guard lock(sh->mtx);
+                    ++sh->reattached;
+                  },
+                  [&, id = id](caf::error& e) {
+                    const auto code = troupe_code(e);
+                    if (code == static_cast<std::uint8_t>(error_code::unavailable) ||
+                        e == caf::sec::request_timeout) {
+                      again = true;  // a standby not serving yet: ask again
+                      last = describe(b->system(), e);
+                      return;
+                    }
+                    client::callbacks cb;
+                    {
+                      std::lock_guard lock(sh->mtx);
+                      auto it = sh->cbs.find(id);
+                      if (it == sh->cbs.end()) return;
+                      cb = std::move(it->second);
+                      sh->cbs.erase(it);
+                      sh->seen.erase(id);
+                    }
+                    auto f = gone_event(id, "the head was lost and the job could not be resumed: " +
+                                                describe(b->system(), e));
+                    if (code) f.code = static_cast<error_code>(code);
+                    if (cb.on_finish) cb.on_finish(f);
+                  });
+        }
+        if (!again) {
+          logging::of("client").info("{} job(s) go on at the head that took over", attached.size());
+          {
+            std::lock_guard lock(sh->mtx);
+            sh->door = *d;
+            ++sh->failovers;
+            sh->failing_over = false;
+          }
+          b->send(sink, attach_atom::value, *d);
+          return;
+        }
+      } else if (!d) {
+        last = d.error();
+      }
+      std::this_thread::sleep_for(fo.retry_every);
+    }
+    end_open(sh, why + "; no head took over within " + std::to_string(fo.window.count()) + " ms (" +
+                     last + ")");
+  });
+}
+
+sink_actor::behavior_type sink_impl(sink_actor::stateful_pointer<caf::actor_addr> self,
+                                    std::shared_ptr<client::shared> sh, caf::actor_addr target,
+                                    std::string what) {
+  self->state = target;
   if (target) self->monitor(target);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source != target) return;
+    if (dm.source != self->state) return;
     const std::string why = what + " went away (" + self->system().render(dm.reason) + ")";
-    std::unordered_map<std::uint64_t, client::callbacks> open;
-    {
-      std::lock_guard lock(sh->mtx);
-      sh->gone = why;
-      open.swap(sh->cbs);
+    if (sh->fo) {
+      {
+        std::lock_guard lock(sh->mtx);
+        sh->failing_over = true;
+      }
+      return fail_over(self->system(), sh, self, why);
     }
-    for (auto& [id, cb] : open)
-      if (cb.on_finish) cb.on_finish(gone_event(id, why));
+    end_open(sh, why);
   });
+  // With a failover, only the head now speaks for a job.
+  auto heard = [=](std::uint64_t) {
+    if (!sh->fo) return true;
+    const auto& s = self->current_sender();
+    return s && s->node() == sh->source;
+  };
   return {
       [=](const token_event& e) {
         std::function<void(const token_event&)> f;
         {
           std::lock_guard lock(sh->mtx);
+          if (!heard(e.id)) return;
           auto it = sh->cbs.find(e.id);
-          if (it != sh->cbs.end()) f = it->second.on_token;
+          if (it != sh->cbs.end()) {
+            f = it->second.on_token;
+            if (sh->fo) {
+              auto& v = sh->seen[e.id];
+              v.insert(v.end(), e.tokens.begin(), e.tokens.end());
+            }
+          }
         }
         if (f) f(e);
       },
@@ -57,13 +181,22 @@ client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer self,
         std::function<void(const finish_event&)> f;
         {
           std::lock_guard lock(sh->mtx);
+          if (!heard(e.id)) return;
           auto it = sh->cbs.find(e.id);
           if (it != sh->cbs.end()) {
             f = std::move(it->second.on_finish);
             sh->cbs.erase(it);
+            sh->seen.erase(e.id);
           }
         }
         if (f) f(e);
+      },
+      [=](attach_atom, frontdoor_actor& d) {
+        // From this process's failover only.
+        const auto& s = self->current_sender();
+        if (!s || s->node() != self->node()) return;
+        self->state = d.address();
+        self->monitor(d);
       },
   };
 }
@@ -73,13 +206,47 @@ client_sink_actor::behavior_type sink_impl(client_sink_actor::pointer self,
 client::client(caf::actor_system& sys, scheduler_actor scheduler)
     : sys_(sys), target_(scheduler), shared_(std::make_shared<shared>()) {
   if (!scheduler) shared_->gone = "no scheduler to submit to";
-  sink_ = sys_.spawn(sink_impl, shared_, scheduler.address(), std::string("the scheduler"));
+  sink_ = caf::actor_cast<client_sink_actor>(
+      sys_.spawn(sink_impl, shared_, scheduler.address(), std::string("the scheduler")));
 }
 
 client::client(caf::actor_system& sys, frontdoor_actor door)
     : sys_(sys), target_(door), shared_(std::make_shared<shared>()) {
   if (!door) shared_->gone = "no door of a cluster to submit to";
-  sink_ = sys_.spawn(sink_impl, shared_, door.address(), std::string("the head"));
+  shared_->door = door;
+  sink_ = caf::actor_cast<client_sink_actor>(
+      sys_.spawn(sink_impl, shared_, door.address(), std::string("the head")));
+}
+
+client::client(caf::actor_system& sys, frontdoor_actor door, failover fo)
+    : sys_(sys), target_(door), shared_(std::make_shared<shared>()) {
+  if (!door) shared_->gone = "no door of a cluster to submit to";
+  shared_->door = door;
+  if (door) shared_->source = door.node();
+  shared_->fo = std::move(fo);
+  sink_ = caf::actor_cast<client_sink_actor>(
+      sys_.spawn(sink_impl, shared_, door.address(), std::string("the head")));
+}
+
+std::variant<scheduler_actor, frontdoor_actor> client::target() const {
+  if (std::holds_alternative<scheduler_actor>(target_)) return target_;
+  std::lock_guard lock(shared_->mtx);
+  return shared_->door;
+}
+
+frontdoor_actor client::door() const {
+  std::lock_guard lock(shared_->mtx);
+  return shared_->door;
+}
+
+std::int64_t client::reattached() const {
+  std::lock_guard lock(shared_->mtx);
+  return shared_->reattached;
+}
+
+std::int64_t client::failovers() const {
+  std::lock_guard lock(shared_->mtx);
+  return shared_->failovers;
 }
 
 client::~client() {
@@ -106,6 +273,9 @@ std::expected<submit_ack, client::rejection> client::submit_to(Request req, call
   {
     std::lock_guard lock(shared_->mtx);
     if (shared_->gone) return std::unexpected(rejection{error_code::unavailable, *shared_->gone});
+    if (shared_->failing_over)
+      return std::unexpected(rejection{error_code::unavailable,
+                                       "the head was lost; its standby is taking over: retry"});
     shared_->cbs[id] = std::move(cb);
   }
   std::expected<submit_ack, rejection> out =
@@ -122,7 +292,7 @@ std::expected<submit_ack, client::rejection> client::submit_to(Request req, call
                   std::move(req), sink_)
         .receive(on_ack, on_error);
   else
-    self->request(std::get<frontdoor_actor>(target_), caf::infinite, submit_atom::value,
+    self->request(std::get<frontdoor_actor>(target()), caf::infinite, submit_atom::value,
                   std::move(req), sink_)
         .receive(on_ack, on_error);
   if (!out) {
@@ -193,14 +363,15 @@ bool client::cancel(std::uint64_t id) {
         self->request(target, std::chrono::seconds(10), cancel_atom::value, id)
             .receive(on_answer, on_error);
       },
-      target_);
+      target());
   return found;
 }
 
 void client::submit_async(job_request job, callbacks cb, submitted done,
                           std::chrono::milliseconds timeout) {
   const auto id = job.id;
-  auto* door = std::get_if<frontdoor_actor>(&target_);
+  const auto now = target();
+  auto* door = std::get_if<frontdoor_actor>(&now);
   if (!door) {
     done(std::unexpected(
         rejection{error_code::invalid_request, "a scheduler takes requests, not jobs"}));
@@ -208,8 +379,9 @@ void client::submit_async(job_request job, callbacks cb, submitted done,
   }
   {
     std::lock_guard lock(shared_->mtx);
-    if (shared_->gone) {
-      const auto why = *shared_->gone;
+    if (shared_->gone || shared_->failing_over) {
+      const auto why =
+          shared_->gone.value_or("the head was lost; its standby is taking over: retry");
       // Not in this call (the caller may hold its own lock): on an actor.
       sys_.spawn([done, why](caf::event_based_actor*) {
         done(std::unexpected(rejection{error_code::unavailable, why}));
@@ -247,9 +419,10 @@ void client::submit_async(job_request job, callbacks cb, submitted done,
 }
 
 void client::cancel_async(std::uint64_t id) {
-  if (auto* door = std::get_if<frontdoor_actor>(&target_)) {
+  const auto now = target();
+  if (auto* door = std::get_if<frontdoor_actor>(&now)) {
     caf::anon_send(*door, cancel_atom::value, id);
-  } else if (auto* sched = std::get_if<scheduler_actor>(&target_)) {
+  } else if (auto* sched = std::get_if<scheduler_actor>(&now)) {
     caf::anon_send(*sched, cancel_atom::value, id);
   }
 }

@@ -34,8 +34,22 @@ class client {
     std::string message;
   };
 
+  /// A cluster with a standby head: when the door goes away, the client
+  /// looks for a door again (`reconnect`: the head, else its standby) for
+  /// up to `window`, and asks it to go on with each open job from the
+  /// tokens already received (attach_atom). Its callbacks see one stream:
+  /// no token twice, none missing. Events from any other head are
+  /// ignored after that. Without a door by then, open jobs end as
+  /// `unavailable`.
+  struct failover {
+    std::function<std::expected<frontdoor_actor, std::string>()> reconnect;
+    std::chrono::milliseconds window{30000};
+    std::chrono::milliseconds retry_every{250};
+  };
+
   client(caf::actor_system& sys, scheduler_actor scheduler);
   client(caf::actor_system& sys, frontdoor_actor door);
+  client(caf::actor_system& sys, frontdoor_actor door, failover fo);
   ~client();
   client(const client&) = delete;
   client& operator=(const client&) = delete;
@@ -64,6 +78,11 @@ class client {
   std::string gone() const;
   /// The scheduler's counters (a scheduler target only; empty otherwise).
   scheduler_stats stats();
+  /// The door jobs go to now (a failover replaces it; invalid for a scheduler).
+  frontdoor_actor door() const;
+  /// Jobs carried over to another head so far (failover), and failovers.
+  std::int64_t reattached() const;
+  std::int64_t failovers() const;
 
   /// A fresh request id (unique within this process).
   static std::uint64_t next_id();
@@ -76,6 +95,9 @@ class client {
   template <class Request>
   std::expected<finish_event, rejection> run_to(Request req,
                                                 std::function<void(const token_event&)> on_token);
+
+  /// The door now (a failover replaces it), or the scheduler.
+  std::variant<scheduler_actor, frontdoor_actor> target() const;
 
   caf::actor_system& sys_;
   std::variant<scheduler_actor, frontdoor_actor> target_;

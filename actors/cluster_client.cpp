@@ -10,12 +10,29 @@ namespace troupe::actors {
 std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sys,
                                                            const cluster::manifest& m,
                                                            std::chrono::milliseconds timeout) {
-  auto pass = join_node(sys, m, cluster::client_identity, m.head, timeout);
-  if (!pass) return std::unexpected(pass.error());
-  if (!pass->door)
-    return std::unexpected("node " + m.head + " handed out no door (is it the head of cluster " +
-                           m.name + "?)");
-  return pass->door;
+  // The head, else its standby once it took over (before, it serves
+  // nothing: a client waiting for the head to come up keeps waiting).
+  std::string why;
+  for (const auto& name : {m.head, m.standby}) {
+    if (name.empty()) continue;
+    auto pass = join_node(sys, m, cluster::client_identity, name, timeout);
+    std::string one;
+    if (!pass) {
+      one = pass.error();
+    } else if (!pass->door) {
+      one = "node " + name + " handed out no door (is it the head of cluster " + m.name + "?)";
+    } else if (name == m.head) {
+      return pass->door;
+    } else if (auto s = query_status(sys, pass->door, timeout); !s) {
+      one = "standby " + name + ": " + s.error();
+    } else if (s->head != name) {
+      one = "standby " + name + " has not taken over (" + s->standby + ")";
+    } else {
+      return pass->door;
+    }
+    why += (why.empty() ? "" : "; ") + one;
+  }
+  return std::unexpected(why);
 }
 
 std::expected<cluster_status, std::string> query_status(caf::actor_system& sys,

@@ -5,10 +5,14 @@
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <caf/io/all.hpp>
@@ -263,13 +267,17 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
             logging::of("gatekeeper").debug("{}: a client came in", me);
             return gate_pass{m.name, me, protocol_version, node_agent_actor{}, door};
           }
-          const gate_pass pass{m.name, me, protocol_version, agent, frontdoor_actor{}};
-          if (h.node != m.head) {
+          // The standby head follows the head through its door (its journal).
+          const bool standby = !m.standby.empty() && h.node == m.standby;
+          const gate_pass pass{m.name, me, protocol_version, agent,
+                               standby && h.term == 0 ? door : frontdoor_actor{}};
+          if (h.node != m.head && !(standby && h.term > 0)) {
             logging::of("gatekeeper").info("{}: node {} joined", me, h.node);
             return pass;
           }
-          // The head: the process at the manifest's head address, with a
-          // term no lower than the lease's (cluster/head_lease.hpp).
+          // The head (or the standby, taking over with a term): the process
+          // at its manifest address, with a term no lower than the lease's
+          // (cluster/head_lease.hpp).
           const std::string caller = to_string(sender->node());
           auto grant = [me, caller, term = h.term]() -> caf::error {
             auto& l = cluster::local_head_lease();
@@ -290,7 +298,7 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
             if (auto e = grant()) return e;
             return pass;
           }
-          const auto* head = m.node(m.head);
+          const auto* head = m.node(h.node);
           const std::string at = head->host + ":" + std::to_string(head->port);
           auto checker = self->system().spawn<caf::detached>(
               [host = head->host, port = head->port](caf::event_based_actor* c) -> caf::behavior {
@@ -372,6 +380,60 @@ std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config&
   return {};
 }
 
+namespace {
+
+/// Whether the process at host:port answers a TLS ClientHello within
+/// `limit`. A stopped (SIGSTOPped) process's kernel still completes the
+/// TCP handshake, and CAF's connect then waits for it forever (spinning
+/// the middleman meanwhile); only the process itself answers TLS.
+bool answers_tls(const std::string& host, int port, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto left = [&] {
+    return static_cast<int>(std::max<std::int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(until -
+                                                                 std::chrono::steady_clock::now())
+               .count()));
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool alive = false;
+  for (auto* a = res; a && !alive && left() > 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    const bool connected =
+        (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) &&
+        ::poll(&p, 1, left()) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+        err == 0;
+    if (connected) {
+      SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+      SSL* ssl = ctx ? SSL_new(ctx) : nullptr;
+      if (ssl && SSL_set_fd(ssl, fd) == 1) {
+        const int r = SSL_connect(ssl);  // sends the ClientHello
+        if (r == 1) {
+          alive = true;
+        } else if (SSL_get_error(ssl, r) == SSL_ERROR_WANT_READ) {
+          pollfd q{fd, POLLIN, 0};
+          alive = ::poll(&q, 1, left()) == 1;  // its ServerHello (or an alert): it runs
+        }
+      }
+      if (ssl) SSL_free(ssl);
+      if (ctx) SSL_CTX_free(ctx);
+      ERR_clear_error();
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return alive;
+}
+
+}  // namespace
+
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
                                                 const std::string& self_node,
                                                 const std::string& target,
@@ -379,13 +441,40 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
                                                 std::uint64_t term) {
   const auto* t = m.node(target);
   if (!t) return std::unexpected("'" + target + "' is not a node of " + m.path);
-  auto gk = caf::openssl::remote_actor<gatekeeper_actor>(sys, t->host,
-                                                         static_cast<std::uint16_t>(t->port));
-  if (!gk)
-    return std::unexpected("node " + target + " at " + t->host + ":" + std::to_string(t->port) +
-                           ": " + sys.render(gk.error()));
+  const std::string at = t->host + ":" + std::to_string(t->port);
+  // One join at a time from this process to a node: its gatekeeper keeps
+  // one challenge per connecting process, so concurrent joins (clients
+  // failing over together) would replace each other's challenge.
+  static std::mutex joins_mtx;
+  static std::map<std::string, std::shared_ptr<std::mutex>> joins;
+  std::shared_ptr<std::mutex> one;
+  {
+    std::lock_guard lk(joins_mtx);
+    auto& p = joins[at];
+    if (!p) p = std::make_shared<std::mutex>();
+    one = p;
+  }
+  std::lock_guard serial(*one);
+  if (!answers_tls(t->host, t->port, std::min(timeout, std::chrono::milliseconds(3000))))
+    return std::unexpected("node " + target + " at " + at +
+                           " does not answer (down, stopped or unreachable)");
+  // caf::openssl::remote_actor, with a limit on the wait.
   caf::scoped_actor self{sys};
+  std::optional<gatekeeper_actor> gk;
   std::string why;
+  self->request(sys.openssl_manager().actor_handle(), caf::duration{timeout},
+                caf::connect_atom::value, t->host, static_cast<std::uint16_t>(t->port))
+      .receive(
+          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+            if (!ptr)
+              why = "no actor published there";
+            else if (!sys.assignable<gatekeeper_actor>(ifs))
+              why = "the actor there is not a gatekeeper";
+            else
+              gk = caf::actor_cast<gatekeeper_actor>(std::move(ptr));
+          },
+          [&](caf::error& e) { why = sys.render(e); });
+  if (!gk) return std::unexpected("node " + target + " at " + at + ": " + why);
   std::vector<std::uint8_t> challenge;
   self->request(*gk, caf::duration{timeout}, challenge_atom::value)
       .receive([&](std::vector<std::uint8_t>& c) { challenge = std::move(c); },

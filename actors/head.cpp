@@ -568,6 +568,7 @@ void heartbeat(head_ptr self) {
               },
               [](caf::error&) {});
   retire_drained(self);
+  journal_tick(self);
   encoder_service_tick(self);
   measure_decisions(self);
   policy_tick(self);
@@ -813,6 +814,15 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     }
     st.rt[st.cfg.node.name].agent = own;
     st.members->joined(st.cfg.node.name, steady::now());
+    {
+      const auto& m = st.cfg.node.m;
+      if (!m.standby.empty())
+        st.partner = st.cfg.node.name == m.head      ? m.standby
+                     : st.cfg.node.name == m.standby ? m.head
+                                                     : std::string{};
+      st.standby_mode = st.cfg.standby && !st.partner.empty();
+      if (st.standby_mode) event(self, "standby head: following head " + st.partner);
+    }
     self->set_exit_handler([self](caf::exit_msg& em) {
       // The scheduler and the encoder go with the head.
       auto& st = self->state;
@@ -826,6 +836,12 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     });
     self->set_down_handler([self](caf::down_msg& dm) {
       auto& st = self->state;
+      if (standby_partner_down(self, dm.source)) return;
+      if (st.follower && st.follower.address() == dm.source) {
+        st.follower = frontdoor_actor{};
+        event(self, "standby " + st.partner + " no longer follows", true);
+        return;
+      }
       if (st.vault && st.vault.address() == dm.source)
         return vault_lost(self, self->system().render(dm.reason));
       for (auto& [name, r] : st.rt) {
@@ -840,6 +856,10 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     return {
         [=](submit_atom, job_request& job, client_sink_actor& sink) -> caf::result<submit_ack> {
           auto& st = self->state;
+          if (st.standby_mode)
+            return make_error(
+                error_code::unavailable,
+                "node " + st.cfg.node.name + " is the standby head: submit to head " + st.partner);
           if (st.draining)
             return make_error(error_code::unavailable, "the cluster is shutting down");
           if (std::none_of(st.reps.begin(), st.reps.end(),
@@ -860,9 +880,14 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                 }
                 auto& p = rep(self, r);
                 ++p.routed;
+                journal_begin(self, req);  // (with a standby) before its scheduler has it
+                const auto id = req.id;
                 self->request(p.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
                     .then([rp](submit_ack& a) mutable { rp.deliver(a); },
-                          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                          [self, id, rp](caf::error& e) mutable {
+                            journal_end(self, id);
+                            rp.deliver(std::move(e));
+                          });
               });
         },
         [=](tokenize_atom, job_request& job) -> caf::result<tokenize_reply> {
@@ -972,9 +997,31 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
           check_drain(self);
           return rp;
         },
+        [=](follow_atom, bool first) -> caf::result<journal_state> {
+          return on_follow(self, first);
+        },
+        [=](journal_atom, std::vector<journal_entry>& entries) { on_journal(self, entries); },
+        [=](attach_atom, std::uint64_t id, std::vector<std::int32_t>& tokens,
+            client_sink_actor& sink) -> caf::result<submit_ack> {
+          return on_attach(self, id, tokens, sink);
+        },
+        [=](follow_atom, gate_pass& pass) {
+          if (from_this_process(self)) follow_joined(self, &pass, {});
+        },
+        [=](follow_atom, const std::string& why) {
+          if (from_this_process(self)) follow_joined(self, nullptr, why);
+        },
         [=](tick_atom) {
           if (!from_this_process(self)) return;
           auto& st = self->state;
+          if (st.standby_mode) {
+            if (steady::now() - st.last_heartbeat >= st.members->options().heartbeat_every) {
+              st.last_heartbeat = steady::now();
+              standby_tick(self);
+              self->delayed_send(self, st.members->options().heartbeat_every, tick_atom::value);
+            }
+            return;
+          }
           st.retry_queued = false;
           if (steady::now() - st.last_heartbeat >= st.members->options().heartbeat_every) {
             st.last_heartbeat = steady::now();

@@ -47,6 +47,16 @@ struct head_config {
   /// The head's term (cluster/head_lease.hpp); 0: its start time in
   /// milliseconds since the epoch, so a later head has a higher one.
   std::uint64_t term = 0;
+  /// Start as the manifest's standby head ([cluster] standby): follow the
+  /// head's jobs, serve nothing, and take over (a higher term, a fresh
+  /// placement) once the head is lost: its connection closed, or no answer
+  /// for membership.lost_after.
+  bool standby = false;
+  /// After a takeover: place on the nodes up after this long.
+  std::chrono::milliseconds takeover_grace{1500};
+  /// After a takeover: how long a job waits for its client to attach
+  /// before it is dropped, and an attach for a replica to serve.
+  std::chrono::milliseconds attach_wait{60000};
 };
 
 /// The head: its door (also the actor that runs membership and placement).

@@ -33,10 +33,11 @@ using cluster_detail::joined_node_is;
 using cluster_detail::joined_nodes;
 using cluster_detail::ms_since;
 
-using head_core_actor =
-    frontdoor_actor::extend<caf::reacts_to<tick_atom>,
-                            caf::reacts_to<joined_atom, std::string, gate_pass>,
-                            caf::reacts_to<joined_atom, std::string, std::string>>;
+using head_core_actor = frontdoor_actor::extend<
+    caf::reacts_to<tick_atom>, caf::reacts_to<joined_atom, std::string, gate_pass>,
+    caf::reacts_to<joined_atom, std::string, std::string>,
+    // A standby's join of the head it follows.
+    caf::reacts_to<follow_atom, gate_pass>, caf::reacts_to<follow_atom, std::string>>;
 
 struct member_rt {
   node_agent_actor agent;
@@ -198,6 +199,40 @@ struct head_state {
   std::map<std::string, steady::time_point> enc_failed;  ///< nodes where a load failed, and when
   bool enc_drain_asking = false;  ///< the schedulers are asked whether a drained one is free
   std::string enc_no_room;        ///< the last "no node has room" said (said once)
+
+  // -- the standby head (head_standby.cpp) --
+  /// The other of the manifest's head and standby ("" without a standby):
+  /// whom a standby follows, and whose follow a head answers.
+  std::string partner;
+  bool standby_mode = false;  ///< following the partner's journal; serving nothing
+  frontdoor_actor followed;   ///< the partner's door
+  bool follow_joining = false, follow_asking = false, followed_once = false;
+  steady::time_point follow_heard{};  ///< its last answer
+  std::uint64_t followed_term = 0;
+  std::string follow_why;  ///< why it does not follow now (status)
+  /// The followed head's jobs (its journal): after a takeover, each waits
+  /// for its client to attach, then resumes from the client's tokens.
+  std::map<std::uint64_t, generate_request> adoptable;
+  std::optional<steady::time_point> took_over_at;
+  struct pending_attach {
+    std::uint64_t id = 0;
+    std::vector<std::int32_t> tokens;
+    client_sink_actor sink;
+    caf::typed_response_promise<submit_ack> rp;
+    steady::time_point since;
+  };
+  std::vector<pending_attach> attaches;  ///< waiting for a replica to serve
+  std::int64_t resumed_jobs = 0, dropped_jobs = 0;
+  /// As a head with a standby: its door, and every job accepted and not
+  /// ended (pruned against the schedulers' live ids each second).
+  frontdoor_actor follower;
+  struct journal_rec {
+    generate_request req;
+    steady::time_point at;
+  };
+  std::map<std::uint64_t, journal_rec> journal;
+  bool journal_asking = false;
+  steady::time_point journal_pruned{};
 };
 
 using head_ptr = head_core_actor::stateful_pointer<head_state>;
@@ -232,7 +267,29 @@ std::vector<std::pair<stage_handles, std::string>> first_stages_away_from(head_p
 /// Whether an encoder replica beyond the first runs (or loads) on `node`.
 bool hosts_encoder_replica(head_ptr self, const std::string& node);
 
+// -- head_standby.cpp: the standby head and the journal it follows ---------------
+
+/// A standby's heartbeat: follow the partner; take over when it is lost.
+void standby_tick(head_ptr self);
+/// The partner's door went down (a standby: take over).
+bool standby_partner_down(head_ptr self, const caf::actor_addr& source);
+/// A join of the partner (as its standby) ended.
+void follow_joined(head_ptr self, gate_pass* pass, const std::string& why);
+/// An active head's heartbeat: prune the journal, resume attached jobs,
+/// drop those whose clients did not come back.
+void journal_tick(head_ptr self);
+/// A job is accepted (before its scheduler has it) / refused or ended.
+void journal_begin(head_ptr self, const generate_request& req);
+void journal_end(head_ptr self, std::uint64_t id);
+caf::result<journal_state> on_follow(head_ptr self, bool first);
+void on_journal(head_ptr self, std::vector<journal_entry>& entries);
+caf::result<submit_ack> on_attach(head_ptr self, std::uint64_t id,
+                                  std::vector<std::int32_t>& tokens, client_sink_actor& sink);
+
 // -- head.cpp -----------------------------------------------------------------
+
+/// The replica for a job (-1: none serves).
+int route(head_ptr self, const generate_request& req);
 
 // Records `what` as the last event (`troupe status` shows it) and logs it.
 void event(head_ptr self, const std::string& what, bool warn = false);

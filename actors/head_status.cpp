@@ -42,6 +42,26 @@ cluster_status status_of(head_ptr self) {
     }
   }
   s.last_event = st.last_event;
+  s.term = st.cfg.term;
+  s.journal_jobs = static_cast<std::int64_t>(st.journal.size());
+  if (!st.partner.empty()) {
+    const auto waiting = static_cast<std::int64_t>(st.adoptable.size());
+    if (st.standby_mode)
+      s.standby = "this node (" + st.cfg.node.name + ") is the standby: " +
+                  (st.followed_once && st.follow_why.empty()
+                       ? "following head " + st.partner + ", " + std::to_string(waiting) +
+                             " job(s) in its journal"
+                       : "not following head " + st.partner + " yet" +
+                             (st.follow_why.empty() ? "" : ": " + st.follow_why));
+    else if (st.took_over_at)
+      s.standby = "took over from head " + st.partner + " " +
+                  std::to_string(static_cast<std::int64_t>(ms_since(*st.took_over_at) / 1000)) +
+                  " s ago: " + std::to_string(st.resumed_jobs) + " job(s) resumed, " +
+                  std::to_string(waiting) + " waiting for their clients, " +
+                  std::to_string(st.dropped_jobs) + " dropped; no standby now";
+    else
+      s.standby = st.partner + (st.follower ? ": following" : ": not following");
+  }
   s.indexed_blocks.assign(4, 0);
   s.detect_ms = st.detect_ms;
   s.resume_ms = st.resume_ms;

@@ -57,6 +57,11 @@ struct agent_state {
   encoder_actor encoder;  ///< a vision encoder moved here (live migration)
   kv_vault_actor vault;   ///< the cluster's KV store, when the head put it here
   std::uint64_t epoch = 0;
+  /// Whose orders placed what it holds: the ordering process and its term
+  /// ("" before any). A new head (a standby that took over, a head that
+  /// restarted) numbers its placements from 1 again: what the old one
+  /// placed goes first.
+  std::string orders_of;
   std::string failure;
   device_probe probe;                            ///< measured at start
   std::unique_ptr<foreign_load> load;            ///< sampled at each heartbeat
@@ -207,13 +212,31 @@ node_report report_of(agent_ptr self) {
 caf::error refuse_unless_head(agent_ptr self) {
   const auto& s = self->current_sender();
   if (!s) return make_error(error_code::not_the_head, "an order without a sender");
-  if (s->node() == self->node()) return {};
-  auto& l = cluster::local_head_lease();
-  std::lock_guard lk(l.mtx);
-  if (l.lease.holds(to_string(s->node()))) return {};
-  return make_error(error_code::not_the_head,
-                    "node " + self->state.cfg.name + " takes orders from the head of term " +
-                        std::to_string(l.lease.term()) + " only: this sender must step down");
+  std::string source = "this process";
+  if (s->node() != self->node()) {
+    auto& l = cluster::local_head_lease();
+    std::lock_guard lk(l.mtx);
+    if (!l.lease.holds(to_string(s->node())))
+      return make_error(error_code::not_the_head,
+                        "node " + self->state.cfg.name + " takes orders from the head of term " +
+                            std::to_string(l.lease.term()) + " only: this sender must step down");
+    source = to_string(s->node()) + " term " + std::to_string(l.lease.term());
+  }
+  auto& st = self->state;
+  if (st.orders_of != source) {
+    if (!st.orders_of.empty()) {
+      logging::of("agent").info("node {}: a new head ({}): what the old one placed goes",
+                                st.cfg.name, source);
+      drop_stages(self);
+      if (st.vault) caf::anon_send_exit(st.vault, caf::exit_reason::user_shutdown);
+      if (st.encoder) caf::anon_send_exit(st.encoder, caf::exit_reason::user_shutdown);
+      st.vault = kv_vault_actor{};
+      st.encoder = encoder_actor{};
+      st.epoch = 0;
+    }
+    st.orders_of = std::move(source);
+  }
+  return {};
 }
 
 }  // namespace

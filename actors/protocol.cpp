@@ -84,6 +84,10 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<std::int32_t>>("troupe::int32_vector");
   cfg.add_message_type<migrate_request>("troupe::migrate_request");
   cfg.add_message_type<migrate_report>("troupe::migrate_report");
+  cfg.add_message_type<journal_entry>("troupe::journal_entry");
+  cfg.add_message_type<std::vector<journal_entry>>("troupe::journal_entries");
+  cfg.add_message_type<journal_state>("troupe::journal_state");
+  cfg.add_message_type<std::vector<std::uint64_t>>("troupe::u64_vector");
   cfg.add_error_category(error_category, [](std::uint8_t code, caf::atom_value,
                                             const caf::message& ctx) { return render(code, ctx); });
 }

@@ -512,6 +512,7 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   spec.guided = !q.grammar.empty();
   spec.cache_salt = q.cache_salt;
   spec.priority = q.priority;
+  spec.resumed = q.resumed;
   return spec;
 }
 
@@ -703,7 +704,16 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
             if (!g) return make_error(error_code::invalid_request, g.error().message);
             if (!st.trie) st.trie = vocabulary_trie(st.model);
             guide.emplace(*g);
-            mask = guide->allowed(*st.trie, req.params.stop_token_ids);
+            // A resumed request's grammar continues after its resumed tokens.
+            const auto& ends = req.params.stop_token_ids;
+            for (auto tok : req.resumed) {
+              if (std::find(ends.begin(), ends.end(), tok) != ends.end()) break;
+              if (static_cast<std::size_t>(tok) >= st.trie->vocab() ||
+                  !guide->accept(st.trie->piece(tok)))
+                return make_error(error_code::invalid_request,
+                                  "the resumed tokens do not follow the request's grammar");
+            }
+            mask = guide->allowed(*st.trie, ends);
             if (std::all_of(mask.begin(), mask.end(), [](std::uint64_t x) { return x == 0; }))
               return make_error(error_code::invalid_request,
                                 "no token of this model's vocabulary can start the grammar");
@@ -746,6 +756,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           s.encode_wait_ms = st.encode_wait_ms;
           return s;
         },
+        [=](live_atom) { return self->state.core->ids(); },
         [=](kv_events_atom, std::uint64_t since) { return events_since(self, since); },
         [=](vault_atom, kv_vault_actor& vault, std::vector<std::uint8_t>& address) {
           // A new store (or none): the copies of the one before are gone.

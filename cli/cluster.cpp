@@ -155,6 +155,8 @@ json status_json(const actors::cluster_status& s) {
     links[s.links[i]] = s.link_bytes[i];
   return {{"cluster", s.cluster},
           {"head", s.head},
+          {"term", s.term},
+          {"standby", {{"state", s.standby}, {"journal_jobs", s.journal_jobs}}},
           {"ready", s.ready},
           {"draining", s.draining},
           {"placement", s.placement},
@@ -219,6 +221,9 @@ void print_status(const actors::cluster_status& s) {
               s.ready ? "ready" : "not ready", s.draining ? " (draining)" : "", s.head.c_str(),
               static_cast<unsigned long long>(s.epoch),
               s.placement.empty() ? "-" : s.placement.c_str());
+  if (!s.standby.empty())
+    std::printf("standby head: %s (term %llu, %lld job(s) in the journal)\n", s.standby.c_str(),
+                static_cast<unsigned long long>(s.term), static_cast<long long>(s.journal_jobs));
   if (s.encoder_replicas.size() > 1 || s.encoder_max > 1) {
     std::string list;
     for (std::size_t i = 0; i < s.encoder_replicas.size() && i < s.encoder_states.size(); ++i)
@@ -623,7 +628,12 @@ int run_submit(const cluster_args& a) {
       std::fwrite(e.text.data(), 1, e.text.size(), stdout);
       std::fflush(stdout);
     };
-  actors::client client(*sys, *door);
+  // With a standby head, a job outlives the head: the client finds the
+  // standby once it took over and the stream goes on from there.
+  std::optional<actors::client::failover> fo;
+  if (!m->standby.empty())
+    fo = actors::client::failover{[&sys, &m] { return actors::connect_client(*sys, *m, 2s); }};
+  actors::client client = fo ? actors::client(*sys, *door, *fo) : actors::client(*sys, *door);
   auto f = client.run(std::move(job), on_token);
   if (!f) {
     spdlog::error("submit: {}", f.error().message);

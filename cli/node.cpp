@@ -147,8 +147,12 @@ int run_node(const node_args& a) {
   caf::actor_system sys{cfg};
   auto agent = actors::spawn_node_agent(sys, *nc);
   actors::frontdoor_actor door;
-  if (a.name == m->head) {
+  // The head, and the standby head ([cluster] standby), which follows it
+  // and takes over when it is lost.
+  const bool standby = !m->standby.empty() && a.name == m->standby;
+  if (a.name == m->head || standby) {
     actors::head_config hc;
+    hc.standby = standby;
     hc.node = *nc;
     hc.scheduler.queue_limit = m->scheduler.queue_limit;
     hc.scheduler.max_running = m->scheduler.max_running;
@@ -184,7 +188,9 @@ int run_node(const node_args& a) {
   actors::enable_tcp_nodelay_everywhere();  // step messages must not wait for Nagle
   std::printf("troupe node %s: cluster %s, listening on %s:%u (mutual TLS)%s\n", a.name.c_str(),
               m->name.c_str(), me->host.c_str(), static_cast<unsigned>(*port),
-              door ? ", head" : "");
+              standby ? ", standby head"
+              : door  ? ", head"
+                      : "");
   std::fflush(stdout);
   const int sig = wait_for_stop_signal(sigs);
   std::printf("troupe node %s: stopping (signal %d)\n", a.name.c_str(), sig);

@@ -78,6 +78,7 @@ int run_serve(const serve_args& a) {
   go.reconnect = [&sys, m = *m]() {
     return actors::connect_client(sys, m, std::chrono::seconds(3));
   };
+  if (!m->standby.empty()) go.failover_window = std::chrono::seconds(30);
   if (a.private_image_hosts)
     actors::logging::of("gateway").warn(
         "image URLs may point at private and loopback addresses (--allow-private-image-hosts)");

@@ -367,7 +367,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
                "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
-    c.only_keys(*t, "cluster", {"name", "head", "certs", "launch"});
+    c.only_keys(*t, "cluster", {"name", "head", "standby", "certs", "launch"});
     c.str(*t, "name", "cluster", m.name, true);
     if (t->get("name") && !m.name.empty() && !valid_name(m.name))
       c.error(checker::line_of(*t->get("name")), "cluster.name",
@@ -376,6 +376,9 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
     // Else the cross-check below is skipped and head_node() derefs null.
     if (t->get("head") && t->get("head")->is_string() && m.head.empty())
       c.error(checker::line_of(*t->get("head")), "cluster.head", "must not be empty");
+    c.str(*t, "standby", "cluster", m.standby);
+    if (t->get("standby") && t->get("standby")->is_string() && m.standby.empty())
+      c.error(checker::line_of(*t->get("standby")), "cluster.standby", "must not be empty");
     std::string certs;
     c.str(*t, "certs", "cluster", certs, true);
     if (!certs.empty())
@@ -583,15 +586,25 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
   if (!m.head.empty() && !m.nodes.empty() && !m.node(m.head))
     c.error(0, "cluster.head", "'" + m.head + "' is not the name of any node");
+  if (!m.standby.empty() && !m.nodes.empty()) {
+    if (const auto* sb = m.node(m.standby); !sb)
+      c.error(0, "cluster.standby", "'" + m.standby + "' is not the name of any node");
+    else if (m.standby == m.head)
+      c.error(0, "cluster.standby", "'" + m.standby + "' is the head itself: name another node");
+    else if (sb->role == "kv")
+      c.error(sb->line, "cluster.standby",
+              "'" + m.standby + "' is of role \"kv\": a standby head runs the scheduler");
+  }
   // The KV store's node: named, else the node of role "kv", else the head.
   {
     std::vector<const node_entry*> kv_nodes;
     for (const auto& e : m.nodes)
       if (e.role == "kv")
         kv_nodes.push_back(&e);
-      else if (e.role == "head" && e.name != m.head)
+      else if (e.role == "head" && e.name != m.head && e.name != m.standby)
         c.error(e.line, "nodes." + e.name + ".role",
-                "\"head\", but the cluster's head is '" + m.head + "'");
+                "\"head\", but the cluster's head is '" + m.head + "'" +
+                    (m.standby.empty() ? "" : " and its standby '" + m.standby + "'"));
     if (kv_nodes.size() > 1)
       c.error(kv_nodes[1]->line, "nodes." + kv_nodes[1]->name + ".role",
               "a second node of role \"kv\" (one KV store per cluster)");

@@ -152,7 +152,10 @@ struct manifest {
   std::string path;  ///< the file it came from
   std::string dir;   ///< its directory (relative paths resolve here)
   std::string name;
-  std::string head;       ///< name of the head node
+  std::string head;  ///< name of the head node
+  /// A standby head (empty: none): the node that follows the head's jobs
+  /// and takes over, with a higher term, when the head is lost.
+  std::string standby;
   std::string certs_dir;  ///< resolved against dir
   /// Command that starts a node on another host; {host}, {name},
   /// {manifest} are replaced. Loopback hosts run as local processes.

@@ -201,7 +201,14 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
         acceptor(*ctx),
         pool(static_cast<std::size_t>(std::max(1, opt.blocking_threads))),
         door(d),
-        jobs(std::make_shared<actors::client>(s, std::move(d))) {}
+        jobs(make_client(d)) {}
+
+  std::shared_ptr<actors::client> make_client(const actors::frontdoor_actor& d) {
+    if (opt.failover_window.count() > 0 && opt.reconnect)
+      return std::make_shared<actors::client>(
+          sys, d, actors::client::failover{opt.reconnect, opt.failover_window});
+    return std::make_shared<actors::client>(sys, d);
+  }
 
   ~impl() {
     pool.join();
@@ -212,7 +219,9 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
 
   std::pair<actors::frontdoor_actor, std::shared_ptr<actors::client>> head() const {
     std::lock_guard lock(head_mtx);
-    return {door, jobs};
+    // After a failover the client's door is the head that took over.
+    auto d = jobs->door();
+    return {d ? d : door, jobs};
   }
 
   // The head went away: look for it again in the background (reconnect
@@ -230,7 +239,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           {
             std::lock_guard lock(head_mtx);
             door = *d;
-            jobs = std::make_shared<actors::client>(sys, *d);
+            jobs = make_client(*d);
           }
           canary_ok = false;
           log.info("reconnected to the head");

@@ -58,6 +58,10 @@ struct gateway_options {
   /// the gateway answers 503 until it is restarted.
   std::function<std::expected<actors::frontdoor_actor, std::string>()> reconnect;
   std::chrono::milliseconds reconnect_every{2000};
+  /// With a standby head: when the head goes away, open streams wait for
+  /// `reconnect` to find the head that took over and go on there
+  /// (actors::client::failover), for up to this long; 0: they end.
+  std::chrono::milliseconds failover_window{0};
   bool access_log = true;  ///< one line per request (method, path, status, tokens, ms, id)
 };
 

@@ -153,6 +153,15 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
                       " KV blocks; a stage has " + std::to_string(books_.total()));
   if (auto s = models::sampler::create(q.params); !s)
     return refuse(error_code::invalid_request, s.error().message);
+  if (std::ssize(q.resumed) > q.params.max_tokens)
+    return refuse(error_code::invalid_request, "a resumed request with " +
+                                                   std::to_string(q.resumed.size()) +
+                                                   " tokens generated, more than its max_tokens (" +
+                                                   std::to_string(q.params.max_tokens) + ")");
+  for (auto t : q.resumed)
+    if (t < 0 || t >= model_.vocab)
+      return refuse(error_code::invalid_request,
+                    "resumed token " + std::to_string(t) + " outside the vocabulary");
 
   auto r = std::make_unique<request>();
   r->id = id;
@@ -171,15 +180,46 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   r->image_names.resize(static_cast<std::size_t>(q.images));
   for (std::size_t k = 0; k < q.image_hashes.size() && k < r->image_names.size(); ++k)
     r->image_names[k] = q.image_hashes[k];
+  // Resumed: its generated tokens as if sampled here, without events (the
+  // client has them); the text they showed is the text shown so far.
+  auto ended_by = models::stop_reason::none;
+  for (auto tok : q.resumed) {
+    ++r->draws;
+    r->tokens.push_back(tok);
+    r->history.push_back(tok);
+    r->generated.push_back(tok);
+    r->text += r->stop->feed(tok, r->decoder->push(tok));
+    ended_by = r->stop->reason();
+    if (ended_by != models::stop_reason::none) break;
+  }
+  if (!q.resumed.empty()) {
+    r->has_first = true;
+    r->first_token = r->submitted;
+  }
+  if (ended_by != models::stop_reason::none) {
+    // The event that carried its last token carried the held-back text too.
+    if (ended_by != models::stop_reason::stop_string) r->text += r->stop->flush();
+    r->stop_string = ended_by == models::stop_reason::stop_string;
+    r->end_as =
+        ended_by == models::stop_reason::max_tokens ? finish_reason::length : finish_reason::stop;
+    ended_resumed_.push_back(id);
+  }
   name_blocks_of(*r);
   r->ph = q.images > 0 ? phase::encoding : phase::waiting;
   ++stats_.accepted;
   ++queued_;
   const auto ahead = queued_ - 1;
-  const bool waits = r->ph == phase::waiting;
+  const bool waits = r->ph == phase::waiting && ended_by == models::stop_reason::none;
   requests_.emplace(id, std::move(r));
   if (waits) enqueue(id, false);
   return ahead;
+}
+
+void scheduler_core::finish_resumed(core_events& out) {
+  auto ids = std::move(ended_resumed_);
+  ended_resumed_.clear();
+  for (auto id : ids)
+    if (auto* r = find(id)) finish(id, r->end_as, {}, out);
 }
 
 void scheduler_core::enqueue(std::uint64_t id, bool front) {
@@ -509,6 +549,7 @@ Request* least_urgent(const std::vector<Request*>& running) {
 
 std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   const own_work timing{stats_, *clock_};
+  if (!ended_resumed_.empty()) finish_resumed(out);
   if (paused_ || stalled_ || stages_ < 1) return std::nullopt;
   if (static_cast<int>(steps_.size()) >= opts_.micro_batches) return std::nullopt;
   const auto& o = opts_;

@@ -133,6 +133,12 @@ struct request_spec {
   /// by them); missing ones come with image_ready. A request whose images
   /// are not all named is not cached.
   std::vector<block_hash> image_hashes;
+  /// A request resumed on another head (a standby that took over): the
+  /// tokens it had already generated, which its client has. They are taken
+  /// as generated (the sampler's draws, penalties, stops and the text
+  /// follow them), recomputed at admission like a preempted request's, and
+  /// never emitted again: its events carry only the tokens after them.
+  std::vector<std::int32_t> resumed;
 };
 
 /// One sequence's part of a planned step.
@@ -297,6 +303,13 @@ class scheduler_core {
   std::int64_t running() const;
   std::int64_t queued() const { return queued_; }
   bool knows(std::uint64_t id) const { return requests_.contains(id); }
+  /// The ids of every request it holds.
+  std::vector<std::uint64_t> ids() const {
+    std::vector<std::uint64_t> out;
+    out.reserve(requests_.size());
+    for (const auto& [id, r] : requests_) out.push_back(id);
+    return out;
+  }
   bool stalled() const { return stalled_; }
   std::uint64_t epoch() const { return epoch_; }
   int micro_batches() const { return opts_.micro_batches; }
@@ -337,6 +350,8 @@ class scheduler_core {
   void publish_blocks(request& r);
   void name_blocks_of(request& r);
   void fail_all(const core_error& why, core_events& out);
+  /// Resumed requests whose resumed tokens already ended them.
+  void finish_resumed(core_events& out);
 
   model_frontend model_;
   scheduler_options opts_;
@@ -346,10 +361,11 @@ class scheduler_core {
   kv_books books_;
 
   std::map<std::uint64_t, std::unique_ptr<request>> requests_;
-  std::set<std::uint64_t> seen_ids_;      ///< the last `remembered_ids` submitted
-  std::deque<std::uint64_t> seen_order_;  ///< the same, oldest first
-  std::deque<std::uint64_t> waiting_;     ///< FCFS; preempted requests go to the front
-  std::int64_t queued_ = 0;               ///< encoding + waiting
+  std::set<std::uint64_t> seen_ids_;          ///< the last `remembered_ids` submitted
+  std::deque<std::uint64_t> seen_order_;      ///< the same, oldest first
+  std::deque<std::uint64_t> waiting_;         ///< FCFS; preempted requests go to the front
+  std::vector<std::uint64_t> ended_resumed_;  ///< ended by their resumed tokens: finish them
+  std::int64_t queued_ = 0;                   ///< encoding + waiting
   std::int64_t next_seq_ = 1;
   std::uint64_t next_step_ = 1;
   std::uint64_t admit_counter_ = 0;

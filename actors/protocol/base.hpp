@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 22;
+inline constexpr std::uint32_t protocol_version = 23;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -85,6 +85,13 @@ using vault_ok_atom = caf::atom_constant<caf::atom("vaultok")>;    ///< schedule
 using vault_atom = caf::atom_constant<caf::atom("vault")>;         ///< scheduler: the remote tier
 using load_vault_atom = caf::atom_constant<caf::atom("loadvault")>;  ///< agent: spawn the KV store
 using scale_atom = caf::atom_constant<caf::atom("scale")>;  ///< head: run this many replicas
+/// A standby head: follow the head's jobs (and its heartbeat).
+using follow_atom = caf::atom_constant<caf::atom("follow")>;
+using journal_atom =
+    caf::atom_constant<caf::atom("journal")>;  ///< head -> standby: jobs begun, ended
+/// A client, after a head was lost: go on streaming this job to me.
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using live_atom = caf::atom_constant<caf::atom("live")>;  ///< scheduler: the ids it holds
 
 // -- errors -------------------------------------------------------------------
 

@@ -311,6 +311,12 @@ struct cluster_status {
   double encoder_wait_ms = -1;
   std::int64_t encoder_scale_ups = 0, encoder_scale_downs = 0;
   std::int32_t encoder_min = 0, encoder_max = 0;
+  /// The standby head ([cluster] standby): "" none; else what it does
+  /// ("following", "not connected: why", ...); the head's term and the jobs
+  /// its journal holds now.
+  std::string standby;
+  std::uint64_t term = 0;
+  std::int64_t journal_jobs = 0;
   bool operator==(const cluster_status&) const = default;
 };
 
@@ -323,7 +329,32 @@ typename I::result_type inspect(I& f, cluster_status& x) {
            x.pipeline_detail, x.indexed_blocks, x.block_events, x.kv_store, x.kv_stores, x.replicas,
            x.routed_by_prefix, x.routed_by_load, x.encoder_replicas, x.encoder_states,
            x.encoder_waiting, x.encoder_wait_ms, x.encoder_scale_ups, x.encoder_scale_downs,
-           x.encoder_min, x.encoder_max);
+           x.encoder_min, x.encoder_max, x.standby, x.term, x.journal_jobs);
+}
+
+/// The head's journal, for its standby: a job accepted (with what its
+/// scheduler was given: tokens, images, parameters) or ended.
+struct journal_entry {
+  std::uint64_t id = 0;
+  bool ended = false;
+  generate_request req;  ///< when begun
+};
+
+template <class I>
+typename I::result_type inspect(I& f, journal_entry& x) {
+  return f(caf::meta::type_name("journal_entry"), x.id, x.ended, x.req);
+}
+
+/// The head's answer to its standby: its term and (on the first ask)
+/// every job it holds.
+struct journal_state {
+  std::uint64_t term = 0;
+  std::vector<journal_entry> jobs;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, journal_state& x) {
+  return f(caf::meta::type_name("journal_state"), x.term, x.jobs);
 }
 
 /// `troupe migrate`: what to move where. `shard` is a stage index
@@ -387,7 +418,16 @@ using frontdoor_actor =
                      caf::replies_to<status_atom>::with<cluster_status>,
                      caf::replies_to<down_atom>::with<bool>,
                      caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>,
-                     caf::replies_to<scale_atom, std::int32_t>::with<std::string>>;
+                     caf::replies_to<scale_atom, std::int32_t>::with<std::string>,
+                     // The standby (its node only): follow this head; `true` the
+                     // first time (the answer then holds every job), then as a
+                     // heartbeat. The head then sends it journal entries.
+                     caf::replies_to<follow_atom, bool>::with<journal_state>,
+                     caf::reacts_to<journal_atom, std::vector<journal_entry>>,
+                     // A client whose head was lost: stream job `id` to this sink
+                     // from the tokens it already has on (a standby that took over).
+                     caf::replies_to<attach_atom, std::uint64_t, std::vector<std::int32_t>,
+                                     client_sink_actor>::with<submit_ack>>;
 
 /// The gatekeeper's answer once the caller proved who it is: to another
 /// node, the node's agent; to a client, the head's door.

@@ -43,12 +43,15 @@ struct generate_request {
   std::string grammar;           ///< GBNF the output must follow (empty: none)
   std::string cache_salt;        ///< prefix caching: requests share KV only with the same salt
   std::int32_t priority = 0;     ///< vLLM's: a lower value is admitted first, and may preempt
+  /// Resumed after a head's loss: the tokens already generated, which the
+  /// client has (core::request_spec::resumed); events carry only later ones.
+  std::vector<std::int32_t> resumed;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
-           x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority);
+           x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority, x.resumed);
 }
 
 /// Admission answer to a submit.
@@ -447,6 +450,8 @@ using scheduler_actor = caf::typed_actor<
     caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
     caf::replies_to<stats_atom>::with<scheduler_stats>,
     caf::replies_to<version_atom>::with<std::uint32_t>, caf::reacts_to<tick_atom>,
+    // The ids of the requests it holds (the head's journal forgets the others).
+    caf::replies_to<live_atom>::with<std::vector<std::uint64_t>>,
     // Empty the prefix cache; answers the cached blocks that became free.
     caf::replies_to<reset_cache_atom>::with<std::int64_t>,
     // Block events from this sequence number on (a router's view).

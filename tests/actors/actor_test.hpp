@@ -31,6 +31,7 @@ inline actors::scheduler_actor idle_scheduler(
         },
         [](cancel_atom, std::uint64_t) { return false; },
         [](stats_atom) { return scheduler_stats{}; },
+        [](live_atom) { return std::vector<std::uint64_t>{}; },
         [](version_atom) { return protocol_version; },
         [](tick_atom) {},
         [](reset_cache_atom) { return std::int64_t{0}; },

@@ -82,7 +82,8 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
           .deadline_ms = 2500,
           .grammar = "root ::= \"a\"",
           .cache_salt = "tenant-a",
-          .priority = -7};
+          .priority = -7,
+          .resumed = {17, 4, 4}};
 }
 
 submit_ack make(tag<submit_ack>, const actors_for_handles&) {
@@ -590,7 +591,26 @@ cluster_status make(tag<cluster_status>, const actors_for_handles& h) {
           .encoder_scale_ups = 3,
           .encoder_scale_downs = 2,
           .encoder_min = 1,
-          .encoder_max = 4};
+          .encoder_max = 4,
+          .standby = "n4: following",
+          .term = 1765000000123,
+          .journal_jobs = 5};
+}
+
+journal_entry make(tag<journal_entry>, const actors_for_handles& h) {
+  return {.id = 99, .ended = false, .req = make(tag<generate_request>{}, h)};
+}
+
+std::vector<journal_entry> make(tag<std::vector<journal_entry>>, const actors_for_handles& h) {
+  return {make(tag<journal_entry>{}, h), {.id = 5, .ended = true, .req = {}}};
+}
+
+journal_state make(tag<journal_state>, const actors_for_handles& h) {
+  return {.term = 1765000000999, .jobs = make(tag<std::vector<journal_entry>>{}, h)};
+}
+
+std::vector<std::uint64_t> make(tag<std::vector<std::uint64_t>>, const actors_for_handles&) {
+  return {3, 1ull << 40, 7};
 }
 
 frontdoor_actor make(tag<frontdoor_actor>, const actors_for_handles& h) {
@@ -637,7 +657,24 @@ bool same(const models::sampling_params& a, const models::sampling_params& b) {
 
 bool same(const generate_request& a, const generate_request& b) {
   return a.id == b.id && a.prompt == b.prompt && a.prompt_tokens == b.prompt_tokens &&
-         a.images == b.images && same(a.params, b.params) && a.deadline_ms == b.deadline_ms;
+         a.images == b.images && same(a.params, b.params) && a.deadline_ms == b.deadline_ms &&
+         a.grammar == b.grammar && a.cache_salt == b.cache_salt && a.priority == b.priority &&
+         a.resumed == b.resumed;
+}
+
+bool same(const journal_entry& a, const journal_entry& b) {
+  return a.id == b.id && a.ended == b.ended && same(a.req, b.req);
+}
+
+bool same(const std::vector<journal_entry>& a, const std::vector<journal_entry>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same(a[i], b[i])) return false;
+  return true;
+}
+
+bool same(const journal_state& a, const journal_state& b) {
+  return a.term == b.term && same(a.jobs, b.jobs);
 }
 
 bool same(const stage_handles& a, const stage_handles& b) {
@@ -673,7 +710,8 @@ using messages =
               job_request, member_view, std::vector<member_view>, replica_view,
               std::vector<replica_view>, cluster_status, frontdoor_actor, migrate_request,
               migrate_report, tokenize_reply, std::vector<std::int32_t>, kv_block_event, kv_events,
-              vault_blocks, vault_info, kv_vault_actor, vault_order>;
+              vault_blocks, vault_info, kv_vault_actor, vault_order, journal_entry,
+              std::vector<journal_entry>, journal_state, std::vector<std::uint64_t>>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and

@@ -350,6 +350,37 @@ TEST(Manifest, AHeadOfRoleHeadHoldsNoStage) {
       << joined(wrong.error());
 }
 
+TEST(Manifest, AStandbyHeadIsAnotherNode) {
+  auto with = [](const std::string& line) {
+    std::string text = good;
+    text.insert(text.find("certs = \"certs\"") + 16, "\n" + line);
+    return parse_manifest(text, "lab.toml");
+  };
+  auto ok = with("standby = \"b\"");
+  ASSERT_TRUE(ok) << joined(ok.error());
+  EXPECT_EQ(ok->standby, "b");
+  auto none = parse_manifest(good, "lab.toml");
+  ASSERT_TRUE(none);
+  EXPECT_TRUE(none->standby.empty());
+  for (const auto& [line, says] : std::vector<std::pair<std::string, std::string>>{
+           {"standby = \"a\"", "'a' is the head itself"},
+           {"standby = \"zz\"", "'zz' is not the name of any node"},
+           {"standby = \"\"", "cluster.standby: must not be empty"},
+           {"standby = 3", "cluster.standby"}}) {
+    auto bad = with(line);
+    ASSERT_FALSE(bad) << line;
+    EXPECT_NE(joined(bad.error()).find(says), std::string::npos) << joined(bad.error());
+  }
+  // The standby, like the head, may be a dedicated node of role "head".
+  std::string text = good;
+  text.insert(text.find("certs = \"certs\"") + 16, "\nstandby = \"b\"");
+  text.replace(text.find("pipeline_stages = 2"), 19, "pipeline_stages = 1");
+  text.insert(text.find('\n', text.find("name = \"b\"")) + 1, "role = \"head\"\n");
+  auto dedicated = parse_manifest(text, "lab.toml");
+  ASSERT_TRUE(dedicated) << joined(dedicated.error());
+  EXPECT_FALSE(dedicated->node("b")->holds_stages());
+}
+
 TEST(Manifest, KvTiers) {
   const std::string text = std::string(good) +
                            "\n[kv]\nhost_tokens = 65536\ndisk_tokens = 262144\ndisk_dir = "

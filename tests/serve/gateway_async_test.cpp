@@ -146,6 +146,14 @@ actors::frontdoor_actor::behavior_type fake_door(
       [=](actors::scale_atom, std::int32_t) -> caf::result<std::string> {
         return caf::make_error(caf::sec::unexpected_message);
       },
+      [=](actors::follow_atom, bool) -> caf::result<actors::journal_state> {
+        return caf::make_error(caf::sec::unexpected_message);
+      },
+      [=](actors::journal_atom, std::vector<actors::journal_entry>&) {},
+      [=](actors::attach_atom, std::uint64_t, std::vector<std::int32_t>&,
+          actors::client_sink_actor&) -> caf::result<actors::submit_ack> {
+        return caf::make_error(caf::sec::unexpected_message);
+      },
   };
 }
 

@@ -402,6 +402,68 @@ TEST(SchedulerCore, MultiStepDecodeRunsAsManyPassesAsFitTheTime) {
 
 // -- KV blocks and preemption ---------------------------------------------------------------
 
+// A request resumed on another head (a standby's takeover): its client
+// has the tokens it already generated. They are recomputed with the prompt,
+// the sampler continues from its draw counter, and only later tokens are
+// emitted; a request its resumed tokens already ended just finishes.
+TEST(SchedulerCore, AResumedRequestEmitsOnlyTheTokensAfterTheResumedOnes) {
+  harness h;
+  auto resumed = [&](std::uint64_t id, std::vector<std::int32_t> had, std::int64_t max_tokens,
+                     std::vector<std::int64_t> stops = {}) {
+    return h.core.submit(id, [&]() -> std::expected<request_spec, core_error> {
+      request_spec s;
+      s.tokens.resize(8);
+      std::iota(s.tokens.begin(), s.tokens.end(), 10);
+      s.params.max_tokens = max_tokens;
+      s.params.stop_token_ids = stops;
+      s.resumed = had;
+      return s;
+    });
+  };
+  ASSERT_TRUE(resumed(1, {42, 43, 44}, 5));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->seqs.size(), 1u);
+  EXPECT_EQ(p->seqs[0].start, 0);
+  ASSERT_EQ(p->seqs[0].tokens.size(), 11u) << "the prompt and the resumed tokens recompute";
+  EXPECT_EQ(std::vector<std::int32_t>(p->seqs[0].tokens.end() - 3, p->seqs[0].tokens.end()),
+            (std::vector<std::int32_t>{42, 43, 44}));
+  EXPECT_TRUE(p->seqs[0].sample);
+  EXPECT_EQ(p->seqs[0].draws, 3u) << "the sampler continues where it was";
+  h.answer(*p, 45);
+  auto q = h.plan();
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->seqs[0].draws, 4u);
+  h.answer(*q, 46);
+  std::vector<std::int32_t> emitted;
+  for (const auto& e : h.events)
+    if (auto* t = std::get_if<tokens_out>(&e))
+      emitted.insert(emitted.end(), t->tokens.begin(), t->tokens.end());
+  EXPECT_EQ(emitted, (std::vector<std::int32_t>{45, 46}));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::length);
+  EXPECT_EQ(h.done()[0].tokens, (std::vector<std::int32_t>{42, 43, 44, 45, 46}));
+
+  // Its resumed tokens already reached max_tokens, or a stop token: it
+  // ends at the next plan with that reason, no step and no token event.
+  h.events.clear();
+  ASSERT_TRUE(resumed(2, {42, 43}, 2));
+  ASSERT_TRUE(resumed(3, {42, 7, 43}, 9, {7}));
+  EXPECT_FALSE(h.plan());
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_EQ(h.done()[0].reason, finish_reason::length);
+  EXPECT_EQ(h.done()[1].reason, finish_reason::stop);
+  EXPECT_EQ(h.done()[1].tokens, (std::vector<std::int32_t>{42, 7}));
+  for (const auto& e : h.events) EXPECT_FALSE(std::holds_alternative<tokens_out>(e));
+  EXPECT_EQ(h.core.queued(), 0);
+
+  // More resumed tokens than max_tokens, or one outside the vocabulary: refused.
+  auto over = resumed(4, {1, 2, 3}, 2);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, error_code::invalid_request);
+  EXPECT_FALSE(resumed(5, {100000}, 4));
+}
+
 TEST(SchedulerCore, OutOfBlocksPreemptsTheYoungestAndItRecomputesFirst) {
   auto o = small_options();
   o.kv_blocks = 6;  // 24 tokens
