@@ -21,12 +21,14 @@ std::expected<frontdoor_actor, std::string> connect_client(caf::actor_system& sy
       one = pass.error();
     } else if (!pass->door) {
       one = "node " + name + " handed out no door (is it the head of cluster " + m.name + "?)";
-    } else if (name == m.head) {
+    } else if (m.standby.empty()) {
       return pass->door;
     } else if (auto s = query_status(sys, pass->door, timeout); !s) {
-      one = "standby " + name + ": " + s.error();
+      one = "node " + name + ": " + s.error();
     } else if (s->head != name) {
-      one = "standby " + name + " has not taken over (" + s->standby + ")";
+      // A standby (the manifest's head too, restarted after its standby
+      // took over) names the head it follows.
+      one = "node " + name + " does not serve as the head (" + s->standby + ")";
     } else {
       return pass->door;
     }

@@ -267,11 +267,14 @@ gatekeeper_actor spawn_gatekeeper(caf::actor_system& sys, const cluster::manifes
             logging::of("gatekeeper").debug("{}: a client came in", me);
             return gate_pass{m.name, me, protocol_version, node_agent_actor{}, door};
           }
-          // The standby head follows the head through its door (its journal).
-          const bool standby = !m.standby.empty() && h.node == m.standby;
+          // The head and its standby: a term claims the lease (below); term
+          // 0 joins as a node, one that may follow this head's journal
+          // through its door (the standby; the head too, restarted after its
+          // standby took over).
+          const bool head_role = h.node == m.head || (!m.standby.empty() && h.node == m.standby);
           const gate_pass pass{m.name, me, protocol_version, agent,
-                               standby && h.term == 0 ? door : frontdoor_actor{}};
-          if (h.node != m.head && !(standby && h.term > 0)) {
+                               head_role && h.term == 0 ? door : frontdoor_actor{}};
+          if (!head_role || h.term == 0) {
             logging::of("gatekeeper").info("{}: node {} joined", me, h.node);
             return pass;
           }

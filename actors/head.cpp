@@ -820,8 +820,17 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
         st.partner = st.cfg.node.name == m.head      ? m.standby
                      : st.cfg.node.name == m.standby ? m.head
                                                      : std::string{};
-      st.standby_mode = st.cfg.standby && !st.partner.empty();
-      if (st.standby_mode) event(self, "standby head: following head " + st.partner);
+      // Both start as standbys: the manifest's head only until it learns
+      // that its partner does not serve (at a start, it is a standby) or
+      // does not answer; if the partner serves (it took over while this
+      // node was down), this node is its standby from now on.
+      st.standby_mode = !st.partner.empty();
+      st.probing = st.standby_mode && !st.cfg.standby;
+      st.probe_until = steady::now() + st.cfg.probe_partner;
+      if (st.cfg.standby && st.standby_mode)
+        event(self, "standby head: following head " + st.partner);
+      else if (st.probing)
+        event(self, "head: asking standby " + st.partner + " whether it took over");
     }
     self->set_exit_handler([self](caf::exit_msg& em) {
       // The scheduler and the encoder go with the head.

@@ -52,6 +52,10 @@ struct head_config {
   /// placement) once the head is lost: its connection closed, or no answer
   /// for membership.lost_after.
   bool standby = false;
+  /// The manifest's head with a standby: how long it waits at start for
+  /// the standby to say whether it took over (a restart after a takeover)
+  /// before it serves as the head.
+  std::chrono::milliseconds probe_partner{3000};
   /// After a takeover: place on the nodes up after this long.
   std::chrono::milliseconds takeover_grace{1500};
   /// After a takeover: how long a job waits for its client to attach

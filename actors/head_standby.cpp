@@ -65,6 +65,20 @@ void take_over(head_ptr self, const std::string& why) {
   self->send(self, tick_atom::value);
 }
 
+/// The manifest's head, probing: its partner is a standby (or does not
+/// answer): it serves, as a head that starts does.
+void serve_as_head(head_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.standby_mode || !st.probing) return;
+  st.standby_mode = false;
+  st.probing = false;
+  st.started = steady::now();
+  if (st.followed) self->demonitor(st.followed.address());
+  st.followed = frontdoor_actor{};
+  event(self, "head: " + why + "; serving as the head (term " + std::to_string(st.cfg.term) + ")");
+  self->send(self, tick_atom::value);
+}
+
 void resume(head_ptr self, head_state::pending_attach& a) {
   auto& st = self->state;
   auto it = st.adoptable.find(a.id);
@@ -107,6 +121,8 @@ void standby_tick(head_ptr self) {
   auto& st = self->state;
   const auto now = steady::now();
   const auto lost_after = st.members->options().lost_after;
+  if (st.probing && !st.followed_once && now > st.probe_until)
+    return serve_as_head(self, "standby " + st.partner + " did not answer");
   if (st.followed_once && now - st.follow_heard > lost_after)
     return take_over(self, "it answered none for " +
                                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -142,6 +158,7 @@ void standby_tick(head_ptr self) {
             st.follow_why.clear();
             if (first) {
               st.followed_once = true;
+              st.probing = false;  // the partner serves: this node is its standby
               st.adoptable.clear();
               for (auto& e : js.jobs)
                 if (!e.ended) st.adoptable[e.id] = std::move(e.req);
@@ -154,6 +171,10 @@ void standby_tick(head_ptr self) {
             auto& st = self->state;
             st.follow_asking = false;
             st.follow_why = describe(self->system(), e);
+            // The partner is a standby itself: this node is the head.
+            if (st.probing && !st.followed_once &&
+                troupe_code(e) == static_cast<std::uint8_t>(error_code::not_the_head))
+              return serve_as_head(self, "standby " + st.partner + " has not taken over");
             logging::of("head").debug("standby: following {}: {}", st.partner, st.follow_why);
           });
 }
@@ -275,7 +296,7 @@ void journal_tick(head_ptr self) {
 caf::result<journal_state> on_follow(head_ptr self, bool first) {
   auto& st = self->state;
   if (st.standby_mode)
-    return make_error(error_code::unavailable,
+    return make_error(error_code::not_the_head,
                       "node " + st.cfg.node.name + " is a standby head itself");
   if (st.partner.empty())
     return make_error(error_code::invalid_request, "the manifest names no standby head");

@@ -205,7 +205,13 @@ struct head_state {
   /// whom a standby follows, and whose follow a head answers.
   std::string partner;
   bool standby_mode = false;  ///< following the partner's journal; serving nothing
-  frontdoor_actor followed;   ///< the partner's door
+  /// The manifest's head, started while its standby may have taken over
+  /// (a restart after a takeover): it follows the partner if the partner
+  /// serves, else it becomes the head (the partner is a standby, or does
+  /// not answer by probe_until).
+  bool probing = false;
+  steady::time_point probe_until{};
+  frontdoor_actor followed;  ///< the partner's door
   bool follow_joining = false, follow_asking = false, followed_once = false;
   steady::time_point follow_heard{};  ///< its last answer
   std::uint64_t followed_term = 0;

@@ -16,7 +16,9 @@ cluster_status status_of(head_ptr self) {
   auto& st = self->state;
   cluster_status s;
   s.cluster = st.cfg.node.m.name;
-  s.head = st.cfg.node.m.head;
+  // A standby names the head it follows (connect_client looks for the
+  // node that names itself).
+  s.head = st.standby_mode ? st.partner : st.cfg.node.m.head;
   const bool one = st.reps.size() == 1;
   s.ready = std::any_of(st.reps.begin(), st.reps.end(),
                         [](const replica_rt& p) { return p.ready && !p.placing; });
@@ -46,7 +48,10 @@ cluster_status status_of(head_ptr self) {
   s.journal_jobs = static_cast<std::int64_t>(st.journal.size());
   if (!st.partner.empty()) {
     const auto waiting = static_cast<std::int64_t>(st.adoptable.size());
-    if (st.standby_mode)
+    if (st.standby_mode && st.probing)
+      s.standby = "this node (" + st.cfg.node.name + ") starts: asking " + st.partner +
+                  " whether it took over";
+    else if (st.standby_mode)
       s.standby = "this node (" + st.cfg.node.name + ") is the standby: " +
                   (st.followed_once && st.follow_why.empty()
                        ? "following head " + st.partner + ", " + std::to_string(waiting) +
@@ -58,7 +63,8 @@ cluster_status status_of(head_ptr self) {
                   std::to_string(static_cast<std::int64_t>(ms_since(*st.took_over_at) / 1000)) +
                   " s ago: " + std::to_string(st.resumed_jobs) + " job(s) resumed, " +
                   std::to_string(waiting) + " waiting for their clients, " +
-                  std::to_string(st.dropped_jobs) + " dropped; no standby now";
+                  std::to_string(st.dropped_jobs) + " dropped; " +
+                  (st.follower ? "standby " + st.partner + " follows" : "no standby now");
     else
       s.standby = st.partner + (st.follower ? ": following" : ": not following");
   }

@@ -39,6 +39,7 @@ struct shell_request {
   encoder_actor holder;            // the encoder holding the rows
   encoder_actor sent_to;           // the encoder of this round (its images out)
   std::uint64_t round = 0;         // the images' sendings to an encoder so far
+  int died_under = 0;              // rounds whose encoder died before it answered
   std::size_t encoded = 0;         // images encoded (this round)
   std::vector<bool> ready;  // images the core was told are ready (admission counts each once)
   double preprocess_ms = 0, encode_ms = 0;
@@ -618,6 +619,17 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 // A round that was sent again (its encoder was lost): the
                 // new round has these images too.
                 answered();
+                return;
+              }
+              // The encoder died (its node lost) before the head's word of
+              // it: it leaves the pool and the images go to another, as
+              // the head's encoders_atom would have them.
+              if (e == caf::sec::request_receiver_down && ++it->second.died_under <= 3) {
+                auto& st = self->state;
+                std::erase(st.encoders, enc);
+                logging::of("scheduler")
+                    .warn("request {}: its images' encoder is gone; encoding them again", id);
+                encode_images(self, id, again);
                 return;
               }
               const auto code = troupe_code(e);

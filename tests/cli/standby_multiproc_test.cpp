@@ -168,6 +168,23 @@ TEST_F(StandbyHead, TheHeadKilledUnderLoadLosesNoJobAndNoStreamRepeatsOrMissesAT
   auto f = actors::client(after.sys(), after.door()).run(job(2, 8, true));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   EXPECT_EQ(f->reason, actors::finish_reason::length);
+
+  // The old head's node restarted: its standby serves, so it becomes the
+  // standby (it does not take the cluster back with a newer term).
+  test::child_process n0("n0", {TROUPE_CLI, "node", "--manifest", cs_.manifest, "--name", "n0"});
+  const auto follows = after.wait_for(
+      [](const actors::cluster_status& s) {
+        return s.standby.find("standby n0 follows") != std::string::npos;
+      },
+      60s);
+  EXPECT_TRUE(follows.has_value()) << "the restarted head did not become the standby";
+  auto now = after.status();
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->head, "n1");
+  EXPECT_TRUE(now->ready);
+  auto g = actors::client(after.sys(), after.door()).run(job(3, 8, true));
+  ASSERT_TRUE(g.has_value()) << g.error().message;
+  EXPECT_EQ(g->reason, actors::finish_reason::length);
 }
 
 TEST_F(StandbyHead, AHeadStoppedPastTheTakeoverStepsDownWhenContinued) {
