@@ -120,8 +120,7 @@ void on_lost(head_ptr self, const std::string& name, const std::string& why) {
   for (auto& p : st.reps) {
     // The replicas that held it (or were placing on it) are placed again;
     // the others serve on.
-    const bool held =
-        std::any_of(p.plan.begin(), p.plan.end(), [&](const auto& s) { return s.node == name; });
+    const bool held = cluster::plan_uses(p.plan, name);
     if ((held || (p.placing && in_replica(p, name))) && !st.draining) {
       p.detect_ms = detect_ms;
       st.detect_ms = detect_ms;
@@ -361,6 +360,46 @@ void stats_line(head_ptr self, int r) {
 
 }  // namespace
 
+namespace {
+
+/// Connects the ring of each rank of a tensor-parallel stage to the next
+/// rank (rank 0's handles `front`, the others' `peers`), all at once;
+/// `done` once every rank answered, `fail` at the first error.
+void connect_tp_rings(head_ptr self, int r, std::uint64_t epoch, const cluster::stage_slot& slot,
+                      const stage_handles& front, const std::vector<stage_handles>& peers,
+                      std::function<void(const std::string&)> fail, std::function<void()> done) {
+  auto& st = self->state;
+  std::vector<stage_handles> ranks{front};
+  ranks.insert(ranks.end(), peers.begin(), peers.end());
+  std::vector<std::string> nodes{slot.node};
+  nodes.insert(nodes.end(), slot.ranks.begin(), slot.ranks.end());
+  struct pending_rings {
+    std::size_t left = 0;
+    bool failed = false;
+  };
+  auto left = std::make_shared<pending_rings>();
+  left->left = ranks.size();
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    const auto next = (k + 1) % ranks.size();
+    auto agent = st.rt[nodes[k]].agent;
+    if (!agent) return fail("node " + nodes[k] + " is not up");
+    self->request(agent, st.cfg.node.timeout, tp_atom::value,
+                  static_cast<std::int32_t>(slot.first_layer), ranks[next], nodes[next])
+        .then(
+            [self, r, epoch, left, done](bool) {
+              if (left->failed || epoch != rep(self, r).epoch) return;
+              if (--left->left == 0) done();
+            },
+            [self, left, fail, node = nodes[k]](caf::error& e) {
+              if (left->failed) return;
+              left->failed = true;
+              fail("the tensor-parallel ring on " + node + ": " + describe(self->system(), e));
+            });
+  }
+}
+
+}  // namespace
+
 void replace(head_ptr self, int r, const std::string& trigger,
              std::optional<std::vector<cluster::stage_slot>> forced) {
   auto& st = self->state;
@@ -383,8 +422,7 @@ void replace(head_ptr self, int r, const std::string& trigger,
   p.placing = true;
   // Its nodes left out of the new plan let go of what they hold.
   for (auto& [name, n] : st.rt) {
-    const bool in =
-        std::any_of(plan.begin(), plan.end(), [&](const auto& s) { return s.node == name; });
+    const bool in = cluster::plan_uses(plan, name);
     if (!in && n.agent && in_replica(p, name))
       self->request(n.agent, st.cfg.node.timeout, drop_atom::value)
           .then([](std::int32_t) {}, [](caf::error&) {});
@@ -397,10 +435,8 @@ void replace(head_ptr self, int r, const std::string& trigger,
   auto handles = std::make_shared<std::vector<stage_handles>>(plan.size());
   auto load = std::make_shared<std::function<void(std::size_t)>>();
   *load = [self, r, epoch, plan, handles, load](std::size_t i) {
-    auto& st = self->state;
     if (epoch != rep(self, r).epoch) return;
     const auto& slot = plan[i];
-    auto agent = st.rt[slot.node].agent;
     auto retry = [self, r, epoch](const std::string& why) {
       auto& st = self->state;
       auto& p = rep(self, r);
@@ -417,54 +453,114 @@ void replace(head_ptr self, int r, const std::string& trigger,
       retry("placing layers [" + std::to_string(slot.first_layer) + "," +
             std::to_string(slot.last_layer) + ") on " + slot.node + " failed: " + why);
     };
-    if (!agent) return fail("the node is not up");
+    const auto k = static_cast<std::int32_t>(slot.ranks.size()) + 1;
     stage_order o;
     o.first_layer = slot.first_layer;
     o.last_layer = slot.last_layer;
     o.embed = i == 0;
     o.head = i + 1 == plan.size();
     o.epoch = epoch;
-    if (i + 1 < plan.size()) {
-      o.has_next = true;
-      o.next = (*handles)[i + 1];
-      o.next_node = plan[i + 1].node;
-    }
-    auto busy = loading_on(self, slot.node);
-    self->request(agent, st.cfg.node.timeout, load_atom::value, o)
-        .then(
-            [self, r, epoch, handles, load, i, slot, n = plan.size(), busy,
-             retry](stage_handles& h) {
-              auto& p = rep(self, r);
-              if (epoch != p.epoch) return;
-              ++p.stages_loaded;
-              event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," +
-                              std::to_string(slot.last_layer) + ") on " + slot.node + " (" +
-                              std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
-              (*handles)[i] = std::move(h);
-              if (i == 0) {
-                auto& st = self->state;
-                const auto enc_node = encoder_node(self);
-                auto own = st.rt[enc_node].agent;
-                if (slot.node != enc_node && own) {
-                  // The first stage is off the encoder's node: the encoder
-                  // sends it image rows over the data plane.
-                  self->request(own, st.cfg.node.timeout, connect_atom::value, (*handles)[0],
-                                slot.node)
-                      .then([self, r, epoch,
-                             handles](bool) { finish_placement(self, r, epoch, *handles); },
-                            [self, slot, enc_node, retry](caf::error& e) {
-                              retry("connecting " + enc_node + " (the encoder) to " + slot.node +
-                                    ": " + describe(self->system(), e));
-                            });
-                } else {
-                  finish_placement(self, r, epoch, *handles);
-                }
-                *load = nullptr;  // breaks the cycle
-              } else {
-                (*load)(i - 1);
-              }
-            },
-            [self, fail, busy](caf::error& e) { fail(describe(self->system(), e)); });
+    o.tp_size = k;
+    // The stage (its rank 0) is loaded: on to the one before it, or done.
+    auto next_stage = [self, r, epoch, handles, load, i, slot, n = plan.size(),
+                       retry](stage_handles h) {
+      auto& p = rep(self, r);
+      if (epoch != p.epoch) return;
+      ++p.stages_loaded;
+      event(self, "loaded layers [" + std::to_string(slot.first_layer) + "," +
+                      std::to_string(slot.last_layer) + ") on " + slot.node +
+                      (slot.ranks.empty() ? std::string{}
+                                          : " and " + std::to_string(slot.ranks.size()) +
+                                                " more tensor-parallel ranks") +
+                      " (" + std::to_string(n - i) + " of " + std::to_string(n) + " stages)");
+      (*handles)[i] = std::move(h);
+      if (i == 0) {
+        auto& st = self->state;
+        const auto enc_node = encoder_node(self);
+        auto own = st.rt[enc_node].agent;
+        if (slot.node != enc_node && own) {
+          // The first stage is off the encoder's node: the encoder
+          // sends it image rows over the data plane.
+          self->request(own, st.cfg.node.timeout, connect_atom::value, (*handles)[0], slot.node)
+              .then([self, r, epoch, handles](bool) { finish_placement(self, r, epoch, *handles); },
+                    [self, slot, enc_node, retry](caf::error& e) {
+                      retry("connecting " + enc_node + " (the encoder) to " + slot.node + ": " +
+                            describe(self->system(), e));
+                    });
+        } else {
+          finish_placement(self, r, epoch, *handles);
+        }
+        *load = nullptr;  // breaks the cycle
+      } else {
+        (*load)(i - 1);
+      }
+    };
+    // Rank 0 (the stage itself), once the other ranks are loaded.
+    auto load_front = [self, r, epoch, slot, o, i, plan, handles, fail,
+                       next_stage](std::vector<stage_handles> peers) mutable {
+      auto& st = self->state;
+      if (epoch != rep(self, r).epoch) return;
+      auto agent = st.rt[slot.node].agent;
+      if (!agent) return fail("the node is not up");
+      if (i + 1 < plan.size()) {
+        o.has_next = true;
+        o.next = (*handles)[i + 1];
+        o.next_node = plan[i + 1].node;
+      }
+      o.tp_rank = 0;
+      o.tp_peers = peers;
+      o.tp_peer_nodes = slot.ranks;
+      auto busy = loading_on(self, slot.node);
+      self->request(agent, st.cfg.node.timeout, load_atom::value, o)
+          .then(
+              [self, r, epoch, slot, peers, fail, next_stage, busy](stage_handles& h) {
+                if (epoch != rep(self, r).epoch) return;
+                if (peers.empty()) return next_stage(std::move(h));
+                connect_tp_rings(self, r, epoch, slot, h, peers, fail,
+                                 [next_stage, h] { next_stage(h); });
+              },
+              [self, fail, busy](caf::error& e) { fail(describe(self->system(), e)); });
+    };
+    if (slot.ranks.empty()) return load_front({});
+    // The other ranks of a tensor-parallel stage first, one after another.
+    auto peers = std::make_shared<std::vector<stage_handles>>();
+    auto load_rank = std::make_shared<std::function<void()>>();
+    *load_rank = [self, r, epoch, slot, o, peers, load_rank, load_front, fail]() mutable {
+      auto& st = self->state;
+      if (epoch != rep(self, r).epoch) {
+        *load_rank = nullptr;
+        return;
+      }
+      const auto j = peers->size();
+      if (j == slot.ranks.size()) {
+        auto front = std::move(load_front);
+        auto got = std::move(*peers);
+        *load_rank = nullptr;  // breaks the cycle
+        return front(std::move(got));
+      }
+      const auto& node = slot.ranks[j];
+      auto agent = st.rt[node].agent;
+      if (!agent) {
+        *load_rank = nullptr;
+        return fail("node " + node + " (tensor-parallel rank " + std::to_string(j + 1) +
+                    ") is not up");
+      }
+      o.tp_rank = static_cast<std::int32_t>(j) + 1;
+      auto busy = loading_on(self, node);
+      self->request(agent, st.cfg.node.timeout, load_atom::value, o)
+          .then(
+              [peers, load_rank, busy](stage_handles& h) {
+                if (!*load_rank) return;
+                peers->push_back(std::move(h));
+                (*load_rank)();
+              },
+              [self, fail, load_rank, node, j, busy](caf::error& e) {
+                *load_rank = nullptr;
+                fail("tensor-parallel rank " + std::to_string(j + 1) + " on " + node + ": " +
+                     describe(self->system(), e));
+              });
+    };
+    (*load_rank)();
   };
   (*load)(plan.size() - 1);
 }
@@ -713,14 +809,19 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                                               std::chrono::system_clock::now().time_since_epoch())
                                               .count());
   const auto& m = cfg.node.m;
-  if (m.parallelism.tensor_parallel > 1)
-    return kernels::make_error(kernels::errc::unsupported_op,
-                               m.path + ": parallelism.tensor_parallel = " +
-                                   std::to_string(m.parallelism.tensor_parallel) +
-                                   ": the cluster places pipeline stages only so far "
-                                   "(tensor parallelism runs with troupe worker --tp-rank)");
   auto prompt = load_prompt_setup(cfg.node.model);
   if (!prompt) return std::unexpected(prompt.error());
+  if (const int k = m.parallelism.tensor_parallel; k > 1) {
+    // Each rank holds 1/k of every layer's heads and FFN rows.
+    const auto& t = prompt->text;
+    if (t.num_heads % k || t.num_kv_heads % k || t.intermediate_size % k)
+      return kernels::make_error(kernels::errc::invalid_argument,
+                                 m.path + ": parallelism.tensor_parallel = " + std::to_string(k) +
+                                     " does not divide " + cfg.node.model + "'s " +
+                                     std::to_string(t.num_heads) + " attention heads, " +
+                                     std::to_string(t.num_kv_heads) + " KV heads and " +
+                                     std::to_string(t.intermediate_size) + " FFN rows evenly");
+  }
   if (!prompt->llava && (m.encoders.vision.min > 1 || m.encoders.vision.max > 1))
     return kernels::make_error(
         kernels::errc::invalid_argument,
@@ -1043,8 +1144,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
             // A placement that failed: try again with whoever is up.
             const bool complete =
                 !p.plan.empty() && std::all_of(p.plan.begin(), p.plan.end(), [&](const auto& s) {
-                  const auto* m = st.members->find(s.node);
-                  return m && m->state != cluster::member_state::lost;
+                  auto alive = [&](const std::string& n) {
+                    const auto* m = st.members->find(n);
+                    return m && m->state != cluster::member_state::lost;
+                  };
+                  return alive(s.node) && std::all_of(s.ranks.begin(), s.ranks.end(), alive);
                 });
             if (complete && p.placement_ok) continue;
             // A replica none of whose nodes is up (nor a spare of another's) waits.

@@ -86,8 +86,7 @@ std::optional<std::string> node_for_replica(head_ptr self, std::string* why) {
       continue;
     }
     bool stages = false;
-    for (const auto& p : st.reps)
-      for (const auto& s : p.plan) stages = stages || s.node == name;
+    for (const auto& p : st.reps) stages = stages || cluster::plan_uses(p.plan, name);
     c.push_back({name, stages, room, order});
   }
   if (c.empty()) {

@@ -258,8 +258,7 @@ std::vector<std::string> replica_usable(head_ptr self, int r) {
     if (other.index == r) continue;
     for (auto it = other.nodes.begin(); it != other.nodes.end(); ++it) {
       const auto& n = *it;
-      const bool used = std::any_of(other.plan.begin(), other.plan.end(),
-                                    [&](const auto& s) { return s.node == n; });
+      const bool used = cluster::plan_uses(other.plan, n);
       if (used || other.placing || other.nodes.size() < 2 ||
           std::find(up.begin(), up.end(), n) == up.end() || !st.rt[n].agent)
         continue;
@@ -307,7 +306,8 @@ int auto_replicas(head_ptr self, const std::vector<std::string>& nodes) {
   auto& st = self->state;
   const int n = static_cast<int>(nodes.size());
   const int per = st.cfg.node.m.parallelism.pipeline_stages;
-  if (per > 0 || !st.model_prof) return std::max(1, n / std::max(1, per));
+  if (per > 0 || !st.model_prof)
+    return std::max(1, n / (std::max(1, per) * st.cfg.node.m.parallelism.tensor_parallel));
   for (int r = n; r > 1; --r) {
     bool fits = true;
     for (const auto& g : split_nodes(nodes, r)) {
@@ -425,14 +425,13 @@ caf::result<std::string> scale_to(head_ptr self, int n) {
       what += "replica " + std::to_string(p.index) + " serves again; ";
     }
   const int add = n - now;
-  const int per = std::max(1, st.cfg.node.m.parallelism.pipeline_stages);
+  const int per = std::max(1, st.cfg.node.m.parallelism.pipeline_stages) *
+                  st.cfg.node.m.parallelism.tensor_parallel;
   // Nodes up that hold stages and that no replica's placement uses.
   std::vector<std::string> spare;
   for (const auto& name : stage_nodes_of(st, true)) {
     const bool used = std::any_of(st.reps.begin(), st.reps.end(), [&](const replica_rt& p) {
-      return std::any_of(p.plan.begin(), p.plan.end(),
-                         [&](const auto& s) { return s.node == name; }) ||
-             (p.placing && in_replica(p, name));
+      return cluster::plan_uses(p.plan, name) || (p.placing && in_replica(p, name));
     });
     if (!used && st.rt[name].agent) spare.push_back(name);
   }
@@ -485,10 +484,14 @@ void retire_drained(head_ptr self) {
     // sent counted, and nothing left.
     if (at <= p.retiring_since || p.routed_at_stats != p.routed || s.running + s.queued > 0)
       continue;
-    for (const auto& slot : p.plan)
-      if (auto a = st.rt[slot.node].agent)
-        self->request(a, st.cfg.node.timeout, drop_atom::value)
-            .then([](std::int32_t) {}, [](caf::error&) {});
+    for (const auto& slot : p.plan) {
+      std::vector<std::string> nodes{slot.node};
+      nodes.insert(nodes.end(), slot.ranks.begin(), slot.ranks.end());
+      for (const auto& n : nodes)
+        if (auto a = st.rt[n].agent)
+          self->request(a, st.cfg.node.timeout, drop_atom::value)
+              .then([](std::int32_t) {}, [](caf::error&) {});
+    }
     if (p.scheduler) self->send_exit(p.scheduler, caf::exit_reason::user_shutdown);
     // Its nodes are spares of the first replica that serves.
     auto to = std::find_if(st.reps.begin(), st.reps.end(),
@@ -523,7 +526,8 @@ std::vector<cluster::stage_slot> choose_slots(head_ptr self, int r, const std::s
   const bool has_head = std::find(usable.begin(), usable.end(), st.cfg.node.m.head) != usable.end();
   const std::string first = (one && head_stages) || has_head ? st.cfg.node.m.head : usable.front();
   auto fixed = [&] {
-    return fixed_slots(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable, first);
+    return fixed_slots(st.layers, st.cfg.node.m.parallelism.pipeline_stages, usable, first,
+                       st.cfg.node.m.parallelism.tensor_parallel);
   };
   if (!st.auto_place || !st.model_prof || (one && !has_head && head_stages)) return fixed();
   const auto prof = profile_now(self, one ? nullptr : &usable);

@@ -554,7 +554,13 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
     return refuse(error_code::unavailable, "the placement's actors are not known yet");
   if (auto why = target_refusal(st, req.to)) return caf::result<migrate_report>(std::move(*why));
   const auto& slot = plan[*idx];
-  if (slot.node == req.to)
+  if (!slot.ranks.empty())
+    return refuse(error_code::invalid_request,
+                  "stage " + std::to_string(*idx) + " is tensor-parallel over " +
+                      cluster::describe({slot}) +
+                      ": moving a tensor-parallel stage live is not built yet (after the loss "
+                      "of one of its nodes it is placed again)");
+  if (slot.holds(req.to))
     return refuse(error_code::invalid_request,
                   "stage " + std::to_string(*idx) + " already runs on " + req.to);
   auto target = st.rt[req.to].agent;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <expected>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,10 @@ struct held_stage {
   shard_actor shard;
   kv_store_actor kv;
   models::kv_usage usage;  ///< last read (heartbeat reports)
+  /// A tensor-parallel rank: the other ranks' shards it depends on (rank
+  /// 0's peers, each rank's ring successor). When one stops, the rank's
+  /// all-reduces in flight give up at once.
+  std::vector<caf::actor_addr> tp_watch;
 };
 
 struct agent_state {
@@ -75,6 +80,9 @@ void drop_stages(agent_ptr self) {
   for (auto& h : st.stages) {
     self->demonitor(h.shard.address());
     self->demonitor(h.kv.address());
+    for (const auto& a : h.tp_watch) self->demonitor(a);
+    // A rank waiting in an all-reduce for a rank that goes too stops now.
+    if (h.res->tp) h.res->tp->broken = true;
     caf::anon_send_exit(h.shard, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(h.kv, caf::exit_reason::user_shutdown);
   }
@@ -114,6 +122,60 @@ caf::error connect_next(agent_ptr self, const std::string& what, const stage_han
   return {};
 }
 
+/// " (tensor-parallel rank 1 of 2)", or "" for a whole stage.
+std::string rank_of(std::int32_t rank, std::int32_t size) {
+  if (size <= 1) return {};
+  return " (tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+}
+
+/// The tensor-parallel group an order puts this node's stage in (null for
+/// a whole stage). Rank 0 reaches its peers (control and data plane) now;
+/// every rank's ring is connected later (connect_ring).
+std::expected<std::shared_ptr<tp_group>, caf::error> tp_group_of(agent_ptr self,
+                                                                 const std::string& what,
+                                                                 const stage_order& o) {
+  if (o.tp_size <= 1) {
+    if (o.tp_rank != 0 || !o.tp_peers.empty())
+      return std::unexpected(make_error(error_code::invalid_request,
+                                        what + ": tensor-parallel peers for a whole stage"));
+    return nullptr;
+  }
+  const auto k = static_cast<std::size_t>(o.tp_size);
+  const auto bad = [&](const std::string& why) {
+    return std::unexpected(make_error(error_code::invalid_request, what + ": " + why));
+  };
+  if (o.tp_size > 256 || o.tp_rank < 0 || o.tp_rank >= o.tp_size)
+    return bad("tensor-parallel rank " + std::to_string(o.tp_rank) + " of " +
+               std::to_string(o.tp_size));
+  if (o.tp_rank > 0 && (o.has_next || !o.tp_peers.empty()))
+    return bad("only rank 0 of a tensor-parallel stage forwards and knows the other ranks");
+  if (o.tp_rank == 0 && (o.tp_peers.size() != k - 1 || o.tp_peer_nodes.size() != k - 1))
+    return bad("rank 0 of " + std::to_string(k) + " tensor-parallel ranks with " +
+               std::to_string(o.tp_peers.size()) + " peers");
+  auto g = std::make_shared<tp_group>();
+  g->rank = o.tp_rank;
+  g->size = o.tp_size;
+  g->reply_timeout = std::max<std::chrono::milliseconds>(
+      g->reply_timeout,
+      std::chrono::duration_cast<std::chrono::milliseconds>(self->state.cfg.timeout));
+  for (std::size_t i = 0; i < o.tp_peers.size(); ++i) {
+    const auto& p = o.tp_peers[i];
+    const auto& node = o.tp_peer_nodes[i];
+    if (p.tp_rank != static_cast<std::int32_t>(i) + 1 || p.tp_size != o.tp_size ||
+        p.first_layer != o.first_layer || p.last_layer != o.last_layer || !p.kv)
+      return bad("peer " + std::to_string(i) + " on " + node + " is not rank " +
+                 std::to_string(i + 1) + " of this stage");
+    if (node == self->state.cfg.name)
+      return bad("two ranks of one group on one node (one device per node)");
+    if (auto e = connect_next(self, what + ", rank " + std::to_string(i + 1), p, node))
+      return std::unexpected(std::move(e));
+    g->peer_shards.push_back(p.shard);
+    g->peer_kvs.push_back(p.kv);
+    g->peer_keys.push_back(to_string(p.shard->node()));
+  }
+  return g;
+}
+
 caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto& st = self->state;
   const auto& c = st.cfg;
@@ -138,10 +200,12 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   range.last = o.last_layer;
   range.embed = o.embed;
   range.head = o.head;
+  auto group = tp_group_of(self, what, o);
+  if (!group) return std::move(group.error());
   const auto t0 = steady::now();
   auto dev = device_for(c.device);
   if (!dev) return make_error(error_code::stage_failed, what + ": " + dev.error().message);
-  auto res = make_stage(c.device, *dev, c.model, range, c.plan, c.kv);
+  auto res = make_stage(c.device, *dev, c.model, range, c.plan, c.kv, *group);
   if (!res) return make_error(error_code::stage_failed, what + ": " + res.error().message);
   if (c.memory_limit > 0 && resident_bytes() > c.memory_limit)
     return make_error(error_code::stage_failed,
@@ -151,11 +215,59 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto kv = spawn_kv_store(self->system(), *res);
   self->monitor(shard);
   self->monitor(kv);
-  st.stages.push_back({*res, shard, kv, {}});
+  held_stage h{*res, shard, kv, {}, {}};
+  for (const auto& p : o.tp_peers) {
+    self->monitor(p.shard);
+    h.tp_watch.push_back(p.shard.address());
+  }
+  st.stages.push_back(std::move(h));
   logging::of("agent").info(
-      "node {}: holds layers [{},{}) on {} (placement {}, loaded in {:.0f} ms)", c.name,
-      o.first_layer, o.last_layer, c.device.name, o.epoch, ms_since(t0));
-  return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), 0, 1};
+      "node {}: holds layers [{},{}){} on {} (placement {}, loaded in {:.0f} ms)", c.name,
+      o.first_layer, o.last_layer, rank_of(o.tp_rank, o.tp_size), c.device.name, o.epoch,
+      ms_since(t0));
+  return stage_handles{shard, kv, o.first_layer, o.last_layer, dp.address(), o.tp_rank, o.tp_size};
+}
+
+/// Connects the ring of the tensor-parallel rank held here whose stage
+/// starts at `first`: its all-reduces go to `next` (the next rank, on node
+/// `next_node`).
+caf::result<bool> connect_ring(agent_ptr self, std::int32_t first, const stage_handles& next,
+                               const std::string& next_node) {
+  auto& st = self->state;
+  const std::string what = "node " + st.cfg.name + ", the tensor-parallel ring of the stage at " +
+                           "layer " + std::to_string(first);
+  auto it = std::find_if(st.stages.begin(), st.stages.end(), [&](const held_stage& h) {
+    return h.res->model->range().first == first && h.res->tp;
+  });
+  if (it == st.stages.end())
+    return make_error(error_code::not_found, what + ": no such tensor-parallel stage here");
+  auto& g = *it->res->tp;
+  if (next.tp_size != g.size || next.tp_rank != (g.rank + 1) % g.size || next.first_layer != first)
+    return make_error(error_code::invalid_request, what + ": the next rank must be rank " +
+                                                       std::to_string((g.rank + 1) % g.size) +
+                                                       " of " + std::to_string(g.size) +
+                                                       " of the same stage");
+  if (next_node == st.cfg.name)
+    return make_error(error_code::invalid_request,
+                      what + ": two ranks of one group on one node (one device per node)");
+  if (auto e = connect_next(self, what, next, next_node)) return e;
+  auto& dp = data_plane::local();
+  const auto peer = dp.peer(to_string(next.shard->node()));
+  if (!peer || !dp.engine())
+    return make_error(error_code::stage_failed,
+                      what + ": the data plane to " + next_node + " is not connected");
+  if (std::find(it->tp_watch.begin(), it->tp_watch.end(), next.shard.address()) ==
+      it->tp_watch.end()) {
+    self->monitor(next.shard);
+    it->tp_watch.push_back(next.shard.address());
+  }
+  g.ring.rank = g.rank;
+  g.ring.size = g.size;
+  g.ring.next = *peer;
+  g.ring.abort = &g.broken;
+  g.ring.stats = &g.allreduce;
+  g.ring.engine = dp.engine().get();
+  return true;
 }
 
 node_report report_of(agent_ptr self) {
@@ -189,6 +301,7 @@ node_report report_of(agent_ptr self) {
     const auto range = h.res->model->range();
     if (!r.stages.empty()) r.stages += ", ";
     r.stages += "layers [" + std::to_string(range.first) + "," + std::to_string(range.last) + ")";
+    if (h.res->tp) r.stages += rank_of(h.res->tp->rank, h.res->tp->size);
     // A step holds the KV store's lock for its whole length (hundreds of
     // ms for a big model, back to back): the heartbeat answer does not
     // wait behind it, and reports the usage it last saw.
@@ -271,14 +384,28 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
     });
     self->set_down_handler([self](caf::down_msg& dm) {
       auto& st = self->state;
-      for (const auto& h : st.stages)
+      for (auto& h : st.stages) {
         if (h.shard.address() == dm.source || h.kv.address() == dm.source)
           st.failure = "a stage actor stopped: " + self->system().render(dm.reason);
+        if (h.res->tp &&
+            std::find(h.tp_watch.begin(), h.tp_watch.end(), dm.source) != h.tp_watch.end()) {
+          // Another rank of its group is gone: its all-reduces cannot end.
+          h.res->tp->broken = true;
+          st.failure = "another rank of the tensor-parallel stage at layer " +
+                       std::to_string(h.res->model->range().first) +
+                       " is gone: " + self->system().render(dm.reason);
+        }
+      }
     });
     return {
         [=](load_atom, const stage_order& o) -> caf::result<stage_handles> {
           if (auto e = refuse_unless_head(self)) return e;
           return load_stage(self, o);
+        },
+        [=](tp_atom, std::int32_t first, const stage_handles& next,
+            const std::string& next_node) -> caf::result<bool> {
+          if (auto e = refuse_unless_head(self)) return e;
+          return connect_ring(self, first, next, next_node);
         },
         [=](drop_atom) -> caf::result<std::int32_t> {
           if (auto e = refuse_unless_head(self)) return e;
@@ -394,6 +521,8 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
             }
             self->demonitor(it->shard.address());
             self->demonitor(it->kv.address());
+            for (const auto& a : it->tp_watch) self->demonitor(a);
+            if (it->res->tp) it->res->tp->broken = true;
             caf::anon_send_exit(it->shard, caf::exit_reason::user_shutdown);
             caf::anon_send_exit(it->kv, caf::exit_reason::user_shutdown);
             it = st.stages.erase(it);

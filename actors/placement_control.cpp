@@ -140,16 +140,21 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
 
 std::vector<cluster::stage_slot> fixed_slots(int layers, int stages,
                                              const std::vector<std::string>& usable,
-                                             const std::string& head) {
+                                             const std::string& head, int tensor_parallel) {
   if (std::find(usable.begin(), usable.end(), head) == usable.end()) return {};
   std::vector<std::string> order{head};
   for (const auto& n : usable)
     if (n != head) order.push_back(n);
-  const int nodes = static_cast<int>(order.size());
+  const auto k = static_cast<std::size_t>(std::max(1, tensor_parallel));
+  const int groups = static_cast<int>(order.size() / k);
   std::vector<cluster::stage_slot> out;
-  const auto ranges = placement::even_split(layers, std::min(stages > 0 ? stages : nodes, nodes));
-  for (std::size_t s = 0; s < ranges.size(); ++s)
-    out.push_back({order[s], ranges[s].first, ranges[s].second});
+  if (groups == 0) return out;
+  const auto ranges = placement::even_split(layers, std::min(stages > 0 ? stages : groups, groups));
+  for (std::size_t s = 0; s < ranges.size(); ++s) {
+    cluster::stage_slot slot{order[s * k], ranges[s].first, ranges[s].second};
+    for (std::size_t r = 1; r < k; ++r) slot.ranks.push_back(order[s * k + r]);
+    out.push_back(std::move(slot));
+  }
   return out;
 }
 

@@ -67,11 +67,13 @@ placement::cluster_profile cluster_profile_of(const std::vector<node_measure>& n
 /// usable node): placement::even_split over the first usable nodes in
 /// manifest order, the head's first (it runs the scheduler and the vision
 /// encoder, so the first stage's inputs stay local); fewer nodes than
-/// stages: as many stages as nodes. Empty when no node is usable or the
-/// head is not.
+/// stages: as many stages as nodes. With `tensor_parallel` = k > 1 each
+/// stage is a group of k nodes in that order (rank 0 first), and fewer
+/// than k nodes place nothing. Empty when no node is usable or the head
+/// is not.
 std::vector<cluster::stage_slot> fixed_slots(int layers, int stages,
                                              const std::vector<std::string>& usable,
-                                             const std::string& head);
+                                             const std::string& head, int tensor_parallel = 1);
 
 placement::result<std::vector<cluster::stage_slot>> slots_of(const placement::plan& p,
                                                              const placement::cluster_profile& c);

@@ -31,6 +31,9 @@ struct shard_state {
   /// when the actor stops with replies outstanding.
   tp_joins joins;
   shard_actor next;  ///< the following stage (invalid on the last); live migration re-points it
+  /// Rank 0 of a tensor-parallel stage without the LM head: passes its
+  /// steps to `next` (made at the first; a re-point makes a new one).
+  tp_forwarder next_forwarder;
 };
 
 /// The step's answer: directly, or (delegated) through rank 0's join of
@@ -134,11 +137,14 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
     pin_current_thread(res->device.cores);
     self->state.next = next;
     std::vector<tp_forwarder> forwarders;
+    // Every forwarder this shard made goes with it.
+    auto made = std::make_shared<std::vector<tp_forwarder>>();
     if (res->tp) {
       for (const auto& p : res->tp->peer_shards)
         forwarders.push_back(self->system().spawn(forwarder_impl, p));
-      self->attach_functor([forwarders] {
-        for (const auto& f : forwarders) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
+      *made = forwarders;
+      self->attach_functor([made] {
+        for (const auto& f : *made) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
       });
     }
     std::uint64_t generation = 0;
@@ -228,18 +234,54 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
             return answer(self, join, std::move(o));
           }
           const double own = ms_between(t0, steady::now());
+          if (res->tp && res->tp->rank > 0) {
+            // Another rank of a stage without the LM head: rank 0 passes the
+            // (all-reduced, identical) activations on; this says it ran.
+            step_output o;
+            o.step = b.step;
+            o.compute_ms = own;
+            return o;
+          }
           b.compute_ms += own;
           b.stage_ms.push_back(own);
           const auto& next = self->state.next;
-          if (!next) return fail("a stage without the head has no next stage to forward to");
+          if (!next)
+            return answer(self, join,
+                          fail("a stage without the head has no next stage to forward to"));
           // In another process, the activations go now, over the transfer
           // engine, while this message travels.
           auto ref = data_plane::local().send(data_plane_key(self->node(), next->node()),
                                               res->device.name, std::move(*out));
-          if (!ref) return lost("activations to the next stage: " + ref.error().message);
+          if (!ref)
+            return answer(self, join,
+                          lost("activations to the next stage: " + ref.error().message));
           b.hidden = std::move(*ref);
           for (auto& w : b.seqs) w.embeddings = {};
-          return self->delegate(next, step_atom::value, std::move(b));
+          if (!join) return self->delegate(next, step_atom::value, std::move(b));
+          // Rank 0 of a tensor-parallel stage: the step is answered with the
+          // next stage's answer once the other ranks have run it too.
+          auto& fwd = self->state.next_forwarder;
+          if (!fwd) {
+            fwd = self->system().spawn(forwarder_impl, next);
+            made->push_back(fwd);
+          }
+          std::weak_ptr<tp_join> wj = join;
+          self->request(fwd, caf::infinite, step_atom::value, std::move(b))
+              .then(
+                  [self, wj](step_output& o) {
+                    auto j = wj.lock();
+                    if (!j) return;
+                    j->own = std::move(o);
+                    j->maybe_deliver();
+                    self->state.joins.forget_if_done(j);
+                  },
+                  [self, wj](caf::error& e) {
+                    auto j = wj.lock();
+                    if (!j) return;
+                    j->settle(std::move(e));
+                    self->state.joins.forget_if_done(j);
+                  });
+          return caf::delegated<step_output>{};
         },
         [=](info_atom) {
           const auto r = res->model->range();
@@ -254,6 +296,10 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           auto n = caf::actor_cast<shard_actor>(p);
           if (!n) return make_error(error_code::invalid_request, "route to an invalid shard");
           self->state.next = std::move(n);
+          if (auto& fwd = self->state.next_forwarder) {
+            caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
+            fwd = tp_forwarder{};
+          }
           return true;
         },
     };

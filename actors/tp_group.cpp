@@ -63,6 +63,7 @@ void tp_join::settle(caf::error e) {
 void tp_join::maybe_deliver() {
   if (settled || !own || pending > 0) return;
   for (const auto& [rank, sampled] : peers) {
+    if (!compare_sampled) break;
     if (sampled != own->sampled) {
       settle(make_error(error_code::stage_failed,
                         "tensor-parallel rank " + std::to_string(rank) +
@@ -95,30 +96,43 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(
     shard_actor::pointer self, tp_joins& joins, stage_resources& res, step_batch& b,
     const std::vector<tp_forwarder>& forwarders) {
   auto& g = *res.tp;
-  const auto range = res.model->range();
-  if (!range.embed || !range.head)
-    return kernels::make_error(errc::invalid_argument,
-                               "a tensor-parallel group must hold the whole model");
   auto j = std::make_shared<tp_join>();
+  j->compare_sampled = res.model->range().head;
   std::vector<step_batch> copies(g.peer_shards.size(), b);
   for (auto& c : copies) c.return_logits = false;
   auto& dp = data_plane::local();
-  for (std::size_t i = 0; i < b.seqs.size(); ++i) {
-    auto& ref = b.seqs[i].embeddings;
-    if (ref.empty()) continue;
-    // Host floats (the step's input, read by the model through step_input).
-    static const auto host = kernels::memory_pool::create();
+  // Host floats (the step's input, read by the model through step_input).
+  static const auto host = kernels::memory_pool::create();
+  // Rank 0 takes `ref` in, pushes it to every other rank's process (one
+  // buffer, read-only) and parks it for itself; `dest(p)` is copy p's.
+  auto share = [&](tensor_ref& ref, auto dest, const char* what) -> kernels::result<void> {
     auto t = dp.take(ref, res.dev->memory().host_accessible() ? res.dev->memory() : *host);
     if (!t) return std::unexpected(t.error());
     for (std::size_t p = 0; p < copies.size(); ++p) {
-      auto r = dp.push(g.peer_keys[p], res.device.name, *t);  // shares the buffer; read-only
+      auto r = dp.push(g.peer_keys[p], res.device.name, *t);
       if (!r)
-        return kernels::make_error(r.error().code, "image embeddings for tensor-parallel rank " +
-                                                       std::to_string(p + 1) + ": " +
-                                                       r.error().message);
-      copies[p].seqs[i].embeddings = std::move(*r);
+        return kernels::make_error(r.error().code,
+                                   std::string(what) + " for tensor-parallel rank " +
+                                       std::to_string(p + 1) + ": " + r.error().message);
+      dest(p) = std::move(*r);
     }
     ref = dp.park(res.device.name, std::move(*t));
+    return {};
+  };
+  if (!b.hidden.empty())
+    if (auto r = share(
+            b.hidden, [&](std::size_t p) -> tensor_ref& { return copies[p].hidden; },
+            "the previous stage's activations");
+        !r)
+      return std::unexpected(r.error());
+  for (std::size_t i = 0; i < b.seqs.size(); ++i) {
+    auto& ref = b.seqs[i].embeddings;
+    if (ref.empty()) continue;
+    if (auto r = share(
+            ref, [&](std::size_t p) -> tensor_ref& { return copies[p].seqs[i].embeddings; },
+            "image embeddings");
+        !r)
+      return std::unexpected(r.error());
   }
   j->rp = self->make_response_promise<step_output>();
   j->id = joins.next_id++;

@@ -65,6 +65,10 @@ struct tp_join {
   std::size_t pending = 0;
   std::optional<step_output> own;
   std::vector<std::pair<int, std::vector<std::vector<std::int32_t>>>> peers;  // rank, sampled
+  /// The group holds the LM head: every rank samples, and rank 0 checks
+  /// that they agree. Otherwise `own` is the next stage's answer (rank 0
+  /// forwarded the step) and the other ranks' answers only say they ran.
+  bool compare_sampled = true;
   bool settled = false;
 
   void settle(caf::error e);
@@ -95,7 +99,8 @@ using tp_forwarder = caf::typed_actor<caf::replies_to<step_atom, step_batch>::wi
 tp_forwarder::behavior_type forwarder_impl(tp_forwarder::pointer self, shard_actor peer);
 
 /// Sends the step to the other ranks of rank 0's group (their copies
-/// without the logits; image embeddings pushed to each rank's process).
+/// without the logits; image embeddings and the previous stage's
+/// activations pushed to each rank's process).
 /// `self` is rank 0's shard and `joins` its open joins (in its state).
 kernels::result<std::shared_ptr<tp_join>> forward_step(shard_actor::pointer self, tp_joins& joins,
                                                        stage_resources& res, step_batch& b,

@@ -435,7 +435,13 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
                 std::string("expected \"auto\" or a number of ") + what);
     };
     auto_or("pipeline_stages", m.parallelism.pipeline_stages, 0, 1024, "stages");
-    auto_or("tensor_parallel", m.parallelism.tensor_parallel, 1, 256, "ranks");
+    if (const auto* n = t->get("tensor_parallel");
+        n && n->is_string() && n->as_string()->get() == "auto")
+      c.error(checker::line_of(*n), "parallelism.tensor_parallel",
+              "\"auto\" is not built (the cluster does not choose tensor-parallel groups): give "
+              "a number of ranks per stage");
+    else
+      auto_or("tensor_parallel", m.parallelism.tensor_parallel, 1, 256, "ranks");
     auto_or("replicas", m.parallelism.replicas, 0, 256, "replicas");
   }
 
@@ -641,11 +647,14 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   const int stage_nodes = static_cast<int>(std::count_if(
       m.nodes.begin(), m.nodes.end(), [](const auto& e) { return e.holds_stages(); }));
   if (m.parallelism.replicas > 1 && !m.nodes.empty()) {
-    const int per = std::max(1, m.parallelism.pipeline_stages);
+    const int per = std::max(1, m.parallelism.pipeline_stages) * m.parallelism.tensor_parallel;
     if (m.parallelism.replicas * per > stage_nodes)
       c.error(0, "parallelism.replicas",
               std::to_string(m.parallelism.replicas) + " replicas" +
-                  (per > 1 ? " of " + std::to_string(per) + " stages" : std::string{}) +
+                  (per > 1 ? " of " + std::to_string(per) +
+                                 (m.parallelism.tensor_parallel > 1 ? " tensor-parallel ranks"
+                                                                    : " stages")
+                           : std::string{}) +
                   " need at least " + std::to_string(m.parallelism.replicas * per) +
                   " nodes holding stages (each replica has nodes of its own); the manifest has " +
                   std::to_string(stage_nodes));
@@ -665,10 +674,28 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   if (m.parallelism.replicas != 1 && m.kv.store_tokens > 0)
     c.error(0, "kv.store_tokens",
             "a KV store serves one replica so far: leave it out, or set parallelism.replicas = 1");
-  if (m.parallelism.replicas != 1 && m.parallelism.tensor_parallel > 1)
-    c.error(0, "parallelism.replicas",
-            "replicas of tensor-parallel stages are not built yet (tensor_parallel = " +
-                std::to_string(m.parallelism.tensor_parallel) + ")");
+  if (const int k = m.parallelism.tensor_parallel; k > 1) {
+    // Each rank of a tensor-parallel stage is a node (its device).
+    const std::string tp = " with tensor_parallel = " + std::to_string(k);
+    if (m.parallelism.pipeline_stages == 0)
+      c.error(0, "parallelism.pipeline_stages",
+              "\"auto\"" + tp +
+                  ": give a number (the planner places one device per stage; the stages' ranks "
+                  "are runs of " +
+                  std::to_string(k) + " nodes in the manifest's order)");
+    if (m.parallelism.replicas == 0)
+      c.error(0, "parallelism.replicas", "\"auto\"" + tp + ": give a number");
+    const int need = std::max(1, m.parallelism.replicas) * m.parallelism.pipeline_stages * k;
+    if (m.parallelism.replicas <= 1 && m.parallelism.pipeline_stages > 0 && !m.nodes.empty() &&
+        need > stage_nodes)
+      c.error(0, "parallelism",
+              std::to_string(m.parallelism.pipeline_stages) + " stages of " + std::to_string(k) +
+                  " tensor-parallel ranks need " + std::to_string(need) +
+                  " nodes holding stages (one device each); the manifest has " +
+                  std::to_string(stage_nodes));
+    if (m.kv.store_tokens > 0 || m.kv.host_tokens > 0 || m.kv.disk_tokens > 0)
+      c.error(0, "kv", "the KV host, disk and remote tiers" + tp + " are not supported yet");
+  }
   if (!c.errors.empty()) return std::unexpected(manifest_error{std::move(c.errors)});
   return m;
 }

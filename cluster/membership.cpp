@@ -124,7 +124,9 @@ std::string describe(const std::vector<stage_slot>& plan) {
   std::string s;
   for (const auto& p : plan) {
     if (!s.empty()) s += " -> ";
-    s += p.node + " [" + std::to_string(p.first_layer) + "," + std::to_string(p.last_layer) + ")";
+    s += p.node;
+    for (const auto& r : p.ranks) s += "+" + r;
+    s += " [" + std::to_string(p.first_layer) + "," + std::to_string(p.last_layer) + ")";
   }
   return s;
 }

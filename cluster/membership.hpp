@@ -10,6 +10,7 @@
 // A lost node is tried again every `rejoin_every` and becomes `up` once
 // it lets the head in again. Only `up` nodes hold stages.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -86,12 +87,25 @@ class membership {
 
 /// One stage of a placement.
 struct stage_slot {
-  std::string node;
+  std::string node;  ///< its node (rank 0 of a tensor-parallel stage)
   int first_layer = 0;
   int last_layer = 0;
+  /// A tensor-parallel stage: the nodes of ranks 1, 2, ... (each holds
+  /// that slice of every layer); empty for a stage on one node.
+  std::vector<std::string> ranks = {};
+  /// Whether `name` holds a part of this stage.
+  bool holds(const std::string& name) const {
+    return node == name || std::find(ranks.begin(), ranks.end(), name) != ranks.end();
+  }
 };
 
-/// "node0 [0,2) -> node1 [2,4)".
+/// Whether a stage of `plan` is on node `name`.
+inline bool plan_uses(const std::vector<stage_slot>& plan, const std::string& name) {
+  return std::any_of(plan.begin(), plan.end(), [&](const stage_slot& s) { return s.holds(name); });
+}
+
+/// "node0 [0,2) -> node1 [2,4)"; a tensor-parallel stage is
+/// "node0+node1 [0,2)".
 std::string describe(const std::vector<stage_slot>& plan);
 
 }  // namespace troupe::cluster

@@ -47,12 +47,22 @@ struct stage_order {
   bool has_next = false;
   stage_handles next;
   std::string next_node;
+  /// A tensor-parallel stage (tp_size > 1): this node holds slice tp_rank
+  /// of every layer. Rank 0 is the stage's face (it has `next`, and the
+  /// other ranks: their handles and nodes, loaded before it); the others
+  /// have no next. Each rank's ring is connected by a tp_atom order once
+  /// all are loaded.
+  std::int32_t tp_rank = 0;
+  std::int32_t tp_size = 1;
+  std::vector<stage_handles> tp_peers;     ///< rank 0: ranks 1..tp_size-1
+  std::vector<std::string> tp_peer_nodes;  ///< ... and their nodes
 };
 
 template <class I>
 typename I::result_type inspect(I& f, stage_order& x) {
   return f(caf::meta::type_name("stage_order"), x.first_layer, x.last_layer, x.embed, x.head,
-           x.epoch, x.has_next, x.next, x.next_node);
+           x.epoch, x.has_next, x.next, x.next_node, x.tp_rank, x.tp_size, x.tp_peers,
+           x.tp_peer_nodes);
 }
 
 /// A node's device as the node measured it when it started (placement's
@@ -169,7 +179,10 @@ using node_agent_actor = caf::typed_actor<
     // data plane and answers its size in bytes.
     caf::replies_to<probe_atom, tensor_ref>::with<std::int64_t>,
     // Spawns the cluster's KV store here (replacing one spawned before).
-    caf::replies_to<load_vault_atom, vault_order>::with<kv_vault_actor>>;
+    caf::replies_to<load_vault_atom, vault_order>::with<kv_vault_actor>,
+    // A tensor-parallel stage (starting at this layer): its rank here sends
+    // its all-reduces to `next` (the next rank, on node `name`).
+    caf::replies_to<tp_atom, std::int32_t, stage_handles, std::string>::with<bool>>;
 
 template <class I>
 typename I::result_type inspect(I& f, chat_turn& x) {

@@ -70,6 +70,8 @@ actors::node_agent_actor fake_agent(caf::actor_system& sys, const std::string& n
         },
         [no](actors::load_vault_atom, const actors::vault_order&)
             -> caf::result<actors::kv_vault_actor> { return no("hold a KV store"); },
+        [no](actors::tp_atom, std::int32_t, const actors::stage_handles&, const std::string&)
+            -> caf::result<bool> { return no("connect a tensor-parallel ring"); },
     };
   });
 }

@@ -318,6 +318,22 @@ TEST(FixedSlots, EvenStagesHeadFirst) {
   EXPECT_TRUE(fixed_slots(0, 3, {"n0"}, "n0").empty());
 }
 
+// Tensor-parallel stages: runs of k nodes, the head's run first; a node
+// left over holds nothing, too few nodes for one group place nothing.
+TEST(FixedSlots, TensorParallelStagesAreRunsOfNodes) {
+  const std::vector<std::string> nodes{"n1", "n0", "n2", "n3", "n4"};
+  auto p = fixed_slots(4, 2, nodes, "n0", 2);
+  EXPECT_EQ(cluster::describe(p), "n0+n1 [0,2) -> n2+n3 [2,4)");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[1].ranks, (std::vector<std::string>{"n3"}));
+  EXPECT_TRUE(cluster::plan_uses(p, "n3"));
+  EXPECT_FALSE(cluster::plan_uses(p, "n4"));
+  // Three nodes left after a loss: one group, the whole model.
+  EXPECT_EQ(cluster::describe(fixed_slots(4, 2, {"n0", "n1", "n2"}, "n0", 2)), "n0+n1 [0,4)");
+  EXPECT_EQ(cluster::describe(fixed_slots(4, 1, nodes, "n0", 3)), "n0+n1+n2 [0,4)");
+  EXPECT_TRUE(fixed_slots(4, 1, {"n0"}, "n0", 2).empty());
+}
+
 TEST(FixedSlots, EvenSplitCoversEveryLayerOnce) {
   for (int layers = 1; layers <= 40; ++layers)
     for (int parts = 1; parts <= 12; ++parts) {

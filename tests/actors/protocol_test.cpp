@@ -408,7 +408,11 @@ stage_order make(tag<stage_order>, const actors_for_handles& h) {
           .epoch = 7,
           .has_next = true,
           .next = make(tag<stage_handles>{}, h),
-          .next_node = "n2"};
+          .next_node = "n2",
+          .tp_rank = 0,
+          .tp_size = 2,
+          .tp_peers = {make(tag<stage_handles>{}, h)},
+          .tp_peer_nodes = {"n3"}};
 }
 
 device_probe make(tag<device_probe>, const actors_for_handles&) {
@@ -686,7 +690,11 @@ bool same(const stage_handles& a, const stage_handles& b) {
 bool same(const stage_order& a, const stage_order& b) {
   return a.first_layer == b.first_layer && a.last_layer == b.last_layer && a.embed == b.embed &&
          a.head == b.head && a.epoch == b.epoch && a.has_next == b.has_next &&
-         same(a.next, b.next) && a.next_node == b.next_node;
+         same(a.next, b.next) && a.next_node == b.next_node && a.tp_rank == b.tp_rank &&
+         a.tp_size == b.tp_size && a.tp_peers.size() == b.tp_peers.size() &&
+         std::equal(a.tp_peers.begin(), a.tp_peers.end(), b.tp_peers.begin(),
+                    [](const auto& x, const auto& y) { return same(x, y); }) &&
+         a.tp_peer_nodes == b.tp_peer_nodes;
 }
 
 // -- the types: every one that register_protocol registers ----------------------

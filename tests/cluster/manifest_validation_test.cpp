@@ -415,6 +415,39 @@ TEST(Manifest, KvTiers) {
   EXPECT_TRUE(kv_node->node("a")->holds_stages());
 }
 
+// Tensor parallelism: each stage's ranks are nodes; the manifest must have
+// nodes for every rank of every stage of every replica, and what does not
+// combine with it yet is refused by name.
+TEST(Manifest, TensorParallelStagesNeedANodePerRank) {
+  auto with = [](const std::string& parallelism, const std::string& more = "") {
+    std::string text = good;
+    const auto at = text.find("pipeline_stages = 2\ntensor_parallel = 1");
+    text.replace(at, std::string("pipeline_stages = 2\ntensor_parallel = 1").size(), parallelism);
+    return parse_manifest(text + more, "lab.toml");
+  };
+  auto one = with("pipeline_stages = 1\ntensor_parallel = 2");
+  ASSERT_TRUE(one) << joined(one.error());
+  EXPECT_EQ(one->parallelism.tensor_parallel, 2);
+  auto expect_error = [&](const std::string& parallelism, const std::string& more,
+                          const std::string& why) {
+    auto m = with(parallelism, more);
+    ASSERT_FALSE(m) << parallelism << more;
+    EXPECT_NE(joined(m.error()).find(why), std::string::npos) << joined(m.error());
+  };
+  expect_error("pipeline_stages = 2\ntensor_parallel = 2", "",
+               "2 stages of 2 tensor-parallel ranks need 4 nodes holding stages");
+  expect_error("pipeline_stages = 1\ntensor_parallel = 2\nreplicas = 2", "",
+               "2 replicas of 2 tensor-parallel ranks need at least 4 nodes");
+  expect_error("pipeline_stages = \"auto\"\ntensor_parallel = 2", "",
+               "parallelism.pipeline_stages: \"auto\" with tensor_parallel = 2");
+  expect_error("pipeline_stages = 1\ntensor_parallel = 2\nreplicas = \"auto\"", "",
+               "parallelism.replicas: \"auto\" with tensor_parallel = 2");
+  expect_error("pipeline_stages = 1\ntensor_parallel = \"auto\"", "",
+               "parallelism.tensor_parallel: \"auto\" is not built");
+  expect_error("pipeline_stages = 1\ntensor_parallel = 2", "\n[kv]\nhost_tokens = 65536\n",
+               "tiers with tensor_parallel = 2 are not supported yet");
+}
+
 TEST(Manifest, SeveralMistakesAreAllReported) {
   const std::string text =
       "[cluster]\nname = \"x y\"\nhead = \"a\"\ncerts = \"c\"\n"
