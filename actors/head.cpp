@@ -428,6 +428,7 @@ void replace(head_ptr self, int r, const std::string& trigger,
           .then([](std::int32_t) {}, [](caf::error&) {});
   }
   p.plan = plan;
+  p.rank_handles.assign(plan.size(), {});
   p.stages_total = static_cast<std::int32_t>(plan.size());
   p.stages_loaded = 0;
   event(self,
@@ -513,8 +514,10 @@ void replace(head_ptr self, int r, const std::string& trigger,
       auto busy = loading_on(self, slot.node);
       self->request(agent, st.cfg.node.timeout, load_atom::value, o)
           .then(
-              [self, r, epoch, slot, peers, fail, next_stage, busy](stage_handles& h) {
-                if (epoch != rep(self, r).epoch) return;
+              [self, r, epoch, i, slot, peers, fail, next_stage, busy](stage_handles& h) {
+                auto& p = rep(self, r);
+                if (epoch != p.epoch) return;
+                if (i < p.rank_handles.size()) p.rank_handles[i] = peers;
                 if (peers.empty()) return next_stage(std::move(h));
                 connect_tp_rings(self, r, epoch, slot, h, peers, fail,
                                  [next_stage, h] { next_stage(h); });

@@ -63,6 +63,9 @@ struct replica_rt {
   std::int64_t replacements = 0;
   std::int32_t stages_total = 0, stages_loaded = 0;  ///< the placement under way
   std::vector<stage_handles> handles;                ///< the placed stages' actors, in order
+  /// Per stage, its tensor-parallel ranks 1, 2, ... (empty for a stage on
+  /// one node): their actors (live migration of a rank).
+  std::vector<std::vector<stage_handles>> rank_handles;
   double detect_ms = -1, resume_ms = -1;
   std::optional<steady::time_point> lost_at;
   bool resume_after_placement = false;  ///< a re-split paused the scheduler

@@ -30,9 +30,8 @@ std::shared_ptr<kernels::memory_pool> migration_pool() {
 caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& res,
                                  std::int64_t seq, std::int32_t from_block,
                                  const std::string& dest) {
-  if (res.tp && res.tp->size > 1)
-    return make_error(error_code::invalid_request,
-                      "moving the KV of a tensor-parallel stage is not supported yet");
+  // A tensor-parallel rank exports its share of the KV heads: it moves to
+  // the same rank of the same group (the head orders nothing else).
   kernels::tensor t;
   kv_export x;
   {
@@ -69,12 +68,6 @@ caf::result<kv_export> export_kv(kv_store_actor::pointer self, stage_resources& 
 /// Returns the KV bytes taken in.
 std::expected<std::int64_t, caf::error> import_kv(stage_resources& res, const kv_export& x,
                                                   std::int32_t from_block, bool replace) {
-  if (res.tp && res.tp->size > 1) {
-    data_plane::local().drop(x.data);
-    return std::unexpected(
-        make_error(error_code::invalid_request,
-                   "moving the KV of a tensor-parallel stage is not supported yet"));
-  }
   auto data = data_plane::local().take(x.data, *migration_pool());
   if (!data)  // a transfer that failed on the way is the link's fault, a bad ref the sender's
     return std::unexpected(
@@ -165,7 +158,7 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
         },
         [=](free_atom, const std::vector<std::int64_t>& seqs) -> std::int64_t {
           if (res->tp)  // the group's other ranks hold the other KV heads of these sequences
-            for (auto& p : res->tp->peer_kvs) caf::anon_send(p, free_atom::value, seqs);
+            for (auto& p : res->tp->peer_stores()) caf::anon_send(p, free_atom::value, seqs);
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;
           const auto before = kv.cache.free_blocks();
@@ -206,7 +199,7 @@ kv_store_actor spawn_kv_store(caf::actor_system& sys, std::shared_ptr<stage_reso
         },
         [=](clear_atom) -> std::int64_t {
           if (res->tp)
-            for (auto& p : res->tp->peer_kvs) caf::anon_send(p, clear_atom::value);
+            for (auto& p : res->tp->peer_stores()) caf::anon_send(p, clear_atom::value);
           std::lock_guard lock(res->kv->mtx);
           auto& kv = *res->kv;
           const auto n = static_cast<std::int64_t>(kv.local.size());

@@ -29,6 +29,11 @@ struct migration {
   std::uint64_t epoch = 0;
   stage_handles old_h, new_h;
   cluster::stage_slot slot;
+  /// Of a tensor-parallel stage: the rank that moves, from node `from`
+  /// (slot.node for a whole stage and rank 0).
+  int rank = 0;
+  std::string from;
+  bool rewiring = false;  ///< the group's other ranks were told of the new one
   std::string target, dest_key;
   std::map<std::int64_t, std::int64_t> copied;  ///< sequence -> tokens copied to the new store
   std::int64_t block_size = 16;
@@ -89,13 +94,17 @@ void migration_fail(head_ptr self, const migration_ptr& m, const std::string& wh
   // The new actors (if any) go; the old ones kept serving.
   if (m->new_h.shard && pipe.epoch == m->epoch) {
     auto it = st.rt.find(m->target);
-    if (it != st.rt.end() && it->second.agent && !(m->target == m->slot.node))
+    if (it != st.rt.end() && it->second.agent && !m->slot.holds(m->target))
       self->request(it->second.agent, st.cfg.node.timeout, drop_stage_atom::value,
                     m->slot.first_layer)
           .then([](std::int32_t) {}, [](caf::error&) {});
   }
   event(self, "migrating " + m->rep.what + " to " + m->target + " failed: " + why, true);
   m->rp.deliver(make_error(error_code::stage_failed, "migration of " + m->rep.what + ": " + why));
+  // Some ranks of the group know the new rank, which is gone: the replica
+  // is placed again (its requests recompute).
+  if (m->rewiring && pipe.epoch == m->epoch)
+    replace(self, static_cast<int>(m->replica), "a tensor-parallel rank's move failed");
 }
 
 bool migration_stale(head_ptr self, const migration_ptr& m) {
@@ -212,17 +221,27 @@ void migration_switch(head_ptr self, migration_ptr m) {
     if (migration_stale(self, m)) return;
     auto& st = self->state;
     auto& pipe = st.reps[m->replica];
+    // The stage's face (its rank 0) to the scheduler: the new one, or the
+    // same when another rank moved. Either way the stage's store now holds
+    // only the live sequences' blocks (the scheduler forgets its cached
+    // ones), and steps go on.
+    const auto& front = m->rank == 0 ? m->new_h : pipe.handles[m->index];
     self->send(pipe.scheduler, reroute_atom::value, static_cast<std::int32_t>(m->index),
-               m->new_h.shard, m->new_h.kv);
+               front.shard, front.kv);
     m->rep.pause_ms = ms_since(m->pause_sent);
     m->paused = false;
     // The old actors go; the head's books follow the new ones.
-    pipe.handles[m->index] = m->new_h;
-    pipe.plan[m->index].node = m->target;
+    if (m->rank == 0) {
+      pipe.handles[m->index] = m->new_h;
+      pipe.plan[m->index].node = m->target;
+    } else {
+      pipe.rank_handles[m->index][static_cast<std::size_t>(m->rank - 1)] = m->new_h;
+      pipe.plan[m->index].ranks[static_cast<std::size_t>(m->rank - 1)] = m->target;
+    }
     if (!in_replica(pipe, m->target)) pipe.nodes.push_back(m->target);
     ++st.migrations;
     enter(self, *m, core::migration_phase::dropping);
-    auto it = st.rt.find(m->slot.node);
+    auto it = st.rt.find(m->from);
     auto finish = [self, m](bool dropped) {
       auto& st = self->state;
       enter(self, *m, core::migration_phase::done);
@@ -249,19 +268,63 @@ void migration_switch(head_ptr self, migration_ptr m) {
                   m->slot.first_layer)
         .then([finish](std::int32_t) { finish(true); }, [finish](caf::error&) { finish(false); });
   };
-  if (m->index == 0) return resume();
-  // The stage before forwards to the new shard from now on.
-  const auto& prev = st.reps[m->replica].plan[m->index - 1];
-  auto it = st.rt.find(prev.node);
-  if (it == st.rt.end() || !it->second.agent)
-    return migration_fail(self, m, "the node of the stage before is not up");
-  self->request(it->second.agent, st.cfg.node.timeout, relink_atom::value,
-                static_cast<std::int32_t>(prev.first_layer), m->new_h, m->target)
-      .then([resume](bool) { resume(); },
-            [self, m](caf::error& e) {
-              migration_fail(self, m,
-                             "re-routing the stage before: " + describe(self->system(), e));
-            });
+  // What changes before the steps go on, one after another: a new rank's
+  // group learns of it (rank 0 of its peers, the rank before it of its
+  // ring, the new rank of its own ring's next); a new face is where the
+  // stage before forwards.
+  using step = std::function<void(std::function<void()>)>;
+  auto steps = std::make_shared<std::vector<step>>();
+  auto ask = [self, m](node_agent_actor agent, const std::string& what, auto... xs) -> step {
+    return [self, m, agent, what, xs...](std::function<void()> next) {
+      if (migration_stale(self, m)) return;
+      if (!agent) return migration_fail(self, m, what + ": the node is not up");
+      m->rewiring = m->rewiring || m->slot.ranks.size() > 0;
+      self->request(agent, self->state.cfg.node.timeout, xs...)
+          .then([next](bool) { next(); },
+                [self, m, what](caf::error& e) {
+                  migration_fail(self, m, what + ": " + describe(self->system(), e));
+                });
+    };
+  };
+  const auto& pipe = st.reps[m->replica];
+  const auto& slot = m->slot;
+  const int k = static_cast<int>(slot.ranks.size()) + 1;
+  const auto first = static_cast<std::int32_t>(slot.first_layer);
+  if (k > 1) {
+    // Rank r's node and actors as the group has them now.
+    auto node_of = [&](int r) {
+      return r == 0 ? slot.node : slot.ranks[static_cast<std::size_t>(r - 1)];
+    };
+    auto handles_of = [&](int r) {
+      return r == 0 ? pipe.handles[m->index]
+                    : pipe.rank_handles[m->index][static_cast<std::size_t>(r - 1)];
+    };
+    auto agent_of = [&](const std::string& n) { return st.rt[n].agent; };
+    if (m->rank > 0)
+      steps->push_back(ask(agent_of(slot.node), "telling rank 0 on " + slot.node, tp_atom::value,
+                           first, static_cast<std::int32_t>(m->rank), m->new_h, m->target));
+    const int before = (m->rank + k - 1) % k, after = (m->rank + 1) % k;
+    steps->push_back(ask(agent_of(node_of(before)),
+                         "the ring of rank " + std::to_string(before) + " on " + node_of(before),
+                         tp_atom::value, first, m->new_h, m->target));
+    steps->push_back(ask(agent_of(m->target), "the new rank's ring on " + m->target, tp_atom::value,
+                         first, handles_of(after), node_of(after)));
+  }
+  if (m->rank == 0 && m->index > 0) {
+    // The stage before forwards to the new face from now on.
+    const auto& prev = pipe.plan[m->index - 1];
+    steps->push_back(ask(st.rt[prev.node].agent, "re-routing the stage before", relink_atom::value,
+                         static_cast<std::int32_t>(prev.first_layer), m->new_h, m->target));
+  }
+  // Each step's continuation holds the runner while its request is out
+  // (a failed step lets it go).
+  auto run = std::make_shared<std::function<void(std::size_t)>>();
+  *run = [steps, weak = std::weak_ptr(run), resume](std::size_t i) {
+    if (i == steps->size()) return resume();
+    auto me = weak.lock();
+    (*steps)[i]([me, i] { (*me)(i + 1); });
+  };
+  (*run)(0);
 }
 
 // Debugging aid (TROUPE_MIGRATE_VERIFY=1, stage 0 on the head): before the
@@ -272,7 +335,7 @@ void migration_pause(head_ptr self, migration_ptr m);
 void migration_verify(head_ptr self, migration_ptr m) {
   enter(self, *m, core::migration_phase::verifying);
   auto& st = self->state;
-  auto a = st.rt[m->slot.node].agent;
+  auto a = st.rt[m->from].agent;
   auto b = st.rt[m->target].agent;
   self->request(a, st.cfg.node.timeout, connect_atom::value, st.reps[m->replica].handles[0],
                 st.cfg.node.name)
@@ -554,38 +617,55 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
     return refuse(error_code::unavailable, "the placement's actors are not known yet");
   if (auto why = target_refusal(st, req.to)) return caf::result<migrate_report>(std::move(*why));
   const auto& slot = plan[*idx];
-  if (!slot.ranks.empty())
+  const int k = static_cast<int>(slot.ranks.size()) + 1;
+  int rank = req.rank;
+  if (k == 1) {
+    if (rank > 0)
+      return refuse(error_code::invalid_request, "stage " + std::to_string(*idx) +
+                                                     " is not tensor-parallel: it has no rank " +
+                                                     std::to_string(rank));
+    rank = 0;
+  } else if (rank < 0 || rank >= k) {
     return refuse(error_code::invalid_request,
                   "stage " + std::to_string(*idx) + " is tensor-parallel over " +
-                      cluster::describe({slot}) +
-                      ": moving a tensor-parallel stage live is not built yet (after the loss "
-                      "of one of its nodes it is placed again)");
+                      cluster::describe({slot}) + ": name the rank that moves (--rank 0 to " +
+                      std::to_string(k - 1) + ")");
+  }
   if (slot.holds(req.to))
     return refuse(error_code::invalid_request,
-                  "stage " + std::to_string(*idx) + " already runs on " + req.to);
+                  k == 1 ? "stage " + std::to_string(*idx) + " already runs on " + req.to
+                         : "node " + req.to + " holds a rank of stage " + std::to_string(*idx) +
+                               " already (one rank per node)");
+  if (k > 1 && (pipe.rank_handles.size() != plan.size() ||
+                pipe.rank_handles[*idx].size() != static_cast<std::size_t>(k - 1)))
+    return refuse(error_code::unavailable, "the stage's ranks are not known yet");
+  const std::string from = rank == 0 ? slot.node : slot.ranks[static_cast<std::size_t>(rank - 1)];
   auto target = st.rt[req.to].agent;
-  auto source = st.rt[slot.node].agent;
+  auto source = st.rt[from].agent;
   if (!target || !source)
-    return refuse(error_code::unavailable,
-                  "node " + (!target ? req.to : slot.node) + " is not joined");
+    return refuse(error_code::unavailable, "node " + (!target ? req.to : from) + " is not joined");
 
   auto m = std::make_shared<migration>();
   m->rp = self->make_response_promise<migrate_report>();
   m->index = *idx;
   m->replica = static_cast<std::size_t>(pipe.index);
   m->epoch = pipe.epoch;
-  m->old_h = pipe.handles[*idx];
+  m->old_h =
+      rank == 0 ? pipe.handles[*idx] : pipe.rank_handles[*idx][static_cast<std::size_t>(rank - 1)];
   m->slot = slot;
+  m->rank = rank;
+  m->from = from;
   m->target = req.to;
   m->block_size = std::max(1, st.cfg.node.kv.block_size);
   m->t0 = steady::now();
   m->rep.what =
-      "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")";
-  m->rep.from = slot.node;
+      "layers [" + std::to_string(slot.first_layer) + "," + std::to_string(slot.last_layer) + ")" +
+      (k > 1 ? " rank " + std::to_string(rank) + " of " + std::to_string(k) : std::string{});
+  m->rep.from = from;
   m->rep.to = req.to;
   st.migrating = true;
   show_phase(self, *m);  // loading
-  event(self, "migrating " + m->rep.what + " from " + slot.node + " to " + req.to);
+  event(self, "migrating " + m->rep.what + " from " + from + " to " + req.to);
 
   stage_order o;
   o.first_layer = slot.first_layer;
@@ -593,10 +673,16 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
   o.embed = *idx == 0;
   o.head = *idx + 1 == plan.size();
   o.epoch = pipe.epoch;
-  if (*idx + 1 < plan.size()) {
+  o.tp_size = k;
+  o.tp_rank = rank;
+  if (rank == 0 && *idx + 1 < plan.size()) {
     o.has_next = true;
     o.next = pipe.handles[*idx + 1];
     o.next_node = plan[*idx + 1].node;
+  }
+  if (rank == 0 && k > 1) {
+    o.tp_peers = pipe.rank_handles[*idx];
+    o.tp_peer_nodes = slot.ranks;
   }
   const auto t_load = steady::now();
   auto busy = loading_on(self, req.to);
@@ -630,7 +716,8 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
                       // A new first stage gets image rows from the encoder.
                       const auto enc_node = encoder_node(self);
                       auto own = st.rt[enc_node].agent;
-                      if (m->index != 0 || !own || m->target == enc_node) return connected();
+                      if (m->index != 0 || m->rank != 0 || !own || m->target == enc_node)
+                        return connected();
                       self->request(own, st.cfg.node.timeout, connect_atom::value, m->new_h,
                                     m->target)
                           .then([connected](bool) { connected(); },
@@ -643,7 +730,7 @@ caf::result<migrate_report> start_migration(head_ptr self, const migrate_request
                     },
                     [self, m](caf::error& e) {
                       migration_fail(self, m,
-                                     "connecting " + m->slot.node + " to " + m->target + ": " +
+                                     "connecting " + m->from + " to " + m->target + ": " +
                                          describe(self->system(), e));
                     });
           },

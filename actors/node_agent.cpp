@@ -51,9 +51,10 @@ struct held_stage {
   kv_store_actor kv;
   models::kv_usage usage;  ///< last read (heartbeat reports)
   /// A tensor-parallel rank: the other ranks' shards it depends on (rank
-  /// 0's peers, each rank's ring successor). When one stops, the rank's
+  /// 0's peers, and the ring's next rank). When one stops, the rank's
   /// all-reduces in flight give up at once.
   std::vector<caf::actor_addr> tp_watch;
+  caf::actor_addr ring_watch;
 };
 
 struct agent_state {
@@ -75,12 +76,20 @@ struct agent_state {
 
 using agent_ptr = node_agent_actor::stateful_pointer<agent_state>;
 
+/// Watches `a` instead of `old` for a rank's group (a rank moved).
+void rewatch(agent_ptr self, caf::actor_addr& old, const caf::strong_actor_ptr& a) {
+  if (old) self->demonitor(old);
+  old = caf::actor_cast<caf::actor_addr>(a);
+  if (a) self->monitor(a);
+}
+
 void drop_stages(agent_ptr self) {
   auto& st = self->state;
   for (auto& h : st.stages) {
     self->demonitor(h.shard.address());
     self->demonitor(h.kv.address());
     for (const auto& a : h.tp_watch) self->demonitor(a);
+    if (h.ring_watch) self->demonitor(h.ring_watch);
     // A rank waiting in an all-reduce for a rank that goes too stops now.
     if (h.res->tp) h.res->tp->broken = true;
     caf::anon_send_exit(h.shard, caf::exit_reason::user_shutdown);
@@ -215,7 +224,7 @@ caf::result<stage_handles> load_stage(agent_ptr self, const stage_order& o) {
   auto kv = spawn_kv_store(self->system(), *res);
   self->monitor(shard);
   self->monitor(kv);
-  held_stage h{*res, shard, kv, {}, {}};
+  held_stage h{*res, shard, kv, {}, {}, {}};
   for (const auto& p : o.tp_peers) {
     self->monitor(p.shard);
     h.tp_watch.push_back(p.shard.address());
@@ -256,17 +265,42 @@ caf::result<bool> connect_ring(agent_ptr self, std::int32_t first, const stage_h
   if (!peer || !dp.engine())
     return make_error(error_code::stage_failed,
                       what + ": the data plane to " + next_node + " is not connected");
-  if (std::find(it->tp_watch.begin(), it->tp_watch.end(), next.shard.address()) ==
-      it->tp_watch.end()) {
-    self->monitor(next.shard);
-    it->tp_watch.push_back(next.shard.address());
-  }
+  rewatch(self, it->ring_watch, caf::actor_cast<caf::strong_actor_ptr>(next.shard));
   g.ring.rank = g.rank;
   g.ring.size = g.size;
   g.ring.next = *peer;
   g.ring.abort = &g.broken;
   g.ring.stats = &g.allreduce;
   g.ring.engine = dp.engine().get();
+  return true;
+}
+
+/// Rank 0 of the tensor-parallel stage held here at `first`: its rank
+/// `rank` is now `peer` on node `node` (live migration; the group is
+/// paused).
+caf::result<bool> repoint_peer(agent_ptr self, std::int32_t first, std::int32_t rank,
+                               const stage_handles& peer, const std::string& node) {
+  auto& st = self->state;
+  const std::string what = "node " + st.cfg.name + ", tensor-parallel rank " +
+                           std::to_string(rank) + " of the stage at layer " + std::to_string(first);
+  auto it = std::find_if(st.stages.begin(), st.stages.end(), [&](const held_stage& h) {
+    return h.res->model->range().first == first && h.res->tp && h.res->tp->rank == 0;
+  });
+  if (it == st.stages.end())
+    return make_error(error_code::not_found, what + ": no rank 0 of such a stage here");
+  auto& g = *it->res->tp;
+  if (rank < 1 || rank >= g.size || peer.tp_rank != rank || peer.tp_size != g.size ||
+      peer.first_layer != first || !peer.shard || !peer.kv)
+    return make_error(error_code::invalid_request, what + ": not that rank of this stage");
+  if (node == st.cfg.name)
+    return make_error(error_code::invalid_request,
+                      what + ": two ranks of one group on one node (one device per node)");
+  if (auto e = connect_next(self, what, peer, node)) return e;
+  const auto p = static_cast<std::size_t>(rank - 1);
+  if (p < it->tp_watch.size())
+    rewatch(self, it->tp_watch[p], caf::actor_cast<caf::strong_actor_ptr>(peer.shard));
+  g.set_peer(rank, peer.shard, peer.kv, to_string(peer.shard->node()));
+  logging::of("agent").info("node {}: {} is now on {}", st.cfg.name, what, node);
   return true;
 }
 
@@ -388,7 +422,8 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
         if (h.shard.address() == dm.source || h.kv.address() == dm.source)
           st.failure = "a stage actor stopped: " + self->system().render(dm.reason);
         if (h.res->tp &&
-            std::find(h.tp_watch.begin(), h.tp_watch.end(), dm.source) != h.tp_watch.end()) {
+            (dm.source == h.ring_watch ||
+             std::find(h.tp_watch.begin(), h.tp_watch.end(), dm.source) != h.tp_watch.end())) {
           // Another rank of its group is gone: its all-reduces cannot end.
           h.res->tp->broken = true;
           st.failure = "another rank of the tensor-parallel stage at layer " +
@@ -406,6 +441,11 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
             const std::string& next_node) -> caf::result<bool> {
           if (auto e = refuse_unless_head(self)) return e;
           return connect_ring(self, first, next, next_node);
+        },
+        [=](tp_atom, std::int32_t first, std::int32_t rank, const stage_handles& peer,
+            const std::string& node) -> caf::result<bool> {
+          if (auto e = refuse_unless_head(self)) return e;
+          return repoint_peer(self, first, rank, peer, node);
         },
         [=](drop_atom) -> caf::result<std::int32_t> {
           if (auto e = refuse_unless_head(self)) return e;
@@ -522,6 +562,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
             self->demonitor(it->shard.address());
             self->demonitor(it->kv.address());
             for (const auto& a : it->tp_watch) self->demonitor(a);
+            if (it->ring_watch) self->demonitor(it->ring_watch);
             if (it->res->tp) it->res->tp->broken = true;
             caf::anon_send_exit(it->shard, caf::exit_reason::user_shutdown);
             caf::anon_send_exit(it->kv, caf::exit_reason::user_shutdown);

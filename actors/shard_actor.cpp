@@ -19,6 +19,7 @@ namespace {
 using kernels::errc;
 using stage_detail::forward_step;
 using stage_detail::forwarder_impl;
+using stage_detail::peer_forwarder_impl;
 using stage_detail::tp_forwarder;
 using stage_detail::tp_join;
 using stage_detail::tp_joins;
@@ -140,8 +141,9 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
     // Every forwarder this shard made goes with it.
     auto made = std::make_shared<std::vector<tp_forwarder>>();
     if (res->tp) {
-      for (const auto& p : res->tp->peer_shards)
-        forwarders.push_back(self->system().spawn(forwarder_impl, p));
+      const auto peers = res->tp->peer_addresses().size();
+      for (std::size_t p = 0; p < peers; ++p)
+        forwarders.push_back(self->system().spawn(peer_forwarder_impl, res->tp, p));
       *made = forwarders;
       self->attach_functor([made] {
         for (const auto& f : *made) caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
@@ -173,7 +175,7 @@ shard_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<stage_resources>
           // Rank 0 of a tensor-parallel group: the other ranks run the same
           // step at the same time (their all-reduces meet ours).
           std::shared_ptr<tp_join> join;
-          if (res->tp && !res->tp->peer_shards.empty()) {
+          if (res->tp && !forwarders.empty()) {
             auto j = forward_step(self, self->state.joins, *res, b, forwarders);
             if (!j) return fail(j.error().message);
             join = std::move(*j);

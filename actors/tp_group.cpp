@@ -92,13 +92,31 @@ tp_forwarder::behavior_type forwarder_impl(tp_forwarder::pointer self, shard_act
   };
 }
 
+tp_forwarder::behavior_type peer_forwarder_impl(tp_forwarder::pointer self,
+                                                std::shared_ptr<tp_group> g, std::size_t p) {
+  return {
+      [=](step_atom, step_batch& b) -> caf::result<step_output> {
+        auto rp = self->make_response_promise<step_output>();
+        auto peer = g->peer_shard(p);
+        if (!peer)
+          return make_error(error_code::stage_failed,
+                            "tensor-parallel rank " + std::to_string(p + 1) + " is not known");
+        self->request(peer, caf::infinite, step_atom::value, std::move(b))
+            .then([rp](step_output& o) mutable { rp.deliver(std::move(o)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
 kernels::result<std::shared_ptr<tp_join>> forward_step(
     shard_actor::pointer self, tp_joins& joins, stage_resources& res, step_batch& b,
     const std::vector<tp_forwarder>& forwarders) {
   auto& g = *res.tp;
   auto j = std::make_shared<tp_join>();
   j->compare_sampled = res.model->range().head;
-  std::vector<step_batch> copies(g.peer_shards.size(), b);
+  const auto keys = g.peer_addresses();
+  std::vector<step_batch> copies(forwarders.size(), b);
   for (auto& c : copies) c.return_logits = false;
   auto& dp = data_plane::local();
   // Host floats (the step's input, read by the model through step_input).
@@ -109,7 +127,7 @@ kernels::result<std::shared_ptr<tp_join>> forward_step(
     auto t = dp.take(ref, res.dev->memory().host_accessible() ? res.dev->memory() : *host);
     if (!t) return std::unexpected(t.error());
     for (std::size_t p = 0; p < copies.size(); ++p) {
-      auto r = dp.push(g.peer_keys[p], res.device.name, *t);
+      auto r = dp.push(keys[p], res.device.name, *t);
       if (!r)
         return kernels::make_error(r.error().code,
                                    std::string(what) + " for tensor-parallel rank " +

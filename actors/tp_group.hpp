@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -35,10 +36,14 @@ struct tp_group {
   int size = 1;
   transport::ring ring;                  ///< engine null until the ring is connected
   transport::allreduce_stats allreduce;  ///< where the ring's all-reduces spend their time
-  std::vector<shard_actor> peer_shards;  ///< rank 0: ranks 1..size-1
-  std::vector<kv_store_actor> peer_kvs;  ///< rank 0: ranks 1..size-1
-  std::vector<std::string>
-      peer_keys;  ///< rank 0: their data-plane keys (image embeddings go there)
+  /// Rank 0: ranks 1..size-1 (shards, KV stores, data-plane keys: the
+  /// step's inputs go there). Written before the group serves, or under
+  /// `peers_mtx` when a rank moves (live migration); read through the
+  /// accessors below.
+  std::vector<shard_actor> peer_shards;
+  std::vector<kv_store_actor> peer_kvs;
+  std::vector<std::string> peer_keys;
+  mutable std::mutex peers_mtx;
   std::chrono::milliseconds reply_timeout{120000};
   /// Set when a rank is gone: all-reduces in flight give up at once
   /// (ring.abort points here).
@@ -52,6 +57,30 @@ struct tp_group {
   /// The split to build this rank's model with (its all-reduce runs over
   /// `ring`).
   static models::tensor_split split_of(const std::shared_ptr<tp_group>& g);
+
+  /// Rank 0: peer p (rank p + 1) now.
+  shard_actor peer_shard(std::size_t p) const {
+    std::lock_guard lock(peers_mtx);
+    return p < peer_shards.size() ? peer_shards[p] : shard_actor{};
+  }
+  std::vector<kv_store_actor> peer_stores() const {
+    std::lock_guard lock(peers_mtx);
+    return peer_kvs;
+  }
+  std::vector<std::string> peer_addresses() const {
+    std::lock_guard lock(peers_mtx);
+    return peer_keys;
+  }
+  /// Rank 0: rank `rank` (>= 1) is now `shard`, `kv` in process `key` (it
+  /// moved; the group is paused).
+  void set_peer(int rank, shard_actor shard, kv_store_actor kv, std::string key) {
+    std::lock_guard lock(peers_mtx);
+    const auto p = static_cast<std::size_t>(rank - 1);
+    if (p >= peer_shards.size()) return;
+    peer_shards[p] = std::move(shard);
+    peer_kvs[p] = std::move(kv);
+    peer_keys[p] = std::move(key);
+  }
 };
 
 namespace stage_detail {
@@ -97,6 +126,10 @@ using tp_forwarder = caf::typed_actor<caf::replies_to<step_atom, step_batch>::wi
 
 /// The behaviour of a forwarder to `peer`.
 tp_forwarder::behavior_type forwarder_impl(tp_forwarder::pointer self, shard_actor peer);
+/// The behaviour of a forwarder to rank 0's peer `p` (rank p + 1) of `g`,
+/// whoever it is when a step comes (a rank may move).
+tp_forwarder::behavior_type peer_forwarder_impl(tp_forwarder::pointer self,
+                                                std::shared_ptr<tp_group> g, std::size_t p);
 
 /// Sends the step to the other ranks of rank 0's group (their copies
 /// without the logits; image embeddings and the previous stage's

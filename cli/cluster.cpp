@@ -56,6 +56,7 @@ struct cluster_args {
   std::int32_t priority = 0;
   std::string shard, to;  // migrate
   int replica = 0;
+  int rank = -1;  // migrate: of a tensor-parallel stage
 };
 
 /// A CAF system that acts as the cluster's client.
@@ -741,8 +742,9 @@ int run_migrate(const cluster_args& a) {
   std::optional<std::expected<actors::migrate_report, std::string>> got;
   std::mutex mtx;
   std::thread worker([&] {
-    auto x = actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to, a.replica},
-                                   std::chrono::seconds(a.timeout_s));
+    auto x =
+        actors::migrate_shard(*sys, *door, actors::migrate_request{a.shard, to, a.replica, a.rank},
+                              std::chrono::seconds(a.timeout_s));
     std::lock_guard lock(mtx);
     got = std::move(x);
   });
@@ -874,6 +876,10 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
                     "The stage's replica (parallelism.replicas), as status numbers them")
         ->check(CLI::Range(0, 255))
         ->capture_default_str();
+    cmd->add_option("--rank", a->rank,
+                    "Of a tensor-parallel stage (parallelism.tensor_parallel): the rank that "
+                    "moves, from 0 (required there; refused for other stages)")
+        ->check(CLI::Range(0, 255));
     cmd->add_option("--timeout", a->timeout_s, "Seconds to wait for the migration")
         ->check(CLI::Range(1, 86400));
     cmd->add_flag("--json", a->json, "One JSON object");

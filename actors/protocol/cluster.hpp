@@ -182,7 +182,10 @@ using node_agent_actor = caf::typed_actor<
     caf::replies_to<load_vault_atom, vault_order>::with<kv_vault_actor>,
     // A tensor-parallel stage (starting at this layer): its rank here sends
     // its all-reduces to `next` (the next rank, on node `name`).
-    caf::replies_to<tp_atom, std::int32_t, stage_handles, std::string>::with<bool>>;
+    caf::replies_to<tp_atom, std::int32_t, stage_handles, std::string>::with<bool>,
+    // Live migration of a rank: rank 0 of the stage at this layer finds
+    // rank R at `peer` (on node `name`) from now on.
+    caf::replies_to<tp_atom, std::int32_t, std::int32_t, stage_handles, std::string>::with<bool>>;
 
 template <class I>
 typename I::result_type inspect(I& f, chat_turn& x) {
@@ -378,12 +381,14 @@ struct migrate_request {
   std::string shard;
   std::string to;
   std::int32_t replica = 0;
+  /// Of a tensor-parallel stage: the rank that moves (-1: none named).
+  std::int32_t rank = -1;
   bool operator==(const migrate_request&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, migrate_request& x) {
-  return f(caf::meta::type_name("migrate_request"), x.shard, x.to, x.replica);
+  return f(caf::meta::type_name("migrate_request"), x.shard, x.to, x.replica, x.rank);
 }
 
 /// What a migration did and what it cost.

@@ -72,6 +72,8 @@ actors::node_agent_actor fake_agent(caf::actor_system& sys, const std::string& n
             -> caf::result<actors::kv_vault_actor> { return no("hold a KV store"); },
         [no](actors::tp_atom, std::int32_t, const actors::stage_handles&, const std::string&)
             -> caf::result<bool> { return no("connect a tensor-parallel ring"); },
+        [no](actors::tp_atom, std::int32_t, std::int32_t, const actors::stage_handles&,
+             const std::string&) -> caf::result<bool> { return no("move a tensor-parallel rank"); },
     };
   });
 }

@@ -626,7 +626,7 @@ encoder_order make(tag<encoder_order>, const actors_for_handles&) {
 }
 
 migrate_request make(tag<migrate_request>, const actors_for_handles&) {
-  return {.shard = "[1,2)", .to = "node2", .replica = 2};
+  return {.shard = "[1,2)", .to = "node2", .replica = 2, .rank = 1};
 }
 
 migrate_report make(tag<migrate_report>, const actors_for_handles&) {
