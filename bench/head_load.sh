@@ -11,6 +11,10 @@
 # simulators' CPU.
 #
 #   bench/head_load.sh [TROUPE_BINARY] [NODES (1000)] [PROCESSES (4)] [SECONDS (30)]
+#
+# SHARED=1: each simulator process is one CAF node whose simulated nodes
+# share its actor system (bench_head_load --shared): one TLS connection per
+# process to the head instead of one per node.
 set -euo pipefail
 troupe=$(realpath "${1:-$(dirname "$0")/../build/cli/troupe}")
 sim=$(realpath "${SIM:-$(dirname "$troupe")/../bench/bench_head_load}")
@@ -59,7 +63,7 @@ t0=$(date +%s.%N)
 echo "head + $n simulated nodes, $procs simulator processes; certificates made in $(echo "$(date +%s.%N) - $t0" | bc -l | xargs printf '%.1f') s; logs in $dir"
 chunk=$(((n + procs - 1) / procs))
 for p in $(seq 0 $((procs - 1))); do
-  "$sim" "$manifest" $((1 + p * chunk)) "$chunk" > "$dir/sim$p.log" 2>&1 &
+  "$sim" ${SHARED:+--shared} "$manifest" $((1 + p * chunk)) "$chunk" > "$dir/sim$p.log" 2>&1 &
   pids+=($!)
 done
 for p in $(seq 0 $((procs - 1))); do

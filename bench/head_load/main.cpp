@@ -6,9 +6,15 @@
 // hundred run in one process, so that a real head can be driven by 1,000
 // of them from a few processes over loopback.
 //
-//   bench_head_load MANIFEST FIRST COUNT
+//   bench_head_load [--shared] MANIFEST FIRST COUNT
 // runs nodes FIRST .. FIRST + COUNT - 1 of the manifest's [[nodes]] (the
-// head is never one of them) until SIGINT or SIGTERM.
+// head is never one of them) until SIGINT or SIGTERM. With --shared the
+// process is one CAF node: its simulated nodes share one actor system
+// (the first one's TLS identity; the head checks a node by its gatekeeper's
+// answer, not its TLS name), each still with its own gatekeeper on its own
+// port and its own agent, and CAF carries them all over one connection to
+// the head. A thousand actor systems (a scheduler, a multiplexer and timers
+// each) are more than a 2-core machine runs.
 //   bench_head_load --certs MANIFEST
 // makes the certificates every node of the manifest needs, and exits.
 
@@ -102,8 +108,14 @@ int main(int argc, char** argv) {
     std::printf("made %zu certificate file(s)\n", made->size());
     return 0;
   }
+  const bool shared = argc == 5 && std::string(argv[1]) == "--shared";
+  if (shared) {
+    --argc;
+    ++argv;
+  }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: bench_head_load MANIFEST FIRST COUNT | --certs MANIFEST\n");
+    std::fprintf(stderr,
+                 "usage: bench_head_load [--shared] MANIFEST FIRST COUNT | --certs MANIFEST\n");
     return 2;
   }
   auto m = cluster::load_manifest(argv[1]);
@@ -119,29 +131,40 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::vector<sim_node> nodes;
+  // --shared: the one actor system every node of this process uses.
+  std::unique_ptr<caf::actor_system_config> one_cfg;
+  std::unique_ptr<caf::actor_system> one_sys;
   for (std::size_t i = first; i < first + count && i < m->nodes.size(); ++i) {
     const auto& e = m->nodes[i];
     if (e.name == m->head) continue;
     sim_node n;
-    n.cfg = std::make_unique<caf::actor_system_config>();
-    actors::configure_runtime(*n.cfg);
-    if (auto t = actors::configure_cluster_tls(*n.cfg, *m, e.name); !t) {
-      std::fprintf(stderr, "node %s: %s\n", e.name.c_str(), t.error().c_str());
-      return 1;
+    if (!shared || !one_sys) {
+      n.cfg = std::make_unique<caf::actor_system_config>();
+      actors::configure_runtime(*n.cfg);
+      if (auto t = actors::configure_cluster_tls(*n.cfg, *m, e.name); !t) {
+        std::fprintf(stderr, "node %s: %s\n", e.name.c_str(), t.error().c_str());
+        return 1;
+      }
+      n.sys = std::make_unique<caf::actor_system>(*n.cfg);
+      if (shared) {
+        one_cfg = std::move(n.cfg);
+        one_sys = std::move(n.sys);
+      }
     }
-    n.sys = std::make_unique<caf::actor_system>(*n.cfg);
-    n.agent = fake_agent(*n.sys, e.name);
-    n.gate = actors::spawn_gatekeeper(*n.sys, *m, e.name, n.agent);
+    auto& sys = shared ? *one_sys : *n.sys;
+    n.agent = fake_agent(sys, e.name);
+    n.gate = actors::spawn_gatekeeper(sys, *m, e.name, n.agent);
     auto port =
         caf::openssl::publish(n.gate, static_cast<std::uint16_t>(e.port), e.host.c_str(), true);
     if (!port) {
       std::fprintf(stderr, "node %s: cannot listen on %s:%d: %s\n", e.name.c_str(), e.host.c_str(),
-                   e.port, n.sys->render(port.error()).c_str());
+                   e.port, sys.render(port.error()).c_str());
       return 1;
     }
     nodes.push_back(std::move(n));
   }
-  std::printf("bench_head_load: %zu simulated nodes listening\n", nodes.size());
+  std::printf("bench_head_load: %zu simulated nodes listening%s\n", nodes.size(),
+              shared ? " (one actor system)" : "");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
