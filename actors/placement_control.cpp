@@ -192,6 +192,11 @@ placement::result<placement::plan> plan_of(const std::vector<cluster::stage_slot
     if (!d) return std::unexpected("node " + s.node + " has no measured device");
     placement::stage st;
     st.devices = {d->id};
+    for (const auto& r : s.ranks) {  // a tensor-parallel stage's other ranks
+      const auto* dr = on(r);
+      if (!dr) return std::unexpected("node " + r + " has no measured device");
+      st.devices.push_back(dr->id);
+    }
     st.layer_begin = s.first_layer;
     st.layer_end = s.last_layer;
     st.layer_precision.assign(static_cast<std::size_t>(std::max(0, s.last_layer - s.first_layer)),

@@ -195,6 +195,14 @@ TEST(PlacementControl, PlansBecomeStagesAndStagesBecomePlans) {
             std::string::npos);
   EXPECT_NE(plan_of(*slots, c, placement::precision::f32, "n8").error().find("n8"),
             std::string::npos);
+  // A tensor-parallel stage re-costs over every rank's device.
+  const std::vector<cluster::stage_slot> tp_slots{{"n0", 0, model.layer_count(), {"n1"}}};
+  auto tpp = plan_of(tp_slots, c, placement::precision::f32, "");
+  ASSERT_TRUE(tpp.has_value()) << tpp.error();
+  EXPECT_EQ(tpp->stages[0].devices, (std::vector<std::string>{"n0:cpu", "n1:cpu"}));
+  EXPECT_TRUE(placement::evaluate(*tpp, c, model, w).has_value());
+  EXPECT_NE(plan_of({{"n0", 0, 4, {"n7"}}}, c, placement::precision::f32, "").error().find("n7"),
+            std::string::npos);
 }
 
 TEST(PlacementControl, ChangesBetweenPlacements) {
