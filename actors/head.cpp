@@ -358,10 +358,6 @@ void stats_line(head_ptr self, int r) {
           [](caf::error&) {});
 }
 
-}  // namespace
-
-namespace {
-
 /// Connects the ring of each rank of a tensor-parallel stage to the next
 /// rank (rank 0's handles `front`, the others' `peers`), all at once;
 /// `done` once every rank answered, `fail` at the first error.
