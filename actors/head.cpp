@@ -238,7 +238,10 @@ void finish_placement(head_ptr self, int r, std::uint64_t epoch,
       if (st.cfg.node.kv.tiers.store_tokens > 0 && sopts.prefix_caching && st.layers > 0)
         sopts.remote_blocks = st.cfg.node.kv.tiers.store_tokens / sopts.kv.block_size;
       st.cache_ns = sopts.cache_namespace;
-      p.scheduler = spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder);
+      p.held = std::make_shared<std::atomic<std::int64_t>>(0);
+      p.answered = p.routed;
+      p.scheduler =
+          spawn_scheduler(self->system(), st.frontend, sopts, shards, kvs, st.encoder, p.held);
       if (!st.enc_extra.empty())  // the other encoder replicas too
         self->request(p.scheduler, 5s, encoders_atom::value, encoder_pool(self),
                       std::vector<encoder_actor>{})
@@ -722,7 +725,11 @@ int route(head_ptr self, const generate_request& req) {
     any = any || l.serving;
     const scheduler_stats last =
         p.stat_samples.empty() ? scheduler_stats{} : p.stat_samples.back().second;
-    l.outstanding = last.running + last.queued + (p.routed - p.routed_at_stats);
+    // The scheduler's own count as of now, and the jobs on their way to
+    // it: a sample of the last heartbeat would miss the jobs ended since,
+    // and send new ones away from the replica that just freed its slots.
+    l.outstanding = p.held ? p.held->load() + (p.routed - p.answered)
+                           : last.running + last.queued + (p.routed - p.routed_at_stats);
     l.free_blocks = last.kv_total_blocks - last.kv_used_blocks + last.kv_cached_free;
     l.cached_blocks = names.empty() ? 0 : p.blocks.cached_prefix(names);
     // Blocks of prompts sent there in the last seconds count as cached:
@@ -992,11 +999,16 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                 journal_begin(self, req);  // (with a standby) before its scheduler has it
                 const auto id = req.id;
                 self->request(p.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
-                    .then([rp](submit_ack& a) mutable { rp.deliver(a); },
-                          [self, id, rp](caf::error& e) mutable {
-                            journal_end(self, id);
-                            rp.deliver(std::move(e));
-                          });
+                    .then(
+                        [self, r, rp](submit_ack& a) mutable {
+                          answered(self, r);
+                          rp.deliver(a);
+                        },
+                        [self, r, id, rp](caf::error& e) mutable {
+                          answered(self, r);
+                          journal_end(self, id);
+                          rp.deliver(std::move(e));
+                        });
               });
         },
         [=](tokenize_atom, job_request& job) -> caf::result<tokenize_reply> {

@@ -103,11 +103,16 @@ void resume(head_ptr self, head_state::pending_attach& a) {
   logging::of("head").info("job {} resumes after {} token(s) on replica {}", id, req.resumed.size(),
                            r);
   self->request(p.scheduler, caf::infinite, submit_atom::value, std::move(req), a.sink)
-      .then([rp = a.rp](submit_ack& ack) mutable { rp.deliver(ack); },
-            [self, id, rp = a.rp](caf::error& e) mutable {
-              journal_end(self, id);
-              rp.deliver(std::move(e));
-            });
+      .then(
+          [self, r, rp = a.rp](submit_ack& ack) mutable {
+            answered(self, r);
+            rp.deliver(ack);
+          },
+          [self, r, id, rp = a.rp](caf::error& e) mutable {
+            answered(self, r);
+            journal_end(self, id);
+            rp.deliver(std::move(e));
+          });
 }
 
 bool any_serving(head_ptr self) {

@@ -94,6 +94,11 @@ struct replica_rt {
   std::deque<std::pair<core::block_hash, steady::time_point>> sent_order;
   std::int64_t routed = 0;           ///< jobs the router sent it
   std::int64_t routed_at_stats = 0;  ///< ... when its stats last came
+  std::int64_t answered = 0;         ///< ... whose submission it has answered
+  /// The requests its scheduler holds, as it last planned (its scheduler
+  /// runs in the head's process): with the jobs routed and not yet
+  /// answered, its load at this instant.
+  load_gauge held;
   /// Serves now: placed, its scheduler running, not being placed again.
   bool serving() const { return scheduler && ready && !placing && !retiring && !retired; }
 };
@@ -249,6 +254,11 @@ using head_ptr = head_core_actor::stateful_pointer<head_state>;
 /// Replica `r` (an index into reps).
 inline replica_rt& rep(head_ptr self, int r) {
   return self->state.reps[static_cast<std::size_t>(r)];
+}
+
+/// Replica `r`'s scheduler answered a job's submission (taken or refused).
+inline void answered(head_ptr self, int r) {
+  if (r >= 0 && static_cast<std::size_t>(r) < self->state.reps.size()) ++rep(self, r).answered;
 }
 
 /// Whether `node` is one of replica `p`'s nodes (with one replica, every node is).

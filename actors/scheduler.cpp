@@ -92,6 +92,7 @@ struct scheduler_state {
   // data-plane address, named in the steps that copy to or from it.
   kv_vault_actor vault;
   std::vector<std::uint8_t> vault_address;
+  load_gauge held;  // the requests held, for the head's router (may be none)
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -248,6 +249,7 @@ void emit(self_ptr self, core::core_events events) {
       free_kv(self, *k);
     }
   }
+  if (st.held) st.held->store(static_cast<std::int64_t>(st.core->held()));
 }
 
 /// A planned step as the first stage's message, and the image rows its
@@ -484,6 +486,7 @@ void pump(self_ptr self) {
   }
   arm_timer(self);
   collect_events(self);  // the books' buffer stays small between the head's reads
+  if (st.held) st.held->store(static_cast<std::int64_t>(st.core->held()));
 }
 
 /// Tokenizes a request and expands its images' placeholders.
@@ -687,11 +690,13 @@ std::string cache_namespace(const std::string& model, const models::quant_plan& 
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                                 scheduler_options opts, std::vector<shard_actor> stages,
-                                std::vector<kv_store_actor> kv_stores, encoder_actor encoder) {
+                                std::vector<kv_store_actor> kv_stores, encoder_actor encoder,
+                                load_gauge held) {
   auto impl = [](self_ptr self, model_frontend model, scheduler_options opts,
                  std::vector<shard_actor> stages, std::vector<kv_store_actor> kv_stores,
-                 encoder_actor encoder) -> scheduler_actor::behavior_type {
+                 encoder_actor encoder, load_gauge held) -> scheduler_actor::behavior_type {
     auto& st = self->state;
+    st.held = std::move(held);
     st.model = model;
     st.clk.emplace(self->clock());
     const bool store = opts.remote_blocks > 0;
@@ -871,7 +876,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
     };
   };
   return sys.spawn(impl, std::move(model), std::move(opts), std::move(stages), std::move(kv_stores),
-                   std::move(encoder));
+                   std::move(encoder), std::move(held));
 }
 
 }  // namespace troupe::actors

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +26,15 @@ using core::scheduler_options;
 std::string cache_namespace(const std::string& model, const models::quant_plan& plan,
                             const models::kv_options& kv);
 
+/// The requests a scheduler holds (waiting, encoding, running), as it
+/// last planned: the head's router reads it at each job, in its process,
+/// instead of a sample of the last heartbeat's.
+using load_gauge = std::shared_ptr<std::atomic<std::int64_t>>;
+
+/// `held`, when given, follows the requests it holds.
 scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                                 scheduler_options opts, std::vector<shard_actor> stages,
-                                std::vector<kv_store_actor> kv_stores, encoder_actor encoder);
+                                std::vector<kv_store_actor> kv_stores, encoder_actor encoder,
+                                load_gauge held = {});
 
 }  // namespace troupe::actors

@@ -303,6 +303,8 @@ class scheduler_core {
   std::int64_t running() const;
   std::int64_t queued() const { return queued_; }
   bool knows(std::uint64_t id) const { return requests_.contains(id); }
+  /// How many requests it holds (encoding, waiting, running).
+  std::size_t held() const { return requests_.size(); }
   /// The ids of every request it holds.
   std::vector<std::uint64_t> ids() const {
     std::vector<std::uint64_t> out;

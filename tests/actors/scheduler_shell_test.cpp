@@ -80,13 +80,13 @@ struct fixture {
     });
   }
 
-  scheduler_actor scheduler(std::vector<shard_actor> stages) {
+  scheduler_actor scheduler(std::vector<shard_actor> stages, load_gauge held = {}) {
     scheduler_options o;
     o.kv.block_size = 16;
     o.kv_blocks = 64;
     o.max_decode_steps = 1;
     return spawn_scheduler(*sys, model_frontend{bundled_tokenizer(), 397, 32, -1, 0}, o,
-                           std::move(stages), {}, {});
+                           std::move(stages), {}, {}, std::move(held));
   }
 
   void submit(const scheduler_actor& s, std::uint64_t id, std::int64_t max_tokens,
@@ -163,6 +163,29 @@ TEST(SchedulerShell, BlockEventsAreNumberedAndAStaleNumberResyncs) {
   EXPECT_EQ(stale.events[0].what, 2);
   EXPECT_EQ(stale.next, first.next);
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+// The gauge the head's router reads: the requests the scheduler holds, as
+// of its last change, not of the last heartbeat.
+TEST(SchedulerShell, ItsLoadGaugeFollowsTheRequestsItHolds) {
+  fixture f;
+  auto waiting = std::make_shared<std::atomic<std::int64_t>>(-1);
+  auto s = f.scheduler({}, waiting);  // no pipeline: requests wait
+  for (std::uint64_t id = 1; id <= 3; ++id) f.submit(s, id, 5);
+  EXPECT_EQ(waiting->load(), 3);
+  caf::anon_send(s, cancel_atom::value, std::uint64_t{2});
+  f.sched->run();
+  EXPECT_EQ(waiting->load(), 2);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+
+  auto served = std::make_shared<std::atomic<std::int64_t>>(-1);
+  auto t = f.scheduler({f.stage(stage_mode::answer)}, served);
+  f.submit(t, 7, 3);
+  ASSERT_EQ(std::count_if(f.got->finished.begin(), f.got->finished.end(),
+                          [](const finish_event& e) { return e.id == 7; }),
+            1);
+  EXPECT_EQ(served->load(), 0);
+  caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
 }
 
 TEST(SchedulerShell, ADeadlineFiresOnTheActorClock) {
