@@ -134,6 +134,38 @@ std::string hf_component_name(const std::string& c) {
   return c;
 }
 
+// "audio.*" canonical -> HF Whisper encoder name after the component prefix.
+std::string hf_audio_name(const std::string& c) {
+  std::string base = c, suffix = ".weight";
+  if (ends_with(base, ".bias")) {
+    base.resize(base.size() - 5);
+    suffix = ".bias";
+  }
+  static const std::pair<const char*, const char*> top[] = {{"audio.conv1", "conv1"},
+                                                            {"audio.conv2", "conv2"},
+                                                            {"audio.positions", "embed_positions"},
+                                                            {"audio.norm", "layer_norm"}};
+  for (auto [a, b] : top)
+    if (base == a) return b + suffix;
+  static const std::pair<const char*, const char*> per_layer[] = {{"q_proj", "self_attn.q_proj"},
+                                                                  {"k_proj", "self_attn.k_proj"},
+                                                                  {"v_proj", "self_attn.v_proj"},
+                                                                  {"o_proj", "self_attn.out_proj"},
+                                                                  {"norm1", "self_attn_layer_norm"},
+                                                                  {"norm2", "final_layer_norm"},
+                                                                  {"fc1", "fc1"},
+                                                                  {"fc2", "fc2"}};
+  if (base.rfind("audio.layers.", 0) == 0) {
+    const auto dot = base.find('.', 13);
+    if (dot != std::string::npos) {
+      const std::string idx = base.substr(13, dot - 13), leaf = base.substr(dot + 1);
+      for (auto [a, b] : per_layer)
+        if (leaf == a) return "layers." + idx + "." + b + suffix;
+    }
+  }
+  return c;
+}
+
 }  // namespace
 
 result<std::unique_ptr<weight_source>> weight_source::open(const std::string& path) {
@@ -166,6 +198,13 @@ result<std::unique_ptr<weight_source>> weight_source::open(const std::string& pa
       src->vision_prefix_ = p;
   if (src->st_->find("model.multi_modal_projector.linear_1.weight"))
     src->projector_prefix_ = "model.multi_modal_projector.";
+  // A Whisper encoder: whole Whisper checkpoints (model.encoder.), Qwen2-Audio
+  // and our own audio models (audio_tower.), a bare WhisperEncoder.
+  for (const char* p : {"model.encoder.", "encoder.", "audio_tower.", "model.audio_tower.", ""})
+    if (src->st_->find(std::string(p) + "conv1.weight")) {
+      src->audio_prefix_ = p;
+      break;
+    }
   return src;
 }
 
@@ -174,6 +213,9 @@ std::string weight_source::file_name(const std::string& canonical) const {
   if (canonical.rfind("vision.", 0) == 0) return vision_prefix_ + hf_component_name(canonical);
   if (canonical.rfind("projector.", 0) == 0)
     return projector_prefix_ + hf_component_name(canonical);
+  if (canonical.rfind("audio.", 0) == 0) return audio_prefix_ + hf_audio_name(canonical);
+  if (canonical.rfind("audio_projector.", 0) == 0)
+    return ends_with(canonical, ".bias") ? canonical : canonical + ".weight";
   const std::string name = hf_name(canonical);
   if (llava_model_prefix_ && name.rfind("model.", 0) == 0)
     return "model.language_model." + name.substr(6);
@@ -211,7 +253,9 @@ result<void> quant_plan::add_override(const std::string& spec) {
 weight_format quant_plan::choose(const std::string& canonical, dtype stored, std::int64_t cols,
                                  const mix_model* model, const std::string& role) const {
   // Decoder tensors (no component prefix) also answer to "text." + name.
-  const bool decoder = canonical.rfind("vision.", 0) != 0 && canonical.rfind("projector.", 0) != 0;
+  const bool decoder = canonical.rfind("vision.", 0) != 0 &&
+                       canonical.rfind("projector.", 0) != 0 && canonical.rfind("audio.", 0) != 0 &&
+                       canonical.rfind("audio_projector.", 0) != 0;
   const std::string text_name = "text." + canonical;
   const auto pick = [&]() -> weight_format {
     for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last match wins

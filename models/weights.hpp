@@ -28,6 +28,13 @@ namespace troupe::models {
 /// suffix names the bias (else the weight). The file may say
 /// `vision_tower.vision_model.` / `multi_modal_projector.` (transformers < 4.52)
 /// or the same under `model.`.
+///
+/// A Whisper audio encoder uses `audio.`: "audio.conv1", "audio.conv2",
+/// "audio.positions", "audio.norm", "audio.layers.N.{q,k,v,o}_proj",
+/// "audio.layers.N.{norm1,norm2,fc1,fc2}", found under `model.encoder.`
+/// (a Whisper checkpoint), `encoder.`, `audio_tower.` (Qwen2-Audio, troupe's
+/// audio models) or no prefix (a bare WhisperEncoder); its projector is
+/// "audio_projector.linear_{1,2}".
 class weight_source {
  public:
   /// `path`: a GGUF file, or a folder / .safetensors file / index of a HF checkpoint.
@@ -48,6 +55,7 @@ class weight_source {
   bool llava_model_prefix_ = false;  ///< decoder under model.language_model. (transformers >= 4.52)
   std::string vision_prefix_ = "vision_tower.vision_model.";
   std::string projector_prefix_ = "multi_modal_projector.";
+  std::string audio_prefix_ = "audio_tower.";
   std::optional<gguf_file> gguf_;
   std::optional<safetensors_model> st_;
 };
