@@ -14,6 +14,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(SNDFILE REQUIRED IMPORTED_TARGET sndfile)
 pkg_check_modules(SOXR REQUIRED IMPORTED_TARGET soxr)
 pkg_check_modules(FFTW3 REQUIRED IMPORTED_TARGET fftw3)
+# Video: FFmpeg's demuxers, decoders and pixel conversion.
+pkg_check_modules(LIBAV REQUIRED IMPORTED_TARGET libavformat libavcodec libavutil libswscale)
 if(TROUPE_BUILD_BENCH)
   find_package(benchmark REQUIRED)
 endif()
