@@ -70,15 +70,6 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
-void put_u16(std::vector<std::uint8_t>& b, std::size_t at, std::uint16_t v) {
-  b[at] = static_cast<std::uint8_t>(v);
-  b[at + 1] = static_cast<std::uint8_t>(v >> 8);
-}
-
-void put_u32(std::vector<std::uint8_t>& b, std::size_t at, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) b[at + i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
 }  // namespace
 
 TEST(AudioDecode, Pcm16WavGivesTheWrittenSamples) {
@@ -165,78 +156,6 @@ TEST(AudioResample, To16kHzFollowsTheAnalyticSignal) {
   ASSERT_TRUE(same);
   EXPECT_EQ(*same, a->samples);
   EXPECT_FALSE(resample(a->samples, 0, 16000));
-}
-
-TEST(AudioDecode, BadInputIsRefusedWithAReason) {
-  auto refused = [](std::span<const std::uint8_t> b, const std::string& needle,
-                    const audio_limits& l = {}) {
-    auto a = decode_audio(b, l);
-    EXPECT_FALSE(a) << "accepted; wanted an error with \"" << needle << "\"";
-    if (!a) {
-      EXPECT_NE(a.error().message.find(needle), std::string::npos)
-          << a.error().message << " (wanted \"" << needle << "\")";
-    }
-  };
-  refused({}, "empty");
-  const std::vector<std::uint8_t> junk = {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
-  refused(junk, "unrecognized");
-  std::vector<std::uint8_t> ogg = {'O', 'g', 'g', 'S', 0, 2, 0, 0, 0, 0, 0, 0};
-  refused(ogg, "Ogg");
-  std::vector<std::uint8_t> aiff = {'F', 'O', 'R', 'M', 0, 0, 0, 4, 'A', 'I', 'F', 'F'};
-  refused(aiff, "AIFF");
-
-  const auto wav = file_bytes("speech16k.wav");
-  ASSERT_GT(wav.size(), 44u);
-  refused(std::span(wav).first(20), "not a readable WAV");
-  auto many = wav;
-  put_u16(many, 22, 12);  // channels
-  put_u32(many, 28, 16000 * 2 * 12);
-  put_u16(many, 32, 2 * 12);
-  refused(many, "12 channels");
-  auto slow = wav;
-  put_u32(slow, 24, 500);  // sample rate
-  put_u32(slow, 28, 1000);
-  refused(slow, "500 Hz");
-  audio_limits short_clips;
-  short_clips.max_seconds = 1.0;
-  refused(wav, "longer than the limit of 1.0 s", short_clips);
-  audio_limits small_files;
-  small_files.max_bytes = 1000;
-  refused(wav, "larger than the limit", small_files);
-
-  auto nan = file_bytes("float16k.wav");
-  const auto data = std::search(nan.begin(), nan.end(), std::begin("data"), std::end("data") - 1);
-  ASSERT_NE(data, nan.end());
-  const auto at = static_cast<std::size_t>(data - nan.begin()) + 8 + 4 * 1000;  // sample 1000
-  const float q = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(nan.data() + at, &q, 4);
-  refused(nan, "sample 1000 is not a finite number");
-}
-
-TEST(AudioDecode, TruncatedOrLyingFilesNeverGiveMoreThanTheyHold) {
-  // A data chunk that claims 2 GB, files cut short: an error or the
-  // samples that are there, never more, never a crash.
-  auto lying = file_bytes("speech16k.wav");
-  put_u32(lying, 40, 0x7ffffff0u);
-  for (const auto* name : {"speech16k.wav", "speech16k.flac", "speech16k.mp3"}) {
-    const auto full = file_bytes(name);
-    for (double share : {0.9, 0.5, 0.1}) {
-      const auto n = static_cast<std::size_t>(static_cast<double>(full.size()) * share);
-      auto a = decode_audio(std::span(full).first(n));
-      if (a) {
-        EXPECT_LE(a->samples.size(), 52800u + 2400u) << name << " cut to " << share;
-        EXPECT_GT(a->samples.size(), 0u);
-      } else {
-        EXPECT_FALSE(a.error().message.empty());
-      }
-    }
-  }
-  auto a = decode_audio(lying);
-  if (a) {
-    EXPECT_EQ(a->samples.size(), 52800u);
-  }
-  EXPECT_FALSE(load_audio(dir));  // a directory
-  EXPECT_FALSE(load_audio(dir + "/no-such.wav"));
 }
 
 TEST(LogMel, FilterBankMatchesTransformers) {
@@ -334,26 +253,4 @@ TEST(LogMel, ThreadsGetTheSameBits) {
   t2.join();
   EXPECT_EQ(a, b);
   EXPECT_EQ(a, lm(speech));
-}
-
-TEST(LogMel, BadConfigsAreRefusedByName) {
-  const auto path = testing::TempDir() + "/pp.json";
-  auto refused = [&](const std::string& json, const std::string& needle) {
-    std::ofstream(path) << json;
-    auto o = load_mel_options(path);
-    EXPECT_FALSE(o) << json;
-    if (!o) {
-      EXPECT_NE(o.error().message.find(needle), std::string::npos) << o.error().message;
-    }
-  };
-  refused(R"({"feature_size": 80, "dither": 0.5})", "dither");
-  refused(R"({"feature_extractor_type": "SeamlessM4TFeatureExtractor"})", "feature_extractor_type");
-  refused(R"({"n_fft": 401})", "n_fft");
-  refused(R"({"hop_length": 0})", "hop_length");
-  refused(R"({"feature_size": "80"})", "integers");
-  refused(R"({"do_normalize": true})", "do_normalize");
-  refused("[1, 2", "not a JSON object");
-  mel_options bad;
-  bad.n_mels = 0;
-  EXPECT_THROW(log_mel{bad}, std::invalid_argument);
 }

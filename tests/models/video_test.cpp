@@ -26,11 +26,6 @@ nlohmann::json meta() {
   return nlohmann::json::parse(f, nullptr, false);
 }
 
-std::vector<std::uint8_t> file_bytes(const std::string& name) {
-  std::ifstream f(dir + "/" + name, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
 int pixel_error(const image& img, int x, int y, const nlohmann::json& rgb) {
   int worst = 0;
   for (int c = 0; c < 3; ++c)
@@ -139,52 +134,4 @@ TEST(Video, TheAudioTrackComesOutAt16kHz) {
   auto quiet = load_video(dir + "/square_aac.mp4", s);
   ASSERT_TRUE(quiet);
   EXPECT_TRUE(quiet->sound.samples.empty());
-}
-
-TEST(Video, PlaylistsAndOtherFormatsAreRefusedBeforeDemuxing) {
-  auto refused = [](std::span<const std::uint8_t> b, const std::string& needle,
-                    const video_sampling& s = {}, const video_limits& l = {}) {
-    auto v = decode_video(b, s, l);
-    EXPECT_FALSE(v) << "accepted; wanted \"" << needle << "\"";
-    if (!v) {
-      EXPECT_NE(v.error().message.find(needle), std::string::npos)
-          << v.error().message << " (wanted \"" << needle << "\")";
-    }
-  };
-  refused(file_bytes("playlist.ffconcat"), "ffconcat playlist");
-  refused(file_bytes("playlist.m3u8"), "HLS playlist");
-  refused({}, "empty");
-  const std::vector<std::uint8_t> junk(100, 0x41);
-  refused(junk, "unrecognized");
-  const auto mp4 = file_bytes("square.mp4");
-  video_limits small;
-  small.max_side = 32;
-  refused(mp4, "larger than the limit", {}, small);
-  video_limits brief;
-  brief.max_seconds = 1.0;
-  refused(mp4, "longer than the limit of 1.0 s", {}, brief);
-  video_limits few;
-  few.max_frames_in_file = 10;
-  refused(mp4, "more than 10 frames", {}, few);
-  video_limits tiny_file;
-  tiny_file.max_bytes = 1000;
-  refused(mp4, "larger than the limit of 1000", {}, tiny_file);
-  video_sampling none;
-  none.num_frames = 0;
-  refused(mp4, "num_frames", none);
-  video_sampling many;
-  many.num_frames = 65;
-  refused(mp4, "num_frames", many);
-  // The MP4 header with its media cut off, then a third of the file: an
-  // error or the frames that are there, never a crash.
-  for (double share : {0.05, 0.33, 0.66}) {
-    const auto n = static_cast<std::size_t>(static_cast<double>(mp4.size()) * share);
-    auto v = decode_video(std::span(mp4).first(n));
-    if (v) {
-      EXPECT_LE(v->frames.size(), 8u);
-    } else {
-      EXPECT_FALSE(v.error().message.empty());
-    }
-  }
-  EXPECT_FALSE(load_video(dir));
 }
