@@ -38,6 +38,52 @@ result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32
   return out;
 }
 
+result<std::vector<std::int32_t>> expand_media_tokens(
+    std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
+    std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens) {
+  if (tokens_per_image < 1)
+    return make_error(errc::invalid_argument, "tokens per image must be >= 1");
+  const auto images = std::count(ids.begin(), ids.end(), image_token);
+  if (images != n_images)
+    return make_error(errc::invalid_argument,
+                      "the prompt holds " + std::to_string(images) + " image token(s) (id " +
+                          std::to_string(image_token) + ") but " + std::to_string(n_images) +
+                          " image(s) were given: one image token per image");
+  const auto clips = audio_token >= 0 ? std::count(ids.begin(), ids.end(), audio_token) : 0;
+  if (clips != static_cast<std::int64_t>(audio_tokens.size()))
+    return make_error(errc::invalid_argument,
+                      "the prompt holds " + std::to_string(clips) + " audio token(s) (id " +
+                          std::to_string(audio_token) + ") but " +
+                          std::to_string(audio_tokens.size()) +
+                          " audio clip(s) were given: one audio token per clip");
+  constexpr std::int64_t limit = std::int64_t{1} << 30;
+  std::int64_t total = static_cast<std::int64_t>(ids.size()) - images - clips;
+  if (images > 0 && tokens_per_image > limit / images)
+    return make_error(errc::invalid_argument, "the expanded prompt would be too long");
+  total += images * tokens_per_image;
+  for (auto n : audio_tokens) {
+    if (n < 1 || n > limit || total > limit - n)
+      return make_error(errc::invalid_argument,
+                        n < 1 ? "an audio clip gives no token (shorter than 10 ms)"
+                              : "the expanded prompt would be too long");
+    total += n;
+  }
+  if (total > limit)
+    return make_error(errc::invalid_argument, "the expanded prompt would be too long");
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(total));
+  std::size_t clip = 0;
+  for (auto t : ids) {
+    if (t == image_token)
+      out.insert(out.end(), static_cast<std::size_t>(tokens_per_image), image_token);
+    else if (t == audio_token && audio_token >= 0)
+      out.insert(out.end(), static_cast<std::size_t>(audio_tokens[clip++]), image_token);
+    else
+      out.push_back(t);
+  }
+  return out;
+}
+
 result<std::unique_ptr<llava_model>> llava_model::load(const std::string& path,
                                                        kernels::device& dev,
                                                        const quant_plan& plan) {
@@ -77,6 +123,16 @@ result<std::unique_ptr<llava_model>> llava_model::build(const weight_source& src
   auto text = llama_model::build(src, cfg.text, dev, plan);
   if (!text) return std::unexpected(text.error());
   m->text_ = std::move(*text);
+  if (cfg.audio) {
+    auto enc = whisper_encoder::build(src, cfg.audio->encoder, dev, plan);
+    if (!enc) return std::unexpected(enc.error());
+    m->audio_ = std::move(*enc);
+    auto proj =
+        audio_projector::build(src, cfg.audio->projector, cfg.audio->encoder.d_model, dev, plan);
+    if (!proj) return std::unexpected(proj.error());
+    m->audio_proj_ = std::move(*proj);
+    m->mel_ = std::make_unique<log_mel>(cfg.audio->features);
+  }
   spdlog::debug("loaded {}: {}", src.path(), m->describe());
   return m;
 }
@@ -84,7 +140,99 @@ result<std::unique_ptr<llava_model>> llava_model::build(const weight_source& src
 std::string llava_model::describe() const {
   return vision_->describe() + "; projector " +
          std::string(kernels::to_string(proj1_.weight.format())) + "/" +
-         std::string(kernels::to_string(proj2_.weight.format())) + "; text " + text_->describe();
+         std::string(kernels::to_string(proj2_.weight.format())) + "; text " + text_->describe() +
+         (audio_ ? "; " + audio_->describe() : std::string{});
+}
+
+result<tensor> llava_model::encode_audio(kernels::device& dev,
+                                         std::span<const float> samples) const {
+  if (!audio_) return make_error(errc::unsupported_op, "this model has no audio encoder");
+  const auto& a = *cfg_.audio;
+  const std::int64_t total = audio_tokens(static_cast<std::int64_t>(samples.size()));
+  if (total < 1)
+    return make_error(errc::invalid_argument,
+                      "an audio clip of " + std::to_string(samples.size()) +
+                          " samples is shorter than one hop of the features (" +
+                          std::to_string(a.features.hop_length) + ")");
+  const std::int64_t Dt = cfg_.text.hidden_size, M = a.encoder.num_mel_bins;
+  auto out = tensor::empty(dev.memory(), dtype::f32, {total, Dt});
+  if (!out) return std::unexpected(out.error());
+  static const auto host = kernels::memory_pool::create();
+  auto& staging = dev.memory().host_accessible() ? dev.memory() : *host;
+  const auto window = static_cast<std::size_t>(a.window_samples());
+  std::int64_t row = 0;
+  for (std::size_t at = 0; at < samples.size(); at += window) {
+    const auto piece = samples.subspan(at, std::min(window, samples.size() - at));
+    const std::int64_t frames = mel_->frames_for(static_cast<std::int64_t>(piece.size()));
+    if (frames < 1) break;  // a tail under one hop: no token (tokens_for_samples agrees)
+    auto feats = (*mel_)(piece);
+    auto f = tensor::empty(staging, dtype::f32, {1, M, frames});
+    if (!f) return std::unexpected(f.error());
+    std::copy(feats.begin(), feats.end(), f->data_as<float>());
+    auto rows = audio_->forward(dev, *f);
+    if (!rows) return std::unexpected(rows.error());
+    auto emb = audio_proj_->forward(dev, *rows);
+    if (!emb) return std::unexpected(emb.error());
+    const std::int64_t n = emb->dim(1);
+    auto flat = emb->reshape({n, Dt});
+    auto dst = out->slice_rows(row, n);
+    if (!flat || !dst || row + n > total)
+      return make_error(errc::internal, "audio rows do not add up to the clip's token count");
+    if (auto r = dev.copy(*flat, *dst); !r) return std::unexpected(r.error());
+    row += n;
+  }
+  if (row != total)
+    return make_error(errc::internal, "audio rows do not add up to the clip's token count");
+  return out;
+}
+
+result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                                          const tensor& pixels,
+                                          const std::vector<std::span<const float>>& clips,
+                                          const clip_options& opts) const {
+  if (clips.empty()) return prepare(dev, ids, pixels, opts);
+  if (!audio_) return make_error(errc::unsupported_op, "this model has no audio encoder");
+  const std::int64_t n_images = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
+  if (n_images < 0)
+    return make_error(errc::shape_mismatch,
+                      "pixel_values must be [N, " + std::to_string(channels()) + ", " +
+                          std::to_string(image_size()) + ", " + std::to_string(image_size()) +
+                          "], got " + pixels.shape().to_string());
+  std::vector<std::int64_t> counts;
+  for (const auto& c : clips) counts.push_back(audio_tokens(static_cast<std::int64_t>(c.size())));
+  llava_prompt p;
+  p.image_token = image_token();
+  auto tokens =
+      expand_media_tokens(ids, image_token(), tokens_per_image(), n_images, audio_token(), counts);
+  if (!tokens) return std::unexpected(tokens.error());
+  p.tokens = std::move(*tokens);
+  // Every image's rows and every clip's, then laid out in prompt order.
+  std::vector<float> image_rows;
+  if (n_images > 0) {
+    auto emb = encode_images(dev, pixels, opts);
+    if (!emb) return std::unexpected(emb.error());
+    image_rows.resize(static_cast<std::size_t>(emb->numel()));
+    if (auto r = kernels::copy_to_host(*emb, std::as_writable_bytes(std::span<float>(image_rows)));
+        !r)
+      return std::unexpected(r.error());
+  }
+  const auto Dt = static_cast<std::size_t>(cfg_.text.hidden_size);
+  const auto per_image = static_cast<std::size_t>(tokens_per_image()) * Dt;
+  std::size_t image = 0, clip = 0;
+  for (auto t : ids) {
+    if (t == image_token()) {
+      const auto* from = image_rows.data() + image++ * per_image;
+      p.image_embeds.insert(p.image_embeds.end(), from, from + per_image);
+    } else if (t == audio_token()) {
+      auto emb = encode_audio(dev, clips[clip++]);
+      if (!emb) return std::unexpected(emb.error());
+      std::vector<float> rows(static_cast<std::size_t>(emb->numel()));
+      if (auto r = kernels::copy_to_host(*emb, std::as_writable_bytes(std::span<float>(rows))); !r)
+        return std::unexpected(r.error());
+      p.image_embeds.insert(p.image_embeds.end(), rows.begin(), rows.end());
+    }
+  }
+  return p;
 }
 
 result<tensor> llava_model::vision_features(kernels::device& dev, const tensor& pixels,

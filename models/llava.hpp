@@ -11,18 +11,30 @@
 #include "models/llama.hpp"
 #include "models/llava_config.hpp"
 #include "models/weights.hpp"
+#include "models/whisper.hpp"
 
 namespace troupe::models {
 
-/// A prompt ready for the decoder: image tokens expanded, image features
-/// computed. Feed `tokens` with `image_embeds` (as a generation_request's
-/// prompt / image_embeds / image_token, or a step_input's tokens /
-/// embeddings / embed_token).
+/// A prompt ready for the decoder: image and audio tokens expanded, their
+/// features computed. Feed `tokens` with `image_embeds` (as a
+/// generation_request's prompt / image_embeds / image_token, or a
+/// step_input's tokens / embeddings / embed_token). Audio positions are
+/// marked with `image_token` too: the rows of every image and clip, in
+/// prompt order, replace the marked positions' embeddings.
 struct llava_prompt {
   std::vector<std::int32_t> tokens;
-  std::vector<float> image_embeds;  ///< [images * tokens_per_image, text hidden], row-major
+  std::vector<float> image_embeds;  ///< [media rows, text hidden], row-major, in prompt order
   std::int32_t image_token = -1;
 };
+
+/// Replaces each `image_token` of `ids` by `tokens_per_image` copies and
+/// audio token k (`audio_token`, -1: none) by `audio_tokens[k]` copies of
+/// `image_token` (the one marker of media rows). The counts of placeholders
+/// must equal the images and clips given (else invalid_argument naming
+/// both).
+result<std::vector<std::int32_t>> expand_media_tokens(
+    std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
+    std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens);
 
 /// Replaces each `image_token` of `ids` by `tokens_per_image` copies. The
 /// count of image tokens must equal `n_images` (else invalid_argument
@@ -79,6 +91,30 @@ class llava_model {
                                const kernels::tensor& pixel_values,
                                const clip_options& opts = {}) const;
 
+  // -- audio (a config with audio_config) ----------------------------------
+
+  bool has_audio() const { return audio_ != nullptr; }
+  /// The `<audio>` placeholder's id (-1: the model does not hear).
+  std::int32_t audio_token() const {
+    return cfg_.audio ? static_cast<std::int32_t>(cfg_.audio->token_index) : -1;
+  }
+  /// Rows (LLM tokens) a clip of `samples` samples at 16 kHz becomes.
+  std::int64_t audio_tokens(std::int64_t samples) const {
+    return cfg_.audio ? cfg_.audio->tokens_for_samples(samples) : 0;
+  }
+  const whisper_encoder& audio_encoder() const { return *audio_; }
+  /// A clip (mono, 16 kHz) -> f32 [audio_tokens(samples), text hidden]:
+  /// the clip in windows of 2 x max_source_positions frames, each window's
+  /// log-mel features (its own, unpadded), the encoder, the projector. A
+  /// clip shorter than one hop (10 ms) is refused.
+  result<kernels::tensor> encode_audio(kernels::device& dev, std::span<const float> samples) const;
+  /// prepare() with clips too: `ids` hold one image token per image and one
+  /// audio token per clip, in any order.
+  result<llava_prompt> prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                               const kernels::tensor& pixel_values,
+                               const std::vector<std::span<const float>>& clips,
+                               const clip_options& opts = {}) const;
+
   /// Summary of each component's precision.
   std::string describe() const;
 
@@ -88,6 +124,9 @@ class llava_model {
   std::unique_ptr<clip_vision_tower> vision_;
   linear_layer proj1_, proj2_;
   std::unique_ptr<llama_model> text_;
+  std::unique_ptr<whisper_encoder> audio_;
+  std::unique_ptr<audio_projector> audio_proj_;
+  std::unique_ptr<log_mel> mel_;
 };
 
 }  // namespace troupe::models

@@ -1,5 +1,6 @@
 #include "models/llava_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -162,6 +163,16 @@ std::int64_t llava_config::tokens_per_image() const {
   return vision.positions() - (select == vision_select::full ? 0 : 1);
 }
 
+std::int64_t audio_tower_config::tokens_for_samples(std::int64_t samples) const {
+  const std::int64_t window = window_samples(), hop = features.hop_length;
+  if (samples <= 0 || window <= 0 || hop <= 0) return 0;
+  auto tokens = [&](std::int64_t n) {
+    const std::int64_t frames = n / hop;
+    return frames > 0 ? projector.tokens_for((frames + 1) / 2) : 0;
+  };
+  return (samples / window) * tokens(window) + tokens(samples % window);
+}
+
 result<void> llava_config::validate(const std::string& src) const {
   if (auto r = vision.validate(src + " vision_config"); !r) return r;
   if (auto r = text.validate(src + " text_config"); !r) return r;
@@ -178,6 +189,18 @@ result<void> llava_config::validate(const std::string& src) const {
                                                       "= " + std::to_string(image_token_index) +
                                                           " is outside the text vocabulary [0, " +
                                                           std::to_string(text.vocab_size) + ")"));
+  if (audio) {
+    if (auto r = audio->encoder.validate(src + " audio_config"); !r) return r;
+    if (auto r = audio->projector.validate(src); !r) return r;
+    if (auto r = models::validate(audio->features); !r) return r;
+    if (audio->token_index < 0 || audio->token_index >= text.vocab_size ||
+        audio->token_index == image_token_index)
+      return make_error(errc::corrupt_data,
+                        field_error(src, "audio_token_index",
+                                    "= " + std::to_string(audio->token_index) +
+                                        " must be in the text vocabulary and differ from "
+                                        "image_token_index"));
+  }
   return {};
 }
 
@@ -262,6 +285,38 @@ result<llava_config> parse_llava_config(std::string_view text, const std::string
       return make_error(errc::corrupt_data,
                         field_error(src, "multimodal_projector_bias", "must be a boolean"));
     c.projector_bias = it->get<bool>();
+  }
+  if (auto a = root.find("audio_config"); a != root.end() && !a->is_null()) {
+    auto enc = parse_whisper_encoder_config(text, src);
+    if (!enc) return std::unexpected(enc.error());
+    audio_tower_config at;
+    at.encoder = *enc;
+    at.projector.out = c.text.hidden_size;
+    at.projector.hidden = c.text.hidden_size;
+    if (auto it = root.find("audio_token_index"); it == root.end() || !it->is_number_integer())
+      return make_error(
+          errc::corrupt_data,
+          field_error(src, "audio_token_index", "must be an integer when audio_config is present"));
+    for (auto [key, out] : {std::pair{"audio_token_index", &at.token_index},
+                            std::pair{"audio_stack_factor", &at.projector.stack},
+                            std::pair{"audio_projector_hidden", &at.projector.hidden}})
+      if (auto r = get_int(root, key, *out, src); !r) return std::unexpected(r.error());
+    std::string audio_act = "gelu";
+    if (auto r = get_string(root, "audio_projector_hidden_act", audio_act, src); !r)
+      return std::unexpected(r.error());
+    auto ak = gelu_from_hf_name(audio_act, src + ": audio_projector_hidden_act");
+    if (!ak) return std::unexpected(ak.error());
+    at.projector.activation = *ak;
+    if (auto it = root.find("audio_projector_bias"); it != root.end() && !it->is_null()) {
+      if (!it->is_boolean())
+        return make_error(errc::corrupt_data,
+                          field_error(src, "audio_projector_bias", "must be a boolean"));
+      at.projector.bias = it->get<bool>();
+    }
+    at.features.n_mels =
+        static_cast<int>(std::clamp<std::int64_t>(at.encoder.num_mel_bins, 0, 512));
+    at.features.n_samples = 0;
+    c.audio = at;
   }
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;

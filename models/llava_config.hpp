@@ -4,8 +4,12 @@
 #include <string>
 #include <string_view>
 
+#include <optional>
+
 #include "kernels/ops.hpp"
 #include "models/llama_config.hpp"
+#include "models/log_mel.hpp"
+#include "models/whisper_config.hpp"
 
 namespace troupe::models {
 
@@ -44,6 +48,29 @@ enum class vision_select : std::uint8_t {
   full,      ///< "full": every row
 };
 
+/// The audio side of a LLaVA config that also hears (troupe's extension:
+/// `audio_config`, a Whisper encoder config, plus `audio_token_index`,
+/// `audio_stack_factor`, `audio_projector_hidden`,
+/// `audio_projector_hidden_act` and `audio_projector_bias` at the top level;
+/// weights `audio_tower.*` and `audio_projector.linear_{1,2}`).
+struct audio_tower_config {
+  whisper_encoder_config encoder;
+  audio_projector_config projector;  ///< out: the text hidden size
+  std::int64_t token_index = -1;     ///< the `<audio>` placeholder's id
+  /// The features: Whisper's extractor (16 kHz, n_fft 400, hop 160) with
+  /// num_mel_bins bins, on each window's own samples (no padding).
+  mel_options features;
+
+  /// Samples of one encoder window (2 x max_source_positions frames).
+  std::int64_t window_samples() const {
+    return encoder.max_frames() * static_cast<std::int64_t>(features.hop_length);
+  }
+  /// Audio tokens for a clip of `samples` samples at 16 kHz: each window's
+  /// ceil(ceil(frames / 2) / stack), the clip cut into whole windows and a
+  /// last, shorter one (a tail under one hop gives none).
+  std::int64_t tokens_for_samples(std::int64_t samples) const;
+};
+
 /// A `LlavaForConditionalGeneration` config: CLIP or SigLIP vision tower,
 /// projector and a LLaMA, Mistral or Qwen2 text model, validated.
 struct llava_config {
@@ -56,7 +83,8 @@ struct llava_config {
   /// negative counts from the end (-1 = the last layer's output).
   std::int64_t vision_feature_layer = -2;
   vision_select select = vision_select::drop_cls;
-  bool projector_bias = true;  ///< multimodal_projector_bias
+  bool projector_bias = true;               ///< multimodal_projector_bias
+  std::optional<audio_tower_config> audio;  ///< with `audio_config`
 
   /// Encoder layers the features need (layers past them are never run).
   std::int64_t vision_layers_used() const;
