@@ -25,26 +25,11 @@ sf_count_t vio_length(void* user) {
 }
 
 sf_count_t vio_seek(sf_count_t offset, int whence, void* user) {
-  auto* m = static_cast<memory_source*>(user);
-  const auto size = static_cast<sf_count_t>(m->bytes.size());
-  sf_count_t base = 0;
-  switch (whence) {
-    case SEEK_SET:
-      base = 0;
-      break;
-    case SEEK_CUR:
-      base = m->pos;
-      break;
-    case SEEK_END:
-      base = size;
-      break;
-    default:
-      return -1;
-  }
   // A hostile header's offsets: no overflow, nothing outside [0, size].
-  if ((offset > 0 && base > size - offset) || base + offset < 0) return -1;
-  m->pos = base + offset;
-  return m->pos;
+  auto* m = static_cast<memory_source*>(user);
+  const auto to = seek_within(m->pos, static_cast<sf_count_t>(m->bytes.size()), offset, whence);
+  if (to >= 0) m->pos = to;
+  return to;
 }
 
 sf_count_t vio_read(void* ptr, sf_count_t count, void* user) {

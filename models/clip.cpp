@@ -87,6 +87,59 @@ result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
   return l;
 }
 
+result<encoder_layer> encoder_layer::load(kernels::device& dev, const weight_source& src,
+                                          const quant_plan& plan, const std::string& p,
+                                          std::int64_t D, std::int64_t F, bool k_bias) {
+  encoder_layer L;
+  struct mat {
+    const char* name;
+    linear_layer* out;
+    std::int64_t rows, cols;
+    bool bias;
+  };
+  for (auto& [name, out, rows, cols, bias] :
+       {mat{"q_proj", &L.q, D, D, true}, mat{"k_proj", &L.k, D, D, k_bias},
+        mat{"v_proj", &L.v, D, D, true}, mat{"o_proj", &L.o, D, D, true},
+        mat{"fc1", &L.fc1, F, D, true}, mat{"fc2", &L.fc2, D, F, true}}) {
+    auto w = load_linear(dev, src, plan, p + name, rows, cols, bias);
+    if (!w) return std::unexpected(w.error());
+    *out = std::move(*w);
+  }
+  struct vec {
+    const char* name;
+    tensor* out;
+  };
+  for (auto& [name, out] : {vec{"norm1", &L.norm1_w}, vec{"norm1.bias", &L.norm1_b},
+                            vec{"norm2", &L.norm2_w}, vec{"norm2.bias", &L.norm2_b}}) {
+    auto t = load_f32(dev, src, p + name, {D});
+    if (!t) return std::unexpected(t.error());
+    *out = std::move(*t);
+  }
+  return L;
+}
+
+result<void> encoder_layer::run(kernels::device& dev, tensor& x, encoder_scratch& s, float eps,
+                                kernels::gelu_kind activation, const attend_fn& attend) const {
+  TRY(dev.layer_norm(x, norm1_w, norm1_b, eps, s.h));
+  TRY(q.run(dev, s.h, s.q));
+  TRY(k.run(dev, s.h, s.k));
+  TRY(v.run(dev, s.h, s.v));
+  TRY(attend(s.q, s.k, s.v, s.att));
+  TRY(o.run(dev, s.att, s.proj));
+  TRY(dev.add(x, s.proj, x));
+  TRY(dev.layer_norm(x, norm2_w, norm2_b, eps, s.h));
+  TRY(fc1.run(dev, s.h, s.f));
+  TRY(dev.gelu(s.f, activation, s.f));
+  TRY(fc2.run(dev, s.f, s.proj));
+  TRY(dev.add(x, s.proj, x));
+  return {};
+}
+
+void encoder_layer::count_formats(std::map<std::string, int>& counts) const {
+  for (const auto* w : {&q, &k, &v, &o, &fc1, &fc2})
+    counts[std::string(kernels::to_string(w->weight.format()))]++;
+}
+
 result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight_source& src,
                                                                     const clip_vision_config& cfg,
                                                                     std::int64_t layers,
@@ -139,37 +192,17 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
     *out = std::move(*t);
   }
   for (std::int64_t l = 0; l < layers; ++l) {
-    const std::string p = "vision.layers." + std::to_string(l) + ".";
-    layer L;
-    struct mat {
-      const char* name;
-      linear_layer* out;
-      std::int64_t rows, cols;
-    };
-    for (auto& [name, out, rows, cols] :
-         {mat{"q_proj", &L.q, D, D}, mat{"k_proj", &L.k, D, D}, mat{"v_proj", &L.v, D, D},
-          mat{"o_proj", &L.o, D, D}, mat{"fc1", &L.fc1, F, D}, mat{"fc2", &L.fc2, D, F}}) {
-      auto w = load_linear(dev, src, plan, p + name, rows, cols, true);
-      if (!w) return std::unexpected(w.error());
-      *out = std::move(*w);
-    }
-    for (auto& [name, out, shape] :
-         {vec{"norm1", &L.norm1_w, {D}}, vec{"norm1.bias", &L.norm1_b, {D}},
-          vec{"norm2", &L.norm2_w, {D}}, vec{"norm2.bias", &L.norm2_b, {D}}}) {
-      auto t = load_f32(dev, src, p + name, shape);
-      if (!t) return std::unexpected(t.error());
-      *out = std::move(*t);
-    }
-    m->layers_.push_back(std::move(L));
+    auto L =
+        encoder_layer::load(dev, src, plan, "vision.layers." + std::to_string(l) + ".", D, F, true);
+    if (!L) return std::unexpected(L.error());
+    m->layers_.push_back(std::move(*L));
   }
   return m;
 }
 
 std::string clip_vision_tower::describe() const {
   std::map<std::string, int> counts;
-  for (const auto& L : layers_)
-    for (const auto* w : {&L.q, &L.k, &L.v, &L.o, &L.fc1, &L.fc2})
-      counts[std::string(kernels::to_string(w->weight.format()))]++;
+  for (const auto& L : layers_) L.count_formats(counts);
   std::string s = "vision layers=" + std::to_string(layers_.size()) + " matrices:";
   for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
   return s;
@@ -326,20 +359,12 @@ result<tensor> clip_vision_tower::forward(kernels::device& dev, const tensor& pi
     if (!made) return std::unexpected(made.error());
     cache = std::move(*made);
   }
-  for (const auto& L : layers_) {
-    TRY(dev.layer_norm(*x, L.norm1_w, L.norm1_b, eps, *h));
-    TRY(L.q.run(dev, *h, *q));
-    TRY(L.k.run(dev, *h, *k));
-    TRY(L.v.run(dev, *h, *v));
-    TRY(attend(dev, *q, *k, *v, *att, N, opts, cache ? &*cache : nullptr));
-    TRY(L.o.run(dev, *att, *proj));
-    TRY(dev.add(*x, *proj, *x));
-    TRY(dev.layer_norm(*x, L.norm2_w, L.norm2_b, eps, *h));
-    TRY(L.fc1.run(dev, *h, *f));
-    TRY(dev.gelu(*f, cfg_.activation, *f));
-    TRY(L.fc2.run(dev, *f, *proj));
-    TRY(dev.add(*x, *proj, *x));
-  }
+  encoder_scratch s{*h, *q, *k, *v, *att, *proj, *f};
+  const auto attend_images = [&](const tensor& aq, const tensor& ak, const tensor& av,
+                                 tensor& out) {
+    return attend(dev, aq, ak, av, out, N, opts, cache ? &*cache : nullptr);
+  };
+  for (const auto& L : layers_) TRY(L.run(dev, *x, s, eps, cfg_.activation, attend_images));
   return x->reshape({N, T, D});
 }
 

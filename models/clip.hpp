@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +41,33 @@ result<kernels::tensor> load_f32(kernels::device& dev, const weight_source& src,
 /// The same in host memory from `pool` (what prepare and prepare_patch_conv take).
 result<kernels::tensor> load_f32(kernels::memory_pool& pool, const weight_source& src,
                                  const std::string& name, const kernels::shape_t& shape);
+
+/// Scratch tensors of encoder_layer::run, each [rows, hidden] (f: [rows, ffn]).
+struct encoder_scratch {
+  kernels::tensor h, q, k, v, att, proj, f;
+};
+
+/// One pre-LN transformer encoder layer, as CLIP, SigLIP and Whisper have
+/// it: LayerNorm -> self-attention (q/k/v/out projections) -> residual ->
+/// LayerNorm -> fc1 -> activation -> fc2 -> residual.
+struct encoder_layer {
+  linear_layer q, k, v, o, fc1, fc2;
+  kernels::tensor norm1_w, norm1_b, norm2_w, norm2_b;
+
+  /// Loads "<prefix>{q,k,v,o}_proj", "<prefix>fc{1,2}" (with biases; the k
+  /// projection's only with `k_bias`) and "<prefix>norm{1,2}" (+ ".bias").
+  static result<encoder_layer> load(kernels::device& dev, const weight_source& src,
+                                    const quant_plan& plan, const std::string& prefix,
+                                    std::int64_t hidden, std::int64_t ffn, bool k_bias);
+  /// How the layer's rows attend: q, k, v -> out, all [rows, hidden].
+  using attend_fn = std::function<result<void>(const kernels::tensor& q, const kernels::tensor& k,
+                                               const kernels::tensor& v, kernels::tensor& out)>;
+  /// x f32 [rows, hidden], updated in place.
+  result<void> run(kernels::device& dev, kernels::tensor& x, encoder_scratch& s, float eps,
+                   kernels::gelu_kind activation, const attend_fn& attend) const;
+  /// Counts the formats of its six matrices into `counts`.
+  void count_formats(std::map<std::string, int>& counts) const;
+};
 
 /// How the vision tower attends.
 struct clip_options {
@@ -94,10 +123,6 @@ class clip_vision_tower {
   std::string describe() const;
 
  private:
-  struct layer {
-    linear_layer q, k, v, o, fc1, fc2;
-    kernels::tensor norm1_w, norm1_b, norm2_w, norm2_b;
-  };
   clip_vision_tower() = default;
   result<void> attend(kernels::device& dev, const kernels::tensor& q, const kernels::tensor& k,
                       const kernels::tensor& v, kernels::tensor& out, std::int64_t images,
@@ -110,7 +135,7 @@ class clip_vision_tower {
   kernels::tensor patch_bias_;          // [hidden] (SigLIP)
   kernels::tensor position_embedding_;  // [positions, hidden]
   kernels::tensor pre_norm_w_, pre_norm_b_;
-  std::vector<layer> layers_;
+  std::vector<encoder_layer> layers_;
 };
 
 }  // namespace troupe::models

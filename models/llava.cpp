@@ -12,32 +12,6 @@ namespace troupe::models {
 using kernels::dtype;
 using kernels::tensor;
 
-result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
-                                                      std::int32_t image_token,
-                                                      std::int64_t tokens_per_image,
-                                                      std::int64_t n_images) {
-  if (tokens_per_image < 1)
-    return make_error(errc::invalid_argument, "tokens per image must be >= 1");
-  const auto count = std::count(ids.begin(), ids.end(), image_token);
-  if (count != n_images)
-    return make_error(errc::invalid_argument,
-                      "the prompt holds " + std::to_string(count) + " image token(s) (id " +
-                          std::to_string(image_token) + ") but " + std::to_string(n_images) +
-                          " image(s) were given: one image token per image");
-  const std::int64_t total = static_cast<std::int64_t>(ids.size()) + count * (tokens_per_image - 1);
-  if (count > 0 && (tokens_per_image > (std::int64_t{1} << 30) / count || total > (1 << 30)))
-    return make_error(errc::invalid_argument, "the expanded prompt would be too long");
-  std::vector<std::int32_t> out;
-  out.reserve(static_cast<std::size_t>(total));
-  for (auto t : ids) {
-    if (t == image_token)
-      out.insert(out.end(), static_cast<std::size_t>(tokens_per_image), image_token);
-    else
-      out.push_back(t);
-  }
-  return out;
-}
-
 result<std::vector<std::int32_t>> expand_media_tokens(
     std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
     std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens) {
@@ -82,6 +56,13 @@ result<std::vector<std::int32_t>> expand_media_tokens(
       out.push_back(t);
   }
   return out;
+}
+
+result<std::vector<std::int32_t>> expand_image_tokens(std::span<const std::int32_t> ids,
+                                                      std::int32_t image_token,
+                                                      std::int64_t tokens_per_image,
+                                                      std::int64_t n_images) {
+  return expand_media_tokens(ids, image_token, tokens_per_image, n_images, -1, {});
 }
 
 result<std::unique_ptr<llava_model>> llava_model::load(const std::string& path,

@@ -77,4 +77,23 @@ result<std::vector<std::uint8_t>> read_file_bytes(const std::string& path,
   return std::vector<std::uint8_t>(p, p + b.size());
 }
 
+std::int64_t seek_within(std::int64_t pos, std::int64_t size, std::int64_t offset, int whence) {
+  std::int64_t base = 0;
+  switch (whence) {
+    case SEEK_SET:
+      base = 0;
+      break;
+    case SEEK_CUR:
+      base = pos;
+      break;
+    case SEEK_END:
+      base = size;
+      break;
+    default:
+      return -1;
+  }
+  if ((offset > 0 && base > size - offset) || base + offset < 0) return -1;
+  return base + offset;
+}
+
 }  // namespace troupe::models

@@ -65,4 +65,10 @@ class byte_reader {
 /// inputs a user names, such as an image on the command line.
 result<std::vector<std::uint8_t>> read_file_bytes(const std::string& path, std::uint64_t max_bytes);
 
+/// A seek over `size` bytes in memory (a decoder's I/O callback): from
+/// `pos`, by `offset`, relative to the start, `pos` or the end (`whence`
+/// SEEK_SET, SEEK_CUR, SEEK_END). The new position, or -1 when it would
+/// leave [0, size], overflow, or `whence` is none of them.
+std::int64_t seek_within(std::int64_t pos, std::int64_t size, std::int64_t offset, int whence);
+
 }  // namespace troupe::models

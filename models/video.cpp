@@ -39,23 +39,10 @@ std::int64_t io_seek(void* opaque, std::int64_t offset, int whence) {
   auto* m = static_cast<memory_source*>(opaque);
   const auto total = static_cast<std::int64_t>(m->bytes.size());
   if (whence & AVSEEK_SIZE) return total;
-  std::int64_t base = 0;
-  switch (whence & ~AVSEEK_FORCE) {
-    case SEEK_SET:
-      base = 0;
-      break;
-    case SEEK_CUR:
-      base = m->pos;
-      break;
-    case SEEK_END:
-      base = total;
-      break;
-    default:
-      return AVERROR(EINVAL);
-  }
-  if ((offset > 0 && base > total - offset) || base + offset < 0) return AVERROR(EINVAL);
-  m->pos = base + offset;
-  return m->pos;
+  const auto to = seek_within(m->pos, total, offset, whence & ~AVSEEK_FORCE);
+  if (to < 0) return AVERROR(EINVAL);
+  m->pos = to;
+  return to;
 }
 
 // Whatever a container names (a MOV data reference, a playlist entry) is

@@ -5,6 +5,8 @@
 
 #include <cstring>
 #include <regex>
+#include <span>
+#include <string_view>
 
 namespace troupe::models {
 
@@ -98,72 +100,69 @@ std::string hf_name(const std::string& c) {
   return c;
 }
 
-// "vision.*" / "projector.*" canonical -> HF name after the component prefix.
-std::string hf_component_name(const std::string& c) {
+using name_pair = std::pair<const char*, const char*>;
+
+// A component's canonical name -> its HF name after the component prefix:
+// `top` maps whole names, `per_layer` the leaves of "<layers>N.<leaf>",
+// which become "<hf_layers>N.<its HF leaf>"; a ".bias" suffix names the
+// bias, else the weight. Unknown names stay as they are.
+std::string component_name(const std::string& c, std::span<const name_pair> top,
+                           std::string_view layers, std::string_view hf_layers,
+                           std::span<const name_pair> per_layer) {
   std::string base = c, suffix = ".weight";
   if (ends_with(base, ".bias")) {
     base.resize(base.size() - 5);
     suffix = ".bias";
   }
-  static const std::pair<const char*, const char*> top[] = {
-      {"vision.patch_embedding", "embeddings.patch_embedding"},
-      {"vision.position_embedding", "embeddings.position_embedding"},
-      {"vision.pre_norm", "pre_layrnorm"},
-      {"vision.post_norm", "post_layernorm"},
-      {"projector.linear_1", "linear_1"},
-      {"projector.linear_2", "linear_2"}};
-  if (base == "vision.class_embedding") return "embeddings.class_embedding";
   for (auto [a, b] : top)
     if (base == a) return b + suffix;
-  static const std::pair<const char*, const char*> per_layer[] = {{"q_proj", "self_attn.q_proj"},
-                                                                  {"k_proj", "self_attn.k_proj"},
-                                                                  {"v_proj", "self_attn.v_proj"},
-                                                                  {"o_proj", "self_attn.out_proj"},
-                                                                  {"norm1", "layer_norm1"},
-                                                                  {"norm2", "layer_norm2"},
-                                                                  {"fc1", "mlp.fc1"},
-                                                                  {"fc2", "mlp.fc2"}};
-  if (base.rfind("vision.layers.", 0) == 0) {
-    const auto dot = base.find('.', 14);
+  if (base.rfind(layers, 0) == 0) {
+    const auto dot = base.find('.', layers.size());
     if (dot != std::string::npos) {
-      const std::string idx = base.substr(14, dot - 14), leaf = base.substr(dot + 1);
+      const std::string idx = base.substr(layers.size(), dot - layers.size());
+      const std::string leaf = base.substr(dot + 1);
       for (auto [a, b] : per_layer)
-        if (leaf == a) return "encoder.layers." + idx + "." + b + suffix;
+        if (leaf == a) return std::string(hf_layers) + idx + "." + b + suffix;
     }
   }
   return c;
 }
 
+// "vision.*" / "projector.*" canonical -> HF name after the component prefix.
+std::string hf_component_name(const std::string& c) {
+  if (c == "vision.class_embedding") return "embeddings.class_embedding";
+  static const name_pair top[] = {{"vision.patch_embedding", "embeddings.patch_embedding"},
+                                  {"vision.position_embedding", "embeddings.position_embedding"},
+                                  {"vision.pre_norm", "pre_layrnorm"},
+                                  {"vision.post_norm", "post_layernorm"},
+                                  {"projector.linear_1", "linear_1"},
+                                  {"projector.linear_2", "linear_2"}};
+  static const name_pair per_layer[] = {{"q_proj", "self_attn.q_proj"},
+                                        {"k_proj", "self_attn.k_proj"},
+                                        {"v_proj", "self_attn.v_proj"},
+                                        {"o_proj", "self_attn.out_proj"},
+                                        {"norm1", "layer_norm1"},
+                                        {"norm2", "layer_norm2"},
+                                        {"fc1", "mlp.fc1"},
+                                        {"fc2", "mlp.fc2"}};
+  return component_name(c, top, "vision.layers.", "encoder.layers.", per_layer);
+}
+
 // "audio.*" canonical -> HF Whisper encoder name after the component prefix.
 std::string hf_audio_name(const std::string& c) {
-  std::string base = c, suffix = ".weight";
-  if (ends_with(base, ".bias")) {
-    base.resize(base.size() - 5);
-    suffix = ".bias";
-  }
-  static const std::pair<const char*, const char*> top[] = {{"audio.conv1", "conv1"},
-                                                            {"audio.conv2", "conv2"},
-                                                            {"audio.positions", "embed_positions"},
-                                                            {"audio.norm", "layer_norm"}};
-  for (auto [a, b] : top)
-    if (base == a) return b + suffix;
-  static const std::pair<const char*, const char*> per_layer[] = {{"q_proj", "self_attn.q_proj"},
-                                                                  {"k_proj", "self_attn.k_proj"},
-                                                                  {"v_proj", "self_attn.v_proj"},
-                                                                  {"o_proj", "self_attn.out_proj"},
-                                                                  {"norm1", "self_attn_layer_norm"},
-                                                                  {"norm2", "final_layer_norm"},
-                                                                  {"fc1", "fc1"},
-                                                                  {"fc2", "fc2"}};
-  if (base.rfind("audio.layers.", 0) == 0) {
-    const auto dot = base.find('.', 13);
-    if (dot != std::string::npos) {
-      const std::string idx = base.substr(13, dot - 13), leaf = base.substr(dot + 1);
-      for (auto [a, b] : per_layer)
-        if (leaf == a) return "layers." + idx + "." + b + suffix;
-    }
-  }
-  return c;
+  static const name_pair top[] = {{"audio.conv1", "conv1"},
+                                  {"audio.conv2", "conv2"},
+                                  {"audio.positions", "embed_positions"},
+                                  {"audio.norm", "layer_norm"}};
+  static const name_pair per_layer[] = {{"q_proj", "self_attn.q_proj"},
+                                        {"k_proj", "self_attn.k_proj"},
+                                        {"v_proj", "self_attn.v_proj"},
+                                        {"o_proj", "self_attn.out_proj"},
+                                        {"norm1", "self_attn_layer_norm"},
+                                        {"norm2", "final_layer_norm"},
+                                        {"fc1", "fc1"},
+                                        {"fc2", "fc2"}};
+  return component_name(c, top, "audio.layers.", "layers.", per_layer);
 }
 
 }  // namespace

@@ -156,39 +156,18 @@ result<std::unique_ptr<whisper_encoder>> whisper_encoder::build(const weight_sou
     *out = std::move(*t);
   }
   for (std::int64_t l = 0; l < cfg.encoder_layers; ++l) {
-    const std::string p = "audio.layers." + std::to_string(l) + ".";
-    layer L;
-    struct mat {
-      const char* name;
-      linear_layer* out;
-      std::int64_t rows, cols;
-      bool bias;
-    };
-    for (auto& [name, out, rows, cols, bias] :
-         {mat{"q_proj", &L.q, D, D, true}, mat{"k_proj", &L.k, D, D, false},
-          mat{"v_proj", &L.v, D, D, true}, mat{"o_proj", &L.o, D, D, true},
-          mat{"fc1", &L.fc1, F, D, true}, mat{"fc2", &L.fc2, D, F, true}}) {
-      auto w = load_linear(dev, src, plan, p + name, rows, cols, bias);
-      if (!w) return std::unexpected(w.error());
-      *out = std::move(*w);
-    }
-    for (auto& [name, out, shape] :
-         {vec{"norm1", &L.norm1_w, {D}}, vec{"norm1.bias", &L.norm1_b, {D}},
-          vec{"norm2", &L.norm2_w, {D}}, vec{"norm2.bias", &L.norm2_b, {D}}}) {
-      auto t = load_f32(dev, src, p + name, shape);
-      if (!t) return std::unexpected(t.error());
-      *out = std::move(*t);
-    }
-    m->layers_.push_back(std::move(L));
+    // Whisper's k projection has no bias.
+    auto L =
+        encoder_layer::load(dev, src, plan, "audio.layers." + std::to_string(l) + ".", D, F, false);
+    if (!L) return std::unexpected(L.error());
+    m->layers_.push_back(std::move(*L));
   }
   return m;
 }
 
 std::string whisper_encoder::describe() const {
   std::map<std::string, int> counts;
-  for (const auto& L : layers_)
-    for (const auto* w : {&L.q, &L.k, &L.v, &L.o, &L.fc1, &L.fc2})
-      counts[std::string(kernels::to_string(w->weight.format()))]++;
+  for (const auto& L : layers_) L.count_formats(counts);
   std::string s = "audio layers=" + std::to_string(layers_.size()) + " matrices:";
   for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
   return s;
@@ -281,25 +260,18 @@ result<tensor> whisper_encoder::forward(kernels::device& dev, const tensor& feat
     if (!r) return make_error(errc::internal, "audio attention slice failed");
     return r->reshape({T2, H, hd});
   };
-  kernels::attention_options full{.causal = false};
-  for (const auto& L : layers_) {
-    TRY(dev.layer_norm(*x, L.norm1_w, L.norm1_b, eps, *h));
-    TRY(L.q.run(dev, *h, *q));
-    TRY(L.k.run(dev, *h, *k));
-    TRY(L.v.run(dev, *h, *v));
-    for (std::int64_t n = 0; n < N; ++n) {
-      auto q3 = heads(*q, n), k3 = heads(*k, n), v3 = heads(*v, n), o3 = heads(*att, n);
+  const kernels::attention_options full{.causal = false};
+  const auto attend_clips = [&](const tensor& aq, const tensor& ak, const tensor& av,
+                                tensor& out) -> result<void> {
+    for (std::int64_t n = 0; n < N; ++n) {  // each clip attends to itself
+      auto q3 = heads(aq, n), k3 = heads(ak, n), v3 = heads(av, n), o3 = heads(out, n);
       if (!q3 || !k3 || !v3 || !o3) return make_error(errc::internal, "audio attention views");
       TRY(dev.attention(*q3, *k3, *v3, *o3, full));
     }
-    TRY(L.o.run(dev, *att, *proj));
-    TRY(dev.add(*x, *proj, *x));
-    TRY(dev.layer_norm(*x, L.norm2_w, L.norm2_b, eps, *h));
-    TRY(L.fc1.run(dev, *h, *f));
-    TRY(dev.gelu(*f, cfg_.activation, *f));
-    TRY(L.fc2.run(dev, *f, *proj));
-    TRY(dev.add(*x, *proj, *x));
-  }
+    return {};
+  };
+  encoder_scratch s{*h, *q, *k, *v, *att, *proj, *f};
+  for (const auto& L : layers_) TRY(L.run(dev, *x, s, eps, cfg_.activation, attend_clips));
   TRY(dev.layer_norm(*x, norm_w_, norm_b_, eps, *x));
   return x->reshape({N, T2, D});
 }

@@ -50,16 +50,12 @@ class whisper_encoder {
   std::string describe() const;
 
  private:
-  struct layer {
-    linear_layer q, k, v, o, fc1, fc2;
-    kernels::tensor norm1_w, norm1_b, norm2_w, norm2_b;
-  };
   whisper_encoder() = default;
 
   whisper_encoder_config cfg_;
   kernels::matrix conv1_, conv2_;  // [d_model, in_channels * 3], (channel, tap) order
   kernels::tensor conv1_b_, conv2_b_, positions_, norm_w_, norm_b_;
-  std::vector<layer> layers_;
+  std::vector<encoder_layer> layers_;
 };
 
 /// The audio projector of an audio_projector_config (models/whisper_config.hpp).

@@ -13,9 +13,11 @@
 #include "kernels/cpu/cpu_device.hpp"
 #include "models/llava.hpp"
 #include "models/safetensors.hpp"
+#include "tests/models/logit_agreement.hpp"
 
 using namespace troupe;
 using namespace troupe::models;
+using troupe::test::relative_error;
 namespace k = troupe::kernels;
 
 namespace {
@@ -35,16 +37,6 @@ std::vector<float> array(const safetensors_model& f, const std::string& name) {
 
 std::vector<std::int32_t> ints(const std::vector<float>& v) {
   return {v.begin(), v.end()};
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  if (got.size() != want.size() || want.empty()) return 1e9;
-  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-  double err = 0;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    err = std::max(err, std::fabs(double(got[i]) - double(want[i])));
-  return err / double(*hi - *lo);
 }
 
 // Teacher-forced logits of a prepared prompt.

@@ -21,6 +21,7 @@
 
 using namespace troupe;
 using namespace troupe::models;
+using troupe::test::relative_error;
 namespace k = troupe::kernels;
 
 namespace {
@@ -86,17 +87,6 @@ k::tensor pixels_of(k::device& ctx, const reference& ref, const std::vector<std:
 
 std::vector<float> values(const k::tensor& t) {
   return {t.data_as<float>(), t.data_as<float>() + t.numel()};
-}
-
-// max |got - want| / (max(want) - min(want)) over the whole array.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  if (got.size() != want.size() || want.empty()) return 1e9;
-  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-  double err = 0;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    err = std::max(err, std::fabs(double(got[i]) - double(want[i])));
-  return err / double(*hi - *lo);
 }
 
 // Worst per-position relative error of logits [L, vocab].

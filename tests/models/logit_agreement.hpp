@@ -1,5 +1,5 @@
 // Agreement of two logit tables (troupe vs a reference), shared by the
-// fidelity tests of the decoder and of LLaVA.
+// fidelity tests of the decoder, LLaVA and the audio encoder.
 #pragma once
 
 #include <algorithm>
@@ -8,7 +8,21 @@
 #include <functional>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 namespace troupe::test {
+
+/// max |got - want| / (max(want) - min(want)) over the whole array: the
+/// fidelity tests' "x range" (1e9 when the sizes differ or want is empty).
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  if (got.size() != want.size() || want.empty()) return 1e9;
+  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
+  double err = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    err = std::max(err, std::fabs(double(got[i]) - double(want[i])));
+  return err / double(*hi - *lo);
+}
 
 struct agreement {
   double mean_kl = 0, max_kl = 0;

@@ -13,9 +13,11 @@
 #include "kernels/cpu/cpu_device.hpp"
 #include "models/safetensors.hpp"
 #include "models/whisper.hpp"
+#include "tests/models/logit_agreement.hpp"
 
 using namespace troupe;
 using namespace troupe::models;
+using troupe::test::relative_error;
 namespace k = troupe::kernels;
 
 namespace {
@@ -63,16 +65,6 @@ k::tensor input(k::device& dev, const std::vector<float>& v, const std::vector<s
 
 std::vector<float> values(const k::tensor& t) {
   return {t.data_as<float>(), t.data_as<float>() + t.numel()};
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  if (got.size() != want.size() || want.empty()) return 1e9;
-  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-  double err = 0;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    err = std::max(err, std::fabs(double(got[i]) - double(want[i])));
-  return err / double(*hi - *lo);
 }
 
 std::unique_ptr<whisper_encoder> load(k::device& dev) {
