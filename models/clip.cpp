@@ -200,12 +200,16 @@ result<std::unique_ptr<clip_vision_tower>> clip_vision_tower::build(const weight
   return m;
 }
 
-std::string clip_vision_tower::describe() const {
+std::string describe_layers(const std::string& what, const std::vector<encoder_layer>& layers) {
   std::map<std::string, int> counts;
-  for (const auto& L : layers_) L.count_formats(counts);
-  std::string s = "vision layers=" + std::to_string(layers_.size()) + " matrices:";
+  for (const auto& L : layers) L.count_formats(counts);
+  std::string s = what + " layers=" + std::to_string(layers.size()) + " matrices:";
   for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
   return s;
+}
+
+std::string clip_vision_tower::describe() const {
+  return describe_layers("vision", layers_);
 }
 
 result<void> clip_vision_tower::attend(kernels::device& dev, const tensor& q, const tensor& k,

@@ -69,6 +69,9 @@ struct encoder_layer {
   void count_formats(std::map<std::string, int>& counts) const;
 };
 
+/// "<what> layers=N matrices: f32x12 ..." of a tower's layers.
+std::string describe_layers(const std::string& what, const std::vector<encoder_layer>& layers);
+
 /// How the vision tower attends.
 struct clip_options {
   /// Exact full (bidirectional) attention by default. The kernels' sliding

@@ -173,23 +173,19 @@ result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const 
                                           const clip_options& opts) const {
   if (clips.empty()) return prepare(dev, ids, pixels, opts);
   if (!audio_) return make_error(errc::unsupported_op, "this model has no audio encoder");
-  const std::int64_t n_images = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
-  if (n_images < 0)
-    return make_error(errc::shape_mismatch,
-                      "pixel_values must be [N, " + std::to_string(channels()) + ", " +
-                          std::to_string(image_size()) + ", " + std::to_string(image_size()) +
-                          "], got " + pixels.shape().to_string());
+  auto n_images = count_images(pixels);
+  if (!n_images) return std::unexpected(n_images.error());
   std::vector<std::int64_t> counts;
   for (const auto& c : clips) counts.push_back(audio_tokens(static_cast<std::int64_t>(c.size())));
   llava_prompt p;
   p.image_token = image_token();
   auto tokens =
-      expand_media_tokens(ids, image_token(), tokens_per_image(), n_images, audio_token(), counts);
+      expand_media_tokens(ids, image_token(), tokens_per_image(), *n_images, audio_token(), counts);
   if (!tokens) return std::unexpected(tokens.error());
   p.tokens = std::move(*tokens);
   // Every image's rows and every clip's, then laid out in prompt order.
   std::vector<float> image_rows;
-  if (n_images > 0) {
+  if (*n_images > 0) {
     auto emb = encode_images(dev, pixels, opts);
     if (!emb) return std::unexpected(emb.error());
     image_rows.resize(static_cast<std::size_t>(emb->numel()));
@@ -264,20 +260,26 @@ result<std::vector<std::int32_t>> llava_model::expand_image_tokens(
   return models::expand_image_tokens(ids, image_token(), tokens_per_image(), n_images);
 }
 
-result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const std::int32_t> ids,
-                                          const tensor& pixels, const clip_options& opts) const {
-  const std::int64_t n_images = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
-  if (n_images < 0)
+result<std::int64_t> llava_model::count_images(const tensor& pixels) const {
+  const std::int64_t n = pixels.empty_view() ? 0 : (pixels.ndim() == 4 ? pixels.dim(0) : -1);
+  if (n < 0)
     return make_error(errc::shape_mismatch,
                       "pixel_values must be [N, " + std::to_string(channels()) + ", " +
                           std::to_string(image_size()) + ", " + std::to_string(image_size()) +
                           "], got " + pixels.shape().to_string());
+  return n;
+}
+
+result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                                          const tensor& pixels, const clip_options& opts) const {
+  auto n_images = count_images(pixels);
+  if (!n_images) return std::unexpected(n_images.error());
   llava_prompt p;
   p.image_token = image_token();
-  auto tokens = expand_image_tokens(ids, n_images);
+  auto tokens = expand_image_tokens(ids, *n_images);
   if (!tokens) return std::unexpected(tokens.error());
   p.tokens = std::move(*tokens);
-  if (n_images > 0) {
+  if (*n_images > 0) {
     auto emb = encode_images(dev, pixels, opts);
     if (!emb) return std::unexpected(emb.error());
     p.image_embeds.resize(static_cast<std::size_t>(emb->numel()));

@@ -120,6 +120,8 @@ class llava_model {
 
  private:
   llava_model() = default;
+  /// Images in `pixel_values` ([N, C, S, S]; empty: 0), or an error.
+  result<std::int64_t> count_images(const kernels::tensor& pixel_values) const;
   llava_config cfg_;
   std::unique_ptr<clip_vision_tower> vision_;
   linear_layer proj1_, proj2_;

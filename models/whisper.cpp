@@ -166,11 +166,7 @@ result<std::unique_ptr<whisper_encoder>> whisper_encoder::build(const weight_sou
 }
 
 std::string whisper_encoder::describe() const {
-  std::map<std::string, int> counts;
-  for (const auto& L : layers_) L.count_formats(counts);
-  std::string s = "audio layers=" + std::to_string(layers_.size()) + " matrices:";
-  for (const auto& [f, n] : counts) s += " " + f + "x" + std::to_string(n);
-  return s;
+  return describe_layers("audio", layers_);
 }
 
 result<tensor> whisper_encoder::forward(kernels::device& dev, const tensor& features) const {
