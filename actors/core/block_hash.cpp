@@ -75,6 +75,18 @@ std::string to_hex(const block_hash& h) {
   return s;
 }
 
+block_chain::block_chain(block_hash root, int block_size, std::int32_t image_token,
+                         const std::vector<std::int64_t>& rows, std::vector<block_hash> items)
+    : root_(root), block_size_(block_size), image_token_(image_token), images_(std::move(items)) {
+  std::int64_t end = 0;
+  for (auto r : rows) ends_.push_back(end += std::max<std::int64_t>(r, 0));
+}
+
+std::size_t block_chain::item_of(std::int64_t n) const {
+  if (ends_.empty()) return static_cast<std::size_t>(n / per_image_);
+  return static_cast<std::size_t>(std::upper_bound(ends_.begin(), ends_.end(), n) - ends_.begin());
+}
+
 std::optional<block_hash> block_chain::partial(std::span<const std::int32_t> tokens,
                                                std::int64_t index, std::int64_t count) const {
   const std::int64_t B = block_size_;
@@ -86,12 +98,12 @@ std::optional<block_hash> block_chain::partial(std::span<const std::int32_t> tok
       tokens.subspan(static_cast<std::size_t>(start), static_cast<std::size_t>(count - start));
   // Image rows name their image, as in a full block.
   std::vector<block_hash> here;
-  if (image_token_ >= 0 && per_image_ > 0) {
-    auto seen = std::count(tokens.begin(), tokens.begin() + start, image_token_);
+  if (names_media()) {
+    std::int64_t seen = std::count(tokens.begin(), tokens.begin() + start, image_token_);
     std::size_t last = static_cast<std::size_t>(-1);
     for (auto t : part) {
       if (t != image_token_) continue;
-      const auto k = static_cast<std::size_t>(seen++ / per_image_);
+      const auto k = item_of(seen++);
       if (k != last) here.push_back(k < images_.size() ? images_[k] : block_hash{});
       last = k;
     }
@@ -108,8 +120,8 @@ void block_chain::extend(std::span<const std::int32_t> tokens) {
     std::size_t last = static_cast<std::size_t>(-1);
     const auto block = tokens.subspan(b * B, B);
     for (auto t : block) {
-      if (t != image_token_ || image_token_ < 0 || per_image_ < 1) continue;
-      const auto k = static_cast<std::size_t>(image_tokens_seen_++ / per_image_);
+      if (t != image_token_ || !names_media()) continue;
+      const auto k = item_of(image_tokens_seen_++);
       // An image token past the known images (cannot happen for a prompt
       // the scheduler expanded) still names something: a hash of nothing.
       const auto h = k < images_.size() ? images_[k] : block_hash{};

@@ -51,9 +51,9 @@ block_hash chain_hash(const block_hash& parent, std::span<const std::int32_t> to
 std::string to_hex(const block_hash& h);
 
 /// The names of a sequence's full blocks, extended as its tokens grow.
-/// Image tokens (`image_token`, each image `tokens_per_image` of them in a
-/// row, in the order of `images`) bring their image's hash into each block
-/// they fall in.
+/// Media tokens (`image_token`: each image `tokens_per_image` of them in a
+/// row, or each item its own count, in the order of `images`) bring their
+/// item's hash into each block they fall in.
 class block_chain {
  public:
   block_chain() = default;
@@ -64,6 +64,10 @@ class block_chain {
         image_token_(image_token),
         per_image_(tokens_per_image),
         images_(std::move(images)) {}
+  /// Items of their own row counts (`rows[k]` marker tokens for item k:
+  /// images and audio clips in prompt order).
+  block_chain(block_hash root, int block_size, std::int32_t image_token,
+              const std::vector<std::int64_t>& rows, std::vector<block_hash> items);
 
   /// Names every full block of `tokens` not named yet (tokens only grow:
   /// the prefix named before must be unchanged).
@@ -82,7 +86,11 @@ class block_chain {
   int block_size_ = 0;
   std::int32_t image_token_ = -1;
   std::int64_t per_image_ = 0;
+  std::vector<std::int64_t> ends_;  // per-item counts: where each item's rows end (cumulative)
   std::vector<block_hash> images_;
+  // The item of the n-th media token (0-based); images_.size() or more: none.
+  std::size_t item_of(std::int64_t n) const;
+  bool names_media() const { return image_token_ >= 0 && (per_image_ > 0 || !ends_.empty()); }
   std::vector<block_hash> hashes_;
   std::int64_t image_tokens_seen_ = 0;  // in the named blocks
 };

@@ -37,6 +37,7 @@ struct scheduler_core::request {
   std::int64_t published = 0;       // blocks of the current admission named so far
   std::int64_t cached_tokens = -1;  // taken from the cache at the first admission
   std::vector<std::optional<block_hash>> image_names;  // per image, once known
+  std::vector<std::int64_t> media_rows;                // per item (empty: tokens_per_image each)
   // Preempted: the tokens its KV held (restored or recomputed at the next
   // admission), and the name of its partly filled last block, if named.
   std::int64_t lost = 0;
@@ -178,6 +179,7 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   r->cache_salt = std::move(q.cache_salt);
   r->priority = q.priority;
   r->image_names.resize(static_cast<std::size_t>(q.images));
+  r->media_rows = std::move(q.media_rows);
   for (std::size_t k = 0; k < q.image_hashes.size() && k < r->image_names.size(); ++k)
     r->image_names[k] = q.image_hashes[k];
   // Resumed: its generated tokens as if sampled here, without events (the
@@ -241,8 +243,11 @@ void scheduler_core::name_blocks_of(request& r) {
     if (!n) return;
     images.push_back(*n);
   }
-  r.chain = block_chain(root_hash(opts_.cache_namespace, r.cache_salt), opts_.kv.block_size,
-                        model_.image_token, model_.tokens_per_image, std::move(images));
+  const auto root = root_hash(opts_.cache_namespace, r.cache_salt);
+  r.chain = r.media_rows.empty() ? block_chain(root, opts_.kv.block_size, model_.image_token,
+                                               model_.tokens_per_image, std::move(images))
+                                 : block_chain(root, opts_.kv.block_size, model_.image_token,
+                                               r.media_rows, std::move(images));
   r.chain.extend(r.tokens);
 }
 

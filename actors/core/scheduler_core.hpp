@@ -133,6 +133,10 @@ struct request_spec {
   /// by them); missing ones come with image_ready. A request whose images
   /// are not all named is not cached.
   std::vector<block_hash> image_hashes;
+  /// Marker tokens of each media item (images and audio clips) in prompt
+  /// order, when they differ: empty, every item is an image of
+  /// model_frontend::tokens_per_image rows.
+  std::vector<std::int64_t> media_rows;
   /// A request resumed on another head (a standby that took over): the
   /// tokens it had already generated, which its client has. They are taken
   /// as generated (the sampler's draws, penalties, stops and the text

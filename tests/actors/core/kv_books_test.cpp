@@ -333,5 +333,29 @@ TEST(BlockHash, APartialBlockNameDependsOnItsTokensParentAndImages) {
   EXPECT_NE(*a.partial(img, 1, 7), *b.partial(img, 1, 7)) << "the second image differs";
 }
 
+// Items of their own row counts (images and audio clips in prompt order):
+// each block names the items whose rows it holds, once each, in order.
+TEST(BlockHash, ItemsOfTheirOwnRowCountsNameTheirBlocks) {
+  const auto root = root_hash("model", "");
+  const auto ha = sha256("clip a"), hb = sha256("image b");
+  // Markers (0): 3 rows of item a, then 5 of item b; blocks of 4.
+  const std::vector<std::int32_t> toks = {0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 9};
+  block_chain c(root, 4, 0, std::vector<std::int64_t>{3, 5}, {ha, hb});
+  c.extend(toks);
+  ASSERT_EQ(c.hashes().size(), 2u);
+  const auto first = chain_hash(root, std::span(toks).first(4), std::vector{ha, hb});
+  EXPECT_EQ(c.hashes()[0], first) << "rows 0-3: a's three and b's first";
+  EXPECT_EQ(c.hashes()[1], chain_hash(first, std::span(toks).subspan(4, 4), std::vector{hb}))
+      << "rows 4-7: b's";
+  EXPECT_EQ(*c.partial(toks, 2, 11), chain_hash(c.hashes()[1], std::span(toks).subspan(8), {}));
+  // Equal counts name blocks as the fixed-count chain does.
+  block_chain fixed(root, 4, 0, 4, {ha, hb});
+  block_chain items(root, 4, 0, std::vector<std::int64_t>{4, 4}, {ha, hb});
+  fixed.extend(toks);
+  items.extend(toks);
+  EXPECT_EQ(fixed.hashes(), items.hashes());
+  EXPECT_NE(c.hashes(), fixed.hashes()) << "the counts decide which item a row is";
+}
+
 }  // namespace
 }  // namespace troupe::actors::core
