@@ -194,7 +194,11 @@ result<audio> decode_audio(std::span<const std::uint8_t> bytes, const audio_limi
   const auto channels = static_cast<std::size_t>(info.channels);
   constexpr sf_count_t block = 4096;
   std::vector<float> buf(static_cast<std::size_t>(block) * channels);
-  out.samples.reserve(static_cast<std::size_t>(std::clamp<sf_count_t>(info.frames, 0, max_frames)));
+  // Reserved from the header, but no more than twice the file's bytes: a
+  // header that lies about its length costs nothing up front.
+  out.samples.reserve(static_cast<std::size_t>(std::clamp<sf_count_t>(
+      info.frames, 0,
+      std::min<sf_count_t>(max_frames, 2 * static_cast<sf_count_t>(bytes.size())))));
   for (;;) {
     const auto got = sf_readf_float(file.get(), buf.data(), block);
     if (got <= 0) break;

@@ -375,7 +375,10 @@ result<video> decode_video(std::span<const std::uint8_t> bytes, const video_samp
   std::size_t next = 0;
   std::vector<float> sound;
   int sound_rate = 0;
-  const auto max_sound = static_cast<std::size_t>(limits.max_seconds * 192000);
+  // The track may not outlast the duration limit (one second of slack).
+  auto sound_limit = [&] {
+    return static_cast<std::size_t>((limits.max_seconds + 1) * sound_rate);
+  };
   auto take_video = [&]() -> result<void> {
     for (;;) {
       const int e = avcodec_receive_frame(vdec->get(), frame.get());
@@ -426,7 +429,7 @@ result<video> decode_video(std::span<const std::uint8_t> bytes, const video_samp
         return make_error(errc::corrupt_data, "video: the audio track's sample rate is not usable");
       if (!append_mono(frame.get(), sound))
         return make_error(errc::corrupt_data, "video: the audio track holds unusable samples");
-      if (sound.size() > max_sound)
+      if (sound.size() > sound_limit())
         return make_error(errc::invalid_argument,
                           "video: the audio track is longer than the limit");
       av_frame_unref(frame.get());
