@@ -194,40 +194,50 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
   }
 }
 
-/// Rows [first_row, first_row + rows) of request `q.request`'s held images
-/// (image k holds rows [k * T, (k + 1) * T)), sent to the process `q.dest`:
-/// a view of one image's rows, or a gather across images.
+/// Rows [first_row, first_row + rows) of request `q.request`'s held items,
+/// taken in index order (item k's rows follow items 0..k-1's: an image's
+/// tokens_per_image rows, or a clip's own count), sent to the process
+/// `q.dest`: a view of one item's rows, or a gather across items.
 caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
                                   const image_rows_request& q) {
   const auto it = self->state.held.find(q.request);
   if (it == self->state.held.end())
     return make_error(error_code::not_found,
                       "no image rows of request " + std::to_string(q.request) + " are held here");
-  const std::int64_t T = res.model->tokens_per_image();
   if (q.rows < 1 || q.first_row < 0 ||
       q.first_row > std::numeric_limits<std::int64_t>::max() - q.rows)
     return make_error(error_code::invalid_request, "image rows: a bad row range");
-  const auto first = q.first_row / T, last = (q.first_row + q.rows - 1) / T;
-  std::vector<const tensor*> images;
-  for (auto k = first; k <= last; ++k) {
-    auto at = k <= std::numeric_limits<std::int32_t>::max()
-                  ? it->second.rows.find(static_cast<std::int32_t>(k))
-                  : it->second.rows.end();
-    if (at == it->second.rows.end())
-      return make_error(error_code::not_found, "image " + std::to_string(k) + " of request " +
-                                                   std::to_string(q.request) + " is not held here");
-    images.push_back(&at->second);
+  const std::int64_t end = q.first_row + q.rows;
+  // The held items overlapping the range, each with the row it starts at.
+  struct span_of {
+    const tensor* rows;
+    std::int64_t start;
+  };
+  std::vector<span_of> spans;
+  std::int64_t offset = 0;
+  std::int32_t next = 0;
+  for (const auto& [index, rows] : it->second.rows) {
+    if (index != next || offset >= end) break;  // a gap: the offsets past it are unknown
+    const auto n = rows.dim(0);
+    if (offset + n > q.first_row) spans.push_back({&rows, offset});
+    offset += n;
+    ++next;
   }
+  if (offset < end)
+    return make_error(error_code::not_found, "image " + std::to_string(next) + " of request " +
+                                                 std::to_string(q.request) + " is not held here");
   kernels::result<tensor> t = kernels::make_error(kernels::errc::internal, "no rows");
-  if (first == last) {
-    t = images.front()->slice_rows(q.first_row % T, q.rows);
+  if (spans.size() == 1) {
+    t = spans.front().rows->slice_rows(q.first_row - spans.front().start, q.rows);
   } else {
-    const std::int64_t H = images.front()->dim(1);
+    const std::int64_t H = spans.front().rows->dim(1);
     t = tensor::empty(res.dev->memory(), kernels::dtype::f32, {q.rows, H});
     // Row by row through the device (its memory need not be the host's).
+    std::size_t s = 0;
     for (std::int64_t r = 0; t && r < q.rows; ++r) {
       const auto row = q.first_row + r;
-      auto src = images[static_cast<std::size_t>(row / T - first)]->slice_rows(row % T, 1);
+      while (row >= spans[s].start + spans[s].rows->dim(0)) ++s;
+      auto src = spans[s].rows->slice_rows(row - spans[s].start, 1);
       auto dst = t->slice_rows(r, 1);
       if (!src || !dst) {
         t = std::unexpected(!src ? src.error() : dst.error());
