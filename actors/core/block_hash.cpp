@@ -82,8 +82,14 @@ block_chain::block_chain(block_hash root, int block_size, std::int32_t image_tok
   for (auto r : rows) ends_.push_back(end += std::max<std::int64_t>(r, 0));
 }
 
+block_chain::block_chain(block_hash root, int block_size, std::int32_t image_token,
+                         std::int64_t tokens_per_image, std::vector<block_hash> images)
+    : root_(root), block_size_(block_size), image_token_(image_token), images_(std::move(images)) {
+  for (std::size_t k = 1; k <= images_.size(); ++k)
+    ends_.push_back(static_cast<std::int64_t>(k) * std::max<std::int64_t>(tokens_per_image, 0));
+}
+
 std::size_t block_chain::item_of(std::int64_t n) const {
-  if (ends_.empty()) return static_cast<std::size_t>(n / per_image_);
   return static_cast<std::size_t>(std::upper_bound(ends_.begin(), ends_.end(), n) - ends_.begin());
 }
 

@@ -58,12 +58,7 @@ class block_chain {
  public:
   block_chain() = default;
   block_chain(block_hash root, int block_size, std::int32_t image_token,
-              std::int64_t tokens_per_image, std::vector<block_hash> images)
-      : root_(root),
-        block_size_(block_size),
-        image_token_(image_token),
-        per_image_(tokens_per_image),
-        images_(std::move(images)) {}
+              std::int64_t tokens_per_image, std::vector<block_hash> images);
   /// Items of their own row counts (`rows[k]` marker tokens for item k:
   /// images and audio clips in prompt order).
   block_chain(block_hash root, int block_size, std::int32_t image_token,
@@ -85,12 +80,11 @@ class block_chain {
   block_hash root_{};
   int block_size_ = 0;
   std::int32_t image_token_ = -1;
-  std::int64_t per_image_ = 0;
-  std::vector<std::int64_t> ends_;  // per-item counts: where each item's rows end (cumulative)
+  std::vector<std::int64_t> ends_;  // where each item's rows end (cumulative counts)
   std::vector<block_hash> images_;
   // The item of the n-th media token (0-based); images_.size() or more: none.
   std::size_t item_of(std::int64_t n) const;
-  bool names_media() const { return image_token_ >= 0 && (per_image_ > 0 || !ends_.empty()); }
+  bool names_media() const { return image_token_ >= 0 && !ends_.empty(); }
   std::vector<block_hash> hashes_;
   std::int64_t image_tokens_seen_ = 0;  // in the named blocks
 };
