@@ -24,11 +24,8 @@ result<T> named(result<T> r, const std::string& what) {
   return r;
 }
 
-/// Host memory where weights are converted before they go to a device
-/// whose memory host code cannot write, and where pixels are gathered.
 kernels::memory_pool& host_pool() {
-  static const auto pool = kernels::memory_pool::create();
-  return *pool;
+  return host_staging_pool();
 }
 
 kernels::memory_pool& staging_for(kernels::device& dev) {
@@ -36,6 +33,11 @@ kernels::memory_pool& staging_for(kernels::device& dev) {
 }
 
 }  // namespace
+
+kernels::memory_pool& host_staging_pool() {
+  static const auto pool = kernels::memory_pool::create();
+  return *pool;
+}
 
 result<void> linear_layer::run(kernels::device& dev, const tensor& x, tensor& y) const {
   TRY(dev.matmul(x, weight, y));

@@ -34,6 +34,11 @@ result<linear_layer> load_linear(kernels::device& dev, const weight_source& src,
                                  const quant_plan& plan, const std::string& name, std::int64_t rows,
                                  std::int64_t cols, bool bias);
 
+/// Host memory where the towers gather rows and convert weights before
+/// they go to a device whose memory host code cannot write (one pool for
+/// the vision and audio towers).
+kernels::memory_pool& host_staging_pool();
+
 /// Loads canonical tensor `name` as a dense f32 copy of exactly `shape`, in
 /// `dev`'s memory.
 result<kernels::tensor> load_f32(kernels::device& dev, const weight_source& src,

@@ -138,8 +138,7 @@ result<tensor> llava_model::encode_audio(kernels::device& dev,
   const std::int64_t Dt = cfg_.text.hidden_size, M = a.encoder.num_mel_bins;
   auto out = tensor::empty(dev.memory(), dtype::f32, {total, Dt});
   if (!out) return std::unexpected(out.error());
-  static const auto host = kernels::memory_pool::create();
-  auto& staging = dev.memory().host_accessible() ? dev.memory() : *host;
+  auto& staging = dev.memory().host_accessible() ? dev.memory() : host_staging_pool();
   const auto window = static_cast<std::size_t>(a.window_samples());
   std::int64_t row = 0;
   for (std::size_t at = 0; at < samples.size(); at += window) {

@@ -22,10 +22,8 @@ namespace {
     if (auto r_ = (expr); !r_) return std::unexpected(r_.error()); \
   } while (0)
 
-// Host memory for the convolutions' gathered rows and weight conversion.
 kernels::memory_pool& host_pool() {
-  static const auto pool = kernels::memory_pool::create();
-  return *pool;
+  return host_staging_pool();
 }
 
 result<void> range(const std::string& src, const char* name, std::int64_t v, std::int64_t lo,
