@@ -22,10 +22,6 @@ namespace {
     if (auto r_ = (expr); !r_) return std::unexpected(r_.error()); \
   } while (0)
 
-kernels::memory_pool& host_pool() {
-  return host_staging_pool();
-}
-
 result<void> range(const std::string& src, const char* name, std::int64_t v, std::int64_t lo,
                    std::int64_t hi) {
   if (v < lo || v > hi)
@@ -39,7 +35,7 @@ result<void> range(const std::string& src, const char* name, std::int64_t v, std
 // tap) order, the order the gathered rows use.
 result<kernels::matrix> conv_matrix(kernels::device& dev, const weight_source& src,
                                     const std::string& name, std::int64_t out, std::int64_t in) {
-  auto w = load_f32(host_pool(), src, name, {out, in, 3});
+  auto w = load_f32(host_staging_pool(), src, name, {out, in, 3});
   if (!w) return std::unexpected(w.error());
   kernels::weight_matrix m;
   m.rows = out;
@@ -180,7 +176,7 @@ result<tensor> whisper_encoder::forward(kernels::device& dev, const tensor& feat
   const std::int64_t N = features.dim(0), T = features.dim(2), T2 = rows_for(T);
   if (N > (std::int64_t{1} << 24) / T)
     return make_error(errc::invalid_argument, "too many audio clips in one batch");
-  auto host = kernels::to_host(features, host_pool());
+  auto host = kernels::to_host(features, host_staging_pool());
   if (!host) return std::unexpected(host.error());
   const float* in = host->data_as<float>();
   for (std::int64_t i = 0, n = features.numel(); i < n; ++i)
@@ -192,7 +188,7 @@ result<tensor> whisper_encoder::forward(kernels::device& dev, const tensor& feat
     return tensor::empty(pool, dtype::f32, {r, c});
   };
   // conv1: each frame's 3 taps of every mel bin as a row, one matmul.
-  auto rows1 = tensor::empty(host_pool(), dtype::f32, {N * T, M * 3});
+  auto rows1 = tensor::empty(host_staging_pool(), dtype::f32, {N * T, M * 3});
   if (!rows1) return std::unexpected(rows1.error());
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t t = 0; t < T; ++t) {
@@ -215,9 +211,9 @@ result<tensor> whisper_encoder::forward(kernels::device& dev, const tensor& feat
     TRY(dev.gelu(*h1, cfg_.activation, *h1));
   }
   // conv2 (stride 2) over conv1's output, gathered the same way.
-  auto h1_host = kernels::to_host(*h1, host_pool());
+  auto h1_host = kernels::to_host(*h1, host_staging_pool());
   if (!h1_host) return std::unexpected(h1_host.error());
-  auto rows2 = tensor::empty(host_pool(), dtype::f32, {N * T2, D * 3});
+  auto rows2 = tensor::empty(host_staging_pool(), dtype::f32, {N * T2, D * 3});
   if (!rows2) return std::unexpected(rows2.error());
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t t = 0; t < T2; ++t) {
@@ -307,9 +303,9 @@ result<tensor> audio_projector::forward(kernels::device& dev, const tensor& rows
                                                 rows.shape().to_string());
   const std::int64_t N = rows.dim(0), R = rows.dim(1), S = cfg_.stack, A = cfg_.tokens_for(R);
   // Stacked rows: A groups of S rows side by side, the last padded with zeros.
-  auto host = kernels::to_host(rows, host_pool());
+  auto host = kernels::to_host(rows, host_staging_pool());
   if (!host) return std::unexpected(host.error());
-  auto stacked = tensor::zeros(host_pool(), dtype::f32, {N * A, S * in_});
+  auto stacked = tensor::zeros(host_staging_pool(), dtype::f32, {N * A, S * in_});
   if (!stacked) return std::unexpected(stacked.error());
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t r = 0; r < R; ++r)
