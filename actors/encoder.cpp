@@ -43,6 +43,31 @@ struct pending_input {
   std::vector<follower> followers;
 };
 
+/// An audio clip on its way through the tower: its windows are batched
+/// with other clips' windows of the same frame count, and each batch
+/// copies its windows' rows into the clip's.
+struct pending_clip {
+  tensor rows;                          // [tokens, hidden] on the device, filled window by window
+  std::vector<std::int64_t> first_row;  // each window's first row in `rows`
+  std::size_t left = 0;                 // windows not yet encoded
+  bool failed = false;                  // answered with an error already
+  caf::typed_response_promise<encode_reply> promise;
+  double preprocess_ms = 0, encode_ms = 0;
+  std::int64_t batch = 0;  // the largest batch of its windows
+  std::uint64_t request = 0;
+  std::int32_t index = 0;
+  caf::actor_addr owner;
+  core::block_hash key;
+  std::vector<pending_input::follower> followers;  // the same clip asked for meanwhile
+};
+
+struct pending_window {
+  std::shared_ptr<pending_clip> clip;
+  std::size_t window = 0;
+  std::vector<float> features;  // [num_mel_bins, frames]
+  clock::time_point arrived;
+};
+
 /// Encoded images by key, least recently used first out, within a byte budget.
 class rows_cache {
  public:
@@ -87,9 +112,18 @@ struct held_images {
   caf::actor_addr owner;
 };
 
+/// Audio windows are bucketed apart from images: bucket -2 - frames.
+constexpr std::int64_t audio_bucket(std::int64_t frames) {
+  return -2 - frames;
+}
+
 struct encoder_state {
   // Length buckets: token count -> inputs waiting, oldest first.
   std::map<std::int64_t, std::deque<pending_input>> buckets;
+  // Audio windows by bucket (audio_bucket(frames)), oldest first, and the
+  // clips being encoded by key (the same clip again follows the first).
+  std::map<std::int64_t, std::deque<pending_window>> windows;
+  std::map<core::block_hash, std::shared_ptr<pending_clip>> clips;
   std::uint64_t batches = 0;
   std::map<std::uint64_t, held_images> held;
   std::set<caf::actor_addr> watched;  ///< requesters monitored
@@ -172,6 +206,216 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   }
 }
 
+/// A clip's rows are all there (or it failed): answers it and its
+/// followers, and holds (and caches) its rows.
+void finish_clip(self_ptr self, pending_clip& c) {
+  auto& st = self->state;
+  st.clips.erase(c.key);
+  if (c.failed) return;
+  encode_reply rep;
+  rep.rows = c.rows.dim(0);
+  rep.hidden = c.rows.dim(1);
+  rep.hash = bytes_of(c.key);
+  if (st.cache) st.cache->put(c.key, c.rows);  // its own tensor: shared read-only
+  for (auto& f : c.followers) {
+    auto& h = st.held[f.request];
+    h.owner = f.owner;
+    h.rows[f.index] = c.rows;
+    encode_reply same = rep;
+    same.preprocess_ms = f.preprocess_ms;
+    same.cached = true;
+    f.promise.deliver(std::move(same));
+  }
+  auto& h = st.held[c.request];
+  h.owner = c.owner;
+  h.rows[c.index] = c.rows;
+  rep.preprocess_ms = c.preprocess_ms;
+  rep.encode_ms = c.encode_ms;
+  rep.batch = c.batch;
+  c.promise.deliver(std::move(rep));
+}
+
+void fail_clip(self_ptr self, pending_clip& c, const caf::error& e) {
+  if (c.failed) return;
+  c.failed = true;
+  c.promise.deliver(e);
+  for (auto& f : c.followers) f.promise.deliver(e);
+  self->state.clips.erase(c.key);
+}
+
+/// Encodes up to `n` audio windows of `bucket` as one batch.
+void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
+  auto& q = self->state.windows[bucket];
+  n = std::min(n, q.size());
+  if (n == 0) return;
+  std::vector<pending_window> batch;
+  for (std::size_t i = 0; i < n; ++i) {
+    batch.push_back(std::move(q.front()));
+    q.pop_front();
+  }
+  const auto& m = *res.model;
+  const std::int64_t M = m.audio_encoder().config().num_mel_bins;
+  const auto frames = static_cast<std::int64_t>(batch.front().features.size()) / M;
+  const auto t0 = clock::now();
+  std::unique_lock device_lock(res.dev->run_lock());
+  auto feats = tensor::empty(
+      res.dev->memory().host_accessible() ? res.dev->memory() : models::host_staging_pool(),
+      kernels::dtype::f32, {static_cast<std::int64_t>(n), M, frames});
+  kernels::result<tensor> out = feats ? kernels::result<tensor>{} : std::unexpected(feats.error());
+  if (feats) {
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy(batch[i].features.begin(), batch[i].features.end(),
+                feats->data_as<float>() + static_cast<std::int64_t>(i) * M * frames);
+    out = m.encode_audio_windows(*res.dev, *feats);
+  }
+  // Each window's rows into its clip's (on the device, under its lock).
+  std::vector<caf::error> errors(n);
+  if (out) {
+    const std::int64_t T = out->dim(1), H = out->dim(2);
+    auto flat = out->reshape({static_cast<std::int64_t>(n) * T, H});
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& c = *batch[i].clip;
+      if (c.failed) continue;
+      auto src = flat ? flat->slice_rows(static_cast<std::int64_t>(i) * T, T)
+                      : kernels::result<tensor>(std::unexpected(flat.error()));
+      auto dst = c.rows.slice_rows(c.first_row[batch[i].window], T);
+      kernels::result<void> r = src && dst ? res.dev->copy(*src, *dst)
+                                           : std::unexpected(!src ? src.error() : dst.error());
+      if (!r)
+        errors[i] = make_error(error_code::internal,
+                               "audio encoder on " + res.device.name + ": " + r.error().message);
+    }
+  }
+  device_lock.unlock();
+  const double encode_ms = ms_between(t0, clock::now());
+  ++self->state.batches;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto clip = batch[i].clip;  // keeps it alive past finish_clip's erase
+    if (!out) {
+      fail_clip(self, *clip,
+                make_error(error_code::internal,
+                           "audio encoder on " + res.device.name + ": " + out.error().message));
+      continue;
+    }
+    if (errors[i]) {
+      fail_clip(self, *clip, errors[i]);
+      continue;
+    }
+    clip->encode_ms += encode_ms;
+    clip->batch = std::max<std::int64_t>(clip->batch, static_cast<std::int64_t>(n));
+    if (--clip->left == 0) finish_clip(self, *clip);
+  }
+}
+
+/// Closes what is due in audio `bucket`; re-arms the timer for the rest.
+void flush_audio(self_ptr self, encoder_resources& res, const encoder_options& o,
+                 std::int64_t bucket) {
+  auto& q = self->state.windows[bucket];
+  for (;;) {
+    if (q.empty()) return;
+    const auto d = core::decide_batch(o, q.size(), q.front().arrived, clock::now());
+    if (d.close > 0) {
+      run_audio_batch(self, res, bucket, d.close);
+      continue;
+    }
+    if (d.wake_at) {
+      const auto delay = std::max(core::duration::zero(), *d.wake_at - clock::now());
+      self->delayed_send(self,
+                         std::chrono::duration_cast<std::chrono::microseconds>(delay) +
+                             std::chrono::microseconds(100),
+                         flush_atom::value, bucket);
+    }
+    return;
+  }
+}
+
+/// Takes an audio clip: decoded, resampled, cut into windows whose
+/// features wait in their frame count's bucket (or its rows from the cache).
+caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const encoder_options& o,
+                                    encode_request& req, const caf::actor_addr& owner,
+                                    clock::time_point t0) {
+  const std::string name = req.item.name.empty()
+                               ? "audio clip of request " + std::to_string(req.request)
+                               : req.item.name;
+  const auto& m = *res.model;
+  if (!m.has_audio())
+    return make_error(error_code::invalid_request, name + ": this model has no audio tower");
+  const auto& cfg = *m.config().audio;
+  auto clip = models::decode_audio_at(req.item.bytes, cfg.features.sample_rate, res.audio_limits);
+  if (!clip) return make_error(error_code::invalid_request, name + ": " + clip.error().message);
+  const auto tokens = m.audio_tokens(static_cast<std::int64_t>(clip->samples.size()));
+  if (tokens < 1)
+    return make_error(error_code::invalid_request,
+                      name + ": shorter than one hop of the audio features");
+  // The clip's name: the towers and the samples they hear.
+  const std::string id = res.weights_id + ";audio";
+  const auto key =
+      core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(id.data()), id.size()),
+                   std::as_bytes(std::span(clip->samples)));
+  auto& st = self->state;
+  if (auto hit = st.cache ? st.cache->take(key) : std::nullopt) {
+    auto& h = st.held[req.request];
+    h.owner = owner;
+    h.rows[req.index] = *hit;
+    encode_reply rep;
+    rep.rows = hit->dim(0);
+    rep.hidden = hit->dim(1);
+    rep.preprocess_ms = ms_between(t0, clock::now());
+    rep.hash = bytes_of(key);
+    rep.cached = true;
+    return rep;
+  }
+  auto promise = self->make_response_promise<encode_reply>();
+  if (auto it = st.clips.find(key); it != st.clips.end()) {
+    it->second->followers.push_back(
+        {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
+    return promise;
+  }
+  auto c = std::make_shared<pending_clip>();
+  auto rows =
+      tensor::empty(res.dev->memory(), kernels::dtype::f32, {tokens, m.config().text.hidden_size});
+  if (!rows) return make_error(error_code::internal, name + ": " + rows.error().message);
+  c->rows = std::move(*rows);
+  c->promise = promise;
+  c->request = req.request;
+  c->index = req.index;
+  c->owner = owner;
+  c->key = key;
+  // The windows' features (computed here, as an image's pixels are), each
+  // with its first row in the clip's.
+  std::vector<pending_window> ws;
+  std::int64_t row = 0;
+  for (const auto piece : m.audio_windows(clip->samples)) {
+    pending_window w;
+    w.clip = c;
+    w.window = ws.size();
+    w.features = m.audio_features(piece);
+    const auto frames = m.audio_frames(static_cast<std::int64_t>(piece.size()));
+    c->first_row.push_back(row);
+    row += cfg.projector.tokens_for((frames + 1) / 2);
+    ws.push_back(std::move(w));
+  }
+  if (row != tokens || ws.empty())
+    return make_error(error_code::internal, name + ": its windows' rows do not add up");
+  c->left = ws.size();
+  c->preprocess_ms = ms_between(t0, clock::now());
+  st.clips.emplace(key, c);
+  const auto M = cfg.encoder.num_mel_bins;
+  std::set<std::int64_t> touched;
+  for (auto& w : ws) {
+    const auto bucket = audio_bucket(static_cast<std::int64_t>(w.features.size()) / M);
+    w.arrived = clock::now();
+    auto& q = st.windows[bucket];
+    q.push_back(std::move(w));
+    if (q.size() == 1)
+      self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
+    touched.insert(bucket);
+  }
+  for (auto b : touched)
+    if (st.windows[b].size() >= static_cast<std::size_t>(o.max_batch)) flush_audio(self, res, o, b);
+  return promise;
+}
+
 /// Closes what is due in `bucket` (core::decide_batch); re-arms the timer
 /// for what is left.
 void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std::int64_t bucket) {
@@ -199,7 +443,7 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
 /// tokens_per_image rows, or a clip's own count), sent to the process
 /// `q.dest`: a view of one item's rows, or a gather across items.
 caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
-                                  const image_rows_request& q) {
+                                  const media_rows_request& q) {
   const auto it = self->state.held.find(q.request);
   if (it == self->state.held.end())
     return make_error(error_code::not_found,
@@ -257,7 +501,7 @@ caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
 
 }  // namespace
 
-kernels::result<std::shared_ptr<encoder_resources>> make_vision_encoder(
+kernels::result<std::shared_ptr<encoder_resources>> make_media_encoder(
     const device_spec& spec, std::shared_ptr<kernels::device> device, const std::string& path,
     const models::quant_plan& plan) {
   auto res = std::make_shared<encoder_resources>();
@@ -302,10 +546,13 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           const auto& sender = self->current_sender();
           const auto owner = caf::actor_cast<caf::actor_addr>(sender);
           if (sender && self->state.watched.insert(owner).second) self->monitor(sender);
-          const std::string name = req.image.name.empty()
+          if (req.item.kind == media_kind::audio) return take_clip(self, *res, o, req, owner, t0);
+          if (req.item.kind != media_kind::image)
+            return make_error(error_code::invalid_request, "a media item of an unknown kind");
+          const std::string name = req.item.name.empty()
                                        ? "image of request " + std::to_string(req.request)
-                                       : req.image.name;
-          auto img = models::decode_image(req.image.bytes, res->limits);
+                                       : req.item.name;
+          auto img = models::decode_image(req.item.bytes, res->limits);
           if (!img)
             return make_error(error_code::invalid_request, name + ": " + img.error().message);
           auto pv = models::preprocess_image(*img, res->preprocessor);
@@ -367,11 +614,15 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
         },
         [=](flush_atom, std::int64_t bucket) {
           if (bucket >= 0) return flush(self, *res, o, bucket);
+          if (bucket <= -2) return flush_audio(self, *res, o, bucket);
           // -1: encode everything waiting now (the encoder is being replaced).
           for (auto& [b, q] : self->state.buckets)
             while (!q.empty()) run_batch(self, *res, b, static_cast<std::size_t>(o.max_batch));
+          for (auto& [b, q] : self->state.windows)
+            while (!q.empty())
+              run_audio_batch(self, *res, b, static_cast<std::size_t>(o.max_batch));
         },
-        [=](rows_atom, const image_rows_request& q) { return send_rows(self, *res, q); },
+        [=](rows_atom, const media_rows_request& q) { return send_rows(self, *res, q); },
         [=](forget_atom, std::uint64_t request) { self->state.held.erase(request); },
         [](version_atom) { return protocol_version; },
     };

@@ -711,6 +711,8 @@ int route(head_ptr self, const generate_request& req) {
     auto end = req.prompt_tokens.end();
     if (st.frontend.image_token >= 0)
       end = std::find(req.prompt_tokens.begin(), end, st.frontend.image_token);
+    if (st.frontend.audio_token >= 0)
+      end = std::find(req.prompt_tokens.begin(), end, st.frontend.audio_token);
     core::block_chain chain(core::root_hash(st.cache_ns, req.cache_salt), st.cfg.node.kv.block_size,
                             -1, 0, {});
     chain.extend(std::span(req.prompt_tokens.begin(), end));
@@ -749,13 +751,14 @@ int route(head_ptr self, const generate_request& req) {
   o.prefix = m.router.prefix;
   o.max_imbalance = m.router.max_imbalance;
   o.min_share = m.router.min_prefix_share;
-  // The prompt's full blocks, its images' rows included (each image token
-  // becomes tokens_per_image positions).
+  // The prompt's full blocks, its media's rows included (each image token
+  // becomes tokens_per_image positions, each audio token its clip's).
   auto positions = static_cast<std::int64_t>(req.prompt_tokens.size());
   if (st.frontend.image_token >= 0 && st.frontend.tokens_per_image > 1)
     positions += (st.frontend.tokens_per_image - 1) *
                  static_cast<std::int64_t>(std::count(
                      req.prompt_tokens.begin(), req.prompt_tokens.end(), st.frontend.image_token));
+  for (auto n : req.audio_tokens) positions += n - 1;
   const auto prompt_blocks = positions / std::max(1, st.cfg.node.kv.block_size);
   const auto c = core::choose_replica(loads, o, prompt_blocks, st.route_turn++);
   if (c.replica < 0) return c.replica;
@@ -845,9 +848,11 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
   if (prompt->llava) {
     fe.image_token = static_cast<std::int32_t>(prompt->llava->image_token_index);
     fe.tokens_per_image = prompt->llava->tokens_per_image();
+    if (prompt->llava->audio)
+      fe.audio_token = static_cast<std::int32_t>(prompt->llava->audio->token_index);
     auto dev = device_for(cfg.node.device);
     if (!dev) return std::unexpected(dev.error());
-    auto e = make_vision_encoder(cfg.node.device, *dev, cfg.node.model, cfg.node.plan);
+    auto e = make_media_encoder(cfg.node.device, *dev, cfg.node.model, cfg.node.plan);
     if (!e) return std::unexpected(e.error());
     enc = std::move(*e);
   }
@@ -985,6 +990,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                               "status shows progress)");
           if (job.images.size() > 16)
             return make_error(error_code::invalid_request, "at most 16 images per job");
+          if (job.audios.size() > 16)
+            return make_error(error_code::invalid_request, "at most 16 audio clips per job");
           return render_prompt_of<submit_ack>(
               self, std::move(job), [=](generate_request& req, auto& rp) {
                 const auto r = route(self, req);

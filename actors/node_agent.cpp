@@ -533,7 +533,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           if (!dev)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", vision encoder: " + dev.error().message);
-          auto enc = make_vision_encoder(st.cfg.device, *dev, st.cfg.model, st.cfg.plan);
+          auto enc = make_media_encoder(st.cfg.device, *dev, st.cfg.model, st.cfg.plan);
           if (!enc)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", vision encoder: " + enc.error().message);

@@ -54,6 +54,15 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
   if (s.llava) {
     auto t = s.tok->token_text(static_cast<std::int32_t>(s.llava->image_token_index));
     s.image_text = t ? *t : "<image>";
+    if (s.llava->audio) {
+      auto a = s.tok->token_text(static_cast<std::int32_t>(s.llava->audio->token_index));
+      if (!a)
+        return kernels::make_error(errc::corrupt_data,
+                                   model + ": the tokenizer has no token " +
+                                       std::to_string(s.llava->audio->token_index) +
+                                       " (audio_token_index)");
+      s.audio_text = *a;
+    }
   }
   return s;
 }
@@ -72,35 +81,77 @@ kernels::result<models::chat_template> choose_template(const prompt_setup& s,
 
 }  // namespace
 
+namespace {
+
+std::size_t occurrences(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  if (!needle.empty())
+    for (auto at = text.find(needle); at != std::string::npos;
+         at = text.find(needle, at + needle.size()))
+      ++n;
+  return n;
+}
+
+// Media the model cannot take, or placeholders the template cannot write.
+kernels::result<void> check_media(const prompt_setup& s, int images, int audios, bool templated) {
+  if (images < 0 || audios < 0)
+    return kernels::make_error(errc::invalid_argument, "a negative image or audio clip count");
+  if (images > 0 && !s.llava)
+    return kernels::make_error(
+        errc::invalid_argument,
+        "images need a vision model (a LLaVA folder); this model has no vision tower");
+  if (audios > 0 && s.audio_text.empty())
+    return kernels::make_error(errc::invalid_argument,
+                               "audio clips need a model that hears (a LLaVA folder with "
+                               "audio_config); this model has no audio tower");
+  // The llava template writes "<audio>": the model's placeholder must be it.
+  if (templated && audios > 0 && s.audio_text != "<audio>")
+    return kernels::make_error(errc::invalid_argument,
+                               "this model's audio placeholder is " + s.audio_text +
+                                   ", which the chat template does not write; put it in the "
+                                   "prompt where each clip goes");
+  return {};
+}
+
+}  // namespace
+
 kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
                                                          const prompt_input& in,
                                                          std::string* text_out) {
+  auto piece = [&](std::optional<std::int32_t> id) {
+    if (!id) return std::string();
+    auto t = s.tok->token_text(*id);
+    return t ? *t : std::string();
+  };
   if (!in.messages.empty()) {
-    int images = 0;
+    int images = 0, audios = 0;
     for (const auto& m : in.messages) {
-      if (m.images < 0)
-        return kernels::make_error(errc::invalid_argument, "a message with a negative image count");
+      if (m.images < 0 || m.audios < 0)
+        return kernels::make_error(errc::invalid_argument,
+                                   "a message with a negative image or audio clip count");
       images += m.images;
+      audios += m.audios;
       if (!s.image_text.empty() && m.content.find(s.image_text) != std::string::npos)
         return kernels::make_error(errc::invalid_argument,
                                    "a message holds the image placeholder " + s.image_text +
                                        " as text; send images as image parts");
+      if (!s.audio_text.empty() && m.content.find(s.audio_text) != std::string::npos)
+        return kernels::make_error(errc::invalid_argument,
+                                   "a message holds the audio placeholder " + s.audio_text +
+                                       " as text; send audio clips as audio parts");
     }
     if (images != in.images)
       return kernels::make_error(
           errc::invalid_argument,
           std::to_string(images) + " image parts for " + std::to_string(in.images) + " images");
-    if (images > 0 && !s.llava)
-      return kernels::make_error(errc::invalid_argument,
-                                 "images need a vision model; this model has no vision tower");
+    if (audios != in.audios)
+      return kernels::make_error(
+          errc::invalid_argument,
+          std::to_string(audios) + " audio parts for " + std::to_string(in.audios) + " clips");
+    if (auto r = check_media(s, images, audios, true); !r) return std::unexpected(r.error());
     auto tmpl = choose_template(s, in.chat_template);
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
-    auto piece = [&](std::optional<std::int32_t> id) {
-      if (!id) return std::string();
-      auto t = s.tok->token_text(*id);
-      return t ? *t : std::string();
-    };
     auto rendered = tmpl->render(in.messages, true, piece(s.tok->special_ids().bos),
                                  piece(s.tok->special_ids().eos));
     if (!rendered)
@@ -113,21 +164,25 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
       return kernels::make_error(errc::invalid_argument, "the chat encodes to no tokens");
     return std::move(*ids);
   }
-  if (in.images > 0 && !s.llava)
-    return kernels::make_error(
-        errc::invalid_argument,
-        "images need a vision model (a LLaVA folder); this model has no vision tower");
-  std::size_t placeholders = 0;
-  if (!s.image_text.empty())
-    for (auto at = in.prompt.find(s.image_text); at != std::string::npos;
-         at = in.prompt.find(s.image_text, at + s.image_text.size()))
-      ++placeholders;
-  if (placeholders != 0 && placeholders != static_cast<std::size_t>(in.images))
+  if (auto r = check_media(s, in.images, in.audios, false); !r) return std::unexpected(r.error());
+  // Placeholders in the prompt put each image and clip where they stand;
+  // with none, the template puts the turn's images, then its clips, first.
+  const auto image_marks = occurrences(in.prompt, s.image_text);
+  const auto audio_marks = occurrences(in.prompt, s.audio_text);
+  const bool placed = image_marks + audio_marks > 0;
+  if (placed && image_marks != static_cast<std::size_t>(in.images))
     return kernels::make_error(errc::invalid_argument, "the prompt has " +
-                                                           std::to_string(placeholders) + " " +
+                                                           std::to_string(image_marks) + " " +
                                                            s.image_text + " placeholders for " +
                                                            std::to_string(in.images) + " images");
-  const bool chat = in.chat || !in.chat_template.empty() || (in.images > 0 && placeholders == 0);
+  if (placed && audio_marks != static_cast<std::size_t>(in.audios))
+    return kernels::make_error(errc::invalid_argument,
+                               "the prompt has " + std::to_string(audio_marks) + " " +
+                                   s.audio_text + " placeholders for " + std::to_string(in.audios) +
+                                   " audio clips");
+  const bool chat = in.chat || !in.chat_template.empty() || (in.images + in.audios > 0 && !placed);
+  if (chat && !placed)
+    if (auto r = check_media(s, in.images, in.audios, true); !r) return std::unexpected(r.error());
   std::string text = in.prompt;
   bool add_special = !in.no_bos;
   if (chat) {
@@ -135,15 +190,10 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     std::vector<models::chat_message> msgs;
-    if (!in.system.empty()) msgs.push_back({"system", in.system, 0});
-    msgs.push_back({"user", in.prompt, placeholders == 0 ? in.images : 0});
-    auto piece_text = [&](std::optional<std::int32_t> id) {
-      if (!id) return std::string();
-      auto t = s.tok->token_text(*id);
-      return t ? *t : std::string();
-    };
-    auto rendered = tmpl->render(msgs, true, piece_text(s.tok->special_ids().bos),
-                                 piece_text(s.tok->special_ids().eos));
+    if (!in.system.empty()) msgs.push_back({"system", in.system, 0, 0});
+    msgs.push_back({"user", in.prompt, placed ? 0 : in.images, placed ? 0 : in.audios});
+    auto rendered =
+        tmpl->render(msgs, true, piece(s.tok->special_ids().bos), piece(s.tok->special_ids().eos));
     if (!rendered)
       return kernels::make_error(errc::invalid_argument,
                                  "chat template: " + rendered.error().message);

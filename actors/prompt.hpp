@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/status.hpp"
+#include "models/audio.hpp"
 #include "models/chat_template.hpp"
 #include "models/llama_config.hpp"
 #include "models/llava_config.hpp"
@@ -27,7 +28,11 @@ struct prompt_setup {
   std::vector<std::int64_t>
       stop_ids;               ///< every end-of-sequence id (config, generation config, tokenizer)
   std::string image_text;     ///< the image placeholder's text ("<image>")
+  std::string audio_text;     ///< the audio placeholder's text ("<audio>"; empty: deaf model)
   models::llama_config text;  ///< the decoder's config
+  /// What an audio clip may be (checked before decoding, when the prompt
+  /// worker counts a clip's tokens).
+  models::audio_limits audio_limits;
 };
 
 /// Reads the tokenizer, configs and generation defaults of a model (a HF
@@ -39,11 +44,12 @@ struct prompt_input {
   std::string system;
   std::string chat_template;  ///< a template name; empty: the model's own
   int images = 0;
+  int audios = 0;  ///< audio clips (the model's audio placeholder in the prompt, or the template's)
   bool chat =
       false;  ///< apply the chat template (always with images and no placeholder in the prompt)
   bool no_bos = false;
   /// A whole chat instead of prompt/system (the template always applies;
-  /// `images` is then the sum of the messages' images).
+  /// `images` and `audios` are then the sums of the messages').
   std::vector<models::chat_message> messages;
 };
 

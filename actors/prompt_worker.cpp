@@ -6,30 +6,86 @@
 
 namespace troupe::actors {
 
+std::expected<void, caf::error> place_media(const prompt_setup& setup,
+                                            std::vector<media_data> images,
+                                            std::vector<media_data> audios, generate_request& req) {
+  auto bad = [](std::string why) {
+    return std::unexpected(make_error(error_code::invalid_request, std::move(why)));
+  };
+  if (images.empty() && audios.empty()) return {};
+  const auto image_token =
+      setup.llava ? static_cast<std::int32_t>(setup.llava->image_token_index) : -1;
+  const auto audio_token = setup.llava && setup.llava->audio
+                               ? static_cast<std::int32_t>(setup.llava->audio->token_index)
+                               : -1;
+  if (!audios.empty()) {
+    if (audio_token < 0)
+      return bad("audio clips need a model that hears; this model has no audio tower");
+    const auto& a = *setup.llava->audio;
+    for (std::size_t k = 0; k < audios.size(); ++k) {
+      auto& clip = audios[k];
+      const std::string name =
+          clip.name.empty() ? "audio clip " + std::to_string(k + 1) : clip.name;
+      auto decoded =
+          models::decode_audio_at(clip.bytes, a.features.sample_rate, setup.audio_limits);
+      if (!decoded) return bad(name + ": " + decoded.error().message);
+      const auto tokens = a.tokens_for_samples(static_cast<std::int64_t>(decoded->samples.size()));
+      if (tokens < 1)
+        return bad(name + ": " + std::to_string(decoded->samples.size()) +
+                   " samples are shorter than one hop of the audio features");
+      req.audio_tokens.push_back(tokens);
+      clip.kind = media_kind::audio;
+    }
+  }
+  std::size_t image = 0, clip = 0;
+  for (auto t : req.prompt_tokens) {
+    if (t == image_token && image_token >= 0) {
+      if (image == images.size())
+        return bad("the prompt has more image placeholders than the " +
+                   std::to_string(images.size()) + " images given");
+      req.media.push_back(std::move(images[image++]));
+      req.media.back().kind = media_kind::image;
+    } else if (t == audio_token && audio_token >= 0) {
+      if (clip == audios.size())
+        return bad("the prompt has more audio placeholders than the " +
+                   std::to_string(audios.size()) + " clips given");
+      req.media.push_back(std::move(audios[clip++]));
+    }
+  }
+  if (image != images.size() || clip != audios.size())
+    return bad("the prompt places " + std::to_string(image) + " of " +
+               std::to_string(images.size()) + " images and " + std::to_string(clip) + " of " +
+               std::to_string(audios.size()) + " audio clips");
+  return {};
+}
+
 std::expected<generate_request, caf::error> request_of(const prompt_setup& setup,
                                                        const prompt_renderer& render,
                                                        job_request job) {
   generate_request req;
   if (!job.prompt_ids.empty()) {
-    if (!job.images.empty() || job.chat || !job.turns.empty() || !job.prompt.empty())
+    if (!job.images.empty() || !job.audios.empty() || job.chat || !job.turns.empty() ||
+        !job.prompt.empty())
       return std::unexpected(make_error(error_code::invalid_request,
-                                        "a prompt of token ids comes alone: no text, chat or "
-                                        "images with it"));
+                                        "a prompt of token ids comes alone: no text, chat, "
+                                        "images or audio with it"));
     req.prompt_tokens = std::move(job.prompt_ids);
   }
   prompt_input in;
   in.prompt = job.prompt;
   in.system = job.system;
   in.images = static_cast<int>(job.images.size());
+  in.audios = static_cast<int>(job.audios.size());
   in.chat = job.chat;
-  for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images});
+  for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images, t.audios});
   if (req.prompt_tokens.empty()) {
     auto ids = render ? render(setup, in) : render_prompt(setup, in);
     if (!ids) return std::unexpected(make_error(error_code::invalid_request, ids.error().message));
     req.prompt_tokens = std::move(*ids);
   }
   req.id = job.id;
-  req.images = std::move(job.images);
+  if (auto r = place_media(setup, std::move(job.images), std::move(job.audios), req); !r)
+    return std::unexpected(std::move(r.error()));
   req.params = default_sampling(setup, job.max_tokens);
   if (job.has_temperature) req.params.temperature = job.temperature;
   if (job.has_top_p) req.params.top_p = job.top_p;

@@ -26,6 +26,14 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
                                                        const prompt_renderer& render,
                                                        job_request job);
 
+/// Puts `images` and `audios` into `req.media` in the order of their
+/// placeholders in `req.prompt_tokens`, and each clip's token count into
+/// `req.audio_tokens`: each clip is decoded here (a bad one is refused
+/// now, by name, an invalid_request).
+std::expected<void, caf::error> place_media(const prompt_setup& setup,
+                                            std::vector<media_data> images,
+                                            std::vector<media_data> audios, generate_request& req);
+
 /// A one-shot renderer: answers one render_atom with the request (or the
 /// refusal), then stops.
 using prompt_worker_actor =

@@ -26,7 +26,7 @@ std::string describe(caf::actor_system& sys, const caf::error& e) {
 
 void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<tensor_ref>("troupe::tensor_ref");
-  cfg.add_message_type<image_data>("troupe::image_data");
+  cfg.add_message_type<media_data>("troupe::media_data");
   cfg.add_message_type<models::sampling_params>("troupe::sampling_params");
   cfg.add_message_type<generate_request>("troupe::generate_request");
   cfg.add_message_type<submit_ack>("troupe::submit_ack");
@@ -47,7 +47,7 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<kv_export>("troupe::kv_export");
   cfg.add_message_type<encode_request>("troupe::encode_request");
   cfg.add_message_type<encode_reply>("troupe::encode_reply");
-  cfg.add_message_type<image_rows_request>("troupe::image_rows_request");
+  cfg.add_message_type<media_rows_request>("troupe::media_rows_request");
   cfg.add_message_type<scheduler_stats>("troupe::scheduler_stats");
   cfg.add_message_type<std::vector<std::int64_t>>("troupe::i64_vector");
   cfg.add_message_type<node_status>("troupe::node_status");

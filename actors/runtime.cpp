@@ -242,6 +242,8 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
   if (llava) {
     rt->frontend_.image_token = static_cast<std::int32_t>(llava->image_token_index);
     rt->frontend_.tokens_per_image = llava->tokens_per_image();
+    if (llava->audio)
+      rt->frontend_.audio_token = static_cast<std::int32_t>(llava->audio->token_index);
   }
   // One compute context per device, shared by the actors placed on it.
   std::map<std::string, std::shared_ptr<kernels::device>> opened;
@@ -288,7 +290,7 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
         devices[static_cast<std::size_t>(std::max(0, cfg.encoder_device)) % devices.size()];
     auto opened_dev = device_of(dev);
     if (!opened_dev) return std::unexpected(opened_dev.error());
-    auto enc = make_vision_encoder(dev, *opened_dev, cfg.model, cfg.plan);
+    auto enc = make_media_encoder(dev, *opened_dev, cfg.model, cfg.plan);
     if (!enc)
       return kernels::make_error(enc.error().code,
                                  "vision encoder on " + dev.name + ": " + enc.error().message);

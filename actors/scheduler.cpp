@@ -17,7 +17,7 @@
 
 // The scheduler actor is the shell of core::scheduler_core: the core
 // decides (admission, steps, what outputs mean, when requests end); the
-// shell tokenizes, has images encoded, turns planned steps into messages
+// shell tokenizes, has media (images, audio clips) encoded, turns planned steps into messages
 // to the first stage, frees KV on the stores, streams the core's events to
 // the clients and sets the core's timer.
 //
@@ -35,13 +35,14 @@ using kernels::tensor;
 /// What the shell keeps of a request besides the core's state.
 struct shell_request {
   client_sink_actor client;
-  std::vector<image_data> images;  // kept to encode again if their holder is gone
+  std::vector<media_data> media;   // kept to encode again if their holder is gone
+  std::vector<std::int64_t> rows;  // each item's rows, as the prompt was expanded
   encoder_actor holder;            // the encoder holding the rows
-  encoder_actor sent_to;           // the encoder of this round (its images out)
-  std::uint64_t round = 0;         // the images' sendings to an encoder so far
+  encoder_actor sent_to;           // the encoder of this round (its media out)
+  std::uint64_t round = 0;         // the media's sendings to an encoder so far
   int died_under = 0;              // rounds whose encoder died before it answered
-  std::size_t encoded = 0;         // images encoded (this round)
-  std::vector<bool> ready;  // images the core was told are ready (admission counts each once)
+  std::size_t encoded = 0;         // items encoded (this round)
+  std::vector<bool> ready;         // items the core was told are ready (admission counts each once)
   double preprocess_ms = 0, encode_ms = 0;
   std::optional<models::grammar_state> guide;  // a constrained request's place in its grammar
   std::vector<std::int64_t> ends;              // its stop tokens (the grammar's end)
@@ -403,7 +404,7 @@ void fetch_rows(self_ptr self, std::uint64_t step, rows_fetch f, int encodes_lef
     if (encodes_left > 0 && !st.encoders.empty()) return encode_again();
     return give_up(error_code::internal, "no encoder holds them");
   }
-  image_rows_request q{f.id, f.before, f.here, to_string(st.stages.front()->node())};
+  media_rows_request q{f.id, f.before, f.here, to_string(st.stages.front()->node())};
   self->request(it->second.holder, rows_timeout, rows_atom::value, std::move(q))
       .then([=](tensor_ref& ref) { settle(self, epoch, step, f, std::move(ref), store); },
             [=](caf::error& e) {
@@ -489,10 +490,11 @@ void pump(self_ptr self) {
   if (st.held) st.held->store(static_cast<std::int64_t>(st.core->held()));
 }
 
-/// Tokenizes a request and expands its images' placeholders.
+/// Tokenizes a request and expands its media's placeholders; `rows` gets
+/// each item's rows (in prompt order).
 std::expected<core::request_spec, core::core_error> prepare(const model_frontend& model,
                                                             const generate_request& q,
-                                                            std::int64_t n_images) {
+                                                            std::vector<std::int64_t>& rows) {
   auto bad = [](std::string why) {
     return std::unexpected(core::core_error{error_code::invalid_request, std::move(why)});
   };
@@ -504,15 +506,41 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
     if (!enc) return bad("prompt: " + enc.error().message);
     spec.tokens = std::move(*enc);
   }
+  // The media in the order of the prompt's placeholders (the rows of
+  // item k follow those of items 0..k-1), each with its rows.
+  std::int64_t n_images = 0, n_clips = 0;
+  for (const auto& m : q.media) (m.kind == media_kind::audio ? n_clips : n_images) += 1;
+  if (n_clips != static_cast<std::int64_t>(q.audio_tokens.size()))
+    return bad(std::to_string(n_clips) + " audio clips with token counts for " +
+               std::to_string(q.audio_tokens.size()));
+  if (n_clips > 0 && model.audio_token < 0) return bad("audio clips need a model that hears");
+  for (auto n : q.audio_tokens)
+    if (n < 1) return bad("an audio clip with no tokens");
+  rows.clear();
+  std::size_t clip = 0;
+  for (auto t : spec.tokens) {
+    const bool image = t == model.image_token && model.image_token >= 0;
+    const bool audio = t == model.audio_token && model.audio_token >= 0;
+    if (!image && !audio) continue;
+    const auto k = rows.size();
+    if (k < q.media.size() && (q.media[k].kind == media_kind::audio) != audio)
+      return bad("media item " + std::to_string(k) + " is an " + to_string(q.media[k].kind) +
+                 " but the prompt's placeholder " + std::to_string(k) + " is for an " +
+                 (audio ? "audio clip" : "image"));
+    rows.push_back(audio ? (clip < q.audio_tokens.size() ? q.audio_tokens[clip] : 0)
+                         : model.tokens_per_image);
+    clip += audio ? 1 : 0;
+  }
   if (model.image_token >= 0 && !spec.tokens.empty()) {
-    auto x = models::expand_image_tokens(spec.tokens, model.image_token, model.tokens_per_image,
-                                         n_images);
+    auto x = models::expand_media_tokens(spec.tokens, model.image_token, model.tokens_per_image,
+                                         n_images, model.audio_token, q.audio_tokens);
     if (!x) return bad(x.error().message);
     spec.tokens = std::move(*x);
   }
   spec.params = q.params;
   spec.deadline_ms = q.deadline_ms;
-  spec.images = n_images;
+  spec.images = static_cast<std::int64_t>(q.media.size());
+  if (n_clips > 0) spec.media_rows = rows;
   spec.guided = !q.grammar.empty();
   spec.cache_salt = q.cache_salt;
   spec.priority = q.priority;
@@ -545,7 +573,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   }
   const auto enc = pick_encoder(st);
   if (!enc) {
-    emit(self, st.core->fail(id, error_code::unavailable, "no vision encoder serves now"));
+    emit(self, st.core->fail(id, error_code::unavailable, "no media encoder serves now"));
     if (again) again();
     return;
   }
@@ -553,7 +581,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   rit->second.sent_to = enc;
   rit->second.encoded = 0;
   const auto round = ++rit->second.round;
-  const auto n = rit->second.images.size();
+  const auto n = rit->second.media.size();
   unanswered_of(st, enc) += static_cast<std::int64_t>(n);
   const auto sent_at = std::chrono::steady_clock::now();
   // Counts an answer (or an error) of `enc`: its load and the wait.
@@ -572,7 +600,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
     pump(self);
   };
   for (std::size_t k = 0; k < n; ++k) {
-    encode_request er{id, static_cast<std::int32_t>(k), rit->second.images[k]};
+    encode_request er{id, static_cast<std::int32_t>(k), rit->second.media[k]};
     self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
             [=](encode_reply& rep) {
@@ -583,9 +611,15 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 self->send(enc, forget_atom::value, id);
                 return answered();
               }
-              if (rep.rows != st.model.tokens_per_image || rep.hidden != st.model.hidden) {
-                emit(self, st.core->fail(id, error_code::internal,
-                                         "the encoder's output does not match the model"));
+              if (rep.rows != it->second.rows[k] || rep.hidden != st.model.hidden) {
+                emit(self, st.core->fail(
+                               id, error_code::internal,
+                               "the encoder's output for " +
+                                   std::string(to_string(it->second.media[k].kind)) + " " +
+                                   std::to_string(k) + " (" + std::to_string(rep.rows) + "x" +
+                                   std::to_string(rep.hidden) + ") does not match the prompt's " +
+                                   std::to_string(it->second.rows[k]) + "x" +
+                                   std::to_string(st.model.hidden)));
                 return answered();
               }
               if (!again) {
@@ -594,13 +628,13 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               }
               // Only this round's answers count: the images of a round
               // sent to an encoder that was lost went out again since.
-              if (round == it->second.round && ++it->second.encoded == it->second.images.size())
+              if (round == it->second.round && ++it->second.encoded == it->second.media.size())
                 it->second.holder = enc;
               if (!again) {
                 // Once per image, also when it was sent again to an encoder
                 // that replaced a lost one.
                 auto& ready = it->second.ready;
-                ready.resize(it->second.images.size());
+                ready.resize(it->second.media.size());
                 if (!ready[k]) {
                   ready[k] = true;
                   // The encoder's name for the image (its pixels) names the
@@ -661,7 +695,7 @@ std::int64_t set_pool(self_ptr self, std::vector<encoder_actor> pool,
   std::int64_t held_outside = 0;
   for (auto& [id, r] : st.requests) {
     if (gone(r.holder)) r.holder = encoder_actor{};
-    if (!r.images.empty() && r.encoded < r.images.size() && gone(r.sent_to)) again.push_back(id);
+    if (!r.media.empty() && r.encoded < r.media.size() && gone(r.sent_to)) again.push_back(id);
     if (r.holder && !in_pool(st, r.holder)) ++held_outside;
   }
   for (auto id : again) encode_images(self, id, {});
@@ -710,8 +744,6 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
             client_sink_actor& client) -> caf::result<submit_ack> {
           auto& st = self->state;
           const auto id = req.id;
-          auto images = std::move(req.images);
-          const auto n_images = static_cast<std::int64_t>(images.size());
           // A grammar is compiled, and its first mask found, before the
           // request is taken: one that no token can start is refused.
           std::optional<models::grammar_state> guide;
@@ -736,8 +768,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                                 "no token of this model's vocabulary can start the grammar");
           }
           std::int64_t prompt_tokens = 0;
+          std::vector<std::int64_t> rows;
           auto ahead = st.core->submit(id, [&] {
-            auto spec = prepare(st.model, req, n_images);
+            auto spec = prepare(st.model, req, rows);
             if (spec) prompt_tokens = static_cast<std::int64_t>(spec->tokens.size());
             return spec;
           });
@@ -748,12 +781,14 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
             st.requests[id].mask = std::move(mask);
             st.requests[id].ends = req.params.stop_token_ids;
           }
-          if (n_images > 0) {
-            st.requests[id].images = std::move(images);
+          if (!req.media.empty()) {
+            st.requests[id].media = std::move(req.media);
+            st.requests[id].rows = std::move(rows);
             if (!st.encoders.empty())
               encode_images(self, id, nullptr);
             else
-              emit(self, st.core->fail(id, error_code::invalid_request, "no encoder for images"));
+              emit(self, st.core->fail(id, error_code::invalid_request,
+                                       "no encoder for the request's media"));
           }
           pump(self);
           return submit_ack{id, *ahead, prompt_tokens};

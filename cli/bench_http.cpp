@@ -195,7 +195,7 @@ level_result run_client_level(client_session& cs, int concurrency, int total,
         job.prompt = question;
       } else {
         job.chat = true;
-        job.turns.push_back({"user", question, image >= 0 ? 1 : 0});
+        job.turns.push_back({"user", question, image >= 0 ? 1 : 0, 0});
         if (image >= 0)
           job.images.push_back({images[static_cast<std::size_t>(image)],
                                 image_bytes[static_cast<std::size_t>(image)]});

@@ -49,7 +49,8 @@ level_result run_level(actors::client& client, const std::vector<work_item>& ite
     req.prompt_tokens = it.ids;
     req.params = params;
     req.params.seed = params.seed + static_cast<std::uint64_t>(submitted);
-    if (!it.image.empty()) req.images.push_back({it.image, image_bytes[it.image]});
+    if (!it.image.empty())
+      req.media.push_back({it.image, image_bytes[it.image], actors::media_kind::image});
     out.input_tokens += static_cast<std::int64_t>(it.ids.size());
     live[req.id].start = clock::now();
     ++in_flight;

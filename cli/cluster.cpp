@@ -31,6 +31,7 @@
 #include "cli/progress.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/launcher.hpp"
+#include "models/audio.hpp"
 #include "models/mapped_file.hpp"
 
 namespace troupe::cli {
@@ -48,7 +49,7 @@ struct cluster_args {
   std::string api_key;  // up --http: its key
   int timeout_s = 300;
   std::string prompt, system;
-  std::vector<std::string> images;
+  std::vector<std::string> images, audios;
   std::int64_t max_tokens = 128;
   double temperature = 0;
   bool set_temperature = false;
@@ -610,10 +611,22 @@ int run_submit(const cluster_args& a) {
       spdlog::error("submit: --image {}", bytes.error().message);
       return 2;
     }
-    actors::image_data img;
+    actors::media_data img;
     img.name = std::filesystem::path(f).filename().string();
     img.bytes = std::move(*bytes);
     job.images.push_back(std::move(img));
+  }
+  for (const auto& f : a.audios) {
+    auto bytes = models::read_file_bytes(f, models::audio_limits{}.max_bytes);
+    if (!bytes) {
+      spdlog::error("submit: --audio {}", bytes.error().message);
+      return 2;
+    }
+    actors::media_data clip;
+    clip.name = std::filesystem::path(f).filename().string();
+    clip.bytes = std::move(*bytes);
+    clip.kind = actors::media_kind::audio;
+    job.audios.push_back(std::move(clip));
   }
   caf::actor_system_config cfg;
   auto sys = client_system(*m, cfg);
@@ -826,8 +839,11 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
     cmd->add_option("--prompt,-p", a->prompt, "The prompt")->required();
     cmd->add_option("--image", a->images,
                     "An image (PNG or JPEG) for the prompt; repeat for several");
+    cmd->add_option("--audio", a->audios,
+                    "An audio clip (WAV, FLAC or MP3) for a model that hears; repeat for several");
     cmd->add_option("--system", a->system, "A system prompt (chat)");
-    cmd->add_flag("--chat", a->chat, "Apply the model's chat template (implied with images)");
+    cmd->add_flag("--chat", a->chat,
+                  "Apply the model's chat template (implied with images or audio clips)");
     cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate at most")
         ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--temperature", a->temperature,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "actors/prompt.hpp"
+#include "actors/prompt_worker.hpp"
 #include "actors/runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_setup.hpp"
@@ -34,7 +35,7 @@ namespace {
 
 struct generate_args {
   std::string model, prompt, quant, kv_type = "f32", chat_template, system;
-  std::vector<std::string> overrides, stops, images;
+  std::vector<std::string> overrides, stops, images, audios;
   std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
   std::uint64_t seed = 0;
@@ -182,6 +183,41 @@ int run_generate(const generate_args& a) {
     spdlog::error("--image needs a vision model (a LLaVA folder); {} has no vision tower", a.model);
     return 2;
   }
+  if (!a.audios.empty() && !(lcfg && lcfg->audio)) {
+    spdlog::error(
+        "--audio needs a model that hears (a LLaVA folder with audio_config); {} has no "
+        "audio tower",
+        a.model);
+    return 2;
+  }
+  // The clips, decoded at the tower's rate: their token counts (and, for
+  // --direct, their samples).
+  std::vector<models::audio> clips;
+  std::int64_t audio_tokens = 0;
+  for (const auto& f : a.audios) {
+    auto c = models::load_audio(f, setup->audio_limits);
+    const int rate = lcfg->audio->features.sample_rate;
+    if (c && c->sample_rate != rate) {
+      auto r = models::resample(c->samples, c->sample_rate, rate);
+      if (!r)
+        c = std::unexpected(r.error());
+      else {
+        c->samples = std::move(*r);
+        c->sample_rate = rate;
+      }
+    }
+    if (!c) {
+      spdlog::error("--audio {}", c.error().message);
+      return 2;
+    }
+    const auto n = lcfg->audio->tokens_for_samples(static_cast<std::int64_t>(c->samples.size()));
+    if (n < 1) {
+      spdlog::error("--audio {}: shorter than one hop of the audio features", f);
+      return 2;
+    }
+    audio_tokens += n;
+    clips.push_back(std::move(*c));
+  }
   // With images the prompt is a chat turn whose placeholders the template
   // writes, unless the prompt already holds one "<image>" per image.
   const int images = static_cast<int>(a.images.size());
@@ -190,6 +226,7 @@ int run_generate(const generate_args& a) {
   in.system = a.system;
   in.chat_template = a.chat_template;
   in.images = images;
+  in.audios = static_cast<int>(a.audios.size());
   in.chat = a.chat;
   in.no_bos = a.no_bos;
   std::string text;
@@ -227,10 +264,11 @@ int run_generate(const generate_args& a) {
     spdlog::error("{}", context.error().message);
     return 2;
   }
-  if (auto over = models::context_overflow(
-          *context,
-          static_cast<std::int64_t>(ids->size()) + (lcfg ? images * lcfg->tokens_per_image() : 0),
-          a.max_tokens)) {
+  if (auto over = models::context_overflow(*context,
+                                           static_cast<std::int64_t>(ids->size()) +
+                                               (lcfg ? images * lcfg->tokens_per_image() : 0) +
+                                               audio_tokens,
+                                           a.max_tokens)) {
     spdlog::error("{}", *over);
     return 2;
   }
@@ -249,7 +287,8 @@ int run_generate(const generate_args& a) {
     // A single request may use the whole cache, as the direct loop does.
     rc.kv.capacity_tokens = std::max<std::int64_t>(
         kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
-                                (lcfg ? images * lcfg->tokens_per_image() : 0) + a.max_tokens + 16);
+                                (lcfg ? images * lcfg->tokens_per_image() : 0) + audio_tokens +
+                                a.max_tokens + 16);
     auto rt = actors::local_runtime::start(sys, rc);
     if (!rt) {
       spdlog::error("{}", rt.error().message);
@@ -259,13 +298,27 @@ int run_generate(const generate_args& a) {
     req.id = actors::client::next_id();
     req.prompt_tokens = *ids;
     req.params = params;
+    std::vector<actors::media_data> image_files, audio_files;
     for (const auto& f : a.images) {
       auto bytes = models::read_file_bytes(f, std::uint64_t{256} << 20);
       if (!bytes) {
         spdlog::error("--image {}", bytes.error().message);
         return 1;
       }
-      req.images.push_back({f, std::move(*bytes)});
+      image_files.push_back({f, std::move(*bytes), actors::media_kind::image});
+    }
+    for (const auto& f : a.audios) {
+      auto bytes = models::read_file_bytes(f, setup->audio_limits.max_bytes);
+      if (!bytes) {
+        spdlog::error("--audio {}", bytes.error().message);
+        return 1;
+      }
+      audio_files.push_back({f, std::move(*bytes), actors::media_kind::audio});
+    }
+    if (auto r = actors::place_media(*setup, std::move(image_files), std::move(audio_files), req);
+        !r) {
+      spdlog::error("{}", actors::describe(sys, r.error()));
+      return 2;
     }
     // The prompt is echoed with the first token, not before: a request
     // that fails prints its error alone.
@@ -332,7 +385,9 @@ int run_generate(const generate_args& a) {
       preprocess_s = imgs.preprocess_seconds;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto vp = llava->prepare(*ctx, *ids, pixels);
+    std::vector<std::span<const float>> spans;
+    for (const auto& c : clips) spans.emplace_back(c.samples);
+    auto vp = llava->prepare(*ctx, *ids, pixels, spans);
     if (!vp) {
       spdlog::error("{}", vp.error().message);
       return 2;
@@ -404,6 +459,8 @@ command_runner add_generate(CLI::App& app, bool run) {
                   "GGUF file or Hugging Face folder (default: the bundled tiny LLaVA)");
   cmd->add_option("--image,-i", a->images,
                   "PNG or JPEG for a vision model (repeatable; one <image> each)");
+  cmd->add_option("--audio", a->audios,
+                  "WAV, FLAC or MP3 for a model that hears (repeatable; one <audio> each)");
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
   cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")
       ->check(CLI::Range(1, 1 << 20));

@@ -25,11 +25,13 @@ enum class chat_format : std::uint8_t {
 };
 
 /// One chat turn: role ("system", "user", "assistant"), text, and how many
-/// images the turn carries (rendered as placeholders where the format has them).
+/// images and audio clips the turn carries (rendered as placeholders where
+/// the format has them: the turn's images, then its clips, then its text).
 struct chat_message {
   std::string role;
   std::string content;
   int images = 0;
+  int audios = 0;
 };
 
 /// A chat template: renders messages into the prompt text the model was

@@ -125,6 +125,36 @@ std::string llava_model::describe() const {
          (audio_ ? "; " + audio_->describe() : std::string{});
 }
 
+std::vector<std::span<const float>> llava_model::audio_windows(
+    std::span<const float> samples) const {
+  std::vector<std::span<const float>> out;
+  if (!audio_) return out;
+  const auto window = static_cast<std::size_t>(cfg_.audio->window_samples());
+  for (std::size_t at = 0; at < samples.size(); at += window) {
+    const auto piece = samples.subspan(at, std::min(window, samples.size() - at));
+    // A tail under one hop: no frame, no token (tokens_for_samples agrees).
+    if (mel_->frames_for(static_cast<std::int64_t>(piece.size())) < 1) break;
+    out.push_back(piece);
+  }
+  return out;
+}
+
+std::int64_t llava_model::audio_frames(std::int64_t window_samples) const {
+  return mel_ ? mel_->frames_for(window_samples) : 0;
+}
+
+std::vector<float> llava_model::audio_features(std::span<const float> window) const {
+  return mel_ ? (*mel_)(window) : std::vector<float>{};
+}
+
+result<tensor> llava_model::encode_audio_windows(kernels::device& dev,
+                                                 const tensor& features) const {
+  if (!audio_) return make_error(errc::unsupported_op, "this model has no audio encoder");
+  auto rows = audio_->forward(dev, features);
+  if (!rows) return std::unexpected(rows.error());
+  return audio_proj_->forward(dev, *rows);
+}
+
 result<tensor> llava_model::encode_audio(kernels::device& dev,
                                          std::span<const float> samples) const {
   if (!audio_) return make_error(errc::unsupported_op, "this model has no audio encoder");
@@ -139,19 +169,14 @@ result<tensor> llava_model::encode_audio(kernels::device& dev,
   auto out = tensor::empty(dev.memory(), dtype::f32, {total, Dt});
   if (!out) return std::unexpected(out.error());
   auto& staging = dev.memory().host_accessible() ? dev.memory() : host_staging_pool();
-  const auto window = static_cast<std::size_t>(a.window_samples());
   std::int64_t row = 0;
-  for (std::size_t at = 0; at < samples.size(); at += window) {
-    const auto piece = samples.subspan(at, std::min(window, samples.size() - at));
-    const std::int64_t frames = mel_->frames_for(static_cast<std::int64_t>(piece.size()));
-    if (frames < 1) break;  // a tail under one hop: no token (tokens_for_samples agrees)
-    auto feats = (*mel_)(piece);
+  for (const auto piece : audio_windows(samples)) {
+    const std::int64_t frames = audio_frames(static_cast<std::int64_t>(piece.size()));
+    auto feats = audio_features(piece);
     auto f = tensor::empty(staging, dtype::f32, {1, M, frames});
     if (!f) return std::unexpected(f.error());
     std::copy(feats.begin(), feats.end(), f->data_as<float>());
-    auto rows = audio_->forward(dev, *f);
-    if (!rows) return std::unexpected(rows.error());
-    auto emb = audio_proj_->forward(dev, *rows);
+    auto emb = encode_audio_windows(dev, *f);
     if (!emb) return std::unexpected(emb.error());
     const std::int64_t n = emb->dim(1);
     auto flat = emb->reshape({n, Dt});

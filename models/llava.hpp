@@ -108,6 +108,19 @@ class llava_model {
   /// log-mel features (its own, unpadded), the encoder, the projector. A
   /// clip shorter than one hop (10 ms) is refused.
   result<kernels::tensor> encode_audio(kernels::device& dev, std::span<const float> samples) const;
+  /// What encode_audio does in parts, for an encoder that batches windows
+  /// of many clips: a clip's windows (each at least one frame long; the
+  /// rows of the clip are theirs in order) ...
+  std::vector<std::span<const float>> audio_windows(std::span<const float> samples) const;
+  /// ... a window's frames and its log-mel features, f32 [num_mel_bins,
+  /// frames] row-major ...
+  std::int64_t audio_frames(std::int64_t window_samples) const;
+  std::vector<float> audio_features(std::span<const float> window) const;
+  /// ... and N windows of one frame count, features f32 [N, num_mel_bins,
+  /// frames] on the host, through the encoder and the projector: f32 [N,
+  /// tokens, text hidden]. A window's rows do not depend on its batch-mates.
+  result<kernels::tensor> encode_audio_windows(kernels::device& dev,
+                                               const kernels::tensor& features) const;
   /// prepare() with clips too: `ids` hold one image token per image and one
   /// audio token per clip, in any order.
   result<llava_prompt> prepare(kernels::device& dev, std::span<const std::int32_t> ids,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace troupe::models {
@@ -193,13 +194,15 @@ result<void> llava_config::validate(const std::string& src) const {
     if (auto r = audio->encoder.validate(src + " audio_config"); !r) return r;
     if (auto r = audio->projector.validate(src); !r) return r;
     if (auto r = models::validate(audio->features); !r) return r;
-    if (audio->token_index < 0 || audio->token_index >= text.vocab_size ||
+    // Its positions always take audio rows, never an embedding: it may be
+    // a tokenizer's added token past the decoder's rows (it is then never
+    // sampled either).
+    if (audio->token_index < 0 || audio->token_index > std::numeric_limits<std::int32_t>::max() ||
         audio->token_index == image_token_index)
       return make_error(errc::corrupt_data,
                         field_error(src, "audio_token_index",
                                     "= " + std::to_string(audio->token_index) +
-                                        " must be in the text vocabulary and differ from "
-                                        "image_token_index"));
+                                        " must be a token id other than image_token_index"));
   }
   return {};
 }

@@ -202,7 +202,7 @@ std::optional<api_error> read_tools(const json& j, api_request& r) {
   if (!turns.empty() && turns.front().role == "system")
     turns.front().content += "\n\n" + text;
   else
-    turns.insert(turns.begin(), actors::chat_turn{"system", text, 0});
+    turns.insert(turns.begin(), actors::chat_turn{"system", text, 0, 0});
   if (choice == "required" || choice == "named") {
     std::vector<models::tool_spec> allowed;
     for (const auto& t : r.tools)
@@ -617,16 +617,22 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::strin
   if (meta.size() < 7 || meta.substr(meta.size() - 7) != ";base64")
     return std::unexpected("the data: URL is not base64");
   if (meta.substr(0, 6) != "image/") return std::unexpected("the data: URL is not an image");
-  auto b64 = url.substr(comma + 1);
+  return decode_base64(url.substr(comma + 1), max_bytes, "an image");
+}
+
+std::expected<std::vector<std::uint8_t>, std::string> decode_base64(std::string_view b64,
+                                                                    std::size_t max_bytes,
+                                                                    std::string_view what) {
   if (b64.size() % 4 != 0)
     return std::unexpected("base64 data whose length is not a multiple of 4");
   if (b64.size() / 4 * 3 > max_bytes)
-    return std::unexpected("an image of more than " + std::to_string(max_bytes >> 20) + " MiB");
+    return std::unexpected(std::string(what) + " of more than " + std::to_string(max_bytes >> 20) +
+                           " MiB");
   for (char c : b64)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '='))
       return std::unexpected("invalid base64 data");
   std::vector<std::uint8_t> out(b64.size() / 4 * 3);
-  if (b64.empty()) return std::unexpected("an empty image");
+  if (b64.empty()) return std::unexpected(std::string(what) + " with no bytes");
   const int n = EVP_DecodeBlock(out.data(), reinterpret_cast<const unsigned char*>(b64.data()),
                                 static_cast<int>(b64.size()));
   if (n < 0) return std::unexpected("invalid base64 data");
@@ -732,7 +738,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
           const bool remote = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
           if (remote && limits.remote_images) {
             r.remote_images.push_back({r.job.images.size(), url, pw + ".image_url"});
-            actors::image_data img;
+            actors::media_data img;
             img.name = "image " + std::to_string(r.job.images.size() + 1);
             r.job.images.push_back(std::move(img));
             ++t.images;
@@ -744,15 +750,59 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
             if (bytes.error().find("MiB") != std::string::npos) e.status = 413;
             return std::unexpected(e);
           }
-          actors::image_data img;
+          actors::media_data img;
           img.name = "image " + std::to_string(r.job.images.size() + 1);
           img.bytes = std::move(*bytes);
           r.job.images.push_back(std::move(img));
           ++t.images;
+        } else if (ty == "input_audio") {
+          // OpenAI's: {"input_audio": {"data": base64, "format": "wav" | "mp3"}}
+          // (and FLAC, which the decoder also reads).
+          auto ia = part.find("input_audio");
+          if (ia == part.end() || !ia->is_object() || !ia->contains("data") ||
+              !(*ia)["data"].is_string())
+            return std::unexpected(
+                bad(pw + ".input_audio.data must be a base64 string", pw + ".input_audio"));
+          std::string format;
+          if (auto f = ia->find("format"); f != ia->end() && f->is_string())
+            format = f->get<std::string>();
+          if (format != "wav" && format != "mp3" && format != "flac")
+            return std::unexpected(bad(pw + ".input_audio.format must be \"wav\", \"mp3\" or "
+                                            "\"flac\"",
+                                       pw + ".input_audio.format"));
+          if (r.job.audios.size() >= limits.max_audios)
+            return std::unexpected(bad(
+                "at most " + std::to_string(limits.max_audios) + " audio clips per request", pw));
+          auto bytes = decode_base64((*ia)["data"].get_ref<const std::string&>(),
+                                     limits.max_audio_bytes, "an audio clip");
+          if (!bytes) {
+            auto e = bad(pw + ": " + bytes.error(), pw + ".input_audio.data");
+            if (bytes.error().find("MiB") != std::string::npos) e.status = 413;
+            return std::unexpected(e);
+          }
+          // The format named must be the data's (its first bytes).
+          const auto& b = *bytes;
+          auto starts = [&](std::string_view m) {
+            return b.size() >= m.size() && std::equal(m.begin(), m.end(), b.begin());
+          };
+          const bool matches =
+              format == "wav" ? (starts("RIFF") || starts("RF64"))
+              : format == "flac"
+                  ? starts("fLaC")
+                  : (starts("ID3") || (b.size() >= 2 && b[0] == 0xff && (b[1] & 0xe0) == 0xe0));
+          if (!matches)
+            return std::unexpected(
+                bad(pw + ": the data is not " + format + " audio", pw + ".input_audio.data"));
+          actors::media_data clip;
+          clip.name = "audio clip " + std::to_string(r.job.audios.size() + 1);
+          clip.bytes = std::move(*bytes);
+          clip.kind = actors::media_kind::audio;
+          r.job.audios.push_back(std::move(clip));
+          ++t.audios;
         } else {
-          return std::unexpected(bad(
-              pw + ": content type '" + ty.substr(0, 32) + "' is not supported (text, image_url)",
-              pw + ".type"));
+          return std::unexpected(bad(pw + ": content type '" + ty.substr(0, 32) +
+                                         "' is not supported (text, image_url, input_audio)",
+                                     pw + ".type"));
         }
       }
     } else {
@@ -762,7 +812,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
     if (!calls.empty() && content != m.end() && !content->is_null())
       t.content += (t.content.empty() ? "" : "\n") + calls;
     if (t.role == "tool") {  // a function's answer, for the model to read
-      if (t.images > 0)
+      if (t.images > 0 || t.audios > 0)
         return std::unexpected(bad(where + ": a tool's content is text", where + ".content"));
       t.role = "user";
       t.content = "<tool_response>\n" + t.content + "\n</tool_response>";

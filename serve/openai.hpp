@@ -35,6 +35,8 @@ struct request_limits {
   std::size_t max_messages = 256;
   std::size_t max_images = 16;
   std::size_t max_image_bytes = 32u << 20;  ///< decoded
+  std::size_t max_audios = 16;              ///< input_audio parts per request
+  std::size_t max_audio_bytes = 32u << 20;  ///< decoded (base64 off)
   std::size_t max_text_bytes = 1u << 20;
   std::int64_t max_tokens = 1 << 16;
   std::size_t max_stops = 16;
@@ -92,6 +94,12 @@ struct detokenize_request {
 };
 std::expected<detokenize_request, api_error> parse_detokenize_request(
     std::string_view body, const request_limits& limits = {});
+
+/// The bytes of base64 text (at most `max_bytes` of them; `what` names
+/// them in errors: "an image").
+std::expected<std::vector<std::uint8_t>, std::string> decode_base64(std::string_view b64,
+                                                                    std::size_t max_bytes,
+                                                                    std::string_view what);
 
 /// The bytes of a base64 `data:image/...;base64,` URL.
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,

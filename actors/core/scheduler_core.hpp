@@ -50,6 +50,9 @@ struct model_frontend {
   /// positions, or the operator's max_model_len); 0: no limit but the KV
   /// cache's.
   std::int64_t context_length = 0;
+  /// The `<audio>` placeholder (-1: the model does not hear); a clip's
+  /// positions are marked with image_token once expanded.
+  std::int32_t audio_token = -1;
 };
 
 /// Admission and batching policy.

@@ -17,30 +17,42 @@ using core::error_code;
 using core::finish_reason;
 using core::to_string;
 
-/// One encoded image (PNG or JPEG file bytes) of a request.
-struct image_data {
+/// What a media file of a request holds.
+enum class media_kind : std::uint8_t { image = 0, audio = 1 };
+inline const char* to_string(media_kind k) {
+  return k == media_kind::image ? "image" : k == media_kind::audio ? "audio clip" : "?";
+}
+
+/// One encoded media file of a request: an image (PNG or JPEG) or an
+/// audio clip (WAV, FLAC or MP3), as its file's bytes.
+struct media_data {
   std::string name;  ///< for error messages (a file name)
   std::vector<std::uint8_t> bytes;
-  bool operator==(const image_data&) const = default;
+  media_kind kind = media_kind::image;
+  bool operator==(const media_data&) const = default;
 };
 
 /// One message of a chat (OpenAI's messages): its role, text and how many
-/// of the job's images belong to it (in order).
+/// of the job's images and audio clips belong to it (in order; the
+/// template puts a turn's images first, then its clips, then its text).
 struct chat_turn {
   std::string role;
   std::string content;
   std::int32_t images = 0;
+  std::int32_t audios = 0;
   bool operator==(const chat_turn&) const = default;
 };
 
 /// A job as a client submits it: the user's prompt (the head applies the
-/// model's chat template when there are images or `chat` is set), its
-/// images and sampling. `id` is the client's (random; unique per cluster).
+/// model's chat template when there are images or clips and the prompt has
+/// no placeholders, or `chat` is set), its images, audio clips and
+/// sampling. `id` is the client's (random; unique per cluster).
 struct job_request {
   std::uint64_t id = 0;
   std::string prompt;
   std::string system;
-  std::vector<image_data> images;
+  std::vector<media_data> images;  ///< kind image, one per <image>
+  std::vector<media_data> audios;  ///< kind audio, one per <audio>
   bool chat = false;
   bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
   bool has_temperature = false;  ///< else the model's generation_config decides
@@ -65,7 +77,7 @@ struct job_request {
   /// alternatives (token_event.logprobs).
   std::int32_t logprobs = -1;
   /// The prompt as token ids (/v1/completions), used as they are instead of
-  /// `prompt` (no template, no BOS added); no images with them.
+  /// `prompt` (no template, no BOS added); no media with them.
   std::vector<std::int32_t> prompt_ids;
   /// The output follows this grammar (GBNF; the gateway compiles JSON
   /// schemas, regexes and choices into it); empty: free text.
@@ -95,8 +107,8 @@ struct finish_event {
   double ttft_ms = 0;              ///< submission to first token
   double total_ms = 0;             ///< submission to end
   bool stop_string = false;        ///< reason == stop because of a stop string (not a stop token)
-  double preprocess_ms = 0;        ///< image decoding and preprocessing (all images)
-  double encode_ms = 0;            ///< vision encoder batches this request's images were in
+  double preprocess_ms = 0;        ///< media decoding and preprocessing (all items)
+  double encode_ms = 0;            ///< encoder batches this request's media were in
   bool operator==(const finish_event&) const = default;
 };
 

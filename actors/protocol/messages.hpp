@@ -28,8 +28,8 @@ typename I::result_type inspect(I& f, tensor_ref& x) {
 }
 
 template <class I>
-typename I::result_type inspect(I& f, image_data& x) {
-  return f(caf::meta::type_name("image_data"), x.name, x.bytes);
+typename I::result_type inspect(I& f, media_data& x) {
+  return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind);
 }
 
 /// A generation request as the scheduler receives it.
@@ -37,7 +37,12 @@ struct generate_request {
   std::uint64_t id = 0;                     ///< unique per scheduler; never runs twice
   std::string prompt;                       ///< final prompt text (chat template already applied)
   std::vector<std::int32_t> prompt_tokens;  ///< used instead of `prompt` when not empty
-  std::vector<image_data> images;           ///< one per <image> in the prompt
+  /// One per media placeholder of the prompt (<image>, <audio>), in the
+  /// prompt's order.
+  std::vector<media_data> media;
+  /// The tokens (rows) of each audio clip of `media`, in order: the prompt
+  /// worker decoded the clips to count them (the encoder's rows must agree).
+  std::vector<std::int64_t> audio_tokens;
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
   std::string grammar;           ///< GBNF the output must follow (empty: none)
@@ -50,8 +55,8 @@ struct generate_request {
 
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
-  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.images,
-           x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority, x.resumed);
+  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.media,
+           x.audio_tokens, x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority, x.resumed);
 }
 
 /// Admission answer to a submit.
@@ -299,28 +304,30 @@ typename I::result_type inspect(I& f, kv_export& x) {
   return f(caf::meta::type_name("kv_export"), x.seq, x.length, x.live, x.data, x.ids);
 }
 
-/// The kinds of modality encoder (the audio encoder comes next).
+/// The kinds of modality encoder. The one encoder of a model serves its
+/// towers: the vision tower, and the audio tower when the model hears.
 enum class encoder_kind : std::uint8_t { vision = 0 };
 inline const char* to_string(encoder_kind k) {
   return k == encoder_kind::vision ? "vision" : "?";
 }
 
-/// An image to encode: image `index` of request `request`. The encoder
-/// keeps its rows until the request is forgotten, and sends them (or a
-/// chunk's part of them) straight to the first stage's process when asked.
+/// A media item to encode: item `index` of request `request` (an image or
+/// an audio clip). The encoder keeps its rows until the request is
+/// forgotten, and sends them (or a chunk's part of them) straight to the
+/// first stage's process when asked.
 struct encode_request {
   std::uint64_t request = 0;
-  std::int32_t index = 0;  ///< the image's place among the request's images
-  image_data image;
+  std::int32_t index = 0;  ///< the item's place among the request's media (prompt order)
+  media_data item;
   bool operator==(const encode_request&) const = default;
 };
 
 template <class I>
 typename I::result_type inspect(I& f, encode_request& x) {
-  return f(caf::meta::type_name("encode_request"), x.request, x.index, x.image);
+  return f(caf::meta::type_name("encode_request"), x.request, x.index, x.item);
 }
 
-/// An image encoded and held by the encoder: projected features of
+/// A media item encoded and held by the encoder: projected features of
 /// [rows, hidden], ready for the first decoder stage.
 struct encode_reply {
   std::int64_t rows = 0;
@@ -328,8 +335,9 @@ struct encode_reply {
   double preprocess_ms = 0;
   double encode_ms = 0;
   std::int64_t batch = 0;  ///< size of the batch it was encoded in (0: from the cache)
-  /// The image's name: SHA-256 of the tower's identity and the preprocessed
-  /// pixels (the encoder cache's key, and what names its rows' KV blocks).
+  /// The item's name: SHA-256 of the tower's identity and the preprocessed
+  /// pixels or the decoded samples (the encoder cache's key, and what names
+  /// its rows' KV blocks).
   std::vector<std::uint8_t> hash;
   bool cached = false;  ///< the rows came from the encoder cache
   bool operator==(const encode_reply&) const = default;
@@ -341,21 +349,21 @@ typename I::result_type inspect(I& f, encode_reply& x) {
            x.batch, x.hash, x.cached);
 }
 
-/// Rows [first_row, first_row + rows) of a request's images, taken in
-/// order (image k holds rows [k * tokens_per_image, (k + 1) *
-/// tokens_per_image)), sent to the process whose data-plane key is `dest`
+/// Rows [first_row, first_row + rows) of a request's media, taken in
+/// order (item k's rows follow those of items 0..k-1: an image's
+/// tokens_per_image, a clip's own count), sent to the process whose data-plane key is `dest`
 /// (the first stage's; the encoder's own key or "" parks them there).
-struct image_rows_request {
+struct media_rows_request {
   std::uint64_t request = 0;
   std::int64_t first_row = 0;
   std::int64_t rows = 0;
   std::string dest;
-  bool operator==(const image_rows_request&) const = default;
+  bool operator==(const media_rows_request&) const = default;
 };
 
 template <class I>
-typename I::result_type inspect(I& f, image_rows_request& x) {
-  return f(caf::meta::type_name("image_rows_request"), x.request, x.first_row, x.rows, x.dest);
+typename I::result_type inspect(I& f, media_rows_request& x) {
+  return f(caf::meta::type_name("media_rows_request"), x.request, x.first_row, x.rows, x.dest);
 }
 
 /// A node's supervision report.
@@ -408,7 +416,7 @@ using kv_store_actor = caf::typed_actor<
 /// A modality encoder (vision now) with dynamic, length-bucketed batching.
 using encoder_actor =
     caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
-                     caf::replies_to<rows_atom, image_rows_request>::with<tensor_ref>,
+                     caf::replies_to<rows_atom, media_rows_request>::with<tensor_ref>,
                      caf::reacts_to<forget_atom, std::uint64_t>,
                      caf::reacts_to<flush_atom, std::int64_t>,
                      caf::replies_to<version_atom>::with<std::uint32_t>>;

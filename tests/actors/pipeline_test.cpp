@@ -107,7 +107,8 @@ class reference {
     generate_request r;
     r.id = id;
     r.prompt_tokens = prompt_ids(c);
-    if (!c.image.empty()) r.images.push_back({c.image, read_bytes(shapes_dir + "/" + c.image)});
+    if (!c.image.empty())
+      r.media.push_back({c.image, read_bytes(shapes_dir + "/" + c.image), media_kind::image});
     r.params = params(c);
     return r;
   }
@@ -530,8 +531,8 @@ TEST_F(pipeline_test, bad_image_fails_its_request_with_a_clear_error_and_others_
   prompt_case good{"How many shapes are there?", "shapes_002.png", {}};
   good.params.max_tokens = 8;
   auto bad = ref().request(good, client::next_id());
-  bad.images[0].bytes.resize(bad.images[0].bytes.size() / 2);  // truncated PNG
-  bad.images[0].name = "truncated.png";
+  bad.media[0].bytes.resize(bad.media[0].bytes.size() / 2);  // truncated PNG
+  bad.media[0].name = "truncated.png";
   auto f = c.run(bad);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->reason, finish_reason::error);
@@ -541,7 +542,7 @@ TEST_F(pipeline_test, bad_image_fails_its_request_with_a_clear_error_and_others_
   EXPECT_EQ(ok->tokens, ref().solo(good));
   // Wrong requests are refused at admission.
   auto no_image = ref().request(good, client::next_id());
-  no_image.images.clear();
+  no_image.media.clear();
   auto r = c.submit(no_image, {});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, error_code::invalid_request);

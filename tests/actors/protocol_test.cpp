@@ -49,8 +49,12 @@ tensor_ref a_ref(std::uint64_t id) {
           .transfer_id = id};
 }
 
-image_data make(tag<image_data>, const actors_for_handles&) {
-  return {.name = "a.png", .bytes = {0x89, 'P', 'N', 'G', 0, 255}};
+media_data make(tag<media_data>, const actors_for_handles&) {
+  return {.name = "a.png", .bytes = {0x89, 'P', 'N', 'G', 0, 255}, .kind = media_kind::image};
+}
+
+media_data clip_data() {
+  return {.name = "q.wav", .bytes = {'R', 'I', 'F', 'F', 9}, .kind = media_kind::audio};
 }
 
 models::sampling_params make(tag<models::sampling_params>, const actors_for_handles&) {
@@ -77,7 +81,8 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
   return {.id = 99,
           .prompt = "USER: <image>\nWhat shape is on the left? ASSISTANT:",
           .prompt_tokens = {1, 5, 6},
-          .images = {make(tag<image_data>{}, h), {"b.jpg", {0xff, 0xd8}}},
+          .media = {make(tag<media_data>{}, h), clip_data(), {"b.jpg", {0xff, 0xd8}}},
+          .audio_tokens = {13},
           .params = make(tag<models::sampling_params>{}, h),
           .deadline_ms = 2500,
           .grammar = "root ::= \"a\"",
@@ -243,7 +248,7 @@ kv_export make(tag<kv_export>, const actors_for_handles&) {
 }
 
 encode_request make(tag<encode_request>, const actors_for_handles&) {
-  return {.request = 4, .index = 2, .image = {"x.png", {1, 2, 3}}};
+  return {.request = 4, .index = 2, .item = clip_data()};
 }
 
 encode_reply make(tag<encode_reply>, const actors_for_handles&) {
@@ -256,7 +261,7 @@ encode_reply make(tag<encode_reply>, const actors_for_handles&) {
           .cached = true};
 }
 
-image_rows_request make(tag<image_rows_request>, const actors_for_handles&) {
+media_rows_request make(tag<media_rows_request>, const actors_for_handles&) {
   return {.request = 9, .first_row = 500, .rows = 100, .dest = "node-b"};
 }
 
@@ -477,7 +482,7 @@ node_agent_actor make(tag<node_agent_actor>, const actors_for_handles& h) {
 }
 
 chat_turn make(tag<chat_turn>, const actors_for_handles&) {
-  return {.role = "user", .content = "What is in <image>?", .images = 2};
+  return {.role = "user", .content = "What is in <image>?", .images = 2, .audios = 3};
 }
 
 std::vector<chat_turn> make(tag<std::vector<chat_turn>>, const actors_for_handles& h) {
@@ -488,7 +493,8 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
   return {.id = 0xfeedbeef,
           .prompt = "Describe <image>",
           .system = "You are terse.",
-          .images = {make(tag<image_data>{}, h)},
+          .images = {make(tag<media_data>{}, h)},
+          .audios = {clip_data()},
           .chat = true,
           .ignore_eos = true,
           .has_temperature = true,
@@ -661,9 +667,9 @@ bool same(const models::sampling_params& a, const models::sampling_params& b) {
 
 bool same(const generate_request& a, const generate_request& b) {
   return a.id == b.id && a.prompt == b.prompt && a.prompt_tokens == b.prompt_tokens &&
-         a.images == b.images && same(a.params, b.params) && a.deadline_ms == b.deadline_ms &&
-         a.grammar == b.grammar && a.cache_salt == b.cache_salt && a.priority == b.priority &&
-         a.resumed == b.resumed;
+         a.media == b.media && a.audio_tokens == b.audio_tokens && same(a.params, b.params) &&
+         a.deadline_ms == b.deadline_ms && a.grammar == b.grammar && a.cache_salt == b.cache_salt &&
+         a.priority == b.priority && a.resumed == b.resumed;
 }
 
 bool same(const journal_entry& a, const journal_entry& b) {
@@ -706,9 +712,9 @@ struct type_list {
 };
 
 using messages =
-    type_list<tensor_ref, image_data, models::sampling_params, generate_request, submit_ack,
+    type_list<tensor_ref, media_data, models::sampling_params, generate_request, submit_ack,
               token_event, finish_event, sample_work, seq_work, step_batch, step_output, shard_info,
-              kv_usage_info, kv_export, encode_request, encode_reply, image_rows_request,
+              kv_usage_info, kv_export, encode_request, encode_reply, media_rows_request,
               scheduler_stats, std::vector<std::int64_t>, node_status, client_sink_actor,
               shard_actor, kv_store_actor, encoder_actor, std::vector<shard_actor>,
               std::vector<kv_store_actor>, stage_handles, stage_host_actor,

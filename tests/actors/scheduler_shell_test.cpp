@@ -262,7 +262,7 @@ encoder_actor fake_encoder(caf::actor_system& sys, std::shared_ptr<image_log> lo
           ++log->encodes;
           return encode_reply{per_image, hidden, 0.5, 1.0, 1, {}, false};  // unnamed: not cached
         },
-        [log, pool](rows_atom, const image_rows_request& q) -> caf::result<tensor_ref> {
+        [log, pool](rows_atom, const media_rows_request& q) -> caf::result<tensor_ref> {
           ++log->rows_requests;
           if (log->lose > 0) {
             --log->lose;
@@ -329,7 +329,7 @@ struct image_fixture : fixture {
     generate_request r;
     r.id = id;
     r.prompt_tokens = {10, image_token, 11, image_token, 12};
-    r.images = {{"a.png", {1}}, {"b.png", {2}}};
+    r.media = {{"a.png", {1}, media_kind::image}, {"b.png", {2}, media_kind::image}};
     r.params.max_tokens = 2;
     caf::anon_send(s, submit_atom::value, std::move(r), sink);
     sched->run();
@@ -394,7 +394,7 @@ encoder_actor silent_encoder(caf::actor_system& sys, std::shared_ptr<int> taken)
           held->push_back(self->make_response_promise<encode_reply>());
           return held->back();
         },
-        [](rows_atom, const image_rows_request&) -> caf::result<tensor_ref> {
+        [](rows_atom, const media_rows_request&) -> caf::result<tensor_ref> {
           return make_error(error_code::not_found, "nothing held here");
         },
         [](forget_atom, std::uint64_t) {},

@@ -60,11 +60,11 @@ inline double ms_since(steady::time_point t) {
   return std::chrono::duration<double, std::milli>(steady::now() - t).count();
 }
 
-inline actors::image_data image(int i) {
+inline actors::media_data image(int i) {
   const std::string path =
       std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";
   std::ifstream f(path, std::ios::binary);
-  actors::image_data d;
+  actors::media_data d;
   d.name = path;
   d.bytes.assign(std::istreambuf_iterator<char>(f), {});
   return d;

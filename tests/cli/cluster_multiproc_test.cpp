@@ -202,6 +202,41 @@ TEST_F(ClusterLoopback, UpSubmitStatusDown) {
   EXPECT_NE(again.out.find("already running"), std::string::npos) << again.out;
 }
 
+// Audio through the cluster (issue 29): a model that hears (the shapes
+// model with a random audio tower) answers an image with two clips, sent
+// by `troupe submit`, as the plain generation loop does; a clip that does
+// not decode is refused by name and the cluster goes on.
+TEST_F(ClusterLoopback, AudioClipsAndAnImageThroughTheClusterMatchTheDirectLoop) {
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  up("hear3", "[model]\npath = \"" + fixtures + "/llava_hears\"\n");
+  const std::string media = " --image " + fixtures + "/shapes/shapes_002.png --audio " + fixtures +
+                            "/audio/speech16k.mp3 --audio " + fixtures +
+                            "/audio/stereo44k_24.wav --prompt 'Describe the image.' -n 16 --json";
+  auto direct =
+      test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears" + media, false);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out;
+  const auto at = direct.out.find("\"text\":");
+  ASSERT_NE(at, std::string::npos) << direct.out;
+  const auto text_of = [](const std::string& json) {
+    const auto a = json.find("\"text\":\"") + 8;
+    return json.substr(a, json.find('"', a) - a);
+  };
+  ASSERT_FALSE(text_of(direct.out.substr(at)).empty()) << direct.out;
+  auto submitted = test::troupe_cli("submit " + cs_.manifest + media, false);
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  EXPECT_EQ(text_of(submitted.out), text_of(direct.out.substr(at))) << submitted.out << "\n"
+                                                                    << direct.out;
+  // A clip that is not audio: refused by its name; the cluster goes on.
+  auto bad = test::troupe_cli("submit " + cs_.manifest + " --audio " + fixtures +
+                              "/shapes/shapes_002.png --prompt 'Describe the image.'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("shapes_002.png"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("not supported"), std::string::npos) << bad.out;
+  auto again = test::troupe_cli("submit " + cs_.manifest + media, false);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(text_of(again.out), text_of(submitted.out));
+}
+
 // A stranger on the host aims plain UCP at every listener of every node
 // while jobs decode (transport/ucx_gate.hpp): the nodes drop it before UCP
 // reads a byte, nothing is lost, and each node listens on loopback only

@@ -133,8 +133,9 @@ TEST(LlavaAudio, BadAudioKeysAreRefusedByName) {
     ASSERT_FALSE(c) << to;
     EXPECT_NE(c.error().message.find(needle), std::string::npos) << c.error().message;
   };
-  refused(R"("audio_token_index": 298)", R"("audio_token_index": 297)", "differ from");
-  refused(R"("audio_token_index": 298)", R"("audio_token_index": 300)", "audio_token_index");
+  refused(R"("audio_token_index": 298)", R"("audio_token_index": 297)",
+          "other than image_token_index");
+  refused(R"("audio_token_index": 298)", R"("audio_token_index": -4)", "audio_token_index");
   refused(R"("audio_token_index": 298)", R"("no_audio_token": 298)",
           "audio_token_index must be an integer");
   refused(R"("audio_stack_factor": 3)", R"("audio_stack_factor": 0)", "audio_stack_factor");

@@ -628,3 +628,49 @@ TEST(OpenAiTools, ToolsBecomeAPromptAGrammarAndToolCalls) {
                 .size(),
             1u);
 }
+
+TEST(OpenAiParse, InputAudioPartsBecomeClipsOfTheirTurn) {
+  const std::string wav_b64 = "UklGRgAAAABXQVZF";  // "RIFF", a length, "WAVE"
+  auto chat = [&](const json& audio_part) {
+    return json{
+        {"messages",
+         json::array(
+             {{{"role", "user"},
+               {"content", json::array({{{"type", "text"}, {"text", "What?"}}, audio_part})}}})}};
+  };
+  json part{{"type", "input_audio"}, {"input_audio", {{"data", wav_b64}, {"format", "wav"}}}};
+  auto r = parse_chat_request(chat(part).dump());
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->job.audios.size(), 1u);
+  EXPECT_EQ(r->job.audios[0].kind, troupe::actors::media_kind::audio);
+  EXPECT_EQ(r->job.audios[0].bytes,
+            (std::vector<std::uint8_t>{'R', 'I', 'F', 'F', 0, 0, 0, 0, 'W', 'A', 'V', 'E'}));
+  EXPECT_EQ(r->job.turns[0].audios, 1);
+  EXPECT_EQ(r->job.turns[0].images, 0);
+  EXPECT_TRUE(r->job.images.empty());
+  // Mistakes name their field.
+  auto refused = [&](json p, const std::string& param, const std::string& needle,
+                     request_limits limits = {}) {
+    auto e = parse_chat_request(chat(p).dump(), limits);
+    ASSERT_FALSE(e) << p.dump();
+    EXPECT_EQ(e.error().param, param) << e.error().message;
+    EXPECT_NE(e.error().message.find(needle), std::string::npos) << e.error().message;
+  };
+  auto with = [&](const char* key, json v) {
+    json p = part;
+    p["input_audio"][key] = std::move(v);
+    return p;
+  };
+  refused(with("format", "ogg"), "messages[0].content[1].input_audio.format", "\"wav\"");
+  refused(with("format", "mp3"), "messages[0].content[1].input_audio.data", "not mp3 audio");
+  refused(with("data", "@@@@"), "messages[0].content[1].input_audio.data", "base64");
+  refused(with("data", 5), "messages[0].content[1].input_audio", "base64 string");
+  request_limits none;
+  none.max_audios = 0;
+  refused(part, "messages[0].content[1]", "at most 0 audio clips", none);
+  request_limits tiny;
+  tiny.max_audio_bytes = 4;
+  auto big = parse_chat_request(chat(part).dump(), tiny);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().status, 413);
+}
