@@ -77,8 +77,11 @@ struct scheduler_state {
   std::vector<encoder_actor> encoders;
   std::vector<std::pair<encoder_actor, std::int64_t>> unanswered;
   std::uint64_t encoder_turn = 0;
-  std::int64_t encodes = 0;   // images answered
+  std::int64_t encodes = 0;   // items answered
   double encode_wait_ms = 0;  // their waits, summed
+  // The clips among them: admitted, from the cache, out now, answered, waits.
+  std::int64_t clips = 0, clip_cache_hits = 0, clips_waiting = 0, clip_encodes = 0;
+  double clip_wait_ms = 0;
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
   std::optional<core::time_point> timer_at;        // the earliest tick already on its way
@@ -585,13 +588,19 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   unanswered_of(st, enc) += static_cast<std::int64_t>(n);
   const auto sent_at = std::chrono::steady_clock::now();
   // Counts an answer (or an error) of `enc`: its load and the wait.
-  auto counted = [self, enc, sent_at] {
+  auto counted = [self, enc, sent_at](bool clip) {
     auto& st = self->state;
     --unanswered_of(st, enc);
     ++st.encodes;
-    st.encode_wait_ms +=
+    const double waited =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at)
             .count();
+    st.encode_wait_ms += waited;
+    if (clip) {
+      --st.clips_waiting;
+      ++st.clip_encodes;
+      st.clip_wait_ms += waited;
+    }
     prune_unanswered(st);
   };
   auto left = std::make_shared<std::size_t>(n);
@@ -601,10 +610,12 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   };
   for (std::size_t k = 0; k < n; ++k) {
     encode_request er{id, static_cast<std::int32_t>(k), rit->second.media[k]};
+    const bool clip = er.item.kind == media_kind::audio;
+    if (clip) ++st.clips_waiting;
     self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
             [=](encode_reply& rep) {
-              counted();
+              counted(clip);
               auto& st = self->state;
               auto it = st.requests.find(id);
               if (it == st.requests.end()) {  // ended meanwhile: the encoder may let go
@@ -637,6 +648,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 ready.resize(it->second.media.size());
                 if (!ready[k]) {
                   ready[k] = true;
+                  if (clip && rep.cached) ++st.clip_cache_hits;
                   // The encoder's name for the image (its pixels) names the
                   // KV of its rows.
                   std::optional<core::block_hash> name;
@@ -650,7 +662,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               answered();
             },
             [=](caf::error& e) {
-              counted();
+              counted(clip);
               auto it = self->state.requests.find(id);
               if (it == self->state.requests.end() || round != it->second.round) {
                 // A round that was sent again (its encoder was lost): the
@@ -782,6 +794,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
             st.requests[id].ends = req.params.stop_token_ids;
           }
           if (!req.media.empty()) {
+            st.clips += static_cast<std::int64_t>(req.audio_tokens.size());
             st.requests[id].media = std::move(req.media);
             st.requests[id].rows = std::move(rows);
             if (!st.encoders.empty())
@@ -806,6 +819,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           for (const auto& [e, n] : st.unanswered) s.encode_waiting += std::max<std::int64_t>(n, 0);
           s.encodes = st.encodes;
           s.encode_wait_ms = st.encode_wait_ms;
+          s.clips = st.clips;
+          s.clip_cache_hits = st.clip_cache_hits;
+          s.clips_waiting = st.clips_waiting;
+          s.clip_encodes = st.clip_encodes;
+          s.clip_encode_wait_ms = st.clip_wait_ms;
           return s;
         },
         [=](live_atom) { return self->state.core->ids(); },

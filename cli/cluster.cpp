@@ -215,7 +215,13 @@ json status_json(const actors::cluster_status& s) {
           {"replicas", replicas},
           {"router", {{"by_prefix", s.routed_by_prefix}, {"by_load", s.routed_by_load}}},
           {"encoders", encoders},
-          {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}}};
+          {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}},
+          {"audio",
+           {{"clips", q.clips},
+            {"cache_hits", q.clip_cache_hits},
+            {"waiting", q.clips_waiting},
+            {"encodes", q.clip_encodes},
+            {"wait_ms", q.clip_encode_wait_ms}}}};
 }
 
 void print_status(const actors::cluster_status& s) {
@@ -306,8 +312,14 @@ void print_status(const actors::cluster_status& s) {
                 static_cast<long long>(q.restored_tokens),
                 static_cast<long long>(q.recomputed_tokens));
   if (q.images > 0)
-    std::printf("encoder cache: %lld of %lld images taken from it\n",
+    std::printf("encoder cache: %lld of %lld images and clips taken from it\n",
                 static_cast<long long>(q.image_cache_hits), static_cast<long long>(q.images));
+  if (q.clips > 0)
+    std::printf(
+        "audio: %lld clips (%lld from the cache), %lld waiting now, mean wait %.1f ms\n",
+        static_cast<long long>(q.clips), static_cast<long long>(q.clip_cache_hits),
+        static_cast<long long>(q.clips_waiting),
+        q.clip_encodes > 0 ? q.clip_encode_wait_ms / static_cast<double>(q.clip_encodes) : 0.0);
   if (!s.links.empty()) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)

@@ -1,5 +1,7 @@
 #include "serve/gateway.hpp"
 
+#include "models/audio.hpp"
+
 // Asio 1.74's awaitable uses std::exchange without including <utility>;
 // Beast speaks std::string_view.
 #include <utility>
@@ -472,8 +474,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     const auto method = ex.req.method();
     const auto& path = ex.path;
     const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" ||
-                            path == "/tokenize" || path == "/detokenize" ||
-                            path == "/reset_prefix_cache";
+                            path == "/v1/audio/transcriptions" || path == "/tokenize" ||
+                            path == "/detokenize" || path == "/reset_prefix_cache";
     if (method == http::verb::options) {
       reply r;
       r.status = 204;
@@ -494,6 +496,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
                                   path == "/tokenize"     ? head_call::tokenize
                                   : path == "/detokenize" ? head_call::detokenize
                                                           : head_call::reset_cache);
+      if (path == "/v1/audio/transcriptions") co_return co_await transcribe(c, s, ex);
       co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
     }
     if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {
@@ -669,25 +672,64 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     co_return co_await write_reply(s, ex, out);
   }
 
-  // A chat or text completion: parse, fetch images, submit, then answer
-  // whole or stream.
-  task<bool> complete(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex,
-                      bool chat) {
+  // /v1/audio/transcriptions: the upload parsed (and, for the formats
+  // with times, the clip's duration read) off the I/O threads, then a
+  // chat completion with the clip, answered in the format asked for.
+  task<bool> transcribe(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex) {
     if (auto e = authorized(ex)) {
       auto out_ = error_reply(*e);
       co_return co_await write_reply(s, ex, out_);
     }
-    // Parsing a large body (base64 images) takes milliseconds: off the I/O threads.
-    auto parse = [this, chat, body = std::move(ex.req.body())] {
-      return chat ? parse_chat_request(body, opt.limits)
-                  : parse_completion_request(body, opt.limits);
+    auto parse = [this, type = std::string(ex.req[http::field::content_type]),
+                  body = std::move(ex.req.body())]()
+        -> std::expected<std::pair<api_request, double>, api_error> {
+      auto r = parse_transcription_request(type, body, opt.limits);
+      if (!r) return std::unexpected(r.error());
+      double seconds = 0;
+      if (r->transcription_format != "json" && r->transcription_format != "text") {
+        auto a = models::decode_audio(r->job.audios.front().bytes);
+        if (!a) {
+          api_error e;
+          e.message = "file: " + a.error().message;
+          e.param = "file";
+          return std::unexpected(e);
+        }
+        seconds = a->seconds();
+      }
+      return std::pair{std::move(*r), seconds};
     };
     auto parsed = co_await on_pool(std::move(parse));
     if (!parsed) {
       auto out_ = error_reply(parsed.error());
       co_return co_await write_reply(s, ex, out_);
     }
-    auto r = std::make_shared<api_request>(std::move(*parsed));
+    co_return co_await complete(
+        c, s, ex, true, std::make_shared<api_request>(std::move(parsed->first)), parsed->second);
+  }
+
+  // A chat or text completion: parse, fetch images, submit, then answer
+  // whole or stream. `pre`: a request already parsed (a transcription of
+  // a clip of `seconds`).
+  task<bool> complete(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s, exchange& ex,
+                      bool chat, std::shared_ptr<api_request> pre = {}, double seconds = 0) {
+    std::shared_ptr<api_request> r = std::move(pre);
+    if (!r) {
+      if (auto e = authorized(ex)) {
+        auto out_ = error_reply(*e);
+        co_return co_await write_reply(s, ex, out_);
+      }
+      // Parsing a large body (base64 images) takes milliseconds: off the I/O threads.
+      auto parse = [this, chat, body = std::move(ex.req.body())] {
+        return chat ? parse_chat_request(body, opt.limits)
+                    : parse_completion_request(body, opt.limits);
+      };
+      auto parsed = co_await on_pool(std::move(parse));
+      if (!parsed) {
+        auto out_ = error_reply(parsed.error());
+        co_return co_await write_reply(s, ex, out_);
+      }
+      r = std::make_shared<api_request>(std::move(*parsed));
+    }
     if (!r->remote_images.empty()) {
       auto fetch = [this, r]() -> std::optional<api_error> {
         for (const auto& ri : r->remote_images) {
@@ -877,7 +919,13 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           return 0;
         });
       reply out;
-      out.body = completion_json(*r, id, created, choices);
+      if (!r->transcription_format.empty()) {
+        auto [body, type] = transcription_body(*r, choices.front().done, seconds);
+        out.body = std::move(body);
+        out.content_type = std::move(type);
+      } else {
+        out.body = completion_json(*r, id, created, choices);
+      }
       co_return co_await write_reply(s, ex, out);
     }
 

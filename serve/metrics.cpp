@@ -194,13 +194,29 @@ std::string metrics::render(const actors::cluster_status* s) const {
     out += "troupe:kv_recomputed_tokens_total{" + label_ + "} " +
            std::to_string(q.recomputed_tokens) + "\n";
     head(out, "troupe:encoder_cache_queries_total", "counter",
-         "Images of admitted requests (each looked up in the encoder cache).");
+         "Images and audio clips of admitted requests (each looked up in the encoder cache).");
     out += "troupe:encoder_cache_queries_total{" + label_ + "} " +
            std::to_string(s->scheduler.images) + "\n";
     head(out, "troupe:encoder_cache_hits_total", "counter",
-         "Of those, images whose rows came from the encoder cache (not encoded again).");
+         "Of those, items whose rows came from the encoder cache (not encoded again).");
     out += "troupe:encoder_cache_hits_total{" + label_ + "} " +
            std::to_string(s->scheduler.image_cache_hits) + "\n";
+    // The audio tower's own queue (the clips among the items above).
+    head(out, "troupe:audio_clips_total", "counter", "Audio clips of admitted requests.");
+    out += "troupe:audio_clips_total{" + label_ + "} " + std::to_string(q.clips) + "\n";
+    head(out, "troupe:audio_cache_hits_total", "counter",
+         "Of those, clips whose rows came from the encoder cache.");
+    out +=
+        "troupe:audio_cache_hits_total{" + label_ + "} " + std::to_string(q.clip_cache_hits) + "\n";
+    head(out, "troupe:audio_clips_waiting", "gauge",
+         "Clips sent to an encoder and not yet answered (at the head's last heartbeat).");
+    out += "troupe:audio_clips_waiting{" + label_ + "} " + std::to_string(q.clips_waiting) + "\n";
+    head(out, "troupe:audio_encodes_total", "counter", "Clips the encoders answered.");
+    out += "troupe:audio_encodes_total{" + label_ + "} " + std::to_string(q.clip_encodes) + "\n";
+    head(out, "troupe:audio_encode_wait_seconds_total", "counter",
+         "Their waits, sent to answered, summed (divide by audio_encodes_total for the mean).");
+    out += "troupe:audio_encode_wait_seconds_total{" + label_ + "} " +
+           std::to_string(q.clip_encode_wait_ms / 1e3) + "\n";
     head(out, "troupe:num_preemptions_total", "counter",
          "Requests preempted (recomputed), by the head's scheduler.");
     out += "troupe:num_preemptions_total{" + label_ + "} " +

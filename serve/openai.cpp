@@ -1167,4 +1167,241 @@ std::string usage_chunk_json(const api_request& r, const std::string& id, std::i
   return dump(j);
 }
 
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+/// A header value's parameter (`boundary`, `name`, `filename`): quoted or
+/// not; empty when absent.
+std::optional<std::string> header_param(std::string_view value, std::string_view key) {
+  std::size_t at = value.find(';');
+  while (at != std::string_view::npos) {
+    auto rest = value.substr(at + 1);
+    const auto eq = rest.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    const auto k = trim(rest.substr(0, eq));
+    rest = rest.substr(eq + 1);
+    std::string v;
+    std::size_t used = 0;
+    const auto lead = rest.find_first_not_of(" \t");
+    if (lead != std::string_view::npos && rest[lead] == '"') {
+      std::size_t i = lead + 1;
+      for (; i < rest.size() && rest[i] != '"'; ++i) {
+        if (rest[i] == '\\' && i + 1 < rest.size()) ++i;
+        v += rest[i];
+      }
+      if (i >= rest.size()) return std::nullopt;  // unterminated
+      used = i + 1;
+    } else {
+      used = std::min(rest.find(';'), rest.size());
+      v = std::string(trim(rest.substr(0, used)));
+    }
+    if (iequals(k, key)) return v;
+    const auto next = rest.find(';', used);
+    at = next == std::string_view::npos ? next : (value.size() - rest.size()) + next;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::expected<std::vector<form_part>, std::string> parse_form_data(std::string_view content_type,
+                                                                   std::string_view body,
+                                                                   std::size_t max_parts) {
+  const auto semi = content_type.find(';');
+  if (!iequals(trim(content_type.substr(0, semi)), "multipart/form-data"))
+    return std::unexpected("the body must be multipart/form-data");
+  const auto boundary = header_param(content_type, "boundary");
+  if (!boundary || boundary->empty() || boundary->size() > 200)
+    return std::unexpected("multipart/form-data without a boundary (1-200 characters)");
+  const std::string dash = "--" + *boundary;
+  const std::string delimiter = "\r\n" + dash;
+  // The first boundary line (a preamble before it is ignored).
+  std::size_t at = body.starts_with(dash) ? 0 : body.find(delimiter);
+  if (at == std::string_view::npos) return std::unexpected("the body holds no part");
+  at += body.starts_with(dash) && at == 0 ? dash.size() : delimiter.size();
+  std::vector<form_part> parts;
+  for (;;) {
+    if (body.substr(at, 2) == "--") return parts;  // the closing boundary
+    if (body.substr(at, 2) != "\r\n") return std::unexpected("a malformed boundary line");
+    at += 2;
+    if (parts.size() == max_parts)
+      return std::unexpected("more than " + std::to_string(max_parts) + " parts");
+    const auto head_end = body.find("\r\n\r\n", at);
+    if (head_end == std::string_view::npos || head_end - at > 8192)
+      return std::unexpected("a part whose headers do not end within 8 KiB");
+    form_part p;
+    bool disposition = false;
+    for (auto headers = body.substr(at, head_end - at); !headers.empty();) {
+      const auto eol = std::min(headers.find("\r\n"), headers.size());
+      const auto line = headers.substr(0, eol);
+      headers = headers.substr(std::min(eol + 2, headers.size()));
+      const auto colon = line.find(':');
+      if (colon == std::string_view::npos) return std::unexpected("a malformed part header");
+      const auto key = trim(line.substr(0, colon));
+      const auto value = trim(line.substr(colon + 1));
+      if (iequals(key, "Content-Disposition")) {
+        if (!iequals(trim(value.substr(0, value.find(';'))), "form-data"))
+          return std::unexpected("a part that is not form-data");
+        auto name = header_param(value, "name");
+        if (!name || name->empty()) return std::unexpected("a part without a name");
+        p.name = std::move(*name);
+        if (auto f = header_param(value, "filename")) p.filename = std::move(*f);
+        disposition = true;
+      } else if (iequals(key, "Content-Type")) {
+        p.content_type = std::string(value);
+      }
+    }
+    if (!disposition) return std::unexpected("a part without Content-Disposition");
+    const auto data_at = head_end + 4;
+    const auto end = body.find(delimiter, data_at);
+    if (end == std::string_view::npos) return std::unexpected("a part that never ends");
+    p.data = body.substr(data_at, end - data_at);
+    parts.push_back(std::move(p));
+    at = end + delimiter.size();
+  }
+}
+
+std::expected<api_request, api_error> parse_transcription_request(std::string_view content_type,
+                                                                  std::string_view body,
+                                                                  const request_limits& limits) {
+  auto parts = parse_form_data(content_type, body);
+  if (!parts) return std::unexpected(bad(parts.error()));
+  api_request r;
+  r.chat = true;
+  r.transcription_format = "json";
+  r.transcription_language = "english";
+  r.job.max_tokens = 0;  // as many as the context leaves
+  std::set<std::string> seen;
+  bool file = false;
+  for (const auto& p : *parts) {
+    const std::string name = p.name.substr(0, 64);
+    const auto value = std::string(p.data.substr(0, 256));
+    if (name != "timestamp_granularities[]" && !seen.insert(name).second)
+      return std::unexpected(bad("the field '" + name + "' is given twice", name));
+    if (name == "file") {
+      if (p.data.size() > limits.max_audio_bytes) {
+        auto e = bad("file: an audio clip of more than " +
+                         std::to_string(limits.max_audio_bytes >> 20) + " MiB",
+                     "file");
+        e.status = 413;
+        return std::unexpected(e);
+      }
+      if (p.data.empty()) return std::unexpected(bad("file: an empty file", "file"));
+      actors::media_data clip;
+      clip.name = p.filename.empty() ? "file" : p.filename.substr(0, 128);
+      clip.bytes.assign(p.data.begin(), p.data.end());
+      clip.kind = actors::media_kind::audio;
+      r.job.audios.push_back(std::move(clip));
+      file = true;
+    } else if (name == "model") {
+      r.model = value;
+    } else if (name == "response_format") {
+      if (value != "json" && value != "text" && value != "verbose_json" && value != "srt" &&
+          value != "vtt")
+        return std::unexpected(
+            bad("response_format must be json, text, verbose_json, srt or vtt", "response_format"));
+      r.transcription_format = value;
+    } else if (name == "temperature") {
+      double t = 0;
+      const auto res = std::from_chars(value.data(), value.data() + value.size(), t);
+      if (res.ec != std::errc{} || res.ptr != value.data() + value.size() || !(t >= 0) || t > 2)
+        return std::unexpected(bad("temperature must be a number in [0, 2]", "temperature"));
+      r.job.has_temperature = true;
+      r.job.temperature = t;
+    } else if (name == "max_tokens") {
+      std::int64_t n = 0;
+      const auto res = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (res.ec != std::errc{} || res.ptr != value.data() + value.size() || n < 1 ||
+          n > limits.max_tokens)
+        return std::unexpected(
+            bad("max_tokens must be an integer in [1, " + std::to_string(limits.max_tokens) + "]",
+                "max_tokens"));
+      r.job.max_tokens = n;
+    } else if (name == "language") {
+      if (value != "en" && value != "english")
+        return std::unexpected(bad("language '" + value +
+                                       "' is not supported: troupe's models transcribe English "
+                                       "(en) only",
+                                   "language"));
+    } else if (name == "timestamp_granularities[]") {
+      if (value != "segment")
+        return std::unexpected(bad("timestamp_granularities '" + value +
+                                       "' is not supported (segment only: one segment per clip)",
+                                   "timestamp_granularities[]"));
+    } else if (name == "prompt" || name == "stream" || name == "chunking_strategy" ||
+               name == "include[]") {
+      return std::unexpected(bad(name + " is not supported for transcriptions by troupe", name));
+    } else {
+      return std::unexpected(bad(
+          "unrecognized request argument '" + name + "' for " + "/v1/audio/transcriptions", name));
+    }
+  }
+  if (!file) return std::unexpected(bad("the file to transcribe is missing", "file"));
+  r.job.turns.push_back({"user", "Transcribe the audio.", 0, 1});
+  return r;
+}
+
+namespace {
+
+std::string clock_text(double seconds, char decimal) {
+  const auto ms = static_cast<long long>(std::llround(std::max(0.0, seconds) * 1000));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02lld:%02lld:%02lld%c%03lld", ms / 3600000, ms / 60000 % 60,
+                ms / 1000 % 60, decimal, ms % 1000);
+  return buf;
+}
+
+}  // namespace
+
+std::pair<std::string, std::string> transcription_body(const api_request& r,
+                                                       const actors::finish_event& f,
+                                                       double seconds) {
+  // The text without the leading space a tokenizer's first piece may carry.
+  std::string_view text = f.text;
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  const auto& fmt = r.transcription_format;
+  if (fmt == "text") return {std::string(text) + "\n", "text/plain; charset=utf-8"};
+  if (fmt == "srt")
+    return {"1\n" + clock_text(0, ',') + " --> " + clock_text(seconds, ',') + "\n" +
+                std::string(text) + "\n\n",
+            "text/plain; charset=utf-8"};
+  if (fmt == "vtt")
+    return {"WEBVTT\n\n" + clock_text(0, '.') + " --> " + clock_text(seconds, '.') + "\n" +
+                std::string(text) + "\n\n",
+            "text/vtt; charset=utf-8"};
+  const json usage{{"type", "tokens"},
+                   {"input_tokens", f.prompt_tokens},
+                   {"output_tokens", static_cast<std::int64_t>(f.tokens.size())},
+                   {"total_tokens", f.prompt_tokens + static_cast<std::int64_t>(f.tokens.size())}};
+  json out{{"text", text}};
+  if (fmt == "verbose_json") {
+    out = json{{"task", "transcribe"},
+               {"language", r.transcription_language},
+               {"duration", seconds},
+               {"text", text},
+               {"segments",
+                json::array({{{"id", 0},
+                              {"seek", 0},
+                              {"start", 0.0},
+                              {"end", seconds},
+                              {"text", text},
+                              {"tokens", f.tokens},
+                              {"temperature", r.job.has_temperature ? r.job.temperature : 0.0}}})}};
+  }
+  out["usage"] = usage;
+  return {out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
+}
+
 }  // namespace troupe::serve

@@ -75,7 +75,45 @@ struct api_request {
     std::string url, param;
   };
   std::vector<remote_image> remote_images;
+  /// /v1/audio/transcriptions: how to answer (json, text, verbose_json,
+  /// srt, vtt); empty for the completion endpoints.
+  std::string transcription_format;
+  /// The language a transcription answers in (verbose_json's `language`).
+  std::string transcription_language;
 };
+
+/// One part of a multipart/form-data body.
+struct form_part {
+  std::string name;
+  std::string filename;      ///< empty: a plain field
+  std::string content_type;  ///< the part's own, if it has one
+  std::string_view data;     ///< into the body
+};
+
+/// Splits a multipart/form-data body (RFC 7578) by the boundary of
+/// `content_type`. Bounded: at most `max_parts` parts, part headers of at
+/// most 8 KiB; a malformed body (no boundary, an unterminated part, a part
+/// without a name) is an error naming what is wrong.
+std::expected<std::vector<form_part>, std::string> parse_form_data(std::string_view content_type,
+                                                                   std::string_view body,
+                                                                   std::size_t max_parts = 32);
+
+/// OpenAI's /v1/audio/transcriptions (a multipart upload): `file` (WAV,
+/// MP3 or FLAC, the job's one clip), `model`, `response_format` (json,
+/// text, verbose_json, srt, vtt), `temperature`, `language` (this troupe's
+/// models transcribe English: "en" only) and `max_tokens` (troupe's). Fields
+/// a transcription cannot honour (`prompt`, `stream`,
+/// `timestamp_granularities[]` other than segment, `chunking_strategy`,
+/// `include[]`) are refused by name. The job asks the model, as a chat turn
+/// with the clip, to "Transcribe the audio."
+std::expected<api_request, api_error> parse_transcription_request(
+    std::string_view content_type, std::string_view body, const request_limits& limits = {});
+
+/// A transcription's answer in its format: the body and its content type.
+/// `seconds`: the clip's duration (the one segment's end).
+std::pair<std::string, std::string> transcription_body(const api_request& r,
+                                                       const actors::finish_event& f,
+                                                       double seconds);
 
 std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits = {});

@@ -47,13 +47,19 @@ struct scheduler_stats {
   /// computed again; restored ones came back from the cache or a tier.
   std::int64_t recomputed_tokens = 0;
   std::int64_t restored_tokens = 0;
-  std::int64_t images = 0;            ///< images of admitted requests, encoded or not
+  std::int64_t images = 0;            ///< media items (images and clips) of admitted requests
   std::int64_t image_cache_hits = 0;  ///< of those, taken from the encoder cache
   // The encoders' load as this scheduler sees it (the head scales the
   // encoder service from these).
-  std::int64_t encode_waiting = 0;  ///< images sent to an encoder, not yet answered
-  std::int64_t encodes = 0;         ///< images answered so far
+  std::int64_t encode_waiting = 0;  ///< items sent to an encoder, not yet answered
+  std::int64_t encodes = 0;         ///< items answered so far
   double encode_wait_ms = 0;        ///< their waits (sent until answered), summed
+  // The audio clips among them (the audio tower's own queue).
+  std::int64_t clips = 0;            ///< clips of admitted requests
+  std::int64_t clip_cache_hits = 0;  ///< of those, taken from the encoder cache
+  std::int64_t clips_waiting = 0;    ///< clips sent to an encoder, not yet answered
+  std::int64_t clip_encodes = 0;     ///< clips answered so far
+  double clip_encode_wait_ms = 0;    ///< their waits, summed
   // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
   // turns two samples into a breakdown).
   std::int64_t stages = 0;     ///< stages in the pipeline now

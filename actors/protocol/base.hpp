@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 26;
+inline constexpr std::uint32_t protocol_version = 27;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -119,8 +119,9 @@ typename I::result_type inspect(I& f, scheduler_stats& x) {
            x.kv_to_disk, x.kv_from_disk, x.kv_dropped, x.kv_remote_blocks, x.kv_remote_used,
            x.kv_remote_pending, x.kv_to_remote, x.kv_from_remote, x.kv_remote_confirmed,
            x.kv_slot_bytes, x.recomputed_tokens, x.restored_tokens, x.images, x.image_cache_hits,
-           x.encode_waiting, x.encodes, x.encode_wait_ms, x.stages, x.step_rows, x.round_trip_ms,
-           x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
+           x.encode_waiting, x.encodes, x.encode_wait_ms, x.clips, x.clip_cache_hits,
+           x.clips_waiting, x.clip_encodes, x.clip_encode_wait_ms, x.stages, x.step_rows,
+           x.round_trip_ms, x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
 }
 }  // namespace troupe::actors::core
 

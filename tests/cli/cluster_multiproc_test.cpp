@@ -235,6 +235,21 @@ TEST_F(ClusterLoopback, AudioClipsAndAnImageThroughTheClusterMatchTheDirectLoop)
   auto again = test::troupe_cli("submit " + cs_.manifest + media, false);
   ASSERT_EQ(again.exit_code, 0) << again.out;
   EXPECT_EQ(text_of(again.out), text_of(submitted.out));
+  // The audio queue's own figures: four clips admitted (the bad one was
+  // refused before), the second job's two from the encoder cache.
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  auto counted = c.wait_for(
+      [](const actors::cluster_status& s) {
+        return s.scheduler.clips == 4 && s.scheduler.clip_cache_hits == 2 &&
+               s.scheduler.clip_encodes == 4 && s.scheduler.clips_waiting == 0;
+      },
+      20s);
+  auto s = c.status();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_TRUE(counted.has_value())
+      << "clips " << s->scheduler.clips << ", hits " << s->scheduler.clip_cache_hits << ", encodes "
+      << s->scheduler.clip_encodes << ", waiting " << s->scheduler.clips_waiting;
 }
 
 // A stranger on the host aims plain UCP at every listener of every node

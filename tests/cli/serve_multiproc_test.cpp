@@ -69,10 +69,12 @@ double metric(const std::string& text, const std::string& name) {
 
 class Gateway : public ::testing::Test {
  protected:
+  /// Manifest text for the cluster (a subclass names another model).
+  virtual std::string manifest_extra() const { return ""; }
   void SetUp() override {
     // (The disconnect test generates past the bundled model's 256
     // positions: make_manifest lifts the context length.)
-    cs_ = test::make_manifest("gw", {"127.0.0.1", "127.0.0.1", "127.0.0.1"});
+    cs_ = test::make_manifest("gw", {"127.0.0.1", "127.0.0.1", "127.0.0.1"}, manifest_extra());
     auto r = test::troupe_cli("up " + cs_.manifest + " --detach --timeout 180");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     started_ = true;
@@ -126,6 +128,15 @@ class Gateway : public ::testing::Test {
   std::string url_;
   json image_body_;
   std::unique_ptr<test::child_process> serve_;
+};
+
+// The same gateway in front of a model that hears (the shapes model with a
+// random audio tower: tests/fixtures/llava_hears).
+class GatewayHears : public Gateway {
+ protected:
+  std::string manifest_extra() const override {
+    return "[model]\npath = \"" + std::string(TROUPE_FIXTURES_DIR) + "/llava_hears\"\n";
+  }
 };
 
 }  // namespace
@@ -829,4 +840,70 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
   }
   EXPECT_TRUE(actors_by_node["n0"].count("head")) << "the head's lines on n0";
   EXPECT_TRUE(actors_by_node["n1"].count("agent")) << "the agent's lines on n1";
+}
+
+// Audio through the API (issue 29): /v1/audio/transcriptions (a multipart
+// upload, curl -F) and a chat's input_audio part answer as `troupe generate
+// --direct` does with the same clip and prompt; the formats with times
+// carry the clip's duration; what cannot be honoured is refused by name.
+TEST_F(GatewayHears, TranscriptionsAndInputAudioAnswerAsTheDirectLoop) {
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  const std::string clip = fixtures + "/audio/speech16k.wav";  // 3.3 s
+  auto direct_text = [&](const std::string& prompt) {
+    auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
+                                  " --prompt '" + prompt + "' -n 12 --json",
+                              false);
+    EXPECT_EQ(d.exit_code, 0) << d.out;
+    const auto j = json::parse(d.out.substr(d.out.find('{')), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << d.out;
+    std::string t = j.is_discarded() ? "" : j.value("text", "");
+    while (!t.empty() && t.front() == ' ') t.erase(0, 1);
+    return t;
+  };
+  const auto upload = [&](const std::string& fields) {
+    return curl("-H 'Authorization: Bearer sk-test' -F file=@" + clip + " -F max_tokens=12 " +
+                fields + " " + url_ + "/v1/audio/transcriptions");
+  };
+  const std::string want = direct_text("Transcribe the audio.");
+  ASSERT_FALSE(want.empty());
+  auto r = upload("");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.body;
+  EXPECT_EQ(j["text"], want) << r.body;
+  EXPECT_GT(j["usage"]["input_tokens"].get<int>(), 20);
+  auto srt = upload("-F response_format=srt");
+  ASSERT_EQ(srt.status, 200) << srt.body;
+  EXPECT_EQ(srt.body, "1\n00:00:00,000 --> 00:00:03,300\n" + want + "\n\n");
+  auto verbose = upload("-F response_format=verbose_json -F language=en");
+  ASSERT_EQ(verbose.status, 200) << verbose.body;
+  EXPECT_DOUBLE_EQ(json::parse(verbose.body)["duration"].get<double>(), 3.3);
+  // Refused by name.
+  auto fr = upload("-F language=fr");
+  EXPECT_EQ(fr.status, 400) << fr.body;
+  EXPECT_NE(fr.body.find("\"param\":\"language\""), std::string::npos) << fr.body;
+  auto streamed = upload("-F stream=true");
+  EXPECT_EQ(streamed.status, 400) << streamed.body;
+  auto no_key = curl("-F file=@" + clip + " " + url_ + "/v1/audio/transcriptions");
+  EXPECT_EQ(no_key.status, 401) << no_key.body;
+  auto not_audio = curl("-H 'Authorization: Bearer sk-test' -F file=@" + fixtures +
+                        "/shapes/shapes_002.png " + url_ + "/v1/audio/transcriptions");
+  EXPECT_EQ(not_audio.status, 400) << not_audio.body;
+  EXPECT_NE(not_audio.body.find("shapes_002.png"), std::string::npos) << not_audio.body;
+  // A chat with the clip as an input_audio part.
+  json chat{
+      {"messages",
+       json::array(
+           {{{"role", "user"},
+             {"content",
+              json::array({{{"type", "text"}, {"text", "What is said?"}},
+                           {{"type", "input_audio"},
+                            {"input_audio", {{"data", base64_of(clip)}, {"format", "wav"}}}}})}}})},
+      {"max_tokens", 12},
+      {"temperature", 0}};
+  auto c = post("/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.body;
+  std::string said = json::parse(c.body)["choices"][0]["message"]["content"];
+  while (!said.empty() && said.front() == ' ') said.erase(0, 1);
+  EXPECT_EQ(said, direct_text("What is said?")) << c.body;
 }

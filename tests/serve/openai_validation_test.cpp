@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 namespace {
 
@@ -673,4 +674,99 @@ TEST(OpenAiParse, InputAudioPartsBecomeClipsOfTheirTurn) {
   auto big = parse_chat_request(chat(part).dump(), tiny);
   ASSERT_FALSE(big);
   EXPECT_EQ(big.error().status, 413);
+}
+
+// A multipart/form-data body of (name, filename, value) parts.
+std::string form(const std::string& boundary,
+                 const std::vector<std::tuple<std::string, std::string, std::string>>& parts) {
+  std::string out;
+  for (const auto& [name, filename, value] : parts) {
+    out += "--" + boundary + "\r\nContent-Disposition: form-data; name=\"" + name + "\"";
+    if (!filename.empty()) out += "; filename=\"" + filename + "\"\r\nContent-Type: audio/wav";
+    out += "\r\n\r\n" + value + "\r\n";
+  }
+  return out + "--" + boundary + "--\r\n";
+}
+
+TEST(OpenAiTranscriptions, AnUploadBecomesAChatTurnWithItsClip) {
+  const std::string wav("RIFF\0\0\0\0WAVE\r\n--not-the-boundary", 31);
+  const std::string type = "multipart/form-data; boundary=\"xyz\"";
+  auto r = parse_transcription_request(type, form("xyz", {{"file", "q.wav", wav},
+                                                          {"model", "", "whisper-1"},
+                                                          {"response_format", "", "srt"},
+                                                          {"temperature", "", "0.25"},
+                                                          {"language", "", "en"}}));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->model, "whisper-1");
+  EXPECT_EQ(r->transcription_format, "srt");
+  ASSERT_EQ(r->job.audios.size(), 1u);
+  EXPECT_EQ(std::string(r->job.audios[0].bytes.begin(), r->job.audios[0].bytes.end()), wav);
+  EXPECT_EQ(r->job.audios[0].name, "q.wav");
+  ASSERT_EQ(r->job.turns.size(), 1u);
+  EXPECT_EQ(r->job.turns[0].audios, 1);
+  EXPECT_EQ(r->job.turns[0].content, "Transcribe the audio.");
+  EXPECT_TRUE(r->job.has_temperature);
+  EXPECT_DOUBLE_EQ(r->job.temperature, 0.25);
+  EXPECT_FALSE(r->stream);
+  // The answer in each format.
+  troupe::actors::finish_event f;
+  f.text = " the red circle";
+  f.tokens = {5, 6, 7};
+  f.prompt_tokens = 30;
+  auto [srt, srt_type] = transcription_body(*r, f, 3.3);
+  EXPECT_EQ(srt, "1\n00:00:00,000 --> 00:00:03,300\nthe red circle\n\n");
+  r->transcription_format = "vtt";
+  EXPECT_EQ(transcription_body(*r, f, 61.25).first,
+            "WEBVTT\n\n00:00:00.000 --> 00:01:01.250\nthe red circle\n\n");
+  r->transcription_format = "text";
+  EXPECT_EQ(transcription_body(*r, f, 1).first, "the red circle\n");
+  r->transcription_format = "verbose_json";
+  auto v = json::parse(transcription_body(*r, f, 3.3).first);
+  EXPECT_EQ(v["text"], "the red circle");
+  EXPECT_EQ(v["language"], "english");
+  EXPECT_DOUBLE_EQ(v["duration"].get<double>(), 3.3);
+  EXPECT_EQ(v["segments"][0]["tokens"], json::array({5, 6, 7}));
+  EXPECT_EQ(v["usage"]["output_tokens"], 3);
+  r->transcription_format = "json";
+  EXPECT_EQ(json::parse(transcription_body(*r, f, 0).first)["text"], "the red circle");
+}
+
+TEST(OpenAiTranscriptions, WhatCannotBeHonouredIsRefusedByName) {
+  const std::string type = "multipart/form-data; boundary=b";
+  auto refused = [&](const std::string& body, const std::string& param, const std::string& needle,
+                     const std::string& content_type = "multipart/form-data; boundary=b") {
+    auto e = parse_transcription_request(content_type, body);
+    ASSERT_FALSE(e) << body;
+    EXPECT_EQ(e.error().param, param) << e.error().message;
+    EXPECT_NE(e.error().message.find(needle), std::string::npos) << e.error().message;
+    EXPECT_GE(e.error().status, 400);
+    EXPECT_LT(e.error().status, 500);
+  };
+  const std::tuple<std::string, std::string, std::string> file{"file", "a.wav", "RIFF"};
+  refused(form("b", {{"model", "", "m"}}), "file", "missing");
+  refused(form("b", {file, {"prompt", "", "Hello"}}), "prompt", "not supported");
+  refused(form("b", {file, {"stream", "", "true"}}), "stream", "not supported");
+  refused(form("b", {file, {"language", "", "fr"}}), "language", "English");
+  refused(form("b", {file, {"response_format", "", "xml"}}), "response_format", "srt");
+  refused(form("b", {file, {"temperature", "", "hot"}}), "temperature", "[0, 2]");
+  refused(form("b", {file, {"timestamp_granularities[]", "", "word"}}), "timestamp_granularities[]",
+          "segment only");
+  refused(form("b", {file, {"beam_size", "", "5"}}), "beam_size", "unrecognized");
+  refused(form("b", {file, file}), "file", "twice");
+  refused(form("b", {file}), "", "multipart/form-data", "application/json");
+  refused(form("b", {file}), "", "boundary", "multipart/form-data");
+  // Malformed bodies: cut short, headers that never end, no name.
+  const auto whole = form("b", {file});
+  refused(whole.substr(0, whole.size() - 12), "", "never ends");
+  refused("--b\r\nContent-Disposition: form-data; name=\"file\"", "", "8 KiB");
+  refused("--b\r\nContent-Disposition: form-data\r\n\r\nx\r\n--b--", "", "without a name");
+  request_limits tiny;
+  tiny.max_audio_bytes = 2;
+  auto big = parse_transcription_request(type, form("b", {file}), tiny);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().status, 413);
+  // Many parts are bounded.
+  std::vector<std::tuple<std::string, std::string, std::string>> many(
+      40, {"timestamp_granularities[]", "", "segment"});
+  refused(form("b", many), "", "more than 32 parts");
 }
