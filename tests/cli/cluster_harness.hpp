@@ -76,12 +76,31 @@ inline bool& text_only_jobs() {
   return text_only;
 }
 
+/// Jobs with an audio clip after their image (a model that hears).
+inline bool& audio_jobs() {
+  static bool audio = false;
+  return audio;
+}
+
+inline actors::media_data clip(int i) {
+  static const char* files[] = {"speech16k.wav", "speech16k.mp3", "stereo44k_24.wav",
+                                "float16k.wav"};
+  const std::string path = std::string(TROUPE_FIXTURES_DIR) + "/audio/" + files[i % 4];
+  std::ifstream f(path, std::ios::binary);
+  actors::media_data d;
+  d.name = path;
+  d.bytes.assign(std::istreambuf_iterator<char>(f), {});
+  d.kind = actors::media_kind::audio;
+  return d;
+}
+
 inline actors::job_request job(int i, std::int64_t max_tokens, bool ignore_eos) {
   actors::job_request j;
   j.id = actors::random_job_id();
   j.prompt = "Describe the image.";
-  if (!text_only_jobs())
-    j.images.push_back(image(i));
+  if (!text_only_jobs()) j.images.push_back(image(i));
+  if (audio_jobs())
+    j.audios.push_back(clip(i));
   else
     j.prompt = "Tell story number " + std::to_string(i) + ".";  // (distinct, as the images are)
   j.max_tokens = max_tokens;

@@ -690,6 +690,45 @@ TEST_F(ClusterLoopback, LiveMigrationOfTheVisionEncoderWhileImagesArrive) {
       to_n1->to.c_str(), to_n1->load_ms, to_n1->total_ms);
 }
 
+// The media encoder of a model that hears moves twice while jobs with an
+// image and a clip arrive (issue 29: the audio tower is live-migratable
+// with the encoder): every answer is the one without moves.
+TEST_F(ClusterLoopback, LiveMigrationOfTheMediaEncoderWhileClipsArrive) {
+  up("aud", "[model]\npath = \"" + std::string(TROUPE_FIXTURES_DIR) + "/llava_hears\"\n");
+  struct reset {
+    ~reset() { audio_jobs() = false; }
+  } restore;
+  audio_jobs() = true;
+  client c(m_);
+  ASSERT_TRUE(c.ok());
+  constexpr int jobs = 8;
+  constexpr std::int64_t tokens = 24;
+  auto ref = start_jobs(c, jobs, tokens, true);
+  join(*ref);
+  auto first = start_jobs(c, jobs, tokens, true);
+  auto to_n2 =
+      actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n2"}, 60s);
+  ASSERT_TRUE(to_n2.has_value()) << to_n2.error();
+  auto second = start_jobs(c, jobs, tokens, true);
+  auto to_n1 =
+      actors::migrate_shard(c.sys(), c.door(), actors::migrate_request{"vision", "n1"}, 60s);
+  ASSERT_TRUE(to_n1.has_value()) << to_n1.error();
+  join(*first);
+  join(*second);
+  for (auto* run : {ref.get(), first.get(), second.get()})
+    for (int i = 0; i < jobs; ++i) {
+      const auto& d = run->done[static_cast<std::size_t>(i)];
+      ASSERT_TRUE(d.has_value()) << "job " << i << ": " << run->errors[static_cast<std::size_t>(i)];
+      EXPECT_EQ(d->tokens, ref->done[static_cast<std::size_t>(i)]->tokens)
+          << "job " << i << " answered differently";
+    }
+  auto after = c.status();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->encoder.rfind("n1 ", 0), 0u) << after->encoder;
+  EXPECT_EQ(after->migrations, 2);
+  EXPECT_EQ(after->scheduler.clips, 3 * jobs);
+}
+
 // The node an encoder moved to is lost while image requests wait on it:
 // the encoder runs on the head again, the images it had are encoded there,
 // and every request ends with the answer it would have had (before, they
