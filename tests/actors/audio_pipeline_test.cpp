@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
 
 #include "actor_test.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/encoder.hpp"
 #include "actors/prompt.hpp"
 #include "actors/prompt_worker.hpp"
@@ -305,6 +307,15 @@ TEST_F(audio_pipeline_test, a_bad_clip_fails_its_request_and_the_others_go_on) {
   auto r = cl.submit(miscounted, {});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, error_code::invalid_request);
+  // Media out of their placeholders' order (an image where the prompt
+  // places a clip) are refused at admission, naming both.
+  auto swapped = ref().request(cs[1], client::next_id());  // <image> then <audio>
+  std::swap(swapped.media[0], swapped.media[1]);
+  r = cl.submit(swapped, {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, error_code::invalid_request);
+  EXPECT_NE(r.error().message.find("media item 0 is an audio clip"), std::string::npos)
+      << r.error().message;
 }
 
 TEST_F(audio_pipeline_test, the_encoder_batches_windows_of_different_clips) {
@@ -344,6 +355,30 @@ TEST_F(audio_pipeline_test, the_encoder_batches_windows_of_different_clips) {
   // none; the FLAC is the WAV again and follows it).
   EXPECT_GE(largest, 2);
   EXPECT_EQ(followers, 1);
+  // Each clip's rows, taken in index order from the encoder, are
+  // llava_model::encode_audio's for the clip alone, bit for bit.
+  std::int64_t first = 0;
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    auto clip = models::decode_audio_at(read_bytes(audio_dir + "/" + files[k]), 16000);
+    ASSERT_TRUE(clip);
+    auto alone = ref().model().encode_audio(*shared, clip->samples);
+    ASSERT_TRUE(alone) << alone.error().message;
+    const auto rows = alone->dim(0);
+    EXPECT_EQ(rows, replies[k].rows) << files[k];
+    tensor_ref got;
+    self->request(enc, caf::infinite, rows_atom::value, media_rows_request{7, first, rows, ""})
+        .receive([&](tensor_ref& r) { got = r; },
+                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    ASSERT_FALSE(got.empty());
+    auto batched = data_plane::local().take(got, *shared);
+    ASSERT_TRUE(batched) << batched.error().message;
+    ASSERT_EQ(batched->numel(), alone->numel());
+    EXPECT_EQ(std::memcmp(batched->data_as<float>(), alone->data_as<float>(),
+                          static_cast<std::size_t>(alone->numel()) * sizeof(float)),
+              0)
+        << files[k] << ": batched rows differ from the clip's alone";
+    first += rows;
+  }
   self->send_exit(enc, caf::exit_reason::user_shutdown);
 }
 
