@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -1314,9 +1315,11 @@ std::expected<api_request, api_error> parse_transcription_request(std::string_vi
             bad("response_format must be json, text, verbose_json, srt or vtt", "response_format"));
       r.transcription_format = value;
     } else if (name == "temperature") {
-      double t = 0;
-      const auto res = std::from_chars(value.data(), value.data() + value.size(), t);
-      if (res.ec != std::errc{} || res.ptr != value.data() + value.size() || !(t >= 0) || t > 2)
+      // (strtod: libc++ has no floating-point from_chars; a form field is
+      // short and ASCII, and troupe runs in the "C" locale.)
+      char* end = nullptr;
+      const double t = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+      if (value.empty() || end != value.c_str() + value.size() || !(t >= 0) || t > 2)
         return std::unexpected(bad("temperature must be a number in [0, 2]", "temperature"));
       r.job.has_temperature = true;
       r.job.temperature = t;
