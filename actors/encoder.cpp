@@ -64,6 +64,7 @@ struct pending_clip {
 struct pending_window {
   std::shared_ptr<pending_clip> clip;
   std::size_t window = 0;
+  std::int64_t samples = 0;     // the window's, for the bound on audio waiting
   std::vector<float> features;  // [num_mel_bins, frames]
   clock::time_point arrived;
 };
@@ -124,6 +125,7 @@ struct encoder_state {
   // clips being encoded by key (the same clip again follows the first).
   std::map<std::int64_t, std::deque<pending_window>> windows;
   std::map<core::block_hash, std::shared_ptr<pending_clip>> clips;
+  std::int64_t waiting_samples = 0;  // the samples of the windows waiting (bounded)
   std::uint64_t batches = 0;
   std::map<std::uint64_t, held_images> held;
   std::set<caf::actor_addr> watched;  ///< requesters monitored
@@ -250,6 +252,7 @@ void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket,
   if (n == 0) return;
   std::vector<pending_window> batch;
   for (std::size_t i = 0; i < n; ++i) {
+    self->state.waiting_samples -= q.front().samples;
     batch.push_back(std::move(q.front()));
     q.pop_front();
   }
@@ -365,6 +368,17 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
     rep.cached = true;
     return rep;
   }
+  // The features of the audio waiting are held here: bounded.
+  const auto rate = static_cast<double>(cfg.features.sample_rate);
+  const auto samples = static_cast<std::int64_t>(clip->samples.size());
+  if (!st.clips.contains(key) &&
+      static_cast<double>(st.waiting_samples + samples) / rate > res.max_waiting_audio_seconds)
+    return make_error(error_code::overloaded,
+                      name + ": the audio encoder holds " +
+                          std::to_string(static_cast<long long>(st.waiting_samples / rate)) +
+                          " s of audio waiting (limit " +
+                          std::to_string(static_cast<long long>(res.max_waiting_audio_seconds)) +
+                          " s); send it again later");
   auto promise = self->make_response_promise<encode_reply>();
   if (auto it = st.clips.find(key); it != st.clips.end()) {
     it->second->followers.push_back(
@@ -389,6 +403,7 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
     pending_window w;
     w.clip = c;
     w.window = ws.size();
+    w.samples = static_cast<std::int64_t>(piece.size());
     w.features = m.audio_features(piece);
     const auto frames = m.audio_frames(static_cast<std::int64_t>(piece.size()));
     c->first_row.push_back(row);
@@ -405,6 +420,7 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
   for (auto& w : ws) {
     const auto bucket = audio_bucket(static_cast<std::int64_t>(w.features.size()) / M);
     w.arrived = clock::now();
+    st.waiting_samples += w.samples;
     auto& q = st.windows[bucket];
     q.push_back(std::move(w));
     if (q.size() == 1)

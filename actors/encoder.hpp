@@ -24,6 +24,10 @@ struct encoder_resources {
   models::image_processor_config preprocessor;
   models::image_limits limits;
   models::audio_limits audio_limits;
+  /// Audio waiting to be encoded, in seconds, at most (its features are
+  /// held meanwhile: about 32 KB a second); a clip past it is refused as
+  /// overloaded, to be sent again later.
+  double max_waiting_audio_seconds = 3600;
   /// The encoder cache: an image's rows are kept under the SHA-256 of the
   /// tower's identity (`weights_id`) and its preprocessed pixels, up to
   /// this many bytes (least recently used out first; 0: no cache).

@@ -384,3 +384,47 @@ TEST_F(audio_pipeline_test, the_encoder_batches_windows_of_different_clips) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+TEST_F(audio_pipeline_test, audio_waiting_at_the_encoder_is_bounded) {
+  std::shared_ptr<kernels::device> dev = kernels::cpu::cpu_device::with_threads(1);
+  auto spec = parse_devices("cpu");
+  ASSERT_TRUE(spec);
+  auto res = make_media_encoder(spec->front(), dev, model_dir, {});
+  ASSERT_TRUE(res) << res.error().message;
+  (*res)->max_waiting_audio_seconds = 4;  // one 3.3 s clip fits, two do not
+  encoder_options o;
+  o.max_batch = 8;
+  o.max_wait_ms = 300;  // the first clip waits while the second arrives
+  auto enc = spawn_encoder(sys, *res, o);
+  caf::scoped_actor self{sys};
+  auto send = [&](std::int32_t index, const std::string& file) {
+    self->send(
+        enc, encode_atom::value,
+        encode_request{9, index, {file, read_bytes(audio_dir + "/" + file), media_kind::audio}});
+  };
+  send(0, "speech16k.wav");
+  send(1, "speech16k.mp3");
+  std::vector<encode_reply> ok;
+  std::vector<std::string> refused;
+  for (int k = 0; k < 2; ++k)
+    self->receive([&](encode_reply& r) { ok.push_back(r); },
+                  [&](caf::error& e) {
+                    EXPECT_EQ(troupe_code(e), static_cast<std::uint8_t>(error_code::overloaded));
+                    refused.push_back(why(e));
+                  });
+  ASSERT_EQ(ok.size(), 1u);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("speech16k.mp3"), std::string::npos) << refused[0];
+  EXPECT_NE(refused[0].find("limit 4 s"), std::string::npos) << refused[0];
+  // Once the first is encoded, the second is taken.
+  send(1, "speech16k.mp3");
+  self->receive([&](encode_reply& r) { EXPECT_EQ(r.rows, ok[0].rows); },
+                [&](caf::error& e) { ADD_FAILURE() << why(e); });
+  self->send_exit(enc, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace troupe::actors
