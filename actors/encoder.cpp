@@ -134,6 +134,47 @@ struct encoder_state {
 
 using self_ptr = encoder_actor::stateful_pointer<encoder_state>;
 
+/// Runs the batches `q` (a bucket, oldest first) has due now
+/// (core::decide_batch) through `run(n)`, and re-arms the bucket's timer
+/// for what is left.
+template <class Queue, class Run>
+void close_due(self_ptr self, const encoder_options& o, std::int64_t bucket, Queue& q, Run run) {
+  for (;;) {
+    if (q.empty()) return;
+    const auto d = core::decide_batch(o, q.size(), q.front().arrived, clock::now());
+    if (d.close > 0) {
+      run(d.close);
+      continue;
+    }
+    if (d.wake_at) {
+      const auto delay = std::max(core::duration::zero(), *d.wake_at - clock::now());
+      self->delayed_send(self,
+                         std::chrono::duration_cast<std::chrono::microseconds>(delay) +
+                             std::chrono::microseconds(100),
+                         flush_atom::value, bucket);
+    }
+    return;
+  }
+}
+
+/// Holds `rows` as item `index` of `request` (for `owner`) and answers a
+/// follower of an item encoded once, or a cache hit: encode_reply with the
+/// rows' shape, their name, and cached set.
+encode_reply hold_shared(self_ptr self, std::uint64_t request, std::int32_t index,
+                         const caf::actor_addr& owner, const tensor& rows,
+                         const core::block_hash& key, double preprocess_ms) {
+  auto& h = self->state.held[request];
+  h.owner = owner;
+  h.rows[index] = rows;
+  encode_reply rep;
+  rep.rows = rows.dim(0);
+  rep.hidden = rows.dim(1);
+  rep.preprocess_ms = preprocess_ms;
+  rep.hash = bytes_of(key);
+  rep.cached = true;
+  return rep;
+}
+
 void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
   auto& q = self->state.buckets[bucket];
   n = std::min(n, q.size());
@@ -189,15 +230,9 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
           tensor::empty(res.dev->memory(), kernels::dtype::f32, {rows->dim(0), rows->dim(1)});
       if (own && res.dev->copy(*rows, *own)) self->state.cache->put(batch[i].key, std::move(*own));
     }
-    for (auto& f : batch[i].followers) {  // the same rows (read only), no encoding of theirs
-      auto& h = self->state.held[f.request];
-      h.owner = f.owner;
-      h.rows[f.index] = *rows;
-      encode_reply same = rep;
-      same.preprocess_ms = f.preprocess_ms;
-      same.cached = true;
-      f.promise.deliver(std::move(same));
-    }
+    for (auto& f : batch[i].followers)  // the same rows (read only), no encoding of theirs
+      f.promise.deliver(
+          hold_shared(self, f.request, f.index, f.owner, *rows, batch[i].key, f.preprocess_ms));
     auto& h = self->state.held[batch[i].request];
     h.owner = batch[i].owner;
     h.rows[batch[i].index] = std::move(*rows);
@@ -219,15 +254,9 @@ void finish_clip(self_ptr self, pending_clip& c) {
   rep.hidden = c.rows.dim(1);
   rep.hash = bytes_of(c.key);
   if (st.cache) st.cache->put(c.key, c.rows);  // its own tensor: shared read-only
-  for (auto& f : c.followers) {
-    auto& h = st.held[f.request];
-    h.owner = f.owner;
-    h.rows[f.index] = c.rows;
-    encode_reply same = rep;
-    same.preprocess_ms = f.preprocess_ms;
-    same.cached = true;
-    f.promise.deliver(std::move(same));
-  }
+  for (auto& f : c.followers)
+    f.promise.deliver(
+        hold_shared(self, f.request, f.index, f.owner, c.rows, c.key, f.preprocess_ms));
   auto& h = st.held[c.request];
   h.owner = c.owner;
   h.rows[c.index] = c.rows;
@@ -313,23 +342,8 @@ void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket,
 /// Closes what is due in audio `bucket`; re-arms the timer for the rest.
 void flush_audio(self_ptr self, encoder_resources& res, const encoder_options& o,
                  std::int64_t bucket) {
-  auto& q = self->state.windows[bucket];
-  for (;;) {
-    if (q.empty()) return;
-    const auto d = core::decide_batch(o, q.size(), q.front().arrived, clock::now());
-    if (d.close > 0) {
-      run_audio_batch(self, res, bucket, d.close);
-      continue;
-    }
-    if (d.wake_at) {
-      const auto delay = std::max(core::duration::zero(), *d.wake_at - clock::now());
-      self->delayed_send(self,
-                         std::chrono::duration_cast<std::chrono::microseconds>(delay) +
-                             std::chrono::microseconds(100),
-                         flush_atom::value, bucket);
-    }
-    return;
-  }
+  close_due(self, o, bucket, self->state.windows[bucket],
+            [&](std::size_t n) { run_audio_batch(self, res, bucket, n); });
 }
 
 /// Takes an audio clip: decoded, resampled, cut into windows whose
@@ -356,18 +370,9 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
       core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(id.data()), id.size()),
                    std::as_bytes(std::span(clip->samples)));
   auto& st = self->state;
-  if (auto hit = st.cache ? st.cache->take(key) : std::nullopt) {
-    auto& h = st.held[req.request];
-    h.owner = owner;
-    h.rows[req.index] = *hit;
-    encode_reply rep;
-    rep.rows = hit->dim(0);
-    rep.hidden = hit->dim(1);
-    rep.preprocess_ms = ms_between(t0, clock::now());
-    rep.hash = bytes_of(key);
-    rep.cached = true;
-    return rep;
-  }
+  if (auto hit = st.cache ? st.cache->take(key) : std::nullopt)
+    return hold_shared(self, req.request, req.index, owner, *hit, key,
+                       ms_between(t0, clock::now()));
   // The features of the audio waiting are held here: bounded.
   const auto rate = static_cast<double>(cfg.features.sample_rate);
   const auto samples = static_cast<std::int64_t>(clip->samples.size());
@@ -432,26 +437,10 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
   return promise;
 }
 
-/// Closes what is due in `bucket` (core::decide_batch); re-arms the timer
-/// for what is left.
+/// Closes what is due in image `bucket`; re-arms the timer for the rest.
 void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std::int64_t bucket) {
-  auto& q = self->state.buckets[bucket];
-  for (;;) {
-    if (q.empty()) return;
-    const auto d = core::decide_batch(o, q.size(), q.front().arrived, clock::now());
-    if (d.close > 0) {
-      run_batch(self, res, bucket, d.close);
-      continue;
-    }
-    if (d.wake_at) {
-      const auto delay = std::max(core::duration::zero(), *d.wake_at - clock::now());
-      self->delayed_send(self,
-                         std::chrono::duration_cast<std::chrono::microseconds>(delay) +
-                             std::chrono::microseconds(100),
-                         flush_atom::value, bucket);
-    }
-    return;
-  }
+  close_due(self, o, bucket, self->state.buckets[bucket],
+            [&](std::size_t n) { run_batch(self, res, bucket, n); });
 }
 
 /// Rows [first_row, first_row + rows) of request `q.request`'s held items,
@@ -586,18 +575,9 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
               core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(res->weights_id.data()),
                                      res->weights_id.size()),
                            std::as_bytes(std::span(pv->data)));
-          if (auto hit = self->state.cache ? self->state.cache->take(key) : std::nullopt) {
-            auto& h = self->state.held[req.request];
-            h.owner = owner;
-            h.rows[req.index] = *hit;
-            encode_reply rep;
-            rep.rows = hit->dim(0);
-            rep.hidden = hit->dim(1);
-            rep.preprocess_ms = ms_between(t0, clock::now());
-            rep.hash = bytes_of(key);
-            rep.cached = true;
-            return rep;
-          }
+          if (auto hit = self->state.cache ? self->state.cache->take(key) : std::nullopt)
+            return hold_shared(self, req.request, req.index, owner, *hit, key,
+                               ms_between(t0, clock::now()));
           // Bucket by the token count the input encodes to (fixed for a CLIP
           // tower; audio clips will differ).
           const std::int64_t bucket = res->model->tokens_per_image();

@@ -1,10 +1,17 @@
 // The actor system configuration every actors test uses.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <caf/all.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
 
+#include "actors/client.hpp"
 #include "actors/protocol.hpp"
 
 namespace troupe::test {
@@ -51,6 +58,33 @@ inline actors::scheduler_actor idle_scheduler(
         [](resume_atom) {},
     };
   });
+}
+
+/// Submits every request at once through `c` and waits (15 minutes at
+/// most) for the finish of each accepted one: the finishes in the
+/// requests' order (an empty one for a request refused or unfinished).
+inline std::vector<actors::finish_event> run_all(
+    actors::client& c, const std::vector<actors::generate_request>& reqs) {
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, actors::finish_event> done;
+  std::size_t accepted = 0;
+  for (const auto& r : reqs) {
+    actors::client::callbacks cb;
+    cb.on_finish = [&](const actors::finish_event& f) {
+      std::lock_guard lock(m);
+      done.emplace(f.id, f);
+      cv.notify_all();
+    };
+    auto ack = c.submit(r, cb);
+    EXPECT_TRUE(ack) << (ack ? "" : ack.error().message);
+    if (ack) ++accepted;
+  }
+  std::unique_lock lock(m);
+  cv.wait_for(lock, std::chrono::minutes(15), [&] { return done.size() == accepted; });
+  std::vector<actors::finish_event> out;
+  for (const auto& r : reqs) out.push_back(done.count(r.id) ? done[r.id] : actors::finish_event{});
+  return out;
 }
 
 }  // namespace troupe::test

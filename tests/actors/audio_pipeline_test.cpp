@@ -182,26 +182,7 @@ struct audio_pipeline_test : ::testing::Test {
   }
 };
 
-std::vector<finish_event> run_all(client& c, const std::vector<generate_request>& reqs) {
-  std::mutex m;
-  std::condition_variable cv;
-  std::map<std::uint64_t, finish_event> done;
-  for (const auto& r : reqs) {
-    client::callbacks cb;
-    cb.on_finish = [&](const finish_event& f) {
-      std::lock_guard lock(m);
-      done.emplace(f.id, f);
-      cv.notify_all();
-    };
-    auto ack = c.submit(r, cb);
-    EXPECT_TRUE(ack) << (ack ? "" : ack.error().message);
-  }
-  std::unique_lock lock(m);
-  cv.wait(lock, [&] { return done.size() == reqs.size(); });
-  std::vector<finish_event> out;
-  for (const auto& r : reqs) out.push_back(done.at(r.id));
-  return out;
-}
+using test::run_all;
 
 TEST(AudioPlacement, MediaFollowTheirPlaceholdersAndClipsAreCountedOnce) {
   auto r = ref().request(cases()[3], 1);  // <audio> then <image>

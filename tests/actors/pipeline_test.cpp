@@ -187,26 +187,7 @@ struct pipeline_test : ::testing::Test {
 };
 
 /// Submits all cases at once and waits for every finish.
-std::vector<finish_event> run_all(client& c, const std::vector<generate_request>& reqs) {
-  std::mutex m;
-  std::condition_variable cv;
-  std::map<std::uint64_t, finish_event> done;
-  for (const auto& r : reqs) {
-    client::callbacks cb;
-    cb.on_finish = [&](const finish_event& f) {
-      std::lock_guard lock(m);
-      done.emplace(f.id, f);
-      cv.notify_all();
-    };
-    auto ack = c.submit(r, cb);
-    EXPECT_TRUE(ack) << (ack ? "" : ack.error().message);
-  }
-  std::unique_lock lock(m);
-  cv.wait(lock, [&] { return done.size() == reqs.size(); });
-  std::vector<finish_event> out;
-  for (const auto& r : reqs) out.push_back(done.at(r.id));
-  return out;
-}
+using test::run_all;
 
 TEST_F(pipeline_test, one_request_matches_plain_generation_on_one_and_two_stages) {
   for (int stages : {1, 2}) {

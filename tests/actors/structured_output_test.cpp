@@ -81,26 +81,7 @@ struct structured : ::testing::Test {
 
   std::vector<finish_event> run_all(const std::vector<generate_request>& reqs) {
     client c(sys, rt->scheduler());
-    std::mutex m;
-    std::condition_variable cv;
-    std::map<std::uint64_t, finish_event> done;
-    std::size_t accepted = 0;
-    for (const auto& r : reqs) {
-      client::callbacks cb;
-      cb.on_finish = [&](const finish_event& f) {
-        std::lock_guard lock(m);
-        done.emplace(f.id, f);
-        cv.notify_all();
-      };
-      auto ack = c.submit(r, cb);
-      EXPECT_TRUE(ack) << (ack ? "" : ack.error().message);
-      if (ack) ++accepted;
-    }
-    std::unique_lock lock(m);
-    cv.wait_for(lock, std::chrono::minutes(15), [&] { return done.size() == accepted; });
-    std::vector<finish_event> out;
-    for (const auto& r : reqs) out.push_back(done.count(r.id) ? done[r.id] : finish_event{});
-    return out;
+    return test::run_all(c, reqs);
   }
 };
 
