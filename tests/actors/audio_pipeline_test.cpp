@@ -17,6 +17,7 @@
 #include "actors/prompt_worker.hpp"
 #include "actors/runtime.hpp"
 #include "kernels/cpu/cpu_device.hpp"
+#include "llava_reference.hpp"
 #include "models/audio.hpp"
 #include "models/generate.hpp"
 #include "models/image.hpp"
@@ -56,20 +57,9 @@ std::string path_of(const std::string& f) {
   return (is_image(f) ? shapes_dir : audio_dir) + "/" + f;
 }
 
-class reference {
+class reference : test::llava_parts {
  public:
-  reference() {
-    ctx_ = kernels::cpu::cpu_device::with_threads(2);
-    auto m = models::llava_model::load(model_dir, *ctx_);
-    EXPECT_TRUE(m) << (m ? "" : m.error().message);
-    model_ = std::move(*m);
-    auto t = models::tokenizer::load(model_dir);
-    EXPECT_TRUE(t);
-    tok_.emplace(std::move(*t));
-    auto pc = models::load_image_processor_config(model_dir);
-    EXPECT_TRUE(pc);
-    pre_ = *pc;
-  }
+  reference() : llava_parts(model_dir) {}
 
   std::vector<std::int32_t> ids(const audio_case& c) const {
     auto ids = tok_->encode("USER: " + c.prompt + " ASSISTANT:", true, true);
@@ -111,15 +101,7 @@ class reference {
     std::vector<std::span<const float>> spans(clips.begin(), clips.end());
     auto prep = model_->prepare(*ctx_, ids(c), pv, spans);
     EXPECT_TRUE(prep) << (prep ? "" : prep.error().message);
-    models::generation_request req;
-    req.prompt = prep->tokens;
-    req.image_token = prep->image_token;
-    req.image_embeds = prep->image_embeds;
-    req.params = params(c);
-    auto out = models::generate_batch(*ctx_, model_->language_model(), {req},
-                                      {[](std::int32_t) { return std::string(); }}, {}, {});
-    EXPECT_TRUE(out) << (out ? "" : out.error().message);
-    return (*out)[0].tokens;
+    return prep ? generate_alone(*prep, params(c)) : std::vector<std::int32_t>{};
   }
 
   /// The scheduler's request, as the prompt worker makes it.
@@ -141,12 +123,6 @@ class reference {
   }
 
   const models::llava_model& model() const { return *model_; }
-
- private:
-  std::unique_ptr<kernels::cpu::cpu_device> ctx_;
-  std::unique_ptr<models::llava_model> model_;
-  std::optional<models::tokenizer> tok_;
-  models::image_processor_config pre_;
 };
 
 reference& ref() {

@@ -5,6 +5,7 @@
 
 #include "actor_test.hpp"
 #include "kernels/cpu/cpu_device.hpp"
+#include "llava_reference.hpp"
 
 #include <atomic>
 #include <condition_variable>
@@ -46,20 +47,9 @@ struct prompt_case {
 
 /// The reference: the bundled model through models::generate_batch alone,
 /// as `troupe generate` runs it.
-class reference {
+class reference : test::llava_parts {
  public:
-  reference() {
-    ctx_ = kernels::cpu::cpu_device::with_threads(2);
-    auto m = models::llava_model::load(model_dir, *ctx_);
-    EXPECT_TRUE(m) << (m ? "" : m.error().message);
-    model_ = std::move(*m);
-    auto t = models::tokenizer::load(model_dir);
-    EXPECT_TRUE(t);
-    tok_.emplace(std::move(*t));
-    auto pc = models::load_image_processor_config(model_dir);
-    EXPECT_TRUE(pc);
-    pre_ = *pc;
-  }
+  reference() : llava_parts(model_dir) {}
 
   std::vector<std::int32_t> prompt_ids(const prompt_case& c) const {
     const std::string text =
@@ -90,17 +80,7 @@ class reference {
     }
     auto prep = model_->prepare(*ctx_, ids, pixels);
     EXPECT_TRUE(prep) << (prep ? "" : prep.error().message);
-    models::generation_request req;
-    req.prompt = prep->tokens;
-    req.image_token = prep->image_token;
-    req.image_embeds = prep->image_embeds;
-    req.params = params(c);
-    models::generate_options opts;
-    opts.kv = kv;
-    auto out = models::generate_batch(*ctx_, model_->language_model(), {req},
-                                      {[](std::int32_t) { return std::string(); }}, {}, opts);
-    EXPECT_TRUE(out) << (out ? "" : out.error().message);
-    return (*out)[0].tokens;
+    return prep ? generate_alone(*prep, params(c), kv) : std::vector<std::int32_t>{};
   }
 
   generate_request request(const prompt_case& c, std::uint64_t id) const {
@@ -112,12 +92,6 @@ class reference {
     r.params = params(c);
     return r;
   }
-
- private:
-  std::unique_ptr<kernels::cpu::cpu_device> ctx_;
-  std::unique_ptr<models::llava_model> model_;
-  std::optional<models::tokenizer> tok_;
-  models::image_processor_config pre_;
 };
 
 reference& ref() {
