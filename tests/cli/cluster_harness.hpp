@@ -98,11 +98,12 @@ inline actors::job_request job(int i, std::int64_t max_tokens, bool ignore_eos) 
   actors::job_request j;
   j.id = actors::random_job_id();
   j.prompt = "Describe the image.";
-  if (!text_only_jobs()) j.images.push_back(image(i));
-  if (audio_jobs())
-    j.audios.push_back(clip(i));
-  else
+  if (!text_only_jobs()) {
+    j.images.push_back(image(i));
+  } else {
     j.prompt = "Tell story number " + std::to_string(i) + ".";  // (distinct, as the images are)
+  }
+  if (audio_jobs()) j.audios.push_back(clip(i));
   j.max_tokens = max_tokens;
   j.ignore_eos = ignore_eos;
   return j;
