@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -22,6 +23,8 @@ namespace {
 using clock = steady;
 using kernels::tensor;
 
+struct pending_clip;
+
 struct pending_input {
   std::vector<float> pixels;  // [3, side, side]
   caf::typed_response_promise<encode_reply> promise;
@@ -41,11 +44,16 @@ struct pending_input {
     caf::actor_addr owner;
   };
   std::vector<follower> followers;
+  /// A video's frame (promise, key and followers are then the video's):
+  /// its rows go to the video's, from row `first_row`.
+  std::shared_ptr<pending_clip> video;
+  std::int64_t first_row = 0;
 };
 
-/// An audio clip on its way through the tower: its windows are batched
-/// with other clips' windows of the same frame count, and each batch
-/// copies its windows' rows into the clip's.
+/// An audio clip (or a video) on its way through a tower: its windows are
+/// batched with other clips' windows of the same frame count (a video's
+/// frames with the images), and each batch copies its windows' rows into
+/// the clip's.
 struct pending_clip {
   tensor rows;                          // [tokens, hidden] on the device, filled window by window
   std::vector<std::int64_t> first_row;  // each window's first row in `rows`
@@ -175,6 +183,9 @@ encode_reply hold_shared(self_ptr self, std::uint64_t request, std::int32_t inde
   return rep;
 }
 
+void finish_clip(self_ptr self, pending_clip& c);
+void fail_clip(self_ptr self, pending_clip& c, const caf::error& e);
+
 void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
   auto& q = self->state.buckets[bucket];
   n = std::min(n, q.size());
@@ -184,6 +195,11 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
     batch.push_back(std::move(q.front()));
     q.pop_front();
   }
+  // The images first, then the videos' frames (pooled and projected apart).
+  std::stable_partition(batch.begin(), batch.end(),
+                        [](const pending_input& p) { return !p.video; });
+  const auto n_images = static_cast<std::size_t>(
+      std::count_if(batch.begin(), batch.end(), [](const pending_input& p) { return !p.video; }));
   const std::int64_t side = res.model->image_size(), C = res.model->channels();
   const auto t0 = clock::now();
   std::unique_lock device_lock(
@@ -197,13 +213,60 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
     for (std::size_t i = 0; i < n; ++i)
       std::copy(batch[i].pixels.begin(), batch[i].pixels.end(),
                 pix->data_as<float>() + static_cast<std::int64_t>(i) * C * side * side);
-    out = res.model->encode_images(*res.dev, *pix);
+    if (n_images == n) {
+      out = res.model->encode_images(*res.dev, *pix);
+    } else {
+      out = res.model->vision_features(*res.dev, *pix);
+    }
+  }
+  const std::int64_t T = res.model->tokens_per_image();
+  // A batch with frames: the images' rows projected, the frames' pooled,
+  // projected and copied into their videos' rows.
+  std::vector<caf::error> frame_errors(n);
+  if (!out)
+    for (std::size_t i = n_images; i < n; ++i)
+      frame_errors[i] = make_error(error_code::internal, "vision encoder on " + res.device.name +
+                                                             ": " + out.error().message);
+  if (out && n_images < n) {
+    auto features = std::move(*out);
+    if (n_images > 0) {
+      auto f = features.slice_rows(0, static_cast<std::int64_t>(n_images) * T);
+      out = f ? res.model->project(*res.dev, *f)
+              : kernels::result<tensor>(std::unexpected(f.error()));
+    }
+    const auto n_frames = static_cast<std::int64_t>(n - n_images);
+    auto f = features.slice_rows(static_cast<std::int64_t>(n_images) * T, n_frames * T);
+    auto rows = f ? res.model->frame_rows(*res.dev, *f)
+                  : kernels::result<tensor>(std::unexpected(f.error()));
+    const std::int64_t R = res.model->tokens_per_frame();
+    for (std::size_t i = n_images; i < n; ++i) {
+      auto& v = *batch[i].video;
+      if (v.failed) continue;
+      const auto at = static_cast<std::int64_t>(i - n_images) * R;
+      auto src =
+          rows ? rows->slice_rows(at, R) : kernels::result<tensor>(std::unexpected(rows.error()));
+      auto dst = v.rows.slice_rows(batch[i].first_row, R);
+      kernels::result<void> r = src && dst ? res.dev->copy(*src, *dst)
+                                           : std::unexpected(!src ? src.error() : dst.error());
+      if (!r)
+        frame_errors[i] = make_error(error_code::internal, "vision encoder on " + res.device.name +
+                                                               ": " + r.error().message);
+    }
   }
   device_lock.unlock();
   const double encode_ms = ms_between(t0, clock::now());
   ++self->state.batches;
-  const std::int64_t T = res.model->tokens_per_image();
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = n_images; i < n; ++i) {
+    auto video = batch[i].video;  // keeps it alive past finish_clip's erase
+    if (frame_errors[i]) {
+      fail_clip(self, *video, frame_errors[i]);
+      continue;
+    }
+    video->encode_ms += encode_ms;
+    video->batch = std::max<std::int64_t>(video->batch, static_cast<std::int64_t>(n));
+    if (--video->left == 0) finish_clip(self, *video);
+  }
+  for (std::size_t i = 0; i < n_images; ++i) {
     auto fail = [&](const caf::error& e) {
       batch[i].promise.deliver(e);
       for (auto& f : batch[i].followers) f.promise.deliver(e);
@@ -443,6 +506,97 @@ void flush(self_ptr self, encoder_resources& res, const encoder_options& o, std:
             [&](std::size_t n) { run_batch(self, res, bucket, n); });
 }
 
+/// Takes a video: its sampled frames decoded and preprocessed as images
+/// are, each waiting in the images' bucket (or its rows from the cache).
+caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
+                                     const encoder_options& o, encode_request& req,
+                                     const caf::actor_addr& owner, clock::time_point t0) {
+  const std::string name =
+      req.item.name.empty() ? "video of request " + std::to_string(req.request) : req.item.name;
+  const auto& m = *res.model;
+  if (!m.has_video())
+    return make_error(error_code::invalid_request, name + ": this model takes no video");
+  models::video_sampling sampling;
+  if (req.item.num_frames > 0) sampling.num_frames = req.item.num_frames;
+  sampling.fps = req.item.fps;
+  auto v = models::decode_video(req.item.bytes, sampling, res.video_limits);
+  if (!v) return make_error(error_code::invalid_request, name + ": " + v.error().message);
+  // The frames the headers promised (the prompt worker counted them).
+  const auto wanted = models::sample_frames(v->frames_in_file, v->seconds, sampling).size();
+  if (v->frames.size() != wanted)
+    return make_error(error_code::invalid_request, name + ": " + std::to_string(v->frames.size()) +
+                                                       " of its " + std::to_string(wanted) +
+                                                       " sampled frames could be decoded");
+  const std::int64_t side = m.image_size(), R = m.tokens_per_frame();
+  std::vector<std::vector<float>> pixels;
+  for (std::size_t f = 0; f < v->frames.size(); ++f) {
+    auto pv = models::preprocess_image(v->frames[f], res.preprocessor);
+    if (!pv)
+      return make_error(
+          error_code::invalid_request,
+          name + ": frame " + std::to_string(v->index[f]) + ": " + pv.error().message);
+    if (pv->height != side || pv->width != side)
+      return make_error(error_code::invalid_request,
+                        name + ": the preprocessor makes " + std::to_string(pv->height) + "x" +
+                            std::to_string(pv->width) + " frames but the vision tower takes " +
+                            std::to_string(side) + "x" + std::to_string(side));
+    pixels.push_back(std::move(pv->data));
+  }
+  // The video's name: the tower, its pooling and the frames' pixels.
+  // (SHA-256 of the identity and of the frames' own SHA-256s, in order.)
+  std::vector<std::uint8_t> names;
+  for (const auto& p : pixels) {
+    const auto f = core::sha256({}, std::as_bytes(std::span(p)));
+    names.insert(names.end(), f.begin(), f.end());
+  }
+  const std::string id = res.weights_id + ";video;" + std::to_string(R);
+  const auto key =
+      core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(id.data()), id.size()),
+                   std::as_bytes(std::span(names)));
+  auto& st = self->state;
+  if (auto hit = st.cache ? st.cache->take(key) : std::nullopt)
+    return hold_shared(self, req.request, req.index, owner, *hit, key,
+                       ms_between(t0, clock::now()));
+  auto promise = self->make_response_promise<encode_reply>();
+  if (auto it = st.clips.find(key); it != st.clips.end()) {
+    it->second->followers.push_back(
+        {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
+    return promise;
+  }
+  const auto frames = static_cast<std::int64_t>(pixels.size());
+  auto rows = tensor::empty(res.dev->memory(), kernels::dtype::f32,
+                            {frames * R, m.config().text.hidden_size});
+  if (!rows) return make_error(error_code::internal, name + ": " + rows.error().message);
+  auto c = std::make_shared<pending_clip>();
+  c->rows = std::move(*rows);
+  c->promise = promise;
+  c->request = req.request;
+  c->index = req.index;
+  c->owner = owner;
+  c->key = key;
+  c->left = pixels.size();
+  c->preprocess_ms = ms_between(t0, clock::now());
+  st.clips.emplace(key, c);
+  const std::int64_t bucket = m.tokens_per_image();
+  auto& q = st.buckets[bucket];
+  for (std::int64_t f = 0; f < frames; ++f) {
+    pending_input in;
+    in.pixels = std::move(pixels[static_cast<std::size_t>(f)]);
+    in.arrived = clock::now();
+    in.request = req.request;
+    in.index = req.index;
+    in.owner = owner;
+    in.key = key;
+    in.video = c;
+    in.first_row = f * R;
+    q.push_back(std::move(in));
+    if (q.size() == 1)
+      self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
+  }
+  if (q.size() >= static_cast<std::size_t>(o.max_batch)) flush(self, res, o, bucket);
+  return promise;
+}
+
 /// Rows [first_row, first_row + rows) of request `q.request`'s held items,
 /// taken in index order (item k's rows follow items 0..k-1's: an image's
 /// tokens_per_image rows, or a clip's own count), sent to the process
@@ -552,6 +706,7 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           const auto owner = caf::actor_cast<caf::actor_addr>(sender);
           if (sender && self->state.watched.insert(owner).second) self->monitor(sender);
           if (req.item.kind == media_kind::audio) return take_clip(self, *res, o, req, owner, t0);
+          if (req.item.kind == media_kind::video) return take_video(self, *res, o, req, owner, t0);
           if (req.item.kind != media_kind::image)
             return make_error(error_code::invalid_request, "a media item of an unknown kind");
           const std::string name = req.item.name.empty()
@@ -586,7 +741,7 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           // The same image already waits (two requests sent it at once):
           // this one takes its rows when that batch runs.
           for (auto& p : q)
-            if (p.key == key) {
+            if (p.key == key && !p.video) {
               p.followers.push_back(
                   {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
               return promise;
@@ -599,7 +754,9 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
                        req.index,
                        owner,
                        key,
-                       {}});
+                       {},
+                       nullptr,
+                       0});
           if (q.size() >= static_cast<std::size_t>(o.max_batch)) {
             flush(self, *res, o, bucket);
           } else if (q.size() == 1) {

@@ -9,6 +9,7 @@
 #include "models/audio.hpp"
 #include "models/image_processor.hpp"
 #include "models/llava.hpp"
+#include "models/video.hpp"
 
 namespace troupe::actors {
 
@@ -24,6 +25,7 @@ struct encoder_resources {
   models::image_processor_config preprocessor;
   models::image_limits limits;
   models::audio_limits audio_limits;
+  models::video_limits video_limits;
   /// Audio waiting to be encoded, in seconds, at most (its features are
   /// held meanwhile: about 32 KB a second); a clip past it is refused as
   /// overloaded, to be sent again later.
@@ -48,7 +50,11 @@ kernels::result<std::shared_ptr<encoder_resources>> make_media_encoder(
 /// decoded and resampled on arrival and cut into the tower's windows; the
 /// windows of every clip waiting are batched by their frame count (a
 /// whole window's with other whole windows), and a clip is answered once
-/// its last window is encoded (its rows: its windows', in order). It holds the rows (on
+/// its last window is encoded (its rows: its windows', in order). A
+/// video's sampled frames are decoded and preprocessed on arrival and wait
+/// with the images (one bucket: they share the vision tower); a batch's
+/// frames are pooled and projected apart from its images, and a video is
+/// answered once its last frame is. It holds the rows (on
 /// its device) until the requester forgets the request or goes down, and
 /// sends a chunk's rows straight to the first stage's process when asked
 /// (rows_atom): they never pass through the scheduler.

@@ -713,6 +713,8 @@ int route(head_ptr self, const generate_request& req) {
       end = std::find(req.prompt_tokens.begin(), end, st.frontend.image_token);
     if (st.frontend.audio_token >= 0)
       end = std::find(req.prompt_tokens.begin(), end, st.frontend.audio_token);
+    if (st.frontend.video_token >= 0)
+      end = std::find(req.prompt_tokens.begin(), end, st.frontend.video_token);
     core::block_chain chain(core::root_hash(st.cache_ns, req.cache_salt), st.cfg.node.kv.block_size,
                             -1, 0, {});
     chain.extend(std::span(req.prompt_tokens.begin(), end));
@@ -820,6 +822,7 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
   const auto& m = cfg.node.m;
   auto prompt = load_prompt_setup(cfg.node.model);
   if (!prompt) return std::unexpected(prompt.error());
+  apply_media_limits(*prompt, m.media);
   if (const int k = m.parallelism.tensor_parallel; k > 1) {
     // Each rank holds 1/k of every layer's heads and FFN rows.
     const auto& t = prompt->text;
@@ -850,10 +853,13 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
     fe.tokens_per_image = prompt->llava->tokens_per_image();
     if (prompt->llava->audio)
       fe.audio_token = static_cast<std::int32_t>(prompt->llava->audio->token_index);
+    if (prompt->llava->video)
+      fe.video_token = static_cast<std::int32_t>(prompt->llava->video->token_index);
     auto dev = device_for(cfg.node.device);
     if (!dev) return std::unexpected(dev.error());
     auto e = make_media_encoder(cfg.node.device, *dev, cfg.node.model, cfg.node.plan);
     if (!e) return std::unexpected(e.error());
+    (*e)->video_limits = video_limits_of(m.media);
     enc = std::move(*e);
   }
   std::vector<std::string> names;

@@ -19,6 +19,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/kv_vault.hpp"
 #include "actors/log.hpp"
+#include "actors/prompt.hpp"
 #include "actors/stage.hpp"
 #include "cluster/head_lease.hpp"
 
@@ -537,6 +538,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_config cfg) {
           if (!enc)
             return make_error(error_code::stage_failed,
                               "node " + st.cfg.name + ", vision encoder: " + enc.error().message);
+          (*enc)->video_limits = video_limits_of(st.cfg.m.media);
           st.encoder = spawn_encoder(self->system(), *enc, encoder_options{});
           logging::of("agent").info("node {}: runs the vision encoder on {} (loaded in {:.0f} ms)",
                                     st.cfg.name, st.cfg.device.name, ms_since(t0));

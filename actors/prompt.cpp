@@ -63,6 +63,15 @@ kernels::result<prompt_setup> load_prompt_setup(const std::string& model) {
                                        " (audio_token_index)");
       s.audio_text = *a;
     }
+    if (s.llava->video) {
+      auto v = s.tok->token_text(static_cast<std::int32_t>(s.llava->video->token_index));
+      if (!v)
+        return kernels::make_error(errc::corrupt_data,
+                                   model + ": the tokenizer has no token " +
+                                       std::to_string(s.llava->video->token_index) +
+                                       " (video_token_index)");
+      s.video_text = *v;
+    }
   }
   return s;
 }
@@ -93,9 +102,20 @@ std::size_t occurrences(const std::string& text, const std::string& needle) {
 }
 
 // Media the model cannot take, or placeholders the template cannot write.
-kernels::result<void> check_media(const prompt_setup& s, int images, int audios, bool templated) {
-  if (images < 0 || audios < 0)
-    return kernels::make_error(errc::invalid_argument, "a negative image or audio clip count");
+kernels::result<void> check_media(const prompt_setup& s, int images, int audios, int videos,
+                                  bool templated) {
+  if (images < 0 || audios < 0 || videos < 0)
+    return kernels::make_error(errc::invalid_argument,
+                               "a negative image, audio clip or video count");
+  if (videos > 0 && s.video_text.empty())
+    return kernels::make_error(errc::invalid_argument,
+                               "videos need a model that sees video (a LLaVA folder with "
+                               "video_token_index); this model takes none");
+  if (templated && videos > 0 && s.video_text != "<video>")
+    return kernels::make_error(errc::invalid_argument,
+                               "this model's video placeholder is " + s.video_text +
+                                   ", which the chat template does not write; put it in the "
+                                   "prompt where each video goes");
   if (images > 0 && !s.llava)
     return kernels::make_error(
         errc::invalid_argument,
@@ -124,13 +144,18 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
     return t ? *t : std::string();
   };
   if (!in.messages.empty()) {
-    int images = 0, audios = 0;
+    int images = 0, audios = 0, videos = 0;
     for (const auto& m : in.messages) {
-      if (m.images < 0 || m.audios < 0)
+      if (m.images < 0 || m.audios < 0 || m.videos < 0)
         return kernels::make_error(errc::invalid_argument,
-                                   "a message with a negative image or audio clip count");
+                                   "a message with a negative image, audio clip or video count");
       images += m.images;
       audios += m.audios;
+      videos += m.videos;
+      if (!s.video_text.empty() && m.content.find(s.video_text) != std::string::npos)
+        return kernels::make_error(errc::invalid_argument,
+                                   "a message holds the video placeholder " + s.video_text +
+                                       " as text; send videos as video parts");
       if (!s.image_text.empty() && m.content.find(s.image_text) != std::string::npos)
         return kernels::make_error(errc::invalid_argument,
                                    "a message holds the image placeholder " + s.image_text +
@@ -148,7 +173,12 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
       return kernels::make_error(
           errc::invalid_argument,
           std::to_string(audios) + " audio parts for " + std::to_string(in.audios) + " clips");
-    if (auto r = check_media(s, images, audios, true); !r) return std::unexpected(r.error());
+    if (videos != in.videos)
+      return kernels::make_error(
+          errc::invalid_argument,
+          std::to_string(videos) + " video parts for " + std::to_string(in.videos) + " videos");
+    if (auto r = check_media(s, images, audios, videos, true); !r)
+      return std::unexpected(r.error());
     auto tmpl = choose_template(s, in.chat_template);
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
@@ -164,12 +194,14 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
       return kernels::make_error(errc::invalid_argument, "the chat encodes to no tokens");
     return std::move(*ids);
   }
-  if (auto r = check_media(s, in.images, in.audios, false); !r) return std::unexpected(r.error());
+  if (auto r = check_media(s, in.images, in.audios, in.videos, false); !r)
+    return std::unexpected(r.error());
   // Placeholders in the prompt put each image and clip where they stand;
   // with none, the template puts the turn's images, then its clips, first.
   const auto image_marks = occurrences(in.prompt, s.image_text);
   const auto audio_marks = occurrences(in.prompt, s.audio_text);
-  const bool placed = image_marks + audio_marks > 0;
+  const auto video_marks = occurrences(in.prompt, s.video_text);
+  const bool placed = image_marks + audio_marks + video_marks > 0;
   if (placed && image_marks != static_cast<std::size_t>(in.images))
     return kernels::make_error(errc::invalid_argument, "the prompt has " +
                                                            std::to_string(image_marks) + " " +
@@ -180,9 +212,16 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
                                "the prompt has " + std::to_string(audio_marks) + " " +
                                    s.audio_text + " placeholders for " + std::to_string(in.audios) +
                                    " audio clips");
-  const bool chat = in.chat || !in.chat_template.empty() || (in.images + in.audios > 0 && !placed);
+  if (placed && video_marks != static_cast<std::size_t>(in.videos))
+    return kernels::make_error(errc::invalid_argument, "the prompt has " +
+                                                           std::to_string(video_marks) + " " +
+                                                           s.video_text + " placeholders for " +
+                                                           std::to_string(in.videos) + " videos");
+  const bool chat =
+      in.chat || !in.chat_template.empty() || (in.images + in.audios + in.videos > 0 && !placed);
   if (chat && !placed)
-    if (auto r = check_media(s, in.images, in.audios, true); !r) return std::unexpected(r.error());
+    if (auto r = check_media(s, in.images, in.audios, in.videos, true); !r)
+      return std::unexpected(r.error());
   std::string text = in.prompt;
   bool add_special = !in.no_bos;
   if (chat) {
@@ -190,8 +229,9 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
     if (!tmpl)
       return kernels::make_error(errc::invalid_argument, "chat template: " + tmpl.error().message);
     std::vector<models::chat_message> msgs;
-    if (!in.system.empty()) msgs.push_back({"system", in.system, 0, 0});
-    msgs.push_back({"user", in.prompt, placed ? 0 : in.images, placed ? 0 : in.audios});
+    if (!in.system.empty()) msgs.push_back({"system", in.system, 0, 0, 0});
+    msgs.push_back({"user", in.prompt, placed ? 0 : in.images, placed ? 0 : in.audios,
+                    placed ? 0 : in.videos});
     auto rendered =
         tmpl->render(msgs, true, piece(s.tok->special_ids().bos), piece(s.tok->special_ids().eos));
     if (!rendered)
@@ -206,6 +246,23 @@ kernels::result<std::vector<std::int32_t>> render_prompt(const prompt_setup& s,
   if (ids->empty())
     return kernels::make_error(errc::invalid_argument, "the prompt encodes to no tokens");
   return std::move(*ids);
+}
+
+models::video_limits video_limits_of(const cluster::media_entry& m) {
+  models::video_limits v;
+  v.max_seconds = m.max_video_seconds;
+  v.max_side = static_cast<int>(m.max_video_side);
+  v.max_pixels = std::min<std::int64_t>(v.max_pixels, m.max_video_side * m.max_video_side);
+  v.max_sampled_frames = static_cast<int>(m.max_video_frames);
+  return v;
+}
+
+void apply_media_limits(prompt_setup& s, const cluster::media_entry& m) {
+  s.video_limits = video_limits_of(m);
+  s.video_frames = static_cast<std::int32_t>(m.video_frames);
+  s.max_images = m.max_images;
+  s.max_audios = m.max_audios;
+  s.max_videos = m.max_videos;
 }
 
 models::sampling_params default_sampling(const prompt_setup& s, std::int64_t max_tokens) {

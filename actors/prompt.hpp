@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/manifest.hpp"
 #include "kernels/status.hpp"
 #include "models/audio.hpp"
 #include "models/chat_template.hpp"
@@ -18,6 +19,7 @@
 #include "models/llava_config.hpp"
 #include "models/sampling.hpp"
 #include "models/tokenizer.hpp"
+#include "models/video.hpp"
 
 namespace troupe::actors {
 
@@ -29,11 +31,26 @@ struct prompt_setup {
       stop_ids;               ///< every end-of-sequence id (config, generation config, tokenizer)
   std::string image_text;     ///< the image placeholder's text ("<image>")
   std::string audio_text;     ///< the audio placeholder's text ("<audio>"; empty: deaf model)
+  std::string video_text;     ///< the video placeholder's text ("<video>"; empty: no video)
   models::llama_config text;  ///< the decoder's config
   /// What an audio clip may be (checked before decoding, when the prompt
   /// worker counts a clip's tokens).
   models::audio_limits audio_limits;
+  /// What a video may be (checked on its headers when the prompt worker
+  /// counts its frames).
+  models::video_limits video_limits;
+  /// Frames sampled from a video whose request names none (the manifest's
+  /// [media] video_frames).
+  std::int32_t video_frames = 8;
+  /// Media a request may hold ([media] max_images, max_audios, max_videos;
+  /// vLLM's limit_mm_per_prompt): more is refused by name.
+  std::int64_t max_images = 1 << 20, max_audios = 1 << 20, max_videos = 1 << 20;
 };
+
+/// The manifest's [media] limits on a prompt setup (and the video limits an
+/// encoder applies).
+void apply_media_limits(prompt_setup& s, const cluster::media_entry& m);
+models::video_limits video_limits_of(const cluster::media_entry& m);
 
 /// Reads the tokenizer, configs and generation defaults of a model (a HF
 /// folder or GGUF file).
@@ -45,11 +62,12 @@ struct prompt_input {
   std::string chat_template;  ///< a template name; empty: the model's own
   int images = 0;
   int audios = 0;  ///< audio clips (the model's audio placeholder in the prompt, or the template's)
+  int videos = 0;  ///< videos (likewise)
   bool chat =
       false;  ///< apply the chat template (always with images and no placeholder in the prompt)
   bool no_bos = false;
   /// A whole chat instead of prompt/system (the template always applies;
-  /// `images` and `audios` are then the sums of the messages').
+  /// `images`, `audios` and `videos` are then the sums of the messages').
   std::vector<models::chat_message> messages;
 };
 

@@ -6,13 +6,32 @@
 
 namespace troupe::actors {
 
+models::video_sampling video_sampling_of(const media_data& v) {
+  models::video_sampling s;
+  if (v.num_frames > 0) s.num_frames = v.num_frames;
+  s.fps = v.fps;
+  return s;
+}
+
 std::expected<void, caf::error> place_media(const prompt_setup& setup,
                                             std::vector<media_data> images,
-                                            std::vector<media_data> audios, generate_request& req) {
+                                            std::vector<media_data> audios, generate_request& req,
+                                            std::vector<media_data> videos) {
   auto bad = [](std::string why) {
     return std::unexpected(make_error(error_code::invalid_request, std::move(why)));
   };
-  if (images.empty() && audios.empty()) return {};
+  if (images.empty() && audios.empty() && videos.empty()) return {};
+  struct limit {
+    const char *what, *key;
+    std::size_t n;
+    std::int64_t most;
+  };
+  for (const auto& l : {limit{"images", "max_images", images.size(), setup.max_images},
+                        limit{"audio clips", "max_audios", audios.size(), setup.max_audios},
+                        limit{"videos", "max_videos", videos.size(), setup.max_videos}})
+    if (static_cast<std::int64_t>(l.n) > l.most)
+      return bad("the request holds " + std::to_string(l.n) + " " + l.what + "; at most " +
+                 std::to_string(l.most) + " are allowed ([media] " + l.key + ")");
   const auto image_token =
       setup.llava ? static_cast<std::int32_t>(setup.llava->image_token_index) : -1;
   const auto audio_token = setup.llava && setup.llava->audio
@@ -37,7 +56,26 @@ std::expected<void, caf::error> place_media(const prompt_setup& setup,
       clip.kind = media_kind::audio;
     }
   }
-  std::size_t image = 0, clip = 0;
+  const auto video_token = setup.llava && setup.llava->video
+                               ? static_cast<std::int32_t>(setup.llava->video->token_index)
+                               : -1;
+  if (!videos.empty()) {
+    if (video_token < 0) return bad("videos need a model that sees video; this model takes none");
+    const auto per_frame = setup.llava->tokens_per_frame();
+    for (std::size_t k = 0; k < videos.size(); ++k) {
+      auto& v = videos[k];
+      const std::string name = v.name.empty() ? "video " + std::to_string(k + 1) : v.name;
+      // The server's default when the request names no frame count: the
+      // encoder then samples what was counted here.
+      if (v.num_frames <= 0) v.num_frames = setup.video_frames;
+      // The headers and packets only: the frames it will give.
+      auto probed = models::probe_video(v.bytes, video_sampling_of(v), setup.video_limits);
+      if (!probed) return bad(name + ": " + probed.error().message);
+      req.video_tokens.push_back(static_cast<std::int64_t>(probed->index.size()) * per_frame);
+      v.kind = media_kind::video;
+    }
+  }
+  std::size_t image = 0, clip = 0, video = 0;
   for (auto t : req.prompt_tokens) {
     if (t == image_token && image_token >= 0) {
       if (image == images.size())
@@ -50,12 +88,18 @@ std::expected<void, caf::error> place_media(const prompt_setup& setup,
         return bad("the prompt has more audio placeholders than the " +
                    std::to_string(audios.size()) + " clips given");
       req.media.push_back(std::move(audios[clip++]));
+    } else if (t == video_token && video_token >= 0) {
+      if (video == videos.size())
+        return bad("the prompt has more video placeholders than the " +
+                   std::to_string(videos.size()) + " videos given");
+      req.media.push_back(std::move(videos[video++]));
     }
   }
-  if (image != images.size() || clip != audios.size())
+  if (image != images.size() || clip != audios.size() || video != videos.size())
     return bad("the prompt places " + std::to_string(image) + " of " +
-               std::to_string(images.size()) + " images and " + std::to_string(clip) + " of " +
-               std::to_string(audios.size()) + " audio clips");
+               std::to_string(images.size()) + " images, " + std::to_string(clip) + " of " +
+               std::to_string(audios.size()) + " audio clips and " + std::to_string(video) +
+               " of " + std::to_string(videos.size()) + " videos");
   return {};
 }
 
@@ -64,8 +108,8 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
                                                        job_request job) {
   generate_request req;
   if (!job.prompt_ids.empty()) {
-    if (!job.images.empty() || !job.audios.empty() || job.chat || !job.turns.empty() ||
-        !job.prompt.empty())
+    if (!job.images.empty() || !job.audios.empty() || !job.videos.empty() || job.chat ||
+        !job.turns.empty() || !job.prompt.empty())
       return std::unexpected(make_error(error_code::invalid_request,
                                         "a prompt of token ids comes alone: no text, chat, "
                                         "images or audio with it"));
@@ -76,15 +120,19 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
   in.system = job.system;
   in.images = static_cast<int>(job.images.size());
   in.audios = static_cast<int>(job.audios.size());
+  in.videos = static_cast<int>(job.videos.size());
   in.chat = job.chat;
-  for (const auto& t : job.turns) in.messages.push_back({t.role, t.content, t.images, t.audios});
+  for (const auto& t : job.turns)
+    in.messages.push_back({t.role, t.content, t.images, t.audios, t.videos});
   if (req.prompt_tokens.empty()) {
     auto ids = render ? render(setup, in) : render_prompt(setup, in);
     if (!ids) return std::unexpected(make_error(error_code::invalid_request, ids.error().message));
     req.prompt_tokens = std::move(*ids);
   }
   req.id = job.id;
-  if (auto r = place_media(setup, std::move(job.images), std::move(job.audios), req); !r)
+  if (auto r = place_media(setup, std::move(job.images), std::move(job.audios), req,
+                           std::move(job.videos));
+      !r)
     return std::unexpected(std::move(r.error()));
   req.params = default_sampling(setup, job.max_tokens);
   if (job.has_temperature) req.params.temperature = job.temperature;

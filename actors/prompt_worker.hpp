@@ -26,13 +26,18 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
                                                        const prompt_renderer& render,
                                                        job_request job);
 
-/// Puts `images` and `audios` into `req.media` in the order of their
-/// placeholders in `req.prompt_tokens`, and each clip's token count into
-/// `req.audio_tokens`: each clip is decoded here (a bad one is refused
-/// now, by name, an invalid_request).
+/// Puts `images`, `audios` and `videos` into `req.media` in the order of
+/// their placeholders in `req.prompt_tokens`, each clip's token count into
+/// `req.audio_tokens` and each video's into `req.video_tokens`: each clip
+/// is decoded here, each video's headers and packets read (a bad one is
+/// refused now, by name, an invalid_request).
 std::expected<void, caf::error> place_media(const prompt_setup& setup,
                                             std::vector<media_data> images,
-                                            std::vector<media_data> audios, generate_request& req);
+                                            std::vector<media_data> audios, generate_request& req,
+                                            std::vector<media_data> videos = {});
+
+/// The sampling a video item asks for (its num_frames, 0: the default, and fps).
+models::video_sampling video_sampling_of(const media_data& v);
 
 /// A one-shot renderer: answers one render_atom with the request (or the
 /// refusal), then stops.

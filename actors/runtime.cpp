@@ -244,6 +244,8 @@ kernels::result<std::unique_ptr<local_runtime>> local_runtime::start(caf::actor_
     rt->frontend_.tokens_per_image = llava->tokens_per_image();
     if (llava->audio)
       rt->frontend_.audio_token = static_cast<std::int32_t>(llava->audio->token_index);
+    if (llava->video)
+      rt->frontend_.video_token = static_cast<std::int32_t>(llava->video->token_index);
   }
   // One compute context per device, shared by the actors placed on it.
   std::map<std::string, std::shared_ptr<kernels::device>> opened;

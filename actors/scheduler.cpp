@@ -511,39 +511,59 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
   }
   // The media in the order of the prompt's placeholders (the rows of
   // item k follow those of items 0..k-1), each with its rows.
-  std::int64_t n_images = 0, n_clips = 0;
-  for (const auto& m : q.media) (m.kind == media_kind::audio ? n_clips : n_images) += 1;
+  std::int64_t n_images = 0, n_clips = 0, n_videos = 0;
+  for (const auto& m : q.media)
+    (m.kind == media_kind::audio   ? n_clips
+     : m.kind == media_kind::video ? n_videos
+                                   : n_images) += 1;
   if (n_clips != static_cast<std::int64_t>(q.audio_tokens.size()))
     return bad(std::to_string(n_clips) + " audio clips with token counts for " +
                std::to_string(q.audio_tokens.size()));
+  if (n_videos != static_cast<std::int64_t>(q.video_tokens.size()))
+    return bad(std::to_string(n_videos) + " videos with token counts for " +
+               std::to_string(q.video_tokens.size()));
   if (n_clips > 0 && model.audio_token < 0) return bad("audio clips need a model that hears");
+  if (n_videos > 0 && model.video_token < 0) return bad("videos need a model that sees video");
   for (auto n : q.audio_tokens)
     if (n < 1) return bad("an audio clip with no tokens");
+  for (auto n : q.video_tokens)
+    if (n < 1) return bad("a video with no tokens");
   rows.clear();
-  std::size_t clip = 0;
+  std::size_t clip = 0, video = 0;
   for (auto t : spec.tokens) {
     const bool image = t == model.image_token && model.image_token >= 0;
     const bool audio = t == model.audio_token && model.audio_token >= 0;
-    if (!image && !audio) continue;
+    const bool vid = t == model.video_token && model.video_token >= 0;
+    if (!image && !audio && !vid) continue;
     const auto k = rows.size();
-    if (k < q.media.size() && (q.media[k].kind == media_kind::audio) != audio)
-      return bad("media item " + std::to_string(k) + " is an " + to_string(q.media[k].kind) +
-                 " but the prompt's placeholder " + std::to_string(k) + " is for an " +
-                 (audio ? "audio clip" : "image"));
-    rows.push_back(audio ? (clip < q.audio_tokens.size() ? q.audio_tokens[clip] : 0)
-                         : model.tokens_per_image);
-    clip += audio ? 1 : 0;
+    const auto kind = audio ? media_kind::audio : vid ? media_kind::video : media_kind::image;
+    const auto a = [](media_kind m) {
+      return std::string(m == media_kind::video ? "a " : "an ") + to_string(m);
+    };
+    if (k < q.media.size() && q.media[k].kind != kind)
+      return bad("media item " + std::to_string(k) + " is " + a(q.media[k].kind) +
+                 " but the prompt's placeholder " + std::to_string(k) + " is for " + a(kind));
+    if (audio) {
+      rows.push_back(clip < q.audio_tokens.size() ? q.audio_tokens[clip] : 0);
+      ++clip;
+    } else if (vid) {
+      rows.push_back(video < q.video_tokens.size() ? q.video_tokens[video] : 0);
+      ++video;
+    } else {
+      rows.push_back(model.tokens_per_image);
+    }
   }
   if (model.image_token >= 0 && !spec.tokens.empty()) {
     auto x = models::expand_media_tokens(spec.tokens, model.image_token, model.tokens_per_image,
-                                         n_images, model.audio_token, q.audio_tokens);
+                                         n_images, model.audio_token, q.audio_tokens,
+                                         model.video_token, q.video_tokens);
     if (!x) return bad(x.error().message);
     spec.tokens = std::move(*x);
   }
   spec.params = q.params;
   spec.deadline_ms = q.deadline_ms;
   spec.images = static_cast<std::int64_t>(q.media.size());
-  if (n_clips > 0) spec.media_rows = rows;
+  if (n_clips + n_videos > 0) spec.media_rows = rows;
   spec.guided = !q.grammar.empty();
   spec.cache_salt = q.cache_salt;
   spec.priority = q.priority;

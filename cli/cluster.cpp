@@ -33,6 +33,7 @@
 #include "cluster/launcher.hpp"
 #include "models/audio.hpp"
 #include "models/mapped_file.hpp"
+#include "models/video.hpp"
 
 namespace troupe::cli {
 
@@ -49,7 +50,9 @@ struct cluster_args {
   std::string api_key;  // up --http: its key
   int timeout_s = 300;
   std::string prompt, system;
-  std::vector<std::string> images, audios;
+  std::vector<std::string> images, audios, videos;
+  std::int32_t num_frames = 0;  // each video's (0: the default)
+  double fps = 0;
   std::int64_t max_tokens = 128;
   double temperature = 0;
   bool set_temperature = false;
@@ -640,6 +643,20 @@ int run_submit(const cluster_args& a) {
     clip.kind = actors::media_kind::audio;
     job.audios.push_back(std::move(clip));
   }
+  for (const auto& f : a.videos) {
+    auto bytes = models::read_file_bytes(f, models::video_limits{}.max_bytes);
+    if (!bytes) {
+      spdlog::error("submit: --video {}", bytes.error().message);
+      return 2;
+    }
+    actors::media_data v;
+    v.name = std::filesystem::path(f).filename().string();
+    v.bytes = std::move(*bytes);
+    v.kind = actors::media_kind::video;
+    v.num_frames = a.num_frames;
+    v.fps = a.fps;
+    job.videos.push_back(std::move(v));
+  }
   caf::actor_system_config cfg;
   auto sys = client_system(*m, cfg);
   if (!sys) return 1;
@@ -853,6 +870,15 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
                     "An image (PNG or JPEG) for the prompt; repeat for several");
     cmd->add_option("--audio", a->audios,
                     "An audio clip (WAV, FLAC or MP3) for a model that hears; repeat for several");
+    cmd->add_option("--video", a->videos,
+                    "A video (MP4, WebM or AVI) for a model that sees video; repeat for several");
+    cmd->add_option("--num-frames", a->num_frames,
+                    "Frames sampled from each video, uniformly (default 8, at most 64)")
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--fps", a->fps,
+                    "Sample one frame per 1/FPS seconds of each video instead (at most "
+                    "--num-frames)")
+        ->check(CLI::Range(0.0, 240.0));
     cmd->add_option("--system", a->system, "A system prompt (chat)");
     cmd->add_flag("--chat", a->chat,
                   "Apply the model's chat template (implied with images or audio clips)");

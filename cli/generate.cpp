@@ -28,6 +28,7 @@
 #include "models/llava.hpp"
 #include "models/mapped_file.hpp"
 #include "models/tokenizer.hpp"
+#include "models/video.hpp"
 
 namespace troupe::cli {
 
@@ -35,7 +36,9 @@ namespace {
 
 struct generate_args {
   std::string model, prompt, quant, kv_type = "f32", chat_template, system;
-  std::vector<std::string> overrides, stops, images, audios;
+  std::vector<std::string> overrides, stops, images, audios, videos;
+  std::int32_t num_frames = 0;  ///< each video's frames (0: the default, 8)
+  double fps = 0;               ///< > 0: one frame per 1 / fps seconds, at most num_frames
   std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
   std::uint64_t seed = 0;
@@ -66,18 +69,20 @@ struct prepared_images {
   double preprocess_seconds = 0;
 };
 
-kernels::result<prepared_images> prepare_images(const std::vector<std::string>& files,
+/// `n` images, image i from `load(i)` (named `name(i)` in errors).
+template <class Load, class Name>
+kernels::result<prepared_images> prepare_pixels(std::int64_t n, Load load, Name name,
                                                 const std::string& model_dir,
                                                 const models::llava_model& model) {
   using namespace troupe::models;
   auto cfg = load_image_processor_config(model_dir);
   if (!cfg) return std::unexpected(cfg.error());
   const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t side = model.image_size(), n = static_cast<std::int64_t>(files.size());
+  const std::int64_t side = model.image_size();
   std::vector<float> pixels(static_cast<std::size_t>(n * 3 * side * side));
   for (std::int64_t i = 0; i < n; ++i) {
-    const auto& file = files[static_cast<std::size_t>(i)];
-    auto img = load_image(file);
+    const std::string file = name(i);
+    kernels::result<image> img = load(i);
     if (!img) return std::unexpected(img.error());
     auto pv = preprocess_image(*img, *cfg);
     if (!pv) return make_error(pv.error().code, file + ": " + pv.error().message);
@@ -90,6 +95,30 @@ kernels::result<prepared_images> prepare_images(const std::vector<std::string>& 
     std::copy(pv->data.begin(), pv->data.end(), pixels.begin() + i * 3 * side * side);
   }
   return prepared_images{std::move(pixels), n, side, seconds_since(t0)};
+}
+
+kernels::result<prepared_images> prepare_images(const std::vector<std::string>& files,
+                                                const std::string& model_dir,
+                                                const models::llava_model& model) {
+  const auto at = [&](std::int64_t i) { return files[static_cast<std::size_t>(i)]; };
+  return prepare_pixels(
+      static_cast<std::int64_t>(files.size()),
+      [&](std::int64_t i) { return models::load_image(at(i)); }, at, model_dir, model);
+}
+
+/// A video's sampled frames as pixel_values [F, 3, H, W].
+kernels::result<prepared_images> prepare_frames(const models::video& v, const std::string& file,
+                                                const std::string& model_dir,
+                                                const models::llava_model& model) {
+  return prepare_pixels(
+      static_cast<std::int64_t>(v.frames.size()),
+      [&](std::int64_t i) -> kernels::result<models::image> {
+        return v.frames[static_cast<std::size_t>(i)];
+      },
+      [&](std::int64_t i) {
+        return file + " frame " + std::to_string(v.index[static_cast<std::size_t>(i)]);
+      },
+      model_dir, model);
 }
 
 void print_text(const generate_args& a, const std::string& text) {
@@ -218,6 +247,31 @@ int run_generate(const generate_args& a) {
     audio_tokens += n;
     clips.push_back(std::move(*c));
   }
+  if (!a.videos.empty() && !(lcfg && lcfg->video)) {
+    spdlog::error(
+        "--video needs a model that sees video (a LLaVA folder with video_token_index); {} "
+        "takes none",
+        a.model);
+    return 2;
+  }
+  // The videos' frames: their token counts from the headers (and, for
+  // --direct, the frames, decoded below).
+  models::video_sampling frames_wanted;
+  if (a.num_frames > 0) frames_wanted.num_frames = a.num_frames;
+  frames_wanted.fps = a.fps;
+  std::vector<std::vector<std::uint8_t>> video_bytes;
+  std::int64_t video_tokens = 0;
+  for (const auto& f : a.videos) {
+    auto bytes = models::read_file_bytes(f, setup->video_limits.max_bytes);
+    auto probed = bytes ? models::probe_video(*bytes, frames_wanted, setup->video_limits)
+                        : kernels::result<models::video>(std::unexpected(bytes.error()));
+    if (!probed) {
+      spdlog::error("--video {}: {}", f, probed.error().message);
+      return 2;
+    }
+    video_tokens += static_cast<std::int64_t>(probed->index.size()) * lcfg->tokens_per_frame();
+    video_bytes.push_back(std::move(*bytes));
+  }
   // With images the prompt is a chat turn whose placeholders the template
   // writes, unless the prompt already holds one "<image>" per image.
   const int images = static_cast<int>(a.images.size());
@@ -227,6 +281,7 @@ int run_generate(const generate_args& a) {
   in.chat_template = a.chat_template;
   in.images = images;
   in.audios = static_cast<int>(a.audios.size());
+  in.videos = static_cast<int>(a.videos.size());
   in.chat = a.chat;
   in.no_bos = a.no_bos;
   std::string text;
@@ -267,7 +322,7 @@ int run_generate(const generate_args& a) {
   if (auto over = models::context_overflow(*context,
                                            static_cast<std::int64_t>(ids->size()) +
                                                (lcfg ? images * lcfg->tokens_per_image() : 0) +
-                                               audio_tokens,
+                                               audio_tokens + video_tokens,
                                            a.max_tokens)) {
     spdlog::error("{}", *over);
     return 2;
@@ -288,7 +343,7 @@ int run_generate(const generate_args& a) {
     rc.kv.capacity_tokens = std::max<std::int64_t>(
         kv.capacity_tokens, static_cast<std::int64_t>(ids->size()) +
                                 (lcfg ? images * lcfg->tokens_per_image() : 0) + audio_tokens +
-                                a.max_tokens + 16);
+                                video_tokens + a.max_tokens + 16);
     auto rt = actors::local_runtime::start(sys, rc);
     if (!rt) {
       spdlog::error("{}", rt.error().message);
@@ -315,7 +370,15 @@ int run_generate(const generate_args& a) {
       }
       audio_files.push_back({f, std::move(*bytes), actors::media_kind::audio});
     }
-    if (auto r = actors::place_media(*setup, std::move(image_files), std::move(audio_files), req);
+    std::vector<actors::media_data> video_files;
+    for (std::size_t k = 0; k < a.videos.size(); ++k) {
+      actors::media_data v{a.videos[k], std::move(video_bytes[k]), actors::media_kind::video};
+      v.num_frames = a.num_frames;
+      v.fps = a.fps;
+      video_files.push_back(std::move(v));
+    }
+    if (auto r = actors::place_media(*setup, std::move(image_files), std::move(audio_files), req,
+                                     std::move(video_files));
         !r) {
       spdlog::error("{}", actors::describe(sys, r.error()));
       return 2;
@@ -384,10 +447,32 @@ int run_generate(const generate_args& a) {
       pixels = *v;
       preprocess_s = imgs.preprocess_seconds;
     }
+    // Each video's frames, decoded and preprocessed.
+    std::vector<prepared_images> frame_data;
+    std::vector<kernels::tensor> videos;
+    for (std::size_t k = 0; k < a.videos.size(); ++k) {
+      auto v = models::decode_video(video_bytes[k], frames_wanted, setup->video_limits);
+      auto p = v ? prepare_frames(*v, a.videos[k], model_dir, *llava)
+                 : kernels::result<prepared_images>(std::unexpected(v.error()));
+      if (!p) {
+        spdlog::error("--video {}: {}", a.videos[k], p.error().message);
+        return 2;
+      }
+      preprocess_s += p->preprocess_seconds;
+      frame_data.push_back(std::move(*p));
+    }
+    for (auto& f : frame_data) {
+      auto t = kernels::tensor::view(f.data.data(), kernels::dtype::f32, {f.n, 3, f.side, f.side});
+      if (!t) {
+        spdlog::error("{}", t.error().message);
+        return 1;
+      }
+      videos.push_back(*t);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::span<const float>> spans;
     for (const auto& c : clips) spans.emplace_back(c.samples);
-    auto vp = llava->prepare(*ctx, *ids, pixels, spans);
+    auto vp = llava->prepare(*ctx, *ids, pixels, spans, videos);
     if (!vp) {
       spdlog::error("{}", vp.error().message);
       return 2;
@@ -461,6 +546,14 @@ command_runner add_generate(CLI::App& app, bool run) {
                   "PNG or JPEG for a vision model (repeatable; one <image> each)");
   cmd->add_option("--audio", a->audios,
                   "WAV, FLAC or MP3 for a model that hears (repeatable; one <audio> each)");
+  cmd->add_option("--video", a->videos,
+                  "MP4, WebM or AVI for a model that sees video (repeatable; one <video> each)");
+  cmd->add_option("--num-frames", a->num_frames,
+                  "Frames sampled from each video, uniformly (default 8, at most 64)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--fps", a->fps,
+                  "Sample one frame per 1/FPS seconds of each video instead (at most --num-frames)")
+      ->check(CLI::Range(0.0, 240.0));
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
   cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")
       ->check(CLI::Range(1, 1 << 20));

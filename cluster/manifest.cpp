@@ -363,7 +363,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   m.dir = std::filesystem::path(path).parent_path().string();
   if (m.dir.empty()) m.dir = ".";
   c.only_keys(root, "",
-              {"cluster", "model", "kv", "parallelism", "router", "encoders", "placement",
+              {"cluster", "model", "kv", "parallelism", "router", "encoders", "media", "placement",
                "scheduler", "transport", "nodes"});
 
   if (const auto* t = c.table(root, "cluster", "", true)) {
@@ -453,6 +453,25 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   }
 
   int vision_max_line = 0;
+  if (const auto* t = c.table(root, "media", "", false)) {
+    auto& e = m.media;
+    c.only_keys(*t, "media",
+                {"max_images", "max_audios", "max_videos", "video_frames", "max_video_frames",
+                 "max_video_seconds", "max_video_side"});
+    c.integer(*t, "max_images", "media", e.max_images, 0, 1024);
+    c.integer(*t, "max_audios", "media", e.max_audios, 0, 1024);
+    c.integer(*t, "max_videos", "media", e.max_videos, 0, 64);
+    c.integer(*t, "max_video_frames", "media", e.max_video_frames, 1, 1024);
+    c.integer(*t, "video_frames", "media", e.video_frames, 1, 1024);
+    if (e.video_frames > e.max_video_frames)
+      c.error(checker::line_of(t->get("video_frames") ? *t->get("video_frames") : *t),
+              "media.video_frames",
+              std::to_string(e.video_frames) + " is above max_video_frames (" +
+                  std::to_string(e.max_video_frames) + ")");
+    c.number(*t, "max_video_seconds", "media", e.max_video_seconds, 0.1, 86400);
+    c.integer(*t, "max_video_side", "media", e.max_video_side, 16, 16384);
+  }
+
   if (const auto* t = c.table(root, "encoders", "", false)) {
     c.only_keys(*t, "encoders", {"vision"});
     if (const auto* v = c.table(*t, "vision", "encoders", false)) {

@@ -148,6 +148,18 @@ struct transport_entry {
   std::int64_t timeout_ms = 30000;
 };
 
+/// What a request's media may be (docs/audio.md): how many of each kind a
+/// request may hold (vLLM's limit_mm_per_prompt), and what a video may be.
+struct media_entry {
+  std::int64_t max_images = 16;  ///< per request
+  std::int64_t max_audios = 16;
+  std::int64_t max_videos = 4;
+  std::int64_t video_frames = 8;       ///< frames sampled from a video the request says nothing of
+  std::int64_t max_video_frames = 64;  ///< frames a request may ask for
+  double max_video_seconds = 600;      ///< a video's duration
+  std::int64_t max_video_side = 4096;  ///< its frames' width and height
+};
+
 struct manifest {
   std::string path;  ///< the file it came from
   std::string dir;   ///< its directory (relative paths resolve here)
@@ -165,6 +177,7 @@ struct manifest {
   parallelism_entry parallelism;
   router_entry router;
   encoders_entry encoders;
+  media_entry media;
   placement_entry placement;
   scheduler_entry scheduler;
   transport_entry transport;

@@ -158,12 +158,12 @@ result<std::string> chat_template::render(std::span<const chat_message> messages
                                           std::string_view eos) const {
   for (const chat_message& m : messages) {
     if (m.role.empty()) return make_error(errc::invalid_argument, "chat message without a role");
-    if (m.images < 0 || m.audios < 0)
+    if (m.images < 0 || m.audios < 0 || m.videos < 0)
       return make_error(errc::invalid_argument, "chat message with a negative media count");
-    if ((m.images > 0 || m.audios > 0) && format_ != chat_format::llava)
+    if ((m.images > 0 || m.audios > 0 || m.videos > 0) && format_ != chat_format::llava)
       return make_error(errc::invalid_argument, "chat template " + std::string(name()) +
-                                                    " has no image or audio placeholders (use "
-                                                    "llava)");
+                                                    " has no image, video or audio placeholders "
+                                                    "(use llava)");
   }
   std::string out;
   switch (format_) {
@@ -211,6 +211,7 @@ result<std::string> chat_template::render(std::span<const chat_message> messages
       for (const chat_message& m : messages) {
         if (m.role != "system") out += upper_ascii(m.role) + ": ";
         for (int k = 0; k < m.images; ++k) out += "<image>\n";
+        for (int k = 0; k < m.videos; ++k) out += "<video>\n";
         for (int k = 0; k < m.audios; ++k) out += "<audio>\n";
         out += m.content + " ";
       }

@@ -32,6 +32,7 @@ struct chat_message {
   std::string content;
   int images = 0;
   int audios = 0;
+  int videos = 0;
 };
 
 /// A chat template: renders messages into the prompt text the model was

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <span>
 
 namespace troupe::models {
@@ -15,6 +16,14 @@ using kernels::tensor;
 result<std::vector<std::int32_t>> expand_media_tokens(
     std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
     std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens) {
+  return expand_media_tokens(ids, image_token, tokens_per_image, n_images, audio_token,
+                             audio_tokens, -1, {});
+}
+
+result<std::vector<std::int32_t>> expand_media_tokens(
+    std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
+    std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens,
+    std::int32_t video_token, std::span<const std::int64_t> video_tokens) {
   if (tokens_per_image < 1)
     return make_error(errc::invalid_argument, "tokens per image must be >= 1");
   const auto images = std::count(ids.begin(), ids.end(), image_token);
@@ -30,8 +39,15 @@ result<std::vector<std::int32_t>> expand_media_tokens(
                           std::to_string(audio_token) + ") but " +
                           std::to_string(audio_tokens.size()) +
                           " audio clip(s) were given: one audio token per clip");
+  const auto videos = video_token >= 0 ? std::count(ids.begin(), ids.end(), video_token) : 0;
+  if (videos != static_cast<std::int64_t>(video_tokens.size()))
+    return make_error(errc::invalid_argument,
+                      "the prompt holds " + std::to_string(videos) + " video token(s) (id " +
+                          std::to_string(video_token) + ") but " +
+                          std::to_string(video_tokens.size()) +
+                          " video(s) were given: one video token per video");
   constexpr std::int64_t limit = std::int64_t{1} << 30;
-  std::int64_t total = static_cast<std::int64_t>(ids.size()) - images - clips;
+  std::int64_t total = static_cast<std::int64_t>(ids.size()) - images - clips - videos;
   if (images > 0 && tokens_per_image > limit / images)
     return make_error(errc::invalid_argument, "the expanded prompt would be too long");
   total += images * tokens_per_image;
@@ -42,18 +58,27 @@ result<std::vector<std::int32_t>> expand_media_tokens(
                               : "the expanded prompt would be too long");
     total += n;
   }
+  for (auto n : video_tokens) {
+    if (n < 1 || n > limit || total > limit - n)
+      return make_error(errc::invalid_argument, n < 1 ? "a video gives no token (no frame)"
+                                                      : "the expanded prompt would be too long");
+    total += n;
+  }
   if (total > limit)
     return make_error(errc::invalid_argument, "the expanded prompt would be too long");
   std::vector<std::int32_t> out;
   out.reserve(static_cast<std::size_t>(total));
-  std::size_t clip = 0;
+  std::size_t clip = 0, video = 0;
   for (auto t : ids) {
-    if (t == image_token)
+    if (t == image_token) {
       out.insert(out.end(), static_cast<std::size_t>(tokens_per_image), image_token);
-    else if (t == audio_token && audio_token >= 0)
+    } else if (t == audio_token && audio_token >= 0) {
       out.insert(out.end(), static_cast<std::size_t>(audio_tokens[clip++]), image_token);
-    else
+    } else if (t == video_token && video_token >= 0) {
+      out.insert(out.end(), static_cast<std::size_t>(video_tokens[video++]), image_token);
+    } else {
       out.push_back(t);
+    }
   }
   return out;
 }
@@ -114,8 +139,153 @@ result<std::unique_ptr<llava_model>> llava_model::build(const weight_source& src
     m->audio_proj_ = std::move(*proj);
     m->mel_ = std::make_unique<log_mel>(cfg.audio->features);
   }
+  if (cfg.video && cfg.video->frame_newline) {
+    auto stored = src.get("video.image_newline");
+    if (!stored) return std::unexpected(stored.error());
+    if (stored->numel() != Dt)
+      return make_error(errc::shape_mismatch, src.path() + ": image_newline has " +
+                                                  std::to_string(stored->numel()) +
+                                                  " values but the text hidden size is " +
+                                                  std::to_string(Dt) + " (video_frame_newline)");
+    auto row = to_f32(dev, *stored);
+    if (!row) return std::unexpected(row.error());
+    auto shaped = row->reshape({1, Dt});
+    if (!shaped) return std::unexpected(shaped.error());
+    m->newline_ = std::move(*shaped);
+  }
   spdlog::debug("loaded {}: {}", src.path(), m->describe());
   return m;
+}
+
+result<tensor> llava_model::pool_frames(kernels::device& dev, const tensor& features) const {
+  if (!cfg_.video) return make_error(errc::unsupported_op, "this model takes no video");
+  const std::int64_t T = tokens_per_image(), Dv = cfg_.vision.hidden_size, g = cfg_.patch_grid(),
+                     s = cfg_.video->pool_stride, p = g / s;
+  if (features.type() != dtype::f32 || features.ndim() != 2 || features.dim(1) != Dv ||
+      features.dim(0) < T || features.dim(0) % T != 0 || g * g != T)
+    return make_error(errc::shape_mismatch, "frame features must be f32 [F * " + std::to_string(T) +
+                                                ", " + std::to_string(Dv) + "], got " +
+                                                features.shape().to_string());
+  const std::int64_t F = features.dim(0) / T;
+  // On the host (a few rows per frame; the device's memory need not be the host's).
+  std::vector<float> in(static_cast<std::size_t>(features.numel()));
+  if (auto r = kernels::copy_to_host(features, std::as_writable_bytes(std::span<float>(in))); !r)
+    return std::unexpected(r.error());
+  auto& staging = dev.memory().host_accessible() ? dev.memory() : host_staging_pool();
+  auto host = tensor::empty(staging, dtype::f32, {F * p * p, Dv});
+  if (!host) return std::unexpected(host.error());
+  float* out = host->data_as<float>();
+  const bool avg = cfg_.video->pool == video_pool::average;
+  const float inv = 1.0f / static_cast<float>(s * s);
+  // torch's AvgPool2d / MaxPool2d (kernel = stride, floor): window rows
+  // summed in row-major order, then divided by the window's size.
+  for (std::int64_t f = 0; f < F; ++f)
+    for (std::int64_t py = 0; py < p; ++py)
+      for (std::int64_t px = 0; px < p; ++px) {
+        float* o = out + ((f * p + py) * p + px) * Dv;
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          float acc = avg ? 0.0f : -std::numeric_limits<float>::infinity();
+          for (std::int64_t y = py * s; y < py * s + s; ++y)
+            for (std::int64_t x = px * s; x < px * s + s; ++x) {
+              const float v = in[static_cast<std::size_t>(((f * T) + y * g + x) * Dv + d)];
+              acc = avg ? acc + v : std::max(acc, v);
+            }
+          o[d] = avg ? acc * inv : acc;
+        }
+      }
+  if (&staging == &dev.memory()) return std::move(*host);
+  auto on_dev = tensor::empty(dev.memory(), dtype::f32, {F * p * p, Dv});
+  if (!on_dev) return std::unexpected(on_dev.error());
+  if (auto r = dev.copy(*host, *on_dev); !r) return std::unexpected(r.error());
+  return std::move(*on_dev);
+}
+
+result<tensor> llava_model::frame_rows(kernels::device& dev, const tensor& features) const {
+  auto pooled = pool_frames(dev, features);
+  if (!pooled) return std::unexpected(pooled.error());
+  auto rows = project(dev, *pooled);
+  if (!rows || !cfg_.video->frame_newline) return rows;
+  const std::int64_t Dt = cfg_.text.hidden_size, P = tokens_per_frame() - 1, F = rows->dim(0) / P;
+  auto out = tensor::empty(dev.memory(), dtype::f32, {F * (P + 1), Dt});
+  if (!out) return std::unexpected(out.error());
+  for (std::int64_t f = 0; f < F; ++f) {
+    auto from = rows->slice_rows(f * P, P);
+    auto to = out->slice_rows(f * (P + 1), P);
+    auto nl = out->slice_rows(f * (P + 1) + P, 1);
+    if (!from || !to || !nl)
+      return std::unexpected(!from ? from.error() : !to ? to.error() : nl.error());
+    if (auto r = dev.copy(*from, *to); !r) return std::unexpected(r.error());
+    if (auto r = dev.copy(newline_, *nl); !r) return std::unexpected(r.error());
+  }
+  return std::move(*out);
+}
+
+result<tensor> llava_model::encode_frames(kernels::device& dev, const tensor& pixels,
+                                          const clip_options& opts) const {
+  if (!cfg_.video) return make_error(errc::unsupported_op, "this model takes no video");
+  auto f = vision_features(dev, pixels, opts);
+  if (!f) return std::unexpected(f.error());
+  return frame_rows(dev, *f);
+}
+
+result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                                          const tensor& pixels,
+                                          const std::vector<std::span<const float>>& clips,
+                                          const std::vector<tensor>& videos,
+                                          const clip_options& opts) const {
+  if (videos.empty()) return prepare(dev, ids, pixels, clips, opts);
+  if (!cfg_.video) return make_error(errc::unsupported_op, "this model takes no video");
+  if (!clips.empty() && !audio_)
+    return make_error(errc::unsupported_op, "this model has no audio encoder");
+  auto n_images = count_images(pixels);
+  if (!n_images) return std::unexpected(n_images.error());
+  std::vector<std::int64_t> counts, frames;
+  for (const auto& c : clips) counts.push_back(audio_tokens(static_cast<std::int64_t>(c.size())));
+  for (const auto& v : videos)
+    frames.push_back((v.ndim() == 4 ? v.dim(0) : 0) * tokens_per_frame());
+  llava_prompt p;
+  p.image_token = image_token();
+  auto tokens = expand_media_tokens(ids, image_token(), tokens_per_image(), *n_images,
+                                    audio_token(), counts, video_token(), frames);
+  if (!tokens) return std::unexpected(tokens.error());
+  p.tokens = std::move(*tokens);
+  auto to_host = [](const tensor& t) -> result<std::vector<float>> {
+    std::vector<float> rows(static_cast<std::size_t>(t.numel()));
+    if (auto r = kernels::copy_to_host(t, std::as_writable_bytes(std::span<float>(rows))); !r)
+      return std::unexpected(r.error());
+    return rows;
+  };
+  std::vector<float> image_rows;
+  if (*n_images > 0) {
+    auto emb = encode_images(dev, pixels, opts);
+    if (!emb) return std::unexpected(emb.error());
+    auto h = to_host(*emb);
+    if (!h) return std::unexpected(h.error());
+    image_rows = std::move(*h);
+  }
+  const auto per_image = static_cast<std::size_t>(tokens_per_image()) *
+                         static_cast<std::size_t>(cfg_.text.hidden_size);
+  std::size_t image = 0, clip = 0, video = 0;
+  for (auto t : ids) {
+    if (t == image_token()) {
+      const auto* from = image_rows.data() + image++ * per_image;
+      p.image_embeds.insert(p.image_embeds.end(), from, from + per_image);
+      continue;
+    }
+    kernels::result<tensor> emb = make_error(errc::internal, "no rows");
+    if (t == audio_token() && audio_token() >= 0) {
+      emb = encode_audio(dev, clips[clip++]);
+    } else if (t == video_token()) {
+      emb = encode_frames(dev, videos[video++], opts);
+    } else {
+      continue;
+    }
+    if (!emb) return std::unexpected(emb.error());
+    auto h = to_host(*emb);
+    if (!h) return std::unexpected(h.error());
+    p.image_embeds.insert(p.image_embeds.end(), h->begin(), h->end());
+  }
+  return p;
 }
 
 std::string llava_model::describe() const {

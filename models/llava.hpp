@@ -35,6 +35,12 @@ struct llava_prompt {
 result<std::vector<std::int32_t>> expand_media_tokens(
     std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
     std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens);
+/// The same with videos: video token k (`video_token`, -1: none) becomes
+/// `video_tokens[k]` copies of `image_token` (its frames' rows).
+result<std::vector<std::int32_t>> expand_media_tokens(
+    std::span<const std::int32_t> ids, std::int32_t image_token, std::int64_t tokens_per_image,
+    std::int64_t n_images, std::int32_t audio_token, std::span<const std::int64_t> audio_tokens,
+    std::int32_t video_token, std::span<const std::int64_t> video_tokens);
 
 /// Replaces each `image_token` of `ids` by `tokens_per_image` copies. The
 /// count of image tokens must equal `n_images` (else invalid_argument
@@ -128,6 +134,38 @@ class llava_model {
                                const std::vector<std::span<const float>>& clips,
                                const clip_options& opts = {}) const;
 
+  // -- video (a config with video_token_index) -----------------------------
+
+  bool has_video() const { return cfg_.video.has_value(); }
+  /// The `<video>` placeholder's id (-1: the model takes no video).
+  std::int32_t video_token() const {
+    return cfg_.video ? static_cast<std::int32_t>(cfg_.video->token_index) : -1;
+  }
+  /// Rows one frame becomes (its pooled grid and, with
+  /// video_frame_newline, the newline row).
+  std::int64_t tokens_per_frame() const { return cfg_.tokens_per_frame(); }
+  /// Pools frames' vision features (f32 [F * tokens_per_image, vision
+  /// hidden], vision_features' layout) over spatial_pool_stride windows of
+  /// each frame's patch grid: f32 [F * pooled, vision hidden] on `dev`.
+  result<kernels::tensor> pool_frames(kernels::device& dev, const kernels::tensor& features) const;
+  /// Frames' vision features -> their rows: pooled, projected, each
+  /// frame's rows followed by the newline row: f32 [F * tokens_per_frame,
+  /// text hidden]. A frame's rows do not depend on the other frames.
+  result<kernels::tensor> frame_rows(kernels::device& dev, const kernels::tensor& features) const;
+  /// vision_features then frame_rows: pixel_values f32 [F, 3, H, W] (a
+  /// video's sampled frames, preprocessed as images) -> f32 [F *
+  /// tokens_per_frame, text hidden].
+  result<kernels::tensor> encode_frames(kernels::device& dev, const kernels::tensor& pixel_values,
+                                        const clip_options& opts = {}) const;
+  /// prepare() with clips and videos: `ids` hold one image, audio or video
+  /// token per item, in any order; `videos` holds each video's frames as
+  /// pixel_values [F, 3, H, W].
+  result<llava_prompt> prepare(kernels::device& dev, std::span<const std::int32_t> ids,
+                               const kernels::tensor& pixel_values,
+                               const std::vector<std::span<const float>>& clips,
+                               const std::vector<kernels::tensor>& videos,
+                               const clip_options& opts = {}) const;
+
   /// Summary of each component's precision.
   std::string describe() const;
 
@@ -142,6 +180,7 @@ class llava_model {
   std::unique_ptr<whisper_encoder> audio_;
   std::unique_ptr<audio_projector> audio_proj_;
   std::unique_ptr<log_mel> mel_;
+  kernels::tensor newline_;  ///< f32 [1, text hidden] on the device (video_frame_newline)
 };
 
 }  // namespace troupe::models

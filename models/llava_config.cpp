@@ -164,6 +164,16 @@ std::int64_t llava_config::tokens_per_image() const {
   return vision.positions() - (select == vision_select::full ? 0 : 1);
 }
 
+std::int64_t llava_config::patch_grid() const {
+  return vision.image_size / std::max<std::int64_t>(vision.patch_size, 1);
+}
+
+std::int64_t llava_config::tokens_per_frame() const {
+  if (!video || video->pool_stride < 1) return 0;
+  const std::int64_t side = patch_grid() / video->pool_stride;
+  return side * side + (video->frame_newline ? 1 : 0);
+}
+
 std::int64_t audio_tower_config::tokens_for_samples(std::int64_t samples) const {
   const std::int64_t window = window_samples(), hop = features.hop_length;
   if (samples <= 0 || window <= 0 || hop <= 0) return 0;
@@ -203,6 +213,28 @@ result<void> llava_config::validate(const std::string& src) const {
                         field_error(src, "audio_token_index",
                                     "= " + std::to_string(audio->token_index) +
                                         " must be a token id other than image_token_index"));
+  }
+  if (video) {
+    const std::string ids = std::to_string(video->token_index);
+    if (video->token_index < 0 || video->token_index > std::numeric_limits<std::int32_t>::max() ||
+        video->token_index == image_token_index ||
+        (audio && video->token_index == audio->token_index))
+      return make_error(errc::corrupt_data,
+                        field_error(src, "video_token_index",
+                                    "= " + ids +
+                                        " must be a token id other than image_token_index and "
+                                        "audio_token_index"));
+    if (select == vision_select::full)
+      return make_error(errc::unsupported_op,
+                        field_error(src, "video_token_index",
+                                    "video needs the patch grid without CLS "
+                                    "(vision_feature_select_strategy \"default\")"));
+    if (video->pool_stride < 1 || video->pool_stride > patch_grid())
+      return make_error(errc::corrupt_data,
+                        field_error(src, "spatial_pool_stride",
+                                    "= " + std::to_string(video->pool_stride) + " is outside [1, " +
+                                        std::to_string(patch_grid()) +
+                                        "] (the side of the vision tower's patch grid)"));
   }
   return {};
 }
@@ -320,6 +352,40 @@ result<llava_config> parse_llava_config(std::string_view text, const std::string
         static_cast<int>(std::clamp<std::int64_t>(at.encoder.num_mel_bins, 0, 512));
     at.features.n_samples = 0;
     c.audio = at;
+  }
+  if (auto it = root.find("video_token_index"); it != root.end() && !it->is_null()) {
+    video_config vc;
+    if (!it->is_number_integer())
+      return make_error(errc::corrupt_data,
+                        field_error(src, "video_token_index", "must be an integer"));
+    if (auto r = get_int(root, "video_token_index", vc.token_index, src); !r)
+      return std::unexpected(r.error());
+    if (auto r = get_int(root, "spatial_pool_stride", vc.pool_stride, src); !r)
+      return std::unexpected(r.error());
+    std::string mode = "average";
+    if (auto r = get_string(root, "spatial_pool_mode", mode, src); !r)
+      return std::unexpected(r.error());
+    if (mode == "average") {
+      vc.pool = video_pool::average;
+    } else if (mode == "max") {
+      vc.pool = video_pool::max;
+    } else {
+      return make_error(
+          errc::unsupported_op,
+          field_error(src, "spatial_pool_mode", "'" + mode + "' is not supported (average, max)"));
+    }
+    if (auto n = root.find("video_frame_newline"); n != root.end() && !n->is_null()) {
+      if (!n->is_boolean())
+        return make_error(errc::corrupt_data,
+                          field_error(src, "video_frame_newline", "must be a boolean"));
+      vc.frame_newline = n->get<bool>();
+    }
+    c.video = vc;
+  } else {
+    for (const char* key : {"spatial_pool_stride", "spatial_pool_mode", "video_frame_newline"})
+      if (root.contains(key))
+        return make_error(errc::corrupt_data,
+                          field_error(src, key, "is set but video_token_index is not"));
   }
   if (auto r = c.validate(src); !r) return std::unexpected(r.error());
   return c;

@@ -71,6 +71,21 @@ struct audio_tower_config {
   std::int64_t tokens_for_samples(std::int64_t samples) const;
 };
 
+/// How a model sees video (troupe's keys in a LLaVA config.json, named
+/// after transformers' LlavaNextVideoConfig where it has them): each
+/// sampled frame through the vision tower (with the images of the same
+/// batch), its patch grid pooled (LlavaNextVideoPooler: spatial_pool_stride
+/// x spatial_pool_stride windows, floor), then the projector; with
+/// `frame_newline`, the learned row `image_newline` after each frame's rows
+/// (LLaVA-NeXT's mm_newline_position "frame") separates the frames.
+enum class video_pool { average, max };
+struct video_config {
+  std::int64_t token_index = -1;          ///< video_token_index: the <video> placeholder
+  std::int64_t pool_stride = 2;           ///< spatial_pool_stride
+  video_pool pool = video_pool::average;  ///< spatial_pool_mode
+  bool frame_newline = false;             ///< video_frame_newline
+};
+
 /// A `LlavaForConditionalGeneration` config: CLIP or SigLIP vision tower,
 /// projector and a LLaMA, Mistral or Qwen2 text model, validated.
 struct llava_config {
@@ -85,11 +100,18 @@ struct llava_config {
   vision_select select = vision_select::drop_cls;
   bool projector_bias = true;               ///< multimodal_projector_bias
   std::optional<audio_tower_config> audio;  ///< with `audio_config`
+  std::optional<video_config> video;        ///< with `video_token_index`
 
   /// Encoder layers the features need (layers past them are never run).
   std::int64_t vision_layers_used() const;
   /// Rows (LLM tokens) one image becomes.
   std::int64_t tokens_per_image() const;
+  /// The side of the vision tower's patch grid (tokens_per_image = side^2
+  /// without CLS).
+  std::int64_t patch_grid() const;
+  /// Rows one video frame becomes: the pooled grid, plus the newline row
+  /// (0 when the model takes no video).
+  std::int64_t tokens_per_frame() const;
   result<void> validate(const std::string& source) const;
 };
 

@@ -262,8 +262,11 @@ std::vector<std::int64_t> sample_frames(std::int64_t frames, double seconds,
   return out;
 }
 
-result<video> decode_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
-                           const video_limits& limits) {
+namespace {
+
+/// decode_video, or with `probe_only` its first pass alone.
+result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
+                         const video_limits& limits, bool probe_only) {
   if (bytes.empty()) return make_error(errc::corrupt_data, "video: the file is empty");
   if (bytes.size() > limits.max_bytes)
     return make_error(errc::invalid_argument, "video: " + std::to_string(bytes.size()) +
@@ -352,6 +355,10 @@ result<video> decode_video(std::span<const std::uint8_t> bytes, const video_samp
                                        : (out.seconds > 0 ? packets / out.seconds : 0.0);
   const auto wanted = sample_frames(packets, out.seconds, sampling);
   first->reset();
+  if (probe_only) {
+    out.index = wanted;
+    return out;
+  }
 
   // Pass 2: decode in order, keeping the wanted frames (and the audio).
   auto second = open_input(bytes, demuxer);
@@ -467,6 +474,18 @@ result<video> decode_video(std::span<const std::uint8_t> bytes, const video_samp
     out.sound.format = avcodec_get_name(fmt->streams[ai]->codecpar->codec_id);
   }
   return out;
+}
+
+}  // namespace
+
+result<video> decode_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
+                           const video_limits& limits) {
+  return read_video(bytes, sampling, limits, false);
+}
+
+result<video> probe_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
+                          const video_limits& limits) {
+  return read_video(bytes, sampling, limits, true);
 }
 
 result<video> load_video(const std::string& path, const video_sampling& sampling,

@@ -59,6 +59,12 @@ struct video {
 result<video> decode_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling = {},
                            const video_limits& limits = {});
 
+/// decode_video's first pass alone (headers and packets, nothing decoded):
+/// the limits checked, `index` the frame numbers `sampling` would keep,
+/// `frames` and `times` empty, no sound.
+result<video> probe_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling = {},
+                          const video_limits& limits = {});
+
 /// Reads and decodes a video file (a regular file of at most
 /// limits.max_bytes); messages start with `path`.
 result<video> load_video(const std::string& path, const video_sampling& sampling = {},

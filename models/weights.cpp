@@ -213,6 +213,9 @@ std::string weight_source::file_name(const std::string& canonical) const {
   if (canonical.rfind("projector.", 0) == 0)
     return projector_prefix_ + hf_component_name(canonical);
   if (canonical.rfind("audio.", 0) == 0) return audio_prefix_ + hf_audio_name(canonical);
+  // LLaVA-NeXT's learned newline row (model.image_newline from transformers 4.52).
+  if (canonical == "video.image_newline")
+    return st_ && st_->find("model.image_newline") ? "model.image_newline" : "image_newline";
   if (canonical.rfind("audio_projector.", 0) == 0)
     return ends_with(canonical, ".bias") ? canonical : canonical + ".weight";
   const std::string name = hf_name(canonical);
@@ -254,7 +257,8 @@ weight_format quant_plan::choose(const std::string& canonical, dtype stored, std
   // Decoder tensors (no component prefix) also answer to "text." + name.
   const bool decoder = canonical.rfind("vision.", 0) != 0 &&
                        canonical.rfind("projector.", 0) != 0 && canonical.rfind("audio.", 0) != 0 &&
-                       canonical.rfind("audio_projector.", 0) != 0;
+                       canonical.rfind("audio_projector.", 0) != 0 &&
+                       canonical.rfind("video.", 0) != 0;
   const std::string text_name = "text." + canonical;
   const auto pick = [&]() -> weight_format {
     for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last match wins

@@ -215,7 +215,7 @@ std::expected<std::vector<std::uint8_t>, fetch_error> fetch_image(std::string_vi
   bool late = false;
   int status = 0;
   auto r = cli.Get(
-      p->path, httplib::Headers{{"Accept", "image/*"}},
+      p->path, httplib::Headers{{"Accept", opt.accept}},
       [&](const httplib::Response& resp) {
         status = resp.status;
         return resp.status == 200;

@@ -39,6 +39,7 @@ struct fetch_options {
   bool allow_private = false;  ///< for a trusted intranet (and the tests): skip the address check
   std::size_t max_bytes = 32u << 20;  ///< larger bodies are refused
   int timeout_s = 10;                 ///< connect, read and whole-transfer limit
+  std::string accept = "image/*";     ///< the Accept header
 };
 
 /// Why `ip` (a numeric IPv4 or IPv6 address) is not a public address, e.g.

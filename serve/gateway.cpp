@@ -734,7 +734,8 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       auto fetch = [this, r]() -> std::optional<api_error> {
         for (const auto& ri : r->remote_images) {
           auto f = opt.fetch;
-          f.max_bytes = opt.limits.max_image_bytes;
+          f.max_bytes = ri.video ? opt.limits.max_video_bytes : opt.limits.max_image_bytes;
+          if (ri.video) f.accept = "video/*";
           auto bytes = fetch_image(ri.url, f);
           if (!bytes) {
             api_error e;
@@ -743,7 +744,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
             e.status = status_of(bytes.error().code);
             return e;
           }
-          r->job.images[ri.index].bytes = std::move(*bytes);
+          (ri.video ? r->job.videos : r->job.images)[ri.index].bytes = std::move(*bytes);
         }
         return std::nullopt;
       };

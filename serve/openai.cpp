@@ -488,7 +488,49 @@ const field_rule field_rules[] = {
     {"web_search_options", true, false, is_null, "is not supported"},
     {"priority", true, true, nullptr, nullptr},
     {"cache_salt", true, true, is_salt, "must be a non-empty string of at most 256 bytes"},
+    {"media_io_kwargs", true, false, nullptr, nullptr},
 };
+
+// vLLM's media_io_kwargs: {"video": {"num_frames": N, "fps": F}}, for every
+// video of the request.
+std::optional<api_error> read_media_io(const json& j, api_request& r,
+                                       const request_limits& limits) {
+  auto it = j.find("media_io_kwargs");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return bad("'media_io_kwargs' must be an object", "media_io_kwargs");
+  std::int32_t frames = 0;
+  double fps = 0;
+  for (const auto& [k, v] : it->items()) {
+    const std::string at = "media_io_kwargs." + k.substr(0, 64);
+    if (k != "video") return bad("'" + at + "' is not supported (video only)", at);
+    if (v.is_null()) continue;
+    if (!v.is_object()) return bad("'" + at + "' must be an object", at);
+    for (const auto& [kk, vv] : v.items()) {
+      const std::string field = at + "." + kk.substr(0, 64);
+      if (kk == "num_frames") {
+        if (!vv.is_number_integer() || vv.get<std::int64_t>() < 1 ||
+            vv.get<std::int64_t>() > limits.max_video_frames)
+          return bad("'" + field + "' must be an integer from 1 to " +
+                         std::to_string(limits.max_video_frames),
+                     field);
+        frames = static_cast<std::int32_t>(vv.get<std::int64_t>());
+      } else if (kk == "fps") {
+        if (!vv.is_number() || !(vv.get<double>() >= 0) || vv.get<double>() > 240)
+          return bad("'" + field + "' must be a number from 0 to 240", field);
+        fps = vv.get<double>();
+      } else {
+        return bad("'" + field + "' is not supported (num_frames, fps)", field);
+      }
+    }
+  }
+  if (r.job.videos.empty() && (frames > 0 || fps > 0))
+    return bad("'media_io_kwargs.video' is given but the request has no video", "media_io_kwargs");
+  for (auto& v : r.job.videos) {
+    v.num_frames = frames;
+    v.fps = fps;
+  }
+  return std::nullopt;
+}
 
 std::optional<api_error> check_fields(const json& j, bool chat) {
   for (const auto& [key, value] : j.items()) {
@@ -606,19 +648,23 @@ std::string error_json(const api_error& e) {
 }
 
 std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
-                                                                      std::size_t max_bytes) {
+                                                                      std::size_t max_bytes,
+                                                                      std::string_view media) {
   constexpr std::string_view prefix = "data:";
+  const bool video = media == "video/";
   if (url.substr(0, prefix.size()) != prefix)
-    return std::unexpected(
-        "only base64 data: URLs are accepted (fetching remote images is off; troupe serve "
-        "--allow-remote-images)");
+    return std::unexpected(std::string("only base64 data: URLs are accepted (fetching remote ") +
+                           (video ? "videos" : "images") +
+                           " is off; troupe serve --allow-remote-images)");
   const auto comma = url.find(',');
   if (comma == std::string_view::npos) return std::unexpected("a data: URL without a comma");
   const auto meta = url.substr(prefix.size(), comma - prefix.size());
   if (meta.size() < 7 || meta.substr(meta.size() - 7) != ";base64")
     return std::unexpected("the data: URL is not base64");
-  if (meta.substr(0, 6) != "image/") return std::unexpected("the data: URL is not an image");
-  return decode_base64(url.substr(comma + 1), max_bytes, "an image");
+  if (meta.substr(0, media.size()) != media)
+    return std::unexpected(video ? "the data: URL is not a video"
+                                 : "the data: URL is not an image");
+  return decode_base64(url.substr(comma + 1), max_bytes, video ? "a video" : "an image");
 }
 
 std::expected<std::vector<std::uint8_t>, std::string> decode_base64(std::string_view b64,
@@ -800,10 +846,43 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
           clip.kind = actors::media_kind::audio;
           r.job.audios.push_back(std::move(clip));
           ++t.audios;
+        } else if (ty == "video_url") {
+          // vLLM's: {"video_url": {"url": data URL or http(s)}}; the
+          // frames sampled per media_io_kwargs.video (below).
+          auto vu = part.find("video_url");
+          std::string url;
+          if (vu != part.end() && vu->is_string())
+            url = vu->get<std::string>();
+          else if (vu != part.end() && vu->is_object() && vu->contains("url") &&
+                   (*vu)["url"].is_string())
+            url = (*vu)["url"].get<std::string>();
+          else
+            return std::unexpected(bad(pw + ".video_url.url must be a string", pw + ".video_url"));
+          if (r.job.videos.size() >= limits.max_videos)
+            return std::unexpected(
+                bad("at most " + std::to_string(limits.max_videos) + " videos per request", pw));
+          actors::media_data v;
+          v.name = "video " + std::to_string(r.job.videos.size() + 1);
+          v.kind = actors::media_kind::video;
+          const bool remote = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
+          if (remote && limits.remote_images) {
+            r.remote_images.push_back({r.job.videos.size(), url, pw + ".video_url", true});
+          } else {
+            auto bytes = decode_data_url(url, limits.max_video_bytes, "video/");
+            if (!bytes) {
+              auto e = bad(pw + ": " + bytes.error(), pw + ".video_url");
+              if (bytes.error().find("MiB") != std::string::npos) e.status = 413;
+              return std::unexpected(e);
+            }
+            v.bytes = std::move(*bytes);
+          }
+          r.job.videos.push_back(std::move(v));
+          ++t.videos;
         } else {
-          return std::unexpected(bad(pw + ": content type '" + ty.substr(0, 32) +
-                                         "' is not supported (text, image_url, input_audio)",
-                                     pw + ".type"));
+          return std::unexpected(
+              bad(pw + ": content type '" + ty.substr(0, 32) +
+                      "' is not supported (text, image_url, input_audio, video_url)",
+                  pw + ".type"));
         }
       }
     } else {
@@ -813,7 +892,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
     if (!calls.empty() && content != m.end() && !content->is_null())
       t.content += (t.content.empty() ? "" : "\n") + calls;
     if (t.role == "tool") {  // a function's answer, for the model to read
-      if (t.images > 0 || t.audios > 0)
+      if (t.images > 0 || t.audios > 0 || t.videos > 0)
         return std::unexpected(bad(where + ": a tool's content is text", where + ".content"));
       t.role = "user";
       t.content = "<tool_response>\n" + t.content + "\n</tool_response>";
@@ -827,6 +906,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
         "messages"));
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
   if (auto e = read_tools(*j, r)) return std::unexpected(*e);
+  if (auto e = read_media_io(*j, r, limits)) return std::unexpected(*e);
   return r;
 }
 
@@ -904,9 +984,10 @@ std::expected<api_request, api_error> parse_tokenize_request(std::string_view bo
     json chat{{"messages", (*j)["messages"]}};
     auto c = parse_chat_request(chat.dump(), limits);
     if (!c) return std::unexpected(c.error());
-    if (!c->job.images.empty() || !c->remote_images.empty())
+    if (!c->job.images.empty() || !c->job.audios.empty() || !c->job.videos.empty() ||
+        !c->remote_images.empty())
       return std::unexpected(
-          bad("/tokenize counts text only: images are not supported", "messages"));
+          bad("/tokenize counts text only: images, audio and video are not supported", "messages"));
     r = std::move(*c);
   } else {
     const auto& p = (*j)["prompt"];

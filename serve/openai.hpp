@@ -37,6 +37,9 @@ struct request_limits {
   std::size_t max_image_bytes = 32u << 20;  ///< decoded
   std::size_t max_audios = 16;              ///< input_audio parts per request
   std::size_t max_audio_bytes = 32u << 20;  ///< decoded (base64 off)
+  std::size_t max_videos = 4;               ///< video_url parts per request
+  std::size_t max_video_bytes = 64u << 20;  ///< decoded (or fetched)
+  std::int32_t max_video_frames = 64;       ///< num_frames a request may ask for
   std::size_t max_text_bytes = 1u << 20;
   std::int64_t max_tokens = 1 << 16;
   std::size_t max_stops = 16;
@@ -73,6 +76,7 @@ struct api_request {
   struct remote_image {
     std::size_t index = 0;
     std::string url, param;
+    bool video = false;  ///< index is then in job.videos
   };
   std::vector<remote_image> remote_images;
   /// /v1/audio/transcriptions: how to answer (json, text, verbose_json,
@@ -139,9 +143,10 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_base64(std::string_
                                                                     std::size_t max_bytes,
                                                                     std::string_view what);
 
-/// The bytes of a base64 `data:image/...;base64,` URL.
-std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(std::string_view url,
-                                                                      std::size_t max_bytes);
+/// The bytes of a base64 `data:image/...;base64,` URL (`media` "video/":
+/// of a `data:video/...;base64,` one).
+std::expected<std::vector<std::uint8_t>, std::string> decode_data_url(
+    std::string_view url, std::size_t max_bytes, std::string_view media = "image/");
 
 /// The name a model is served under without --served-model-name: the
 /// name of its folder or file, less ".gguf" ("/m/Llama-3-8B/" ->

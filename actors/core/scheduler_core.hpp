@@ -53,6 +53,8 @@ struct model_frontend {
   /// The `<audio>` placeholder (-1: the model does not hear); a clip's
   /// positions are marked with image_token once expanded.
   std::int32_t audio_token = -1;
+  /// The `<video>` placeholder (-1: the model takes no video); likewise.
+  std::int32_t video_token = -1;
 };
 
 /// Admission and batching policy.

@@ -189,13 +189,13 @@ using node_agent_actor = caf::typed_actor<
 
 template <class I>
 typename I::result_type inspect(I& f, chat_turn& x) {
-  return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.images, x.audios);
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.images, x.audios, x.videos);
 }
 
 template <class I>
 typename I::result_type inspect(I& f, job_request& x) {
   return f(caf::meta::type_name("job_request"), x.id, x.prompt, x.system, x.images, x.audios,
-           x.chat, x.ignore_eos, x.has_temperature, x.temperature, x.max_tokens, x.seed,
+           x.videos, x.chat, x.ignore_eos, x.has_temperature, x.temperature, x.max_tokens, x.seed,
            x.stop_strings, x.deadline_ms, x.turns, x.has_top_p, x.top_p, x.has_repetition_penalty,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.logit_bias_ids,
            x.logit_bias_values, x.min_tokens, x.stop_token_ids, x.logprobs, x.prompt_ids, x.grammar,

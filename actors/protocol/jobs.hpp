@@ -18,28 +18,38 @@ using core::finish_reason;
 using core::to_string;
 
 /// What a media file of a request holds.
-enum class media_kind : std::uint8_t { image = 0, audio = 1 };
+enum class media_kind : std::uint8_t { image = 0, audio = 1, video = 2 };
 inline const char* to_string(media_kind k) {
-  return k == media_kind::image ? "image" : k == media_kind::audio ? "audio clip" : "?";
+  return k == media_kind::image   ? "image"
+         : k == media_kind::audio ? "audio clip"
+         : k == media_kind::video ? "video"
+                                  : "?";
 }
 
-/// One encoded media file of a request: an image (PNG or JPEG) or an
-/// audio clip (WAV, FLAC or MP3), as its file's bytes.
+/// One encoded media file of a request: an image (PNG or JPEG), an audio
+/// clip (WAV, FLAC or MP3) or a video (MP4, WebM, AVI), as its file's bytes.
 struct media_data {
   std::string name;  ///< for error messages (a file name)
   std::vector<std::uint8_t> bytes;
   media_kind kind = media_kind::image;
+  /// A video's sampling (models::video_sampling): frames spread uniformly
+  /// (0: the default, 8), or with fps > 0 one per 1 / fps seconds, at most
+  /// num_frames.
+  std::int32_t num_frames = 0;
+  double fps = 0;
   bool operator==(const media_data&) const = default;
 };
 
 /// One message of a chat (OpenAI's messages): its role, text and how many
-/// of the job's images and audio clips belong to it (in order; the
-/// template puts a turn's images first, then its clips, then its text).
+/// of the job's images, audio clips and videos belong to it (in order; the
+/// template puts a turn's images first, then its videos, then its clips,
+/// then its text).
 struct chat_turn {
   std::string role;
   std::string content;
   std::int32_t images = 0;
   std::int32_t audios = 0;
+  std::int32_t videos = 0;
   bool operator==(const chat_turn&) const = default;
 };
 
@@ -53,6 +63,7 @@ struct job_request {
   std::string system;
   std::vector<media_data> images;  ///< kind image, one per <image>
   std::vector<media_data> audios;  ///< kind audio, one per <audio>
+  std::vector<media_data> videos;  ///< kind video, one per <video>
   bool chat = false;
   bool ignore_eos = false;       ///< decode max_tokens tokens whatever they are
   bool has_temperature = false;  ///< else the model's generation_config decides

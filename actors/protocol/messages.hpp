@@ -29,7 +29,7 @@ typename I::result_type inspect(I& f, tensor_ref& x) {
 
 template <class I>
 typename I::result_type inspect(I& f, media_data& x) {
-  return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind);
+  return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind, x.num_frames, x.fps);
 }
 
 /// A generation request as the scheduler receives it.
@@ -37,12 +37,16 @@ struct generate_request {
   std::uint64_t id = 0;                     ///< unique per scheduler; never runs twice
   std::string prompt;                       ///< final prompt text (chat template already applied)
   std::vector<std::int32_t> prompt_tokens;  ///< used instead of `prompt` when not empty
-  /// One per media placeholder of the prompt (<image>, <audio>), in the
+  /// One per media placeholder of the prompt (<image>, <audio>, <video>), in the
   /// prompt's order.
   std::vector<media_data> media;
   /// The tokens (rows) of each audio clip of `media`, in order: the prompt
   /// worker decoded the clips to count them (the encoder's rows must agree).
   std::vector<std::int64_t> audio_tokens;
+  /// The tokens (rows) of each video of `media`, in order: its sampled
+  /// frames (the prompt worker read the file's headers) x the model's
+  /// tokens per frame.
+  std::vector<std::int64_t> video_tokens;
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission
   std::string grammar;           ///< GBNF the output must follow (empty: none)
@@ -56,7 +60,8 @@ struct generate_request {
 template <class I>
 typename I::result_type inspect(I& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.prompt_tokens, x.media,
-           x.audio_tokens, x.params, x.deadline_ms, x.grammar, x.cache_salt, x.priority, x.resumed);
+           x.audio_tokens, x.video_tokens, x.params, x.deadline_ms, x.grammar, x.cache_salt,
+           x.priority, x.resumed);
 }
 
 /// Admission answer to a submit.

@@ -57,6 +57,14 @@ media_data clip_data() {
   return {.name = "q.wav", .bytes = {'R', 'I', 'F', 'F', 9}, .kind = media_kind::audio};
 }
 
+media_data video_data() {
+  return {.name = "v.mp4",
+          .bytes = {0, 0, 0, 0x18, 'f', 't', 'y', 'p'},
+          .kind = media_kind::video,
+          .num_frames = 12,
+          .fps = 2.5};
+}
+
 models::sampling_params make(tag<models::sampling_params>, const actors_for_handles&) {
   models::sampling_params p;
   p.temperature = 0.7;
@@ -81,8 +89,9 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
   return {.id = 99,
           .prompt = "USER: <image>\nWhat shape is on the left? ASSISTANT:",
           .prompt_tokens = {1, 5, 6},
-          .media = {make(tag<media_data>{}, h), clip_data(), {"b.jpg", {0xff, 0xd8}}},
+          .media = {make(tag<media_data>{}, h), clip_data(), {"b.jpg", {0xff, 0xd8}}, video_data()},
           .audio_tokens = {13},
+          .video_tokens = {68},
           .params = make(tag<models::sampling_params>{}, h),
           .deadline_ms = 2500,
           .grammar = "root ::= \"a\"",
@@ -482,7 +491,7 @@ node_agent_actor make(tag<node_agent_actor>, const actors_for_handles& h) {
 }
 
 chat_turn make(tag<chat_turn>, const actors_for_handles&) {
-  return {.role = "user", .content = "What is in <image>?", .images = 2, .audios = 3};
+  return {.role = "user", .content = "What is in <image>?", .images = 2, .audios = 3, .videos = 1};
 }
 
 std::vector<chat_turn> make(tag<std::vector<chat_turn>>, const actors_for_handles& h) {
@@ -495,6 +504,7 @@ job_request make(tag<job_request>, const actors_for_handles& h) {
           .system = "You are terse.",
           .images = {make(tag<media_data>{}, h)},
           .audios = {clip_data()},
+          .videos = {video_data()},
           .chat = true,
           .ignore_eos = true,
           .has_temperature = true,

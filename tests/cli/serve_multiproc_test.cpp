@@ -139,6 +139,15 @@ class GatewayHears : public Gateway {
   }
 };
 
+// The same gateway in front of a model that sees video (the shapes model
+// with troupe's video keys: tests/fixtures/llava_video).
+class GatewaySees : public Gateway {
+ protected:
+  std::string manifest_extra() const override {
+    return "[model]\npath = \"" + std::string(TROUPE_FIXTURES_DIR) + "/llava_video\"\n";
+  }
+};
+
 }  // namespace
 
 TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
@@ -906,4 +915,51 @@ TEST_F(GatewayHears, TranscriptionsAndInputAudioAnswerAsTheDirectLoop) {
   std::string said = json::parse(c.body)["choices"][0]["message"]["content"];
   while (!said.empty() && said.front() == ' ') said.erase(0, 1);
   EXPECT_EQ(said, direct_text("What is said?")) << c.body;
+}
+
+// Video through the API (issue 29): a chat's video_url part (a data: URL)
+// with vLLM's media_io_kwargs answers as `troupe generate --direct --video`
+// does with the same file, frames and prompt; bad sampling is refused by
+// name.
+TEST_F(GatewaySees, VideoUrlAnswersAsTheDirectLoop) {
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  const std::string video = fixtures + "/video/square.mp4";
+  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_video --video " + video +
+                                " --num-frames 4 --prompt 'What moves?' -n 12 --json",
+                            false);
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  auto dj = json::parse(d.out.substr(d.out.find('{')), nullptr, false);
+  ASSERT_FALSE(dj.is_discarded()) << d.out;
+  std::string want = dj.value("text", "");
+  while (!want.empty() && want.front() == ' ') want.erase(0, 1);
+  ASSERT_FALSE(want.empty());
+  auto chat = [&](int frames) {
+    return json{
+        {"messages",
+         json::array(
+             {{{"role", "user"},
+               {"content",
+                json::array(
+                    {{{"type", "text"}, {"text", "What moves?"}},
+                     {{"type", "video_url"},
+                      {"video_url", {{"url", "data:video/mp4;base64," + base64_of(video)}}}}})}}})},
+        {"media_io_kwargs", {{"video", {{"num_frames", frames}}}}},
+        {"max_tokens", 12},
+        {"temperature", 0}};
+  };
+  auto c = post("/v1/chat/completions", chat(4));
+  ASSERT_EQ(c.status, 200) << c.body;
+  const auto j = json::parse(c.body);
+  std::string said = j["choices"][0]["message"]["content"];
+  while (!said.empty() && said.front() == ' ') said.erase(0, 1);
+  EXPECT_EQ(said, want) << c.body;
+  // 4 frames of 17 tokens in the prompt.
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 4 * 17);
+  auto other = post("/v1/chat/completions", chat(2));
+  ASSERT_EQ(other.status, 200) << other.body;
+  EXPECT_LT(json::parse(other.body)["usage"]["prompt_tokens"].get<int>(),
+            j["usage"]["prompt_tokens"].get<int>());
+  auto many = post("/v1/chat/completions", chat(65));
+  EXPECT_EQ(many.status, 400) << many.body;
+  EXPECT_NE(many.body.find("media_io_kwargs.video.num_frames"), std::string::npos) << many.body;
 }

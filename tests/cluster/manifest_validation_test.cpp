@@ -318,6 +318,38 @@ TEST(Manifest, EncoderServices) {
   refused("\n[encoders.vision]\nup_queue = 0\n", "encoders.vision.up_queue: must be in");
 }
 
+TEST(Manifest, MediaLimits) {
+  auto plain = parse_manifest(good, "lab.toml");
+  ASSERT_TRUE(plain) << joined(plain.error());
+  EXPECT_EQ(plain->media.max_images, 16);
+  EXPECT_EQ(plain->media.max_videos, 4);
+  EXPECT_EQ(plain->media.video_frames, 8);
+  EXPECT_EQ(plain->media.max_video_frames, 64);
+  auto set = parse_manifest(std::string(good) +
+                                "\n[media]\nmax_images = 2\nmax_audios = 0\nmax_videos = 1\n"
+                                "video_frames = 4\nmax_video_frames = 16\n"
+                                "max_video_seconds = 30.5\nmax_video_side = 1280\n",
+                            "lab.toml");
+  ASSERT_TRUE(set) << joined(set.error());
+  EXPECT_EQ(set->media.max_images, 2);
+  EXPECT_EQ(set->media.max_audios, 0);
+  EXPECT_EQ(set->media.max_videos, 1);
+  EXPECT_EQ(set->media.video_frames, 4);
+  EXPECT_EQ(set->media.max_video_frames, 16);
+  EXPECT_DOUBLE_EQ(set->media.max_video_seconds, 30.5);
+  EXPECT_EQ(set->media.max_video_side, 1280);
+  auto refused = [](const std::string& extra, const std::string& says) {
+    auto m = parse_manifest(std::string(good) + extra, "lab.toml");
+    ASSERT_FALSE(m) << extra;
+    EXPECT_NE(joined(m.error()).find(says), std::string::npos) << joined(m.error());
+  };
+  refused("\n[media]\nvideo_frames = 32\nmax_video_frames = 16\n",
+          "media.video_frames: 32 is above max_video_frames (16)");
+  refused("\n[media]\nmax_video_frames = 0\n", "media.max_video_frames: must be in [1, 1024]");
+  refused("\n[media]\nmax_video_seconds = -1\n", "media.max_video_seconds: must be in");
+  refused("\n[media]\nlimit_mm_per_prompt = 3\n", "media.limit_mm_per_prompt: unknown key");
+}
+
 // A head that holds no stage (a dedicated head: schedulers, router,
 // gateway) leaves every stage to the other nodes.
 TEST(Manifest, AHeadOfRoleHeadHoldsNoStage) {

@@ -676,6 +676,73 @@ TEST(OpenAiParse, InputAudioPartsBecomeClipsOfTheirTurn) {
   EXPECT_EQ(big.error().status, 413);
 }
 
+TEST(OpenAiParse, VideoUrlPartsBecomeVideosOfTheirTurnWithTheirSampling) {
+  const std::string mp4_b64 = "AAAAGGZ0eXBtcDQy";  // a box size, "ftyp", "mp42"
+  auto chat = [&](const json& video_part, json extra = json::object()) {
+    json j{{"messages",
+            json::array({{{"role", "user"},
+                          {"content", json::array({{{"type", "text"}, {"text", "What moves?"}},
+                                                   video_part,
+                                                   video_part})}}})}};
+    j.update(extra);
+    return j;
+  };
+  json part{{"type", "video_url"}, {"video_url", {{"url", "data:video/mp4;base64," + mp4_b64}}}};
+  auto r = parse_chat_request(
+      chat(part, {{"media_io_kwargs", {{"video", {{"num_frames", 12}, {"fps", 1.5}}}}}}).dump());
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->job.videos.size(), 2u);
+  EXPECT_EQ(r->job.turns[0].videos, 2);
+  EXPECT_EQ(r->job.turns[0].images, 0);
+  for (const auto& v : r->job.videos) {
+    EXPECT_EQ(v.kind, troupe::actors::media_kind::video);
+    EXPECT_EQ(v.bytes,
+              (std::vector<std::uint8_t>{0, 0, 0, 0x18, 'f', 't', 'y', 'p', 'm', 'p', '4', '2'}));
+    EXPECT_EQ(v.num_frames, 12);
+    EXPECT_EQ(v.fps, 1.5);
+  }
+  // Without media_io_kwargs: the server's default sampling.
+  auto plain = parse_chat_request(chat(part).dump());
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->job.videos[0].num_frames, 0);
+  // Mistakes name their field.
+  auto refused = [&](json body, const std::string& param, const std::string& needle,
+                     request_limits limits = {}) {
+    auto e = parse_chat_request(body.dump(), limits);
+    ASSERT_FALSE(e) << body.dump();
+    EXPECT_EQ(e.error().param, param) << e.error().message;
+    EXPECT_NE(e.error().message.find(needle), std::string::npos) << e.error().message;
+  };
+  json image_url = part;
+  image_url["video_url"]["url"] = "data:image/png;base64," + mp4_b64;
+  refused(chat(image_url), "messages[0].content[1].video_url", "not a video");
+  json remote = part;
+  remote["video_url"]["url"] = "https://example.com/a.mp4";
+  refused(chat(remote), "messages[0].content[1].video_url", "--allow-remote-images");
+  json no_url{{"type", "video_url"}, {"video_url", 5}};
+  refused(chat(no_url), "messages[0].content[1].video_url", "must be a string");
+  refused(chat(part, {{"media_io_kwargs", {{"video", {{"num_frames", 65}}}}}}),
+          "media_io_kwargs.video.num_frames", "from 1 to 64");
+  refused(chat(part, {{"media_io_kwargs", {{"video", {{"fps", -1}}}}}}),
+          "media_io_kwargs.video.fps", "from 0 to 240");
+  refused(chat(part, {{"media_io_kwargs", {{"video", {{"backend", "x"}}}}}}),
+          "media_io_kwargs.video.backend", "not supported");
+  refused(chat(part, {{"media_io_kwargs", {{"image", {{"size", 4}}}}}}), "media_io_kwargs.image",
+          "video only");
+  request_limits one;
+  one.max_videos = 1;
+  refused(chat(part), "messages[0].content[2]", "at most 1 videos", one);
+  request_limits tiny;
+  tiny.max_video_bytes = 4;
+  auto big = parse_chat_request(chat(part).dump(), tiny);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().status, 413);
+  // A text-only turn asking for frames has no video to sample.
+  json text_only{{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+                 {"media_io_kwargs", {{"video", {{"num_frames", 4}}}}}};
+  refused(text_only, "media_io_kwargs", "has no video");
+}
+
 // A multipart/form-data body of (name, filename, value) parts.
 std::string form(const std::string& boundary,
                  const std::vector<std::tuple<std::string, std::string, std::string>>& parts) {
