@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -61,13 +62,21 @@ inline double ms_since(steady::time_point t) {
 }
 
 inline actors::media_data image(int i) {
-  const std::string path =
-      std::string(TROUPE_FIXTURES_DIR) + "/shapes/shapes_00" + std::to_string(i) + ".png";
+  char name[32];
+  std::snprintf(name, sizeof name, "/shapes/shapes_%03d.png", i);
+  const std::string path = std::string(TROUPE_FIXTURES_DIR) + name;
   std::ifstream f(path, std::ios::binary);
   actors::media_data d;
   d.name = path;
   d.bytes.assign(std::istreambuf_iterator<char>(f), {});
   return d;
+}
+
+/// Job i's image is shapes_(i + image_offset()) (images the encoders have
+/// not cached yet, for a test that needs them to wait).
+inline int& image_offset() {
+  static int offset = 0;
+  return offset;
 }
 
 /// Jobs without their image (a model without a vision tower).
@@ -99,7 +108,7 @@ inline actors::job_request job(int i, std::int64_t max_tokens, bool ignore_eos) 
   j.id = actors::random_job_id();
   j.prompt = "Describe the image.";
   if (!text_only_jobs()) {
-    j.images.push_back(image(i));
+    j.images.push_back(image(i + image_offset()));
   } else {
     j.prompt = "Tell story number " + std::to_string(i) + ".";  // (distinct, as the images are)
   }
