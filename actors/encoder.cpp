@@ -411,6 +411,67 @@ void flush_audio(self_ptr self, encoder_resources& res, const encoder_options& o
 
 /// Takes an audio clip: decoded, resampled, cut into windows whose
 /// features wait in their frame count's bucket (or its rows from the cache).
+/// `samples` (mono, 16 kHz) cut into the audio tower's windows, with their
+/// features, for `c`: their rows from `first_row` on (recorded in
+/// c->first_row). Returns the windows; `rows` gets the rows they cover.
+std::vector<pending_window> make_windows(const models::llava_model& m,
+                                         const std::shared_ptr<pending_clip>& c,
+                                         std::span<const float> samples, std::int64_t first_row,
+                                         std::int64_t& rows) {
+  const auto& cfg = *m.config().audio;
+  std::vector<pending_window> ws;
+  std::int64_t row = first_row;
+  for (const auto piece : m.audio_windows(samples)) {
+    pending_window w;
+    w.clip = c;
+    w.window = c->first_row.size();
+    w.samples = static_cast<std::int64_t>(piece.size());
+    w.features = m.audio_features(piece);
+    const auto frames = m.audio_frames(static_cast<std::int64_t>(piece.size()));
+    c->first_row.push_back(row);
+    row += cfg.projector.tokens_for((frames + 1) / 2);
+    ws.push_back(std::move(w));
+  }
+  rows = row - first_row;
+  return ws;
+}
+
+/// Queues windows in their frame count's buckets (and runs the full ones).
+void queue_windows(self_ptr self, encoder_resources& res, const encoder_options& o,
+                   std::vector<pending_window> ws) {
+  auto& st = self->state;
+  const auto M = res.model->config().audio->encoder.num_mel_bins;
+  std::set<std::int64_t> touched;
+  for (auto& w : ws) {
+    const auto bucket = audio_bucket(static_cast<std::int64_t>(w.features.size()) / M);
+    w.arrived = clock::now();
+    st.waiting_samples += w.samples;
+    auto& q = st.windows[bucket];
+    q.push_back(std::move(w));
+    if (q.size() == 1)
+      self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
+    touched.insert(bucket);
+  }
+  for (auto b : touched)
+    if (st.windows[b].size() >= static_cast<std::size_t>(o.max_batch)) flush_audio(self, res, o, b);
+}
+
+/// Whether `samples` more of audio may wait (the bound on the features
+/// held); else the overloaded error naming `name`.
+caf::error audio_room(self_ptr self, encoder_resources& res, const std::string& name,
+                      std::int64_t samples) {
+  const auto& st = self->state;
+  const auto rate = static_cast<double>(res.model->config().audio->features.sample_rate);
+  if (static_cast<double>(st.waiting_samples + samples) / rate <= res.max_waiting_audio_seconds)
+    return {};
+  return make_error(error_code::overloaded,
+                    name + ": the audio encoder holds " +
+                        std::to_string(static_cast<long long>(st.waiting_samples / rate)) +
+                        " s of audio waiting (limit " +
+                        std::to_string(static_cast<long long>(res.max_waiting_audio_seconds)) +
+                        " s); send it again later");
+}
+
 caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const encoder_options& o,
                                     encode_request& req, const caf::actor_addr& owner,
                                     clock::time_point t0) {
@@ -437,16 +498,9 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
     return hold_shared(self, req.request, req.index, owner, *hit, key,
                        ms_between(t0, clock::now()));
   // The features of the audio waiting are held here: bounded.
-  const auto rate = static_cast<double>(cfg.features.sample_rate);
-  const auto samples = static_cast<std::int64_t>(clip->samples.size());
-  if (!st.clips.contains(key) &&
-      static_cast<double>(st.waiting_samples + samples) / rate > res.max_waiting_audio_seconds)
-    return make_error(error_code::overloaded,
-                      name + ": the audio encoder holds " +
-                          std::to_string(static_cast<long long>(st.waiting_samples / rate)) +
-                          " s of audio waiting (limit " +
-                          std::to_string(static_cast<long long>(res.max_waiting_audio_seconds)) +
-                          " s); send it again later");
+  if (!st.clips.contains(key))
+    if (auto full = audio_room(self, res, name, static_cast<std::int64_t>(clip->samples.size())))
+      return full;
   auto promise = self->make_response_promise<encode_reply>();
   if (auto it = st.clips.find(key); it != st.clips.end()) {
     it->second->followers.push_back(
@@ -465,38 +519,14 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
   c->key = key;
   // The windows' features (computed here, as an image's pixels are), each
   // with its first row in the clip's.
-  std::vector<pending_window> ws;
   std::int64_t row = 0;
-  for (const auto piece : m.audio_windows(clip->samples)) {
-    pending_window w;
-    w.clip = c;
-    w.window = ws.size();
-    w.samples = static_cast<std::int64_t>(piece.size());
-    w.features = m.audio_features(piece);
-    const auto frames = m.audio_frames(static_cast<std::int64_t>(piece.size()));
-    c->first_row.push_back(row);
-    row += cfg.projector.tokens_for((frames + 1) / 2);
-    ws.push_back(std::move(w));
-  }
+  auto ws = make_windows(m, c, clip->samples, 0, row);
   if (row != tokens || ws.empty())
     return make_error(error_code::internal, name + ": its windows' rows do not add up");
   c->left = ws.size();
   c->preprocess_ms = ms_between(t0, clock::now());
   st.clips.emplace(key, c);
-  const auto M = cfg.encoder.num_mel_bins;
-  std::set<std::int64_t> touched;
-  for (auto& w : ws) {
-    const auto bucket = audio_bucket(static_cast<std::int64_t>(w.features.size()) / M);
-    w.arrived = clock::now();
-    st.waiting_samples += w.samples;
-    auto& q = st.windows[bucket];
-    q.push_back(std::move(w));
-    if (q.size() == 1)
-      self->delayed_send(self, std::chrono::milliseconds(o.max_wait_ms), flush_atom::value, bucket);
-    touched.insert(bucket);
-  }
-  for (auto b : touched)
-    if (st.windows[b].size() >= static_cast<std::size_t>(o.max_batch)) flush_audio(self, res, o, b);
+  queue_windows(self, res, o, std::move(ws));
   return promise;
 }
 
@@ -516,9 +546,13 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
   const auto& m = *res.model;
   if (!m.has_video())
     return make_error(error_code::invalid_request, name + ": this model takes no video");
+  if (req.item.audio && !m.has_audio())
+    return make_error(error_code::invalid_request,
+                      name + ": its audio track was asked for, but this model has no audio tower");
   models::video_sampling sampling;
   if (req.item.num_frames > 0) sampling.num_frames = req.item.num_frames;
   sampling.fps = req.item.fps;
+  sampling.audio = req.item.audio;
   auto v = models::decode_video(req.item.bytes, sampling, res.video_limits);
   if (!v) return make_error(error_code::invalid_request, name + ": " + v.error().message);
   // The frames the headers promised (the prompt worker counted them).
@@ -542,14 +576,28 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
                             std::to_string(side) + "x" + std::to_string(side));
     pixels.push_back(std::move(pv->data));
   }
-  // The video's name: the tower, its pooling and the frames' pixels.
-  // (SHA-256 of the identity and of the frames' own SHA-256s, in order.)
+  // Its audio track, when asked for: its rows follow the frames'.
+  const auto& sound = v->sound.samples;
+  const std::int64_t sound_rows =
+      req.item.audio ? m.audio_tokens(static_cast<std::int64_t>(sound.size())) : 0;
+  if (req.item.audio && sound_rows < 1)
+    return make_error(error_code::invalid_request,
+                      name + ": its audio track was asked for, but it has " +
+                          (sound.empty() ? std::string("none") : "under one hop of sound"));
+  // The video's name: the tower, its pooling and the frames' pixels (and
+  // the track's samples). (SHA-256 of the identity and of each part's own
+  // SHA-256, in order.)
   std::vector<std::uint8_t> names;
   for (const auto& p : pixels) {
     const auto f = core::sha256({}, std::as_bytes(std::span(p)));
     names.insert(names.end(), f.begin(), f.end());
   }
-  const std::string id = res.weights_id + ";video;" + std::to_string(R);
+  if (req.item.audio) {
+    const auto a = core::sha256({}, std::as_bytes(std::span(sound)));
+    names.insert(names.end(), a.begin(), a.end());
+  }
+  const std::string id =
+      res.weights_id + ";video;" + std::to_string(R) + (req.item.audio ? ";audio" : "");
   const auto key =
       core::sha256(std::span(reinterpret_cast<const std::uint8_t*>(id.data()), id.size()),
                    std::as_bytes(std::span(names)));
@@ -557,6 +605,9 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
   if (auto hit = st.cache ? st.cache->take(key) : std::nullopt)
     return hold_shared(self, req.request, req.index, owner, *hit, key,
                        ms_between(t0, clock::now()));
+  if (req.item.audio && !st.clips.contains(key))
+    if (auto full = audio_room(self, res, name, static_cast<std::int64_t>(sound.size())))
+      return full;
   auto promise = self->make_response_promise<encode_reply>();
   if (auto it = st.clips.find(key); it != st.clips.end()) {
     it->second->followers.push_back(
@@ -565,7 +616,7 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
   }
   const auto frames = static_cast<std::int64_t>(pixels.size());
   auto rows = tensor::empty(res.dev->memory(), kernels::dtype::f32,
-                            {frames * R, m.config().text.hidden_size});
+                            {frames * R + sound_rows, m.config().text.hidden_size});
   if (!rows) return make_error(error_code::internal, name + ": " + rows.error().message);
   auto c = std::make_shared<pending_clip>();
   c->rows = std::move(*rows);
@@ -574,9 +625,17 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
   c->index = req.index;
   c->owner = owner;
   c->key = key;
-  c->left = pixels.size();
+  std::vector<pending_window> ws;
+  if (req.item.audio) {
+    std::int64_t covered = 0;
+    ws = make_windows(m, c, sound, frames * R, covered);
+    if (covered != sound_rows || ws.empty())
+      return make_error(error_code::internal, name + ": its windows' rows do not add up");
+  }
+  c->left = pixels.size() + ws.size();
   c->preprocess_ms = ms_between(t0, clock::now());
   st.clips.emplace(key, c);
+  if (!ws.empty()) queue_windows(self, res, o, std::move(ws));
   const std::int64_t bucket = m.tokens_per_image();
   auto& q = st.buckets[bucket];
   for (std::int64_t f = 0; f < frames; ++f) {

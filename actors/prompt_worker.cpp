@@ -69,9 +69,22 @@ std::expected<void, caf::error> place_media(const prompt_setup& setup,
       // encoder then samples what was counted here.
       if (v.num_frames <= 0) v.num_frames = setup.video_frames;
       // The headers and packets only: the frames it will give.
-      auto probed = models::probe_video(v.bytes, video_sampling_of(v), setup.video_limits);
+      if (v.audio && !setup.llava->audio)
+        return bad(name + ": its audio track was asked for, but this model has no audio tower");
+      auto probed =
+          v.audio ? models::probe_video_sound(v.bytes, video_sampling_of(v), setup.video_limits)
+                  : models::probe_video(v.bytes, video_sampling_of(v), setup.video_limits);
       if (!probed) return bad(name + ": " + probed.error().message);
-      req.video_tokens.push_back(static_cast<std::int64_t>(probed->index.size()) * per_frame);
+      std::int64_t tokens = static_cast<std::int64_t>(probed->index.size()) * per_frame;
+      if (v.audio) {
+        const auto n = static_cast<std::int64_t>(probed->sound.samples.size());
+        const auto sound = setup.llava->audio->tokens_for_samples(n);
+        if (sound < 1)
+          return bad(name + ": its audio track was asked for, but it has " +
+                     (n == 0 ? std::string("none") : "under one hop of sound"));
+        tokens += sound;
+      }
+      req.video_tokens.push_back(tokens);
       v.kind = media_kind::video;
     }
   }

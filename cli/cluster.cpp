@@ -53,6 +53,7 @@ struct cluster_args {
   std::vector<std::string> images, audios, videos;
   std::int32_t num_frames = 0;  // each video's (0: the default)
   double fps = 0;
+  bool video_audio = false;  // each video's audio track too
   std::int64_t max_tokens = 128;
   double temperature = 0;
   bool set_temperature = false;
@@ -643,6 +644,10 @@ int run_submit(const cluster_args& a) {
     clip.kind = actors::media_kind::audio;
     job.audios.push_back(std::move(clip));
   }
+  if (a.videos.empty() && (a.num_frames > 0 || a.fps > 0 || a.video_audio)) {
+    spdlog::error("submit: --num-frames, --fps and --video-audio apply to videos: give --video");
+    return 2;
+  }
   for (const auto& f : a.videos) {
     auto bytes = models::read_file_bytes(f, models::video_limits{}.max_bytes);
     if (!bytes) {
@@ -655,6 +660,7 @@ int run_submit(const cluster_args& a) {
     v.kind = actors::media_kind::video;
     v.num_frames = a.num_frames;
     v.fps = a.fps;
+    v.audio = a.video_audio;
     job.videos.push_back(std::move(v));
   }
   caf::actor_system_config cfg;
@@ -879,6 +885,8 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
                     "Sample one frame per 1/FPS seconds of each video instead (at most "
                     "--num-frames)")
         ->check(CLI::Range(0.0, 240.0));
+    cmd->add_flag("--video-audio", a->video_audio,
+                  "Also hear each video's audio track (a model that hears)");
     cmd->add_option("--system", a->system, "A system prompt (chat)");
     cmd->add_flag("--chat", a->chat,
                   "Apply the model's chat template (implied with images or audio clips)");

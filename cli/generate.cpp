@@ -39,6 +39,7 @@ struct generate_args {
   std::vector<std::string> overrides, stops, images, audios, videos;
   std::int32_t num_frames = 0;  ///< each video's frames (0: the default, 8)
   double fps = 0;               ///< > 0: one frame per 1 / fps seconds, at most num_frames
+  bool video_audio = false;     ///< each video's audio track too
   std::int64_t max_tokens = 128, top_k = 0, ctx_tokens = 4096;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
   std::uint64_t seed = 0;
@@ -254,6 +255,17 @@ int run_generate(const generate_args& a) {
         a.model);
     return 2;
   }
+  if (a.videos.empty() && (a.num_frames > 0 || a.fps > 0 || a.video_audio)) {
+    spdlog::error("--num-frames, --fps and --video-audio apply to videos: give --video");
+    return 2;
+  }
+  if (a.video_audio && !(lcfg && lcfg->audio)) {
+    spdlog::error(
+        "--video-audio needs a model that hears (a LLaVA folder with audio_config); {} has no "
+        "audio tower",
+        a.model);
+    return 2;
+  }
   // The videos' frames: their token counts from the headers (and, for
   // --direct, the frames, decoded below).
   models::video_sampling frames_wanted;
@@ -263,13 +275,24 @@ int run_generate(const generate_args& a) {
   std::int64_t video_tokens = 0;
   for (const auto& f : a.videos) {
     auto bytes = models::read_file_bytes(f, setup->video_limits.max_bytes);
-    auto probed = bytes ? models::probe_video(*bytes, frames_wanted, setup->video_limits)
-                        : kernels::result<models::video>(std::unexpected(bytes.error()));
+    auto probed = !bytes ? kernels::result<models::video>(std::unexpected(bytes.error()))
+                  : a.video_audio
+                      ? models::probe_video_sound(*bytes, frames_wanted, setup->video_limits)
+                      : models::probe_video(*bytes, frames_wanted, setup->video_limits);
     if (!probed) {
       spdlog::error("--video {}: {}", f, probed.error().message);
       return 2;
     }
     video_tokens += static_cast<std::int64_t>(probed->index.size()) * lcfg->tokens_per_frame();
+    if (a.video_audio) {
+      const auto n =
+          lcfg->audio->tokens_for_samples(static_cast<std::int64_t>(probed->sound.samples.size()));
+      if (n < 1) {
+        spdlog::error("--video {}: --video-audio, but it has no audio track", f);
+        return 2;
+      }
+      video_tokens += n;
+    }
     video_bytes.push_back(std::move(*bytes));
   }
   // With images the prompt is a chat turn whose placeholders the template
@@ -375,6 +398,7 @@ int run_generate(const generate_args& a) {
       actors::media_data v{a.videos[k], std::move(video_bytes[k]), actors::media_kind::video};
       v.num_frames = a.num_frames;
       v.fps = a.fps;
+      v.audio = a.video_audio;
       video_files.push_back(std::move(v));
     }
     if (auto r = actors::place_media(*setup, std::move(image_files), std::move(audio_files), req,
@@ -450,8 +474,12 @@ int run_generate(const generate_args& a) {
     // Each video's frames, decoded and preprocessed.
     std::vector<prepared_images> frame_data;
     std::vector<kernels::tensor> videos;
+    std::vector<std::vector<float>> sounds;
+    auto sampling = frames_wanted;
+    sampling.audio = a.video_audio;
     for (std::size_t k = 0; k < a.videos.size(); ++k) {
-      auto v = models::decode_video(video_bytes[k], frames_wanted, setup->video_limits);
+      auto v = models::decode_video(video_bytes[k], sampling, setup->video_limits);
+      if (v) sounds.push_back(std::move(v->sound.samples));
       auto p = v ? prepare_frames(*v, a.videos[k], model_dir, *llava)
                  : kernels::result<prepared_images>(std::unexpected(v.error()));
       if (!p) {
@@ -472,7 +500,8 @@ int run_generate(const generate_args& a) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::span<const float>> spans;
     for (const auto& c : clips) spans.emplace_back(c.samples);
-    auto vp = llava->prepare(*ctx, *ids, pixels, spans, videos);
+    const std::vector<std::span<const float>> heard(sounds.begin(), sounds.end());
+    auto vp = llava->prepare(*ctx, *ids, pixels, spans, videos, {}, heard);
     if (!vp) {
       spdlog::error("{}", vp.error().message);
       return 2;
@@ -554,6 +583,9 @@ command_runner add_generate(CLI::App& app, bool run) {
   cmd->add_option("--fps", a->fps,
                   "Sample one frame per 1/FPS seconds of each video instead (at most --num-frames)")
       ->check(CLI::Range(0.0, 240.0));
+  cmd->add_flag("--video-audio", a->video_audio,
+                "Also hear each video's audio track (a model that hears): its tokens follow the "
+                "frames'");
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
   cmd->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate")
       ->check(CLI::Range(1, 1 << 20));

@@ -64,6 +64,11 @@ int run_serve(const serve_args& a) {
   go.version = TROUPE_VERSION;
   go.max_body_bytes = static_cast<std::size_t>(a.max_body_mib) << 20;
   go.limits.remote_images = a.remote_images || a.private_image_hosts;
+  // The manifest's [media] limits, checked here first (the head checks them again).
+  go.limits.max_images = static_cast<std::size_t>(m->media.max_images);
+  go.limits.max_audios = static_cast<std::size_t>(m->media.max_audios);
+  go.limits.max_videos = static_cast<std::size_t>(m->media.max_videos);
+  go.limits.max_video_frames = static_cast<std::int32_t>(m->media.max_video_frames);
   go.fetch.allow_private = a.private_image_hosts;
   go.io_threads = a.io_threads;
   go.keep_alive = std::chrono::seconds(a.keep_alive_s);

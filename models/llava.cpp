@@ -232,17 +232,29 @@ result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const 
                                           const tensor& pixels,
                                           const std::vector<std::span<const float>>& clips,
                                           const std::vector<tensor>& videos,
-                                          const clip_options& opts) const {
+                                          const clip_options& opts,
+                                          const std::vector<std::span<const float>>& sounds) const {
   if (videos.empty()) return prepare(dev, ids, pixels, clips, opts);
   if (!cfg_.video) return make_error(errc::unsupported_op, "this model takes no video");
-  if (!clips.empty() && !audio_)
+  const bool heard = std::any_of(sounds.begin(), sounds.end(), [](auto s) { return !s.empty(); });
+  if ((!clips.empty() || heard) && !audio_)
     return make_error(errc::unsupported_op, "this model has no audio encoder");
+  if (!sounds.empty() && sounds.size() != videos.size())
+    return make_error(errc::invalid_argument, std::to_string(sounds.size()) + " audio tracks for " +
+                                                  std::to_string(videos.size()) + " videos");
+  const auto sound_of = [&](std::size_t k) {
+    return k < sounds.size() ? sounds[k] : std::span<const float>{};
+  };
   auto n_images = count_images(pixels);
   if (!n_images) return std::unexpected(n_images.error());
   std::vector<std::int64_t> counts, frames;
   for (const auto& c : clips) counts.push_back(audio_tokens(static_cast<std::int64_t>(c.size())));
-  for (const auto& v : videos)
-    frames.push_back((v.ndim() == 4 ? v.dim(0) : 0) * tokens_per_frame());
+  for (std::size_t k = 0; k < videos.size(); ++k) {
+    const auto& v = videos[k];
+    const auto sound = static_cast<std::int64_t>(sound_of(k).size());
+    frames.push_back((v.ndim() == 4 ? v.dim(0) : 0) * tokens_per_frame() +
+                     (sound > 0 ? audio_tokens(sound) : 0));
+  }
   llava_prompt p;
   p.image_token = image_token();
   auto tokens = expand_media_tokens(ids, image_token(), tokens_per_image(), *n_images,
@@ -276,7 +288,18 @@ result<llava_prompt> llava_model::prepare(kernels::device& dev, std::span<const 
     if (t == audio_token() && audio_token() >= 0) {
       emb = encode_audio(dev, clips[clip++]);
     } else if (t == video_token()) {
-      emb = encode_frames(dev, videos[video++], opts);
+      const auto k = video++;
+      emb = encode_frames(dev, videos[k], opts);
+      if (emb && !sound_of(k).empty()) {  // the track's rows after the frames'
+        auto h = to_host(*emb);
+        auto a = encode_audio(dev, sound_of(k));
+        if (!h || !a) return std::unexpected(!h ? h.error() : a.error());
+        auto ah = to_host(*a);
+        if (!ah) return std::unexpected(ah.error());
+        p.image_embeds.insert(p.image_embeds.end(), h->begin(), h->end());
+        p.image_embeds.insert(p.image_embeds.end(), ah->begin(), ah->end());
+        continue;
+      }
     } else {
       continue;
     }

@@ -159,12 +159,15 @@ class llava_model {
                                         const clip_options& opts = {}) const;
   /// prepare() with clips and videos: `ids` hold one image, audio or video
   /// token per item, in any order; `videos` holds each video's frames as
-  /// pixel_values [F, 3, H, W].
+  /// pixel_values [F, 3, H, W]; `video_sounds` (empty, or one per video)
+  /// each video's audio track to hear too (mono, 16 kHz; an empty span:
+  /// none), whose rows follow its frames'.
   result<llava_prompt> prepare(kernels::device& dev, std::span<const std::int32_t> ids,
                                const kernels::tensor& pixel_values,
                                const std::vector<std::span<const float>>& clips,
                                const std::vector<kernels::tensor>& videos,
-                               const clip_options& opts = {}) const;
+                               const clip_options& opts = {},
+                               const std::vector<std::span<const float>>& video_sounds = {}) const;
 
   /// Summary of each component's precision.
   std::string describe() const;

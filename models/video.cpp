@@ -264,9 +264,12 @@ std::vector<std::int64_t> sample_frames(std::int64_t frames, double seconds,
 
 namespace {
 
-/// decode_video, or with `probe_only` its first pass alone.
+/// What read_video does: decode_video's whole work, its first pass alone,
+/// or the first pass and the audio track (no frame decoded).
+enum class reading { whole, probe, sound };
+
 result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
-                         const video_limits& limits, bool probe_only) {
+                         const video_limits& limits, reading what) {
   if (bytes.empty()) return make_error(errc::corrupt_data, "video: the file is empty");
   if (bytes.size() > limits.max_bytes)
     return make_error(errc::invalid_argument, "video: " + std::to_string(bytes.size()) +
@@ -355,10 +358,9 @@ result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampli
                                        : (out.seconds > 0 ? packets / out.seconds : 0.0);
   const auto wanted = sample_frames(packets, out.seconds, sampling);
   first->reset();
-  if (probe_only) {
-    out.index = wanted;
-    return out;
-  }
+  if (what != reading::whole) out.index = wanted;
+  if (what == reading::probe) return out;
+  const bool frames_too = what == reading::whole;
 
   // Pass 2: decode in order, keeping the wanted frames (and the audio).
   auto second = open_input(bytes, demuxer);
@@ -444,16 +446,16 @@ result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampli
   };
   for (int e; (e = av_read_frame(fmt, pkt.get())) != AVERROR_EOF; av_packet_unref(pkt.get())) {
     if (e < 0) break;  // cut short: what came before
-    if (pkt->stream_index == vi && next < wanted.size()) {
+    if (pkt->stream_index == vi && frames_too && next < wanted.size()) {
       if (avcodec_send_packet(vdec->get(), pkt.get()) < 0) continue;  // a damaged packet is skipped
       if (auto r = take_video(); !r) return std::unexpected(r.error());
     } else if (adec && pkt->stream_index == ai) {
       if (avcodec_send_packet(adec.get(), pkt.get()) < 0) continue;
       if (auto r = take_audio(); !r) return std::unexpected(r.error());
     }
-    if (next >= wanted.size() && !adec) break;
+    if ((next >= wanted.size() || !frames_too) && !adec) break;
   }
-  if (next < wanted.size()) {
+  if (frames_too && next < wanted.size()) {
     avcodec_send_packet(vdec->get(), nullptr);  // the frames the decoder still holds
     if (auto r = take_video(); !r) return std::unexpected(r.error());
   }
@@ -461,7 +463,7 @@ result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampli
     avcodec_send_packet(adec.get(), nullptr);
     if (auto r = take_audio(); !r) return std::unexpected(r.error());
   }
-  if (out.frames.empty())
+  if (frames_too && out.frames.empty())
     return make_error(errc::corrupt_data,
                       "video: no frame could be decoded (" + std::to_string(decoded) + " tried)");
   if (adec && !sound.empty()) {
@@ -480,12 +482,19 @@ result<video> read_video(std::span<const std::uint8_t> bytes, const video_sampli
 
 result<video> decode_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
                            const video_limits& limits) {
-  return read_video(bytes, sampling, limits, false);
+  return read_video(bytes, sampling, limits, reading::whole);
+}
+
+result<video> probe_video_sound(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
+                                const video_limits& limits) {
+  auto s = sampling;
+  s.audio = true;
+  return read_video(bytes, s, limits, reading::sound);
 }
 
 result<video> probe_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling,
                           const video_limits& limits) {
-  return read_video(bytes, sampling, limits, true);
+  return read_video(bytes, sampling, limits, reading::probe);
 }
 
 result<video> load_video(const std::string& path, const video_sampling& sampling,

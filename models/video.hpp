@@ -65,6 +65,13 @@ result<video> decode_video(std::span<const std::uint8_t> bytes, const video_samp
 result<video> probe_video(std::span<const std::uint8_t> bytes, const video_sampling& sampling = {},
                           const video_limits& limits = {});
 
+/// probe_video, and the first audio track decoded (mono, 16 kHz, in
+/// `sound`; empty without one), no frame decoded: what a request that also
+/// wants the video's audio needs to count its tokens.
+result<video> probe_video_sound(std::span<const std::uint8_t> bytes,
+                                const video_sampling& sampling = {},
+                                const video_limits& limits = {});
+
 /// Reads and decodes a video file (a regular file of at most
 /// limits.max_bytes); messages start with `path`.
 result<video> load_video(const std::string& path, const video_sampling& sampling = {},

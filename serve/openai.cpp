@@ -489,6 +489,7 @@ const field_rule field_rules[] = {
     {"priority", true, true, nullptr, nullptr},
     {"cache_salt", true, true, is_salt, "must be a non-empty string of at most 256 bytes"},
     {"media_io_kwargs", true, false, nullptr, nullptr},
+    {"mm_processor_kwargs", true, false, nullptr, nullptr},
 };
 
 // vLLM's media_io_kwargs: {"video": {"num_frames": N, "fps": F}}, for every
@@ -528,6 +529,25 @@ std::optional<api_error> read_media_io(const json& j, api_request& r,
   for (auto& v : r.job.videos) {
     v.num_frames = frames;
     v.fps = fps;
+  }
+  return std::nullopt;
+}
+
+// vLLM's mm_processor_kwargs: {"use_audio_in_video": true} (Qwen2.5-Omni's
+// name): every video's audio track is heard too.
+std::optional<api_error> read_mm_processor(const json& j, api_request& r) {
+  auto it = j.find("mm_processor_kwargs");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object())
+    return bad("'mm_processor_kwargs' must be an object", "mm_processor_kwargs");
+  for (const auto& [k, v] : it->items()) {
+    const std::string at = "mm_processor_kwargs." + k.substr(0, 64);
+    if (k != "use_audio_in_video")
+      return bad("'" + at + "' is not supported (use_audio_in_video only)", at);
+    if (!v.is_boolean()) return bad("'" + at + "' must be a boolean", at);
+    if (v.get<bool>() && r.job.videos.empty())
+      return bad("'" + at + "' is true but the request has no video", at);
+    for (auto& video : r.job.videos) video.audio = v.get<bool>();
   }
   return std::nullopt;
 }
@@ -907,6 +927,7 @@ std::expected<api_request, api_error> parse_chat_request(std::string_view body,
   if (auto e = read_common(*j, r, limits)) return std::unexpected(*e);
   if (auto e = read_tools(*j, r)) return std::unexpected(*e);
   if (auto e = read_media_io(*j, r, limits)) return std::unexpected(*e);
+  if (auto e = read_mm_processor(*j, r)) return std::unexpected(*e);
   return r;
 }
 

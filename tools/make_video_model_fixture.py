@@ -68,6 +68,13 @@ What it writes:
                      (+ lm_head) fed inputs_embeds: the marked positions take
                      the video_features rows in order, the others the token
                      embeddings; use_cache=False
+With --omni it writes tests/fixtures/llava_omni instead (NumPy only, no
+reference): a model that hears and sees video, for the tests of a video's
+audio track. It joins the two fixtures: tests/fixtures/llava_hears' config
+(its audio tower, "<audio>" 397) plus the video keys above with "<video>" at
+398, and links to their weights (audio.safetensors, video.safetensors,
+text.safetensors), with an index over the three.
+
 The script asserts that the pooler's "average" and "max" outputs equal a
 hand computation of 2 x 2 pooling on the 8 x 8 row-major patch grid, that
 the vision features are those get_image_features projects, and that the
@@ -310,7 +317,57 @@ def reference(out, vid, newline):
     write_fixture(os.path.join(out, "reference.bin"), arrays)
 
 
+def write_omni(out):
+    """tests/fixtures/llava_omni: llava_hears + the video keys (see the docstring)."""
+    hears = "tests/fixtures/llava_hears"
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(hears, "config.json")) as f:
+        cfg = json.load(f)
+    vid = cfg["audio_token_index"] + 1
+    cfg.update({"video_token_index": vid, "spatial_pool_stride": STRIDE,
+                "spatial_pool_mode": "average", "video_frame_newline": True})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    weight_map = {}
+    for name, target in (("text.safetensors", "../../../assets/tiny-llava-shapes/model.safetensors"),
+                         ("audio.safetensors", "../llava_hears/audio.safetensors"),
+                         ("video.safetensors", "../llava_video/video.safetensors")):
+        link = os.path.join(out, name)
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(target, link)
+        for k in safetensors_names(link):
+            assert k not in weight_map, k
+            weight_map[k] = name
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=1)
+    with open(os.path.join(hears, "tokenizer.json")) as f:
+        tok = json.load(f)
+    assert all(t["id"] != vid for t in tok["added_tokens"])
+    tok["added_tokens"].append({"id": vid, "content": "<video>", "single_word": False,
+                                "lstrip": False, "rstrip": False, "normalized": False,
+                                "special": True})
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=1, ensure_ascii=False)
+    with open(os.path.join(hears, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    tc["added_tokens_decoder"][str(vid)] = {
+        "content": "<video>", "special": True, "normalized": False, "lstrip": False,
+        "rstrip": False, "single_word": False}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f, indent=2)
+    for name in ("preprocessor_config.json", "generation_config.json"):
+        shutil.copyfile(os.path.join(hears, name), os.path.join(out, name))
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("Made by tools/make_video_model_fixture.py --omni (see its docstring); "
+                "do not edit.\n")
+    print(f"{out}: <audio> {cfg['audio_token_index']}, <video> {vid}")
+
+
 def main():
+    if "--omni" in sys.argv[1:]:
+        write_omni("tests/fixtures/llava_omni")
+        return
     vid = video_token_id()
     print(f"video token {vid}")
     newline = write_folder(OUT, vid)

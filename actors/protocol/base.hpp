@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 28;
+inline constexpr std::uint32_t protocol_version = 29;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 

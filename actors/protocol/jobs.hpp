@@ -37,6 +37,9 @@ struct media_data {
   /// num_frames.
   std::int32_t num_frames = 0;
   double fps = 0;
+  /// A video's audio track too, through the audio tower: its rows follow
+  /// the frames' (vLLM's use_audio_in_video).
+  bool audio = false;
   bool operator==(const media_data&) const = default;
 };
 

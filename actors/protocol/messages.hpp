@@ -29,7 +29,8 @@ typename I::result_type inspect(I& f, tensor_ref& x) {
 
 template <class I>
 typename I::result_type inspect(I& f, media_data& x) {
-  return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind, x.num_frames, x.fps);
+  return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind, x.num_frames, x.fps,
+           x.audio);
 }
 
 /// A generation request as the scheduler receives it.
@@ -45,7 +46,7 @@ struct generate_request {
   std::vector<std::int64_t> audio_tokens;
   /// The tokens (rows) of each video of `media`, in order: its sampled
   /// frames (the prompt worker read the file's headers) x the model's
-  /// tokens per frame.
+  /// tokens per frame, plus its audio track's tokens when asked for.
   std::vector<std::int64_t> video_tokens;
   models::sampling_params params;
   std::int64_t deadline_ms = 0;  ///< 0 = none; else milliseconds after admission

@@ -465,5 +465,119 @@ TEST_F(video_pipeline_test, frames_batch_with_images_and_keep_their_bits) {
                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
 }
 
+// A video's audio track through the audio tower (vLLM's
+// use_audio_in_video), on a model that hears and sees video
+// (tests/fixtures/llava_omni): its rows follow the frames', as
+// llava_model::prepare lays them out.
+class omni_reference : test::llava_parts {
+ public:
+  omni_reference() : llava_parts(std::string(TROUPE_FIXTURES_DIR) + "/llava_omni") {}
+
+  std::vector<std::int32_t> ids() const {
+    auto ids = tok_->encode("USER: <video>\nWhat is heard? ASSISTANT:", true, true);
+    EXPECT_TRUE(ids);
+    return *ids;
+  }
+
+  /// prepare with the frames and the track, and the plain loop.
+  std::vector<std::int32_t> solo(const std::vector<std::uint8_t>& bytes, int frames) {
+    models::video_sampling s;
+    s.num_frames = frames;
+    s.audio = true;
+    auto v = models::decode_video(bytes, s);
+    EXPECT_TRUE(v) << (v ? "" : v.error().message);
+    std::vector<float> px;
+    for (const auto& f : v->frames) {
+      auto p = models::preprocess_image(f, pre_);
+      EXPECT_TRUE(p);
+      px.insert(px.end(), p->data.begin(), p->data.end());
+    }
+    const auto side = model_->image_size();
+    std::vector<kernels::tensor> videos{
+        *kernels::tensor::view(px.data(), kernels::dtype::f32,
+                               {static_cast<std::int64_t>(v->frames.size()), 3, side, side})};
+    std::vector<std::span<const float>> sounds{v->sound.samples};
+    last_samples = static_cast<std::int64_t>(v->sound.samples.size());
+    auto prep = model_->prepare(*ctx_, ids(), kernels::tensor{}, {}, videos, {}, sounds);
+    EXPECT_TRUE(prep) << (prep ? "" : prep.error().message);
+    last_rows = prep ? static_cast<std::int64_t>(prep->image_embeds.size()) /
+                           model_->config().text.hidden_size
+                     : 0;
+    return prep ? generate_alone(*prep, params()) : std::vector<std::int32_t>{};
+  }
+
+  models::sampling_params params() const {
+    models::sampling_params p;
+    p.max_tokens = 12;
+    if (auto eos = tok_->special_ids().eos) p.stop_token_ids.push_back(*eos);
+    return p;
+  }
+
+  const models::llava_model& model() const { return *model_; }
+  std::int64_t last_rows = 0, last_samples = 0;
+};
+
+TEST_F(video_pipeline_test, a_videos_audio_track_is_heard_after_its_frames) {
+  const std::string omni = std::string(TROUPE_FIXTURES_DIR) + "/llava_omni";
+  omni_reference ref2;
+  const auto bytes = read_bytes(video_dir + "/square_aac.mp4");  // 2 s, an AAC tone
+  const auto want = ref2.solo(bytes, 3);
+  const auto rows = ref2.last_rows;
+  // 3 frames of 17 rows, then the track's tokens (about 2 s: a whole
+  // window of 200 frames and the AAC tail's few).
+  EXPECT_GT(ref2.last_samples, 32000);
+  EXPECT_EQ(rows, 3 * 17 + ref2.model().audio_tokens(ref2.last_samples));
+  // Without the track, another answer (else a track gone astray would pass).
+  auto setup = load_prompt_setup(omni);
+  ASSERT_TRUE(setup) << setup.error().message;
+  auto request = [&](bool audio) {
+    generate_request r;
+    r.id = client::next_id();
+    r.prompt_tokens = ref2.ids();
+    r.params = ref2.params();
+    media_data v{"square_aac.mp4", bytes, media_kind::video};
+    v.num_frames = 3;
+    v.audio = audio;
+    auto placed = place_media(*setup, {}, {}, r, {v});
+    EXPECT_TRUE(placed) << (placed ? "" : why(placed.error()));
+    return r;
+  };
+  auto heard = request(true);
+  EXPECT_EQ(heard.video_tokens, (std::vector<std::int64_t>{rows}));
+  runtime_config cfg;
+  cfg.model = omni;
+  cfg.encoder.max_wait_ms = 20;
+  auto d = parse_devices("cpu");
+  ASSERT_TRUE(d);
+  cfg.devices = *d;
+  auto rt = local_runtime::start(sys, cfg);
+  ASSERT_TRUE(rt) << rt.error().message;
+  client cl(sys, (*rt)->scheduler());
+  auto got = run_all(cl, {heard, request(true), request(false)});
+  EXPECT_EQ(got[0].tokens, want) << got[0].error;
+  EXPECT_EQ(got[1].tokens, want) << got[1].error;
+  EXPECT_NE(got[2].reason, finish_reason::error) << got[2].error;
+  EXPECT_NE(got[2].tokens, want) << "the track changed nothing";
+  // A video without a track, or a model that does not hear: refused by name.
+  generate_request silent;
+  silent.prompt_tokens = ref2.ids();
+  media_data quiet{"square.mp4", read_bytes(video_dir + "/square.mp4"), media_kind::video};
+  quiet.audio = true;
+  auto none = place_media(*setup, {}, {}, silent, {quiet});
+  ASSERT_FALSE(none);
+  EXPECT_NE(why(none.error()).find("square.mp4: its audio track was asked for, but it has none"),
+            std::string::npos)
+      << why(none.error());
+  auto deaf = load_prompt_setup(model_dir);
+  ASSERT_TRUE(deaf);
+  generate_request d2;
+  d2.prompt_tokens = ref().ids(cases()[0]);
+  media_data v{"square_aac.mp4", bytes, media_kind::video};
+  v.audio = true;
+  auto refused = place_media(*deaf, {}, {}, d2, {v});
+  ASSERT_FALSE(refused);
+  EXPECT_NE(why(refused.error()).find("no audio tower"), std::string::npos) << why(refused.error());
+}
+
 }  // namespace
 }  // namespace troupe::actors

@@ -134,4 +134,20 @@ TEST(Video, TheAudioTrackComesOutAt16kHz) {
   auto quiet = load_video(dir + "/square_aac.mp4", s);
   ASSERT_TRUE(quiet);
   EXPECT_TRUE(quiet->sound.samples.empty());
+  // The track alone (what the prompt worker counts): the same samples, no
+  // frame decoded, the frames that would be sampled named.
+  std::ifstream f(dir + "/square_aac.mp4", std::ios::binary);
+  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+  auto sound = probe_video_sound(bytes, s);
+  ASSERT_TRUE(sound) << sound.error().message;
+  EXPECT_TRUE(sound->frames.empty());
+  EXPECT_EQ(sound->index, v->index);
+  EXPECT_EQ(sound->sound.samples, a);
+  // A file without a track gives no sound, and no error.
+  std::ifstream g(dir + "/square.mp4", std::ios::binary);
+  const std::vector<std::uint8_t> silent{std::istreambuf_iterator<char>(g), {}};
+  auto none = probe_video_sound(silent, s);
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_TRUE(none->sound.samples.empty());
+  EXPECT_EQ(none->index.size(), 2u);
 }

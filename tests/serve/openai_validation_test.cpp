@@ -737,6 +737,16 @@ TEST(OpenAiParse, VideoUrlPartsBecomeVideosOfTheirTurnWithTheirSampling) {
   auto big = parse_chat_request(chat(part).dump(), tiny);
   ASSERT_FALSE(big);
   EXPECT_EQ(big.error().status, 413);
+  // vLLM's mm_processor_kwargs.use_audio_in_video: every video's track too.
+  auto heard = parse_chat_request(
+      chat(part, {{"mm_processor_kwargs", {{"use_audio_in_video", true}}}}).dump());
+  ASSERT_TRUE(heard) << heard.error().message;
+  for (const auto& v : heard->job.videos) EXPECT_TRUE(v.audio);
+  EXPECT_FALSE(plain->job.videos[0].audio);
+  refused(chat(part, {{"mm_processor_kwargs", {{"use_audio_in_video", 1}}}}),
+          "mm_processor_kwargs.use_audio_in_video", "must be a boolean");
+  refused(chat(part, {{"mm_processor_kwargs", {{"num_crops", 4}}}}),
+          "mm_processor_kwargs.num_crops", "use_audio_in_video only");
   // A text-only turn asking for frames has no video to sample.
   json text_only{{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
                  {"media_io_kwargs", {{"video", {{"num_frames", 4}}}}}};
