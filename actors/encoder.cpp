@@ -186,6 +186,18 @@ encode_reply hold_shared(self_ptr self, std::uint64_t request, std::int32_t inde
 void finish_clip(self_ptr self, pending_clip& c);
 void fail_clip(self_ptr self, pending_clip& c, const caf::error& e);
 
+/// One part of `c` (an audio window, a video frame) came out of a batch of
+/// `batch` that took `encode_ms`, or failed with `e`: `c` fails, or is
+/// answered with its last part.
+void part_done(self_ptr self, const std::shared_ptr<pending_clip>& c, const caf::error& e,
+               double encode_ms, std::size_t batch) {
+  auto keep = c;  // alive past finish_clip's erase
+  if (e) return fail_clip(self, *keep, e);
+  keep->encode_ms += encode_ms;
+  keep->batch = std::max<std::int64_t>(keep->batch, static_cast<std::int64_t>(batch));
+  if (--keep->left == 0) finish_clip(self, *keep);
+}
+
 void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
   auto& q = self->state.buckets[bucket];
   n = std::min(n, q.size());
@@ -256,16 +268,8 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
   device_lock.unlock();
   const double encode_ms = ms_between(t0, clock::now());
   ++self->state.batches;
-  for (std::size_t i = n_images; i < n; ++i) {
-    auto video = batch[i].video;  // keeps it alive past finish_clip's erase
-    if (frame_errors[i]) {
-      fail_clip(self, *video, frame_errors[i]);
-      continue;
-    }
-    video->encode_ms += encode_ms;
-    video->batch = std::max<std::int64_t>(video->batch, static_cast<std::int64_t>(n));
-    if (--video->left == 0) finish_clip(self, *video);
-  }
+  for (std::size_t i = n_images; i < n; ++i)
+    part_done(self, batch[i].video, frame_errors[i], encode_ms, n);
   for (std::size_t i = 0; i < n_images; ++i) {
     auto fail = [&](const caf::error& e) {
       batch[i].promise.deliver(e);
@@ -385,20 +389,11 @@ void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket,
   const double encode_ms = ms_between(t0, clock::now());
   ++self->state.batches;
   for (std::size_t i = 0; i < n; ++i) {
-    auto clip = batch[i].clip;  // keeps it alive past finish_clip's erase
-    if (!out) {
-      fail_clip(self, *clip,
-                make_error(error_code::internal,
-                           "audio encoder on " + res.device.name + ": " + out.error().message));
-      continue;
-    }
-    if (errors[i]) {
-      fail_clip(self, *clip, errors[i]);
-      continue;
-    }
-    clip->encode_ms += encode_ms;
-    clip->batch = std::max<std::int64_t>(clip->batch, static_cast<std::int64_t>(n));
-    if (--clip->left == 0) finish_clip(self, *clip);
+    part_done(self, batch[i].clip,
+              !out ? make_error(error_code::internal,
+                                "audio encoder on " + res.device.name + ": " + out.error().message)
+                   : errors[i],
+              encode_ms, n);
   }
 }
 

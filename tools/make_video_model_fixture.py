@@ -147,6 +147,28 @@ def video_token_id():
     return vid
 
 
+def copy_tokenizer_with_video(src, out, vid):
+    """src's tokenizer files with the added special token "<video>" = vid,
+    and its preprocessor and generation configs."""
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tok = json.load(f)
+    assert all(t["id"] != vid for t in tok["added_tokens"])
+    tok["added_tokens"].append({"id": vid, "content": "<video>", "single_word": False,
+                                "lstrip": False, "rstrip": False, "normalized": False,
+                                "special": True})
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=1, ensure_ascii=False)
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    tc["added_tokens_decoder"][str(vid)] = {
+        "content": "<video>", "special": True, "normalized": False, "lstrip": False,
+        "rstrip": False, "single_word": False}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f, indent=2)
+    for name in ("preprocessor_config.json", "generation_config.json"):
+        shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+
+
 def write_folder(out, vid):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(SRC, "config.json")) as f:
@@ -172,22 +194,7 @@ def write_folder(out, vid):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
 
-    with open(os.path.join(SRC, "tokenizer.json")) as f:
-        tok = json.load(f)
-    tok["added_tokens"].append({"id": vid, "content": "<video>", "single_word": False,
-                                "lstrip": False, "rstrip": False, "normalized": False,
-                                "special": True})
-    with open(os.path.join(out, "tokenizer.json"), "w") as f:
-        json.dump(tok, f, indent=1, ensure_ascii=False)
-    with open(os.path.join(SRC, "tokenizer_config.json")) as f:
-        tc = json.load(f)
-    tc["added_tokens_decoder"][str(vid)] = {
-        "content": "<video>", "special": True, "normalized": False, "lstrip": False,
-        "rstrip": False, "single_word": False}
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f, indent=2)
-    for name in ("preprocessor_config.json", "generation_config.json"):
-        shutil.copyfile(os.path.join(SRC, name), os.path.join(out, name))
+    copy_tokenizer_with_video(SRC, out, vid)
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("Made by tools/make_video_model_fixture.py (see its docstring); do not edit.\n")
     return t["image_newline"]
@@ -341,23 +348,7 @@ def write_omni(out):
             weight_map[k] = name
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=1)
-    with open(os.path.join(hears, "tokenizer.json")) as f:
-        tok = json.load(f)
-    assert all(t["id"] != vid for t in tok["added_tokens"])
-    tok["added_tokens"].append({"id": vid, "content": "<video>", "single_word": False,
-                                "lstrip": False, "rstrip": False, "normalized": False,
-                                "special": True})
-    with open(os.path.join(out, "tokenizer.json"), "w") as f:
-        json.dump(tok, f, indent=1, ensure_ascii=False)
-    with open(os.path.join(hears, "tokenizer_config.json")) as f:
-        tc = json.load(f)
-    tc["added_tokens_decoder"][str(vid)] = {
-        "content": "<video>", "special": True, "normalized": False, "lstrip": False,
-        "rstrip": False, "single_word": False}
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f, indent=2)
-    for name in ("preprocessor_config.json", "generation_config.json"):
-        shutil.copyfile(os.path.join(hears, name), os.path.join(out, name))
+    copy_tokenizer_with_video(hears, out, vid)
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("Made by tools/make_video_model_fixture.py --omni (see its docstring); "
                 "do not edit.\n")
