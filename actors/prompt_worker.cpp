@@ -68,9 +68,10 @@ std::expected<void, caf::error> place_media(const prompt_setup& setup,
       // The server's default when the request names no frame count: the
       // encoder then samples what was counted here.
       if (v.num_frames <= 0) v.num_frames = setup.video_frames;
-      // The headers and packets only: the frames it will give.
       if (v.audio && !setup.llava->audio)
         return bad(name + ": its audio track was asked for, but this model has no audio tower");
+      // The headers and packets only (and the audio track when asked
+      // for): the frames it will give.
       auto probed =
           v.audio ? models::probe_video_sound(v.bytes, video_sampling_of(v), setup.video_limits)
                   : models::probe_video(v.bytes, video_sampling_of(v), setup.video_limits);
@@ -125,7 +126,7 @@ std::expected<generate_request, caf::error> request_of(const prompt_setup& setup
         !job.turns.empty() || !job.prompt.empty())
       return std::unexpected(make_error(error_code::invalid_request,
                                         "a prompt of token ids comes alone: no text, chat, "
-                                        "images or audio with it"));
+                                        "images, audio or video with it"));
     req.prompt_tokens = std::move(job.prompt_ids);
   }
   prompt_input in;
