@@ -467,6 +467,18 @@ caf::error audio_room(self_ptr self, encoder_resources& res, const std::string& 
                         " s); send it again later");
 }
 
+/// Whether the same item (`key`) is on its way through a tower: `promise`
+/// then follows it (answered with its rows, encoded once).
+bool follows(self_ptr self, const core::block_hash& key,
+             const caf::typed_response_promise<encode_reply>& promise, const encode_request& req,
+             const caf::actor_addr& owner, clock::time_point t0) {
+  auto it = self->state.clips.find(key);
+  if (it == self->state.clips.end()) return false;
+  it->second->followers.push_back(
+      {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
+  return true;
+}
+
 caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const encoder_options& o,
                                     encode_request& req, const caf::actor_addr& owner,
                                     clock::time_point t0) {
@@ -497,11 +509,7 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
     if (auto full = audio_room(self, res, name, static_cast<std::int64_t>(clip->samples.size())))
       return full;
   auto promise = self->make_response_promise<encode_reply>();
-  if (auto it = st.clips.find(key); it != st.clips.end()) {
-    it->second->followers.push_back(
-        {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
-    return promise;
-  }
+  if (follows(self, key, promise, req, owner, t0)) return promise;
   auto c = std::make_shared<pending_clip>();
   auto rows =
       tensor::empty(res.dev->memory(), kernels::dtype::f32, {tokens, m.config().text.hidden_size});
@@ -604,11 +612,7 @@ caf::result<encode_reply> take_video(self_ptr self, encoder_resources& res,
     if (auto full = audio_room(self, res, name, static_cast<std::int64_t>(sound.size())))
       return full;
   auto promise = self->make_response_promise<encode_reply>();
-  if (auto it = st.clips.find(key); it != st.clips.end()) {
-    it->second->followers.push_back(
-        {promise, ms_between(t0, clock::now()), req.request, req.index, owner});
-    return promise;
-  }
+  if (follows(self, key, promise, req, owner, t0)) return promise;
   const auto frames = static_cast<std::int64_t>(pixels.size());
   auto rows = tensor::empty(res.dev->memory(), kernels::dtype::f32,
                             {frames * R + sound_rows, m.config().text.hidden_size});

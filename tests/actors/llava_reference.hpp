@@ -34,6 +34,18 @@ class llava_parts {
     if (pc) pre_ = *pc;
   }
 
+  /// Images (a video's frames) through the image preprocessor: pixel
+  /// values [N, 3, S, S], row-major.
+  std::vector<float> pixels_of(const std::vector<models::image>& images) const {
+    std::vector<float> px;
+    for (const auto& f : images) {
+      auto p = models::preprocess_image(f, pre_);
+      EXPECT_TRUE(p);
+      if (p) px.insert(px.end(), p->data.begin(), p->data.end());
+    }
+    return px;
+  }
+
   /// A prepared prompt through the plain generation loop, alone: its tokens.
   std::vector<std::int32_t> generate_alone(const models::llava_prompt& prep,
                                            const models::sampling_params& params,

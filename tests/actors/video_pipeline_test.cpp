@@ -84,12 +84,7 @@ class reference : test::llava_parts {
   std::vector<float> frames(const item& m, std::int64_t* n) const {
     auto v = models::decode_video(read_bytes(path_of(m)), sampling_of(m));
     EXPECT_TRUE(v) << (v ? "" : v.error().message);
-    std::vector<float> px;
-    for (const auto& f : v->frames) {
-      auto p = models::preprocess_image(f, pre_);
-      EXPECT_TRUE(p);
-      px.insert(px.end(), p->data.begin(), p->data.end());
-    }
+    auto px = pixels_of(v->frames);
     *n = static_cast<std::int64_t>(v->frames.size());
     return px;
   }
@@ -486,12 +481,7 @@ class omni_reference : test::llava_parts {
     s.audio = true;
     auto v = models::decode_video(bytes, s);
     EXPECT_TRUE(v) << (v ? "" : v.error().message);
-    std::vector<float> px;
-    for (const auto& f : v->frames) {
-      auto p = models::preprocess_image(f, pre_);
-      EXPECT_TRUE(p);
-      px.insert(px.end(), p->data.begin(), p->data.end());
-    }
+    auto px = pixels_of(v->frames);
     const auto side = model_->image_size();
     std::vector<kernels::tensor> videos{
         *kernels::tensor::view(px.data(), kernels::dtype::f32,
