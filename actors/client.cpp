@@ -349,6 +349,31 @@ std::expected<finish_event, client::rejection> client::run(
   return run_to(std::move(job), std::move(on_token));
 }
 
+std::expected<stream_progress, client::rejection> client::send_audio(
+    std::uint64_t id, std::vector<std::uint8_t> pcm, bool last, std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard lock(shared_->mtx);
+    if (shared_->gone) return std::unexpected(rejection{error_code::unavailable, "no target"});
+  }
+  caf::scoped_actor self{sys_};
+  std::expected<stream_progress, rejection> out =
+      std::unexpected(rejection{error_code::internal, "no answer"});
+  audio_chunk ch{id, -1, std::move(pcm), last};
+  std::visit(
+      [&](const auto& target) {
+        self->request(target, timeout, chunk_atom::value, std::move(ch))
+            .receive([&](stream_progress& p) { out = p; },
+                     [&](caf::error& e) {
+                       const auto code = troupe_code(e);
+                       out = std::unexpected(
+                           rejection{code ? static_cast<error_code>(code) : error_code::unavailable,
+                                     describe(sys_, e)});
+                     });
+      },
+      target());
+  return out;
+}
+
 bool client::cancel(std::uint64_t id) {
   {
     std::lock_guard lock(shared_->mtx);

@@ -70,6 +70,14 @@ class client {
   using submitted = std::function<void(std::expected<submit_ack, rejection>)>;
   void submit_async(job_request job, callbacks cb, submitted done,
                     std::chrono::milliseconds timeout);
+  /// Sends a piece of request `id`'s streamed audio clip (mono 16 kHz,
+  /// signed 16-bit little-endian samples; `last` ends the clip) and waits
+  /// until the windows it completes are encoded (at most `timeout`): how
+  /// much of the clip the model has then, or why not (the request then
+  /// fails too, with the same reason).
+  std::expected<stream_progress, rejection> send_audio(
+      std::uint64_t id, std::vector<std::uint8_t> pcm, bool last,
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
   /// Cancels a request; false when it is unknown or already finished.
   bool cancel(std::uint64_t id);
   /// Cancels without waiting for the answer.

@@ -69,8 +69,11 @@ struct pending_clip {
   std::vector<pending_input::follower> followers;  // the same clip asked for meanwhile
 };
 
+struct stream_clip;
+
 struct pending_window {
   std::shared_ptr<pending_clip> clip;
+  std::shared_ptr<stream_clip> stream;  // or a streamed clip's window
   std::size_t window = 0;
   std::int64_t samples = 0;     // the window's, for the bound on audio waiting
   std::vector<float> features;  // [num_mel_bins, frames]
@@ -115,10 +118,35 @@ std::vector<std::uint8_t> bytes_of(const core::block_hash& h) {
 }
 
 /// A request's encoded images, held until the requester forgets them (or
-/// goes down): image index -> f32 [tokens, hidden].
+/// goes down): item index -> its rows, f32 [tokens, hidden], in parts (one
+/// for an image or a clip; a streamed clip's windows, as they come).
 struct held_images {
-  std::map<std::int32_t, tensor> rows;
+  std::map<std::int32_t, std::vector<tensor>> rows;
   caf::actor_addr owner;
+};
+
+/// A clip streamed while its request runs (media_data::stream), cut into
+/// the tower's windows as its samples come: each whole window's features
+/// are batched like any clip's, and its rows join the request's held rows
+/// once the windows before it are there too. The clip ends with its last
+/// chunk (a shorter last window).
+struct stream_clip {
+  std::uint64_t request = 0;
+  std::int32_t index = 0;
+  caf::actor_addr owner;
+  std::string name;
+  std::vector<float> pending;                         // samples past the last whole window
+  std::int64_t samples = 0;                           // taken in all
+  std::vector<tensor> parts;                          // each window's rows, once encoded
+  std::vector<bool> encoded;                          // ... per window
+  std::size_t ready = 0;                              // leading windows encoded
+  std::int64_t ready_rows = 0;                        // their rows
+  bool closed = false, failed = false;                // the last chunk came; an error answered
+  caf::typed_response_promise<encode_reply> promise;  // answered at its end
+  /// Chunks' answers, each due once `ready` reaches its window count.
+  std::vector<std::pair<std::size_t, caf::typed_response_promise<stream_progress>>> waiting;
+  double preprocess_ms = 0, encode_ms = 0;
+  std::int64_t batch = 0;
 };
 
 /// Audio windows are bucketed apart from images: bucket -2 - frames.
@@ -136,6 +164,8 @@ struct encoder_state {
   std::int64_t waiting_samples = 0;  // the samples of the windows waiting (bounded)
   std::uint64_t batches = 0;
   std::map<std::uint64_t, held_images> held;
+  // Streamed clips under way, by request and item.
+  std::map<std::pair<std::uint64_t, std::int32_t>, std::shared_ptr<stream_clip>> streams;
   std::set<caf::actor_addr> watched;  ///< requesters monitored
   std::optional<rows_cache> cache;
 };
@@ -173,7 +203,7 @@ encode_reply hold_shared(self_ptr self, std::uint64_t request, std::int32_t inde
                          const core::block_hash& key, double preprocess_ms) {
   auto& h = self->state.held[request];
   h.owner = owner;
-  h.rows[index] = rows;
+  h.rows[index] = {rows};
   encode_reply rep;
   rep.rows = rows.dim(0);
   rep.hidden = rows.dim(1);
@@ -302,7 +332,7 @@ void run_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::
           hold_shared(self, f.request, f.index, f.owner, *rows, batch[i].key, f.preprocess_ms));
     auto& h = self->state.held[batch[i].request];
     h.owner = batch[i].owner;
-    h.rows[batch[i].index] = std::move(*rows);
+    h.rows[batch[i].index] = {std::move(*rows)};
     rep.preprocess_ms = batch[i].preprocess_ms;
     rep.encode_ms = encode_ms;
     rep.batch = static_cast<std::int64_t>(n);
@@ -326,7 +356,7 @@ void finish_clip(self_ptr self, pending_clip& c) {
         hold_shared(self, f.request, f.index, f.owner, c.rows, c.key, f.preprocess_ms));
   auto& h = st.held[c.request];
   h.owner = c.owner;
-  h.rows[c.index] = c.rows;
+  h.rows[c.index] = {c.rows};
   rep.preprocess_ms = c.preprocess_ms;
   rep.encode_ms = c.encode_ms;
   rep.batch = c.batch;
@@ -340,6 +370,9 @@ void fail_clip(self_ptr self, pending_clip& c, const caf::error& e) {
   for (auto& f : c.followers) f.promise.deliver(e);
   self->state.clips.erase(c.key);
 }
+
+void stream_window_done(self_ptr self, const std::shared_ptr<stream_clip>& c, std::size_t window,
+                        const caf::error& e, double encode_ms, std::size_t batch);
 
 /// Encodes up to `n` audio windows of `bucket` as one batch.
 void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket, std::size_t n) {
@@ -373,10 +406,22 @@ void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket,
     const std::int64_t T = out->dim(1), H = out->dim(2);
     auto flat = out->reshape({static_cast<std::int64_t>(n) * T, H});
     for (std::size_t i = 0; i < n; ++i) {
-      auto& c = *batch[i].clip;
-      if (c.failed) continue;
       auto src = flat ? flat->slice_rows(static_cast<std::int64_t>(i) * T, T)
                       : kernels::result<tensor>(std::unexpected(flat.error()));
+      if (auto& sc = batch[i].stream) {  // a streamed clip's window: rows of its own
+        if (sc->failed) continue;
+        auto own = tensor::empty(res.dev->memory(), kernels::dtype::f32, {T, H});
+        kernels::result<void> r = src && own ? res.dev->copy(*src, *own)
+                                             : std::unexpected(!src ? src.error() : own.error());
+        if (r)
+          sc->parts[batch[i].window] = std::move(*own);
+        else
+          errors[i] = make_error(error_code::internal,
+                                 "audio encoder on " + res.device.name + ": " + r.error().message);
+        continue;
+      }
+      auto& c = *batch[i].clip;
+      if (c.failed) continue;
       auto dst = c.rows.slice_rows(c.first_row[batch[i].window], T);
       kernels::result<void> r = src && dst ? res.dev->copy(*src, *dst)
                                            : std::unexpected(!src ? src.error() : dst.error());
@@ -389,11 +434,13 @@ void run_audio_batch(self_ptr self, encoder_resources& res, std::int64_t bucket,
   const double encode_ms = ms_between(t0, clock::now());
   ++self->state.batches;
   for (std::size_t i = 0; i < n; ++i) {
-    part_done(self, batch[i].clip,
-              !out ? make_error(error_code::internal,
-                                "audio encoder on " + res.device.name + ": " + out.error().message)
-                   : errors[i],
-              encode_ms, n);
+    const auto e = !out ? make_error(error_code::internal, "audio encoder on " + res.device.name +
+                                                               ": " + out.error().message)
+                        : errors[i];
+    if (batch[i].stream)
+      stream_window_done(self, batch[i].stream, batch[i].window, e, encode_ms, n);
+    else
+      part_done(self, batch[i].clip, e, encode_ms, n);
   }
 }
 
@@ -531,6 +578,169 @@ caf::result<encode_reply> take_clip(self_ptr self, encoder_resources& res, const
   st.clips.emplace(key, c);
   queue_windows(self, res, o, std::move(ws));
   return promise;
+}
+
+/// Streamed clips an encoder takes at once (each holds under one window of
+/// samples and its rows so far, bounded by the duration limit).
+constexpr std::size_t max_streams = 1024;
+
+/// Starts a streamed clip: its samples come in chunks (take_chunk); the
+/// answer comes at its end, once its last window is encoded.
+caf::result<encode_reply> take_stream(self_ptr self, encoder_resources& res,
+                                      const encode_request& req, const caf::actor_addr& owner) {
+  const std::string name = req.item.name.empty()
+                               ? "streamed audio clip of request " + std::to_string(req.request)
+                               : req.item.name;
+  if (!res.model->has_audio())
+    return make_error(error_code::invalid_request, name + ": this model has no audio tower");
+  if (!req.item.bytes.empty())
+    return make_error(error_code::invalid_request,
+                      name + ": a streamed clip comes in chunks, not with the request");
+  auto& st = self->state;
+  const auto key = std::pair(req.request, req.index);
+  if (st.streams.contains(key))
+    return make_error(error_code::duplicate_id, name + ": it is streaming here already");
+  if (st.streams.size() >= max_streams)
+    return make_error(error_code::overloaded, name + ": this encoder takes " +
+                                                  std::to_string(max_streams) +
+                                                  " streamed clips at once; retry later");
+  auto c = std::make_shared<stream_clip>();
+  c->request = req.request;
+  c->index = req.index;
+  c->owner = owner;
+  c->name = name;
+  c->promise = self->make_response_promise<encode_reply>();
+  st.streams.emplace(key, c);
+  st.held[req.request].owner = owner;
+  return c->promise;
+}
+
+/// Ends a streamed clip with `e`: its chunks waiting and its request's
+/// answer get the error.
+void fail_stream(self_ptr self, const std::shared_ptr<stream_clip>& c, const caf::error& e) {
+  if (c->failed) return;
+  c->failed = true;
+  for (auto& [need, rp] : c->waiting) rp.deliver(e);
+  c->waiting.clear();
+  c->promise.deliver(e);
+  self->state.streams.erase({c->request, c->index});
+}
+
+/// Answers the chunks whose windows are all encoded now and, at the
+/// clip's end, the clip (its rows are then all held).
+void answer_stream(self_ptr self, const std::shared_ptr<stream_clip>& c) {
+  const bool done = c->closed && c->ready == c->parts.size();
+  const stream_progress p{c->samples, c->ready_rows, done};
+  std::erase_if(c->waiting, [&](auto& w) {
+    if (w.first > c->ready) return false;
+    w.second.deliver(p);
+    return true;
+  });
+  if (!done) return;
+  if (c->ready_rows < 1)
+    return fail_stream(self, c,
+                       make_error(error_code::invalid_request,
+                                  c->name + ": it ended shorter than one hop (10 ms)"));
+  encode_reply rep;
+  rep.rows = c->ready_rows;
+  rep.hidden = c->parts.front().dim(1);
+  rep.preprocess_ms = c->preprocess_ms;
+  rep.encode_ms = c->encode_ms;
+  rep.batch = c->batch;
+  c->promise.deliver(std::move(rep));  // unnamed: a streamed clip is not cached
+  self->state.streams.erase({c->request, c->index});
+}
+
+void stream_window_done(self_ptr self, const std::shared_ptr<stream_clip>& c, std::size_t window,
+                        const caf::error& e, double encode_ms, std::size_t batch) {
+  if (c->failed) return;
+  if (e) return fail_stream(self, c, e);
+  c->encode_ms += encode_ms;
+  c->batch = std::max<std::int64_t>(c->batch, static_cast<std::int64_t>(batch));
+  c->encoded[window] = true;
+  // The leading windows encoded join the held rows (the first stage takes
+  // them from there, in order).
+  auto& h = self->state.held[c->request];
+  h.owner = c->owner;
+  auto& mine = h.rows[c->index];
+  while (c->ready < c->parts.size() && c->encoded[c->ready]) {
+    mine.push_back(c->parts[c->ready]);
+    c->ready_rows += c->parts[c->ready].dim(0);
+    ++c->ready;
+  }
+  answer_stream(self, c);
+}
+
+/// A chunk of a streamed clip: its samples cut into whole windows (and,
+/// with the last chunk, the shorter last one), batched as any clip's. The
+/// answer comes once those windows are encoded.
+caf::result<stream_progress> take_chunk(self_ptr self, encoder_resources& res,
+                                        const encoder_options& o, const audio_chunk& ch) {
+  auto& st = self->state;
+  auto it = st.streams.find({ch.id, ch.index});
+  if (it == st.streams.end())
+    return make_error(error_code::not_found, "no streamed audio clip " + std::to_string(ch.index) +
+                                                 " of request " + std::to_string(ch.id) +
+                                                 " is here");
+  const auto c = it->second;
+  if (c->closed) return make_error(error_code::invalid_request, c->name + ": it already ended");
+  if (ch.pcm.size() % 2 != 0)
+    return make_error(error_code::invalid_request,
+                      c->name + ": a chunk of 16-bit samples with an odd byte count");
+  const auto t0 = clock::now();
+  const auto& m = *res.model;
+  const auto& cfg = *m.config().audio;
+  const auto n = static_cast<std::int64_t>(ch.pcm.size() / 2);
+  const double rate = cfg.features.sample_rate;
+  if (static_cast<double>(c->samples + n) > res.audio_limits.max_seconds * rate) {
+    auto e =
+        make_error(error_code::invalid_request,
+                   c->name + ": longer than the limit of " +
+                       std::to_string(static_cast<long long>(res.audio_limits.max_seconds)) + " s");
+    fail_stream(self, c, e);
+    return e;
+  }
+  if (auto full = audio_room(self, res, c->name, n)) {
+    fail_stream(self, c, full);
+    return full;
+  }
+  c->pending.reserve(c->pending.size() + static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i + 1 < ch.pcm.size(); i += 2) {
+    const auto v = static_cast<std::int16_t>(static_cast<std::uint16_t>(ch.pcm[i]) |
+                                             static_cast<std::uint16_t>(ch.pcm[i + 1]) << 8);
+    c->pending.push_back(static_cast<float>(v) / 32768.0f);
+  }
+  c->samples += n;
+  // Whole windows now, and with the last chunk the rest (a tail under one
+  // hop gives none, as audio_windows cuts a whole clip).
+  const auto W = static_cast<std::size_t>(cfg.window_samples());
+  std::vector<pending_window> ws;
+  std::size_t at = 0;
+  auto cut = [&](std::size_t len) {
+    const auto piece = std::span<const float>(c->pending).subspan(at, len);
+    at += len;
+    if (m.audio_frames(static_cast<std::int64_t>(len)) < 1) return;
+    pending_window w;
+    w.stream = c;
+    w.window = c->parts.size();
+    w.samples = static_cast<std::int64_t>(len);
+    w.features = m.audio_features(piece);
+    c->parts.emplace_back();
+    c->encoded.push_back(false);
+    ws.push_back(std::move(w));
+  };
+  while (c->pending.size() - at >= W) cut(W);
+  if (ch.last) {
+    if (at < c->pending.size()) cut(c->pending.size() - at);
+    c->closed = true;
+  }
+  c->pending.erase(c->pending.begin(), c->pending.begin() + static_cast<std::ptrdiff_t>(at));
+  c->preprocess_ms += ms_between(t0, clock::now());
+  auto rp = self->make_response_promise<stream_progress>();
+  c->waiting.emplace_back(c->parts.size(), rp);
+  if (!ws.empty()) queue_windows(self, res, o, std::move(ws));
+  answer_stream(self, c);  // at once when no window is new and none waits
+  return rp;
 }
 
 /// Closes what is due in image `bucket`; re-arms the timer for the rest.
@@ -677,11 +887,13 @@ caf::result<tensor_ref> send_rows(self_ptr self, encoder_resources& res,
   std::vector<span_of> spans;
   std::int64_t offset = 0;
   std::int32_t next = 0;
-  for (const auto& [index, rows] : it->second.rows) {
+  for (const auto& [index, parts] : it->second.rows) {
     if (index != next || offset >= end) break;  // a gap: the offsets past it are unknown
-    const auto n = rows.dim(0);
-    if (offset + n > q.first_row) spans.push_back({&rows, offset});
-    offset += n;
+    for (const auto& rows : parts) {
+      const auto n = rows.dim(0);
+      if (offset + n > q.first_row && offset < end) spans.push_back({&rows, offset});
+      offset += n;
+    }
     ++next;
   }
   if (offset < end)
@@ -754,6 +966,12 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
       st.watched.erase(dm.source);
       for (auto it = st.held.begin(); it != st.held.end();)
         it = it->second.owner == dm.source ? st.held.erase(it) : std::next(it);
+      std::vector<std::shared_ptr<stream_clip>> gone;
+      for (const auto& [key, c] : st.streams)
+        if (c->owner == dm.source) gone.push_back(c);
+      for (auto& c : gone)
+        fail_stream(self, c,
+                    make_error(error_code::cancelled, c->name + ": its requester is gone"));
     });
     return {
         [=](encode_atom, encode_request& req) -> caf::result<encode_reply> {
@@ -763,6 +981,8 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
           const auto& sender = self->current_sender();
           const auto owner = caf::actor_cast<caf::actor_addr>(sender);
           if (sender && self->state.watched.insert(owner).second) self->monitor(sender);
+          if (req.item.kind == media_kind::audio && req.item.stream)
+            return take_stream(self, *res, req, owner);
           if (req.item.kind == media_kind::audio) return take_clip(self, *res, o, req, owner, t0);
           if (req.item.kind == media_kind::video) return take_video(self, *res, o, req, owner, t0);
           if (req.item.kind != media_kind::image)
@@ -833,8 +1053,19 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<encoder_reso
             while (!q.empty())
               run_audio_batch(self, *res, b, static_cast<std::size_t>(o.max_batch));
         },
+        [=](chunk_atom, const audio_chunk& ch) { return take_chunk(self, *res, o, ch); },
         [=](rows_atom, const media_rows_request& q) { return send_rows(self, *res, q); },
-        [=](forget_atom, std::uint64_t request) { self->state.held.erase(request); },
+        [=](forget_atom, std::uint64_t request) {
+          auto& st = self->state;
+          st.held.erase(request);
+          // Its streamed clip too (its windows still queued are encoded
+          // and dropped).
+          std::vector<std::shared_ptr<stream_clip>> gone;
+          for (const auto& [key, c] : st.streams)
+            if (key.first == request) gone.push_back(c);
+          for (auto& c : gone)
+            fail_stream(self, c, make_error(error_code::cancelled, c->name + ": forgotten"));
+        },
         [](version_atom) { return protocol_version; },
     };
   };

@@ -695,6 +695,10 @@ std::chrono::milliseconds st_timeout(head_ptr self) {
 constexpr auto sent_blocks_ttl = std::chrono::seconds(10);
 constexpr std::size_t max_sent_blocks = 1 << 16;
 
+/// Jobs streaming audio at once (each holds an entry here and a stream on
+/// an encoder).
+constexpr std::size_t max_open_streams = 1024;
+
 /// The replica for a job (-1: none runs): the router's choice among those
 /// serving, from their load and the cached prefix of the job's prompt;
 /// while none serves (a re-placement), the least loaded that has a
@@ -998,6 +1002,18 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
             return make_error(error_code::invalid_request, "at most 16 images per job");
           if (job.audios.size() > 16)
             return make_error(error_code::invalid_request, "at most 16 audio clips per job");
+          if (!job.audios.empty() && job.audios.back().stream) {
+            // Streams whose jobs ended without their last chunk are let go
+            // after a while (their schedulers failed them long before).
+            auto& ss = st.streams;
+            std::erase_if(ss, [](const auto& e) {
+              return steady::now() - e.second.touched > std::chrono::minutes(10);
+            });
+            if (ss.size() >= max_open_streams)
+              return make_error(
+                  error_code::overloaded,
+                  std::to_string(ss.size()) + " jobs are streaming audio; retry later");
+          }
           return render_prompt_of<submit_ack>(
               self, std::move(job), [=](generate_request& req, auto& rp) {
                 const auto r = route(self, req);
@@ -1011,6 +1027,8 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                 ++p.routed;
                 journal_begin(self, req);  // (with a standby) before its scheduler has it
                 const auto id = req.id;
+                if (!req.media.empty() && req.media.back().stream)
+                  self->state.streams[id] = {p.scheduler, steady::now()};
                 self->request(p.scheduler, caf::infinite, submit_atom::value, std::move(req), sink)
                     .then(
                         [self, r, rp](submit_ack& a) mutable {
@@ -1064,6 +1082,25 @@ kernels::result<frontdoor_actor> spawn_head(caf::actor_system& sys, head_config 
                     [rp, sum](caf::error& e) mutable {
                       if (sum->second == 0) return;
                       sum->second = 0;
+                      rp.deliver(std::move(e));
+                    });
+          return rp;
+        },
+        [=](chunk_atom, audio_chunk& ch) -> caf::result<stream_progress> {
+          auto& ss = self->state.streams;
+          auto it = ss.find(ch.id);
+          if (it == ss.end())
+            return make_error(error_code::not_found,
+                              "job " + std::to_string(ch.id) + " has no open audio stream");
+          it->second.touched = steady::now();
+          const auto sched = it->second.scheduler;
+          const auto id = ch.id;
+          if (ch.last) ss.erase(it);
+          auto rp = self->make_response_promise<stream_progress>();
+          self->request(sched, caf::infinite, chunk_atom::value, std::move(ch))
+              .then([rp](stream_progress& p) mutable { rp.deliver(p); },
+                    [self, rp, id](caf::error& e) mutable {
+                      self->state.streams.erase(id);
                       rp.deliver(std::move(e));
                     });
           return rp;

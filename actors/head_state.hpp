@@ -129,6 +129,13 @@ struct head_state {
   std::string cache_ns;      ///< the schedulers' prefix-cache namespace (the router names blocks)
   std::int64_t routed_by_load = 0, routed_by_prefix = 0;  ///< the router's choices
   std::uint64_t route_turn = 0;  ///< shares jobs among equally loaded replicas
+  /// Jobs with a streamed audio clip still open: the scheduler their chunks
+  /// go to, and when one last went (bounded: max_streams, pruned by age).
+  struct open_stream {
+    scheduler_actor scheduler;
+    steady::time_point touched;
+  };
+  std::map<std::uint64_t, open_stream> streams;
   /// The remote KV tier's store (kv.store_tokens): copies of every full
   /// block, on kv.store_node (this process, or a node's), outliving the
   /// stages' nodes.

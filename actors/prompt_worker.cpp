@@ -45,6 +45,16 @@ std::expected<void, caf::error> place_media(const prompt_setup& setup,
       auto& clip = audios[k];
       const std::string name =
           clip.name.empty() ? "audio clip " + std::to_string(k + 1) : clip.name;
+      if (clip.stream) {
+        // It comes in chunks while the request runs: its tokens are
+        // counted as it comes (the scheduler checks its place: the last).
+        if (!clip.bytes.empty())
+          return bad(name + ": a streamed clip comes in chunks, not with the request");
+        if (k + 1 != audios.size()) return bad(name + ": only the last audio clip can be streamed");
+        req.audio_tokens.push_back(0);
+        clip.kind = media_kind::audio;
+        continue;
+      }
       auto decoded =
           models::decode_audio_at(clip.bytes, a.features.sample_rate, setup.audio_limits);
       if (!decoded) return bad(name + ": " + decoded.error().message);

@@ -47,6 +47,8 @@ void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<kv_export>("troupe::kv_export");
   cfg.add_message_type<encode_request>("troupe::encode_request");
   cfg.add_message_type<encode_reply>("troupe::encode_reply");
+  cfg.add_message_type<audio_chunk>("troupe::audio_chunk");
+  cfg.add_message_type<stream_progress>("troupe::stream_progress");
   cfg.add_message_type<media_rows_request>("troupe::media_rows_request");
   cfg.add_message_type<scheduler_stats>("troupe::scheduler_stats");
   cfg.add_message_type<std::vector<std::int64_t>>("troupe::i64_vector");

@@ -47,6 +47,11 @@ struct shell_request {
   std::optional<models::grammar_state> guide;  // a constrained request's place in its grammar
   std::vector<std::int64_t> ends;              // its stop tokens (the grammar's end)
   std::vector<std::uint64_t> mask;             // the tokens its grammar allows next
+  // A streamed clip (media_data::stream): its item, its rows so far, whether
+  // its last chunk came, and when a chunk last came (the idle limit).
+  std::int32_t stream = -1;
+  bool stream_closed = false;
+  core::time_point last_chunk{};
 };
 
 /// The rows one sequence of a step needs: `here` image rows of request
@@ -96,7 +101,8 @@ struct scheduler_state {
   // data-plane address, named in the steps that copy to or from it.
   kv_vault_actor vault;
   std::vector<std::uint8_t> vault_address;
-  load_gauge held;  // the requests held, for the head's router (may be none)
+  load_gauge held;                  // the requests held, for the head's router (may be none)
+  std::int64_t stream_idle_ms = 0;  // scheduler_options::stream_idle_ms
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -248,6 +254,10 @@ void emit(self_ptr self, core::core_events events) {
       f.encode_ms = it->second.encode_ms;
       self->send(it->second.client, std::move(f));
       if (it->second.holder) self->send(it->second.holder, forget_atom::value, d->id);
+      // A stream's encoder holds its state from the start (the rows' holder
+      // is set only once the other media are encoded).
+      if (it->second.stream >= 0 && it->second.sent_to && it->second.sent_to != it->second.holder)
+        self->send(it->second.sent_to, forget_atom::value, d->id);
       st.requests.erase(it);
     } else if (auto* k = std::get_if<core::kv_release>(&ev)) {
       free_kv(self, *k);
@@ -524,8 +534,23 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
                std::to_string(q.video_tokens.size()));
   if (n_clips > 0 && model.audio_token < 0) return bad("audio clips need a model that hears");
   if (n_videos > 0 && model.video_token < 0) return bad("videos need a model that sees video");
-  for (auto n : q.audio_tokens)
-    if (n < 1) return bad("an audio clip with no tokens");
+  // A streamed clip: one at most, the last of the media (its rows end the
+  // prompt's media); its token count grows as it comes (0 now).
+  std::int64_t streams = 0;
+  for (std::size_t k = 0; k < q.media.size(); ++k) {
+    if (!q.media[k].stream) continue;
+    if (q.media[k].kind != media_kind::audio) return bad("only audio clips can be streamed");
+    if (++streams > 1) return bad("at most one streamed audio clip per request");
+    if (k + 1 != q.media.size())
+      return bad("a streamed audio clip must be the request's last medium");
+    if (!q.media[k].bytes.empty())
+      return bad("a streamed audio clip comes in chunks, not with the request");
+  }
+  for (std::size_t k = 0; k < q.audio_tokens.size(); ++k)
+    if (q.audio_tokens[k] < 1 && !(streams > 0 && k + 1 == q.audio_tokens.size()))
+      return bad("an audio clip with no tokens");
+  if (streams > 0 && q.audio_tokens.back() != 0)
+    return bad("a streamed audio clip's token count is not known before it comes (0)");
   for (auto n : q.video_tokens)
     if (n < 1) return bad("a video with no tokens");
   rows.clear();
@@ -553,17 +578,33 @@ std::expected<core::request_spec, core::core_error> prepare(const model_frontend
       rows.push_back(model.tokens_per_image);
     }
   }
+  // A stream's placeholder splits the prompt: the tokens before it (with
+  // every other medium) and the tail after it, which follows its rows.
+  std::vector<std::int32_t> tail;
+  std::span<const std::int64_t> clip_tokens(q.audio_tokens);
+  if (streams > 0) {
+    auto at = std::find(spec.tokens.rbegin(), spec.tokens.rend(), model.audio_token);
+    if (at == spec.tokens.rend()) return bad("the streamed audio clip has no placeholder");
+    const auto pos = static_cast<std::size_t>(spec.tokens.rend() - at) - 1;
+    tail.assign(spec.tokens.begin() + static_cast<std::ptrdiff_t>(pos) + 1, spec.tokens.end());
+    spec.tokens.resize(pos);
+    clip_tokens = clip_tokens.first(clip_tokens.size() - 1);
+    rows.pop_back();
+  }
   if (model.image_token >= 0 && !spec.tokens.empty()) {
     auto x = models::expand_media_tokens(spec.tokens, model.image_token, model.tokens_per_image,
-                                         n_images, model.audio_token, q.audio_tokens,
+                                         n_images, model.audio_token, clip_tokens,
                                          model.video_token, q.video_tokens);
     if (!x) return bad(x.error().message);
     spec.tokens = std::move(*x);
   }
   spec.params = q.params;
   spec.deadline_ms = q.deadline_ms;
-  spec.images = static_cast<std::int64_t>(q.media.size());
-  if (n_clips + n_videos > 0) spec.media_rows = rows;
+  spec.images = static_cast<std::int64_t>(q.media.size()) - streams;
+  if (n_clips + n_videos - streams > 0) spec.media_rows = rows;
+  spec.stream = streams > 0;
+  spec.tail = std::move(tail);
+  if (streams > 0) rows.push_back(0);  // the stream's, as it grows
   spec.guided = !q.grammar.empty();
   spec.cache_salt = q.cache_salt;
   spec.priority = q.priority;
@@ -594,6 +635,13 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
     if (again) again();
     return;
   }
+  // A streamed clip's samples were the encoder's alone: lost with it.
+  if (rit->second.stream >= 0 && rit->second.round > 0) {
+    emit(self, st.core->fail(id, error_code::peer_lost,
+                             "the encoder of its streamed audio clip is gone, with the clip"));
+    if (again) again();
+    return;
+  }
   const auto enc = pick_encoder(st);
   if (!enc) {
     emit(self, st.core->fail(id, error_code::unavailable, "no media encoder serves now"));
@@ -605,6 +653,10 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   rit->second.encoded = 0;
   const auto round = ++rit->second.round;
   const auto n = rit->second.media.size();
+  // The items whose rows must all be there before its holder serves them
+  // (a stream's come as it goes: with no other item, at once).
+  const auto whole = n - (rit->second.stream >= 0 ? 1 : 0);
+  if (whole == 0) rit->second.holder = enc;
   unanswered_of(st, enc) += static_cast<std::int64_t>(n);
   const auto sent_at = std::chrono::steady_clock::now();
   // Counts an answer (or an error) of `enc`: its load and the wait.
@@ -631,6 +683,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   for (std::size_t k = 0; k < n; ++k) {
     encode_request er{id, static_cast<std::int32_t>(k), rit->second.media[k]};
     const bool clip = er.item.kind == media_kind::audio;
+    const bool streamed = static_cast<std::int32_t>(k) == rit->second.stream;
     if (clip) ++st.clips_waiting;
     self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
@@ -657,9 +710,12 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 it->second.preprocess_ms += rep.preprocess_ms;
                 it->second.encode_ms += rep.encode_ms;
               }
+              // A stream's end was its last chunk's answer (the core has
+              // its rows): it is neither named nor counted for admission.
+              if (streamed) return answered();
               // Only this round's answers count: the images of a round
               // sent to an encoder that was lost went out again since.
-              if (round == it->second.round && ++it->second.encoded == it->second.media.size())
+              if (round == it->second.round && ++it->second.encoded == whole)
                 it->second.holder = enc;
               if (!again) {
                 // Once per image, also when it was sent again to an encoder
@@ -708,6 +764,67 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               answered();
             });
   }
+}
+
+/// Checks request `id`'s stream for idleness when its limit may be up.
+void arm_stream_timer(self_ptr self, std::uint64_t id) {
+  const auto ms = self->state.stream_idle_ms;
+  if (ms <= 0) return;
+  self->delayed_send(self, std::chrono::milliseconds(ms), chunk_atom::value, id);
+}
+
+/// A piece of a request's streamed clip, to the encoder that has the
+/// clip; its answer (the windows it completed are encoded) grows the
+/// prompt by their rows, or, with the last piece, ends it.
+caf::result<stream_progress> take_chunk(self_ptr self, audio_chunk c) {
+  auto& st = self->state;
+  auto it = st.requests.find(c.id);
+  if (it == st.requests.end() || it->second.stream < 0)
+    return make_error(error_code::not_found,
+                      "request " + std::to_string(c.id) + " has no streamed audio clip here");
+  auto& r = it->second;
+  if (r.stream_closed)
+    return make_error(error_code::invalid_request, "request " + std::to_string(c.id) +
+                                                       ": its streamed audio clip already ended");
+  if (!r.sent_to)
+    return make_error(error_code::unavailable, "request " + std::to_string(c.id) +
+                                                   ": no encoder has its streamed audio clip");
+  if (c.pcm.size() % 2 != 0) {
+    emit(self, st.core->fail(c.id, error_code::invalid_request,
+                             "a chunk of its streamed audio clip holds an odd byte count (" +
+                                 std::to_string(c.pcm.size()) + "): 16-bit samples are two bytes"));
+    pump(self);
+    return make_error(error_code::invalid_request, "a chunk of 16-bit PCM with an odd byte count");
+  }
+  c.index = r.stream;
+  r.stream_closed = c.last;
+  r.last_chunk = st.clk->now();
+  const auto id = c.id;
+  const auto k = static_cast<std::size_t>(r.stream);
+  auto rp = self->make_response_promise<stream_progress>();
+  self->request(r.sent_to, caf::infinite, chunk_atom::value, std::move(c))
+      .then(
+          [=](stream_progress& p) mutable {
+            auto& st = self->state;
+            auto it = st.requests.find(id);
+            if (it != st.requests.end() && k < it->second.rows.size()) {
+              it->second.rows[k] = p.rows;
+              emit(self,
+                   p.done ? st.core->close_stream(id, p.rows) : st.core->extend_stream(id, p.rows));
+              pump(self);
+            }
+            rp.deliver(p);
+          },
+          [=](caf::error& e) mutable {
+            auto& st = self->state;
+            const auto code = troupe_code(e);
+            emit(self,
+                 st.core->fail(id, code ? static_cast<error_code>(code) : error_code::internal,
+                               describe(self->system(), e)));
+            pump(self);
+            rp.deliver(std::move(e));
+          });
+  return rp;
 }
 
 /// The encoder pool is now `pool`; the encoders in `lost` are gone with
@@ -763,6 +880,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
                  encoder_actor encoder, load_gauge held) -> scheduler_actor::behavior_type {
     auto& st = self->state;
     st.held = std::move(held);
+    st.stream_idle_ms = opts.stream_idle_ms;
     st.model = model;
     st.clk.emplace(self->clock());
     const bool store = opts.remote_blocks > 0;
@@ -803,7 +921,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           std::vector<std::int64_t> rows;
           auto ahead = st.core->submit(id, [&] {
             auto spec = prepare(st.model, req, rows);
-            if (spec) prompt_tokens = static_cast<std::int64_t>(spec->tokens.size());
+            // (A streamed clip's rows are not known yet: the prompt around them.)
+            if (spec)
+              prompt_tokens = static_cast<std::int64_t>(spec->tokens.size() + spec->tail.size());
             return spec;
           });
           if (!ahead) return make_error(ahead.error().code, ahead.error().message);
@@ -815,8 +935,14 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           }
           if (!req.media.empty()) {
             st.clips += static_cast<std::int64_t>(req.audio_tokens.size());
-            st.requests[id].media = std::move(req.media);
-            st.requests[id].rows = std::move(rows);
+            auto& sr = st.requests[id];
+            if (req.media.back().stream) {
+              sr.stream = static_cast<std::int32_t>(req.media.size() - 1);
+              sr.last_chunk = st.clk->now();
+              arm_stream_timer(self, id);
+            }
+            sr.media = std::move(req.media);
+            sr.rows = std::move(rows);
             if (!st.encoders.empty())
               encode_images(self, id, nullptr);
             else
@@ -825,6 +951,21 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           }
           pump(self);
           return submit_ack{id, *ahead, prompt_tokens};
+        },
+        [=](chunk_atom, audio_chunk& c) -> caf::result<stream_progress> {
+          return take_chunk(self, std::move(c));
+        },
+        [=](chunk_atom, std::uint64_t id) {
+          auto& st = self->state;
+          auto it = st.requests.find(id);
+          if (it == st.requests.end() || it->second.stream < 0 || it->second.stream_closed) return;
+          const auto idle = core::ms_between(it->second.last_chunk, st.clk->now());
+          if (idle + 1 < static_cast<double>(st.stream_idle_ms)) return arm_stream_timer(self, id);
+          emit(self, st.core->fail(id, error_code::deadline_exceeded,
+                                   "its streamed audio clip sent nothing for " +
+                                       std::to_string(st.stream_idle_ms / 1000.0).substr(0, 5) +
+                                       " s (the scheduler's stream_idle_ms)"));
+          pump(self);
         },
         [=](cancel_atom, std::uint64_t id) -> bool {
           auto events = self->state.core->cancel(id);

@@ -13,6 +13,8 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +56,9 @@ struct cluster_args {
   std::int32_t num_frames = 0;  // each video's (0: the default)
   double fps = 0;
   bool video_audio = false;  // each video's audio track too
+  std::string audio_stream;  // a clip streamed while the job runs (its last)
+  int stream_piece_ms = 500;
+  double stream_speed = 1;
   std::int64_t max_tokens = 128;
   double temperature = 0;
   bool set_temperature = false;
@@ -606,6 +611,63 @@ int run_status(const cluster_args& a) {
   return 0;
 }
 
+/// Submits `job` (its last clip streamed) and sends the clip's samples in
+/// pieces of `piece_ms`, each when it has been spoken (`speed` times real
+/// time) and its predecessor was answered; then waits for the job's end.
+/// `after_audio_ms`: from the last piece to the first token.
+std::expected<actors::finish_event, actors::client::rejection> stream_job(
+    actors::client& client, actors::job_request job, const std::vector<std::int16_t>& spoken,
+    int piece_ms, double speed, std::function<void(const actors::token_event&)> on_token,
+    double& after_audio_ms) {
+  using steady = std::chrono::steady_clock;
+  std::mutex m;
+  std::condition_variable cv;
+  std::optional<actors::finish_event> end;
+  std::optional<steady::time_point> first;
+  actors::client::callbacks cb;
+  cb.on_token = [&](const actors::token_event& e) {
+    {
+      std::lock_guard lock(m);
+      if (!first) first = steady::now();
+    }
+    if (on_token) on_token(e);
+  };
+  cb.on_finish = [&](const actors::finish_event& e) {
+    std::lock_guard lock(m);
+    if (!first && !e.tokens.empty()) first = steady::now();
+    end = e;
+    cv.notify_all();
+  };
+  const auto id = job.id;
+  auto ack = client.submit(std::move(job), cb);
+  if (!ack) return std::unexpected(ack.error());
+  const auto piece = static_cast<std::size_t>(std::max(1, 16 * piece_ms));
+  const auto start = steady::now();
+  steady::time_point last_sent{};
+  for (std::size_t at = 0; at < spoken.size() || at == 0; at += piece) {
+    const auto n = std::min(piece, spoken.size() - at);
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<steady::duration>(
+                    std::chrono::duration<double>(static_cast<double>(at + n) / 16000.0 / speed)));
+    std::vector<std::uint8_t> pcm;
+    for (std::size_t i = at; i < at + n; ++i) {
+      const auto v = static_cast<std::uint16_t>(spoken[i]);
+      pcm.push_back(static_cast<std::uint8_t>(v & 0xff));
+      pcm.push_back(static_cast<std::uint8_t>(v >> 8));
+    }
+    const bool last = at + n >= spoken.size();
+    if (last) last_sent = steady::now();
+    // A refused piece ends the job too (its end says why).
+    if (!client.send_audio(id, std::move(pcm), last)) break;
+    if (last) break;
+  }
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return end.has_value(); });
+  if (first && last_sent != steady::time_point{})
+    after_audio_ms = std::chrono::duration<double, std::milli>(*first - last_sent).count();
+  return *end;
+}
+
 int run_submit(const cluster_args& a) {
   auto m = load_manifest_or_report(a.manifest);
   if (!m) return 2;
@@ -643,6 +705,26 @@ int run_submit(const cluster_args& a) {
     clip.bytes = std::move(*bytes);
     clip.kind = actors::media_kind::audio;
     job.audios.push_back(std::move(clip));
+  }
+  // The streamed clip: decoded here, sent as 16 kHz 16-bit PCM in pieces
+  // while the job runs, as if it were being spoken (--stream-speed).
+  std::vector<std::int16_t> spoken;
+  if (!a.audio_stream.empty()) {
+    auto clip = models::load_audio(a.audio_stream);
+    auto at16 = clip ? models::resample(clip->samples, clip->sample_rate, 16000)
+                     : std::unexpected(clip.error());
+    if (!at16) {
+      spdlog::error("submit: --audio-stream {}: {}", a.audio_stream, at16.error().message);
+      return 2;
+    }
+    for (float x : *at16)
+      spoken.push_back(  // 16-bit PCM's scale (x / 32768), so such a file's samples come back exact
+          static_cast<std::int16_t>(std::lround(std::clamp(x * 32768.f, -32768.f, 32767.f))));
+    actors::media_data clip_item;
+    clip_item.name = std::filesystem::path(a.audio_stream).filename().string();
+    clip_item.kind = actors::media_kind::audio;
+    clip_item.stream = true;
+    job.audios.push_back(std::move(clip_item));
   }
   if (a.videos.empty() && (a.num_frames > 0 || a.fps > 0 || a.video_audio)) {
     spdlog::error("submit: --num-frames, --fps and --video-audio apply to videos: give --video");
@@ -683,7 +765,10 @@ int run_submit(const cluster_args& a) {
   if (!m->standby.empty())
     fo = actors::client::failover{[&sys, &m] { return actors::connect_client(*sys, *m, 2s); }};
   actors::client client = fo ? actors::client(*sys, *door, *fo) : actors::client(*sys, *door);
-  auto f = client.run(std::move(job), on_token);
+  double after_audio_ms = -1;
+  auto f = spoken.empty() ? client.run(std::move(job), on_token)
+                          : stream_job(client, std::move(job), spoken, a.stream_piece_ms,
+                                       a.stream_speed, on_token, after_audio_ms);
   if (!f) {
     spdlog::error("submit: {}", f.error().message);
     return 1;
@@ -698,6 +783,7 @@ int run_submit(const cluster_args& a) {
            {"total_ms", f->total_ms},
            {"queue_ms", f->queue_ms},
            {"preemptions", f->preemptions}};
+    if (after_audio_ms >= 0) j["ttft_after_audio_ms"] = after_audio_ms;
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (!a.stream) std::printf("%s", f->text.c_str());
@@ -887,6 +973,17 @@ command_runner add_cluster(CLI::App& app, const std::string& which) {
         ->check(CLI::Range(0.0, 240.0));
     cmd->add_flag("--video-audio", a->video_audio,
                   "Also hear each video's audio track (a model that hears)");
+    cmd->add_option("--audio-stream", a->audio_stream,
+                    "An audio clip (WAV, FLAC or MP3) streamed while the job runs, as if spoken: "
+                    "the model hears each piece as it comes (the job's last clip)");
+    cmd->add_option("--stream-piece-ms", a->stream_piece_ms,
+                    "Milliseconds of audio per streamed piece")
+        ->check(CLI::Range(10, 60000))
+        ->capture_default_str();
+    cmd->add_option("--stream-speed", a->stream_speed,
+                    "How much faster than real time the streamed clip is sent")
+        ->check(CLI::Range(0.01, 1000.0))
+        ->capture_default_str();
     cmd->add_option("--system", a->system, "A system prompt (chat)");
     cmd->add_flag("--chat", a->chat,
                   "Apply the model's chat template (implied with images or audio clips)");

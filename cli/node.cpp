@@ -12,6 +12,7 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -161,6 +162,8 @@ int run_node(const node_args& a) {
     hc.scheduler.context.max_model_len = m->scheduler.max_model_len;
     hc.scheduler.context.allow_long = m->scheduler.allow_long_context;
     hc.scheduler.prefix_caching = m->scheduler.prefix_caching;
+    hc.scheduler.stream_idle_ms =
+        static_cast<std::int64_t>(std::llround(m->scheduler.stream_idle_s * 1000));
     hc.startup_grace =
         std::chrono::milliseconds(static_cast<std::int64_t>(m->placement.wait_for_nodes_s * 1000));
     auto d = actors::spawn_head(sys, hc, agent);

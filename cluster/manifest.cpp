@@ -509,7 +509,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
   if (const auto* t = c.table(root, "scheduler", "", false)) {
     c.only_keys(*t, "scheduler",
                 {"queue_limit", "max_running", "token_budget", "micro_batches", "max_model_len",
-                 "allow_long_context", "prefix_caching"});
+                 "allow_long_context", "prefix_caching", "stream_idle_s"});
     c.integer(*t, "queue_limit", "scheduler", m.scheduler.queue_limit, 1, 1 << 20);
     c.integer(*t, "max_running", "scheduler", m.scheduler.max_running, 1, 1 << 16);
     c.integer(*t, "token_budget", "scheduler", m.scheduler.token_budget, 16, 1 << 20);
@@ -517,6 +517,7 @@ std::expected<manifest, manifest_error> parse_manifest(std::string_view text,
     c.integer(*t, "max_model_len", "scheduler", m.scheduler.max_model_len, 1, 1 << 24);
     c.boolean(*t, "allow_long_context", "scheduler", m.scheduler.allow_long_context);
     c.boolean(*t, "prefix_caching", "scheduler", m.scheduler.prefix_caching);
+    c.number(*t, "stream_idle_s", "scheduler", m.scheduler.stream_idle_s, 0.1, 3600);
     if (m.scheduler.allow_long_context && m.scheduler.max_model_len == 0)
       c.error(checker::line_of(*t->get("allow_long_context")), "scheduler.allow_long_context",
               "allows a max_model_len past the model's positions, and none is set");

@@ -140,6 +140,7 @@ struct scheduler_entry {
   std::int64_t max_model_len = 0;   ///< 0: the model's positions
   bool allow_long_context = false;  ///< max_model_len past the model's positions
   bool prefix_caching = true;       ///< keep and share full KV blocks between requests
+  double stream_idle_s = 30;        ///< a streamed audio clip silent this long fails its request
 };
 
 struct transport_entry {

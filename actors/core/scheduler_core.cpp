@@ -42,6 +42,12 @@ struct scheduler_core::request {
   // admission), and the name of its partly filled last block, if named.
   std::int64_t lost = 0;
   std::optional<block_hash> partial;
+  // A streamed clip: open until its end came (tokens then end where its
+  // rows go, and `tail` follows them at the end); its rows so far.
+  bool streamed = false, open = false;
+  std::vector<std::int32_t> tail;
+  std::int64_t stream_rows = 0;
+  bool auto_max = false;  // max_tokens 0: decided when the clip ends
 };
 
 namespace {
@@ -112,7 +118,14 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   auto spec = prepare();
   if (!spec) return refuse(spec.error().code, spec.error().message);
   auto& q = *spec;
-  const auto prompt = static_cast<std::int64_t>(q.tokens.size());
+  if (q.stream && q.tokens.empty())
+    return refuse(error_code::invalid_request, "a streamed audio clip needs a prompt before it");
+  if (!q.stream && !q.tail.empty())
+    return refuse(error_code::internal, "a prompt tail without a streamed clip");
+  // A streamed request's checks take its prompt without the clip: each
+  // piece of the clip is checked as it comes.
+  const auto prompt = static_cast<std::int64_t>(q.tokens.size() + q.tail.size());
+  const bool auto_max = q.params.max_tokens == 0;
   if (q.params.max_tokens == 0) {
     // Up to the end of the context, or of what the KV cache holds for one
     // sequence, whichever comes first.
@@ -129,10 +142,11 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
     return refuse(error_code::invalid_request, v.error().message);
   if (q.tokens.empty())
     return refuse(error_code::invalid_request, "the prompt encodes to no tokens");
-  for (auto t : q.tokens)
-    if (t < 0 || t >= model_.vocab)
-      return refuse(error_code::invalid_request,
-                    "prompt token " + std::to_string(t) + " outside the vocabulary");
+  for (const auto* part : {&q.tokens, &q.tail})
+    for (auto t : *part)
+      if (t < 0 || t >= model_.vocab)
+        return refuse(error_code::invalid_request,
+                      "prompt token " + std::to_string(t) + " outside the vocabulary");
   for (const auto* ids : {&q.params.stop_token_ids, &q.params.bias_ids})
     for (auto t : *ids)
       if (t >= model_.vocab)
@@ -148,7 +162,7 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   const auto total = prompt + q.params.max_tokens;
   if (!books_.fits_alone(total))
     return refuse(error_code::kv_exhausted,
-                  "prompt (" + std::to_string(q.tokens.size()) + " tokens) plus max_tokens (" +
+                  "prompt (" + std::to_string(prompt) + " tokens) plus max_tokens (" +
                       std::to_string(q.params.max_tokens) + ") need " +
                       std::to_string(books_.blocks_for(total - 1, total)) +
                       " KV blocks; a stage has " + std::to_string(books_.total()));
@@ -171,6 +185,11 @@ std::expected<std::int64_t, core_error> scheduler_core::submit(
   r->tokens = std::move(q.tokens);
   r->history.assign(r->tokens.begin(), r->tokens.end());
   r->prompt_len = static_cast<std::int64_t>(r->tokens.size());
+  r->streamed = r->open = q.stream;
+  r->tail = std::move(q.tail);
+  r->auto_max = auto_max && q.stream;
+  if (q.stream && !q.resumed.empty())
+    return refuse(error_code::invalid_request, "a streamed audio clip cannot be resumed");
   r->stop.emplace(r->params);
   r->decoder.emplace(*model_.tok, true);
   r->submitted = clock_->now();
@@ -237,7 +256,8 @@ void scheduler_core::enqueue(std::uint64_t id, bool front) {
 
 void scheduler_core::name_blocks_of(request& r) {
   // Named once every image is: an image's rows are named by its content.
-  if (!books_.names_blocks() || r.chain.enabled()) return;
+  // A streamed clip has no name until it ends: such a request is not cached.
+  if (!books_.names_blocks() || r.chain.enabled() || r.streamed) return;
   std::vector<block_hash> images;
   for (const auto& n : r.image_names) {
     if (!n) return;
@@ -277,6 +297,70 @@ core_events scheduler_core::fail(std::uint64_t id, error_code code, std::string 
   } else {
     finish(id, finish_reason::error, {code, std::move(why)}, out);
   }
+  return out;
+}
+
+bool scheduler_core::grow_stream(request& r, std::int64_t rows, std::int64_t more,
+                                 core_events& out) {
+  auto fail_with = [&](error_code code, std::string why) {
+    auto ev = fail(r.id, code, std::move(why));
+    out.insert(out.end(), ev.begin(), ev.end());
+    return false;
+  };
+  if (!r.open) return fail_with(error_code::internal, "the streamed clip had already ended");
+  if (rows < r.stream_rows)
+    return fail_with(error_code::internal, "the streamed clip's rows went from " +
+                                               std::to_string(r.stream_rows) + " to " +
+                                               std::to_string(rows));
+  const auto add = rows - r.stream_rows;
+  const auto prompt = static_cast<std::int64_t>(r.tokens.size()) + add + more;
+  // max_tokens 0 takes what is left at the end: one token at least.
+  const auto need = r.auto_max ? 1 : r.params.max_tokens;
+  if (auto over = models::context_overflow(model_.context_length, prompt, need))
+    return fail_with(
+        error_code::context_length,
+        "the streamed audio clip (" + std::to_string(rows) + " tokens so far): " + *over);
+  if (!books_.fits_alone(prompt + need))
+    return fail_with(error_code::kv_exhausted,
+                     "the streamed audio clip (" + std::to_string(rows) +
+                         " tokens so far) makes the prompt " + std::to_string(prompt) +
+                         " tokens; with max_tokens that needs " +
+                         std::to_string(books_.blocks_for(prompt + need - 1, prompt + need)) +
+                         " KV blocks, and a stage has " + std::to_string(books_.total()));
+  r.tokens.insert(r.tokens.end(), static_cast<std::size_t>(add), model_.image_token);
+  r.history.insert(r.history.end(), static_cast<std::size_t>(add), model_.image_token);
+  r.prompt_len += add;
+  r.stream_rows = rows;
+  return true;
+}
+
+core_events scheduler_core::extend_stream(std::uint64_t id, std::int64_t rows) {
+  core_events out;
+  auto* r = find(id);
+  if (!r || r->cancelled || !r->streamed) return out;
+  grow_stream(*r, rows, static_cast<std::int64_t>(r->tail.size()), out);
+  return out;
+}
+
+core_events scheduler_core::close_stream(std::uint64_t id, std::int64_t rows) {
+  core_events out;
+  auto* r = find(id);
+  if (!r || r->cancelled || !r->streamed) return out;
+  if (!grow_stream(*r, rows, static_cast<std::int64_t>(r->tail.size()), out)) return out;
+  if (rows < 1) {
+    auto ev = fail(id, error_code::invalid_request,
+                   "the streamed audio clip ended shorter than one hop (10 ms)");
+    out.insert(out.end(), ev.begin(), ev.end());
+    return out;
+  }
+  r->tokens.insert(r->tokens.end(), r->tail.begin(), r->tail.end());
+  r->history.insert(r->history.end(), r->tail.begin(), r->tail.end());
+  r->prompt_len += static_cast<std::int64_t>(r->tail.size());
+  r->tail.clear();
+  r->open = false;
+  if (r->auto_max)
+    r->params.max_tokens = std::max<std::int64_t>(
+        books_.longest_alone(r->prompt_len, model_.context_length) - r->prompt_len, 1);
   return out;
 }
 
@@ -490,7 +574,8 @@ bool scheduler_core::add_to_step(request& r, std::int64_t& budget, step_plan& pl
   if (model_.image_token >= 0 && count_of(model_.image_token, w.tokens) > 0)
     w.image_rows_before = count_of(model_.image_token, std::span(r.tokens).first(r.computed));
   budget -= chunk;
-  w.sample = r.computed + chunk == static_cast<std::int64_t>(r.tokens.size());
+  // An open stream's prefill stops where its clip's rows do (no sampling).
+  w.sample = r.computed + chunk == static_cast<std::int64_t>(r.tokens.size()) && !r.open;
   if (w.sample) {
     w.params = r.params;
     w.draws = r.draws;
@@ -627,6 +712,8 @@ std::optional<step_plan> scheduler_core::plan_step(core_events& out) {
   bool preempted = false;
   for (auto* r : running) {
     if (r->ph != phase::running) continue;  // preempted below
+    // A streamed clip's rows prefilled as far as they came: it waits for more.
+    if (r->open && r->computed >= static_cast<std::int64_t>(r->tokens.size())) continue;
     if (static_cast<std::int64_t>(plan.seqs.size()) >= cap_seqs || budget <= 0) break;
     bool added = false;
     while (!(added = add_to_step(*r, budget, plan, fl))) {

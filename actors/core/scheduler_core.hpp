@@ -63,6 +63,9 @@ struct scheduler_options {
   std::int64_t max_running = 64;     ///< sequences with KV at once
   std::int64_t token_budget = 512;   ///< tokens per micro-batch (prefill chunks + decode tokens)
   std::int64_t prefill_chunk = 512;  ///< prompt tokens per sequence per step
+  /// A streamed audio clip that sends nothing for this long fails its
+  /// request (the shell's timer; 0: never).
+  std::int64_t stream_idle_ms = 30000;
   int micro_batches = 1;  ///< micro-batches in flight (the pipeline's depth); 0: one per stage,
                           ///< following re-placements
   /// With several micro-batches: size each to an even share of the work
@@ -148,6 +151,13 @@ struct request_spec {
   /// follow them), recomputed at admission like a preempted request's, and
   /// never emitted again: its events carry only the tokens after them.
   std::vector<std::int32_t> resumed;
+  /// A clip streamed while the request runs (the last of its media):
+  /// `tokens` end where its rows go and `tail` is the prompt after them.
+  /// The request is admitted once its other media are encoded, prefills
+  /// what it has, and grows as the clip's windows are encoded
+  /// (extend_stream); it samples only after close_stream. Not cached.
+  bool stream = false;
+  std::vector<std::int32_t> tail;
 };
 
 /// One sequence's part of a planned step.
@@ -256,6 +266,14 @@ class scheduler_core {
   /// it (counted).
   bool image_ready(std::uint64_t id, std::int64_t index = -1,
                    std::optional<block_hash> name = std::nullopt, bool cached = false);
+  /// Request `id`'s streamed clip now has `rows` rows encoded (its leading
+  /// windows): its prompt grows to hold them and they are prefilled. A
+  /// prompt that would pass the context length, or the KV one sequence can
+  /// have, fails the request (the events say so).
+  core_events extend_stream(std::uint64_t id, std::int64_t rows);
+  /// The streamed clip ended with `rows` rows: the rest of the prompt
+  /// follows them, and the request samples once they are prefilled.
+  core_events close_stream(std::uint64_t id, std::int64_t rows);
   /// Ends a request with an error: now, or when its step returns.
   core_events fail(std::uint64_t id, error_code code, std::string why);
   /// Cancels a request (now, or when its step returns); nullopt when it is
@@ -361,6 +379,8 @@ class scheduler_core {
   void publish_blocks(request& r);
   void name_blocks_of(request& r);
   void fail_all(const core_error& why, core_events& out);
+  /// A streamed clip's rows grow to `rows` (false: the request failed, in `out`).
+  bool grow_stream(request& r, std::int64_t rows, std::int64_t more, core_events& out);
   /// Resumed requests whose resumed tokens already ended them.
   void finish_resumed(core_events& out);
 

@@ -21,7 +21,7 @@ using core::finish_reason;
 using core::scheduler_stats;
 using core::to_string;
 
-inline constexpr std::uint32_t protocol_version = 29;
+inline constexpr std::uint32_t protocol_version = 30;
 
 // -- atoms (CAF 0.17: at most 10 characters) ---------------------------------
 
@@ -92,6 +92,8 @@ using journal_atom =
 /// A client, after a head was lost: go on streaming this job to me.
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using live_atom = caf::atom_constant<caf::atom("live")>;  ///< scheduler: the ids it holds
+/// Door, scheduler and encoder: a piece of a streamed audio clip.
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
 
 // -- errors -------------------------------------------------------------------
 

@@ -433,6 +433,10 @@ using frontdoor_actor =
                      caf::replies_to<detokenize_atom, std::vector<std::int32_t>>::with<std::string>,
                      caf::replies_to<reset_cache_atom>::with<std::int64_t>,
                      caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
+                     // A piece of a job's streamed audio clip (job_request's
+                     // last clip with media_data::stream): answered once its
+                     // windows are encoded.
+                     caf::replies_to<chunk_atom, audio_chunk>::with<stream_progress>,
                      caf::replies_to<status_atom>::with<cluster_status>,
                      caf::replies_to<down_atom>::with<bool>,
                      caf::replies_to<migrate_atom, migrate_request>::with<migrate_report>,

@@ -40,6 +40,10 @@ struct media_data {
   /// A video's audio track too, through the audio tower: its rows follow
   /// the frames' (vLLM's use_audio_in_video).
   bool audio = false;
+  /// An audio clip streamed while the request runs: `bytes` is empty and
+  /// the clip comes in audio_chunk messages. At most one per request, the
+  /// last of its media; its rows are prefilled as its windows are encoded.
+  bool stream = false;
   bool operator==(const media_data&) const = default;
 };
 

@@ -30,7 +30,39 @@ typename I::result_type inspect(I& f, tensor_ref& x) {
 template <class I>
 typename I::result_type inspect(I& f, media_data& x) {
   return f(caf::meta::type_name("media_data"), x.name, x.bytes, x.kind, x.num_frames, x.fps,
-           x.audio);
+           x.audio, x.stream);
+}
+
+/// A piece of request `id`'s streamed clip (media_data::stream): mono
+/// 16 kHz PCM, signed 16-bit little-endian samples; `last` ends the clip
+/// (it may carry samples too). `index` is the clip's place among the
+/// request's media (the scheduler sets it for the encoder).
+struct audio_chunk {
+  std::uint64_t id = 0;
+  std::int32_t index = -1;
+  std::vector<std::uint8_t> pcm;
+  bool last = false;
+  bool operator==(const audio_chunk&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, audio_chunk& x) {
+  return f(caf::meta::type_name("audio_chunk"), x.id, x.index, x.pcm, x.last);
+}
+
+/// A streamed clip so far: the samples taken, and the rows of its leading
+/// windows that are encoded (the prompt holds that many of its tokens);
+/// `done`: the last chunk came and every window is encoded.
+struct stream_progress {
+  std::int64_t samples = 0;
+  std::int64_t rows = 0;
+  bool done = false;
+  bool operator==(const stream_progress&) const = default;
+};
+
+template <class I>
+typename I::result_type inspect(I& f, stream_progress& x) {
+  return f(caf::meta::type_name("stream_progress"), x.samples, x.rows, x.done);
 }
 
 /// A generation request as the scheduler receives it.
@@ -422,6 +454,10 @@ using kv_store_actor = caf::typed_actor<
 /// A modality encoder (vision now) with dynamic, length-bucketed batching.
 using encoder_actor =
     caf::typed_actor<caf::replies_to<encode_atom, encode_request>::with<encode_reply>,
+                     // A piece of a streamed clip (started by an encode_request
+                     // whose item is a stream): answered once the windows it
+                     // completes are encoded.
+                     caf::replies_to<chunk_atom, audio_chunk>::with<stream_progress>,
                      caf::replies_to<rows_atom, media_rows_request>::with<tensor_ref>,
                      caf::reacts_to<forget_atom, std::uint64_t>,
                      caf::reacts_to<flush_atom, std::int64_t>,
@@ -462,7 +498,11 @@ typename I::result_type inspect(I& f, kv_events& x) {
 using scheduler_actor = caf::typed_actor<
     caf::replies_to<submit_atom, generate_request, client_sink_actor>::with<submit_ack>,
     caf::replies_to<cancel_atom, std::uint64_t>::with<bool>,
-    caf::replies_to<stats_atom>::with<scheduler_stats>,
+    // A piece of a request's streamed clip: answered once the encoder has
+    // its windows (their rows then join the prompt).
+    caf::replies_to<chunk_atom, audio_chunk>::with<stream_progress>,
+    // Its own timer: has request id's stream sent nothing for too long?
+    caf::reacts_to<chunk_atom, std::uint64_t>, caf::replies_to<stats_atom>::with<scheduler_stats>,
     caf::replies_to<version_atom>::with<std::uint32_t>, caf::reacts_to<tick_atom>,
     // The ids of the requests it holds (the head's journal forgets the others).
     caf::replies_to<live_atom>::with<std::vector<std::uint64_t>>,

@@ -37,6 +37,10 @@ inline actors::scheduler_actor idle_scheduler(
           return submit_ack{r.id, 0, 0};
         },
         [](cancel_atom, std::uint64_t) { return false; },
+        [](chunk_atom, audio_chunk&) -> caf::result<stream_progress> {
+          return make_error(error_code::not_found, "no stream here");
+        },
+        [](chunk_atom, std::uint64_t) {},
         [](stats_atom) { return scheduler_stats{}; },
         [](live_atom) { return std::vector<std::uint64_t>{}; },
         [](version_atom) { return protocol_version; },

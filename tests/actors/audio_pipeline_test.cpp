@@ -385,3 +385,180 @@ TEST_F(audio_pipeline_test, audio_waiting_at_the_encoder_is_bounded) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+// -- streamed clips ----------------------------------------------------------------------------
+
+namespace troupe::actors {
+namespace {
+
+/// A 16-bit 16 kHz WAV's samples as the little-endian PCM a stream carries.
+std::vector<std::uint8_t> pcm16_of(const std::string& file) {
+  auto a = models::decode_audio_at(read_bytes(audio_dir + "/" + file), 16000);
+  EXPECT_TRUE(a);
+  std::vector<std::uint8_t> out;
+  for (float x : a->samples) {
+    const auto v = static_cast<std::int16_t>(std::lround(x * 32768.0f));
+    EXPECT_EQ(static_cast<float>(v) / 32768.0f, x) << file << " is not 16-bit PCM";
+    out.push_back(static_cast<std::uint8_t>(static_cast<std::uint16_t>(v) & 0xff));
+    out.push_back(static_cast<std::uint8_t>(static_cast<std::uint16_t>(v) >> 8));
+  }
+  return out;
+}
+
+/// The case's request with its last clip streamed (no bytes, no count yet).
+generate_request streamed(const audio_case& c, std::uint64_t id) {
+  auto r = ref().request(c, id);
+  r.media.back().bytes.clear();
+  r.media.back().stream = true;
+  r.audio_tokens.back() = 0;
+  return r;
+}
+
+/// A submitted request's end, waited for.
+struct ending {
+  std::mutex m;
+  std::condition_variable cv;
+  std::optional<finish_event> f;
+  client::callbacks callbacks() {
+    client::callbacks cb;
+    cb.on_finish = [this](const finish_event& e) {
+      std::lock_guard lock(m);
+      f = e;
+      cv.notify_all();
+    };
+    return cb;
+  }
+  finish_event wait() {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, std::chrono::minutes(5), [&] { return f.has_value(); });
+    return f.value_or(finish_event{});
+  }
+};
+
+// A clip streamed in pieces that do not line up with the tower's 2 s
+// windows gives the tokens of the whole clip sent at once (its windows are
+// cut at the same samples), with and without an image before it, on one
+// and two stages; each piece is answered once the windows it completes
+// are encoded, with the rows the prompt then holds.
+TEST_F(audio_pipeline_test, a_streamed_clip_answers_as_the_whole_clip_does) {
+  const std::vector<audio_case> cs = {
+      {"<audio>\nDescribe the image.", {"speech16k.wav"}},
+      {"<image>\n<audio>\nDescribe the image.", {"shapes_001.png", "speech16k.wav"}},
+  };
+  const auto pcm = pcm16_of("speech16k.wav");  // 3.3 s: a whole window and a shorter one
+  const auto samples = static_cast<std::int64_t>(pcm.size() / 2);
+  const std::size_t piece = 2 * 11200;  // 0.7 s
+  for (int stages : {1, 2}) {
+    auto rt = start(stages);
+    client cl(sys, rt->scheduler());
+    for (const auto& c : cs) {
+      const auto want = ref().solo(c);
+      ASSERT_GE(want.size(), 4u);
+      const auto id = client::next_id();
+      ending end;
+      auto ack = cl.submit(streamed(c, id), end.callbacks());
+      ASSERT_TRUE(ack) << ack.error().message;
+      std::vector<stream_progress> seen;
+      for (std::size_t at = 0; at < pcm.size(); at += piece) {
+        const auto n = std::min(piece, pcm.size() - at);
+        const bool last = at + n == pcm.size();
+        auto p = cl.send_audio(id,
+                               {pcm.begin() + static_cast<std::ptrdiff_t>(at),
+                                pcm.begin() + static_cast<std::ptrdiff_t>(at + n)},
+                               last);
+        ASSERT_TRUE(p) << p.error().message;
+        seen.push_back(*p);
+      }
+      ASSERT_EQ(seen.size(), 5u);
+      // 0.7 and 1.4 s: no whole window yet; 2.1 s: the first (13 rows).
+      EXPECT_EQ(seen[0].rows, 0);
+      EXPECT_EQ(seen[1].rows, 0);
+      EXPECT_EQ(seen[2].rows, ref().model().audio_tokens(32000));
+      EXPECT_EQ(seen[2].samples, 3 * 11200);
+      EXPECT_FALSE(seen[3].done);
+      EXPECT_TRUE(seen[4].done);
+      EXPECT_EQ(seen[4].samples, samples);
+      EXPECT_EQ(seen[4].rows, ref().model().audio_tokens(samples));
+      const auto f = end.wait();
+      EXPECT_NE(f.reason, finish_reason::error) << f.error;
+      EXPECT_EQ(f.tokens, want) << stages << " stage(s): " << c.prompt;
+      EXPECT_EQ(f.prompt_tokens, ack->prompt_tokens + seen[4].rows);
+    }
+  }
+}
+
+TEST_F(audio_pipeline_test, a_stream_that_breaks_the_rules_fails_its_request_with_the_reason) {
+  runtime_config cfg;
+  cfg.model = model_dir;
+  cfg.stages = 1;
+  cfg.encoder.max_wait_ms = 20;
+  cfg.scheduler.stream_idle_ms = 300;
+  auto d = parse_devices("cpu");
+  ASSERT_TRUE(d);
+  cfg.devices = *d;
+  auto rt = local_runtime::start(sys, cfg);
+  ASSERT_TRUE(rt) << rt.error().message;
+  client cl(sys, (*rt)->scheduler());
+  const audio_case c{"<audio>\nDescribe the image.", {"speech16k.wav"}};
+  // No such stream.
+  auto none = cl.send_audio(987654321, {0, 0}, false);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, error_code::not_found);
+  // An odd byte count.
+  {
+    const auto id = client::next_id();
+    ending end;
+    ASSERT_TRUE(cl.submit(streamed(c, id), end.callbacks()));
+    auto odd = cl.send_audio(id, {1, 2, 3}, false);
+    ASSERT_FALSE(odd);
+    EXPECT_EQ(odd.error().code, error_code::invalid_request);
+    const auto f = end.wait();
+    EXPECT_EQ(f.reason, finish_reason::error);
+    EXPECT_NE(f.error.find("odd byte count"), std::string::npos) << f.error;
+  }
+  // Silence from the client: the stream's idle limit ends it.
+  {
+    const auto id = client::next_id();
+    ending end;
+    ASSERT_TRUE(cl.submit(streamed(c, id), end.callbacks()));
+    ASSERT_TRUE(cl.send_audio(id, std::vector<std::uint8_t>(3200, 0), false));
+    const auto f = end.wait();
+    EXPECT_EQ(f.reason, finish_reason::error);
+    EXPECT_NE(f.error.find("sent nothing for 0.300 s"), std::string::npos) << f.error;
+    auto late = cl.send_audio(id, {0, 0}, true);
+    EXPECT_FALSE(late) << "its request is gone";
+  }
+  // A clip that ends before one hop.
+  {
+    const auto id = client::next_id();
+    ending end;
+    ASSERT_TRUE(cl.submit(streamed(c, id), end.callbacks()));
+    EXPECT_TRUE(cl.send_audio(id, {0, 0, 0, 0}, true));
+    const auto f = end.wait();
+    EXPECT_EQ(f.reason, finish_reason::error);
+    EXPECT_NE(f.error.find("shorter than one hop"), std::string::npos) << f.error;
+  }
+  // Only the last medium, one stream, no bytes with it.
+  const audio_case two{"<audio>\n<audio>\nDescribe the image.", {"speech16k.wav", "float16k.wav"}};
+  auto first = ref().request(two, client::next_id());
+  first.media.front().bytes.clear();
+  first.media.front().stream = true;
+  first.audio_tokens.front() = 0;
+  auto r = cl.submit(first, {});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("must be the request's last medium"), std::string::npos)
+      << r.error().message;
+  auto with_bytes = ref().request(c, client::next_id());
+  with_bytes.media.back().stream = true;
+  with_bytes.audio_tokens.back() = 0;
+  r = cl.submit(with_bytes, {});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("comes in chunks"), std::string::npos) << r.error().message;
+  // The stream's requests left nothing behind: a plain request still runs.
+  auto f = cl.run(ref().request(c, client::next_id()));
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->tokens, ref().solo(c));
+}
+
+}  // namespace
+}  // namespace troupe::actors

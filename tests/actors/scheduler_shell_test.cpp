@@ -275,6 +275,9 @@ encoder_actor fake_encoder(caf::actor_system& sys, std::shared_ptr<image_log> lo
           return data_plane::local().park("encoder", std::move(*t));
         },
         [log](forget_atom, std::uint64_t id) { log->forgotten.push_back(id); },
+        [](chunk_atom, const audio_chunk&) -> caf::result<stream_progress> {
+          return make_error(error_code::invalid_request, "this encoder takes no stream");
+        },
         [](flush_atom, std::int64_t) {},
         [](version_atom) { return protocol_version; },
     };
@@ -398,6 +401,9 @@ encoder_actor silent_encoder(caf::actor_system& sys, std::shared_ptr<int> taken)
           return make_error(error_code::not_found, "nothing held here");
         },
         [](forget_atom, std::uint64_t) {},
+        [](chunk_atom, const audio_chunk&) -> caf::result<stream_progress> {
+          return make_error(error_code::invalid_request, "this encoder takes no stream");
+        },
         [](flush_atom, std::int64_t) {},
         [](version_atom) { return protocol_version; },
     };

@@ -250,6 +250,25 @@ TEST_F(ClusterLoopback, AudioClipsAndAnImageThroughTheClusterMatchTheDirectLoop)
   EXPECT_TRUE(counted.has_value())
       << "clips " << s->scheduler.clips << ", hits " << s->scheduler.clip_cache_hits << ", encodes "
       << s->scheduler.clip_encodes << ", waiting " << s->scheduler.clips_waiting;
+  // The last clip streamed while the job runs (0.3 s pieces at 20x real
+  // time, through the head to the scheduler and the encoder): the answer
+  // of the whole clip.
+  const std::string first = " --image " + fixtures + "/shapes/shapes_002.png --audio " + fixtures +
+                            "/audio/speech16k.mp3 --prompt 'Describe the image.' -n 16 --json";
+  const std::string clip = fixtures + "/audio/speech16k.wav";
+  auto whole = test::troupe_cli(
+      "generate --direct -m " + fixtures + "/llava_hears" + first + " --audio " + clip, false);
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  const auto w = whole.out.find("\"text\":");
+  ASSERT_NE(w, std::string::npos) << whole.out;
+  auto streamed = test::troupe_cli("submit " + cs_.manifest + first + " --audio-stream " + clip +
+                                       " --stream-piece-ms 300 --stream-speed 20",
+                                   false);
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.out;
+  EXPECT_EQ(text_of(streamed.out), text_of(whole.out.substr(w))) << streamed.out << "\n"
+                                                                 << whole.out;
+  EXPECT_NE(streamed.out.find("\"ttft_after_audio_ms\":"), std::string::npos) << streamed.out;
+  EXPECT_NE(text_of(streamed.out), text_of(submitted.out)) << "another clip, another answer";
 }
 
 // A stranger on the host aims plain UCP at every listener of every node

@@ -33,6 +33,7 @@ tensor_parallel = 1
 [scheduler]
 queue_limit = 32
 max_running = 8
+stream_idle_s = 2.5
 
 [transport]
 tls = "tcp"
@@ -95,6 +96,7 @@ TEST(Manifest, ParsesEveryField) {
   EXPECT_EQ(m->scheduler.queue_limit, 32);
   EXPECT_EQ(m->scheduler.max_running, 8);
   EXPECT_EQ(m->scheduler.token_budget, 512);  // default
+  EXPECT_EQ(m->scheduler.stream_idle_s, 2.5);
   EXPECT_EQ(m->transport.tls, "tcp");
   EXPECT_EQ(m->transport.timeout_ms, 5000);
   ASSERT_EQ(m->nodes.size(), 2u);
@@ -103,7 +105,7 @@ TEST(Manifest, ParsesEveryField) {
   ASSERT_EQ(a.devices.size(), 1u);
   EXPECT_EQ(a.devices[0].spec(), "cpu:0-1");
   EXPECT_EQ(a.devices[0].memory_bytes, 2ull << 30);
-  EXPECT_EQ(a.line, 26);
+  EXPECT_EQ(a.line, 27);
   const auto* b = m->node("b");
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->devices.size(), 2u);
@@ -142,6 +144,8 @@ TEST(Manifest, EveryMistakeIsReportedWithItsLineAndKey) {
        "m.toml:11: scheduler.queue_limit: must be in [1, "},
       {head + node + "[scheduler]\nqueue_limit = \"many\"\n",
        "m.toml:11: scheduler.queue_limit: expected an integer"},
+      {head + node + "[scheduler]\nstream_idle_s = 0\n",
+       "m.toml:11: scheduler.stream_idle_s: must be in [0.1, "},
       {head + node + "[kv]\nhost_tokens = -1\n", "m.toml:11: kv.host_tokens: must be in [0, "},
       {head + node + "[kv]\nswap = 4\n", "m.toml:11: kv.swap: unknown key"},
       {head + node + "[kv]\nhost_tokens = 8\n",

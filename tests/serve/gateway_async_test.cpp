@@ -125,6 +125,9 @@ actors::frontdoor_actor::behavior_type fake_door(
         return text;
       },
       [=](actors::reset_cache_atom) { return std::int64_t{0}; },
+      [=](actors::chunk_atom, actors::audio_chunk&) -> caf::result<actors::stream_progress> {
+        return actors::make_error(actors::error_code::not_found, "no stream here");
+      },
       [=](actors::cancel_atom, std::uint64_t id) {
         auto it = self->state.jobs.find(id);
         if (it == self->state.jobs.end()) return false;

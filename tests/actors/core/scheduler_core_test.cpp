@@ -271,6 +271,94 @@ TEST(SchedulerCore, ARequestWithImagesWaitsForItsLastImage) {
   EXPECT_EQ(p->seqs.at(0).tokens.size(), 8u);
 }
 
+TEST(SchedulerCore, AStreamedClipIsPrefilledAsItComesAndSamplesOnlyAfterItsEnd) {
+  harness h(small_options(), 1, /*image_token=*/3, /*context_length=*/100);
+  ASSERT_TRUE(h.core.submit(1, [] {
+    request_spec s;
+    s.tokens = {5, 3, 3, 7};  // an image of 2 rows, then the stream's place
+    s.images = 1;
+    s.stream = true;
+    s.tail = {8, 9};
+    s.params.max_tokens = 0;  // the rest of the context, once the clip ended
+    return std::expected<request_spec, core_error>(s);
+  }));
+  EXPECT_FALSE(h.plan()) << "its image first";
+  h.core.image_ready(1);
+  // What it has is prefilled, without sampling; then it waits for the clip.
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->seqs.at(0).tokens, (std::vector<std::int32_t>{5, 3, 3, 7}));
+  EXPECT_FALSE(p->seqs.at(0).sample);
+  h.answer(*p);
+  EXPECT_FALSE(h.plan()) << "nothing to do until the clip's rows come";
+  // Two windows' rows: prefilled after the image's, still not sampling.
+  h.take(h.core.extend_stream(1, 5));
+  p = h.plan();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->seqs.at(0).start, 4);
+  EXPECT_EQ(p->seqs.at(0).tokens, (std::vector<std::int32_t>(5, 3)));
+  EXPECT_EQ(p->seqs.at(0).image_rows_before, 2) << "the image's rows come before the clip's";
+  EXPECT_FALSE(p->seqs.at(0).sample);
+  h.answer(*p);
+  EXPECT_FALSE(h.plan());
+  // The end: its last window's rows and the tail, then it samples.
+  h.take(h.core.close_stream(1, 7));
+  p = h.plan();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->seqs.at(0).start, 9);
+  EXPECT_EQ(p->seqs.at(0).tokens, (std::vector<std::int32_t>{3, 3, 8, 9}));
+  EXPECT_TRUE(p->seqs.at(0).sample);
+  h.answer(*p);
+  auto d = run_to_end(h, 1);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->prompt_tokens, 13);
+  EXPECT_EQ(d->reason, finish_reason::length);
+  EXPECT_EQ(d->tokens.size(), 100u - 13u) << "max_tokens 0: the context left after the clip";
+}
+
+TEST(SchedulerCore, AStreamedClipPastTheContextFailsItsRequestWithTheReason) {
+  harness h(small_options(), 1, /*image_token=*/3, /*context_length=*/40);
+  ASSERT_TRUE(h.core.submit(1, [] {
+    request_spec s;
+    s.tokens = {5, 6};
+    s.stream = true;
+    s.tail = {8};
+    s.params.max_tokens = 10;
+    return std::expected<request_spec, core_error>(s);
+  }));
+  auto p = h.plan();
+  ASSERT_TRUE(p);
+  h.answer(*p);
+  h.take(h.core.extend_stream(1, 27));  // 2 + 27 + 1 + 10 = 40: fits exactly
+  EXPECT_TRUE(h.done().empty());
+  h.take(h.core.extend_stream(1, 28));
+  ASSERT_EQ(h.done().size(), 1u);
+  EXPECT_EQ(h.done()[0].code, error_code::context_length);
+  EXPECT_NE(h.done()[0].error.find("streamed audio clip (28 tokens so far)"), std::string::npos)
+      << h.done()[0].error;
+  // A clip that ends before one hop gives no row: refused at its end.
+  ASSERT_TRUE(h.core.submit(2, [] {
+    request_spec s;
+    s.tokens = {5, 6};
+    s.stream = true;
+    s.params.max_tokens = 2;
+    return std::expected<request_spec, core_error>(s);
+  }));
+  h.take(h.core.close_stream(2, 0));
+  ASSERT_EQ(h.done().size(), 2u);
+  EXPECT_NE(h.done()[1].error.find("shorter than one hop"), std::string::npos);
+  // A stream needs a prompt before it.
+  auto bare = h.core.submit(3, [] {
+    request_spec s;
+    s.stream = true;
+    s.tail = {8};
+    s.params.max_tokens = 2;
+    return std::expected<request_spec, core_error>(s);
+  });
+  ASSERT_FALSE(bare);
+  EXPECT_EQ(bare.error().code, error_code::invalid_request);
+}
+
 // -- batching --------------------------------------------------------------------------------
 
 TEST(SchedulerCore, TheTokenBudgetCapsAStepAndChunksThePrefill) {
