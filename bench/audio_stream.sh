@@ -15,5 +15,5 @@ wide=${TMPDIR:-/tmp}/troupe-hears-whisper-tiny-2s
     --ffn 1536 --positions 100 --stack 8
 for model in tests/fixtures/llava_hears "$wide"; do
   "$build/bench/bench_audio_stream" --model "$model" --short 2 --long 20 --piece-ms 500 \
-    --speed 2 --rounds 3
+    --speed 2 --rounds 5
 done
