@@ -159,20 +159,29 @@ struct grpc_server::impl final : pb::Generation::Service {
     return r;
   }
 
+  // A submitted job's events, as they come.
+  struct job_events {
+    std::uint64_t id = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<actors::token_event> events;
+    std::optional<actors::finish_event> done;
+  };
+
   // Runs a job: `on_token` gets its token events (false: the client is
   // gone); the call ends with the job's end in `out`.
   grpc::Status run(grpc::ServerContext* ctx, actors::job_request job,
                    const std::function<bool(const actors::token_event&)>& on_token,
                    actors::finish_event& out) {
-    struct state {
-      std::mutex m;
-      std::condition_variable cv;
-      std::deque<actors::token_event> events;
-      std::optional<actors::finish_event> done;
-    };
-    auto st = std::make_shared<state>();
+    auto st = submit(std::move(job));
+    if (!st) return st.error();
+    return follow(ctx, **st, on_token, out);
+  }
+
+  std::expected<std::shared_ptr<job_events>, grpc::Status> submit(actors::job_request job) {
+    auto st = std::make_shared<job_events>();
     job.id = actors::random_job_id();
-    const auto id = job.id;
+    st->id = job.id;
     actors::client::callbacks cb;
     cb.on_token = [st](const actors::token_event& e) {
       std::lock_guard lock(st->m);
@@ -185,7 +194,15 @@ struct grpc_server::impl final : pb::Generation::Service {
       st->cv.notify_all();
     };
     auto ack = jobs->submit(std::move(job), std::move(cb));
-    if (!ack) return status_of(ack.error().code, ack.error().message);
+    if (!ack) return std::unexpected(status_of(ack.error().code, ack.error().message));
+    return st;
+  }
+
+  grpc::Status follow(grpc::ServerContext* ctx, job_events& st_,
+                      const std::function<bool(const actors::token_event&)>& on_token,
+                      actors::finish_event& out) {
+    auto* st = &st_;
+    const auto id = st->id;
     for (;;) {
       std::deque<actors::token_event> events;
       std::optional<actors::finish_event> done;
@@ -215,6 +232,8 @@ struct grpc_server::impl final : pb::Generation::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* q,
                         pb::GenerateResponse* res) override {
+    if (q->audio_stream())
+      return {grpc::StatusCode::INVALID_ARGUMENT, "audio_stream is for GenerateFromChunks"};
     auto r = checked(ctx, *q);
     if (!r) return r.error();
     actors::finish_event f;
@@ -236,9 +255,17 @@ struct grpc_server::impl final : pb::Generation::Service {
 
   template <class Writer>
   grpc::Status stream(grpc::ServerContext* ctx, api_request r, Writer* w) {
+    auto st = submit(std::move(r.job));
+    if (!st) return st.error();
+    return stream(ctx, **st, w);
+  }
+
+  // Streams a submitted job's tokens to `w`, then its end.
+  template <class Writer>
+  grpc::Status stream(grpc::ServerContext* ctx, job_events& st, Writer* w) {
     actors::finish_event f;
-    auto s = run(
-        ctx, std::move(r.job),
+    auto s = follow(
+        ctx, st,
         [&](const actors::token_event& e) {
           pb::GenerateChunk c;
           c.set_text(e.text);
@@ -258,6 +285,8 @@ struct grpc_server::impl final : pb::Generation::Service {
 
   grpc::Status GenerateStream(grpc::ServerContext* ctx, const pb::GenerateRequest* q,
                               grpc::ServerWriter<pb::GenerateChunk>* w) override {
+    if (q->audio_stream())
+      return {grpc::StatusCode::INVALID_ARGUMENT, "audio_stream is for GenerateFromChunks"};
     auto r = checked(ctx, *q);
     if (!r) return r.error();
     return stream(ctx, std::move(*r), w);
@@ -271,12 +300,15 @@ struct grpc_server::impl final : pb::Generation::Service {
     if (!rw->Read(&in) || !in.has_start())
       return {grpc::StatusCode::INVALID_ARGUMENT, "the first message must carry `start`"};
     pb::GenerateRequest q = in.start();
+    if (q.audio_stream()) return stream_audio(ctx, q, in.last(), rw);
     std::size_t bytes = q.prompt().size();
     for (const auto& m : q.messages()) bytes += m.content().size();
     // The prompt (or the chat's last message) grows chunk by chunk.
     bool last = in.last();
     while (!last && rw->Read(&in)) {
       if (in.has_start()) return {grpc::StatusCode::INVALID_ARGUMENT, "`start` comes once, first"};
+      if (in.part_case() == pb::InputChunk::kAudio)
+        return {grpc::StatusCode::INVALID_ARGUMENT, "`audio` pieces need start.audio_stream"};
       bytes += in.text().size();
       if (bytes > opt.limits.max_text_bytes)
         return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -290,6 +322,61 @@ struct grpc_server::impl final : pb::Generation::Service {
     auto r = checked(ctx, q);
     if (!r) return r.error();
     return stream(ctx, std::move(*r), rw);
+  }
+
+  // GenerateFromChunks with start.audio_stream: the job starts now, with a
+  // clip after its last message that comes in the `audio` pieces read
+  // next (each answered by the cluster once its windows are encoded);
+  // its tokens stream back after the last one.
+  grpc::Status stream_audio(grpc::ServerContext* ctx, const pb::GenerateRequest& q, bool last,
+                            grpc::ServerReaderWriter<pb::GenerateChunk, pb::InputChunk>* rw) {
+    if (q.messages_size() == 0)
+      return {grpc::StatusCode::INVALID_ARGUMENT, "audio_stream needs messages (a chat)"};
+    auto r = checked(ctx, q);
+    if (!r) return r.error();
+    if (r->job.turns.empty())
+      return {grpc::StatusCode::INVALID_ARGUMENT, "audio_stream needs messages (a chat)"};
+    actors::media_data clip;
+    clip.name = "the streamed audio clip";
+    clip.kind = actors::media_kind::audio;
+    clip.stream = true;
+    r->job.audios.push_back(std::move(clip));
+    r->job.turns.back().audios += 1;
+    auto st = submit(std::move(r->job));
+    if (!st) return st.error();
+    const auto id = (*st)->id;
+    auto give_up = [&](grpc::Status why) {
+      jobs->cancel_async(id);
+      return why;
+    };
+    pb::InputChunk in;
+    std::int64_t bytes = 0;
+    bool sent_last = false;
+    while (!last) {
+      if (!rw->Read(&in))
+        return give_up({grpc::StatusCode::INVALID_ARGUMENT,
+                        "the input ended before a piece with `last` ended the audio"});
+      const bool empty_end = in.part_case() == pb::InputChunk::PART_NOT_SET && in.last();
+      if (in.part_case() != pb::InputChunk::kAudio && !empty_end)
+        return give_up({grpc::StatusCode::INVALID_ARGUMENT,
+                        "with audio_stream, the messages after `start` carry `audio`"});
+      last = in.last();
+      bytes += static_cast<std::int64_t>(in.audio().size());
+      if (bytes > static_cast<std::int64_t>(opt.limits.max_audio_bytes))
+        return give_up({grpc::StatusCode::INVALID_ARGUMENT,
+                        "the streamed audio is larger than " +
+                            std::to_string(opt.limits.max_audio_bytes) + " bytes"});
+      const auto& a = in.audio();
+      auto p = jobs->send_audio(id, std::vector<std::uint8_t>(a.begin(), a.end()), last);
+      if (!p) return give_up(status_of(p.error().code, p.error().message));
+      sent_last = last;
+      if (ctx->IsCancelled()) return give_up({grpc::StatusCode::CANCELLED, "cancelled"});
+    }
+    if (!sent_last) {  // `last` came with `start`: the clip ends empty (and is refused so)
+      auto p = jobs->send_audio(id, {}, true);
+      if (!p) return give_up(status_of(p.error().code, p.error().message));
+    }
+    return stream(ctx, **st, rw);
   }
 };
 

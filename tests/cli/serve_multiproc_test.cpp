@@ -917,6 +917,34 @@ TEST_F(GatewayHears, TranscriptionsAndInputAudioAnswerAsTheDirectLoop) {
   EXPECT_EQ(said, direct_text("What is said?")) << c.body;
 }
 
+// A clip streamed into a request over gRPC (GenerateFromChunks with
+// start.audio_stream and `audio` pieces) answers as the direct loop does
+// with the whole clip; misuse is refused by name
+// (tests/serve/grpc_audio_client.py, a real client: Debian's python3-grpcio).
+TEST_F(GatewayHears, GrpcStreamsAudioIntoTheRequest) {
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  const std::string clip = fixtures + "/audio/speech16k.wav";
+  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
+                                " --prompt 'What is said?' -n 12 --json",
+                            false);
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  const auto j = json::parse(d.out.substr(d.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << d.out;
+  std::string want = j.value("text", "");
+  while (!want.empty() && want.front() == ' ') want.erase(0, 1);
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(want.find('\''), std::string::npos) << "the text goes in single quotes: " << want;
+  auto line = serve_->expect("troupe serve: gRPC", 10000ms);
+  ASSERT_TRUE(line) << "no gRPC line";
+  const std::string port = line->substr(line->rfind(':') + 1);
+  const std::string cmd = "/usr/bin/python3 " + fixtures + "/../serve/grpc_audio_client.py " +
+                          port + " sk-test " + TROUPE_PROTO_PY + " " + clip + " '" + want +
+                          "' 2>&1";
+  const auto [rc, out] = test::run_command(cmd);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("grpc audio client: all checks passed"), std::string::npos) << out;
+}
+
 // Video through the API (issue 29): a chat's video_url part (a data: URL)
 // with vLLM's media_io_kwargs answers as `troupe generate --direct --video`
 // does with the same file, frames and prompt; bad sampling is refused by
