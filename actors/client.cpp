@@ -374,6 +374,33 @@ std::expected<stream_progress, client::rejection> client::send_audio(
   return out;
 }
 
+void client::send_audio_async(std::uint64_t id, std::vector<std::uint8_t> pcm, bool last,
+                              audio_sent done, std::chrono::milliseconds timeout) {
+  bool gone = false;
+  {
+    std::lock_guard lock(shared_->mtx);
+    gone = shared_->gone.has_value();
+  }
+  std::visit(
+      [&](const auto& target) {
+        sys_.spawn(
+            [target, gone, done = std::move(done), timeout,
+             ch = audio_chunk{id, -1, std::move(pcm), last}](caf::event_based_actor* self) mutable {
+              if (gone)
+                return done(std::unexpected(rejection{error_code::unavailable, "no target"}));
+              self->request(target, timeout, chunk_atom::value, std::move(ch))
+                  .then([done](stream_progress& p) { done(p); },
+                        [self, done](caf::error& e) {
+                          const auto code = troupe_code(e);
+                          done(std::unexpected(rejection{
+                              code ? static_cast<error_code>(code) : error_code::unavailable,
+                              describe(self->system(), e)}));
+                        });
+            });
+      },
+      target());
+}
+
 bool client::cancel(std::uint64_t id) {
   {
     std::lock_guard lock(shared_->mtx);

@@ -78,6 +78,11 @@ class client {
   std::expected<stream_progress, rejection> send_audio(
       std::uint64_t id, std::vector<std::uint8_t> pcm, bool last,
       std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// send_audio without waiting: `done` gets the answer (on an actor
+  /// thread, never in this call).
+  using audio_sent = std::function<void(std::expected<stream_progress, rejection>)>;
+  void send_audio_async(std::uint64_t id, std::vector<std::uint8_t> pcm, bool last, audio_sent done,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
   /// Cancels a request; false when it is unknown or already finished.
   bool cancel(std::uint64_t id);
   /// Cancels without waiting for the answer.

@@ -17,6 +17,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -40,6 +41,7 @@ namespace {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 using tcp = net::ip::tcp;
 using steady = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -498,6 +500,14 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
                                                           : head_call::reset_cache);
       if (path == "/v1/audio/transcriptions") co_return co_await transcribe(c, s, ex);
       co_return co_await complete(c, s, ex, path == "/v1/chat/completions");
+    }
+    if (path == "/v1/audio/stream") {
+      api_error e;
+      e.message =
+          "/v1/audio/stream is a WebSocket: connect with an Upgrade: websocket request "
+          "(docs/serve.md)";
+      auto out_ = error_reply(e);
+      co_return co_await write_reply(s, ex, out_);
     }
     if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {
       // Refused by name, not a bare 404: a client of the Responses API
@@ -1096,6 +1106,275 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     co_return false;
   }
 
+  // -- /v1/audio/stream: a chat and a clip streamed into it, over a WebSocket ----------------
+
+  // The socket's protocol (docs/serve.md): the client's first message is a
+  // chat completion request (JSON text; the clip follows its last message),
+  // then binary messages carry the clip (mono 16 kHz, signed 16-bit
+  // little-endian PCM), each answered {"type": "audio.ack", ...} once its
+  // windows are encoded, and {"type": "audio.end"} ends it. The answer comes
+  // as the chat.completion.chunk objects of a streamed completion, then the
+  // socket closes normally. Any error is an {"error": ...} message, then a
+  // close.
+  task<void> audio_socket(const std::shared_ptr<conn_state>& c, beast::tcp_stream& s,
+                          exchange& ex) {
+    ex.keep_alive = false;
+    if (auto e = authorized(ex)) {
+      auto out_ = error_reply(*e);
+      co_await write_reply(s, ex, out_);
+      co_return;
+    }
+    if (c->draining) {
+      auto out_ = error_reply(shutting_down(false));
+      co_await write_reply(s, ex, out_);
+      co_return;
+    }
+    websocket::stream<beast::tcp_stream&> ws(s);  // the session closes `s` after
+    s.expires_never();                            // the socket's own timeouts (below) from here on
+    ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+    ws.read_message_max(opt.max_body_bytes);
+    error_code ec;
+    co_await ws.async_accept(ex.req, use_ec(ec));
+    if (ec) co_return;
+    ex.status = 101;
+    std::string out;  // the message being written (alive across the write)
+    auto say = [&](std::string m) -> task<bool> {
+      out = std::move(m);
+      ws.text(true);
+      error_code wec;
+      co_await ws.async_write(net::buffer(out), use_ec(wec));
+      co_return !wec;
+    };
+    auto fail = [&](const api_error& e) -> task<void> {
+      stats->failed_http(e.status);
+      if (co_await say(error_json(e))) {
+        error_code cec;
+        co_await ws.async_close(websocket::close_code::policy_error, use_ec(cec));
+      }
+    };
+    auto bad = [](std::string why, std::string param = "") {
+      api_error e;
+      e.message = std::move(why);
+      e.param = std::move(param);
+      return e;
+    };
+    // 1. The request.
+    beast::flat_buffer b;
+    co_await ws.async_read(b, use_ec(ec));
+    if (ec) co_return;
+    if (!ws.got_text()) {
+      co_await fail(bad("the first message is the chat request, as JSON text"));
+      co_return;
+    }
+    auto parse = [this, body = beast::buffers_to_string(b.data())] {
+      return parse_chat_request(body, opt.limits);
+    };
+    b.consume(b.size());
+    auto parsed = co_await on_pool(std::move(parse));
+    if (!parsed) {
+      co_await fail(parsed.error());
+      co_return;
+    }
+    auto r = std::make_shared<api_request>(std::move(*parsed));
+    if (!r->remote_images.empty()) {
+      co_await fail(
+          bad("the audio socket takes images as data: URLs only", r->remote_images.front().param));
+      co_return;
+    }
+    if (r->n != 1) {
+      co_await fail(bad("the audio socket gives one choice (n = 1)", "n"));
+      co_return;
+    }
+    if (r->job.turns.empty()) {
+      co_await fail(bad("the audio socket takes a chat (messages)", "messages"));
+      co_return;
+    }
+    if (auto e = check_model(r->model, opt.model_name)) {
+      co_await fail(*e);
+      co_return;
+    }
+    if (r->model.empty()) r->model = opt.model_name;
+    actors::media_data clip;
+    clip.name = "the streamed audio clip";
+    clip.kind = actors::media_kind::audio;
+    clip.stream = true;
+    r->job.audios.push_back(std::move(clip));
+    r->job.turns.back().audios += 1;
+    // 2. The job, submitted now.
+    auto js = std::make_shared<job_stream>();
+    const auto job_id = actors::random_job_id();
+    const auto id = "chatcmpl-" + std::to_string(job_id);
+    const auto created = unix_now();
+    const std::weak_ptr<conn_state> wc = c;
+    auto [d, client] = head();
+    if (auto gone = client->gone(); !gone.empty()) ensure_reconnect();
+    ++streams;
+    struct leave {
+      std::atomic<std::int64_t>& n;
+      ~leave() { --n; }
+    } counted{streams};
+    actors::client::callbacks cb;
+    cb.on_token = [js, wc](const actors::token_event& e) {
+      {
+        std::lock_guard lock(js->m);
+        js->tokens += static_cast<std::int64_t>(e.tokens.size());
+        if (!e.text.empty()) js->texts.push_back(e.text);
+      }
+      conn_state::notify(wc);
+    };
+    cb.on_finish = [js, wc, st = stats](const actors::finish_event& f) {
+      st->finished(f, {});
+      {
+        std::lock_guard lock(js->m);
+        js->done = f;
+      }
+      conn_state::notify(wc);
+    };
+    auto job = r->job;
+    job.id = job_id;
+    client->submit_async(
+        std::move(job), std::move(cb),
+        [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
+          {
+            std::lock_guard lock(js->m);
+            js->ack = std::move(a);
+          }
+          conn_state::notify(wc);
+        },
+        opt.submit_timeout);
+    auto locked = [&](auto f) {
+      std::lock_guard lock(js->m);
+      return f();
+    };
+    co_await wait_for(
+        *c, [&] { return locked([&] { return js->ack.has_value(); }); },
+        steady::now() + opt.submit_timeout + 5s);
+    auto ack = locked([&] { return js->ack; });
+    if (!ack || !*ack) {
+      const auto rej = ack ? ack->error()
+                           : actors::client::rejection{actors::error_code::unavailable,
+                                                       "the head did not answer"};
+      co_await fail(rejection_error(rej, true));
+      co_return;
+    }
+    auto give_up = [&](const api_error& e) -> task<void> {
+      client->cancel_async(job_id);  // its KV blocks are freed
+      co_await fail(e);
+    };
+    // 3. The clip, piece by piece: each answered once its windows are encoded.
+    struct piece_answer {
+      std::mutex m;
+      std::optional<std::expected<actors::stream_progress, actors::client::rejection>> got;
+    };
+    std::int64_t bytes = 0;
+    for (;;) {
+      co_await ws.async_read(b, use_ec(ec));
+      if (ec) {  // the client went away: the job stops
+        client->cancel_async(job_id);
+        co_return;
+      }
+      bool last = false;
+      std::vector<std::uint8_t> pcm;
+      if (ws.got_text()) {
+        const auto m = nlohmann::json::parse(beast::buffers_to_string(b.data()), nullptr, false);
+        if (m.is_discarded() || !m.is_object() || m.value("type", "") != "audio.end") {
+          b.consume(b.size());
+          co_await give_up(bad("after the request, text messages are {\"type\": \"audio.end\"}"));
+          co_return;
+        }
+        last = true;
+      } else {
+        const auto* p = static_cast<const std::uint8_t*>(b.data().data());
+        pcm.assign(p, p + b.size());
+        bytes += static_cast<std::int64_t>(pcm.size());
+        if (bytes > static_cast<std::int64_t>(opt.limits.max_audio_bytes)) {
+          b.consume(b.size());
+          co_await give_up(bad("the streamed audio is larger than " +
+                               std::to_string(opt.limits.max_audio_bytes >> 20) + " MiB"));
+          co_return;
+        }
+      }
+      b.consume(b.size());
+      auto pa = std::make_shared<piece_answer>();
+      client->send_audio_async(
+          job_id, std::move(pcm), last,
+          [pa, wc](std::expected<actors::stream_progress, actors::client::rejection> a) {
+            {
+              std::lock_guard lock(pa->m);
+              pa->got = std::move(a);
+            }
+            conn_state::notify(wc);
+          });
+      co_await wait_for(
+          *c,
+          [&] {
+            std::lock_guard lock(pa->m);
+            return pa->got.has_value();
+          },
+          steady::time_point::max());
+      std::optional<std::expected<actors::stream_progress, actors::client::rejection>> got;
+      {
+        std::lock_guard lock(pa->m);
+        got = pa->got;
+      }
+      if (!*got) {
+        co_await give_up(rejection_error(got->error(), true));
+        co_return;
+      }
+      nlohmann::json a{{"type", "audio.ack"},
+                       {"samples", (*got)->samples},
+                       {"tokens", (*got)->rows},
+                       {"done", (*got)->done}};
+      if (!co_await say(a.dump())) {
+        client->cancel_async(job_id);
+        co_return;
+      }
+      if (last) break;
+    }
+    // 4. The answer, as a streamed chat completion's chunks.
+    if (!co_await say(role_chunk_json(*r, id, created, 0))) {
+      client->cancel_async(job_id);
+      co_return;
+    }
+    for (;;) {
+      co_await wait_for(
+          *c, [&] { return c->draining || locked([&] { return !js->texts.empty() || js->done; }); },
+          steady::time_point::max());
+      std::string text;
+      std::optional<actors::finish_event> done;
+      locked([&] {
+        while (!js->texts.empty()) {
+          text += js->texts.front();
+          js->texts.pop_front();
+        }
+        done = js->done;
+        return 0;
+      });
+      if (!done && c->draining) {
+        co_await give_up(shutting_down(true));
+        co_return;
+      }
+      if (done && done->reason == actors::finish_reason::error) {
+        co_await fail(finish_error(*done));
+        co_return;
+      }
+      if (!text.empty() && !co_await say(chunk_json(*r, id, created, 0, text, ""))) {
+        client->cancel_async(job_id);
+        co_return;
+      }
+      if (!done) continue;
+      ex.prompt_tokens = done->prompt_tokens;
+      ex.completion_tokens = static_cast<std::int64_t>(done->tokens.size());
+      if (!co_await say(chunk_json(*r, id, created, 0, "", finish_reason(done->reason)))) co_return;
+      if (r->include_usage) {
+        usage_counts u{ex.prompt_tokens, ex.completion_tokens, done->cached_tokens};
+        if (!co_await say(usage_chunk_json(*r, id, created, u))) co_return;
+      }
+      break;
+    }
+    co_await ws.async_close(websocket::close_code::normal, use_ec(ec));
+  }
+
   // -- connections ---------------------------------------------------------------------------
 
   task<void> session(tcp::socket sock, net::ip::address peer) {
@@ -1177,6 +1456,19 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
           co_await write_reply(stream, ex, out_);
         }
         log_access(ex);
+        break;
+      }
+      // The audio socket (a WebSocket upgrade; it has no body): the
+      // connection is its own from here on.
+      if (ex.path == "/v1/audio/stream" && websocket::is_upgrade(parser.get())) {
+        ex.req = parser.release();
+        try {
+          co_await audio_socket(c, stream, ex);
+        } catch (const std::exception& e) {
+          actors::logging::of("gateway").error("{}: {}", ex.path, e.what());
+        }
+        log_access(ex);
+        c->busy = false;
         break;
       }
       // A client that asks first (curl does past 1 MiB) is told now.

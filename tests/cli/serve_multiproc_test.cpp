@@ -6,6 +6,9 @@
 // baseline.
 #include <gtest/gtest.h>
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/websocket.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -943,6 +946,108 @@ TEST_F(GatewayHears, GrpcStreamsAudioIntoTheRequest) {
   const auto [rc, out] = test::run_command(cmd);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("grpc audio client: all checks passed"), std::string::npos) << out;
+}
+
+// The audio socket (/v1/audio/stream, a WebSocket; Beast's own client
+// here): a chat, then the clip in 0.5 s binary pieces, each acknowledged
+// with the tokens it added, then audio.end; the answer comes as chat
+// completion chunks and is the direct loop's for the whole clip. Misuse
+// gets an error message (or, without the key, no socket).
+TEST_F(GatewayHears, TheAudioSocketStreamsAClipIntoAChat) {
+  namespace beast = boost::beast;
+  namespace websocket = beast::websocket;
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  const std::string clip = fixtures + "/audio/speech16k.wav";
+  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
+                                " --prompt 'What is said?' -n 12 --json",
+                            false);
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  std::string want = json::parse(d.out.substr(d.out.find('{')))["text"];
+  // The WAV's samples as the PCM the socket carries (16-bit, 16 kHz, mono:
+  // the data after the 44-byte header).
+  std::ifstream f(clip, std::ios::binary);
+  std::string wav{std::istreambuf_iterator<char>(f), {}};
+  ASSERT_GT(wav.size(), 44u);
+  const std::string pcm = wav.substr(44);
+  boost::asio::io_context io;
+  auto open = [&](const std::string& key, std::string* refused) {
+    auto ws = std::make_unique<websocket::stream<boost::asio::ip::tcp::socket>>(io);
+    ws->next_layer().connect(
+        {boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)});
+    ws->set_option(websocket::stream_base::decorator([key](websocket::request_type& r) {
+      if (!key.empty()) r.set(beast::http::field::authorization, "Bearer " + key);
+    }));
+    websocket::response_type res;
+    beast::error_code ec;
+    ws->handshake(res, "127.0.0.1", "/v1/audio/stream", ec);
+    if (ec) {
+      if (refused) *refused = ec.message();
+      return std::unique_ptr<websocket::stream<boost::asio::ip::tcp::socket>>{};
+    }
+    return ws;
+  };
+  auto read = [](websocket::stream<boost::asio::ip::tcp::socket>& ws) {
+    beast::flat_buffer b;
+    beast::error_code ec;
+    ws.read(b, ec);
+    return ec ? json() : json::parse(beast::buffers_to_string(b.data()), nullptr, false);
+  };
+  auto ws = open("sk-test", nullptr);
+  ASSERT_TRUE(ws);
+  ws->text(true);
+  ws->write(boost::asio::buffer(json{
+      {"messages", {{{"role", "user"}, {"content", "What is said?"}}}},
+      {"max_tokens", 12},
+      {"temperature", 0},
+      {"stream_options",
+       {{"include_usage", true}}}}.dump()));
+  std::vector<json> acks;
+  ws->binary(true);
+  for (std::size_t at = 0; at < pcm.size(); at += 16000) {
+    ws->write(boost::asio::buffer(pcm.data() + at, std::min<std::size_t>(16000, pcm.size() - at)));
+    acks.push_back(read(*ws));
+  }
+  ws->text(true);
+  ws->write(boost::asio::buffer(std::string(R"({"type": "audio.end"})")));
+  acks.push_back(read(*ws));
+  ASSERT_EQ(acks.size(), 8u);  // 3.3 s in 0.5 s pieces, and the end
+  EXPECT_EQ(acks[2]["tokens"], 0) << "1.5 s of the clip: no whole window yet";
+  EXPECT_EQ(acks[3]["tokens"], 13) << "2 s: the first whole window (100 rows, stacked by 8)";
+  EXPECT_EQ(acks[6]["tokens"], 13) << "the last piece waits for audio.end";
+  EXPECT_EQ(acks[7]["samples"], static_cast<int>(pcm.size() / 2)) << acks[7].dump();
+  EXPECT_EQ(acks[7]["done"], true) << acks[7].dump();
+  std::string text;
+  json last, usage;
+  for (json m = read(*ws); !m.is_null(); m = read(*ws)) {
+    ASSERT_FALSE(m.contains("error")) << m.dump();
+    if (!m["choices"].empty()) {
+      text += m["choices"][0]["delta"].value("content", "");
+      last = m;
+    } else {
+      usage = m;
+    }
+  }
+  EXPECT_EQ(text, want);
+  const std::string finish = last["choices"][0].value("finish_reason", "");
+  EXPECT_TRUE(finish == "stop" || finish == "length") << last.dump();
+  EXPECT_GT(usage["usage"]["prompt_tokens"].get<int>(), 20) << usage.dump();
+  // No key: no socket (the gateway answers the upgrade with a 401).
+  std::string refused;
+  EXPECT_FALSE(open("", &refused));
+  EXPECT_NE(refused.find("declined"), std::string::npos) << refused;
+  EXPECT_FALSE(open("sk-wrong", &refused));
+  // A first message that is not a chat: an error naming it, then a close.
+  auto bad = open("sk-test", nullptr);
+  ASSERT_TRUE(bad);
+  bad->text(true);
+  bad->write(boost::asio::buffer(std::string(R"({"messages": [], "max_tokens": 4})")));
+  auto e = read(*bad);
+  EXPECT_TRUE(e.contains("error")) << e.dump();
+  EXPECT_TRUE(read(*bad).is_null()) << "the socket closes after the error";
+  // Without the upgrade, the endpoint says what it is.
+  auto plain = curl("-H 'Authorization: Bearer sk-test' " + url_ + "/v1/audio/stream");
+  EXPECT_EQ(plain.status, 400) << plain.body;
+  EXPECT_NE(plain.body.find("WebSocket"), std::string::npos) << plain.body;
 }
 
 // Video through the API (issue 29): a chat's video_url part (a data: URL)
