@@ -89,8 +89,18 @@ generate_request make(tag<generate_request>, const actors_for_handles& h) {
   return {.id = 99,
           .prompt = "USER: <image>\nWhat shape is on the left? ASSISTANT:",
           .prompt_tokens = {1, 5, 6},
-          .media = {make(tag<media_data>{}, h), clip_data(), {"b.jpg", {0xff, 0xd8}}, video_data()},
-          .audio_tokens = {13},
+          .media = {make(tag<media_data>{}, h),
+                    clip_data(),
+                    {"b.jpg", {0xff, 0xd8}},
+                    video_data(),
+                    {.name = "live",
+                     .bytes = {},
+                     .kind = media_kind::audio,
+                     .num_frames = 0,
+                     .fps = 0,
+                     .audio = false,
+                     .stream = true}},
+          .audio_tokens = {13, 0},
           .video_tokens = {68},
           .params = make(tag<models::sampling_params>{}, h),
           .deadline_ms = 2500,
@@ -268,6 +278,14 @@ encode_reply make(tag<encode_reply>, const actors_for_handles&) {
           .batch = 4,
           .hash = std::vector<std::uint8_t>(32, 0xab),
           .cached = true};
+}
+
+audio_chunk make(tag<audio_chunk>, const actors_for_handles&) {
+  return {.id = 77, .index = 3, .pcm = {0x01, 0x80, 0xff, 0x7f}, .last = true};
+}
+
+stream_progress make(tag<stream_progress>, const actors_for_handles&) {
+  return {.samples = 48000, .rows = 39, .done = true};
 }
 
 media_rows_request make(tag<media_rows_request>, const actors_for_handles&) {
@@ -724,18 +742,18 @@ struct type_list {
 using messages =
     type_list<tensor_ref, media_data, models::sampling_params, generate_request, submit_ack,
               token_event, finish_event, sample_work, seq_work, step_batch, step_output, shard_info,
-              kv_usage_info, kv_export, encode_request, encode_reply, media_rows_request,
-              scheduler_stats, std::vector<std::int64_t>, node_status, client_sink_actor,
-              shard_actor, kv_store_actor, encoder_actor, std::vector<shard_actor>,
-              std::vector<kv_store_actor>, stage_handles, stage_host_actor,
-              std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass, gatekeeper_actor,
-              stage_order, device_probe, placement_decision, std::vector<placement_decision>,
-              node_report, encoder_order, node_agent_actor, chat_turn, std::vector<chat_turn>,
-              job_request, member_view, std::vector<member_view>, replica_view,
-              std::vector<replica_view>, cluster_status, frontdoor_actor, migrate_request,
-              migrate_report, tokenize_reply, std::vector<std::int32_t>, kv_block_event, kv_events,
-              vault_blocks, vault_info, kv_vault_actor, vault_order, journal_entry,
-              std::vector<journal_entry>, journal_state, std::vector<std::uint64_t>>;
+              kv_usage_info, kv_export, encode_request, encode_reply, audio_chunk, stream_progress,
+              media_rows_request, scheduler_stats, std::vector<std::int64_t>, node_status,
+              client_sink_actor, shard_actor, kv_store_actor, encoder_actor,
+              std::vector<shard_actor>, std::vector<kv_store_actor>, stage_handles,
+              stage_host_actor, std::vector<std::uint8_t>, tp_ring_addresses, gate_hello, gate_pass,
+              gatekeeper_actor, stage_order, device_probe, placement_decision,
+              std::vector<placement_decision>, node_report, encoder_order, node_agent_actor,
+              chat_turn, std::vector<chat_turn>, job_request, member_view, std::vector<member_view>,
+              replica_view, std::vector<replica_view>, cluster_status, frontdoor_actor,
+              migrate_request, migrate_report, tokenize_reply, std::vector<std::int32_t>,
+              kv_block_event, kv_events, vault_blocks, vault_info, kv_vault_actor, vault_order,
+              journal_entry, std::vector<journal_entry>, journal_state, std::vector<std::uint64_t>>;
 
 /// The types register_protocol registers, by the names it gives them
 /// ("troupe::..."; CAF also files each under "std::vector<...>" and
