@@ -296,6 +296,22 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
 
   // -- helpers -------------------------------------------------------------------------------
 
+  // Submits a job without waiting: the head's answer lands in js->ack and
+  // wakes the connection.
+  void submit_to(actors::client& client, actors::job_request job, actors::client::callbacks cb,
+                 const std::shared_ptr<job_stream>& js, const std::weak_ptr<conn_state>& wc) {
+    client.submit_async(
+        std::move(job), std::move(cb),
+        [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
+          {
+            std::lock_guard lock(js->m);
+            js->ack = std::move(a);
+          }
+          conn_state::notify(wc);
+        },
+        opt.submit_timeout);
+  }
+
   // Runs `f` on the blocking pool; the coroutine resumes on its strand.
   template <class F>
   task<std::invoke_result_t<F>> on_pool(F f) {
@@ -836,16 +852,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       if (i + 1 == n) r->job.logprobs = job.logprobs;  // the JSON writers read it
       job.id = job_ids[i];
       job.seed += i;
-      client->submit_async(
-          std::move(job), std::move(cb),
-          [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
-            {
-              std::lock_guard lock(js->m);
-              js->ack = std::move(a);
-            }
-            conn_state::notify(wc);
-          },
-          opt.submit_timeout);
+      submit_to(*client, std::move(job), std::move(cb), js, wc);
     }
     auto locked = [](job_stream& js, auto f) {
       std::lock_guard lock(js.m);
@@ -1194,12 +1201,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
       co_return;
     }
     if (r->model.empty()) r->model = opt.model_name;
-    actors::media_data clip;
-    clip.name = "the streamed audio clip";
-    clip.kind = actors::media_kind::audio;
-    clip.stream = true;
-    r->job.audios.push_back(std::move(clip));
-    r->job.turns.back().audios += 1;
+    add_streamed_clip(*r);
     // 2. The job, submitted now.
     auto js = std::make_shared<job_stream>();
     const auto job_id = actors::random_job_id();
@@ -1232,16 +1234,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     };
     auto job = r->job;
     job.id = job_id;
-    client->submit_async(
-        std::move(job), std::move(cb),
-        [js, wc](std::expected<actors::submit_ack, actors::client::rejection> a) {
-          {
-            std::lock_guard lock(js->m);
-            js->ack = std::move(a);
-          }
-          conn_state::notify(wc);
-        },
-        opt.submit_timeout);
+    submit_to(*client, std::move(job), std::move(cb), js, wc);
     auto locked = [&](auto f) {
       std::lock_guard lock(js->m);
       return f();

@@ -336,12 +336,7 @@ struct grpc_server::impl final : pb::Generation::Service {
     if (!r) return r.error();
     if (r->job.turns.empty())
       return {grpc::StatusCode::INVALID_ARGUMENT, "audio_stream needs messages (a chat)"};
-    actors::media_data clip;
-    clip.name = "the streamed audio clip";
-    clip.kind = actors::media_kind::audio;
-    clip.stream = true;
-    r->job.audios.push_back(std::move(clip));
-    r->job.turns.back().audios += 1;
+    add_streamed_clip(*r);
     auto st = submit(std::move(r->job));
     if (!st) return st.error();
     const auto id = (*st)->id;

@@ -710,6 +710,15 @@ std::expected<std::vector<std::uint8_t>, std::string> decode_base64(std::string_
   return out;
 }
 
+void add_streamed_clip(api_request& r) {
+  actors::media_data clip;
+  clip.name = "the streamed audio clip";
+  clip.kind = actors::media_kind::audio;
+  clip.stream = true;
+  r.job.audios.push_back(std::move(clip));
+  if (!r.job.turns.empty()) r.job.turns.back().audios += 1;
+}
+
 std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits) {
   auto j = parse_json(body, limits);

@@ -121,6 +121,10 @@ std::pair<std::string, std::string> transcription_body(const api_request& r,
 
 std::expected<api_request, api_error> parse_chat_request(std::string_view body,
                                                          const request_limits& limits = {});
+/// A clip streamed after a chat's last message (the WebSocket and gRPC
+/// doors): the job gains a streamed audio item, which the chat template
+/// places in that message. The request must hold a chat (turns).
+void add_streamed_clip(api_request& r);
 std::expected<api_request, api_error> parse_completion_request(std::string_view body,
                                                                const request_limits& limits = {});
 

@@ -142,6 +142,22 @@ class GatewayHears : public Gateway {
   }
 };
 
+// `troupe generate --direct`'s answer (leading blanks dropped) with the
+// model that hears, a clip and a prompt, in 12 tokens at most.
+std::string direct_hears_text(const std::string& clip, const std::string& prompt) {
+  const std::string fixtures = TROUPE_FIXTURES_DIR;
+  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
+                                " --prompt '" + prompt + "' -n 12 --json",
+                            false);
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  const auto at = d.out.find('{');
+  const auto j = json::parse(at == std::string::npos ? "" : d.out.substr(at), nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << d.out;
+  std::string t = j.is_discarded() ? "" : j.value("text", "");
+  while (!t.empty() && t.front() == ' ') t.erase(0, 1);
+  return t;
+}
+
 // The same gateway in front of a model that sees video (the shapes model
 // with troupe's video keys: tests/fixtures/llava_video).
 class GatewaySees : public Gateway {
@@ -861,17 +877,7 @@ TEST(GatewayUp, UpWithHttpStartsTheGatewayAndDownStopsIt) {
 TEST_F(GatewayHears, TranscriptionsAndInputAudioAnswerAsTheDirectLoop) {
   const std::string fixtures = TROUPE_FIXTURES_DIR;
   const std::string clip = fixtures + "/audio/speech16k.wav";  // 3.3 s
-  auto direct_text = [&](const std::string& prompt) {
-    auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
-                                  " --prompt '" + prompt + "' -n 12 --json",
-                              false);
-    EXPECT_EQ(d.exit_code, 0) << d.out;
-    const auto j = json::parse(d.out.substr(d.out.find('{')), nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << d.out;
-    std::string t = j.is_discarded() ? "" : j.value("text", "");
-    while (!t.empty() && t.front() == ' ') t.erase(0, 1);
-    return t;
-  };
+  auto direct_text = [&](const std::string& prompt) { return direct_hears_text(clip, prompt); };
   const auto upload = [&](const std::string& fields) {
     return curl("-H 'Authorization: Bearer sk-test' -F file=@" + clip + " -F max_tokens=12 " +
                 fields + " " + url_ + "/v1/audio/transcriptions");
@@ -927,14 +933,7 @@ TEST_F(GatewayHears, TranscriptionsAndInputAudioAnswerAsTheDirectLoop) {
 TEST_F(GatewayHears, GrpcStreamsAudioIntoTheRequest) {
   const std::string fixtures = TROUPE_FIXTURES_DIR;
   const std::string clip = fixtures + "/audio/speech16k.wav";
-  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
-                                " --prompt 'What is said?' -n 12 --json",
-                            false);
-  ASSERT_EQ(d.exit_code, 0) << d.out;
-  const auto j = json::parse(d.out.substr(d.out.find('{')), nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << d.out;
-  std::string want = j.value("text", "");
-  while (!want.empty() && want.front() == ' ') want.erase(0, 1);
+  const std::string want = direct_hears_text(clip, "What is said?");
   ASSERT_FALSE(want.empty());
   ASSERT_EQ(want.find('\''), std::string::npos) << "the text goes in single quotes: " << want;
   auto line = serve_->expect("troupe serve: gRPC", 10000ms);
@@ -958,11 +957,8 @@ TEST_F(GatewayHears, TheAudioSocketStreamsAClipIntoAChat) {
   namespace websocket = beast::websocket;
   const std::string fixtures = TROUPE_FIXTURES_DIR;
   const std::string clip = fixtures + "/audio/speech16k.wav";
-  auto d = test::troupe_cli("generate --direct -m " + fixtures + "/llava_hears --audio " + clip +
-                                " --prompt 'What is said?' -n 12 --json",
-                            false);
-  ASSERT_EQ(d.exit_code, 0) << d.out;
-  std::string want = json::parse(d.out.substr(d.out.find('{')))["text"];
+  const std::string want = direct_hears_text(clip, "What is said?");
+  ASSERT_FALSE(want.empty());
   // The WAV's samples as the PCM the socket carries (16-bit, 16 kHz, mono:
   // the data after the 44-byte header).
   std::ifstream f(clip, std::ios::binary);
@@ -1027,6 +1023,7 @@ TEST_F(GatewayHears, TheAudioSocketStreamsAClipIntoAChat) {
       usage = m;
     }
   }
+  while (!text.empty() && text.front() == ' ') text.erase(0, 1);
   EXPECT_EQ(text, want);
   const std::string finish = last["choices"][0].value("finish_reason", "");
   EXPECT_TRUE(finish == "stop" || finish == "length") << last.dump();
