@@ -79,7 +79,7 @@ def main():
     table, wrong = {}, []
     for (kind, path, _, _, want, c), g in zip(work, got):
         ok = g == want
-        for k in (kind, "transcription" if kind == "transcription" else "spoken questions, all"):
+        for k in {kind, "transcription" if kind == "transcription" else "spoken questions, all"}:
             r, n = table.get(k, (0, 0))
             table[k] = (r + ok, n + 1)
         if not ok:
