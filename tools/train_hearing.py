@@ -157,8 +157,9 @@ class Sampler:
     """Training examples: (kind, prompt pieces, answer text, scene or None,
     clip windows or None)."""
 
-    def __init__(self, speech, seed):
+    def __init__(self, speech, seed, transcribe=0.4, spoken=0.4, captions=0.15):
         self.rng = random.Random(seed)
+        self.transcribe, self.spoken, self.captions = transcribe, spoken, captions
         self.speech = speech
         self.by_text = {}
         for i, c in enumerate(speech):
@@ -168,15 +169,15 @@ class Sampler:
         # Every choice from the seeded generator: the image's rendering and
         # the prompt's wording too (the last element).
         r, extra = self.rng.random(), self.rng.randrange(1 << 30)
-        if r < 0.4:
+        if r < self.transcribe:
             c = self.speech[self.rng.randrange(len(self.speech))]
             return ("transcribe", c["text"], None, c["windows"], extra)
         scene = shapes.make_scene(self.rng)
         for _ in range(20):
-            t, q, a = shapes.sample_question(scene, self.rng, 0.15)
+            t, q, a = shapes.sample_question(scene, self.rng, self.captions)
             if q in self.by_text:
                 break
-        if r < 0.8 and q in self.by_text:
+        if r < self.transcribe + self.spoken and q in self.by_text:
             c = self.speech[self.rng.choice(self.by_text[q])]
             return ("spoken", a, scene, c["windows"], extra)
         return ("text:" + q, a, scene, None, extra)
@@ -348,6 +349,15 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--transcribe-share", type=float, default=0.4)
+    ap.add_argument("--spoken-share", type=float, default=0.4,
+                    help="spoken questions about an image (the rest: text questions)")
+    ap.add_argument("--caption-share", type=float, default=0.15,
+                    help="of the image examples, captions ('Describe the image.')")
+    ap.add_argument("--projector-lr-scale", type=float, default=0.0,
+                    help="the image projector's learning rate scale (0: frozen)")
+    ap.add_argument("--restart-schedule", action="store_true",
+                    help="resume with a fresh warmup and cosine over the steps left")
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -359,19 +369,27 @@ def main():
     audio = AudioTower(text_hidden)
     for p in model.vision_tower.parameters():
         p.requires_grad_(False)
-    for p in model.multi_modal_projector.parameters():
-        p.requires_grad_(False)
-    dec = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": list(audio.parameters()), "scale": 1.0},
-                             {"params": dec, "scale": args.decoder_lr_scale}],
-                            lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    proj = list(model.multi_modal_projector.parameters())
+    for p in proj:
+        p.requires_grad_(args.projector_lr_scale > 0)
+    proj_ids = {id(p) for p in proj}
+    dec = [p for p in model.parameters() if p.requires_grad and id(p) not in proj_ids]
+    groups = [{"params": list(audio.parameters()), "scale": 1.0},
+              {"params": dec, "scale": args.decoder_lr_scale}]
+    if args.projector_lr_scale > 0:
+        groups.append({"params": proj, "scale": args.projector_lr_scale})
+        dec = dec + proj
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     ckpt = os.path.join(args.work, "checkpoint.pt")
     step = 0
     if os.path.exists(ckpt):
         st = torch.load(ckpt)
         model.load_state_dict(st["model"])
         audio.load_state_dict(st["audio"])
-        opt.load_state_dict(st["opt"])
+        if len(st["opt"]["param_groups"]) == len(opt.param_groups):
+            opt.load_state_dict(st["opt"])
+        else:
+            print("the parameter groups changed: a fresh optimizer", flush=True)
         step = st["step"]
         print(f"resumed at step {step}", flush=True)
     if args.export_only:
@@ -380,12 +398,14 @@ def main():
     t0 = time.time()
     train = load_speech(args.speech, "train", args.work)
     print(f"{len(train)} training clips ({time.time() - t0:.0f} s)", flush=True)
-    sample = Sampler(train, args.seed + step)
+    sample = Sampler(train, args.seed + step, args.transcribe_share, args.spoken_share,
+                     args.caption_share)
     warmup, avg, t0 = 100, None, time.time()
+    start, span = (step, args.steps - step) if args.restart_schedule else (0, args.steps)
     model.train()
     while step < args.steps:
-        lr = args.lr * min(1.0, (step + 1) / warmup) * \
-            (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = args.lr * min(1.0, (step - start + 1) / warmup) * \
+            (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - start) / max(1, span))))
         for g in opt.param_groups:
             g["lr"] = lr * g["scale"]
         loss = batch_loss(model, audio, tok, [sample() for _ in range(args.batch)], audio_marker)
