@@ -296,6 +296,15 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
 
   // -- helpers -------------------------------------------------------------------------------
 
+  // A response being streamed, counted in `streams` while it lasts.
+  struct open_stream {
+    explicit open_stream(std::atomic<std::int64_t>& n) : n(n) { ++n; }
+    ~open_stream() { --n; }
+    open_stream(const open_stream&) = delete;
+    open_stream& operator=(const open_stream&) = delete;
+    std::atomic<std::int64_t>& n;
+  };
+
   // Submits a job without waiting: the head's answer lands in js->ack and
   // wakes the connection.
   void submit_to(actors::client& client, actors::job_request job, actors::client::callbacks cb,
@@ -807,11 +816,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     const std::weak_ptr<conn_state> wc = c;
     auto [d, client] = head();
     if (auto gone = client->gone(); !gone.empty()) ensure_reconnect();
-    ++streams;
-    struct leave {
-      std::atomic<std::int64_t>& n;
-      ~leave() { --n; }
-    } counted{streams};
+    const open_stream counted{streams};
     for (std::size_t i = 0; i < n; ++i) {
       auto js = jobs[i];
       actors::client::callbacks cb;
@@ -1210,11 +1215,7 @@ struct gateway::impl : std::enable_shared_from_this<impl> {
     const std::weak_ptr<conn_state> wc = c;
     auto [d, client] = head();
     if (auto gone = client->gone(); !gone.empty()) ensure_reconnect();
-    ++streams;
-    struct leave {
-      std::atomic<std::int64_t>& n;
-      ~leave() { --n; }
-    } counted{streams};
+    const open_stream counted{streams};
     actors::client::callbacks cb;
     cb.on_token = [js, wc](const actors::token_event& e) {
       {
