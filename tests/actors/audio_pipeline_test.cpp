@@ -143,12 +143,14 @@ std::vector<audio_case> cases() {
 struct audio_pipeline_test : ::testing::Test {
   caf::actor_system sys{test::actor_config()};
 
-  std::unique_ptr<local_runtime> start(int stages, int max_batch = 8) {
+  std::unique_ptr<local_runtime> start(int stages, int max_batch = 8,
+                                       std::int64_t stream_idle_ms = 30000) {
     runtime_config cfg;
     cfg.model = model_dir;
     cfg.stages = stages;
     cfg.encoder.max_batch = max_batch;
     cfg.encoder.max_wait_ms = 20;
+    cfg.scheduler.stream_idle_ms = stream_idle_ms;
     auto d = parse_devices(stages > 1 ? "cpu:0-0,cpu:1-1" : "cpu");
     EXPECT_TRUE(d);
     cfg.devices = *d;
@@ -488,17 +490,9 @@ TEST_F(audio_pipeline_test, a_streamed_clip_answers_as_the_whole_clip_does) {
 }
 
 TEST_F(audio_pipeline_test, a_stream_that_breaks_the_rules_fails_its_request_with_the_reason) {
-  runtime_config cfg;
-  cfg.model = model_dir;
-  cfg.stages = 1;
-  cfg.encoder.max_wait_ms = 20;
-  cfg.scheduler.stream_idle_ms = 300;
-  auto d = parse_devices("cpu");
-  ASSERT_TRUE(d);
-  cfg.devices = *d;
-  auto rt = local_runtime::start(sys, cfg);
-  ASSERT_TRUE(rt) << rt.error().message;
-  client cl(sys, (*rt)->scheduler());
+  auto rt = start(1, 8, /*stream_idle_ms=*/300);
+  ASSERT_TRUE(rt);
+  client cl(sys, rt->scheduler());
   const audio_case c{"<audio>\nDescribe the image.", {"speech16k.wav"}};
   // No such stream.
   auto none = cl.send_audio(987654321, {0, 0}, false);
