@@ -61,7 +61,16 @@ struct control_guard_state {
   std::atomic<std::uint64_t> budget{0};
   std::unordered_map<const SSL*, std::unique_ptr<troupe::actors::basp_stream_guard>> streams;
   troupe::actors::connection_admission admission;
-  std::uint64_t refused_connections = 0, refused_messages = 0, expired = 0;
+  std::uint64_t refused_connections = 0, refused_messages = 0, expired = 0, abandoned = 0;
+  // The connections CAF made from this process to other nodes ("ip port"
+  // they lead to), until they close; `joined` once a join through them
+  // answered.
+  struct outgoing_connection {
+    std::string to;
+    bool joined = false;
+    bool given_up = false;
+  };
+  std::unordered_map<int, outgoing_connection> outgoing;
   std::chrono::steady_clock::time_point last_log{};
   std::uint64_t unlogged = 0;
 };
@@ -115,10 +124,39 @@ bool on_accept(int fd, const void* caller) {
   return false;
 }
 
+// "ip port" of a socket address (IPv4 or IPv6), or "".
+std::string endpoint_text(const sockaddr* a) {
+  char ip[INET6_ADDRSTRLEN] = "";
+  unsigned port = 0;
+  if (a->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a);
+    ::inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+    port = ntohs(in->sin_port);
+  } else if (a->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+    port = ntohs(in6->sin6_port);
+  } else {
+    return {};
+  }
+  return std::string(ip) + " " + std::to_string(port);
+}
+
+void on_connect(int fd, const sockaddr* to, const void* caller) {
+  if (!called_from(caller, "libcaf_io")) return;
+  auto text = endpoint_text(to);
+  if (text.empty()) return;
+  auto& g = guard();
+  std::lock_guard lk(g.mtx);
+  g.outgoing.insert_or_assign(
+      fd, control_guard_state::outgoing_connection{std::move(text), false, false});
+}
+
 void on_close(int fd) {
   auto& g = guard();
   std::lock_guard lk(g.mtx);
   g.admission.closed(fd);
+  g.outgoing.erase(fd);
 }
 
 void reap_handshakes() {
@@ -352,6 +390,7 @@ void arm_control_guard() {
   std::call_once(once, [] {
     guard().armed.store(true, std::memory_order_release);
     transport::set_socket_observers(&on_accept, &on_close);
+    transport::set_connect_observer(&on_connect);
     std::thread(reap_handshakes).detach();
   });
 }
@@ -359,7 +398,7 @@ void arm_control_guard() {
 control_guard_counters control_guard_stats() {
   auto& g = guard();
   std::lock_guard lk(g.mtx);
-  return {g.refused_connections, g.refused_messages, g.expired, g.admission.pending()};
+  return {g.refused_connections, g.refused_messages, g.expired, g.admission.pending(), g.abandoned};
 }
 
 std::expected<void, std::string> configure_cluster_tls(caf::actor_system_config& cfg,
@@ -435,6 +474,46 @@ bool answers_tls(const std::string& host, int port, std::chrono::milliseconds li
   return alive;
 }
 
+/// The endpoints ("ip port") `host`:`port` resolves to.
+std::set<std::string> endpoints_of(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::set<std::string> out;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return out;
+  for (auto* a = res; a; a = a->ai_next)
+    if (auto t = endpoint_text(a->ai_addr); !t.empty()) out.insert(std::move(t));
+  ::freeaddrinfo(res);
+  return out;
+}
+
+/// After a connect to `ends`: this process's connections there are marked
+/// joined (it answered), or, when it did not answer in time, those never
+/// joined are shut down. CAF 0.17's middleman keeps one pending connect per
+/// endpoint with no time limit, and attaches every later connect there to
+/// it: a handshake that stalls once (a peer that stops for a moment, a lost
+/// segment) would keep this process from that node for good. Shut down,
+/// the connection reads end-of-file, CAF fails the handshake and forgets
+/// it. Returns how many were shut down.
+std::size_t settle_connects(const std::set<std::string>& ends, bool joined) {
+  auto& g = guard();
+  std::lock_guard lk(g.mtx);
+  std::size_t n = 0;
+  for (auto& [fd, o] : g.outgoing) {
+    if (!ends.count(o.to) || o.joined || o.given_up) continue;
+    if (joined) {
+      o.joined = true;
+      continue;
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    o.given_up = true;
+    ++g.abandoned;
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace
 
 std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cluster::manifest& m,
@@ -461,23 +540,50 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
   if (!answers_tls(t->host, t->port, std::min(timeout, std::chrono::milliseconds(3000))))
     return std::unexpected("node " + target + " at " + at +
                            " does not answer (down, stopped or unreachable)");
-  // caf::openssl::remote_actor, with a limit on the wait.
+  // caf::openssl::remote_actor, with a limit on the wait. The first try
+  // gets half the time: a handshake that has not finished by then has
+  // stalled (it takes milliseconds), and is shut down (settle_connects)
+  // so the next try makes a new connection.
   caf::scoped_actor self{sys};
   std::optional<gatekeeper_actor> gk;
   std::string why;
-  self->request(sys.openssl_manager().actor_handle(), caf::duration{timeout},
-                caf::connect_atom::value, t->host, static_cast<std::uint16_t>(t->port))
-      .receive(
-          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
-            if (!ptr)
-              why = "no actor published there";
-            else if (!sys.assignable<gatekeeper_actor>(ifs))
-              why = "the actor there is not a gatekeeper";
-            else
-              gk = caf::actor_cast<gatekeeper_actor>(std::move(ptr));
-          },
-          [&](caf::error& e) { why = sys.render(e); });
+  const auto ends = endpoints_of(t->host, t->port);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  auto limit = std::max<std::chrono::milliseconds>(timeout / 2, std::chrono::milliseconds(1));
+  bool gave_up = false;
+  for (int attempt = 0; attempt < 4 && !gk && limit.count() > 0; ++attempt) {
+    bool stalled = false;
+    why.clear();
+    self->request(sys.openssl_manager().actor_handle(), caf::duration{limit},
+                  caf::connect_atom::value, t->host, static_cast<std::uint16_t>(t->port))
+        .receive(
+            [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+              if (!ptr)
+                why = "no actor published there";
+              else if (!sys.assignable<gatekeeper_actor>(ifs))
+                why = "the actor there is not a gatekeeper";
+              else
+                gk = caf::actor_cast<gatekeeper_actor>(std::move(ptr));
+            },
+            [&](caf::error& e) {
+              why = sys.render(e);
+              // A timeout, or the end of a connection given up on before.
+              stalled = e == caf::sec::request_timeout ||
+                        (gave_up && e == caf::sec::disconnect_during_handshake);
+            });
+    if (gk || !stalled) break;
+    gave_up = true;
+    if (const auto n = settle_connects(ends, false); n > 0)
+      logging::of("gatekeeper")
+          .warn(
+              "{}: gave up on {} connection(s) to node {} at {} whose handshake stalled; "
+              "trying again",
+              self_node, n, target, at);
+    limit = std::chrono::duration_cast<std::chrono::milliseconds>(until -
+                                                                  std::chrono::steady_clock::now());
+  }
   if (!gk) return std::unexpected("node " + target + " at " + at + ": " + why);
+  settle_connects(ends, true);
   std::vector<std::uint8_t> challenge;
   self->request(*gk, caf::duration{timeout}, challenge_atom::value)
       .receive([&](std::vector<std::uint8_t>& c) { challenge = std::move(c); },

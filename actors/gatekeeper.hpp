@@ -36,6 +36,9 @@ struct control_guard_counters {
   std::uint64_t refused_messages = 0;     ///< headers announcing too much
   std::uint64_t expired_handshakes = 0;   ///< shut down past their deadline
   std::size_t pending_handshakes = 0;
+  /// This process's own connections to other nodes whose handshake stalled
+  /// past join_node's first try: shut down so the node can be joined again.
+  std::uint64_t abandoned_connects = 0;
 };
 control_guard_counters control_guard_stats();
 

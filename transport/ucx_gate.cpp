@@ -111,6 +111,7 @@ struct gate_state {
 
 std::atomic<accept_observer> other_accepts{nullptr};
 std::atomic<close_observer> other_closes{nullptr};
+std::atomic<connect_observer> other_connects{nullptr};
 
 gate_state& gate() {
   static gate_state* g = new gate_state;  // never destroyed: sockets close during exit
@@ -388,6 +389,10 @@ void set_socket_observers(accept_observer on_accept, close_observer on_close) {
   other_closes.store(on_close);
 }
 
+void set_connect_observer(connect_observer on_connect) {
+  other_connects.store(on_connect);
+}
+
 bool ucx_gate_armed() {
   return gate().armed.load(std::memory_order_acquire);
 }
@@ -433,8 +438,14 @@ int connect(int fd, const sockaddr* addr, socklen_t len) {
   static auto real = next_symbol<connect_fn>("connect");
   const int r = real(fd, addr, len);
   if ((r == 0 || errno == EINPROGRESS) && addr &&
-      (addr->sa_family == AF_INET || addr->sa_family == AF_INET6))
-    note_new_socket(fd, fd_state::client_pending, caller);
+      (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) &&
+      !note_new_socket(fd, fd_state::client_pending, caller)) {
+    if (auto on = other_connects.load(); on) {
+      const int saved = errno;
+      on(fd, addr, caller);
+      errno = saved;
+    }
+  }
   return r;
 }
 

@@ -83,5 +83,11 @@ gate_verdict check_gate_proof(const data_plane_key& key, std::span<const std::ui
 using accept_observer = bool (*)(int fd, const void* caller);
 using close_observer = void (*)(int fd);
 void set_socket_observers(accept_observer on_accept, close_observer on_close);
+/// Every IPv4/IPv6 connect() that starts or completes, by a caller other
+/// than libucs, is shown to the connect observer with the address it
+/// connects to and the caller's return address. Set once, before
+/// connections are made.
+using connect_observer = void (*)(int fd, const sockaddr* to, const void* caller);
+void set_connect_observer(connect_observer on_connect);
 
 }  // namespace troupe::transport

@@ -5,10 +5,24 @@
 // are refused, and the node keeps serving.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <caf/all.hpp>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "../temp_path.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/protocol.hpp"
+#include "cluster/manifest.hpp"
 #include "run_cli.hpp"
 #include "tests/multiproc.hpp"
 
@@ -33,6 +47,95 @@ std::string make_cluster(const std::string& dir, const std::vector<int>& ports) 
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return path;
 }
+
+// A TCP relay on loopback in front of `to_port`: the `stall`-th connection
+// it accepts (counting from 1) is held open and never relayed, the others
+// are relayed both ways.
+class stalling_relay {
+ public:
+  stalling_relay(int to_port, int stall) : to_port_(to_port), stall_(stall) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_fd_, 16) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return;
+    port_ = ntohs(a.sin_port);
+    accepter_ = std::thread([this] { accept_loop(); });
+  }
+  ~stalling_relay() {
+    stop_ = true;
+    if (accepter_.joinable()) accepter_.join();
+    for (auto& t : pumps_) t.join();
+    for (int fd : held_) ::close(fd);
+    ::close(listen_fd_);
+  }
+  int port() const { return port_; }
+  int accepted() const { return accepted_; }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) != 1) continue;
+      const int c = ::accept(listen_fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      if (++accepted_ == stall_) {
+        held_.push_back(c);  // never read, never answered
+        continue;
+      }
+      const int up = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<std::uint16_t>(to_port_));
+      if (::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(up);
+        ::close(c);
+        continue;
+      }
+      pumps_.emplace_back([this, c, up] { pump(c, up); });
+    }
+  }
+  void pump(int a, int b) {
+    char buf[16384];
+    pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    while (!stop_) {
+      if (::poll(p, 2, 50) <= 0) continue;
+      bool done = false;
+      for (int i = 0; i < 2 && !done; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::read(p[i].fd, buf, sizeof buf);
+        if (n <= 0) {
+          done = true;
+          break;
+        }
+        for (ssize_t off = 0; off < n;) {
+          const ssize_t w = ::write(p[1 - i].fd, buf + off, static_cast<std::size_t>(n - off));
+          if (w <= 0) {
+            done = true;
+            break;
+          }
+          off += w;
+        }
+      }
+      if (done) break;
+    }
+    ::close(a);
+    ::close(b);
+  }
+
+  int to_port_, stall_;
+  int listen_fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread accepter_;
+  std::vector<std::thread> pumps_;  // only the accepter adds, and joins come after it ends
+  std::vector<int> held_;
+};
 
 }  // namespace
 
@@ -95,6 +198,58 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
   // n0 kept serving through all of it.
   r = troupe_cli("node --manifest " + ours + " --name n1 --ping n0");
   EXPECT_EQ(r.exit_code, 0) << r.out;
+  n0.kill();
+  fs::remove_all(root);
+}
+
+// A connection whose handshake stalls (here a relay that never passes on the
+// connection CAF makes: the first it accepts is join_node's TLS probe, the
+// second CAF's) is given up after half the join's time and a new one is
+// made: CAF 0.17's middleman would otherwise keep that connect pending for
+// good and hang every later join of that node from this process (a node
+// failing every placement for minutes, seen in CI).
+TEST(ClusterNode, AJoinWhoseHandshakeStallsGivesUpOnItAndConnectsAgain) {
+  const std::string root =
+      fs::path(troupe::test::temp_path("node-stall")).lexically_normal().string();
+  fs::remove_all(root);
+  const std::vector<int> ports{troupe::test::free_port(), troupe::test::free_port(),
+                               troupe::test::free_port()};
+  const auto ours = make_cluster(root, ports);
+  child_process n0("n0", {TROUPE_CLI, "node", "--manifest", ours, "--name", "n0"});
+  ASSERT_TRUE(n0.expect("troupe node n0:", 30000ms)) << "node n0 did not start";
+
+  stalling_relay relay(ports[0], 2);
+  ASSERT_GT(relay.port(), 0);
+  // This process is n1 and reaches n0 through the relay (same certificates).
+  std::string text;
+  {
+    std::ifstream in(ours);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string from = "port = " + std::to_string(ports[0]) + "\n";
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, from.size(), "port = " + std::to_string(relay.port()) + "\n");
+  const std::string via = root + "/via-relay.toml";
+  std::ofstream(via) << text;
+  auto m = troupe::cluster::load_manifest(via);
+  ASSERT_TRUE(m) << m.error().text();
+
+  caf::actor_system_config cfg;
+  troupe::actors::configure_runtime(cfg);
+  auto tls = troupe::actors::configure_cluster_tls(cfg, *m, "n1");
+  ASSERT_TRUE(tls) << tls.error();
+  caf::actor_system sys{cfg};
+  const auto before = troupe::actors::control_guard_stats().abandoned_connects;
+  auto pass = troupe::actors::join_node(sys, *m, "n1", "n0", 4000ms);
+  ASSERT_TRUE(pass) << pass.error();
+  EXPECT_EQ(pass->node, "n0");
+  EXPECT_EQ(troupe::actors::control_guard_stats().abandoned_connects, before + 1);
+  EXPECT_GE(relay.accepted(), 3);
+  // Joined once, the node is joined again at once (CAF's cached connection).
+  pass = troupe::actors::join_node(sys, *m, "n1", "n0", 4000ms);
+  EXPECT_TRUE(pass) << pass.error();
+  EXPECT_EQ(troupe::actors::control_guard_stats().abandoned_connects, before + 1);
   n0.kill();
   fs::remove_all(root);
 }
