@@ -63,11 +63,12 @@ struct control_guard_state {
   troupe::actors::connection_admission admission;
   std::uint64_t refused_connections = 0, refused_messages = 0, expired = 0, abandoned = 0;
   // The connections CAF made from this process to other nodes ("ip port"
-  // they lead to), until they close; `joined` once a join through them
-  // answered.
+  // they lead to, and when), until they close; `answered` once a connect
+  // through them answered.
   struct outgoing_connection {
     std::string to;
-    bool joined = false;
+    std::chrono::steady_clock::time_point since;
+    bool answered = false;
     bool given_up = false;
   };
   std::unordered_map<int, outgoing_connection> outgoing;
@@ -148,8 +149,8 @@ void on_connect(int fd, const sockaddr* to, const void* caller) {
   if (text.empty()) return;
   auto& g = guard();
   std::lock_guard lk(g.mtx);
-  g.outgoing.insert_or_assign(
-      fd, control_guard_state::outgoing_connection{std::move(text), false, false});
+  g.outgoing.insert_or_assign(fd, control_guard_state::outgoing_connection{
+                                      std::move(text), std::chrono::steady_clock::now()});
 }
 
 void on_close(int fd) {
@@ -488,24 +489,32 @@ std::set<std::string> endpoints_of(const std::string& host, int port) {
   return out;
 }
 
+/// A handshake this old that has not answered has stalled: one takes
+/// milliseconds, and seconds on a loaded machine.
+constexpr auto stalled_after = std::chrono::seconds(10);
+
 /// After a connect to `ends`: this process's connections there are marked
-/// joined (it answered), or, when it did not answer in time, those never
-/// joined are shut down. CAF 0.17's middleman keeps one pending connect per
-/// endpoint with no time limit, and attaches every later connect there to
-/// it: a handshake that stalls once (a peer that stops for a moment, a lost
-/// segment) would keep this process from that node for good. Shut down,
-/// the connection reads end-of-file, CAF fails the handshake and forgets
-/// it. Returns how many were shut down.
-std::size_t settle_connects(const std::set<std::string>& ends, bool joined) {
+/// answered (it answered), or, when it did not answer in time, those never
+/// answered and older than `stalled_after` are shut down. CAF 0.17's
+/// middleman keeps one pending connect per endpoint with no time limit, and
+/// attaches every later connect there to it: a handshake that stalls once
+/// would keep this process from that node for good. Shut down, the
+/// connection reads end-of-file, CAF fails the handshake and forgets it.
+/// A younger one is left alone: cutting a handshake that is only slow (a
+/// node starting on a loaded machine) would lose it. Returns how many were
+/// shut down.
+std::size_t settle_connects(const std::set<std::string>& ends, bool answered) {
   auto& g = guard();
   std::lock_guard lk(g.mtx);
+  const auto now = std::chrono::steady_clock::now();
   std::size_t n = 0;
   for (auto& [fd, o] : g.outgoing) {
-    if (!ends.count(o.to) || o.joined || o.given_up) continue;
-    if (joined) {
-      o.joined = true;
+    if (!ends.count(o.to) || o.answered || o.given_up) continue;
+    if (answered) {
+      o.answered = true;
       continue;
     }
+    if (now - o.since < stalled_after) continue;
     ::shutdown(fd, SHUT_RDWR);
     o.given_up = true;
     ++g.abandoned;
@@ -541,15 +550,18 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
     return std::unexpected("node " + target + " at " + at +
                            " does not answer (down, stopped or unreachable)");
   // caf::openssl::remote_actor, with a limit on the wait. The first try
-  // gets half the time: a handshake that has not finished by then has
-  // stalled (it takes milliseconds), and is shut down (settle_connects)
-  // so the next try makes a new connection.
+  // gets half the time when that is longer than `stalled_after`: a
+  // connection whose handshake has not answered by then is shut down
+  // (settle_connects) and the next try makes a new one. A join with less
+  // time leaves a stalled connection to a later join.
   caf::scoped_actor self{sys};
   std::optional<gatekeeper_actor> gk;
   std::string why;
   const auto ends = endpoints_of(t->host, t->port);
   const auto until = std::chrono::steady_clock::now() + timeout;
-  auto limit = std::max<std::chrono::milliseconds>(timeout / 2, std::chrono::milliseconds(1));
+  auto limit = timeout / 2 > stalled_after
+                   ? std::chrono::duration_cast<std::chrono::milliseconds>(timeout / 2)
+                   : timeout;
   bool gave_up = false;
   for (int attempt = 0; attempt < 4 && !gk && limit.count() > 0; ++attempt) {
     bool stalled = false;
@@ -571,14 +583,18 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
               stalled = e == caf::sec::request_timeout ||
                         (gave_up && e == caf::sec::disconnect_during_handshake);
             });
-    if (gk || !stalled) break;
-    gave_up = true;
-    if (const auto n = settle_connects(ends, false); n > 0)
+    if (gk) break;
+    const auto n = stalled ? settle_connects(ends, false) : 0;
+    if (n > 0) {
+      gave_up = true;
       logging::of("gatekeeper")
           .warn(
               "{}: gave up on {} connection(s) to node {} at {} whose handshake stalled; "
               "trying again",
               self_node, n, target, at);
+    } else if (!(stalled && gave_up)) {
+      break;
+    }
     limit = std::chrono::duration_cast<std::chrono::milliseconds>(until -
                                                                   std::chrono::steady_clock::now());
   }

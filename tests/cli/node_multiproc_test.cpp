@@ -204,10 +204,10 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
 
 // A connection whose handshake stalls (here a relay that never passes on the
 // connection CAF makes: the first it accepts is join_node's TLS probe, the
-// second CAF's) is given up after half the join's time and a new one is
-// made: CAF 0.17's middleman would otherwise keep that connect pending for
-// good and hang every later join of that node from this process (a node
-// failing every placement for minutes, seen in CI).
+// second CAF's) is given up (10 s old, at the end of the first try, which
+// gets half the join's time) and a new one is made: CAF 0.17's middleman would otherwise keep that
+// connect pending for good and hang every later join of that node from this process (a node failing
+// every placement for minutes, seen in CI).
 TEST(ClusterNode, AJoinWhoseHandshakeStallsGivesUpOnItAndConnectsAgain) {
   const std::string root =
       fs::path(troupe::test::temp_path("node-stall")).lexically_normal().string();
@@ -241,7 +241,9 @@ TEST(ClusterNode, AJoinWhoseHandshakeStallsGivesUpOnItAndConnectsAgain) {
   ASSERT_TRUE(tls) << tls.error();
   caf::actor_system sys{cfg};
   const auto before = troupe::actors::control_guard_stats().abandoned_connects;
-  auto pass = troupe::actors::join_node(sys, *m, "n1", "n0", 4000ms);
+  // 24 s: the first try gets 12 s, past the 10 s after which a handshake
+  // that has not answered counts as stalled.
+  auto pass = troupe::actors::join_node(sys, *m, "n1", "n0", 24000ms);
   ASSERT_TRUE(pass) << pass.error();
   EXPECT_EQ(pass->node, "n0");
   EXPECT_EQ(troupe::actors::control_guard_stats().abandoned_connects, before + 1);
