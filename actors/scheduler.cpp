@@ -87,6 +87,9 @@ struct scheduler_state {
   // The clips among them: admitted, from the cache, out now, answered, waits.
   std::int64_t clips = 0, clip_cache_hits = 0, clips_waiting = 0, clip_encodes = 0;
   double clip_wait_ms = 0;
+  // The videos among them, alike.
+  std::int64_t videos = 0, video_cache_hits = 0, videos_waiting = 0, video_encodes = 0;
+  double video_wait_ms = 0;
   std::map<std::uint64_t, shell_request> requests;
   std::vector<caf::typed_response_promise<std::int64_t>> pause_waiters;  // answered once idle
   std::optional<core::time_point> timer_at;        // the earliest tick already on its way
@@ -660,7 +663,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   unanswered_of(st, enc) += static_cast<std::int64_t>(n);
   const auto sent_at = std::chrono::steady_clock::now();
   // Counts an answer (or an error) of `enc`: its load and the wait.
-  auto counted = [self, enc, sent_at](bool clip) {
+  auto counted = [self, enc, sent_at](media_kind kind) {
     auto& st = self->state;
     --unanswered_of(st, enc);
     ++st.encodes;
@@ -668,10 +671,14 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at)
             .count();
     st.encode_wait_ms += waited;
-    if (clip) {
+    if (kind == media_kind::audio) {
       --st.clips_waiting;
       ++st.clip_encodes;
       st.clip_wait_ms += waited;
+    } else if (kind == media_kind::video) {
+      --st.videos_waiting;
+      ++st.video_encodes;
+      st.video_wait_ms += waited;
     }
     prune_unanswered(st);
   };
@@ -682,13 +689,14 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
   };
   for (std::size_t k = 0; k < n; ++k) {
     encode_request er{id, static_cast<std::int32_t>(k), rit->second.media[k]};
-    const bool clip = er.item.kind == media_kind::audio;
+    const auto kind = er.item.kind;
     const bool streamed = static_cast<std::int32_t>(k) == rit->second.stream;
-    if (clip) ++st.clips_waiting;
+    if (kind == media_kind::audio) ++st.clips_waiting;
+    if (kind == media_kind::video) ++st.videos_waiting;
     self->request(enc, caf::infinite, encode_atom::value, std::move(er))
         .then(
             [=](encode_reply& rep) {
-              counted(clip);
+              counted(kind);
               auto& st = self->state;
               auto it = st.requests.find(id);
               if (it == st.requests.end()) {  // ended meanwhile: the encoder may let go
@@ -724,7 +732,8 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
                 ready.resize(it->second.media.size());
                 if (!ready[k]) {
                   ready[k] = true;
-                  if (clip && rep.cached) ++st.clip_cache_hits;
+                  if (kind == media_kind::audio && rep.cached) ++st.clip_cache_hits;
+                  if (kind == media_kind::video && rep.cached) ++st.video_cache_hits;
                   // The encoder's name for the image (its pixels) names the
                   // KV of its rows.
                   std::optional<core::block_hash> name;
@@ -738,7 +747,7 @@ void encode_images(self_ptr self, std::uint64_t id, std::function<void()> again)
               answered();
             },
             [=](caf::error& e) {
-              counted(clip);
+              counted(kind);
               auto it = self->state.requests.find(id);
               if (it == self->state.requests.end() || round != it->second.round) {
                 // A round that was sent again (its encoder was lost): the
@@ -935,6 +944,8 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           }
           if (!req.media.empty()) {
             st.clips += static_cast<std::int64_t>(req.audio_tokens.size());
+            st.videos += std::count_if(req.media.begin(), req.media.end(),
+                                       [](const auto& m) { return m.kind == media_kind::video; });
             auto& sr = st.requests[id];
             if (req.media.back().stream) {
               sr.stream = static_cast<std::int32_t>(req.media.size() - 1);
@@ -985,6 +996,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, model_frontend model,
           s.clips_waiting = st.clips_waiting;
           s.clip_encodes = st.clip_encodes;
           s.clip_encode_wait_ms = st.clip_wait_ms;
+          s.videos = st.videos;
+          s.video_cache_hits = st.video_cache_hits;
+          s.videos_waiting = st.videos_waiting;
+          s.video_encodes = st.video_encodes;
+          s.video_encode_wait_ms = st.video_wait_ms;
           return s;
         },
         [=](live_atom) { return self->state.core->ids(); },

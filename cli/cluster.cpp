@@ -230,7 +230,13 @@ json status_json(const actors::cluster_status& s) {
             {"cache_hits", q.clip_cache_hits},
             {"waiting", q.clips_waiting},
             {"encodes", q.clip_encodes},
-            {"wait_ms", q.clip_encode_wait_ms}}}};
+            {"wait_ms", q.clip_encode_wait_ms}}},
+          {"video",
+           {{"videos", q.videos},
+            {"cache_hits", q.video_cache_hits},
+            {"waiting", q.videos_waiting},
+            {"encodes", q.video_encodes},
+            {"wait_ms", q.video_encode_wait_ms}}}};
 }
 
 void print_status(const actors::cluster_status& s) {
@@ -329,6 +335,12 @@ void print_status(const actors::cluster_status& s) {
         static_cast<long long>(q.clips), static_cast<long long>(q.clip_cache_hits),
         static_cast<long long>(q.clips_waiting),
         q.clip_encodes > 0 ? q.clip_encode_wait_ms / static_cast<double>(q.clip_encodes) : 0.0);
+  if (q.videos > 0)
+    std::printf(
+        "video: %lld videos (%lld from the cache), %lld waiting now, mean wait %.1f ms\n",
+        static_cast<long long>(q.videos), static_cast<long long>(q.video_cache_hits),
+        static_cast<long long>(q.videos_waiting),
+        q.video_encodes > 0 ? q.video_encode_wait_ms / static_cast<double>(q.video_encodes) : 0.0);
   if (!s.links.empty()) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)

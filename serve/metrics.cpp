@@ -194,7 +194,8 @@ std::string metrics::render(const actors::cluster_status* s) const {
     out += "troupe:kv_recomputed_tokens_total{" + label_ + "} " +
            std::to_string(q.recomputed_tokens) + "\n";
     head(out, "troupe:encoder_cache_queries_total", "counter",
-         "Images and audio clips of admitted requests (each looked up in the encoder cache).");
+         "Images, videos and audio clips of admitted requests (each looked up in the encoder "
+         "cache).");
     out += "troupe:encoder_cache_queries_total{" + label_ + "} " +
            std::to_string(s->scheduler.images) + "\n";
     head(out, "troupe:encoder_cache_hits_total", "counter",
@@ -217,6 +218,22 @@ std::string metrics::render(const actors::cluster_status* s) const {
          "Their waits, sent to answered, summed (divide by audio_encodes_total for the mean).");
     out += "troupe:audio_encode_wait_seconds_total{" + label_ + "} " +
            std::to_string(q.clip_encode_wait_ms / 1e3) + "\n";
+    // The videos among them (each one item: its frames are encoded together).
+    head(out, "troupe:video_items_total", "counter", "Videos of admitted requests.");
+    out += "troupe:video_items_total{" + label_ + "} " + std::to_string(q.videos) + "\n";
+    head(out, "troupe:video_cache_hits_total", "counter",
+         "Of those, videos whose rows came from the encoder cache.");
+    out += "troupe:video_cache_hits_total{" + label_ + "} " + std::to_string(q.video_cache_hits) +
+           "\n";
+    head(out, "troupe:videos_waiting", "gauge",
+         "Videos sent to an encoder and not yet answered (at the head's last heartbeat).");
+    out += "troupe:videos_waiting{" + label_ + "} " + std::to_string(q.videos_waiting) + "\n";
+    head(out, "troupe:video_encodes_total", "counter", "Videos the encoders answered.");
+    out += "troupe:video_encodes_total{" + label_ + "} " + std::to_string(q.video_encodes) + "\n";
+    head(out, "troupe:video_encode_wait_seconds_total", "counter",
+         "Their waits, sent to answered, summed (divide by video_encodes_total for the mean).");
+    out += "troupe:video_encode_wait_seconds_total{" + label_ + "} " +
+           std::to_string(q.video_encode_wait_ms / 1e3) + "\n";
     head(out, "troupe:num_preemptions_total", "counter",
          "Requests preempted (recomputed), by the head's scheduler.");
     out += "troupe:num_preemptions_total{" + label_ + "} " +

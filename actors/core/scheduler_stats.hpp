@@ -47,7 +47,7 @@ struct scheduler_stats {
   /// computed again; restored ones came back from the cache or a tier.
   std::int64_t recomputed_tokens = 0;
   std::int64_t restored_tokens = 0;
-  std::int64_t images = 0;            ///< media items (images and clips) of admitted requests
+  std::int64_t images = 0;            ///< media items (images, videos, clips) of admitted requests
   std::int64_t image_cache_hits = 0;  ///< of those, taken from the encoder cache
   // The encoders' load as this scheduler sees it (the head scales the
   // encoder service from these).
@@ -60,6 +60,13 @@ struct scheduler_stats {
   std::int64_t clips_waiting = 0;    ///< clips sent to an encoder, not yet answered
   std::int64_t clip_encodes = 0;     ///< clips answered so far
   double clip_encode_wait_ms = 0;    ///< their waits, summed
+  // The videos among them (each one item: its frames go to the encoder
+  // together).
+  std::int64_t videos = 0;            ///< videos of admitted requests
+  std::int64_t video_cache_hits = 0;  ///< of those, taken from the encoder cache
+  std::int64_t videos_waiting = 0;    ///< videos sent to an encoder, not yet answered
+  std::int64_t video_encodes = 0;     ///< videos answered so far
+  double video_encode_wait_ms = 0;    ///< their waits, summed
   // Where the pipeline's time goes (cumulative; actors/pipeline_stats.hpp
   // turns two samples into a breakdown).
   std::int64_t stages = 0;     ///< stages in the pipeline now

@@ -122,7 +122,8 @@ typename I::result_type inspect(I& f, scheduler_stats& x) {
            x.kv_remote_pending, x.kv_to_remote, x.kv_from_remote, x.kv_remote_confirmed,
            x.kv_slot_bytes, x.recomputed_tokens, x.restored_tokens, x.images, x.image_cache_hits,
            x.encode_waiting, x.encodes, x.encode_wait_ms, x.clips, x.clip_cache_hits,
-           x.clips_waiting, x.clip_encodes, x.clip_encode_wait_ms, x.stages, x.step_rows,
+           x.clips_waiting, x.clip_encodes, x.clip_encode_wait_ms, x.videos, x.video_cache_hits,
+           x.videos_waiting, x.video_encodes, x.video_encode_wait_ms, x.stages, x.step_rows,
            x.round_trip_ms, x.compute_ms, x.stage_compute_ms, x.in_flight_ms, x.scheduler_ms);
 }
 }  // namespace troupe::actors::core

@@ -334,6 +334,21 @@ TEST_F(video_pipeline_test, videos_alone_and_together_match_prepare_on_one_and_t
       EXPECT_EQ(got[i].tokens, want[i]) << stages << " stage(s), together: " << cs[i].prompt;
       EXPECT_NE(got[i].reason, finish_reason::error) << got[i].error;
     }
+    // The videos' own counters: 6 videos a round, two rounds; the fifth
+    // case's video is the first's again, and the second round's are all
+    // seen before: at least 7 from the encoder cache.
+    const auto st = cl.stats();
+    std::int64_t videos = 0;
+    for (const auto& c : cs)
+      for (const auto& m : c.media) videos += is_image(m) ? 0 : 1;
+    EXPECT_EQ(videos, 6);
+    EXPECT_EQ(st.videos, 2 * videos);
+    EXPECT_EQ(st.video_encodes, 2 * videos);
+    EXPECT_EQ(st.videos_waiting, 0);
+    EXPECT_GE(st.video_cache_hits, 7);
+    EXPECT_LE(st.video_cache_hits, st.videos);
+    EXPECT_GT(st.video_encode_wait_ms, 0);
+    EXPECT_EQ(st.clips, 0);
   }
 }
 
