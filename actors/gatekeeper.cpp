@@ -552,8 +552,9 @@ std::expected<gate_pass, std::string> join_node(caf::actor_system& sys, const cl
   // caf::openssl::remote_actor, with a limit on the wait. The first try
   // gets half the time when that is longer than `stalled_after`: a
   // connection whose handshake has not answered by then is shut down
-  // (settle_connects) and the next try makes a new one. A join with less
-  // time leaves a stalled connection to a later join.
+  // (settle_connects) and the next try makes a new one. A shorter join
+  // (a client's 2 s) shuts it down once it is that old, and the next join
+  // connects again.
   caf::scoped_actor self{sys};
   std::optional<gatekeeper_actor> gk;
   std::string why;
