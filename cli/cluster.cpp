@@ -84,6 +84,16 @@ std::string mib(std::int64_t b) {
   return std::to_string(b >> 20) + " MiB";
 }
 
+/// One media kind's encoder queue in `troupe status --json`.
+json media_queue(const char* items, std::int64_t n, std::int64_t hits, std::int64_t waiting,
+                 std::int64_t encodes, double wait_ms) {
+  return {{items, n},
+          {"cache_hits", hits},
+          {"waiting", waiting},
+          {"encodes", encodes},
+          {"wait_ms", wait_ms}};
+}
+
 json status_json(const actors::cluster_status& s) {
   json nodes = json::array();
   for (const auto& n : s.nodes)
@@ -225,18 +235,10 @@ json status_json(const actors::cluster_status& s) {
           {"router", {{"by_prefix", s.routed_by_prefix}, {"by_load", s.routed_by_load}}},
           {"encoders", encoders},
           {"encoder_cache", {{"images", q.images}, {"hits", q.image_cache_hits}}},
-          {"audio",
-           {{"clips", q.clips},
-            {"cache_hits", q.clip_cache_hits},
-            {"waiting", q.clips_waiting},
-            {"encodes", q.clip_encodes},
-            {"wait_ms", q.clip_encode_wait_ms}}},
-          {"video",
-           {{"videos", q.videos},
-            {"cache_hits", q.video_cache_hits},
-            {"waiting", q.videos_waiting},
-            {"encodes", q.video_encodes},
-            {"wait_ms", q.video_encode_wait_ms}}}};
+          {"audio", media_queue("clips", q.clips, q.clip_cache_hits, q.clips_waiting,
+                                q.clip_encodes, q.clip_encode_wait_ms)},
+          {"video", media_queue("videos", q.videos, q.video_cache_hits, q.videos_waiting,
+                                q.video_encodes, q.video_encode_wait_ms)}};
 }
 
 void print_status(const actors::cluster_status& s) {

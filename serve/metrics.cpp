@@ -26,6 +26,44 @@ std::string escape(const std::string& s) {
 void head(std::string& out, const std::string& name, const char* type, const char* help) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
+
+/// One media kind's own encoder queue (audio clips, videos): the metric
+/// names and the nouns of its help texts.
+struct media_queue_names {
+  const char* items;    ///< admitted, a counter
+  const char* prefix;   ///< of cache_hits_total, encodes_total, encode_wait_seconds_total
+  const char* waiting;  ///< a gauge
+  const char* what;     ///< "Audio clips"
+  const char* noun;     ///< "clips"
+};
+
+void media_queue(std::string& out, const std::string& label, const media_queue_names& n,
+                 std::int64_t items, std::int64_t hits, std::int64_t waiting, std::int64_t encodes,
+                 double wait_ms) {
+  const std::string p = std::string("troupe:") + n.prefix;
+  const auto line = [&](const std::string& name, const std::string& value) {
+    out += name + "{" + label + "} " + value + "\n";
+  };
+  head(out, std::string("troupe:") + n.items, "counter",
+       (std::string(n.what) + " of admitted requests.").c_str());
+  line(std::string("troupe:") + n.items, std::to_string(items));
+  head(out, p + "_cache_hits_total", "counter",
+       ("Of those, " + std::string(n.noun) + " whose rows came from the encoder cache.").c_str());
+  line(p + "_cache_hits_total", std::to_string(hits));
+  head(out, std::string("troupe:") + n.waiting, "gauge",
+       (std::string(n.what) + " sent to an encoder and not yet answered (at the head's last "
+                              "heartbeat).")
+           .c_str());
+  line(std::string("troupe:") + n.waiting, std::to_string(waiting));
+  head(out, p + "_encodes_total", "counter",
+       (std::string(n.what) + " the encoders answered.").c_str());
+  line(p + "_encodes_total", std::to_string(encodes));
+  head(out, p + "_encode_wait_seconds_total", "counter",
+       ("Their waits, sent to answered, summed (divide by " + std::string(n.prefix) +
+        "_encodes_total for the mean).")
+           .c_str());
+  line(p + "_encode_wait_seconds_total", std::to_string(wait_ms / 1e3));
+}
 }  // namespace
 
 void histogram::observe(double v) {
@@ -202,38 +240,14 @@ std::string metrics::render(const actors::cluster_status* s) const {
          "Of those, items whose rows came from the encoder cache (not encoded again).");
     out += "troupe:encoder_cache_hits_total{" + label_ + "} " +
            std::to_string(s->scheduler.image_cache_hits) + "\n";
-    // The audio tower's own queue (the clips among the items above).
-    head(out, "troupe:audio_clips_total", "counter", "Audio clips of admitted requests.");
-    out += "troupe:audio_clips_total{" + label_ + "} " + std::to_string(q.clips) + "\n";
-    head(out, "troupe:audio_cache_hits_total", "counter",
-         "Of those, clips whose rows came from the encoder cache.");
-    out +=
-        "troupe:audio_cache_hits_total{" + label_ + "} " + std::to_string(q.clip_cache_hits) + "\n";
-    head(out, "troupe:audio_clips_waiting", "gauge",
-         "Clips sent to an encoder and not yet answered (at the head's last heartbeat).");
-    out += "troupe:audio_clips_waiting{" + label_ + "} " + std::to_string(q.clips_waiting) + "\n";
-    head(out, "troupe:audio_encodes_total", "counter", "Clips the encoders answered.");
-    out += "troupe:audio_encodes_total{" + label_ + "} " + std::to_string(q.clip_encodes) + "\n";
-    head(out, "troupe:audio_encode_wait_seconds_total", "counter",
-         "Their waits, sent to answered, summed (divide by audio_encodes_total for the mean).");
-    out += "troupe:audio_encode_wait_seconds_total{" + label_ + "} " +
-           std::to_string(q.clip_encode_wait_ms / 1e3) + "\n";
-    // The videos among them (each one item: its frames are encoded together).
-    head(out, "troupe:video_items_total", "counter", "Videos of admitted requests.");
-    out += "troupe:video_items_total{" + label_ + "} " + std::to_string(q.videos) + "\n";
-    head(out, "troupe:video_cache_hits_total", "counter",
-         "Of those, videos whose rows came from the encoder cache.");
-    out += "troupe:video_cache_hits_total{" + label_ + "} " + std::to_string(q.video_cache_hits) +
-           "\n";
-    head(out, "troupe:videos_waiting", "gauge",
-         "Videos sent to an encoder and not yet answered (at the head's last heartbeat).");
-    out += "troupe:videos_waiting{" + label_ + "} " + std::to_string(q.videos_waiting) + "\n";
-    head(out, "troupe:video_encodes_total", "counter", "Videos the encoders answered.");
-    out += "troupe:video_encodes_total{" + label_ + "} " + std::to_string(q.video_encodes) + "\n";
-    head(out, "troupe:video_encode_wait_seconds_total", "counter",
-         "Their waits, sent to answered, summed (divide by video_encodes_total for the mean).");
-    out += "troupe:video_encode_wait_seconds_total{" + label_ + "} " +
-           std::to_string(q.video_encode_wait_ms / 1e3) + "\n";
+    // The audio tower's own queue (the clips among the items above), and
+    // the videos' (each one item: its frames are encoded together).
+    media_queue(out, label_,
+                {"audio_clips_total", "audio", "audio_clips_waiting", "Audio clips", "clips"},
+                q.clips, q.clip_cache_hits, q.clips_waiting, q.clip_encodes, q.clip_encode_wait_ms);
+    media_queue(out, label_, {"video_items_total", "video", "videos_waiting", "Videos", "videos"},
+                q.videos, q.video_cache_hits, q.videos_waiting, q.video_encodes,
+                q.video_encode_wait_ms);
     head(out, "troupe:num_preemptions_total", "counter",
          "Requests preempted (recomputed), by the head's scheduler.");
     out += "troupe:num_preemptions_total{" + label_ + "} " +

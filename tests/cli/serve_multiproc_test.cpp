@@ -323,6 +323,15 @@ TEST_F(Gateway, ChatStreamErrorsAndMetrics) {
   EXPECT_EQ(metric(after, "troupe:node_up{node=\"n1\"}"), 1);
   EXPECT_EQ(metric(after, "troupe:actor_restarts_total"), 0) << after;  // no node was lost
   EXPECT_EQ(metric(after, "troupe:shard_migrations_total"), 0) << after;
+  // The audio and video queues are there (the requests had images alone).
+  for (const char* name :
+       {"audio_clips_total", "audio_cache_hits_total", "audio_clips_waiting", "audio_encodes_total",
+        "audio_encode_wait_seconds_total", "video_items_total", "video_cache_hits_total",
+        "videos_waiting", "video_encodes_total", "video_encode_wait_seconds_total"})
+    EXPECT_EQ(metric(after, std::string("troupe:") + name + "{model_name=\"tiny-llava-shapes\"}"),
+              0)
+        << name << "\n"
+        << after;
   // Activations went n0 -> n1 -> n2 over the data plane; the nodes report
   // their byte counts with each heartbeat (every 500 ms).
   for (const std::string link : {"n0->n1", "n1->n2"}) {
