@@ -32,6 +32,8 @@ def ask(troupe, model, clip, prompt, image=None):
            "--temperature", "0", "--json", "--threads", "1", "-n", "48"]
     if image:
         cmd += ["--image", image]
+    if "<audio>" in prompt:
+        cmd += ["--chat"]  # the placeholders stand where they are, in a user turn
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(shlex.quote, cmd))} failed:\n{r.stderr}")
@@ -59,6 +61,9 @@ def main():
     ap.add_argument("--count", type=int, default=0, help="clips (0: all)")
     ap.add_argument("--seed", type=int, default=777, help="the images' seed")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--audio-first", action="store_true",
+                    help="ask spoken questions as '<audio>\\n<image>\\nAnswer the question.' "
+                    "(placeholders) instead of the chat template's image-then-clip order")
     args = ap.parse_args()
     with open(os.path.join(args.speech, args.split + ".jsonl")) as f:
         clips = [json.loads(line) for line in f]
@@ -73,7 +78,8 @@ def main():
         scene, t, a = scene_for(c["text"], rng)
         img = os.path.join(tmp, f"{i:04d}.png")
         shapes.render(scene, rng.choice([64, 96, 128, 160]), rng).save(img)
-        work.append(("spoken " + t, path, "Answer the question.", img, a, c))
+        q = "<audio>\n<image>\nAnswer the question." if args.audio_first else "Answer the question."
+        work.append(("spoken " + t, path, q, img, a, c))
     with cf.ThreadPoolExecutor(args.jobs) as ex:
         got = list(ex.map(lambda w: ask(args.troupe, args.model, w[1], w[2], w[3]), work))
     table, wrong = {}, []

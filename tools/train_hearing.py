@@ -29,6 +29,11 @@ then clips, then the text):
     USER: <image>\\n<audio>\\nAnswer the question. ASSISTANT:   -> the answer
     USER: <image>\\n<question> ASSISTANT:                       -> the answer (text, kept)
 
+Later runs (docs/audio.md) resume with --distill (the model before audio
+training, given the question as text, teaches the spoken path),
+--audio-first (spoken questions as "<audio>\n<image>\n...") and
+--shift-text (text questions whose image stands later).
+
 Resumable: checkpoint.pt in --work every --save-every steps. The tokenizer
 gains `<audio>` and `<video>` (ids 397 and 398, after its vocabulary); the exported folder is the
 bundled model's plus audio_config and the audio weights.
@@ -154,8 +159,9 @@ def load_base(tok_extra):
 
 
 class Sampler:
-    """Training examples: (kind, prompt pieces, answer text, scene or None,
-    clip windows or None)."""
+    """Training examples: (kind, answer text, scene or None, clip windows or
+    None, a seed for the rendering and wording, the question's text for a
+    spoken question or None)."""
 
     def __init__(self, speech, seed, transcribe=0.4, spoken=0.4, captions=0.15):
         self.rng = random.Random(seed)
@@ -171,7 +177,7 @@ class Sampler:
         r, extra = self.rng.random(), self.rng.randrange(1 << 30)
         if r < self.transcribe:
             c = self.speech[self.rng.randrange(len(self.speech))]
-            return ("transcribe", c["text"], None, c["windows"], extra)
+            return ("transcribe", c["text"], None, c["windows"], extra, None)
         scene = shapes.make_scene(self.rng)
         for _ in range(20):
             t, q, a = shapes.sample_question(scene, self.rng, self.captions)
@@ -179,17 +185,36 @@ class Sampler:
                 break
         if r < self.transcribe + self.spoken and q in self.by_text:
             c = self.speech[self.rng.choice(self.by_text[q])]
-            return ("spoken", a, scene, c["windows"], extra)
-        return ("text:" + q, a, scene, None, extra)
+            return ("spoken", a, scene, c["windows"], extra, q)
+        return ("text:" + q, a, scene, None, extra, None)
+
+
+# Where a spoken question's clip stands: after the image (troupe's chat
+# template's order), or before it (--audio-first: the prompt's own
+# placeholders, "<audio>\n<image>\nAnswer the question."). The tiny
+# decoder reads the image through what follows it at once: the base model
+# given 30 padding tokens between the image and a text question answers
+# 57% instead of 95% (captions 1/10, "where" 3/10).
+AUDIO_FIRST = False
+# Text questions whose image is moved later by up to this many padding
+# tokens (half of them; --shift-text): the decoder learns to read the image
+# wherever it stands, as it must when a clip comes first.
+SHIFT_TEXT = 0
 
 
 def encode_example(tok, ex, image_id, n_img, n_audio, audio_marker):
     """Prompt ids (media as markers) and answer ids."""
-    kind, answer, scene, _, extra = ex
+    kind, answer, scene, _, extra = ex[:5]
     bos = tok.token_to_id("<s>")
     eos = tok.token_to_id("</s>")
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     ids = [bos] + enc("USER: ")
+    if kind == "spoken" and AUDIO_FIRST:
+        tail = " ASSISTANT:" if extra % 2 else ANSWER + " ASSISTANT:"
+        ids += [audio_marker] * n_audio + enc("\n") + [image_id] * n_img + enc("\n" + tail)
+        return ids, enc(" " + answer) + [eos]
+    if SHIFT_TEXT and kind.startswith("text:") and extra % 4 >= 2:
+        ids += [tok.token_to_id("<pad>")] * (1 + (extra >> 2) % SHIFT_TEXT)
     if scene is not None:
         ids += [image_id] * n_img + enc("\n")
     if kind == "transcribe":
@@ -202,7 +227,48 @@ def encode_example(tok, ex, image_id, n_img, n_audio, audio_marker):
     return ids, enc(" " + answer) + [eos]
 
 
-def batch_loss(model, audio, tok, examples, audio_marker):
+def distill_loss(teacher, tok, examples, seqs, feats_of, s_logits, s_hidden, temperature):
+    """For the spoken questions of a batch: the frozen teacher (the model
+    before it heard anything) answers the same question asked in text about
+    the same image; the student's answer distribution (KL) and its hidden
+    states at every layer (mean squared error relative to the teacher's
+    scale) are pulled towards the teacher's at the answer's positions."""
+    cfg = teacher.config
+    image_id = cfg.image_token_index
+    n_img = (IMAGE_SIZE // PATCH) ** 2
+    picks = [i for i, ex in enumerate(examples) if ex[0] == "spoken"]
+    if not picks:
+        return None, None
+    t_seqs = [encode_example(tok, ("text:" + examples[i][5],) + examples[i][1:5], image_id, n_img,
+                             0, -1) for i in picks]
+    L = max(len(p) + len(a) for p, a in t_seqs)
+    pad = tok.token_to_id("<pad>")
+    ids = torch.full((len(picks), L), pad, dtype=torch.long)
+    mask = torch.zeros((len(picks), L), dtype=torch.long)
+    for j, (p, a) in enumerate(t_seqs):
+        ids[j, : len(p) + len(a)] = torch.tensor(p + a)
+        mask[j, : len(p) + len(a)] = 1
+    with torch.no_grad():
+        emb = teacher.get_input_embeddings()(ids).clone()
+        for j, i in enumerate(picks):
+            emb[j, (ids[j] == image_id).nonzero().squeeze(-1)] = feats_of[i]
+        out = teacher(inputs_embeds=emb, attention_mask=mask, output_hidden_states=True)
+    kl, hid = 0.0, 0.0
+    for j, i in enumerate(picks):
+        (sp, sa), (tp, _) = seqs[i], t_seqs[j]
+        s_at = slice(len(sp) - 1, len(sp) + len(sa) - 1)
+        t_at = slice(len(tp) - 1, len(tp) + len(sa) - 1)
+        T = temperature
+        kl = kl + F.kl_div(F.log_softmax(s_logits[i, s_at] / T, -1),
+                           F.softmax(out.logits[j, t_at] / T, -1), reduction="batchmean") * T * T
+        for sh, th in zip(s_hidden[1:], out.hidden_states[1:]):
+            t = th[j, t_at]
+            hid = hid + F.mse_loss(sh[i, s_at], t) / (t.pow(2).mean() + 1e-6) / (len(s_hidden) - 1)
+    return kl / len(picks), hid / len(picks)
+
+
+def batch_loss(model, audio, tok, examples, audio_marker, teacher=None, distill=0.0,
+               hidden_weight=1.0, temperature=1.0):
     cfg = model.config
     image_id = cfg.image_token_index
     n_img = (IMAGE_SIZE // PATCH) ** 2
@@ -235,16 +301,25 @@ def batch_loss(model, audio, tok, examples, audio_marker):
     emb = model.get_input_embeddings()(ids)
     emb = emb.clone()
     k = 0
+    feats_of = {}
     for i, ex in enumerate(examples):
         if ex[2] is not None:
             at = (ids[i] == image_id).nonzero().squeeze(-1)
             emb[i, at] = feats[k]
+            feats_of[i] = feats[k]
             k += 1
         if rows[i] is not None:
             at = (ids[i] == audio_marker).nonzero().squeeze(-1)
             emb[i, at] = rows[i]
-    logits = model(inputs_embeds=emb, attention_mask=mask).logits
+    use_teacher = teacher is not None and distill > 0
+    out = model(inputs_embeds=emb, attention_mask=mask, output_hidden_states=use_teacher)
+    logits = out.logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lbl[:, 1:].reshape(-1))
+    if use_teacher:
+        kl, hid = distill_loss(teacher, tok, examples, seqs, feats_of, logits, out.hidden_states,
+                               temperature)
+        if kl is not None:
+            loss = loss + distill * (kl + hidden_weight * hid)
     return loss
 
 
@@ -358,8 +433,22 @@ def main():
                     help="the image projector's learning rate scale (0: frozen)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="resume with a fresh warmup and cosine over the steps left")
+    ap.add_argument("--distill", type=float, default=0.0,
+                    help="weight of distillation from the model before training (the teacher "
+                    "hears each spoken question as text): KL of the answer plus hidden states")
+    ap.add_argument("--hidden-weight", type=float, default=1.0,
+                    help="of the distillation, the hidden states' weight beside the KL")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--audio-first", action="store_true",
+                    help="spoken questions as <audio> before <image> (see AUDIO_FIRST)")
+    ap.add_argument("--shift-text", type=int, default=0,
+                    help="move half the text questions' image later by 1..N padding tokens")
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
+    global AUDIO_FIRST
+    AUDIO_FIRST = args.audio_first
+    global SHIFT_TEXT
+    SHIFT_TEXT = args.shift_text
     torch.set_num_threads(args.threads)
     os.makedirs(args.work, exist_ok=True)
     model, tok = load_base(["<audio>", "<video>"])
@@ -400,6 +489,12 @@ def main():
     print(f"{len(train)} training clips ({time.time() - t0:.0f} s)", flush=True)
     sample = Sampler(train, args.seed + step, args.transcribe_share, args.spoken_share,
                      args.caption_share)
+    teacher = None
+    if args.distill > 0:
+        teacher, _ = load_base(["<audio>", "<video>"])
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
     warmup, avg, t0 = 100, None, time.time()
     start, span = (step, args.steps - step) if args.restart_schedule else (0, args.steps)
     model.train()
@@ -408,7 +503,8 @@ def main():
             (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - start) / max(1, span))))
         for g in opt.param_groups:
             g["lr"] = lr * g["scale"]
-        loss = batch_loss(model, audio, tok, [sample() for _ in range(args.batch)], audio_marker)
+        loss = batch_loss(model, audio, tok, [sample() for _ in range(args.batch)], audio_marker,
+                          teacher, args.distill, args.hidden_weight, args.temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(audio.parameters()) + dec, 1.0)
