@@ -241,6 +241,16 @@ json status_json(const actors::cluster_status& s) {
                                 q.video_encodes, q.video_encode_wait_ms)}};
 }
 
+/// One media kind's encoder queue in `troupe status`, once it had any.
+void print_media_queue(const char* kind, const char* noun, std::int64_t n, std::int64_t hits,
+                       std::int64_t waiting, std::int64_t encodes, double wait_ms) {
+  if (n <= 0) return;
+  std::printf("%s: %lld %s (%lld from the cache), %lld waiting now, mean wait %.1f ms\n", kind,
+              static_cast<long long>(n), noun, static_cast<long long>(hits),
+              static_cast<long long>(waiting),
+              encodes > 0 ? wait_ms / static_cast<double>(encodes) : 0.0);
+}
+
 void print_status(const actors::cluster_status& s) {
   std::printf("cluster %s: %s%s, head %s, placement %llu: %s\n", s.cluster.c_str(),
               s.ready ? "ready" : "not ready", s.draining ? " (draining)" : "", s.head.c_str(),
@@ -331,18 +341,10 @@ void print_status(const actors::cluster_status& s) {
   if (q.images > 0)
     std::printf("encoder cache: %lld of %lld images and clips taken from it\n",
                 static_cast<long long>(q.image_cache_hits), static_cast<long long>(q.images));
-  if (q.clips > 0)
-    std::printf(
-        "audio: %lld clips (%lld from the cache), %lld waiting now, mean wait %.1f ms\n",
-        static_cast<long long>(q.clips), static_cast<long long>(q.clip_cache_hits),
-        static_cast<long long>(q.clips_waiting),
-        q.clip_encodes > 0 ? q.clip_encode_wait_ms / static_cast<double>(q.clip_encodes) : 0.0);
-  if (q.videos > 0)
-    std::printf(
-        "video: %lld videos (%lld from the cache), %lld waiting now, mean wait %.1f ms\n",
-        static_cast<long long>(q.videos), static_cast<long long>(q.video_cache_hits),
-        static_cast<long long>(q.videos_waiting),
-        q.video_encodes > 0 ? q.video_encode_wait_ms / static_cast<double>(q.video_encodes) : 0.0);
+  print_media_queue("audio", "clips", q.clips, q.clip_cache_hits, q.clips_waiting, q.clip_encodes,
+                    q.clip_encode_wait_ms);
+  print_media_queue("video", "videos", q.videos, q.video_cache_hits, q.videos_waiting,
+                    q.video_encodes, q.video_encode_wait_ms);
   if (!s.links.empty()) {
     std::printf("data plane:");
     for (std::size_t i = 0; i < s.links.size() && i < s.link_bytes.size(); ++i)

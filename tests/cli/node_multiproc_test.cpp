@@ -202,12 +202,13 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
   fs::remove_all(root);
 }
 
-// A connection whose handshake stalls (here a relay that never passes on the
-// connection CAF makes: the first it accepts is join_node's TLS probe, the
-// second CAF's) is given up (10 s old, at the end of the first try, which
-// gets half the join's time) and a new one is made: CAF 0.17's middleman would otherwise keep that
-// connect pending for good and hang every later join of that node from this process (a node failing
-// every placement for minutes, seen in CI).
+// A connection whose handshake stalls (here a relay that never passes on
+// the connection CAF makes: the first it accepts is join_node's TLS probe,
+// the second CAF's) is given up (10 s old, at the end of the first try,
+// which gets half the join's time) and a new one is made: CAF 0.17's
+// middleman would otherwise keep that connect pending for good and hang
+// every later join of that node from this process (a node failing every
+// placement for minutes, seen in CI).
 TEST(ClusterNode, AJoinWhoseHandshakeStallsGivesUpOnItAndConnectsAgain) {
   const std::string root =
       fs::path(troupe::test::temp_path("node-stall")).lexically_normal().string();
