@@ -48,6 +48,13 @@ std::string make_cluster(const std::string& dir, const std::vector<int>& ports) 
   return path;
 }
 
+// An empty test folder named `name`, and three free loopback ports.
+std::pair<std::string, std::vector<int>> fresh_root(const std::string& name) {
+  const std::string root = fs::path(troupe::test::temp_path(name)).lexically_normal().string();
+  fs::remove_all(root);
+  return {root, {troupe::test::free_port(), troupe::test::free_port(), troupe::test::free_port()}};
+}
+
 // A TCP relay on loopback in front of `to_port`: the `stall`-th connection
 // it accepts (counting from 1) is held open and never relayed, the others
 // are relayed both ways.
@@ -140,11 +147,7 @@ class stalling_relay {
 }  // namespace
 
 TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
-  const std::string root =
-      fs::path(troupe::test::temp_path("node-tls")).lexically_normal().string();
-  fs::remove_all(root);
-  const std::vector<int> ports{troupe::test::free_port(), troupe::test::free_port(),
-                               troupe::test::free_port()};
+  const auto [root, ports] = fresh_root("node-tls");
   const auto ours = make_cluster(root + "/ours", ports);
   const auto theirs =
       make_cluster(root + "/theirs", ports);  // same names and addresses, another CA
@@ -210,11 +213,7 @@ TEST(ClusterNode, LetsInItsClusterAndRefusesStrangers) {
 // every later join of that node from this process (a node failing every
 // placement for minutes, seen in CI).
 TEST(ClusterNode, AJoinWhoseHandshakeStallsGivesUpOnItAndConnectsAgain) {
-  const std::string root =
-      fs::path(troupe::test::temp_path("node-stall")).lexically_normal().string();
-  fs::remove_all(root);
-  const std::vector<int> ports{troupe::test::free_port(), troupe::test::free_port(),
-                               troupe::test::free_port()};
+  const auto [root, ports] = fresh_root("node-stall");
   const auto ours = make_cluster(root, ports);
   child_process n0("n0", {TROUPE_CLI, "node", "--manifest", ours, "--name", "n0"});
   ASSERT_TRUE(n0.expect("troupe node n0:", 30000ms)) << "node n0 did not start";
